@@ -1,0 +1,272 @@
+"""`orchestrator-zero server ...`: commands run on a server's machine."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import trio
+from cyclopts import App, Parameter
+
+from cli.output import print_json
+from cli.params import JsonFlag
+from oz0 import cluster_init, devmode
+from oz0.context import config_home
+from oz0.errors import Oz0Error
+from oz0.operator_issue import issue_operator
+from oz0.server import start as server_start
+from oz0.store.dburl import DatabaseUrl
+
+app = App(name="server", help="Create, start and administer the cluster's servers.")
+operator_app = App(name="operator", help="Operator credentials made on a server's machine.")
+app.command(operator_app)
+
+DevFlag = Annotated[
+    bool, Parameter(name="--dev", negative=(), help="Use the embedded dev cluster in --data-dir.")
+]
+DataDir = Annotated[Path | None, Parameter(name="--data-dir", help="Dev mode's directory.")]
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@app.command
+def init(
+    *,
+    cluster_name: str | None = None,
+    history_shards: int | None = None,
+    master_key_out: Path | None = None,
+    upgrade: bool = False,
+    json: JsonFlag = False,
+) -> int:
+    """Create the cluster in the database named by $OZ0_DB (once), or upgrade its schema.
+
+    Parameters
+    ----------
+    cluster_name
+        The cluster's name: lowercase letters, digits and '-'.
+    history_shards
+        Temporal history shards; can never change later.
+    master_key_out
+        Where to write the new master key (mode 0600). Back it up.
+    upgrade
+        Apply the schema migrations of a newer release to an existing cluster.
+    """
+    url = DatabaseUrl.from_env()
+    if upgrade:
+        applied = cluster_init.upgrade(url)
+        if json:
+            print_json({"applied": applied})
+        else:
+            print(f"applied migrations {applied}" if applied else "schema already up to date")
+        return 0
+    missing = [
+        flag
+        for flag, value in (
+            ("--cluster-name", cluster_name),
+            ("--history-shards", history_shards),
+            ("--master-key-out", master_key_out),
+        )
+        if value is None
+    ]
+    if missing:
+        raise Oz0Error(f"server init needs {', '.join(missing)}")
+    assert cluster_name and history_shards is not None and master_key_out
+    result = cluster_init.init_cluster(
+        url,
+        cluster_name=cluster_name,
+        history_shards=history_shards,
+        master_key_out=master_key_out,
+        context_dir=config_home() / cluster_name,
+        progress=_progress,
+    )
+    if json:
+        print_json(
+            {
+                "cluster": result.cluster,
+                "ca_hash": result.ca_hash,
+                "context": str(result.context_path),
+                "master_key_file": str(master_key_out),
+                "ui_account": cluster_init.FIRST_UI_ACCOUNT,
+                "ui_password": result.ui_password,
+            }
+        )
+        return 0
+    print(f"cluster {result.cluster} created")
+    print(f"  CA hash:          {result.ca_hash}")
+    print(f"  master key:       {master_key_out}  (back it up; every server needs a copy)")
+    print(f"  operator context: {result.context_path}")
+    print(f"  web UI account:   {cluster_init.FIRST_UI_ACCOUNT}")
+    print(f"  web UI password:  {result.ui_password}  (shown only now)")
+    return 0
+
+
+@app.command
+def start(
+    *,
+    master_key_file: Path | None = None,
+    advertise: str | None = None,
+    san: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (),
+    listen: str | None = None,
+    dev: DevFlag = False,
+    data_dir: DataDir = None,
+) -> int:
+    """Run this server's roles (management 8443, edge 7443) until SIGINT or SIGTERM.
+
+    Parameters
+    ----------
+    master_key_file
+        The cluster's master key file.
+    advertise
+        IP address other servers and nodes reach this server on.
+    san
+        Another name nodes use to reach the edge (repeat for several).
+    listen
+        Address to bind (default 0.0.0.0; with --dev, the advertise address).
+    """
+    _configure_logging()
+    if dev:
+        if data_dir is None:
+            raise Oz0Error("--dev needs --data-dir DIR")
+        return _start_dev(data_dir, advertise or "127.0.0.1", san, listen)
+    if master_key_file is None or advertise is None:
+        raise Oz0Error("server start needs --master-key-file and --advertise (or --dev --data-dir)")
+    options = server_start.StartOptions(
+        url=DatabaseUrl.from_env(),
+        master_key_file=master_key_file,
+        advertise=server_start.check_advertise(advertise),
+        sans=san,
+        listen=listen,
+    )
+    cluster = server_start.prepare(options)
+    trio.run(server_start.run_until_signalled, options, cluster, _print_started)
+    return 0
+
+
+def _start_dev(data_dir: Path, advertise: str, sans: tuple[str, ...], listen: str | None) -> int:
+    data_dir = data_dir.resolve()
+    server_start.check_advertise(advertise)
+    key_file = devmode.master_key_path(data_dir)
+    with devmode.embedded_postgres(data_dir) as url:
+        password = None
+        if not key_file.exists():
+            result = cluster_init.init_cluster(
+                url,
+                cluster_name=devmode.DEV_CLUSTER,
+                history_shards=devmode.DEV_HISTORY_SHARDS,
+                master_key_out=key_file,
+                context_dir=devmode.context_dir(data_dir),
+                advertise=advertise,
+                progress=_progress,
+            )
+            password = result.ui_password
+        options = server_start.StartOptions(
+            url=url,
+            master_key_file=key_file,
+            advertise=advertise,
+            sans=sans,
+            listen=listen,
+            listen_default=advertise,
+        )
+        cluster = server_start.prepare(options)
+
+        def started(running: server_start.Running) -> None:
+            _print_started(running)
+            print(f"web UI:    {running.management_url}")
+            if password:
+                print(
+                    f"web UI account admin, password {password}  (shown only on this first start)"
+                )
+            print(f"CA hash:   {running.cluster.ca_hash}")
+            print(f"export OZ0_CONTEXT={devmode.context_dir(data_dir) / 'context.json'}")
+            sys.stdout.flush()
+
+        trio.run(server_start.run_until_signalled, options, cluster, started)
+    return 0
+
+
+def _print_started(running: server_start.Running) -> None:
+    print(
+        f"server {running.server_id} of cluster {running.cluster.name} is up: "
+        f"management {running.management_url}, edge {running.edge_address}"
+    )
+    sys.stdout.flush()
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # platformdirs warns about XDG_RUNTIME_DIR when the embedded PostgreSQL is imported.
+    warnings.filterwarnings("ignore", module="platformdirs")
+
+
+@operator_app.command
+def issue(
+    name: str,
+    *,
+    master_key_file: Path | None = None,
+    operator_dir: Path | None = None,
+    advertise: str | None = None,
+    dev: DevFlag = False,
+    data_dir: DataDir = None,
+    json: JsonFlag = False,
+) -> int:
+    """Make new credentials for operator NAME (adding it if the cluster lacks it).
+
+    Parameters
+    ----------
+    name
+        The operator's name.
+    master_key_file
+        The cluster's master key file.
+    operator_dir
+        Directory of the CLI context to write; an existing context keeps its addresses.
+    advertise
+        Server address a new context points at.
+    """
+    if dev:
+        if data_dir is None:
+            raise Oz0Error("--dev needs --data-dir DIR")
+        data_dir = data_dir.resolve()
+        warnings.filterwarnings("ignore", module="platformdirs")
+        with devmode.embedded_postgres(data_dir) as url:
+            issued = issue_operator(
+                url,
+                master_key_file=devmode.master_key_path(data_dir),
+                name=name,
+                operator_dir=operator_dir or devmode.context_dir(data_dir),
+                advertise=advertise or "127.0.0.1",
+            )
+    else:
+        if master_key_file is None or operator_dir is None:
+            raise Oz0Error("server operator issue needs --master-key-file and --operator-dir")
+        issued = issue_operator(
+            DatabaseUrl.from_env(),
+            master_key_file=master_key_file,
+            name=name,
+            operator_dir=operator_dir,
+            advertise=advertise,
+        )
+    if json:
+        print_json(
+            {
+                "operator": name,
+                "cluster": issued.context.cluster,
+                "context": str(issued.context.path),
+                "not_after": issued.not_after,
+            }
+        )
+    else:
+        print(
+            f"operator {name} of cluster {issued.context.cluster}: credentials valid until "
+            f"{issued.not_after}"
+        )
+        print(f"export OZ0_CONTEXT={issued.context.path}")
+    return 0

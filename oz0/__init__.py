@@ -1,0 +1,3 @@
+"""orchestrator-zero server."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,137 @@
+"""A CLI context: where a cluster's servers are and the operator credentials to reach them.
+
+A context directory holds `context.json`, `ca.crt`, `operator.crt` and `operator.key`,
+every file mode 0600 and the directory 0700.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from oz0.errors import Oz0Error
+
+CONTEXT_FILE = "context.json"
+CA_FILE = "ca.crt"
+CERT_FILE = "operator.crt"
+KEY_FILE = "operator.key"
+ENV_VAR = "OZ0_CONTEXT"
+MANAGEMENT_PORT = 8443
+
+
+class ContextError(Oz0Error):
+    pass
+
+
+def config_home() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "orchestrator-zero"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace PATH with DATA atomically; the file is 0600 from its first byte."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def server_address(advertise: str) -> str:
+    """HOST:PORT of a management API, from an address with or without a port."""
+    if advertise.startswith("[") or advertise.count(":") > 1:
+        host = advertise if advertise.startswith("[") else f"[{advertise}]"
+        return host if "]:" in host else f"{host}:{MANAGEMENT_PORT}"
+    return advertise if ":" in advertise else f"{advertise}:{MANAGEMENT_PORT}"
+
+
+@dataclass(frozen=True)
+class Context:
+    directory: Path
+    cluster: str
+    operator: str
+    servers: tuple[str, ...]
+    ca_hash: str
+
+    @property
+    def path(self) -> Path:
+        return self.directory / CONTEXT_FILE
+
+    @property
+    def ca_path(self) -> Path:
+        return self.directory / CA_FILE
+
+    @property
+    def cert_path(self) -> Path:
+        return self.directory / CERT_FILE
+
+    @property
+    def key_path(self) -> Path:
+        return self.directory / KEY_FILE
+
+    @classmethod
+    def load(cls, path: Path) -> Context:
+        if path.is_dir():
+            path = path / CONTEXT_FILE
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return cls(
+                directory=path.parent,
+                cluster=str(raw["cluster"]),
+                operator=str(raw["operator"]),
+                servers=tuple(str(s) for s in raw["servers"]),
+                ca_hash=str(raw["ca_hash"]),
+            )
+        except FileNotFoundError:
+            raise ContextError(f"context {path} not found") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ContextError(f"context {path} is unreadable or malformed: {e}") from None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cluster": self.cluster,
+            "operator": self.operator,
+            "servers": list(self.servers),
+            "ca_hash": self.ca_hash,
+        }
+
+    def save(self) -> None:
+        write_private(self.path, (json.dumps(self.to_json(), indent=2) + "\n").encode())
+
+    def write_credentials(self, *, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> None:
+        """Write the whole context: key first, so a certificate never stands without it."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory.chmod(0o700)
+        write_private(self.key_path, key_pem)
+        write_private(self.cert_path, cert_pem)
+        write_private(self.ca_path, ca_pem)
+        self.save()
+
+
+def select(explicit: Path | None = None) -> Context:
+    """OZ0_CONTEXT, else --context, else the only context in the config directory."""
+    from_env = os.environ.get(ENV_VAR)
+    if from_env:
+        return Context.load(Path(from_env).expanduser())
+    if explicit is not None:
+        return Context.load(explicit.expanduser())
+    home = config_home()
+    found = sorted(home.glob(f"*/{CONTEXT_FILE}")) if home.is_dir() else []
+    if len(found) == 1:
+        return Context.load(found[0])
+    if not found:
+        raise ContextError(
+            f"no CLI context found in {home}; set {ENV_VAR} or pass --context "
+            "(server init and server operator issue create one)"
+        )
+    listed = ", ".join(str(p) for p in found)
+    raise ContextError(f"several contexts found, choose one with {ENV_VAR} or --context: {listed}")

@@ -1,0 +1,322 @@
+"""Master key, sealed CAs and the certificates they sign.
+
+Every certificate names its holder in the subject: CN is the name (an operator's name,
+a server's ID, a node's ID), OU its role, O the cluster. The role is what the API and
+Temporal's authorizer look at, so it is set only here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import ipaddress
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from oz0.errors import MasterKeyError, WrongMasterKey
+
+MASTER_KEY_BYTES = 32
+_NONCE_BYTES = 12
+_SEAL_VERSION = b"\x01"
+
+CA_VALIDITY = dt.timedelta(days=3650)
+OPERATOR_VALIDITY = dt.timedelta(days=90)
+SERVER_VALIDITY = dt.timedelta(days=7)
+# Clocks of servers and operators drift; a certificate made a moment ago must still verify.
+_BACKDATE = dt.timedelta(minutes=5)
+
+
+class Role(enum.StrEnum):
+    OPERATOR = "operator"
+    SERVER = "server"
+    NODE = "node"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# --- master key --------------------------------------------------------------------------
+
+
+def write_master_key(path: Path) -> bytes:
+    """Create PATH holding 32 fresh random bytes, mode 0600; never overwrite a file."""
+    key = secrets.token_bytes(MASTER_KEY_BYTES)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise MasterKeyError(f"{path} already exists; refusing to overwrite a master key") from None
+    except OSError as e:
+        raise MasterKeyError(f"cannot create master key file {path}: {e.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, key)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return key
+
+
+def read_master_key(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise MasterKeyError(f"master key file {path} not found") from None
+    except OSError as e:
+        raise MasterKeyError(f"cannot read master key file {path}: {e.strerror}") from None
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o077:
+            raise MasterKeyError(
+                f"master key file {path} is open to group or others (mode {mode:04o}); "
+                f"run: chmod 600 {path}"
+            )
+        data = os.read(fd, MASTER_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != MASTER_KEY_BYTES:
+        raise MasterKeyError(
+            f"master key file {path} is not a master key "
+            f"(expected {MASTER_KEY_BYTES} bytes, found {len(data)}{'+' if len(data) > 32 else ''})"
+        )
+    return data
+
+
+def seal(master_key: bytes, plaintext: bytes, cluster_name: str) -> bytes:
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    return (
+        _SEAL_VERSION + nonce + AESGCM(master_key).encrypt(nonce, plaintext, cluster_name.encode())
+    )
+
+
+def unseal(master_key: bytes, sealed: bytes, cluster_name: str) -> bytes:
+    if sealed[:1] != _SEAL_VERSION:
+        raise WrongMasterKey(f"sealed secret of cluster {cluster_name} has an unknown format")
+    nonce, ciphertext = sealed[1 : 1 + _NONCE_BYTES], sealed[1 + _NONCE_BYTES :]
+    try:
+        return AESGCM(master_key).decrypt(nonce, ciphertext, cluster_name.encode())
+    except InvalidTag:
+        raise WrongMasterKey(f"master key does not match cluster {cluster_name}") from None
+
+
+# --- keys and certificates -----------------------------------------------------------------
+
+
+def new_private_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def key_from_pem(pem: bytes) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("not an EC private key")
+    return key
+
+
+def cert_to_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def cert_from_pem(pem: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem)
+
+
+def ca_hash(cert: x509.Certificate) -> str:
+    """`sha256:` and the hex SHA-256 of the certificate's SubjectPublicKeyInfo (DER)."""
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return "sha256:" + hashlib.sha256(spki).hexdigest()
+
+
+def _name(common_name: str, role: str, cluster: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, cluster),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def subject_alt_names(names: Iterable[str]) -> list[x509.GeneralName]:
+    out: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):
+        try:
+            out.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            out.append(x509.DNSName(name))
+    return out
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a certificate says its holder is."""
+
+    role: str
+    name: str
+    cluster: str
+    serial: int
+    not_after: dt.datetime
+
+
+def identity_of(cert: x509.Certificate) -> Identity:
+    def attr(oid: x509.ObjectIdentifier) -> str:
+        values = cert.subject.get_attributes_for_oid(oid)
+        return str(values[0].value) if values else ""
+
+    return Identity(
+        role=attr(NameOID.ORGANIZATIONAL_UNIT_NAME),
+        name=attr(NameOID.COMMON_NAME),
+        cluster=attr(NameOID.ORGANIZATION_NAME),
+        serial=cert.serial_number,
+        not_after=cert.not_valid_after_utc,
+    )
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cluster(self) -> str:
+        return identity_of(self.cert).cluster
+
+    def issue(
+        self,
+        public_key: ec.EllipticCurvePublicKey,
+        *,
+        name: str,
+        role: Role,
+        validity: dt.timedelta,
+        sans: Iterable[str] = (),
+        server: bool = False,
+        client: bool = True,
+        now: dt.datetime | None = None,
+    ) -> x509.Certificate:
+        now = now or utcnow()
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name, role.value, self.cluster))
+            .issuer_name(self.cert.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(min(now + validity, self.cert.not_valid_after_utc))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+        )
+        alt_names = subject_alt_names(sans)
+        if alt_names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        return builder.sign(self.key, hashes.SHA256())
+
+    def sealed_key(self, master_key: bytes) -> bytes:
+        return seal(master_key, key_to_pem(self.key), self.cluster)
+
+
+def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> CertificateAuthority:
+    """A self-signed ECDSA P-256 CA; PURPOSE is `cluster` or `internode`."""
+    now = now or utcnow()
+    key = new_private_key()
+    subject = _name(f"{cluster} {purpose} CA", f"{purpose}-ca", cluster)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertificateAuthority(cert=cert, key=key)
+
+
+def load_ca(
+    cert_pem: bytes, sealed_key: bytes, master_key: bytes, cluster: str
+) -> CertificateAuthority:
+    key = key_from_pem(unseal(master_key, sealed_key, cluster))
+    cert = cert_from_pem(cert_pem)
+    if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
+        raise WrongMasterKey(f"CA key and certificate of cluster {cluster} do not belong together")
+    return CertificateAuthority(cert=cert, key=key)
+
+
+def make_csr(key: ec.EllipticCurvePrivateKey, name: str) -> x509.CertificateSigningRequest:
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .sign(key, hashes.SHA256())
+    )
+
+
+def csr_public_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey:
+    """The P-256 public key of a CSR whose self-signature holds; ValueError otherwise."""
+    csr = x509.load_pem_x509_csr(csr_pem)
+    if not csr.is_signature_valid:
+        raise ValueError("certificate request signature is not valid")
+    key = csr.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise ValueError("certificate request must hold an ECDSA P-256 key")
+    return key

@@ -1,0 +1,88 @@
+"""Membership: each server keeps a row fresh; a server is up while its heartbeat is recent."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import trio
+
+from oz0 import __version__
+from oz0.store.pool import Database
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 1.0
+# Three missed heartbeats and a little slack for a slow database.
+UP_WINDOW = dt.timedelta(seconds=5)
+# Rows of servers gone this long are nobody's business any more.
+FORGET_AFTER = dt.timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    id: str
+    advertise: str
+    started_at: dt.datetime
+    last_heartbeat: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "advertise": self.advertise,
+            "started_at": self.started_at.isoformat(),
+            "last_heartbeat": self.last_heartbeat.isoformat(),
+        }
+
+
+def servers_up(conn: psycopg.Connection[Any]) -> list[ServerRow]:
+    rows = conn.execute(
+        "SELECT id, advertise, started_at, last_heartbeat FROM servers"
+        " WHERE last_heartbeat > now() - %s ORDER BY advertise, id",
+        (UP_WINDOW,),
+    ).fetchall()
+    return [ServerRow(*r) for r in rows]
+
+
+async def run(
+    db: Database,
+    server_id: str,
+    advertise: str,
+    *,
+    interval: float = HEARTBEAT_INTERVAL,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Heartbeat every INTERVAL; on the way out, remove the row so others see us gone now."""
+
+    def register(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            "INSERT INTO servers (id, advertise, version) VALUES (%s, %s, %s)",
+            (server_id, advertise, __version__),
+        )
+        conn.execute("DELETE FROM servers WHERE last_heartbeat < now() - %s", (FORGET_AFTER,))
+
+    def beat(conn: psycopg.Connection[Any]) -> None:
+        # clock_timestamp, not now(): one transaction's start would age every beat alike.
+        conn.execute(
+            "UPDATE servers SET last_heartbeat = clock_timestamp() WHERE id = %s", (server_id,)
+        )
+
+    def leave(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("DELETE FROM servers WHERE id = %s", (server_id,))
+
+    await db.transaction(register)
+    task_status.started()
+    try:
+        while True:
+            await trio.sleep(interval)
+            await db.transaction(beat)
+    finally:
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 2
+            try:
+                await db.transaction(leave)
+            except psycopg.Error as e:
+                log.warning("could not remove this server's membership row: %s", e)

@@ -1,0 +1,122 @@
+"""Start a server: check everything that can be checked before any task runs, then run."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import secrets
+import signal
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from oz0 import cluster as cluster_mod
+from oz0 import pki
+from oz0.cluster import Cluster
+from oz0.errors import Oz0Error
+from oz0.server import edge, management, membership
+from oz0.server.certificates import ServerCertificates
+from oz0.store import databases, migrations
+from oz0.store.dburl import DatabaseUrl
+from oz0.store.pool import open_database
+
+log = logging.getLogger(__name__)
+
+# SIGINT/SIGTERM must end the process within 5 s; each role's cleanup is bounded below this.
+SHUTDOWN_GRACE = 4.0
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    url: DatabaseUrl
+    master_key_file: Path
+    advertise: str
+    sans: tuple[str, ...] = ()
+    listen: str | None = None
+
+    # Dev mode passes its advertise address: everything it runs stays on that address.
+    listen_default: str = "0.0.0.0"
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen or self.listen_default
+
+
+@dataclass(frozen=True)
+class Running:
+    """What a started server tells whoever started it."""
+
+    server_id: str
+    cluster: Cluster
+    management_url: str
+    edge_address: str
+
+
+def check_advertise(advertise: str) -> str:
+    try:
+        return str(ipaddress.ip_address(advertise))
+    except ValueError:
+        raise Oz0Error(
+            f"--advertise must be an IP address other servers and nodes reach this server on, "
+            f"not {advertise!r} (add names with --san)"
+        ) from None
+
+
+def prepare(options: StartOptions) -> Cluster:
+    """Read the master key and unseal the cluster; raise before anything is written."""
+    check_advertise(options.advertise)
+    master_key = pki.read_master_key(options.master_key_file)
+    with databases.connect(options.url.for_database(options.url.names.main)) as conn:
+        databases.check_server_version(conn)
+        migrations.check_current(conn)
+        return cluster_mod.load(conn, master_key)
+
+
+async def run_server(
+    options: StartOptions,
+    cluster: Cluster,
+    *,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    server_id = "server-" + secrets.token_hex(6)
+    certs = ServerCertificates(cluster, server_id, sans=(options.advertise, *options.sans))
+    host = options.listen_host
+    advertised = _url_host(options.advertise)
+    async with (
+        open_database(options.url.for_database(options.url.names.main)) as db,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(membership.run, db, server_id, options.advertise)
+        state = management.ManagementState(db=db, cluster=cluster, server_id=server_id)
+        await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
+        await nursery.start(edge.run, cluster, certs.server_context(ssl.CERT_OPTIONAL), host)
+        nursery.start_soon(certs.renew_forever)
+        task_status.started(
+            Running(
+                server_id=server_id,
+                cluster=cluster,
+                management_url=f"https://{advertised}:{management.MANAGEMENT_PORT}",
+                edge_address=f"{advertised}:{edge.EDGE_PORT}",
+            )
+        )
+
+
+async def run_until_signalled(
+    options: StartOptions, cluster: Cluster, on_started: Callable[[Running], None]
+) -> None:
+    """Run the server until SIGINT or SIGTERM, then stop every role within the grace."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(run_server, options, cluster)
+            on_started(running)
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

@@ -1,0 +1,39 @@
+"""TLS contexts built from keys held in memory.
+
+`SSLContext.load_cert_chain` only takes paths, so the key goes through an anonymous
+memory file (memfd): it has a path under /proc/self/fd but never touches a disk.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def _memory_file(data: bytes) -> Iterator[str]:
+    fd = os.memfd_create("oz0-tls", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def load_chain(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """Install (or replace, for renewal) CTX's certificate; later handshakes use it."""
+    with _memory_file(cert_pem + key_pem) as path:
+        ctx.load_cert_chain(path)
+
+
+def server_context(
+    ca_pem: bytes, cert_pem: bytes, key_pem: bytes, *, client_certs: ssl.VerifyMode
+) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.verify_mode = client_certs
+    ctx.load_verify_locations(cadata=ca_pem.decode())
+    load_chain(ctx, cert_pem, key_pem)
+    return ctx

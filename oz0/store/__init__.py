@@ -1,0 +1,1 @@
+"""The PostgreSQL store: connection URLs, the query pool, LISTEN, migrations."""

@@ -1,0 +1,52 @@
+"""Queries under Trio: a sync psycopg pool driven through worker threads.
+
+psycopg's AsyncConnection needs asyncio, so every query runs in a thread with a pooled
+connection; the Trio task waits for it without blocking the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+from psycopg_pool import ConnectionPool
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+
+class Database:
+    def __init__(self, pool: ConnectionPool[Conn]) -> None:
+        self._pool = pool
+
+    async def transaction(self, work: Callable[[Conn], T]) -> T:
+        """Run WORK(conn) in one transaction, committed when it returns."""
+        return await trio.to_thread.run_sync(self._in_transaction, work)
+
+    def _in_transaction(self, work: Callable[[Conn], T]) -> T:
+        with self._pool.connection() as conn, conn.transaction():
+            return work(conn)
+
+
+@asynccontextmanager
+async def open_database(
+    conninfo: str, *, min_size: int = 2, max_size: int = 8
+) -> AsyncIterator[Database]:
+    pool: ConnectionPool[Conn] = ConnectionPool(
+        conninfo,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        timeout=10.0,
+        name="oz0",
+        kwargs={"application_name": "orchestrator-zero"},
+    )
+    await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=10.0))
+    try:
+        yield Database(pool)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(lambda: pool.close(timeout=2.0))
