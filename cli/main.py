@@ -45,3 +45,7 @@ def _one_line(message: str) -> str:
 
 def main() -> None:
     sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

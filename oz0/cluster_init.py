@@ -68,7 +68,6 @@ def init_cluster(
     names = url.names
     with databases.maintenance_connection(url) as admin:
         major = databases.check_server_version(admin)
-        progress(f"PostgreSQL {major} at {url.redacted()}")
         _refuse_initialised(url)
         if (context_dir / CONTEXT_FILE).exists():
             raise Oz0Error(f"{context_dir / CONTEXT_FILE} already exists; move it away first")
@@ -82,6 +81,7 @@ def init_cluster(
         for name in present:
             _refuse_non_empty(url, name)
 
+        progress(f"PostgreSQL {major} at {url.redacted()}")
         created: list[str] = []
         key_written = False
         staging: Path | None = None

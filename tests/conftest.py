@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.main import run
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.postgres import fresh_database_url
+from oz0.store.dburl import DatabaseUrl
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+CliRunner = Callable[..., CliResult]
+
+
+@pytest.fixture
+def pg_url() -> Iterator[DatabaseUrl]:
+    with fresh_database_url() as url:
+        yield url
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url)
+
+
+@pytest.fixture
+def cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> CliRunner:
+    """Run `orchestrator-zero ARGS` in this process with ENV set; capture its output."""
+
+    def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
+        with monkeypatch.context() as m:
+            m.delenv("OZ0_CONTEXT", raising=False)
+            m.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+            for key, value in (env or {}).items():
+                m.setenv(key, value)
+            capsys.readouterr()
+            code = run(list(args))
+            out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return invoke
+
+
+@pytest.fixture
+def cluster_env(cluster_files: ClusterFiles) -> dict[str, str]:
+    return {
+        "OZ0_DB": cluster_files.url.conninfo,
+        "XDG_CONFIG_HOME": str(cluster_files.config_home),
+        "OZ0_CONTEXT": str(cluster_files.context_path),
+    }
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def start(files: ClusterFiles, address: str, *extra: str) -> ServerProcess:
+        server = ServerProcess.for_cluster(
+            files, address, workdir=tmp_path / f"server-{address}", extra=extra
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.kill()

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from cli.client import ApiClient, expiry_warning
+from oz0 import pki
+from oz0.context import Context, ContextError, select
+
+
+def make_context(
+    directory: Path, cluster: str, *, not_after_in: dt.timedelta | None = None
+) -> Context:
+    ca = pki.new_ca(cluster, "cluster")
+    key = pki.new_private_key()
+    now = pki.utcnow()
+    validity = not_after_in or pki.OPERATOR_VALIDITY
+    cert = ca.issue(
+        key.public_key(), name="admin", role=pki.Role.OPERATOR, validity=validity, now=now
+    )
+    context = Context(directory, cluster, "admin", ("127.0.0.11:8443",), pki.ca_hash(ca.cert))
+    context.write_credentials(
+        ca_pem=pki.cert_to_pem(ca.cert), cert_pem=pki.cert_to_pem(cert), key_pem=pki.key_to_pem(key)
+    )
+    return context
+
+
+@pytest.fixture
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.delenv("OZ0_CONTEXT", raising=False)
+    return tmp_path / "cfg" / "orchestrator-zero"
+
+
+def test_context_files_are_private(config_home: Path) -> None:
+    context = make_context(config_home / "a", "a")
+    assert context.directory.stat().st_mode & 0o777 == 0o700
+    for path in context.directory.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_the_only_context_is_chosen(config_home: Path) -> None:
+    make_context(config_home / "a", "a")
+    assert select().cluster == "a"
+
+
+def test_no_context_is_an_error_naming_the_directory(config_home: Path) -> None:
+    with pytest.raises(ContextError, match=f"no CLI context found in {config_home}"):
+        select()
+
+
+def test_several_contexts_are_listed(config_home: Path) -> None:
+    make_context(config_home / "a", "a")
+    make_context(config_home / "b", "b")
+    with pytest.raises(ContextError) as raised:
+        select()
+    assert str(config_home / "a" / "context.json") in str(raised.value)
+    assert str(config_home / "b" / "context.json") in str(raised.value)
+
+
+def test_flag_chooses_among_several(config_home: Path) -> None:
+    make_context(config_home / "a", "a")
+    make_context(config_home / "b", "b")
+    assert select(config_home / "b" / "context.json").cluster == "b"
+
+
+def test_environment_comes_first(
+    config_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_context(config_home / "a", "a")
+    elsewhere = make_context(tmp_path / "elsewhere", "e")
+    monkeypatch.setenv("OZ0_CONTEXT", str(elsewhere.path))
+    assert select().cluster == "e"
+    assert select(config_home / "a" / "context.json").cluster == "e"
+
+
+def test_missing_context_file_is_a_clear_error(
+    config_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OZ0_CONTEXT", "/nonexistent/context.json")
+    with pytest.raises(ContextError, match="context /nonexistent/context.json not found"):
+        select()
+
+
+def test_expiry_warning_below_15_days() -> None:
+    now = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    assert expiry_warning(now + dt.timedelta(days=15, seconds=1), now) is None
+    warning = expiry_warning(now + dt.timedelta(days=14, hours=23), now)
+    assert warning is not None and "expires in 14 days" in warning and "operator renew" in warning
+
+
+def test_client_warns_on_stderr_by_the_injected_clock(
+    config_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    context = make_context(config_home / "a", "a")
+    issued = pki.cert_from_pem(context.cert_path.read_bytes()).not_valid_after_utc
+    ApiClient(context, now=lambda: issued - dt.timedelta(days=20))
+    assert capsys.readouterr().err == ""
+    ApiClient(context, now=lambda: issued - dt.timedelta(days=10))
+    assert "warning: operator certificate expires in 10 days" in capsys.readouterr().err
+
+
+def test_client_refuses_an_expired_certificate(config_home: Path) -> None:
+    context = make_context(config_home / "a", "a")
+    issued = pki.cert_from_pem(context.cert_path.read_bytes()).not_valid_after_utc
+    with pytest.raises(Exception, match="expired on .*server operator issue"):
+        ApiClient(context, now=lambda: issued + dt.timedelta(seconds=1))
