@@ -8,6 +8,7 @@ import pytest
 from cli.client import ApiClient, expiry_warning
 from oz0 import pki
 from oz0.context import Context, ContextError, select
+from oz0.errors import Oz0Error
 
 
 def make_context(
@@ -80,7 +81,7 @@ def test_missing_context_file_is_a_clear_error(
     config_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OZ0_CONTEXT", "/nonexistent/context.json")
-    with pytest.raises(ContextError, match="context /nonexistent/context.json not found"):
+    with pytest.raises(ContextError, match=r"context /nonexistent/context\.json not found"):
         select()
 
 
@@ -105,5 +106,5 @@ def test_client_warns_on_stderr_by_the_injected_clock(
 def test_client_refuses_an_expired_certificate(config_home: Path) -> None:
     context = make_context(config_home / "a", "a")
     issued = pki.cert_from_pem(context.cert_path.read_bytes()).not_valid_after_utc
-    with pytest.raises(Exception, match="expired on .*server operator issue"):
+    with pytest.raises(Oz0Error, match=r"expired on .*server operator issue"):
         ApiClient(context, now=lambda: issued + dt.timedelta(seconds=1))
