@@ -90,6 +90,13 @@ class ApiClient:
             except ssl.SSLError as e:
                 failures.append(f"{server}: TLS refused ({e.reason or e})")
                 continue
+            except http.client.RemoteDisconnected:
+                # With TLS 1.3 a refused client certificate shows only at the first read.
+                failures.append(
+                    f"{server}: closed the connection without answering "
+                    "(is the operator certificate from this cluster and still valid?)"
+                )
+                continue
             except (TimeoutError, OSError, http.client.HTTPException) as e:
                 failures.append(f"{server}: {getattr(e, 'strerror', None) or e}")
                 continue

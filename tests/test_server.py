@@ -1,0 +1,419 @@
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import signal
+import socket
+import ssl
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
+from oz0 import cluster, operators, pki
+from oz0.audit import Actor
+from oz0.context import Context
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+
+
+def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:
+    result = cli("cluster", "info", "--json", env=env)
+    assert result.code == 0, result.err
+    return sorted(s["advertise"] for s in result.json()["servers"])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.2) -> float:
+    began = time.monotonic()
+    while not predicate():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(step)
+    return time.monotonic() - began
+
+
+def load_cluster(files: ClusterFiles) -> cluster.Cluster:
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        return cluster.load(conn, pki.read_master_key(files.master_key))
+
+
+def context_holding(
+    directory: Path,
+    files: ClusterFiles,
+    ca: pki.CertificateAuthority,
+    cert_for: str,
+    **issue: object,
+) -> Context:
+    """A context whose operator certificate is made by CA as the test says."""
+    key = pki.new_private_key()
+    cert = ca.issue(key.public_key(), name=cert_for, **issue)  # type: ignore[arg-type]
+    context = Context(directory, files.name, cert_for, ("127.0.0.11:8443",), files.ca_hash)
+    context.write_credentials(
+        ca_pem=load_cluster(files).ca_pem,
+        cert_pem=pki.cert_to_pem(cert),
+        key_pem=pki.key_to_pem(key),
+    )
+    return context
+
+
+@pytest.mark.slow
+def test_two_servers_show_in_cluster_info_and_a_stopped_one_leaves(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    second = start_server(cluster_files, "127.0.0.12")
+    info = cli("cluster", "info", "--json", env=cluster_env).json()
+    assert info["name"] == "test" and info["ca_hash"] == cluster_files.ca_hash
+    assert sorted(s["advertise"] for s in info["servers"]) == ["127.0.0.11", "127.0.0.12"]
+    for server in info["servers"]:
+        assert server["id"].startswith("server-")
+        assert set(server) == {"id", "advertise", "started_at", "last_heartbeat"}
+
+    took = second.stop(signal.SIGTERM)
+    assert took < 5.0, f"SIGTERM shutdown took {took:.2f}s"
+    assert second.wait(0) == 0
+    wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], timeout=5)
+
+
+@pytest.mark.slow
+def test_a_killed_server_drops_out_when_its_heartbeat_ages(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    victim = start_server(cluster_files, "127.0.0.13")
+    assert servers_up(cli, cluster_env) == ["127.0.0.11", "127.0.0.13"]
+    victim.stop(signal.SIGKILL)
+    waited = wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], timeout=15)
+    assert waited < 10
+
+
+def test_sigint_also_stops_the_server(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    server = start_server(cluster_files, "127.0.0.11")
+    assert server.stop(signal.SIGINT) < 5.0
+    assert server.wait(0) == 0
+
+
+def test_wrong_master_key_ends_start_and_writes_nothing(
+    cluster_files: ClusterFiles, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.key"
+    pki.write_master_key(wrong)
+    server = ServerProcess.for_cluster(cluster_files, "127.0.0.11", workdir=tmp_path / "w")
+    server.args[server.args.index(str(cluster_files.master_key))] = str(wrong)
+    with pytest.raises(RuntimeError, match="exited while starting"):
+        server.start(timeout=30)
+    assert server.wait(5) != 0
+    assert server.stderr().strip().splitlines() == ["error: master key does not match cluster test"]
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+        assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (4,)
+
+
+@pytest.mark.parametrize(
+    ("prepare", "message"),
+    [
+        (lambda p: p.unlink(), "not found"),
+        (lambda p: p.chmod(0o644), "is open to group or others (mode 0644)"),
+        (lambda p: p.write_bytes(b"short"), "is not a master key"),
+    ],
+    ids=["missing", "too-open", "corrupt"],
+)
+def test_bad_master_key_files_are_refused_at_start(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    tmp_path: Path,
+    prepare: Callable[[Path], object],
+    message: str,
+) -> None:
+    key = tmp_path / "copy.key"
+    shutil.copy(cluster_files.master_key, key)
+    key.chmod(0o600)
+    prepare(key)
+    result = cli(
+        "server", "start", "--master-key-file", str(key), "--advertise", "127.0.0.11",
+        env=cluster_env,
+    )  # fmt: skip
+    assert result.code == 1
+    assert result.err.count("\n") == 1 and message in result.err
+
+
+def test_advertise_must_be_an_ip_address(
+    cli: CliRunner, cluster_env: dict[str, str], cluster_files: ClusterFiles
+) -> None:
+    result = cli(
+        "server", "start", "--master-key-file", str(cluster_files.master_key),
+        "--advertise", "oz0.example.com", env=cluster_env,
+    )  # fmt: skip
+    assert result.code == 1 and "--advertise must be an IP address" in result.err
+
+
+def _private_keys_in(root: Path) -> list[tuple[Path, object]]:
+    found: list[tuple[Path, object]] = []
+    for path in root.rglob("*"):
+        try:
+            if not path.is_file() or path.is_symlink() or path.stat().st_size > 1_000_000:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"PRIVATE KEY" in data:
+            for block in data.split(b"-----END")[:-1]:
+                start = block.find(b"-----BEGIN")
+                pem = block[start:] + b"-----END" + data.split(b"-----END", 1)[1].split(b"\n", 1)[0]
+                try:
+                    found.append((path, serialization.load_pem_private_key(pem + b"\n", None)))
+                except (ValueError, TypeError):
+                    pass
+        elif len(data) < 4096:
+            try:
+                found.append((path, serialization.load_der_private_key(data, None)))
+            except (ValueError, TypeError):
+                pass
+    return found
+
+
+def test_the_server_key_never_touches_disk(
+    cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
+) -> None:
+    server = start_server(cluster_files, "127.0.0.11")
+    ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
+    ctx.check_hostname = False
+    with socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw:
+        with ctx.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    server_public = x509.load_der_x509_certificate(der).public_key().public_numbers()  # type: ignore[union-attr]
+    assert pki.identity_of(x509.load_der_x509_certificate(der)).role == "server"
+
+    searched = [tmp_path, Path(tempfile.gettempdir()), Path(server.env["TMPDIR"])]
+    keys = [k for root in searched for k in _private_keys_in(root)]
+    assert keys, "the search must at least find the operator key"
+    for path, key in keys:
+        assert key.public_key().public_numbers() != server_public, path  # type: ignore[attr-defined]
+    # Nor does the server write anything into its own temp dir.
+    assert list(Path(server.env["TMPDIR"]).iterdir()) == []
+
+
+def test_renew_replaces_the_credentials_and_voids_the_old_certificate(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    old = tmp_path / "old-context"
+    shutil.copytree(cluster_files.context_dir, old)
+    old_cert = (old / "operator.crt").read_bytes()
+
+    result = cli("operator", "renew", "--json", env=cluster_env)
+    assert result.code == 0, result.err
+    new_cert = (cluster_files.context_dir / "operator.crt").read_bytes()
+    assert new_cert != old_cert
+    assert (cluster_files.context_dir / "operator.key").read_bytes() != (
+        old / "operator.key"
+    ).read_bytes()
+    for f in ("operator.crt", "operator.key"):
+        assert (cluster_files.context_dir / f).stat().st_mode & 0o777 == 0o600
+    cert = pki.cert_from_pem(new_cert)
+    assert result.json()["not_after"] == cert.not_valid_after_utc.isoformat()
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days == 90
+
+    assert cli("cluster", "info", env=cluster_env).code == 0
+    stale = cli("cluster", "info", env={**cluster_env, "OZ0_CONTEXT": str(old / "context.json")})
+    assert stale.code == 1 and "unknown or this certificate was replaced" in stale.err
+
+    rows = cli("audit", "list", "--action", "operator.renew", "--json", env=cluster_env).json()
+    assert [(r["actor"], r["target"]) for r in rows] == [
+        ({"kind": "operator", "name": "admin"}, "operator:admin")
+    ]
+
+
+def test_operator_issue_works_without_a_running_server_and_adds_operators(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    tmp_path: Path,
+) -> None:
+    alice_dir = tmp_path / "alice"
+    result = cli(
+        "server", "operator", "issue", "alice", "--master-key-file", str(cluster_files.master_key),
+        "--operator-dir", str(alice_dir), "--advertise", "127.0.0.11", "--json",
+        env=cluster_env,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert Context.load(alice_dir).servers == ("127.0.0.11:8443",)
+    assert Context.load(alice_dir).operator == "alice"
+
+    start_server(cluster_files, "127.0.0.11")
+    alice_env = {**cluster_env, "OZ0_CONTEXT": str(alice_dir / "context.json")}
+    assert cli("cluster", "info", env=alice_env).code == 0
+    issued = cli("audit", "list", "--target", "operator:alice", "--json", env=alice_env).json()
+    assert [r["action"] for r in issued] == ["operator.issue"]
+    assert issued[0]["details"]["created"] is True
+
+
+def test_operator_issue_keeps_the_addresses_of_an_existing_context(
+    cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str]
+) -> None:
+    context = Context.load(cluster_files.context_path)
+    edited = Context(
+        context.directory,
+        context.cluster,
+        "admin",
+        ("10.9.9.9:8443", "127.0.0.11:8443"),
+        context.ca_hash,
+    )
+    edited.save()
+    old_cert = context.cert_path.read_bytes()
+    result = cli(
+        "server", "operator", "issue", "admin", "--master-key-file", str(cluster_files.master_key),
+        "--operator-dir", str(context.directory), "--advertise", "192.0.2.1",
+        env=cluster_env,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert Context.load(context.directory).servers == ("10.9.9.9:8443", "127.0.0.11:8443")
+    assert context.cert_path.read_bytes() != old_cert
+
+
+def test_operator_issue_with_a_wrong_master_key_writes_nothing(
+    cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str], tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.key"
+    pki.write_master_key(wrong)
+    result = cli(
+        "server", "operator", "issue", "bob", "--master-key-file", str(wrong),
+        "--operator-dir", str(tmp_path / "bob"), "--advertise", "127.0.0.11", env=cluster_env,
+    )  # fmt: skip
+    assert (result.code, result.err) == (1, "error: master key does not match cluster test\n")
+    assert not (tmp_path / "bob").exists()
+
+
+def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    ca = load_cluster(cluster_files).cluster_ca
+
+    def info_with(context: Context) -> str:
+        result = cli("cluster", "info", env={**cluster_env, "OZ0_CONTEXT": str(context.path)})
+        assert result.code == 1
+        assert result.err.count("\n") == 1
+        return result.err
+
+    foreign = pki.new_ca("test", "cluster")
+    err = info_with(context_holding(tmp_path / "foreign", cluster_files, foreign, "admin",
+                                    role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY))  # fmt: skip
+    assert "TLS refused" in err or "is the operator certificate from this cluster" in err
+
+    unknown = context_holding(tmp_path / "unknown", cluster_files, ca, "mallory",
+                              role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY)  # fmt: skip
+    assert "operator mallory is unknown" in info_with(unknown)
+
+    node = context_holding(tmp_path / "node", cluster_files, ca, "admin",
+                           role=pki.Role.NODE, validity=pki.OPERATOR_VALIDITY)  # fmt: skip
+    assert "does not belong to an operator" in info_with(node)
+
+    # An expired certificate: the CLI says so itself, and the server refuses it at the
+    # handshake when something sends it anyway.
+    long_ago = pki.utcnow() - dt.timedelta(days=100)
+    expired = context_holding(tmp_path / "expired", cluster_files, ca, "admin",
+                              role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY, now=long_ago)  # fmt: skip
+    assert "expired on" in info_with(expired)
+    raw_ctx = ssl.create_default_context(cafile=str(expired.ca_path))
+    raw_ctx.check_hostname = False
+    raw_ctx.load_cert_chain(str(expired.cert_path), str(expired.key_path))
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        with (
+            socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
+            raw_ctx.wrap_socket(raw) as tls,
+        ):
+            tls.sendall(b"GET /api/v1/cluster HTTP/1.1\r\nHost: x\r\n\r\n")
+            if not tls.recv(100):
+                raise ConnectionResetError("closed without an answer")
+
+
+def test_a_certificate_close_to_expiry_warns_but_works(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    ca = load_cluster(cluster_files).cluster_ca
+    key = pki.new_private_key()
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+        cert = operators.issue_certificate(
+            conn, ca, "admin", key.public_key(), actor=Actor("server", "test"),
+            action="operator.issue", now=pki.utcnow() - dt.timedelta(days=80),
+        )  # fmt: skip
+    context = Context.load(cluster_files.context_path)
+    context.write_credentials(ca_pem=pki.cert_to_pem(ca.cert),
+                              cert_pem=pki.cert_to_pem(cert), key_pem=pki.key_to_pem(key))  # fmt: skip
+    result = cli("cluster", "info", env=cluster_env)
+    assert result.code == 0
+    assert "warning: operator certificate expires in 9 days" in result.err
+
+
+def test_audit_list_filters_and_limits(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    everything = cli("audit", "list", "--json", env=cluster_env).json()
+    assert [r["action"] for r in everything] == [
+        "ui_account.create", "operator.issue", "tenant.create", "cluster.init",
+    ]  # fmt: skip
+    for row in everything:
+        assert set(row) == {"id", "time", "actor", "action", "target", "details"}
+    only = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
+    assert [r["target"] for r in only] == ["tenant:default"]
+    target = cli("audit", "list", "--target", "cluster:test", "--json", env=cluster_env).json()
+    assert [r["action"] for r in target] == ["cluster.init"]
+    assert len(cli("audit", "list", "--limit", "2", "--json", env=cluster_env).json()) == 2
+    table = cli("audit", "list", env=cluster_env)
+    assert table.out.splitlines()[0].split() == ["TIME", "ACTOR", "ACTION", "TARGET", "DETAILS"]
+    bad = cli("audit", "list", "--limit", "0", env=cluster_env)
+    assert bad.code == 1 and bad.err == "error: limit must be between 1 and 10000\n"
+
+
+def test_cli_parse_errors_are_one_line(cli: CliRunner) -> None:
+    result = cli("cluster", "info", "--bogus")
+    assert result.code == 2
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+
+
+def test_no_server_answering_is_one_line(cli: CliRunner, cluster_env: dict[str, str]) -> None:
+    result = cli("cluster", "info", env=cluster_env)
+    assert result.code == 1
+    assert result.err.startswith("error: no server of the context answered: 127.0.0.11:8443")
+
+
+def test_server_command_runs_as_a_module() -> None:
+    import subprocess
+
+    out = subprocess.run(cli_command("--version"), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.1.0"
