@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import re
 import shutil
 import signal
 import socket
@@ -163,7 +165,21 @@ def test_advertise_must_be_an_ip_address(
     assert result.code == 1 and "--advertise must be an IP address" in result.err
 
 
+_PEM_KEY = re.compile(
+    rb"-----BEGIN [A-Z ]*PRIVATE KEY-----.+?-----END [A-Z ]*PRIVATE KEY-----", re.S
+)
+
+
+def _load_key(data: bytes, pem: bool) -> object | None:
+    with contextlib.suppress(ValueError, TypeError):
+        if pem:
+            return serialization.load_pem_private_key(data, None)
+        return serialization.load_der_private_key(data, None)
+    return None
+
+
 def _private_keys_in(root: Path) -> list[tuple[Path, object]]:
+    """Every private key stored under ROOT, as PEM or as a small DER file."""
     found: list[tuple[Path, object]] = []
     for path in root.rglob("*"):
         try:
@@ -172,19 +188,13 @@ def _private_keys_in(root: Path) -> list[tuple[Path, object]]:
             data = path.read_bytes()
         except OSError:
             continue
-        if b"PRIVATE KEY" in data:
-            for block in data.split(b"-----END")[:-1]:
-                start = block.find(b"-----BEGIN")
-                pem = block[start:] + b"-----END" + data.split(b"-----END", 1)[1].split(b"\n", 1)[0]
-                try:
-                    found.append((path, serialization.load_pem_private_key(pem + b"\n", None)))
-                except (ValueError, TypeError):
-                    pass
-        elif len(data) < 4096:
-            try:
-                found.append((path, serialization.load_der_private_key(data, None)))
-            except (ValueError, TypeError):
-                pass
+        candidates = [(m, True) for m in _PEM_KEY.findall(data)]
+        if not candidates and len(data) < 4096:
+            candidates = [(data, False)]
+        for blob, is_pem in candidates:
+            key = _load_key(blob, is_pem)
+            if key is not None:
+                found.append((path, key))
     return found
 
 
@@ -194,9 +204,11 @@ def test_the_server_key_never_touches_disk(
     server = start_server(cluster_files, "127.0.0.11")
     ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
     ctx.check_hostname = False
-    with socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw:
-        with ctx.wrap_socket(raw) as tls:
-            der = tls.getpeercert(binary_form=True)
+    with (
+        socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
     assert der is not None
     server_public = x509.load_der_x509_certificate(der).public_key().public_numbers()  # type: ignore[union-attr]
     assert pki.identity_of(x509.load_der_x509_certificate(der)).role == "server"
@@ -323,35 +335,43 @@ def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
         return result.err
 
     foreign = pki.new_ca("test", "cluster")
-    err = info_with(context_holding(tmp_path / "foreign", cluster_files, foreign, "admin",
-                                    role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY))  # fmt: skip
+    operator_cert = {"role": pki.Role.OPERATOR, "validity": pki.OPERATOR_VALIDITY}
+    err = info_with(
+        context_holding(tmp_path / "foreign", cluster_files, foreign, "admin", **operator_cert)
+    )
     assert "TLS refused" in err or "is the operator certificate from this cluster" in err
 
-    unknown = context_holding(tmp_path / "unknown", cluster_files, ca, "mallory",
-                              role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY)  # fmt: skip
+    unknown = context_holding(tmp_path / "unknown", cluster_files, ca, "mallory", **operator_cert)
     assert "operator mallory is unknown" in info_with(unknown)
 
-    node = context_holding(tmp_path / "node", cluster_files, ca, "admin",
-                           role=pki.Role.NODE, validity=pki.OPERATOR_VALIDITY)  # fmt: skip
+    node = context_holding(
+        tmp_path / "node",
+        cluster_files,
+        ca,
+        "admin",
+        role=pki.Role.NODE,
+        validity=pki.OPERATOR_VALIDITY,
+    )
     assert "does not belong to an operator" in info_with(node)
 
     # An expired certificate: the CLI says so itself, and the server refuses it at the
     # handshake when something sends it anyway.
     long_ago = pki.utcnow() - dt.timedelta(days=100)
-    expired = context_holding(tmp_path / "expired", cluster_files, ca, "admin",
-                              role=pki.Role.OPERATOR, validity=pki.OPERATOR_VALIDITY, now=long_ago)  # fmt: skip
+    expired = context_holding(
+        tmp_path / "expired", cluster_files, ca, "admin", **operator_cert, now=long_ago
+    )
     assert "expired on" in info_with(expired)
     raw_ctx = ssl.create_default_context(cafile=str(expired.ca_path))
     raw_ctx.check_hostname = False
     raw_ctx.load_cert_chain(str(expired.cert_path), str(expired.key_path))
-    with pytest.raises((ssl.SSLError, ConnectionResetError)):
-        with (
-            socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
-            raw_ctx.wrap_socket(raw) as tls,
-        ):
-            tls.sendall(b"GET /api/v1/cluster HTTP/1.1\r\nHost: x\r\n\r\n")
-            if not tls.recv(100):
-                raise ConnectionResetError("closed without an answer")
+    with (
+        pytest.raises((ssl.SSLError, ConnectionResetError)),
+        socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
+        raw_ctx.wrap_socket(raw) as tls,
+    ):
+        tls.sendall(b"GET /api/v1/cluster HTTP/1.1\r\nHost: x\r\n\r\n")
+        if not tls.recv(100):
+            raise ConnectionResetError("closed without an answer")
 
 
 def test_a_certificate_close_to_expiry_warns_but_works(
@@ -369,8 +389,9 @@ def test_a_certificate_close_to_expiry_warns_but_works(
             action="operator.issue", now=pki.utcnow() - dt.timedelta(days=80),
         )  # fmt: skip
     context = Context.load(cluster_files.context_path)
-    context.write_credentials(ca_pem=pki.cert_to_pem(ca.cert),
-                              cert_pem=pki.cert_to_pem(cert), key_pem=pki.key_to_pem(key))  # fmt: skip
+    context.write_credentials(
+        ca_pem=pki.cert_to_pem(ca.cert), cert_pem=pki.cert_to_pem(cert), key_pem=pki.key_to_pem(key)
+    )
     result = cli("cluster", "info", env=cluster_env)
     assert result.code == 0
     assert "warning: operator certificate expires in 9 days" in result.err
