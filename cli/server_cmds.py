@@ -242,7 +242,7 @@ def issue(
                 master_key_file=devmode.master_key_path(data_dir),
                 name=name,
                 operator_dir=operator_dir or devmode.context_dir(data_dir),
-                advertise=advertise or "127.0.0.1",
+                advertise=advertise or devmode.server_address(data_dir),
             )
     else:
         if master_key_file is None or operator_dir is None:

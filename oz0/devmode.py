@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from oz0.context import Context, ContextError
 from oz0.store.dburl import DatabaseUrl
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,14 @@ def master_key_path(data_dir: Path) -> Path:
 
 def context_dir(data_dir: Path) -> Path:
     return data_dir / "context"
+
+
+def server_address(data_dir: Path) -> str:
+    """Where the dev cluster's first context points: its server's management address."""
+    try:
+        return Context.load(context_dir(data_dir)).servers[0]
+    except (ContextError, IndexError):
+        return "127.0.0.1"
 
 
 @contextmanager

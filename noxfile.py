@@ -1,0 +1,42 @@
+"""Sessions: tests, lint, typecheck, dev. `nox -s tests` is what CI runs."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PACKAGES = ["oz0", "oz0_node", "cli"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite against the PostgreSQL in OZ0_TEST_PG (see .ci/run)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.15")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[test,lint]")
+    session.run("mypy")
+
+
+@nox.session
+def dev(session: nox.Session) -> None:
+    """A dev cluster in ./dev-data (embedded PostgreSQL), until Ctrl-C."""
+    session.install("-e", ".")
+    data_dir = os.environ.get("OZ0_DEV_DATA", "dev-data")
+    session.run(
+        "orchestrator-zero", "server", "start", "--dev", "--data-dir", data_dir, *session.posargs
+    )
