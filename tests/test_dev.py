@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from fixtures.cluster import REPO, ServerProcess, cli_command
+from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -53,6 +55,8 @@ def test_dev_mode_initialises_once_and_reuses_its_directory(cli: CliRunner, tmp_
             "cluster", "info", "--json", env={"OZ0_CONTEXT": str(tmp_path / "bob" / "context.json")}
         )
         assert bob.code == 0, bob.err
+        public = served_public_key("127.0.0.21", data_dir / "context" / "ca.crt")
+        assert_no_file_holds_key_of(public, [data_dir, tmp_path, Path(tempfile.gettempdir())])
     finally:
         first.stop(signal.SIGTERM)
 

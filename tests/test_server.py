@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import re
 import shutil
 import signal
 import socket
@@ -14,10 +12,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
+from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from oz0 import cluster, operators, pki
 from oz0.audit import Actor
 from oz0.context import Context
@@ -165,59 +162,13 @@ def test_advertise_must_be_an_ip_address(
     assert result.code == 1 and "--advertise must be an IP address" in result.err
 
 
-_PEM_KEY = re.compile(
-    rb"-----BEGIN [A-Z ]*PRIVATE KEY-----.+?-----END [A-Z ]*PRIVATE KEY-----", re.S
-)
-
-
-def _load_key(data: bytes, pem: bool) -> object | None:
-    with contextlib.suppress(ValueError, TypeError):
-        if pem:
-            return serialization.load_pem_private_key(data, None)
-        return serialization.load_der_private_key(data, None)
-    return None
-
-
-def _private_keys_in(root: Path) -> list[tuple[Path, object]]:
-    """Every private key stored under ROOT, as PEM or as a small DER file."""
-    found: list[tuple[Path, object]] = []
-    for path in root.rglob("*"):
-        try:
-            if not path.is_file() or path.is_symlink() or path.stat().st_size > 1_000_000:
-                continue
-            data = path.read_bytes()
-        except OSError:
-            continue
-        candidates = [(m, True) for m in _PEM_KEY.findall(data)]
-        if not candidates and len(data) < 4096:
-            candidates = [(data, False)]
-        for blob, is_pem in candidates:
-            key = _load_key(blob, is_pem)
-            if key is not None:
-                found.append((path, key))
-    return found
-
-
 def test_the_server_key_never_touches_disk(
     cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
     server = start_server(cluster_files, "127.0.0.11")
-    ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
-    ctx.check_hostname = False
-    with (
-        socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
-        ctx.wrap_socket(raw) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    server_public = x509.load_der_x509_certificate(der).public_key().public_numbers()  # type: ignore[union-attr]
-    assert pki.identity_of(x509.load_der_x509_certificate(der)).role == "server"
-
+    public = served_public_key("127.0.0.11", cluster_files.context_dir / "ca.crt")
     searched = [tmp_path, Path(tempfile.gettempdir()), Path(server.env["TMPDIR"])]
-    keys = [k for root in searched for k in _private_keys_in(root)]
-    assert keys, "the search must at least find the operator key"
-    for path, key in keys:
-        assert key.public_key().public_numbers() != server_public, path  # type: ignore[attr-defined]
+    assert_no_file_holds_key_of(public, searched)
     # Nor does the server write anything into its own temp dir.
     assert list(Path(server.env["TMPDIR"]).iterdir()) == []
 

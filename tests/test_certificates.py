@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import ssl
+
+import trio
+import trio.testing
+from cryptography import x509
+
+from oz0 import pki
+from oz0.cluster import Cluster
+from oz0.server.certificates import RENEW_EVERY, ServerCertificates
+
+
+def in_memory_cluster() -> Cluster:
+    return Cluster(
+        name="c",
+        history_shards=4,
+        cluster_ca=pki.new_ca("c", "cluster"),
+        internode_ca=pki.new_ca("c", "internode"),
+    )
+
+
+async def served_certificate(server_ctx: ssl.SSLContext, ca_pem: bytes) -> x509.Certificate:
+    """The certificate a TLS server with SERVER_CTX presents, over an in-memory stream."""
+    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    client_ctx.check_hostname = False
+    left, right = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(left, client_ctx)
+    server = trio.SSLStream(right, server_ctx, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+async def test_certificates_are_renewed_daily_in_the_live_tls_context(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cluster = in_memory_cluster()
+    certs = ServerCertificates(cluster, "server-1", sans=("127.0.0.11", "edge.example.com"))
+    ctx = certs.server_context(ssl.CERT_OPTIONAL)
+    first = await served_certificate(ctx, cluster.ca_pem)
+    identity = pki.identity_of(first)
+    assert (identity.role, identity.name) == ("server", "server-1")
+    sans = first.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["edge.example.com"]
+    internode = pki.cert_from_pem(certs.internode_cert_pem)
+    internode.verify_directly_issued_by(cluster.internode_ca.cert)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(certs.renew_forever)
+        began = trio.current_time()
+        await trio.sleep(RENEW_EVERY - 1)
+        assert (await served_certificate(ctx, cluster.ca_pem)).serial_number == first.serial_number
+        await trio.sleep(2)
+        renewed = await served_certificate(ctx, cluster.ca_pem)
+        assert renewed.serial_number != first.serial_number
+        assert trio.current_time() - began == RENEW_EVERY + 1
+        nursery.cancel_scope.cancel()
+    assert renewed.public_key() != first.public_key()
