@@ -389,3 +389,23 @@ def test_server_command_runs_as_a_module() -> None:
 
     out = subprocess.run(cli_command("--version"), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0.1.0"
+
+
+async def test_edge_greets_over_tls_from_the_cluster_ca(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    import json
+
+    import trio
+    from trio_websocket import open_websocket
+
+    start_server(cluster_files, "127.0.0.11", "--san", "edge.example.com")
+    ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
+    ctx.check_hostname = True
+    with trio.fail_after(10):
+        async with open_websocket("127.0.0.11", 7443, "/", use_ssl=ctx) as ws:
+            hello = json.loads(await ws.get_message())
+    assert hello["type"] == "hello"
+    assert hello["cluster"] == "test"
+    assert hello["ca_hash"] == cluster_files.ca_hash
+    assert pki.ca_hash(pki.cert_from_pem(hello["ca_pem"].encode())) == cluster_files.ca_hash
