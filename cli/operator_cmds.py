@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cryptography.hazmat.primitives import serialization
 from cyclopts import App
 
 from cli.client import ApiClient
@@ -20,8 +21,6 @@ def renew(*, json: JsonFlag = False, context: ContextPath = None) -> int:
     client = ApiClient(ctx)
     key = pki.new_private_key()
     csr = pki.make_csr(key, ctx.operator)
-    from cryptography.hazmat.primitives import serialization
-
     answer = client.post(
         "/api/v1/operator/renew",
         {"csr": csr.public_bytes(serialization.Encoding.PEM).decode()},

@@ -14,6 +14,16 @@ from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 
+def init_plain(url: DatabaseUrl, tmp_path: Path) -> cluster_init.InitResult:
+    return cluster_init.init_cluster(
+        url,
+        cluster_name="c",
+        history_shards=4,
+        master_key_out=tmp_path / "master.key",
+        context_dir=tmp_path / "ctx",
+    )
+
+
 def init_args(tmp_path: Path, name: str = "prod-eu") -> list[str]:
     return [
         "server", "init", "--cluster-name", name, "--history-shards", "8",
@@ -114,13 +124,7 @@ def test_failure_midway_leaves_nothing_behind(
 def test_user_without_createdb_is_told_which_databases_to_create(tmp_path: Path) -> None:
     with limited_role(createdb=False) as role_url, fresh_database_url(role_url) as url:
         with pytest.raises(Oz0Error) as raised:
-            cluster_init.init_cluster(
-                url,
-                cluster_name="c",
-                history_shards=4,
-                master_key_out=tmp_path / "master.key",
-                context_dir=tmp_path / "ctx",
-            )
+            init_plain(url, tmp_path)
         assert "may not create databases; create them first" in str(raised.value)
         assert ", ".join(url.names.all()) in str(raised.value)
         assert not (tmp_path / "master.key").exists()
@@ -133,13 +137,7 @@ def test_user_without_createdb_uses_empty_databases_made_for_it(tmp_path: Path) 
         with admin_connection() as admin:
             for name in url.names.all():
                 admin.execute(f'CREATE DATABASE "{name}" OWNER "{role}"')
-        result = cluster_init.init_cluster(
-            url,
-            cluster_name="c",
-            history_shards=4,
-            master_key_out=tmp_path / "master.key",
-            context_dir=tmp_path / "ctx",
-        )
+        result = init_plain(url, tmp_path)
         assert result.created_databases == ()
         with psycopg.connect(url.for_database(url.names.main)) as conn:
             assert migrations.database_version(conn) == migrations.code_version()
@@ -151,13 +149,7 @@ def test_non_empty_existing_database_is_refused(tmp_path: Path, pg_url: Database
     with psycopg.connect(pg_url.for_database(pg_url.names.temporal), autocommit=True) as conn:
         conn.execute("CREATE TABLE stray (x int)")
     with pytest.raises(Oz0Error, match=f"database {pg_url.names.temporal} is not empty"):
-        cluster_init.init_cluster(
-            pg_url,
-            cluster_name="c",
-            history_shards=4,
-            master_key_out=tmp_path / "master.key",
-            context_dir=tmp_path / "ctx",
-        )
+        init_plain(pg_url, tmp_path)
     assert not database_exists(pg_url.names.main)
     assert database_exists(pg_url.names.temporal)
 
