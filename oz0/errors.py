@@ -15,3 +15,14 @@ class WrongMasterKey(Oz0Error):
 
 class SchemaMismatch(Oz0Error):
     """The database schema is not the version this code expects."""
+
+
+def user_error_in(group: BaseExceptionGroup[BaseException]) -> Oz0Error | None:
+    """The first Oz0Error of GROUP when nothing else is in it: what a user should see."""
+    matched, rest = group.split(Oz0Error)
+    if matched is None or rest is not None:
+        return None
+    leaf: BaseException = matched
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf if isinstance(leaf, Oz0Error) else None

@@ -409,3 +409,20 @@ async def test_edge_greets_over_tls_from_the_cluster_ca(
     assert hello["cluster"] == "test"
     assert hello["ca_hash"] == cluster_files.ca_hash
     assert pki.ca_hash(pki.cert_from_pem(hello["ca_pem"].encode())) == cluster_files.ca_hash
+
+
+def test_an_address_already_in_use_is_one_line(
+    cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str]
+) -> None:
+    with socket.create_server(("127.0.0.14", 8443)):
+        result = cli(
+            "server", "start", "--master-key-file", str(cluster_files.master_key),
+            "--advertise", "127.0.0.14", "--listen", "127.0.0.14", env=cluster_env,
+        )  # fmt: skip
+    assert result.code == 1
+    assert (
+        result.err.splitlines()[-1]
+        == "error: cannot listen on 127.0.0.14:8443: Address already in use"
+    )
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+        assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)

@@ -17,6 +17,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_stream
 
 from oz0.cluster import Cluster
+from oz0.server.tls import open_tls_listeners
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ async def run(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    listeners = await trio.open_ssl_over_tcp_listeners(port, tls_context, host=host)
+    listeners = await open_tls_listeners(port, tls_context, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(trio.serve_listeners, partial(_handle, cluster), listeners))
         task_status.started()

@@ -23,6 +23,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
+from oz0.server.tls import open_tls_listeners
+
 log = logging.getLogger(__name__)
 
 PEER_CERT_KEY = "oz0.peer_cert_der"
@@ -90,9 +92,7 @@ async def serve_https(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners = await trio.open_ssl_over_tcp_listeners(
-            port, ssl_context, host=host, https_compatible=True
-        )
+        listeners = await open_tls_listeners(port, ssl_context, host, https_compatible=True)
         async with trio.open_nursery() as server_nursery:
             await server_nursery.start(partial(trio.serve_listeners, handle, listeners))
             task_status.started()

@@ -65,9 +65,11 @@ async def run(
         conn.execute("DELETE FROM servers WHERE last_heartbeat < now() - %s", (FORGET_AFTER,))
 
     def beat(conn: psycopg.Connection[Any]) -> None:
-        # clock_timestamp, not now(): one transaction's start would age every beat alike.
+        # An upsert: after a database outage the row may have been forgotten meanwhile.
         conn.execute(
-            "UPDATE servers SET last_heartbeat = clock_timestamp() WHERE id = %s", (server_id,)
+            "INSERT INTO servers (id, advertise, version) VALUES (%s, %s, %s)"
+            " ON CONFLICT (id) DO UPDATE SET last_heartbeat = clock_timestamp()",
+            (server_id, advertise, __version__),
         )
 
     def leave(conn: psycopg.Connection[Any]) -> None:
@@ -75,10 +77,21 @@ async def run(
 
     await db.transaction(register)
     task_status.started()
+    failing_since: float | None = None
     try:
         while True:
             await trio.sleep(interval)
-            await db.transaction(beat)
+            try:
+                await db.transaction(beat)
+            except psycopg.Error as e:
+                # Not fatal: while beats fail this server simply ages out of "up".
+                if failing_since is None:
+                    failing_since = trio.current_time()
+                    log.warning("heartbeat failed, retrying every %.0fs: %s", interval, e)
+                continue
+            if failing_since is not None:
+                log.info("heartbeat restored after %.1fs", trio.current_time() - failing_since)
+                failing_since = None
     finally:
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 2

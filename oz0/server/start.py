@@ -16,7 +16,7 @@ import trio
 from oz0 import cluster as cluster_mod
 from oz0 import pki
 from oz0.cluster import Cluster
-from oz0.errors import Oz0Error
+from oz0.errors import Oz0Error, user_error_in
 from oz0.server import edge, management, membership
 from oz0.server.certificates import ServerCertificates
 from oz0.store import databases, migrations
@@ -108,14 +108,20 @@ async def run_until_signalled(
     options: StartOptions, cluster: Cluster, on_started: Callable[[Running], None]
 ) -> None:
     """Run the server until SIGINT or SIGTERM, then stop every role within the grace."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            running = await nursery.start(run_server, options, cluster)
-            on_started(running)
-            async for signum in signals:
-                log.info("received %s, shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                running = await nursery.start(run_server, options, cluster)
+                on_started(running)
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+    except BaseExceptionGroup as group:
+        error = user_error_in(group)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _url_host(address: str) -> str:

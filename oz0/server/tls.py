@@ -11,6 +11,10 @@ import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import trio
+
+from oz0.errors import Oz0Error
+
 
 @contextmanager
 def _memory_file(data: bytes) -> Iterator[str]:
@@ -37,3 +41,15 @@ def server_context(
     ctx.load_verify_locations(cadata=ca_pem.decode())
     load_chain(ctx, cert_pem, key_pem)
     return ctx
+
+
+async def open_tls_listeners(
+    port: int, ssl_context: ssl.SSLContext, host: str, *, https_compatible: bool = False
+) -> list[trio.SSLListener[trio.SocketStream]]:
+    """Bind HOST:PORT, or fail with one line saying which address could not be had."""
+    try:
+        return await trio.open_ssl_over_tcp_listeners(
+            port, ssl_context, host=host, https_compatible=https_compatible
+        )
+    except OSError as e:
+        raise Oz0Error(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
