@@ -23,7 +23,10 @@ def info(*, json: JsonFlag = False, context: ContextPath = None) -> int:
     print(f"CA hash: {data['ca_hash']}")
     print(f"servers up: {len(data['servers'])}")
     print_table(
-        ["ID", "ADVERTISE", "STARTED", "LAST HEARTBEAT"],
-        [[s["id"], s["advertise"], s["started_at"], s["last_heartbeat"]] for s in data["servers"]],
+        ["ID", "ADVERTISE", "TEMPORAL", "STARTED", "LAST HEARTBEAT"],
+        [
+            [s["id"], s["advertise"], s["temporal"], s["started_at"], s["last_heartbeat"]]
+            for s in data["servers"]
+        ],
     )
     return 0

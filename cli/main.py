@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from cyclopts import App, CycloptsError
 
-from cli import audit_cmds, cluster_cmds, operator_cmds, server_cmds
+from cli import audit_cmds, cluster_cmds, operator_cmds, server_cmds, tenant_cmds
 from oz0 import __version__
 from oz0.errors import Oz0Error
 
@@ -19,6 +19,7 @@ app = App(
 app.command(server_cmds.app)
 app.command(cluster_cmds.app)
 app.command(operator_cmds.app)
+app.command(tenant_cmds.app)
 app.command(audit_cmds.app)
 
 

@@ -58,7 +58,7 @@ def init(
     """
     url = DatabaseUrl.from_env()
     if upgrade:
-        applied = cluster_init.upgrade(url)
+        applied = cluster_init.upgrade(url, progress=_progress)
         if json:
             print_json({"applied": applied})
         else:
@@ -161,6 +161,7 @@ def _start_dev(data_dir: Path, advertise: str, sans: tuple[str, ...], listen: st
                 master_key_out=key_file,
                 context_dir=devmode.context_dir(data_dir),
                 advertise=advertise,
+                visibility_sqlite=devmode.visibility_sqlite(data_dir),
                 progress=_progress,
             )
             password = result.ui_password
@@ -171,6 +172,7 @@ def _start_dev(data_dir: Path, advertise: str, sans: tuple[str, ...], listen: st
             sans=sans,
             listen=listen,
             listen_default=advertise,
+            visibility_sqlite=devmode.visibility_sqlite(data_dir),
         )
         cluster = server_start.prepare(options)
 

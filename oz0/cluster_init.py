@@ -13,11 +13,13 @@ from typing import Any
 
 import psycopg
 
-from oz0 import audit, operators, passwords, pki
+from oz0 import audit, operators, passwords, pki, tenants
 from oz0.context import CONTEXT_FILE, Context, server_address
 from oz0.errors import Oz0Error
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
+from oz0.temporal import host as temporal_host
+from oz0.temporal.host import TemporalStores
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ def init_cluster(
     master_key_out: Path,
     context_dir: Path,
     advertise: str = "127.0.0.1",
+    visibility_sqlite: Path | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> InitResult:
     check_cluster_name(cluster_name)
@@ -83,6 +86,7 @@ def init_cluster(
 
         progress(f"PostgreSQL {major} at {url.redacted()}")
         created: list[str] = []
+        temporal_touched = False
         key_written = False
         staging: Path | None = None
         try:
@@ -90,6 +94,10 @@ def init_cluster(
                 databases.create(admin, name)
                 created.append(name)
                 progress(f"created database {name}")
+            temporal_touched = True
+            _report_temporal_schema(
+                temporal_host.setup_schema(TemporalStores(url, visibility_sqlite)), progress
+            )
 
             ui_password = passwords.generate()
             cluster_ca = pki.new_ca(cluster_name, "cluster")
@@ -147,6 +155,10 @@ def init_cluster(
                     databases.drop(admin, name)
                 except psycopg.Error as e:
                     log.error("could not drop database %s after a failed init: %s", name, e)
+            if temporal_touched:
+                for name in (names.temporal, names.visibility):
+                    if name in present:
+                        _empty_again(url, name)
             raise
 
     return InitResult(
@@ -158,8 +170,13 @@ def init_cluster(
     )
 
 
-def upgrade(url: DatabaseUrl) -> list[int]:
-    """Apply the migrations a newer release brings to an initialised cluster."""
+def upgrade(
+    url: DatabaseUrl,
+    *,
+    visibility_sqlite: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[int]:
+    """Apply the migrations a newer release brings, ours and Temporal's."""
     with databases.connect(url.for_database(url.names.main)) as conn:
         databases.check_server_version(conn)
         if migrations.database_version(conn) == 0:
@@ -167,7 +184,29 @@ def upgrade(url: DatabaseUrl) -> list[int]:
                 f"database {url.names.main} holds no cluster; run `server init` without --upgrade"
             )
         with conn.transaction():
-            return migrations.apply(conn)
+            applied = migrations.apply(conn)
+    _report_temporal_schema(
+        temporal_host.setup_schema(TemporalStores(url, visibility_sqlite)), progress
+    )
+    return applied
+
+
+def _report_temporal_schema(changes: list[dict[str, Any]], progress: Callable[[str], None]) -> None:
+    for change in changes:
+        progress(
+            f"Temporal schema of {change.get('database')}: "
+            f"{change.get('from') or 'none'} -> {change.get('to')}"
+        )
+
+
+def _empty_again(url: DatabaseUrl, name: str) -> None:
+    """Give back a database the user made for us as empty as we found it."""
+    try:
+        with databases.connect(url.for_database(name), autocommit=True) as conn:
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+    except (psycopg.Error, Oz0Error) as e:
+        log.error("could not empty database %s after a failed init: %s", name, e)
 
 
 def _refuse_initialised(url: DatabaseUrl) -> None:
@@ -214,7 +253,6 @@ def _insert_cluster(
             internode_ca.sealed_key(master_key),
         ),
     )
-    conn.execute("INSERT INTO tenants (name) VALUES (%s)", (DEFAULT_TENANT,))
     audit.record(
         conn,
         INIT_ACTOR,
@@ -222,4 +260,4 @@ def _insert_cluster(
         f"cluster:{name}",
         {"history_shards": history_shards, "ca_hash": pki.ca_hash(cluster_ca.cert)},
     )
-    audit.record(conn, INIT_ACTOR, "tenant.create", f"tenant:{DEFAULT_TENANT}")
+    tenants.create(conn, DEFAULT_TENANT, INIT_ACTOR)

@@ -25,6 +25,14 @@ def context_dir(data_dir: Path) -> Path:
     return data_dir / "context"
 
 
+def visibility_sqlite(data_dir: Path) -> Path:
+    """Temporal's visibility store in dev: the pgserver build lacks the btree_gin extension
+    Temporal's PostgreSQL visibility schema needs."""
+    directory = data_dir / "temporal"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    return directory / "visibility.db"
+
+
 def server_address(data_dir: Path) -> str:
     """Where the dev cluster's first context points: its server's management address."""
     try:

@@ -76,7 +76,8 @@ def test_two_servers_show_in_cluster_info_and_a_stopped_one_leaves(
     assert sorted(s["advertise"] for s in info["servers"]) == ["127.0.0.11", "127.0.0.12"]
     for server in info["servers"]:
         assert server["id"].startswith("server-")
-        assert set(server) == {"id", "advertise", "started_at", "last_heartbeat"}
+        assert set(server) == {"id", "advertise", "started_at", "last_heartbeat", "temporal"}
+        assert server["temporal"] == "serving"
 
     took = second.stop(signal.SIGTERM)
     assert took < 5.0, f"SIGTERM shutdown took {took:.2f}s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -29,6 +30,8 @@ class ServerCertificates:
     cert_pem: bytes = b""
     internode_cert_pem: bytes = b""
     contexts: list[ssl.SSLContext] = field(default_factory=list)
+    # Called after each renewal, for holders of the PEMs outside this process's TLS contexts.
+    on_renew: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.issue()
@@ -69,8 +72,21 @@ class ServerCertificates:
         self.contexts.append(ctx)
         return ctx
 
+    def temporal_tls(self) -> dict[str, str]:
+        """The PEMs the Temporal host needs, in its configuration's shape."""
+        return {
+            "clusterCA": self.cluster.ca_pem.decode(),
+            "frontendCert": self.cert_pem.decode(),
+            "frontendKey": self.key_pem.decode(),
+            "internodeCA": pki.cert_to_pem(self.cluster.internode_ca.cert).decode(),
+            "internodeCert": self.internode_cert_pem.decode(),
+            "internodeKey": self.key_pem.decode(),
+        }
+
     async def renew_forever(self, every: float = RENEW_EVERY) -> None:
         while True:
             await trio.sleep(every)
             self.issue()
             log.info("renewed this server's certificates")
+            for hook in self.on_renew:
+                await hook()

@@ -11,11 +11,13 @@ from cryptography import x509
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import audit, operators, pki
+from oz0 import audit, operators, pki, tenants
 from oz0.cluster import Cluster
+from oz0.errors import Oz0Error
 from oz0.server import membership
 from oz0.server.https import peer_cert_der, serve_https
 from oz0.store.pool import Database
+from oz0.temporal.role import Temporal
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ class ManagementState:
     db: Database
     cluster: Cluster
     server_id: str
+    temporal: Temporal
 
 
 class ApiError(Exception):
@@ -101,6 +104,39 @@ def create_app(state: ManagementState) -> QuartTrio:
                 "not_after": cert.not_valid_after_utc.isoformat(),
             }
         )
+
+    @app.get("/api/v1/tenants")
+    async def tenant_list() -> Response:
+        await _operator(state)
+        rows = await state.db.transaction(tenants.list_tenants)
+        return jsonify({"tenants": [t.to_json() for t in rows]})
+
+    @app.post("/api/v1/tenants")
+    async def tenant_create() -> Response:
+        caller = await _operator(state)
+        body: Any = await request.get_json(force=True, silent=True)
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise ApiError(400, "body must be a JSON object with a `name`")
+        try:
+            tenants.check_name(name)
+        except Oz0Error as e:
+            raise ApiError(400, str(e)) from None
+        if await state.db.transaction(lambda conn: tenants.exists(conn, name)):
+            raise ApiError(409, f"tenant {name} already exists")
+        # The namespace first: registering is idempotent, so a failure after it leaves
+        # nothing a retry would trip over, while a tenant row without a namespace would.
+        try:
+            await state.temporal.ensure_namespaces([name])
+        except Exception as e:
+            log.warning("registering namespace %s failed: %r", name, e)
+            raise ApiError(503, f"could not register Temporal namespace {name}: {e}") from None
+        actor = audit.Actor("operator", caller.name)
+        try:
+            tenant = await state.db.transaction(lambda conn: tenants.create(conn, name, actor))
+        except tenants.TenantExists as e:
+            raise ApiError(409, str(e)) from None
+        return jsonify(tenant.to_json())
 
     @app.get("/api/v1/audit")
     async def audit_list() -> Response:

@@ -28,6 +28,7 @@ class ServerRow:
     advertise: str
     started_at: dt.datetime
     last_heartbeat: dt.datetime
+    temporal: str
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -35,12 +36,13 @@ class ServerRow:
             "advertise": self.advertise,
             "started_at": self.started_at.isoformat(),
             "last_heartbeat": self.last_heartbeat.isoformat(),
+            "temporal": self.temporal,
         }
 
 
 def servers_up(conn: psycopg.Connection[Any]) -> list[ServerRow]:
     rows = conn.execute(
-        "SELECT id, advertise, started_at, last_heartbeat FROM servers"
+        "SELECT id, advertise, started_at, last_heartbeat, temporal_state FROM servers"
         " WHERE last_heartbeat > now() - %s ORDER BY advertise, id",
         (UP_WINDOW,),
     ).fetchall()

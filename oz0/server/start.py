@@ -22,6 +22,9 @@ from oz0.server.certificates import ServerCertificates
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
+from oz0.temporal import role as temporal_role
+from oz0.temporal.host import TemporalStores, host_binary
+from oz0.temporal.supervisor import HostSettings
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ class StartOptions:
 
     # Dev mode passes its advertise address: everything it runs stays on that address.
     listen_default: str = "0.0.0.0"
+    # Dev mode's embedded PostgreSQL cannot hold Temporal's visibility schema.
+    visibility_sqlite: Path | None = None
 
     @property
     def listen_host(self) -> str:
@@ -68,6 +73,7 @@ def check_advertise(advertise: str) -> str:
 def prepare(options: StartOptions) -> Cluster:
     """Read the master key and unseal the cluster; raise before anything is written."""
     check_advertise(options.advertise)
+    host_binary()
     master_key = pki.read_master_key(options.master_key_file)
     with databases.connect(options.url.for_database(options.url.names.main)) as conn:
         databases.check_server_version(conn)
@@ -85,12 +91,20 @@ async def run_server(
     certs = ServerCertificates(cluster, server_id, sans=(options.advertise, *options.sans))
     host = options.listen_host
     advertised = _url_host(options.advertise)
-    async with (
-        open_database(options.url.for_database(options.url.names.main)) as db,
-        trio.open_nursery() as nursery,
-    ):
+    conninfo = options.url.for_database(options.url.names.main)
+    settings = HostSettings(
+        stores=TemporalStores(options.url, options.visibility_sqlite),
+        history_shards=cluster.history_shards,
+        advertise=options.advertise,
+        bind=host,
+        cluster_name=cluster.name,
+    )
+    async with open_database(conninfo) as db, trio.open_nursery() as nursery:
         await nursery.start(membership.run, db, server_id, options.advertise)
-        state = management.ManagementState(db=db, cluster=cluster, server_id=server_id)
+        temporal = await nursery.start(temporal_role.run, db, conninfo, settings, certs, server_id)
+        state = management.ManagementState(
+            db=db, cluster=cluster, server_id=server_id, temporal=temporal
+        )
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
         await nursery.start(edge.run, cluster, certs.server_context(ssl.CERT_OPTIONAL), host)
         nursery.start_soon(certs.renew_forever)

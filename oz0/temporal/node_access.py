@@ -1,0 +1,126 @@
+"""Keep the host's node table equal to the `nodes` table.
+
+Three paths, each covering the others' gaps: a NOTIFY names the node that changed (fast,
+but may be lost while the LISTEN connection reconnects); every second the rows with a
+newer revision are re-read (catches lost notifications); every minute the whole table is
+sent again (catches deletions and rows whose revision committed out of order).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import trio
+
+from oz0.store.listen import ListenConnectionLost, Notification, listen
+from oz0.store.pool import Database
+from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "oz0_nodes"
+RECONCILE_EVERY = 1.0
+REPLACE_EVERY = 60.0
+
+NodeTable = dict[str, dict[str, str] | None]
+
+
+def _entry(tenant: str, state: str) -> dict[str, str]:
+    return {"tenant": tenant, "state": state}
+
+
+def read_all(conn: psycopg.Connection[Any]) -> tuple[dict[str, dict[str, str]], int]:
+    rows = conn.execute("SELECT id, tenant, state, revision FROM nodes").fetchall()
+    return {r[0]: _entry(r[1], r[2]) for r in rows}, max([0, *(int(r[3]) for r in rows)])
+
+
+def read_changed(conn: psycopg.Connection[Any], since: int, ids: set[str]) -> tuple[NodeTable, int]:
+    rows = conn.execute(
+        "SELECT id, tenant, state, revision FROM nodes WHERE revision > %s OR id = ANY(%s)",
+        (since, list(ids)),
+    ).fetchall()
+    table: NodeTable = {node_id: None for node_id in ids}
+    table.update({r[0]: _entry(r[1], r[2]) for r in rows})
+    return table, max([since, *(int(r[3]) for r in rows)])
+
+
+@dataclass
+class NodeAccessSync:
+    db: Database
+    conninfo: str
+    supervisor: Supervisor | None = None
+    revision: int = 0
+    _pending_ids: set[str] = field(default_factory=set)
+    _wake: trio.Event = field(default_factory=trio.Event)
+
+    async def full_table(self) -> dict[str, dict[str, str]]:
+        """The whole table, as a (re)starting host gets it."""
+        table, self.revision = await self.db.transaction(read_all)
+        return table
+
+    def _notified(self, notification: Notification) -> None:
+        self._pending_ids.add(notification.payload)
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._listen_forever)
+            task_status.started()
+            last_replace = trio.current_time()
+            while True:
+                with trio.move_on_after(RECONCILE_EVERY):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                if trio.current_time() - last_replace >= REPLACE_EVERY:
+                    if await self._push_all():
+                        last_replace = trio.current_time()
+                else:
+                    await self._push_changes()
+
+    async def _listen_forever(self, *, task_status: trio.TaskStatus[None]) -> None:
+        started = False
+        while True:
+            try:
+                if started:
+                    await listen(self.conninfo, [CHANNEL], self._notified)
+                else:
+                    await listen(self.conninfo, [CHANNEL], self._notified, task_status=task_status)
+            except (ListenConnectionLost, psycopg.OperationalError) as e:
+                if not started:
+                    raise
+                log.warning("%s; listening again in 1s (the reconcile loop covers the gap)", e)
+            started = True
+            await trio.sleep(1.0)
+
+    async def _push_changes(self) -> None:
+        ids, self._pending_ids = self._pending_ids, set()
+        changed, revision = await self.db.transaction(
+            lambda conn: read_changed(conn, self.revision, ids)
+        )
+        if not changed:
+            return
+        if await self._push(changed, replace=False):
+            self.revision = revision
+        else:
+            self._pending_ids |= ids
+
+    async def _push_all(self) -> bool:
+        table, revision = await self.db.transaction(read_all)
+        if await self._push(dict(table), replace=True):
+            self.revision = revision
+            return True
+        return False
+
+    async def _push(self, nodes: NodeTable, *, replace: bool) -> bool:
+        if self.supervisor is None:
+            return False
+        try:
+            await self.supervisor.command("authz", nodes=nodes, replace=replace)
+        except (HostUnavailable, HostFailed) as e:
+            # The next host start reads the whole table anyway.
+            log.debug("node table not pushed: %s", e)
+            return False
+        return True

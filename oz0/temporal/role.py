@@ -1,0 +1,97 @@
+"""The temporal role as the server runs it: supervisor, node table sync, namespaces."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import trio
+
+from oz0.server.certificates import ServerCertificates
+from oz0.store.pool import Database
+from oz0.temporal import namespaces
+from oz0.temporal.host import FRONTEND_PORT
+from oz0.temporal.node_access import NodeAccessSync
+from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Temporal:
+    """What other roles use: the supervisor (commands to the host) and the frontend."""
+
+    supervisor: Supervisor
+    certs: ServerCertificates
+    advertise: str
+
+    @property
+    def frontend(self) -> namespaces.FrontendAccess:
+        """This server's own frontend, reached with its current (renewed) certificate."""
+        return namespaces.FrontendAccess(
+            address=f"{_url_host(self.advertise)}:{FRONTEND_PORT}",
+            ca_pem=self.certs.cluster.ca_pem,
+            cert_pem=self.certs.cert_pem,
+            key_pem=self.certs.key_pem,
+        )
+
+    async def ensure_namespaces(self, names: list[str]) -> list[str]:
+        return await namespaces.ensure(self.frontend, names)
+
+
+def tenant_names(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]
+
+
+async def run(
+    db: Database,
+    conninfo: str,
+    settings: HostSettings,
+    certs: ServerCertificates,
+    server_id: str,
+    *,
+    task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async def record_state(state: str) -> None:
+        await db.transaction(
+            lambda conn: conn.execute(
+                "UPDATE servers SET temporal_state = %s WHERE id = %s", (state, server_id)
+            )
+        )
+
+    sync = NodeAccessSync(db, conninfo)
+    supervisor = Supervisor(
+        settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=record_state
+    )
+    sync.supervisor = supervisor
+
+    async def push_renewed_certificates() -> None:
+        tls = certs.temporal_tls()
+        try:
+            await supervisor.command(
+                "tls",
+                frontendCert=tls["frontendCert"],
+                frontendKey=tls["frontendKey"],
+                internodeCert=tls["internodeCert"],
+                internodeKey=tls["internodeKey"],
+            )
+        except (HostUnavailable, HostFailed) as e:
+            log.warning(
+                "renewed certificates not pushed to Temporal (its next start reads them): %s", e
+            )
+
+    certs.on_renew.append(push_renewed_certificates)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await nursery.start(sync.run)
+        temporal = Temporal(supervisor, certs, settings.advertise)
+        registered = await temporal.ensure_namespaces(await db.transaction(tenant_names))
+        if registered:
+            log.info("registered namespaces %s", ", ".join(registered))
+        task_status.started(temporal)
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

@@ -1,0 +1,239 @@
+"""The temporal role: run the host as a child, restart it when it dies, talk to it.
+
+The host reads its configuration and PEMs on stdin and answers each later command with
+an acknowledgement on stdout, so a caller of `Supervisor.command` knows the change is in
+force. Closing its stdin stops it; so does our death, since the kernel then closes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+import trio
+
+from oz0.errors import Oz0Error
+from oz0.temporal.host import TemporalStores, host_binary
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 120.0
+STOP_GRACE = 3.0
+COMMAND_TIMEOUT = 10.0
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
+# A host that served this long before dying starts again from the shortest backoff.
+STABLE_AFTER = 60.0
+
+
+class HostFailed(Oz0Error):
+    pass
+
+
+class HostUnavailable(Oz0Error):
+    """No host is serving right now (starting or restarting)."""
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    stores: TemporalStores
+    history_shards: int
+    advertise: str
+    bind: str
+    cluster_name: str
+
+    def config(self, tls: dict[str, str], nodes: dict[str, dict[str, str]]) -> dict[str, Any]:
+        return {
+            "postgres": self.stores.to_json(),
+            "numHistoryShards": self.history_shards,
+            "advertise": self.advertise,
+            "bindIP": self.bind,
+            "clusterName": self.cluster_name,
+            "tls": tls,
+            "nodes": nodes,
+            "readyTimeoutSeconds": int(READY_TIMEOUT),
+        }
+
+
+class _Host:
+    """One running host process."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self._ids = count(1)
+        self._waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self._send_lock = trio.Lock()
+        self.serving = trio.Event()
+        self.serving_info: dict[str, Any] = {}
+        self.failure: str | None = None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        async with self._send_lock:
+            await self.process.stdin.send_all((json.dumps(message) + "\n").encode())
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        command_id = next(self._ids)
+        send, receive = trio.open_memory_channel[dict[str, Any]](1)
+        self._waiting[command_id] = send
+        try:
+            await self.send({"id": command_id, "op": op, **fields})
+            with trio.fail_after(COMMAND_TIMEOUT):
+                answer = await receive.receive()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+            raise HostUnavailable("the Temporal host went away") from None
+        except trio.TooSlowError:
+            raise HostUnavailable(f"the Temporal host did not acknowledge {op}") from None
+        finally:
+            del self._waiting[command_id]
+        if answer.get("error"):
+            raise HostFailed(f"the Temporal host refused {op}: {answer['error']}")
+        return answer
+
+    async def read_messages(self) -> None:
+        assert self.process.stdout is not None
+        buffer = b""
+        async for chunk in self.process.stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                self._dispatch(line)
+        for send in list(self._waiting.values()):
+            send.close()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            log.warning("unreadable line from the Temporal host: %r", line[:200])
+            return
+        if not isinstance(message, dict):
+            return
+        if "ack" in message:
+            waiter = self._waiting.get(message["ack"])
+            if waiter is not None:
+                waiter.send_nowait(message)
+        elif message.get("event") == "serving":
+            self.serving_info = message
+            self.serving.set()
+        elif message.get("event") == "error":
+            self.failure = str(message.get("error") or message)
+        else:
+            log.debug("Temporal host event: %s", message)
+
+
+StateListener = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class Supervisor:
+    """Keeps one host serving; others call `command` to change what it enforces."""
+
+    settings: HostSettings
+    tls: Callable[[], dict[str, str]]
+    nodes: Callable[[], Awaitable[dict[str, dict[str, str]]]]
+    on_state: StateListener
+    state: str = "starting"
+    served: bool = False
+    _host: _Host | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._host.process.pid if self._host else None
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send OP to the serving host and wait for its acknowledgement."""
+        host = self._host
+        if host is None or not host.serving.is_set():
+            raise HostUnavailable(f"Temporal is {self.state}; try again shortly")
+        return await host.command(op, **fields)
+
+    async def _set_state(self, state: str) -> None:
+        self.state = state
+        await self.on_state(state)
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the host and keep it running. The first start must succeed: a failure then
+        is a configuration problem and ends the server with its reason."""
+        backoff = BACKOFF_FIRST
+        while True:
+            began = trio.current_time()
+            try:
+                await self._run_once(task_status)
+                reason = "exited"
+            except HostFailed as e:
+                if not self.served:
+                    raise
+                reason = str(e)
+            if trio.current_time() - began > STABLE_AFTER:
+                backoff = BACKOFF_FIRST
+            log.error("Temporal host stopped (%s); restarting in %.0fs", reason, backoff)
+            await self._set_state("restarting")
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _run_once(self, task_status: trio.TaskStatus[Supervisor]) -> None:
+        config = self.settings.config(self.tls(), await self.nodes())
+        process = await trio.lowlevel.open_process(
+            [str(host_binary()), "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        host = _Host(process)
+        log.info("Temporal host started, pid %d", process.pid)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(host.read_messages)
+                await host.send(config)
+                with trio.move_on_after(READY_TIMEOUT):
+                    async with trio.open_nursery() as waiting:
+                        waiting.start_soon(_cancel_when_exited, process, waiting.cancel_scope)
+                        await host.serving.wait()
+                        waiting.cancel_scope.cancel()
+                if not host.serving.is_set():
+                    why = host.failure or (
+                        f"exit code {process.returncode}"
+                        if process.returncode is not None
+                        else f"not serving after {READY_TIMEOUT:.0f}s"
+                    )
+                    raise HostFailed(f"Temporal host failed to start: {why}")
+                self._host = host
+                log.info(
+                    "Temporal serving on %s after %s ms",
+                    host.serving_info.get("frontend"),
+                    host.serving_info.get("startMs"),
+                )
+                await self._set_state("serving")
+                if not self.served:
+                    self.served = True
+                    task_status.started(self)
+                await process.wait()
+                nursery.cancel_scope.cancel()
+            raise HostFailed(host.failure or f"exit code {process.returncode}")
+        finally:
+            self._host = None
+            with trio.CancelScope(shield=True):
+                await _stop(process)
+
+
+async def _cancel_when_exited(process: trio.Process, scope: trio.CancelScope) -> None:
+    await process.wait()
+    scope.cancel()
+
+
+async def _stop(process: trio.Process) -> None:
+    """Close the host's stdin (its signal to stop), then kill it if it lingers."""
+    if process.stdin is not None:
+        await trio.aclose_forcefully(process.stdin)
+    with trio.move_on_after(STOP_GRACE):
+        await process.wait()
+        return
+    log.warning("Temporal host %d did not stop in %.0fs; killing it", process.pid, STOP_GRACE)
+    process.kill()
+    await process.wait()
