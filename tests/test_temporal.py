@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
+from fixtures.temporal import (
+    Credentials,
+    connect,
+    issue,
+    new_node_id,
+    roundtrip,
+    run_async,
+    set_node,
+)
+from oz0 import pki
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+A, B = "127.0.0.11:7233", "127.0.0.12:7233"
+
+
+def count_workflows(address: str, namespace: str, creds: Credentials) -> int:
+    async def work() -> int:
+        client: Client = await connect(address, namespace, creds)
+        return (await client.count_workflows()).count
+
+    return run_async(work)
+
+
+def access(address: str, namespace: str, creds: Credentials) -> str:
+    """allowed, denied, or cancelled (a call in flight while the node lost access)."""
+    try:
+        count_workflows(address, namespace, creds)
+    except RPCError as e:
+        if e.status == RPCStatusCode.CANCELLED:
+            return "cancelled"
+        assert e.status == RPCStatusCode.PERMISSION_DENIED, e
+        return "denied"
+    return "allowed"
+
+
+def refused(address: str, namespace: str, creds: Credentials) -> bool:
+    return access(address, namespace, creds) == "denied"
+
+
+def allowed(address: str, namespace: str, creds: Credentials) -> bool:
+    return access(address, namespace, creds) == "allowed"
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> float:
+    began = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - began < timeout, f"not within {timeout}s"
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_two_servers_form_one_temporal_cluster(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, "127.0.0.12")
+    node = new_node_id()
+    set_node(cluster_files, node, "default", "accepted")
+    creds = issue(cluster_files, pki.Role.NODE, node)
+    eventually(lambda: allowed(A, "default", creds) and allowed(B, "default", creds))
+    assert run_async(lambda: roundtrip(A, B, "default", creds)) == "HELLO!"
+
+
+@pytest.mark.slow
+def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    assert cli("tenant", "create", "acme", env=cluster_env).code == 0
+    acme_node, default_node, pending_node = new_node_id(), new_node_id(), new_node_id()
+    set_node(cluster_files, acme_node, "acme", "accepted")
+    set_node(cluster_files, default_node, "default", "accepted")
+    set_node(cluster_files, pending_node, "default", "pending")
+    acme = issue(cluster_files, pki.Role.NODE, acme_node)
+    default = issue(cluster_files, pki.Role.NODE, default_node)
+
+    eventually(lambda: allowed(A, "acme", acme))
+    assert refused(A, "default", acme)
+    assert allowed(A, "default", default)
+    assert refused(A, "acme", default)
+    assert refused(A, "default", issue(cluster_files, pki.Role.NODE, pending_node))
+    assert refused(A, "default", issue(cluster_files, pki.Role.NODE, new_node_id()))
+
+    # A change of state reaches the host and is acknowledged: refused, then allowed again.
+    for state in ("rejected", "blocked", "purging"):
+        set_node(cluster_files, default_node, "default", state)
+        eventually(lambda: refused(A, "default", default), timeout=10)
+        set_node(cluster_files, default_node, "default", "accepted")
+        eventually(lambda: allowed(A, "default", default), timeout=10)
+
+
+def test_a_certificate_from_a_foreign_ca_fails_the_handshake(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    node = new_node_id()
+    set_node(cluster_files, node, "default", "accepted")
+    foreign = issue(cluster_files, pki.Role.NODE, node, ca=pki.new_ca("test", "cluster"))
+    with pytest.raises(RuntimeError, match="[Cc]onnect"):
+        count_workflows(A, "default", foreign)
+    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    assert count_workflows(A, "default", operator) == 0
+
+
+@pytest.mark.slow
+def test_a_killed_host_is_restarted_and_serves_again(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    server = start_server(cluster_files, "127.0.0.11")
+    (host,) = server.children()
+    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    assert count_workflows(A, "default", operator) == 0
+
+    def temporal_state() -> str:
+        return str(
+            cli("cluster", "info", "--json", env=cluster_env).json()["servers"][0]["temporal"]
+        )
+
+    os.kill(host, signal.SIGKILL)
+    eventually(lambda: temporal_state() == "restarting", timeout=5)
+    eventually(lambda: temporal_state() == "serving", timeout=60)
+    (restarted,) = server.children()
+    assert restarted != host
+    assert count_workflows(A, "default", operator) == 0
+    assert "Temporal host stopped (exit code -9); restarting in 1s" in server.stderr()
+
+
+def test_the_host_dies_with_its_server_even_by_sigkill(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    server = start_server(cluster_files, "127.0.0.11")
+    (host,) = server.children()
+    assert alive(host)
+    server.stop(signal.SIGKILL)
+    wait_gone(host, timeout=30)
+    assert not alive(host)
+
+
+def test_tenants_are_created_with_their_namespace_and_listed(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    created = cli("tenant", "create", "acme", "--json", env=cluster_env)
+    assert created.code == 0, created.err
+    assert created.json()["name"] == "acme" and created.json()["namespace"] == "acme"
+    listed = cli("tenant", "list", "--json", env=cluster_env).json()
+    assert [t["name"] for t in listed] == ["acme", "default"]
+
+    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+
+    async def describe() -> str:
+        client = await connect(A, "acme", operator)
+        answer = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace="acme")
+        )
+        return str(answer.namespace_info.name)
+
+    assert run_async(describe) == "acme"
+
+    rows = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
+    assert [(r["actor"]["name"], r["target"]) for r in rows][0] == ("admin", "tenant:acme")
+
+    again = cli("tenant", "create", "acme", env=cluster_env)
+    assert (again.code, again.err) == (1, "error: tenant acme already exists\n")
+    bad = cli("tenant", "create", "Not Valid", env=cluster_env)
+    assert bad.code == 1 and bad.err.startswith("error: invalid tenant name 'Not Valid'")
+    assert [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()] == [
+        "acme",
+        "default",
+    ]
