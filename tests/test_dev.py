@@ -43,6 +43,7 @@ def test_dev_mode_initialises_once_and_reuses_its_directory(cli: CliRunner, tmp_
         assert info.code == 0, info.err
         assert info.json()["name"] == "dev"
         assert [s["advertise"] for s in info.json()["servers"]] == ["127.0.0.21"]
+        assert info.json()["servers"][0]["temporal"] == "serving"
         ca_hash = info.json()["ca_hash"]
         assert f"CA hash:   {ca_hash}" in out
 
