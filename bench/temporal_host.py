@@ -64,7 +64,11 @@ def main() -> None:
         finally:
             for server in servers:
                 server.kill()
-    print(json.dumps({"machine": platform.platform(), "idle_s": args.idle, "servers": results}, indent=2))
+    print(
+        json.dumps(
+            {"machine": platform.platform(), "idle_s": args.idle, "servers": results}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":
