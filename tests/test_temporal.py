@@ -14,6 +14,7 @@ from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
 from fixtures.temporal import (
     Credentials,
     connect,
+    delete_node,
     issue,
     new_node_id,
     roundtrip,
@@ -105,6 +106,9 @@ def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
         eventually(lambda: refused(A, "default", default), timeout=10)
         set_node(cluster_files, default_node, "default", "accepted")
         eventually(lambda: allowed(A, "default", default), timeout=10)
+    # A deleted node is unknown again.
+    delete_node(cluster_files, default_node)
+    eventually(lambda: refused(A, "default", default), timeout=10)
 
 
 def test_a_certificate_from_a_foreign_ca_fails_the_handshake(
