@@ -1,0 +1,1 @@
+"""The management API: one module per resource, each with `register(app, state)`."""

@@ -1,0 +1,28 @@
+"""GET /api/v1/audit"""
+
+from __future__ import annotations
+
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from oz0 import audit
+from oz0.server.api.common import ApiError, ManagementState, operator
+
+MAX_AUDIT_LIMIT = 10_000
+
+
+def register(app: QuartTrio, state: ManagementState) -> None:
+    @app.get("/api/v1/audit")
+    async def audit_list() -> Response:
+        await operator(state)
+        try:
+            limit = int(request.args.get("limit", "100"))
+        except ValueError:
+            raise ApiError(400, "limit must be a whole number") from None
+        if not 1 <= limit <= MAX_AUDIT_LIMIT:
+            raise ApiError(400, f"limit must be between 1 and {MAX_AUDIT_LIMIT}")
+        action, target = request.args.get("action"), request.args.get("target")
+        rows = await state.db.transaction(
+            lambda conn: audit.entries(conn, action=action, target=target, limit=limit)
+        )
+        return jsonify({"entries": [r.to_json() for r in rows]})

@@ -1,0 +1,57 @@
+"""What every API module shares: the state, errors, the calling operator, request bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from quart import request
+
+from oz0 import audit, operators, pki
+from oz0.cluster import Cluster
+from oz0.server.https import peer_cert_der
+from oz0.store.pool import Database
+from oz0.temporal.role import Temporal
+
+
+@dataclass(frozen=True)
+class ManagementState:
+    db: Database
+    cluster: Cluster
+    server_id: str
+    temporal: Temporal
+
+
+class ApiError(Exception):
+    """Answered as `{"error": message}` with STATUS; the CLI prints the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def operator(state: ManagementState) -> audit.Actor:
+    """The operator calling, from the client certificate; ApiError if not one we trust."""
+    der = peer_cert_der(request.scope)
+    if der is None:
+        raise ApiError(401, "an operator client certificate is required")
+    identity = pki.identity_of(x509.load_der_x509_certificate(der))
+    if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
+        raise ApiError(403, "this certificate does not belong to an operator of this cluster")
+    known = await state.db.transaction(lambda conn: operators.is_current(conn, identity))
+    if not known:
+        raise ApiError(
+            403,
+            f"operator {identity.name} is unknown or this certificate was replaced; "
+            "get new credentials with `orchestrator-zero server operator issue`",
+        )
+    return audit.Actor("operator", identity.name)
+
+
+async def json_object() -> dict[str, Any]:
+    body: Any = await request.get_json(force=True, silent=True)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
