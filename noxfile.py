@@ -14,8 +14,13 @@ PACKAGES = ["oz0", "oz0_node", "cli"]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite against the PostgreSQL in OZ0_TEST_PG (see .ci/run)."""
+    """The whole suite: the Temporal host's Go tests, then pytest (PostgreSQL: see
+    fixtures/postgres.py)."""
     session.install("-e", ".[test]")
+    if not session.posargs:
+        with session.chdir("oz0/temporal/host"):
+            session.run("go", "vet", "./...", external=True)
+            session.run("go", "test", "./...", external=True)
     session.run("pytest", *session.posargs)
 
 

@@ -10,6 +10,8 @@ import (
 	"go.temporal.io/server/common/authorization"
 	"go.temporal.io/server/common/config"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Identities are carried by the client certificate (cluster CA): OU is the role, CN the name.
@@ -208,6 +210,12 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.mu.Lock()
+	// Temporal's authorizer ran before this interceptor, outside this lock: a block that
+	// landed in between cancelled nothing, so look again now that the call is tracked.
+	if r, scoped := req.(interface{ GetNamespace() string }); scoped && !a.nodes[node].allows(r.GetNamespace()) {
+		a.mu.Unlock()
+		return nil, status.Error(codes.PermissionDenied, "node lost access")
+	}
 	a.nextID++
 	key := a.nextID
 	if a.calls[node] == nil {

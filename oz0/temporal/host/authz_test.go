@@ -1,0 +1,976 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.temporal.io/server/common/api"
+	"go.temporal.io/server/common/authorization"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// ---------------------------------------------------------------------------
+// test PKI: a real ECDSA P-256 CA issuing client certificates
+
+type testPKI struct {
+	ca   *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func randSerial(t *testing.T) *big.Int {
+	t.Helper()
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          randSerial(t),
+		Subject:               pkix.Name{CommonName: "oz0 test cluster CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &testPKI{ca: ca, key: key, pool: pool}
+}
+
+type certOpts struct {
+	ou   []string
+	o    []string
+	cn   string
+	dns  []string
+	uris []string
+}
+
+func (p *testPKI) issue(t *testing.T, o certOpts) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uris []*url.URL
+	for _, s := range o.uris {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uris = append(uris, u)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: randSerial(t),
+		Subject: pkix.Name{
+			OrganizationalUnit: o.ou,
+			Organization:       o.o,
+			CommonName:         o.cn,
+		},
+		DNSNames:    o.dns,
+		URIs:        uris,
+		NotBefore:   time.Now().Add(-time.Hour),
+		NotAfter:    time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+func (p *testPKI) role(t *testing.T, ou, cn string) *x509.Certificate {
+	t.Helper()
+	return p.issue(t, certOpts{ou: []string{ou}, cn: cn})
+}
+
+// tlsInfo is what gRPC's TLS credentials attach to a connection whose client certificate
+// verified against the cluster CA.
+func (p *testPKI) tlsInfo(t *testing.T, cert *x509.Certificate) *credentials.TLSInfo {
+	t.Helper()
+	chains, err := cert.Verify(x509.VerifyOptions{
+		Roots:     p.pool,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		t.Fatalf("verify test cert: %v", err)
+	}
+	return &credentials.TLSInfo{State: tls.ConnectionState{
+		HandshakeComplete: true,
+		PeerCertificates:  []*x509.Certificate{cert, p.ca},
+		VerifiedChains:    chains,
+	}}
+}
+
+// peerCtx is a server-side call context carrying the TLS peer, as gRPC builds it.
+func (p *testPKI) peerCtx(t *testing.T, parent context.Context, cert *x509.Certificate) context.Context {
+	t.Helper()
+	return peer.NewContext(parent, &peer.Peer{
+		Addr:     &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 50123},
+		AuthInfo: *p.tlsInfo(t, cert),
+	})
+}
+
+func (p *testPKI) claims(t *testing.T, cert *x509.Certificate) *authorization.Claims {
+	t.Helper()
+	c, err := claimMapper{}.GetClaims(&authorization.AuthInfo{
+		TLSSubject:    &cert.Subject,
+		TLSConnection: p.tlsInfo(t, cert),
+	})
+	if err != nil {
+		t.Fatalf("GetClaims: %v", err)
+	}
+	return c
+}
+
+// ---------------------------------------------------------------------------
+// identity
+
+func TestIdentityFromCertificate(t *testing.T) {
+	pki := newTestPKI(t)
+	cases := []struct {
+		name string
+		opts certOpts
+		want string
+	}{
+		{"node", certOpts{ou: []string{"node"}, cn: "node-0123456789ab"}, "node:node-0123456789ab"},
+		{"server", certOpts{ou: []string{"server"}, cn: "srv-42"}, "server:srv-42"},
+		{"operator", certOpts{ou: []string{"operator"}, cn: "alice"}, "operator:alice"},
+		{"node with SANs keeps OU+CN", certOpts{ou: []string{"node"}, cn: "n1", dns: []string{"server.example"}, uris: []string{"server:s1"}}, "node:n1"},
+		{"unknown OU", certOpts{ou: []string{"admin"}, cn: "mallory"}, ""},
+		{"OU differs in case", certOpts{ou: []string{"Node"}, cn: "n1"}, ""},
+		{"OU with trailing colon", certOpts{ou: []string{"node:"}, cn: "n1"}, ""},
+		{"two OUs", certOpts{ou: []string{"node", "server"}, cn: "n1"}, ""},
+		{"same OU twice", certOpts{ou: []string{"node", "node"}, cn: "n1"}, ""},
+		{"no OU", certOpts{cn: "n1"}, ""},
+		{"no CN", certOpts{ou: []string{"node"}}, ""},
+		{"no CN, name in DNS SAN", certOpts{ou: []string{"node"}, dns: []string{"n1"}}, ""},
+		{"role only in O", certOpts{o: []string{"server"}, cn: "s1"}, ""},
+		{"node:x only in DNS SAN", certOpts{dns: []string{"node:x"}}, ""},
+		{"node:x only in DNS SAN with a CN", certOpts{cn: "x", dns: []string{"node:x"}}, ""},
+		{"node:x only in URI SAN", certOpts{uris: []string{"node:x"}}, ""},
+		{"node:x only in CN", certOpts{cn: "node:x"}, ""},
+		{"server:x only in CN", certOpts{cn: "server:x"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cert := pki.issue(t, tc.opts)
+			if got := identity(cert); got != tc.want {
+				t.Fatalf("identity(OU=%q CN=%q DNS=%q URI=%q) = %q, want %q",
+					cert.Subject.OrganizationalUnit, cert.Subject.CommonName, cert.DNSNames, cert.URIs, got, tc.want)
+			}
+		})
+	}
+	if got := identity(nil); got != "" {
+		t.Fatalf("identity(nil) = %q, want empty", got)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// claim mapper
+
+func TestClaimMapperRoles(t *testing.T) {
+	pki := newTestPKI(t)
+
+	srv := pki.claims(t, pki.role(t, "server", "srv-1"))
+	if srv.Subject != "server:srv-1" || srv.System != authorization.RoleAdmin || srv.Extensions != nil {
+		t.Fatalf("server claims = %+v, want subject server:srv-1, RoleAdmin, no extensions", srv)
+	}
+	op := pki.claims(t, pki.role(t, "operator", "alice"))
+	if op.Subject != "operator:alice" || op.System != authorization.RoleAdmin || op.Extensions != nil {
+		t.Fatalf("operator claims = %+v, want subject operator:alice, RoleAdmin, no extensions", op)
+	}
+	node := pki.claims(t, pki.role(t, "node", "node-0123456789ab"))
+	if node.Subject != "node:node-0123456789ab" || node.System != authorization.RoleUndefined {
+		t.Fatalf("node claims = %+v, want subject node:node-0123456789ab and no system role", node)
+	}
+	if id, ok := node.Extensions.(nodeID); !ok || id != "node-0123456789ab" {
+		t.Fatalf("node claims extensions = %#v, want nodeID(node-0123456789ab)", node.Extensions)
+	}
+	if len(node.Namespaces) != 0 {
+		t.Fatalf("node claims carry namespace roles: %v", node.Namespaces)
+	}
+	for _, c := range []*authorization.Claims{srv, op, node} {
+		if c.AuthType != "mtls" {
+			t.Fatalf("AuthType = %q, want mtls", c.AuthType)
+		}
+	}
+}
+
+func TestClaimMapperTrustsOnlyVerifiedCertificate(t *testing.T) {
+	pki := newTestPKI(t)
+	srvCert := pki.role(t, "server", "srv-1")
+	nodeCert := pki.role(t, "node", "n1")
+
+	check := func(name string, info *authorization.AuthInfo) {
+		t.Helper()
+		c, err := claimMapper{}.GetClaims(info)
+		if err != nil {
+			t.Fatalf("%s: GetClaims: %v", name, err)
+		}
+		if c == nil {
+			t.Fatalf("%s: nil claims", name)
+		}
+		if c.Subject != "" || c.System != authorization.RoleUndefined || c.Extensions != nil || len(c.Namespaces) != 0 {
+			t.Fatalf("%s: claims = %+v, want no identity", name, c)
+		}
+	}
+	check("nil AuthInfo", nil)
+	check("empty AuthInfo", &authorization.AuthInfo{})
+	// The TLS subject alone (or a bearer token) is not a verified certificate.
+	check("subject without TLS connection", &authorization.AuthInfo{TLSSubject: &srvCert.Subject, AuthToken: "Bearer server:srv-1"})
+	// A presented but unverified certificate is not trusted either.
+	check("unverified peer certificate", &authorization.AuthInfo{
+		TLSSubject:    &srvCert.Subject,
+		TLSConnection: &credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{srvCert}}},
+	})
+	// A node certificate whose CN/SAN claims another role is still a node (or nothing).
+	bad := pki.issue(t, certOpts{cn: "server:srv-1", dns: []string{"server:srv-1"}})
+	check("role claimed in CN and SAN", &authorization.AuthInfo{TLSConnection: pki.tlsInfo(t, bad)})
+
+	// The verified certificate wins over a forged TLSSubject.
+	c, err := claimMapper{}.GetClaims(&authorization.AuthInfo{
+		TLSSubject:    &srvCert.Subject,
+		TLSConnection: pki.tlsInfo(t, nodeCert),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Subject != "node:n1" || c.System != authorization.RoleUndefined {
+		t.Fatalf("claims = %+v, want node:n1 without system role", c)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// authorizer decisions
+
+var (
+	apiStartWorkflow   = api.WorkflowServicePrefix + "StartWorkflowExecution"
+	apiPollWorkflow    = api.WorkflowServicePrefix + "PollWorkflowTaskQueue"
+	apiDescribeNS      = api.WorkflowServicePrefix + "DescribeNamespace"
+	apiRegisterNS      = api.WorkflowServicePrefix + "RegisterNamespace"
+	apiUpdateNS        = api.WorkflowServicePrefix + "UpdateNamespace"
+	apiListNS          = api.WorkflowServicePrefix + "ListNamespaces"
+	apiClusterInfo     = api.WorkflowServicePrefix + "GetClusterInfo"
+	apiSystemInfo      = api.WorkflowServicePrefix + "GetSystemInfo"
+	apiUnknownWF       = api.WorkflowServicePrefix + "NoSuchMethod"
+	apiOpAddSA         = api.OperatorServicePrefix + "AddSearchAttributes"
+	apiOpListSA        = api.OperatorServicePrefix + "ListSearchAttributes"
+	apiOpDeleteNS      = api.OperatorServicePrefix + "DeleteNamespace"
+	apiAdminDescribeMS = api.AdminServicePrefix + "DescribeMutableState"
+	apiHealthCheck     = healthpb.Health_Check_FullMethodName
+)
+
+func authorize(t *testing.T, z authorizer, c *authorization.Claims, apiName, ns string) authorization.Result {
+	t.Helper()
+	r, err := z.Authorize(context.Background(), c, &authorization.CallTarget{APIName: apiName, Namespace: ns})
+	if err != nil {
+		t.Fatalf("Authorize(%s, %q): %v", apiName, ns, err)
+	}
+	return r
+}
+
+func decisionName(d authorization.Decision) string {
+	switch d {
+	case authorization.DecisionAllow:
+		return "allow"
+	case authorization.DecisionDeny:
+		return "deny"
+	}
+	return "invalid"
+}
+
+func TestAuthorizerDecisions(t *testing.T) {
+	// Sanity: the API names used below have the metadata these cases rely on.
+	for name, want := range map[string]api.MethodMetadata{
+		apiStartWorkflow: {Scope: api.ScopeNamespace, Access: api.AccessWrite},
+		apiDescribeNS:    {Scope: api.ScopeNamespace, Access: api.AccessReadOnly},
+		apiRegisterNS:    {Scope: api.ScopeNamespace, Access: api.AccessAdmin},
+		apiListNS:        {Scope: api.ScopeCluster, Access: api.AccessReadOnly},
+		apiOpListSA:      {Scope: api.ScopeNamespace, Access: api.AccessReadOnly},
+	} {
+		md := api.GetMethodMetadata(name)
+		if md.Scope != want.Scope || md.Access != want.Access {
+			t.Fatalf("metadata of %s = %+v, want scope %v access %v", name, md, want.Scope, want.Access)
+		}
+	}
+
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{
+		"node-acme":     {Tenant: "acme", State: "accepted"},
+		"node-custom":   {Tenant: "acme", Namespace: "acme-prod", State: "accepted"},
+		"node-pending":  {Tenant: "acme", State: "pending"},
+		"node-rejected": {Tenant: "acme", State: "rejected"},
+		"node-blocked":  {Tenant: "acme", State: "blocked"},
+		"node-purging":  {Tenant: "acme", State: "purging"},
+		"node-empty":    {Tenant: "acme"},
+	})
+	z := authorizer{table}
+
+	claims := map[string]*authorization.Claims{
+		"server":   pki.claims(t, pki.role(t, "server", "srv-1")),
+		"operator": pki.claims(t, pki.role(t, "operator", "alice")),
+		"anon":     nil,
+		"nocert":   pki.claims(t, pki.issue(t, certOpts{cn: "node:node-acme"})),
+		"foreign":  {Subject: "node:node-acme", Extensions: "node-acme"},                        // not a nodeID
+		"writer":   {Subject: "x", System: authorization.RoleWriter | authorization.RoleReader}, // not admin
+	}
+	for _, id := range []string{"node-acme", "node-custom", "node-pending", "node-rejected", "node-blocked", "node-purging", "node-empty", "node-unknown"} {
+		claims[id] = pki.claims(t, pki.role(t, "node", id))
+	}
+
+	const allowD, denyD = authorization.DecisionAllow, authorization.DecisionDeny
+	cases := []struct {
+		who, api, ns string
+		want         authorization.Decision
+	}{
+		// servers and operators: everything
+		{"server", apiStartWorkflow, "acme", allowD},
+		{"server", apiStartWorkflow, "default", allowD},
+		{"server", apiRegisterNS, "newtenant", allowD},
+		{"server", apiListNS, "", allowD},
+		{"server", apiOpAddSA, "acme", allowD},
+		{"server", apiAdminDescribeMS, "acme", allowD},
+		{"operator", apiStartWorkflow, "default", allowD},
+		{"operator", apiRegisterNS, "newtenant", allowD},
+		{"operator", apiListNS, "", allowD},
+		{"operator", apiOpDeleteNS, "acme", allowD},
+		{"operator", apiAdminDescribeMS, "", allowD},
+
+		// accepted node: own namespace, namespace-scoped non-admin WorkflowService APIs
+		{"node-acme", apiStartWorkflow, "acme", allowD},
+		{"node-acme", apiPollWorkflow, "acme", allowD},
+		{"node-acme", apiDescribeNS, "acme", allowD},
+		{"node-acme", apiStartWorkflow, "default", denyD},
+		{"node-acme", apiStartWorkflow, "ACME", denyD},
+		{"node-acme", apiStartWorkflow, "", denyD},
+		{"node-acme", apiDescribeNS, "default", denyD},
+		{"node-acme", apiRegisterNS, "acme", denyD},
+		{"node-acme", apiUpdateNS, "acme", denyD},
+		{"node-acme", apiListNS, "", denyD},
+		{"node-acme", apiListNS, "acme", denyD},
+		{"node-acme", apiClusterInfo, "acme", denyD},
+		{"node-acme", apiUnknownWF, "acme", denyD},
+		{"node-acme", apiOpAddSA, "acme", denyD},
+		{"node-acme", apiOpListSA, "acme", denyD},
+		{"node-acme", apiAdminDescribeMS, "acme", denyD},
+
+		// explicit namespace overrides the tenant
+		{"node-custom", apiStartWorkflow, "acme-prod", allowD},
+		{"node-custom", apiStartWorkflow, "acme", denyD},
+
+		// nodes that are not accepted, or unknown
+		{"node-unknown", apiStartWorkflow, "acme", denyD},
+		{"node-pending", apiStartWorkflow, "acme", denyD},
+		{"node-rejected", apiStartWorkflow, "acme", denyD},
+		{"node-blocked", apiStartWorkflow, "acme", denyD},
+		{"node-purging", apiPollWorkflow, "acme", denyD},
+		{"node-empty", apiStartWorkflow, "acme", denyD},
+
+		// no usable identity
+		{"anon", apiStartWorkflow, "acme", denyD},
+		{"nocert", apiStartWorkflow, "acme", denyD},
+		{"foreign", apiStartWorkflow, "acme", denyD},
+		{"writer", apiStartWorkflow, "acme", denyD},
+		{"writer", apiListNS, "", denyD},
+	}
+	// health checks (and GetSystemInfo) are allowed for everyone
+	for who := range claims {
+		cases = append(cases,
+			struct {
+				who, api, ns string
+				want         authorization.Decision
+			}{who, apiHealthCheck, "", allowD},
+			struct {
+				who, api, ns string
+				want         authorization.Decision
+			}{who, apiSystemInfo, "", allowD})
+	}
+
+	for _, tc := range cases {
+		r := authorize(t, z, claims[tc.who], tc.api, tc.ns)
+		if r.Decision != tc.want {
+			t.Errorf("%s calling %s on %q: %s (%q), want %s", tc.who, tc.api, tc.ns, decisionName(r.Decision), r.Reason, decisionName(tc.want))
+		}
+		if r.Decision == authorization.DecisionDeny && r.Reason == "" {
+			t.Errorf("%s calling %s on %q: deny without a reason", tc.who, tc.api, tc.ns)
+		}
+	}
+}
+
+func TestAuthorizerFollowsTableUpdates(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{
+		"n1": {Tenant: "acme", State: "accepted"},
+		"n2": {Tenant: "beta", State: "accepted"},
+	})
+	z := authorizer{table}
+	c1 := pki.claims(t, pki.role(t, "node", "n1"))
+	c2 := pki.claims(t, pki.role(t, "node", "n2"))
+	c3 := pki.claims(t, pki.role(t, "node", "n3"))
+
+	expect := func(step string, c *authorization.Claims, ns string, want authorization.Decision) {
+		t.Helper()
+		if r := authorize(t, z, c, apiStartWorkflow, ns); r.Decision != want {
+			t.Fatalf("%s: %s on %q = %s (%q), want %s", step, c.Subject, ns, decisionName(r.Decision), r.Reason, decisionName(want))
+		}
+	}
+	expect("initial", c1, "acme", authorization.DecisionAllow)
+	expect("initial", c2, "beta", authorization.DecisionAllow)
+	expect("initial", c3, "acme", authorization.DecisionDeny)
+
+	// block n1 with a merge: n2 is untouched
+	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false)
+	expect("after block", c1, "acme", authorization.DecisionDeny)
+	expect("after block (merge keeps others)", c2, "beta", authorization.DecisionAllow)
+	if table.size() != 2 {
+		t.Fatalf("size after merge = %d, want 2", table.size())
+	}
+
+	// unblock n1
+	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, false)
+	expect("after unblock", c1, "acme", authorization.DecisionAllow)
+
+	// move n1 to another namespace
+	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", Namespace: "acme-2", State: "accepted"}}, false)
+	expect("after namespace change", c1, "acme", authorization.DecisionDeny)
+	expect("after namespace change", c1, "acme-2", authorization.DecisionAllow)
+
+	// a nil entry deletes the node, others stay
+	table.update(map[string]*NodeEntry{"n1": nil, "n3": {Tenant: "acme", State: "accepted"}}, false)
+	expect("after delete", c1, "acme-2", authorization.DecisionDeny)
+	expect("after delete", c2, "beta", authorization.DecisionAllow)
+	expect("after add", c3, "acme", authorization.DecisionAllow)
+	if table.lookup("n1") != nil {
+		t.Fatalf("n1 still in the table after a nil entry")
+	}
+	if table.size() != 2 {
+		t.Fatalf("size after delete+add = %d, want 2", table.size())
+	}
+	// deleting an absent node is harmless
+	table.update(map[string]*NodeEntry{"nobody": nil}, false)
+	if table.size() != 2 {
+		t.Fatalf("size after deleting an absent node = %d, want 2", table.size())
+	}
+
+	// replace swaps the whole table
+	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, true)
+	expect("after replace", c1, "acme", authorization.DecisionAllow)
+	expect("after replace", c2, "beta", authorization.DecisionDeny)
+	expect("after replace", c3, "acme", authorization.DecisionDeny)
+	if table.size() != 1 {
+		t.Fatalf("size after replace = %d, want 1", table.size())
+	}
+	table.update(nil, true)
+	expect("after replace with nothing", c1, "acme", authorization.DecisionDeny)
+	if table.size() != 0 {
+		t.Fatalf("size after empty replace = %d, want 0", table.size())
+	}
+}
+
+func TestAuthzUpdateCopiesEntries(t *testing.T) {
+	pki := newTestPKI(t)
+	initial := &NodeEntry{Tenant: "acme", State: "accepted"}
+	table := newAuthz(map[string]*NodeEntry{"n1": initial})
+	pushed := &NodeEntry{Tenant: "beta", State: "accepted"}
+	table.update(map[string]*NodeEntry{"n2": pushed}, false)
+
+	// The caller's structs are not aliased by the table.
+	initial.State = "blocked"
+	pushed.Namespace = "elsewhere"
+
+	z := authorizer{table}
+	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n1")), apiStartWorkflow, "acme"); r.Decision != authorization.DecisionAllow {
+		t.Fatalf("n1 denied after the caller mutated its own struct: %q", r.Reason)
+	}
+	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n2")), apiStartWorkflow, "beta"); r.Decision != authorization.DecisionAllow {
+		t.Fatalf("n2 denied after the caller mutated its own struct: %q", r.Reason)
+	}
+}
+
+func TestNodeEntryAllows(t *testing.T) {
+	var nilEntry *NodeEntry
+	cases := []struct {
+		e    *NodeEntry
+		ns   string
+		want bool
+	}{
+		{nilEntry, "acme", false},
+		{&NodeEntry{Tenant: "acme", State: "accepted"}, "acme", true},
+		{&NodeEntry{Tenant: "acme", State: "accepted"}, "", false},
+		{&NodeEntry{State: "accepted"}, "", false},
+		{&NodeEntry{Tenant: "acme", State: "accepted"}, "beta", false},
+		{&NodeEntry{Tenant: "acme", Namespace: "ns1", State: "accepted"}, "ns1", true},
+		{&NodeEntry{Tenant: "acme", Namespace: "ns1", State: "accepted"}, "acme", false},
+		{&NodeEntry{Tenant: "acme", State: "Accepted"}, "acme", false},
+		{&NodeEntry{Tenant: "acme", State: "blocked"}, "acme", false},
+	}
+	for _, tc := range cases {
+		if got := tc.e.allows(tc.ns); got != tc.want {
+			t.Errorf("%+v.allows(%q) = %v, want %v", tc.e, tc.ns, got, tc.want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// interceptor: in-flight calls are cut when a node loses access
+
+var pollInfo = &grpc.UnaryServerInfo{FullMethod: apiPollWorkflow}
+
+type inflight struct {
+	ctx     context.Context // the handler's context
+	release chan struct{}
+	done    chan error
+}
+
+// startCall runs table.interceptor in its own goroutine with a handler that blocks until its
+// context ends or release is closed, and waits until the handler is running.
+func startCall(t *testing.T, table *authz, ctx context.Context) *inflight {
+	t.Helper()
+	c := &inflight{release: make(chan struct{}), done: make(chan error, 1)}
+	started := make(chan context.Context, 1)
+	handler := func(hctx context.Context, req any) (any, error) {
+		started <- hctx
+		select {
+		case <-hctx.Done():
+			return nil, hctx.Err()
+		case <-c.release:
+			return "ok", nil
+		}
+	}
+	go func() {
+		resp, err := table.interceptor(ctx, "req", pollInfo, handler)
+		if err == nil && resp != "ok" {
+			err = errors.New("unexpected response")
+		}
+		c.done <- err
+	}()
+	select {
+	case c.ctx = <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler not called")
+	}
+	return c
+}
+
+func (c *inflight) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("call still in flight")
+		return nil
+	}
+}
+
+// expectCancelled checks the call was cut and returned context.Canceled.
+func (c *inflight) expectCancelled(t *testing.T) {
+	t.Helper()
+	if err := c.wait(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("call returned %v, want context.Canceled", err)
+	}
+}
+
+// expectLive checks the call is still running, then lets it finish normally.
+func (c *inflight) expectLive(t *testing.T) {
+	t.Helper()
+	if err := c.ctx.Err(); err != nil {
+		t.Fatalf("call context ended: %v", err)
+	}
+	select {
+	case err := <-c.done:
+		t.Fatalf("call ended early: %v", err)
+	default:
+	}
+	close(c.release)
+	if err := c.wait(t); err != nil {
+		t.Fatalf("call returned %v, want success", err)
+	}
+}
+
+func trackedCalls(table *authz) int {
+	table.mu.RLock()
+	defer table.mu.RUnlock()
+	n := 0
+	for _, m := range table.calls {
+		n += len(m)
+	}
+	return n
+}
+
+func TestInterceptorCancelsCallWhenNodeLosesAccess(t *testing.T) {
+	base := func() map[string]*NodeEntry {
+		return map[string]*NodeEntry{
+			"n1": {Tenant: "acme", State: "accepted"},
+			"n2": {Tenant: "beta", State: "accepted"},
+		}
+	}
+	cases := []struct {
+		name    string
+		nodes   map[string]*NodeEntry
+		replace bool
+	}{
+		{"blocked", map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false},
+		{"pending", map[string]*NodeEntry{"n1": {Tenant: "acme", State: "pending"}}, false},
+		{"purging", map[string]*NodeEntry{"n1": {Tenant: "acme", State: "purging"}}, false},
+		{"deleted by nil entry", map[string]*NodeEntry{"n1": nil}, false},
+		{"tenant changed", map[string]*NodeEntry{"n1": {Tenant: "other", State: "accepted"}}, false},
+		{"namespace changed", map[string]*NodeEntry{"n1": {Tenant: "acme", Namespace: "acme-2", State: "accepted"}}, false},
+		{"dropped by replace", map[string]*NodeEntry{"n2": {Tenant: "beta", State: "accepted"}}, true},
+		{"replaced by empty table", nil, true},
+	}
+	pki := newTestPKI(t)
+	n1 := pki.role(t, "node", "n1")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			table := newAuthz(base())
+			parent, cancelParent := context.WithCancel(context.Background())
+			defer cancelParent()
+			call := startCall(t, table, pki.peerCtx(t, parent, n1))
+			if got := trackedCalls(table); got != 1 {
+				t.Fatalf("tracked calls = %d, want 1", got)
+			}
+			// The handler still sees the caller's peer.
+			if p, ok := peer.FromContext(call.ctx); !ok || p.AuthInfo == nil {
+				t.Fatal("handler context lost the TLS peer")
+			}
+
+			updated := make(chan int, 1)
+			go func() { updated <- table.update(tc.nodes, tc.replace) }()
+			var n int
+			select {
+			case n = <-updated:
+			case <-time.After(5 * time.Second):
+				t.Fatal("update blocked")
+			}
+			if n != 1 {
+				t.Fatalf("update cancelled %d calls, want 1", n)
+			}
+			call.expectCancelled(t)
+			if parent.Err() != nil {
+				t.Fatal("the caller's own context was cancelled")
+			}
+			if got := trackedCalls(table); got != 0 {
+				t.Fatalf("tracked calls after cancel = %d, want 0", got)
+			}
+			// Nothing left to cancel.
+			if n := table.update(map[string]*NodeEntry{"n1": nil}, false); n != 0 {
+				t.Fatalf("second update cancelled %d calls, want 0", n)
+			}
+		})
+	}
+}
+
+func TestInterceptorKeepsCallWhileNodeKeepsAccess(t *testing.T) {
+	cases := []struct {
+		name    string
+		nodes   map[string]*NodeEntry
+		replace bool
+	}{
+		{"no change", nil, false},
+		{"same entry pushed again", map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, false},
+		{"same entry in a replace", map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, true},
+		{"other node blocked", map[string]*NodeEntry{"n2": {Tenant: "beta", State: "blocked"}}, false},
+		{"other node deleted", map[string]*NodeEntry{"n2": nil}, false},
+		{"tenant renamed, same namespace", map[string]*NodeEntry{"n1": {Tenant: "acme-corp", Namespace: "acme", State: "accepted"}}, false},
+	}
+	pki := newTestPKI(t)
+	n1 := pki.role(t, "node", "n1")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			table := newAuthz(map[string]*NodeEntry{
+				"n1": {Tenant: "acme", State: "accepted"},
+				"n2": {Tenant: "beta", State: "accepted"},
+			})
+			call := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
+			if n := table.update(tc.nodes, tc.replace); n != 0 {
+				t.Fatalf("update cancelled %d calls, want 0", n)
+			}
+			call.expectLive(t)
+			if got := trackedCalls(table); got != 0 {
+				t.Fatalf("tracked calls after the call returned = %d, want 0", got)
+			}
+		})
+	}
+}
+
+func TestInterceptorCancelsOnlyTheAffectedNode(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{
+		"n1": {Tenant: "acme", State: "accepted"},
+		"n2": {Tenant: "acme", State: "accepted"},
+	})
+	n1, n2 := pki.role(t, "node", "n1"), pki.role(t, "node", "n2")
+	a := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
+	b := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
+	c := startCall(t, table, pki.peerCtx(t, context.Background(), n2))
+	if got := trackedCalls(table); got != 3 {
+		t.Fatalf("tracked calls = %d, want 3", got)
+	}
+	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 2 {
+		t.Fatalf("update cancelled %d calls, want 2", n)
+	}
+	a.expectCancelled(t)
+	b.expectCancelled(t)
+	c.expectLive(t)
+	if got := trackedCalls(table); got != 0 {
+		t.Fatalf("tracked calls = %d, want 0", got)
+	}
+}
+
+func TestInterceptorDoesNotTrackOtherCallers(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	nodeCert := pki.role(t, "node", "n1")
+	unverified := peer.NewContext(context.Background(), &peer.Peer{
+		Addr:     &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 1},
+		AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{nodeCert}}},
+	})
+	ctxs := map[string]context.Context{
+		"server":             pki.peerCtx(t, context.Background(), pki.role(t, "server", "srv-1")),
+		"operator":           pki.peerCtx(t, context.Background(), pki.role(t, "operator", "alice")),
+		"no peer":            context.Background(),
+		"unverified node":    unverified,
+		"node:n1 only in CN": pki.peerCtx(t, context.Background(), pki.issue(t, certOpts{cn: "node:n1"})),
+	}
+	for name, ctx := range ctxs {
+		t.Run(name, func(t *testing.T) {
+			call := startCall(t, table, ctx)
+			if got := trackedCalls(table); got != 0 {
+				t.Fatalf("tracked calls = %d, want 0", got)
+			}
+			if n := table.update(nil, true); n != 0 {
+				t.Fatalf("update cancelled %d calls, want 0", n)
+			}
+			call.expectLive(t)
+			table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, true)
+		})
+	}
+}
+
+func TestInterceptorPassesThroughResultAndError(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
+	boom := errors.New("boom")
+	resp, err := table.interceptor(ctx, "in", pollInfo, func(ctx context.Context, req any) (any, error) {
+		if req != "in" {
+			t.Errorf("handler got request %v", req)
+		}
+		return "out", boom
+	})
+	if resp != "out" || !errors.Is(err, boom) {
+		t.Fatalf("interceptor returned (%v, %v), want (out, boom)", resp, err)
+	}
+	if got := trackedCalls(table); got != 0 {
+		t.Fatalf("tracked calls after return = %d, want 0", got)
+	}
+	// The call is over: a later block has nothing to cancel.
+	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 0 {
+		t.Fatalf("update cancelled %d calls, want 0", n)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// the "authz" command as the parent sends it
+
+func TestHandleAuthzCommand(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "protocol"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	outMu.Lock()
+	saved := out
+	out = f
+	outMu.Unlock()
+	t.Cleanup(func() {
+		outMu.Lock()
+		out = saved
+		outMu.Unlock()
+	})
+
+	pki := newTestPKI(t)
+	table := newAuthz(nil)
+	stopCh := make(chan string, 1)
+	z := authorizer{table}
+	c1 := pki.claims(t, pki.role(t, "node", "n1"))
+	c2 := pki.claims(t, pki.role(t, "node", "n2"))
+
+	handleCommand([]byte(`{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted"},"n2":{"tenant":"acme","state":"accepted"}}}`), table, nil, stopCh)
+	if r := authorize(t, z, c1, apiStartWorkflow, "default"); r.Decision != authorization.DecisionAllow {
+		t.Fatalf("n1 denied after authz replace: %q", r.Reason)
+	}
+	if r := authorize(t, z, c2, apiStartWorkflow, "acme"); r.Decision != authorization.DecisionAllow {
+		t.Fatalf("n2 denied after authz replace: %q", r.Reason)
+	}
+
+	call := startCall(t, table, pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1")))
+	handleCommand([]byte(`{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked"},"n2":null}}`), table, nil, stopCh)
+	call.expectCancelled(t)
+	if r := authorize(t, z, c1, apiStartWorkflow, "default"); r.Decision != authorization.DecisionDeny {
+		t.Fatal("n1 allowed after being blocked")
+	}
+	if r := authorize(t, z, c2, apiStartWorkflow, "acme"); r.Decision != authorization.DecisionDeny {
+		t.Fatal("n2 allowed after a null entry")
+	}
+	if table.lookup("n2") != nil {
+		t.Fatal("n2 still in the table after a null entry")
+	}
+
+	if _, err := f.Seek(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	var acks []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("bad protocol line %q: %v", sc.Text(), err)
+		}
+		acks = append(acks, m)
+	}
+	want := []map[string]any{
+		{"ack": 2.0, "nodes": 2.0, "cancelledCalls": 0.0},
+		{"ack": 3.0, "nodes": 1.0, "cancelledCalls": 1.0},
+	}
+	if len(acks) != len(want) {
+		t.Fatalf("acks = %v, want %v", acks, want)
+	}
+	for i := range want {
+		for k, v := range want[i] {
+			if acks[i][k] != v {
+				t.Fatalf("ack %d = %v, want %v", i, acks[i], want[i])
+			}
+		}
+		if _, hasErr := acks[i]["error"]; hasErr {
+			t.Fatalf("ack %d carries an error: %v", i, acks[i])
+		}
+	}
+	select {
+	case r := <-stopCh:
+		t.Fatalf("authz command requested a stop: %q", r)
+	default:
+	}
+}
+
+func TestUpdateCountsEachCancelledCallOnce(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
+	// A handler slow to notice cancellation is still running during the next update.
+	release := make(chan struct{})
+	started := make(chan context.Context, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := table.interceptor(ctx, "req", pollInfo, func(hctx context.Context, req any) (any, error) {
+			started <- hctx
+			<-release
+			return nil, hctx.Err()
+		})
+		done <- err
+	}()
+	var hctx context.Context
+	select {
+	case hctx = <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler not called")
+	}
+	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 1 {
+		t.Fatalf("first update cancelled %d calls, want 1", n)
+	}
+	if hctx.Err() == nil {
+		t.Fatal("call context not cancelled")
+	}
+	if n := table.update(map[string]*NodeEntry{"n1": nil}, false); n != 0 {
+		t.Fatalf("second update cancelled %d calls, want 0 (already cancelled)", n)
+	}
+	close(release)
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("call returned %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("call still in flight")
+	}
+	if got := trackedCalls(table); got != 0 {
+		t.Fatalf("tracked calls = %d, want 0", got)
+	}
+}
+
+// nsRequest stands for a WorkflowService request: every one names its namespace.
+type nsRequest struct{ ns string }
+
+func (r nsRequest) GetNamespace() string { return r.ns }
+
+// A block that lands after Temporal's authorizer allowed a call but before the call is
+// tracked must still stop it: the interceptor looks at the table again.
+func TestInterceptorRefusesACallAuthorizedJustBeforeABlock(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
+	handler := func(context.Context, any) (any, error) { return "ran", nil }
+
+	if resp, err := table.interceptor(ctx, nsRequest{"acme"}, pollInfo, handler); err != nil || resp != "ran" {
+		t.Fatalf("accepted node: got (%v, %v), want (ran, nil)", resp, err)
+	}
+	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false)
+	resp, err := table.interceptor(ctx, nsRequest{"acme"}, pollInfo, func(context.Context, any) (any, error) {
+		t.Error("handler ran for a blocked node")
+		return nil, nil
+	})
+	if resp != nil || status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("blocked node: got (%v, %v), want PermissionDenied", resp, err)
+	}
+	if resp, err := table.interceptor(ctx, nsRequest{"default"}, pollInfo, handler); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("other namespace: got (%v, %v), want PermissionDenied", resp, err)
+	}
+	if got := trackedCalls(table); got != 0 {
+		t.Fatalf("tracked calls = %d, want 0", got)
+	}
+}
