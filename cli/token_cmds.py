@@ -1,0 +1,143 @@
+"""`orchestrator-zero token ...`"""
+
+from __future__ import annotations
+
+import datetime as dt
+import urllib.parse
+from typing import Annotated, Any
+
+from cyclopts import App, Parameter
+
+from cli.client import ApiClient
+from cli.output import print_json, print_table
+from cli.params import ContextPath, JsonFlag
+from oz0.context import select
+from oz0.errors import Oz0Error
+from oz0.tokens import TOKEN_ID
+
+app = App(name="token", help="Join tokens: a node joining with one is accepted at once.")
+
+LabelArgs = Annotated[
+    list[str] | None,
+    Parameter(
+        name="--label",
+        negative=(),
+        help="KEY=VALUE given to every node joining with the token; repeat for several.",
+    ),
+]
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise Oz0Error(f"invalid label {pair!r}: use KEY=VALUE, such as team=data")
+        if key in labels:
+            raise Oz0Error(f"label {key} is given more than once")
+        labels[key] = value
+    return labels
+
+
+@app.command
+def create(
+    *,
+    tenant: str,
+    ttl: str = "24h",
+    max_uses: int = 1,
+    label: LabelArgs = None,
+    description: str = "",
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Create a join token; it is shown only this once.
+
+    Parameters
+    ----------
+    tenant
+        The tenant nodes joining with the token belong to.
+    ttl
+        How long the token can be used, such as 24h, 30m, 7d or 1h30m; 0 for ever.
+    max_uses
+        How many nodes can join with it; 0 for any number.
+    description
+        What the token is for.
+    """
+    ctx = select(context)
+    body: dict[str, Any] = {
+        "tenant": tenant,
+        "ttl": ttl,
+        "max_uses": max_uses,
+        "labels": parse_labels(label or []),
+        "description": description,
+    }
+    token = ApiClient(ctx).post("/api/v1/tokens", body)
+    if json:
+        print_json(token)
+        return 0
+    limit = token["max_uses"]
+    uses = "any number of uses" if limit == 0 else f"up to {limit} use{'' if limit == 1 else 's'}"
+    expires = (
+        "never expires" if token["expires_at"] is None else f"expires {_time(token['expires_at'])}"
+    )
+    print(f"token {token['id']} created for tenant {token['tenant']}: {uses}, {expires}")
+    print()
+    print(f"    {token['token']}")
+    print()
+    print("This is the only time the token is shown: the cluster keeps only its hash.")
+    print("A node joins with it, accepted at once:")
+    print(f"    oz0-node start --token {token['token']} --ca-hash {ctx.ca_hash}")
+    return 0
+
+
+@app.command(name="list")
+def list_(*, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """Every join token, revoked ones too; never their secrets."""
+    tokens = ApiClient(select(context)).get("/api/v1/tokens")["tokens"]
+    if json:
+        print_json(tokens)
+        return 0
+    print_table(
+        ["ID", "TENANT", "USES", "MAX USES", "EXPIRES", "LABELS", "DESCRIPTION", "REVOKED"],
+        [
+            [
+                t["id"],
+                t["tenant"],
+                t["uses"],
+                "unlimited" if t["max_uses"] == 0 else t["max_uses"],
+                "never" if t["expires_at"] is None else _time(t["expires_at"]),
+                ",".join(f"{k}={v}" for k, v in sorted(t["labels"].items())),
+                t["description"],
+                "yes" if t["revoked"] else "no",
+            ]
+            for t in tokens
+        ],
+    )
+    return 0
+
+
+@app.command
+def revoke(token_id: str, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """Stop new joins with a token; nodes that already joined with it stay.
+
+    Parameters
+    ----------
+    token_id
+        The token's ID, such as tok-0123456789ab.
+    """
+    if not TOKEN_ID.match(token_id):
+        raise Oz0Error(
+            f"invalid token id {token_id!r}: an id looks like tok-0123456789ab "
+            "(a token's part before the '.')"
+        )
+    path = f"/api/v1/tokens/{urllib.parse.quote(token_id, safe='')}/revoke"
+    token = ApiClient(select(context)).post(path, {})
+    if json:
+        print_json(token)
+    else:
+        print(f"token {token['id']} revoked; nodes that joined with it stay")
+    return 0
+
+
+def _time(iso: str) -> str:
+    return dt.datetime.fromisoformat(iso).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")

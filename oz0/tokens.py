@@ -1,0 +1,301 @@
+"""Join tokens: a node presenting one joins accepted, in the token's tenant with its labels.
+
+The token a user holds is `tok-<12 hex>.<secret>`; the database keeps only the SHA-256 of
+the secret (32 random bytes, so a slow hash would add nothing). Every function here runs
+inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from oz0 import audit, tenants
+from oz0.errors import Oz0Error
+
+TOKEN_ID = re.compile(r"^tok-[0-9a-f]{12}$")
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+MAX_LABEL_VALUE = 253
+MAX_DESCRIPTION = 1000
+# The `max_uses` column is a PostgreSQL integer.
+MAX_USES_LIMIT = 2**31 - 1
+# Far beyond any sensible token, and well inside what a timestamp can hold.
+MAX_TTL = dt.timedelta(days=36500)
+_TTL = re.compile("^" + "".join(rf"(?:([0-9]{{1,12}}){unit})?" for unit in "dhms") + "$")
+# What a node's hostname may take up in an audit row; it comes from the node, unchecked.
+_MAX_AUDITED_HOSTNAME = 253
+
+RefusalReason = Literal["unknown", "revoked", "expired", "used_up"]
+_REFUSAL_MESSAGES: dict[RefusalReason, str] = {
+    "unknown": "join token refused",
+    "revoked": "join token revoked",
+    "expired": "join token expired",
+    "used_up": "join token used up",
+}
+
+_COLUMNS = (
+    "id, tenant, uses, max_uses, expires_at, labels, description,"
+    " revoked_at IS NOT NULL, revoked_at, created_at, created_by"
+)
+
+
+class UnknownTenant(Oz0Error):
+    pass
+
+
+class TokenNotFound(Oz0Error):
+    pass
+
+
+class TokenAlreadyRevoked(Oz0Error):
+    pass
+
+
+class TokenRefused(Oz0Error):
+    """A join token that does not let a node in. The message says no more than REASON:
+    an unknown id, a wrong secret and a malformed token all read "join token refused"."""
+
+    def __init__(self, reason: RefusalReason, token_id: str | None = None) -> None:
+        super().__init__(_REFUSAL_MESSAGES[reason])
+        self.reason: RefusalReason = reason
+        self.token_id = token_id
+
+
+@dataclass(frozen=True)
+class JoinToken:
+    id: str
+    tenant: str
+    uses: int
+    max_uses: int
+    expires_at: dt.datetime | None
+    labels: dict[str, str]
+    description: str
+    revoked: bool
+    revoked_at: dt.datetime | None
+    created_at: dt.datetime
+    created_by: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "uses": self.uses,
+            "max_uses": self.max_uses,
+            "expires_at": _iso(self.expires_at),
+            "labels": dict(self.labels),
+            "description": self.description,
+            "revoked": self.revoked,
+            "revoked_at": _iso(self.revoked_at),
+            "created_at": self.created_at.isoformat(),
+            "created_by": self.created_by,
+        }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _token(row: tuple[Any, ...]) -> JoinToken:
+    return JoinToken(*row)
+
+
+def parse_ttl(text: str) -> dt.timedelta | None:
+    """A lifetime such as 24h, 30m, 7d, 90s or 1h30m; "0" is never (None)."""
+    cleaned = text.strip()
+    if cleaned == "0":
+        return None
+    match = _TTL.match(cleaned)
+    if not cleaned or match is None:
+        raise Oz0Error(
+            f"invalid ttl {text!r}: use a number with d, h, m or s (such as 24h, 30m, 7d or "
+            "1h30m), or 0 for a token that never expires"
+        )
+    days, hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds + days * 86400
+    if total == 0:
+        raise Oz0Error(
+            f"invalid ttl {text!r}: a token must live longer than 0s; "
+            "use 0 for a token that never expires"
+        )
+    if total > MAX_TTL.total_seconds():
+        raise Oz0Error(
+            f"invalid ttl {text!r}: at most {MAX_TTL.days}d; use 0 for a token that never expires"
+        )
+    return dt.timedelta(seconds=total)
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise Oz0Error(
+                f"invalid label key {key!r}: use 1 to 63 lowercase letters, digits, '.', '_', "
+                "'/' or '-', starting and ending with a letter or digit"
+            )
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE or not value.isprintable():
+            raise Oz0Error(
+                f"invalid value for label {key}: use at most {MAX_LABEL_VALUE} printable characters"
+            )
+    return labels
+
+
+def _check_description(description: str) -> str:
+    if len(description) > MAX_DESCRIPTION or not description.isprintable():
+        raise Oz0Error(f"invalid description: use at most {MAX_DESCRIPTION} printable characters")
+    return description
+
+
+def _check_max_uses(max_uses: int) -> int:
+    if max_uses < 0 or max_uses > MAX_USES_LIMIT:
+        raise Oz0Error(
+            f"invalid max uses {max_uses}: use 0 for unlimited or a number up to {MAX_USES_LIMIT}"
+        )
+    return max_uses
+
+
+def _secret_hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def create(
+    conn: psycopg.Connection[Any],
+    *,
+    tenant: str,
+    ttl: dt.timedelta | None,
+    max_uses: int,
+    labels: dict[str, str],
+    description: str,
+    actor: audit.Actor,
+) -> tuple[JoinToken, str]:
+    """A new token and the string a node presents: `ID.SECRET`, never stored."""
+    _check_max_uses(max_uses)
+    check_labels(labels)
+    _check_description(description)
+    if ttl is not None and ttl <= dt.timedelta(0):
+        raise Oz0Error("a token's ttl must be positive, or None for one that never expires")
+    if not tenants.exists(conn, tenant):
+        raise UnknownTenant(f"tenant {tenant} does not exist")
+    token_id = "tok-" + secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    row = conn.execute(
+        "INSERT INTO join_tokens"
+        " (id, secret_sha256, tenant, labels, description, max_uses, expires_at, created_by)"
+        " VALUES (%s, %s, %s, %s, %s, %s, now() + %s::interval, %s)"
+        f" RETURNING {_COLUMNS}",
+        (
+            token_id,
+            _secret_hash(secret),
+            tenant,
+            Jsonb(labels),
+            description,
+            max_uses,
+            ttl,
+            f"{actor.kind}:{actor.name}",
+        ),
+    ).fetchone()
+    assert row is not None
+    token = _token(row)
+    audit.record(
+        conn,
+        actor,
+        "token.create",
+        f"token:{token.id}",
+        {
+            "tenant": token.tenant,
+            "max_uses": token.max_uses,
+            "expires_at": _iso(token.expires_at),
+            "labels": token.labels,
+            "description": token.description,
+        },
+    )
+    return token, f"{token.id}.{secret}"
+
+
+def list_tokens(conn: psycopg.Connection[Any]) -> list[JoinToken]:
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens ORDER BY created_at, id")
+    return [_token(r) for r in rows]
+
+
+def get(conn: psycopg.Connection[Any], token_id: str) -> JoinToken | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens WHERE id = %s", (token_id,)).fetchone()
+    return _token(row) if row else None
+
+
+def revoke(conn: psycopg.Connection[Any], token_id: str, actor: audit.Actor) -> JoinToken:
+    """Stop new joins with TOKEN_ID; nodes that joined with it stay."""
+    row = conn.execute(
+        "SELECT revoked_at IS NOT NULL FROM join_tokens WHERE id = %s FOR UPDATE", (token_id,)
+    ).fetchone()
+    if row is None:
+        raise TokenNotFound(f"token {token_id} not found")
+    if row[0]:
+        raise TokenAlreadyRevoked(f"token {token_id} is already revoked")
+    updated = conn.execute(
+        f"UPDATE join_tokens SET revoked_at = now() WHERE id = %s RETURNING {_COLUMNS}",
+        (token_id,),
+    ).fetchone()
+    assert updated is not None
+    token = _token(updated)
+    audit.record(
+        conn,
+        actor,
+        "token.revoke",
+        f"token:{token.id}",
+        {"tenant": token.tenant, "uses": token.uses},
+    )
+    return token
+
+
+def consume(conn: psycopg.Connection[Any], token_string: str) -> JoinToken:
+    """Count one use of TOKEN_STRING for a joining node, or raise TokenRefused.
+
+    The row stays locked until the caller's transaction ends, so concurrent joins never
+    use a token more than `max_uses` times. A refusal writes nothing: the caller records
+    it with `record_refusal` in a transaction of its own.
+    """
+    token_id, dot, secret = token_string.strip().partition(".")
+    if not dot or not secret or not TOKEN_ID.match(token_id):
+        raise TokenRefused("unknown")
+    presented = _secret_hash(secret)
+    row = conn.execute(
+        "SELECT secret_sha256, revoked_at IS NOT NULL,"
+        " expires_at IS NOT NULL AND expires_at <= now(),"
+        " max_uses > 0 AND uses >= max_uses"
+        " FROM join_tokens WHERE id = %s FOR UPDATE",
+        (token_id,),
+    ).fetchone()
+    if row is None or not hmac.compare_digest(bytes(row[0]), presented):
+        raise TokenRefused("unknown")
+    _, revoked, expired, used_up = row
+    if revoked:
+        raise TokenRefused("revoked", token_id)
+    if expired:
+        raise TokenRefused("expired", token_id)
+    if used_up:
+        raise TokenRefused("used_up", token_id)
+    updated = conn.execute(
+        f"UPDATE join_tokens SET uses = uses + 1 WHERE id = %s RETURNING {_COLUMNS}",
+        (token_id,),
+    ).fetchone()
+    assert updated is not None
+    return _token(updated)
+
+
+def record_refusal(
+    conn: psycopg.Connection[Any], refusal: TokenRefused, *, hostname: str, actor: audit.Actor
+) -> None:
+    """Audit a refused join as `node.join.refused`."""
+    audit.record(
+        conn,
+        actor,
+        "node.join.refused",
+        f"token:{refusal.token_id or 'unknown'}",
+        {"reason": refusal.reason, "hostname": hostname[:_MAX_AUDITED_HOSTNAME]},
+    )
