@@ -7,7 +7,15 @@ from collections.abc import Sequence
 
 from cyclopts import App, CycloptsError
 
-from cli import audit_cmds, cluster_cmds, operator_cmds, server_cmds, tenant_cmds
+from cli import (
+    audit_cmds,
+    cluster_cmds,
+    node_cmds,
+    operator_cmds,
+    server_cmds,
+    tenant_cmds,
+    token_cmds,
+)
 from oz0 import __version__
 from oz0.errors import Oz0Error
 
@@ -19,7 +27,9 @@ app = App(
 app.command(server_cmds.app)
 app.command(cluster_cmds.app)
 app.command(operator_cmds.app)
+app.command(node_cmds.app)
 app.command(tenant_cmds.app)
+app.command(token_cmds.app)
 app.command(audit_cmds.app)
 
 

@@ -8,13 +8,13 @@ import trio
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0.server.api import audit, cluster, operators, tenants
+from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 
 MANAGEMENT_PORT = 8443
 # Each registers its routes; a new resource is a new module added here.
-API_MODULES = (cluster, operators, tenants, audit)
+API_MODULES = (cluster, operators, tenants, tokens, nodes, audit)
 
 
 def create_app(state: ManagementState) -> QuartTrio:

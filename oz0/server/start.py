@@ -20,6 +20,7 @@ from oz0.errors import Oz0Error, user_error_in
 from oz0.server import edge, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
+from oz0.server.events import EventHub
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
@@ -102,10 +103,14 @@ async def run_server(
     )
     async with open_database(conninfo) as db, trio.open_nursery() as nursery:
         await nursery.start(membership.run, db, server_id, options.advertise)
-        temporal = await nursery.start(temporal_role.run, db, conninfo, settings, certs, server_id)
+        hub = EventHub(conninfo)
+        await nursery.start(hub.run_forever)
+        temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
         state = ManagementState(db=db, cluster=cluster, server_id=server_id, temporal=temporal)
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
-        await nursery.start(edge.run, cluster, certs.server_context(ssl.CERT_OPTIONAL), host)
+        await nursery.start(
+            edge.run, db, cluster, server_id, hub, certs.server_context(ssl.CERT_OPTIONAL), host
+        )
         nursery.start_soon(certs.renew_forever)
         task_status.started(
             Running(

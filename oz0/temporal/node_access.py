@@ -3,7 +3,8 @@
 Three paths, each covering the others' gaps: a NOTIFY names the node that changed (fast,
 but may be lost while the LISTEN connection reconnects); every second the rows with a
 newer revision are re-read (catches lost notifications); every minute the whole table is
-sent again (catches deletions and rows whose revision committed out of order).
+sent again (catches rows whose revision committed out of order), and at once after the
+LISTEN connection was lost.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 import psycopg
 import trio
 
-from oz0.store.listen import ListenConnectionLost, Notification, listen
+from oz0.server.events import NODES, EventHub
+from oz0.store.listen import Notification
 from oz0.store.pool import Database
 from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "oz0_nodes"
 RECONCILE_EVERY = 1.0
 REPLACE_EVERY = 60.0
 
@@ -50,11 +51,20 @@ def read_changed(conn: psycopg.Connection[Any], since: int, ids: set[str]) -> tu
 @dataclass
 class NodeAccessSync:
     db: Database
-    conninfo: str
+    hub: EventHub
     supervisor: Supervisor | None = None
     revision: int = 0
     _pending_ids: set[str] = field(default_factory=set)
     _wake: trio.Event = field(default_factory=trio.Event)
+    _replace_now: bool = False
+
+    def __post_init__(self) -> None:
+        self.hub.subscribe(NODES, self._notified)
+        self.hub.on_gap.append(self._gap)
+
+    def _gap(self) -> None:
+        self._replace_now = True
+        self._wake.set()
 
     async def full_table(self) -> dict[str, dict[str, str]]:
         """The whole table, as a (re)starting host gets it."""
@@ -66,34 +76,18 @@ class NodeAccessSync:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._listen_forever)
-            task_status.started()
-            last_replace = trio.current_time()
-            while True:
-                with trio.move_on_after(RECONCILE_EVERY):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-                if trio.current_time() - last_replace >= REPLACE_EVERY:
-                    if await self._push_all():
-                        last_replace = trio.current_time()
-                else:
-                    await self._push_changes()
-
-    async def _listen_forever(self, *, task_status: trio.TaskStatus[None]) -> None:
-        started = False
+        task_status.started()
+        last_replace = trio.current_time()
         while True:
-            try:
-                if started:
-                    await listen(self.conninfo, [CHANNEL], self._notified)
-                else:
-                    await listen(self.conninfo, [CHANNEL], self._notified, task_status=task_status)
-            except (ListenConnectionLost, psycopg.OperationalError) as e:
-                if not started:
-                    raise
-                log.warning("%s; listening again in 1s (the reconcile loop covers the gap)", e)
-            started = True
-            await trio.sleep(1.0)
+            with trio.move_on_after(RECONCILE_EVERY):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if self._replace_now or trio.current_time() - last_replace >= REPLACE_EVERY:
+                if await self._push_all():
+                    last_replace = trio.current_time()
+                    self._replace_now = False
+            else:
+                await self._push_changes()
 
     async def _push_changes(self) -> None:
         ids, self._pending_ids = self._pending_ids, set()

@@ -10,6 +10,7 @@ import psycopg
 import trio
 
 from oz0.server.certificates import ServerCertificates
+from oz0.server.events import EventHub
 from oz0.store.pool import Database
 from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
@@ -47,7 +48,7 @@ def tenant_names(conn: psycopg.Connection[Any]) -> list[str]:
 
 async def run(
     db: Database,
-    conninfo: str,
+    hub: EventHub,
     settings: HostSettings,
     certs: ServerCertificates,
     server_id: str,
@@ -61,7 +62,7 @@ async def run(
             )
         )
 
-    sync = NodeAccessSync(db, conninfo)
+    sync = NodeAccessSync(db, hub)
     supervisor = Supervisor(
         settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=record_state
     )

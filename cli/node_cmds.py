@@ -1,0 +1,101 @@
+"""`orchestrator-zero node ...`: see the fleet, approve joins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cyclopts import App
+
+from cli.client import ApiClient
+from cli.output import print_json, print_table
+from cli.params import ContextPath, JsonFlag
+from oz0.context import select
+
+app = App(name="node", help="The fleet's nodes.")
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _connection(node: dict[str, Any]) -> str:
+    return f"yes ({node['server']})" if node["connected"] else "no"
+
+
+@app.command(name="list")
+def list_(
+    *,
+    state: str | None = None,
+    tenant: str | None = None,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Every node, or those in one state or tenant.
+
+    Parameters
+    ----------
+    state
+        pending, accepted, rejected, blocked or purging.
+    tenant
+        Only nodes of this tenant.
+    """
+    found = ApiClient(select(context)).get("/api/v1/nodes", {"state": state, "tenant": tenant})
+    rows = found["nodes"]
+    if json:
+        print_json(rows)
+        return 0
+    print_table(
+        ["ID", "STATE", "TENANT", "CONNECTED", "LAST SEEN", "HOSTNAME", "LABELS"],
+        [
+            [n["id"], n["state"], n["tenant"], _connection(n), n["last_seen"] or "never",
+             n["hostname"], _labels(n["labels"])]
+            for n in rows
+        ],
+    )  # fmt: skip
+    return 0
+
+
+@app.command
+def show(node_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """One node in detail."""
+    node = ApiClient(select(context)).get(f"/api/v1/nodes/{node_id}")
+    if json:
+        print_json(node)
+        return 0
+    fields = [
+        ("id", node["id"]),
+        ("state", node["state"]),
+        ("tenant", node["tenant"]),
+        ("hostname", node["hostname"]),
+        ("labels", _labels(node["labels"]) or "-"),
+        ("connected", _connection(node)),
+        ("last seen", node["last_seen"] or "never"),
+        ("joined", node["joined_at"]),
+        ("token", node["token_id"] or "- (approved by an operator)"),
+        ("reason", node["reason"] or "-"),
+    ]
+    for name, value in fields:
+        print(f"{name + ':':<11} {value}")
+    return 0
+
+
+@app.command
+def accept(node_id: str, /, *, context: ContextPath = None) -> int:
+    """Let a pending node in; it picks its certificate up at once."""
+    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/accept", {})
+    print(f"node {node['id']} accepted (tenant {node['tenant']})")
+    return 0
+
+
+@app.command
+def reject(node_id: str, /, *, reason: str | None = None, context: ContextPath = None) -> int:
+    """Refuse a pending node; its agent stops with the reason.
+
+    Parameters
+    ----------
+    reason
+        Told to the node and kept on it.
+    """
+    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/reject", {"reason": reason})
+    print(f"node {node['id']} rejected")
+    return 0

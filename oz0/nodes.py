@@ -1,0 +1,293 @@
+"""Nodes: joining, approval, listing, and what the edge records about their streams."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from psycopg.types.json import Jsonb
+
+from oz0 import audit, pki
+from oz0.errors import Oz0Error
+
+STATES = ("pending", "accepted", "rejected", "blocked", "purging")
+NODE_VALIDITY = dt.timedelta(days=365)
+HEARTBEAT = 5.0
+# "A node silent for three heartbeats is shown disconnected."
+SILENT_AFTER = dt.timedelta(seconds=3 * HEARTBEAT)
+DEFAULT_TENANT = "default"
+_NODE_ID = re.compile(r"^node-[0-9a-f]{12}$")
+_LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+MAX_LABELS = 64
+
+
+class NodeError(Oz0Error):
+    pass
+
+
+class NodeNotFound(NodeError):
+    pass
+
+
+def new_node_id() -> str:
+    return "node-" + secrets.token_hex(6)
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.match(node_id):
+        raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
+    return node_id
+
+
+def check_labels(labels: object) -> dict[str, str]:
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise NodeError(f"labels must be an object of at most {MAX_LABELS} KEY: VALUE pairs")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not _LABEL_KEY.match(key):
+            raise NodeError(f"invalid label key {key!r}")
+        if not isinstance(value, str) or len(value) > 253 or not value.isprintable():
+            raise NodeError(f"invalid value for label {key}")
+    return dict(labels)
+
+
+def public_key_sha256(key: ec.EllipticCurvePublicKey) -> str:
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    state: str
+    tenant: str
+    labels: dict[str, str]
+    hostname: str
+    token_id: str | None
+    reason: str | None
+    server: str | None
+    last_seen: dt.datetime | None
+    joined_at: dt.datetime
+    connected: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "tenant": self.tenant,
+            "labels": self.labels,
+            "hostname": self.hostname,
+            "connected": self.connected,
+            "server": self.server if self.connected else None,
+            "last_seen": self.last_seen.isoformat() if self.last_seen else None,
+            "joined_at": self.joined_at.isoformat(),
+            "token_id": self.token_id,
+            "reason": self.reason,
+        }
+
+
+_SELECT = (
+    "SELECT id, state, tenant, labels, hostname, token_id, reason, server, last_seen,"
+    " joined_at, (server IS NOT NULL AND last_seen > now() - %(silent)s) AS connected"
+    " FROM nodes"
+)
+
+
+def get(conn: psycopg.Connection[Any], node_id: str) -> Node:
+    row = conn.execute(
+        _SELECT + " WHERE id = %(id)s", {"silent": SILENT_AFTER, "id": node_id}
+    ).fetchone()
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found")
+    return Node(*row)
+
+
+def list_nodes(
+    conn: psycopg.Connection[Any], *, state: str | None = None, tenant: str | None = None
+) -> list[Node]:
+    if state is not None and state not in STATES:
+        raise NodeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+    rows = conn.execute(
+        _SELECT + " WHERE (%(state)s::text IS NULL OR state = %(state)s)"
+        " AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY joined_at, id",
+        {"silent": SILENT_AFTER, "state": state, "tenant": tenant},
+    ).fetchall()
+    return [Node(*r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Joined:
+    node_id: str
+    state: str
+    tenant: str
+    certificate: str | None
+
+
+def _issue(
+    ca: pki.CertificateAuthority, node_id: str, public_key: ec.EllipticCurvePublicKey
+) -> str:
+    cert = ca.issue(public_key, name=node_id, role=pki.Role.NODE, validity=NODE_VALIDITY)
+    return pki.cert_to_pem(cert).decode()
+
+
+def join(
+    conn: psycopg.Connection[Any],
+    ca: pki.CertificateAuthority,
+    *,
+    csr_pem: str,
+    labels: dict[str, str],
+    hostname: str,
+    token_id: str | None = None,
+    token_tenant: str | None = None,
+    token_labels: dict[str, str] | None = None,
+) -> Joined:
+    """Add a node: accepted in the token's tenant when a token was consumed, else pending."""
+    try:
+        public_key = pki.csr_public_key(csr_pem.encode())
+    except ValueError as e:
+        raise NodeError(f"bad certificate request: {e}") from None
+    labels = check_labels(labels)
+    hostname = hostname[:253] if isinstance(hostname, str) else ""
+    node_id = new_node_id()
+    accepted = token_id is not None
+    state = "accepted" if accepted else "pending"
+    tenant = token_tenant if accepted and token_tenant else DEFAULT_TENANT
+    merged = {**(token_labels or {}), **labels}
+    certificate = _issue(ca, node_id, public_key) if accepted else None
+    conn.execute(
+        "INSERT INTO nodes (id, tenant, state, labels, hostname, token_id, public_key,"
+        " public_key_sha256, certificate) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            node_id,
+            tenant,
+            state,
+            Jsonb(merged),
+            hostname,
+            token_id,
+            public_key.public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ).decode(),
+            public_key_sha256(public_key),
+            certificate,
+        ),
+    )
+    audit.record(
+        conn,
+        audit.Actor("node", node_id),
+        "node.join",
+        f"node:{node_id}",
+        {"state": state, "tenant": tenant, "token_id": token_id, "hostname": hostname},
+    )
+    return Joined(node_id, state, tenant, certificate)
+
+
+def _locked(conn: psycopg.Connection[Any], node_id: str) -> tuple[str, str]:
+    row = conn.execute(
+        "SELECT state, public_key FROM nodes WHERE id = %s FOR UPDATE", (check_node_id(node_id),)
+    ).fetchone()
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found")
+    return str(row[0]), str(row[1] or "")
+
+
+def accept(
+    conn: psycopg.Connection[Any], ca: pki.CertificateAuthority, node_id: str, actor: audit.Actor
+) -> Node:
+    state, public_pem = _locked(conn, node_id)
+    if state != "pending":
+        raise NodeError(f"node {node_id} is {state}; only pending nodes can be accepted")
+    public_key = serialization.load_pem_public_key(public_pem.encode())
+    assert isinstance(public_key, ec.EllipticCurvePublicKey)
+    conn.execute(
+        "UPDATE nodes SET state = 'accepted', reason = NULL, certificate = %s WHERE id = %s",
+        (_issue(ca, node_id, public_key), node_id),
+    )
+    audit.record(conn, actor, "node.accept", f"node:{node_id}")
+    return get(conn, node_id)
+
+
+def reject(
+    conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str | None
+) -> Node:
+    state, _ = _locked(conn, node_id)
+    if state != "pending":
+        raise NodeError(f"node {node_id} is {state}; only pending nodes can be rejected")
+    conn.execute(
+        "UPDATE nodes SET state = 'rejected', reason = %s WHERE id = %s", (reason, node_id)
+    )
+    audit.record(conn, actor, "node.reject", f"node:{node_id}", {"reason": reason})
+    return get(conn, node_id)
+
+
+@dataclass(frozen=True)
+class Pickup:
+    state: str
+    certificate: str | None
+    reason: str | None
+    tenant: str
+
+
+def pickup(
+    conn: psycopg.Connection[Any], node_id: str, challenge: bytes, signature_b64: str
+) -> Pickup:
+    """The node's state, if the node proves it holds its key by signing CHALLENGE."""
+    row = conn.execute(
+        "SELECT state, public_key, certificate, reason, tenant FROM nodes WHERE id = %s",
+        (node_id,),
+    ).fetchone()
+    if row is None or not row[1]:
+        raise NodeNotFound(f"node {node_id} not found")
+    public_key = serialization.load_pem_public_key(str(row[1]).encode())
+    assert isinstance(public_key, ec.EllipticCurvePublicKey)
+    try:
+        public_key.verify(
+            base64.b64decode(signature_b64, validate=True), challenge, ec.ECDSA(hashes.SHA256())
+        )
+    except (InvalidSignature, ValueError):
+        raise NodeNotFound(f"node {node_id} not found") from None
+    return Pickup(str(row[0]), row[2], row[3], str(row[4]))
+
+
+def control_state(
+    conn: psycopg.Connection[Any], node_id: str, key: ec.EllipticCurvePublicKey
+) -> str | None:
+    """The state of the node a control stream's certificate names, None if unknown.
+
+    The key must be the one the node joined with: a certificate of a deleted node whose
+    ID someone else now holds is refused.
+    """
+    row = conn.execute(
+        "SELECT state FROM nodes WHERE id = %s AND public_key_sha256 = %s",
+        (node_id, public_key_sha256(key)),
+    ).fetchone()
+    return str(row[0]) if row else None
+
+
+def connected(conn: psycopg.Connection[Any], node_id: str, server_id: str) -> None:
+    conn.execute(
+        "UPDATE nodes SET server = %s, last_seen = now() WHERE id = %s", (server_id, node_id)
+    )
+
+
+def seen(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> None:
+    conn.execute(
+        "UPDATE nodes SET server = %s, last_seen = now() WHERE id = ANY(%s)",
+        (server_id, node_ids),
+    )
+
+
+def disconnected(conn: psycopg.Connection[Any], node_id: str, server_id: str) -> None:
+    """Clear the node's server, unless it has since connected to another one."""
+    conn.execute(
+        "UPDATE nodes SET server = NULL WHERE id = %s AND server = %s", (node_id, server_id)
+    )

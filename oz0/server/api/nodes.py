@@ -1,0 +1,61 @@
+"""GET /api/v1/nodes[/<id>], POST /api/v1/nodes/<id>/accept and /reject"""
+
+from __future__ import annotations
+
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from oz0 import nodes
+from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+
+
+def register(app: QuartTrio, state: ManagementState) -> None:
+    @app.get("/api/v1/nodes")
+    async def node_list() -> Response:
+        await operator(state)
+        wanted_state, tenant = request.args.get("state"), request.args.get("tenant")
+        try:
+            rows = await state.db.transaction(
+                lambda conn: nodes.list_nodes(conn, state=wanted_state, tenant=tenant)
+            )
+        except nodes.NodeError as e:
+            raise ApiError(400, str(e)) from None
+        return jsonify({"nodes": [n.to_json() for n in rows]})
+
+    @app.get("/api/v1/nodes/<node_id>")
+    async def node_show(node_id: str) -> Response:
+        await operator(state)
+        try:
+            node = await state.db.transaction(lambda conn: nodes.get(conn, node_id))
+        except nodes.NodeNotFound as e:
+            raise ApiError(404, str(e)) from None
+        return jsonify(node.to_json())
+
+    @app.post("/api/v1/nodes/<node_id>/accept")
+    async def node_accept(node_id: str) -> Response:
+        actor = await operator(state)
+        try:
+            node = await state.db.transaction(
+                lambda conn: nodes.accept(conn, state.cluster.cluster_ca, node_id, actor)
+            )
+        except nodes.NodeNotFound as e:
+            raise ApiError(404, str(e)) from None
+        except nodes.NodeError as e:
+            raise ApiError(409, str(e)) from None
+        return jsonify(node.to_json())
+
+    @app.post("/api/v1/nodes/<node_id>/reject")
+    async def node_reject(node_id: str) -> Response:
+        actor = await operator(state)
+        reason = (await json_object()).get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(400, "reason must be text")
+        try:
+            node = await state.db.transaction(
+                lambda conn: nodes.reject(conn, node_id, actor, reason)
+            )
+        except nodes.NodeNotFound as e:
+            raise ApiError(404, str(e)) from None
+        except nodes.NodeError as e:
+            raise ApiError(409, str(e)) from None
+        return jsonify(node.to_json())

@@ -1,0 +1,320 @@
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from fixtures import edge_client
+from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.edge_client import NodeKeys
+from oz0 import pki
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
+
+
+async def cli_async(cli: CliRunner, *args: str, env: dict[str, str]) -> Any:
+    """Run the CLI without blocking the Trio loop (pickups are held open meanwhile)."""
+    return await trio.to_thread.run_sync(lambda: cli(*args, env=env))
+
+
+async def pinned_keys(files: ClusterFiles, edge: str = EDGE_A) -> NodeKeys:
+    keys = NodeKeys.new()
+    ca_pem, advertised_hash = await edge_client.fetch_ca(edge)
+    assert advertised_hash == files.ca_hash == pki.ca_hash(pki.cert_from_pem(ca_pem))
+    keys.ca_pem = ca_pem
+    return keys
+
+
+async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await pinned_keys(cluster_files)
+    answer = await edge_client.join(EDGE_A, keys, labels={"os": "linux"}, hostname="laptop-7")
+    assert answer["type"] == "joined" and answer["state"] == "pending"
+    assert answer["certificate"] is None and answer["tenant"] == "default"
+    assert re.fullmatch(r"node-[0-9a-f]{12}", keys.node_id)
+    assert answer["edges"] == [EDGE_A]
+
+    pending = (
+        await cli_async(cli, "node", "list", "--state", "pending", "--json", env=cluster_env)
+    ).json()
+    assert [n["id"] for n in pending] == [keys.node_id]
+    assert pending[0]["labels"] == {"os": "linux"} and pending[0]["hostname"] == "laptop-7"
+
+    picked: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+
+        async def wait_for_pickup() -> None:
+            picked.update(await edge_client.pickup(EDGE_A, keys))
+
+        nursery.start_soon(wait_for_pickup)
+        await trio.sleep(1)
+        assert not picked, "the edge holds a pending pickup open"
+        accepted = await cli_async(cli, "node", "accept", keys.node_id, env=cluster_env)
+        assert accepted.code == 0, accepted.err
+        began = trio.current_time()
+    assert picked["type"] == "joined" and picked["state"] == "accepted"
+    assert trio.current_time() - began < 5, "picked up as soon as accepted"
+    cert = pki.cert_from_pem(keys.cert_pem)
+    assert pki.identity_of(cert).name == keys.node_id and pki.identity_of(cert).role == "node"
+
+    async with edge_client.control(EDGE_A, keys) as (_, welcome):
+        assert welcome["type"] == "welcome" and welcome["node_id"] == keys.node_id
+        assert welcome["edges"] == [EDGE_A] and welcome["heartbeat"] == 5
+        shown = (
+            await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)
+        ).json()
+        assert shown["connected"] is True and shown["server"] == welcome["server"]
+        assert shown["state"] == "accepted" and shown["token_id"] is None
+        for key in (
+            "id",
+            "state",
+            "tenant",
+            "labels",
+            "connected",
+            "server",
+            "last_seen",
+            "joined_at",
+            "token_id",
+            "reason",
+        ):
+            assert key in shown
+    await trio.sleep(0.5)
+    shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
+    assert shown["connected"] is False and shown["server"] is None
+
+    audit = (
+        await cli_async(
+            cli, "audit", "list", "--target", f"node:{keys.node_id}", "--json", env=cluster_env
+        )
+    ).json()
+    assert [(r["action"], r["actor"]["kind"]) for r in audit] == [
+        ("node.accept", "operator"),
+        ("node.join", "node"),
+    ]
+
+
+async def test_a_rejected_node_is_told_and_refused(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await pinned_keys(cluster_files)
+    await edge_client.join(EDGE_A, keys)
+    rejected = await cli_async(
+        cli, "node", "reject", keys.node_id, "--reason", "unknown laptop", env=cluster_env
+    )
+    assert rejected.code == 0, rejected.err
+    answer = await edge_client.pickup(EDGE_A, keys)
+    assert answer == {"type": "rejected", "reason": "unknown laptop"}
+    again = await cli_async(cli, "node", "accept", keys.node_id, env=cluster_env)
+    assert again.code == 1
+    assert (
+        again.err == f"error: node {keys.node_id} is rejected; only pending nodes can be accepted\n"
+    )
+    shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
+    assert shown["state"] == "rejected" and shown["reason"] == "unknown laptop"
+
+    # A certificate for it (as if issued before) is refused on the control stream.
+    keys.cert_pem = _cert_for(cluster_files, keys)
+    async with edge_client.control(EDGE_A, keys) as (_, first):
+        assert first["type"] == "refused" and first["code"] == "rejected"
+
+
+def _cert_for(files: ClusterFiles, keys: NodeKeys) -> bytes:
+    """A node certificate for KEYS as the cluster CA would make it."""
+    import psycopg
+
+    from oz0 import cluster
+
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        ca = cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+    cert = ca.issue(
+        keys.key.public_key(), name=keys.node_id, role=pki.Role.NODE, validity=pki.OPERATOR_VALIDITY
+    )
+    return pki.cert_to_pem(cert)
+
+
+async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    assert (await cli_async(cli, "tenant", "create", "acme", env=cluster_env)).code == 0
+    created = await cli_async(
+        cli,
+        "token",
+        "create",
+        "--tenant",
+        "acme",
+        "--max-uses",
+        "2",
+        "--label",
+        "team=data",
+        "--label",
+        "os=any",
+        "--json",
+        env=cluster_env,
+    )
+    assert created.code == 0, created.err
+    token = created.json()["token"]
+    keys = await pinned_keys(cluster_files)
+    answer = await edge_client.join(EDGE_A, keys, token=token, labels={"os": "linux"})
+    assert answer["state"] == "accepted" and answer["tenant"] == "acme"
+    pki.cert_from_pem(keys.cert_pem).verify_directly_issued_by(pki.cert_from_pem(keys.ca_pem))
+    shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
+    assert shown["labels"] == {"team": "data", "os": "linux"}
+    assert shown["token_id"] == created.json()["id"]
+    listed = (
+        await cli_async(cli, "node", "list", "--tenant", "acme", "--json", env=cluster_env)
+    ).json()
+    assert [n["id"] for n in listed] == [keys.node_id]
+    async with edge_client.control(EDGE_A, keys) as (_, welcome):
+        assert welcome["type"] == "welcome"
+
+
+@pytest.mark.slow
+async def test_twenty_concurrent_joins_on_a_five_use_token_make_exactly_five_nodes(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    created = await cli_async(
+        cli, "token", "create", "--tenant", "default", "--max-uses", "5", "--json", env=cluster_env
+    )
+    token = created.json()["token"]
+    ca_pem, _ = await edge_client.fetch_ca(EDGE_A)
+    answers: list[dict[str, Any]] = []
+
+    async def one() -> None:
+        keys = NodeKeys.new()
+        keys.ca_pem = ca_pem
+        answers.append(await edge_client.join(EDGE_A, keys, token=token))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(one)
+    kinds = sorted(a.get("state") or a.get("message") for a in answers)
+    assert kinds == ["accepted"] * 5 + ["join token used up"] * 15
+    nodes = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    assert len(nodes) == 5
+    tokens = (await cli_async(cli, "token", "list", "--json", env=cluster_env)).json()
+    assert tokens[0]["uses"] == 5
+    refused = (
+        await cli_async(
+            cli, "audit", "list", "--action", "node.join.refused", "--json", env=cluster_env
+        )
+    ).json()
+    assert len(refused) == 15
+
+
+async def test_revoked_and_unknown_tokens_are_refused_and_audited(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    created = (
+        await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
+    ).json()
+    assert (await cli_async(cli, "token", "revoke", created["id"], env=cluster_env)).code == 0
+    keys = await pinned_keys(cluster_files)
+    revoked = await edge_client.join(EDGE_A, keys, token=created["token"])
+    assert revoked == {"type": "error", "code": "token_refused", "message": "join token revoked"}
+    unknown = await edge_client.join(EDGE_A, keys, token="tok-000000000000.nope")
+    assert unknown == {"type": "error", "code": "token_refused", "message": "join token refused"}
+    rows = (
+        await cli_async(
+            cli, "audit", "list", "--action", "node.join.refused", "--json", env=cluster_env
+        )
+    ).json()
+    assert [r["details"]["reason"] for r in rows] == ["unknown", "revoked"]
+    assert (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json() == []
+
+
+async def test_control_streams_refuse_unknown_and_foreign_certificates(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await pinned_keys(cluster_files)
+    keys.node_id = "node-00000000abcd"
+    keys.cert_pem = _cert_for(cluster_files, keys)
+    async with edge_client.control(EDGE_A, keys) as (_, first):
+        assert first == {
+            "type": "refused",
+            "code": "unknown",
+            "message": "node node-00000000abcd is unknown",
+        }
+
+    foreign = pki.new_ca("test", "cluster")
+    stranger = NodeKeys.new()
+    stranger.ca_pem = keys.ca_pem
+    stranger.cert_pem = pki.cert_to_pem(
+        foreign.issue(
+            stranger.key.public_key(),
+            name="node-00000000abcd",
+            role=pki.Role.NODE,
+            validity=pki.OPERATOR_VALIDITY,
+        )
+    )
+    await trio.to_thread.run_sync(_refused_at_tls, stranger)
+    # And the edge still serves the nodes it knows.
+    async with edge_client.control(EDGE_A, keys) as (_, first):
+        assert first["type"] == "refused"
+
+
+def _refused_at_tls(keys: NodeKeys) -> None:
+    """The edge ends a TLS session whose client certificate is not from the cluster CA."""
+    import socket
+
+    ctx = edge_client.verified_context(keys.ca_pem, keys)
+    with (
+        pytest.raises((ssl.SSLError, ConnectionResetError)),
+        socket.create_connection(("127.0.0.11", 7443), timeout=10) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        tls.sendall(b"GET /control HTTP/1.1\r\nHost: x\r\n\r\n")
+        if not tls.recv(100):
+            raise ConnectionResetError("closed without an answer")
+
+
+@pytest.mark.slow
+async def test_a_connected_node_learns_a_server_that_comes_up(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    created = (
+        await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
+    ).json()
+    keys = await pinned_keys(cluster_files)
+    await edge_client.join(EDGE_A, keys, token=created["token"])
+    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
+        assert welcome["edges"] == [EDGE_A]
+        await trio.to_thread.run_sync(lambda: start_server(cluster_files, "127.0.0.12"))
+        with trio.fail_after(20):
+            while True:
+                message = await edge_client.receive(ws)
+                await edge_client.send(ws, "heartbeat")
+                if message["type"] == "edges":
+                    break
+        assert message["edges"] == [EDGE_A, EDGE_B]
