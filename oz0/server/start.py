@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import resource
 import secrets
 import signal
 import ssl
@@ -76,6 +77,7 @@ def prepare(options: StartOptions) -> Cluster:
     """Read the master key and unseal the cluster; raise before anything is written."""
     check_advertise(options.advertise)
     host_binary()
+    _raise_open_file_limit()
     master_key = pki.read_master_key(options.master_key_file)
     with databases.connect(options.url.for_database(options.url.names.main)) as conn:
         databases.check_server_version(conn)
@@ -140,6 +142,14 @@ async def run_until_signalled(
         if error is None:
             raise
         raise error from None
+
+
+def _raise_open_file_limit() -> None:
+    """Each node's control stream is a socket: allow as many as the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.debug("open file limit raised from %d to %d", soft, hard)
 
 
 def _url_host(address: str) -> str:
