@@ -1,15 +1,160 @@
-"""`oz0-node`: the agent a node machine runs. Joining and control streams come next."""
+"""`oz0-node`: the agent a node machine runs.
+
+    oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
+        [--token TOKEN] [--label KEY=VALUE ...] --data-dir DIR
+    oz0-node start --data-dir DIR            # resume from what DIR remembers
+    oz0-node status --data-dir DIR [--json]
+"""
 
 from __future__ import annotations
 
+import json as json_module
+import logging
+import re
+import socket
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
 
-from cyclopts import App
+import trio
+from cyclopts import App, CycloptsError, Parameter
 
 from oz0 import __version__
+from oz0.errors import Oz0Error
+from oz0_node import addresses, agent, join
+from oz0_node import status as status_mod
+from oz0_node.errors import AgentError
 
 app = App(name="oz0-node", help="The orchestrator-zero node agent.", version=__version__)
 
+DataDir = Annotated[Path, Parameter(name="--data-dir", help="The node's data directory.")]
+Many = Parameter(consume_multiple=True)
+
+_CA_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@app.command
+def start(
+    *,
+    data_dir: DataDir,
+    edge: Annotated[tuple[str, ...], Many] = (),
+    ca_hash: str | None = None,
+    token: str | None = None,
+    label: Annotated[tuple[str, ...], Many] = (),
+    verbose: Annotated[bool, Parameter(negative=())] = False,
+) -> int:
+    """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
+
+    Parameters
+    ----------
+    data_dir
+        Where the node keeps its identity; later starts need only this.
+    edge
+        Edge addresses HOST:PORT of the cluster's servers (comma-separated or repeated).
+    ca_hash
+        The cluster CA's hash, sha256:HEX, as `orchestrator-zero cluster info` prints it.
+    token
+        A join token: the node is accepted at once, in the token's tenant.
+    label
+        KEY=VALUE labels of this node (repeat for several); used when joining.
+    verbose
+        Log debug messages too.
+    """
+    options = agent.StartOptions(
+        data_dir=data_dir.expanduser().absolute(),
+        edges=addresses.parse_cli(edge),
+        ca_hash=_parse_ca_hash(ca_hash),
+        request=join.JoinRequest(
+            token=token or None, labels=_parse_labels(label), hostname=socket.gethostname()
+        ),
+    )
+    _configure_logging(verbose)
+    trio.run(agent.run_until_signalled, options)
+    return 0
+
+
+@app.command
+def status(
+    *,
+    data_dir: DataDir,
+    json: Annotated[bool, Parameter(name="--json", negative=(), help="Print JSON.")] = False,
+) -> int:
+    """Show the node's identity and whether its agent is connected.
+
+    Parameters
+    ----------
+    data_dir
+        The node's data directory.
+    """
+    report = status_mod.read(data_dir.expanduser().absolute())
+    if json:
+        print(json_module.dumps(report, indent=2))
+        return 0
+    connected = report["connected"]
+    print(f"node:      {report['node_id'] or '(not joined yet)'}")
+    print(f"cluster:   {report['cluster']}")
+    print(f"state:     {report['state']}")
+    if connected:
+        print(f"connected: yes, to server {report['server']}")
+    else:
+        print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
+    return 0
+
+
+def _parse_ca_hash(value: str | None) -> str | None:
+    if value is None:
+        return None
+    normalised = value.strip().lower()
+    if not _CA_HASH.fullmatch(normalised):
+        raise AgentError(f"--ca-hash must be sha256: and 64 hex digits, not {value!r}")
+    return normalised
+
+
+def _parse_labels(values: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep or not key.strip():
+            raise AgentError(f"--label must be KEY=VALUE, not {value!r}")
+        labels[key.strip()] = text
+    return labels
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Its debug output is every frame of every stream.
+    logging.getLogger("trio-websocket").setLevel(logging.INFO)
+
+
+def run(tokens: Sequence[str]) -> int:
+    """Run one command; every failure becomes one line on stderr and a non-zero code."""
+    try:
+        result = app(
+            list(tokens), exit_on_error=False, print_error=False, result_action="return_value"
+        )
+    except CycloptsError as e:
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except Oz0Error as e:
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
 
 def main() -> None:
-    app(sys.argv[1:])
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

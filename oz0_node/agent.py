@@ -1,0 +1,129 @@
+"""`oz0-node start`: from what DIR remembers (or the command line), join and stay connected.
+
+One `trio.run`, one root nursery: the agent is one task in it, the signal watcher the
+other. SIGINT or SIGTERM cancel the nursery; on the way out status.json says the node is
+no longer connected.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from oz0.errors import user_error_in
+from oz0_node import control, join
+from oz0_node.errors import AgentError
+from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.node import Node
+from oz0_node.tls import edge_context
+from oz0_node.transport import OpenStream, open_tcp
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    data_dir: Path
+    edges: list[str] = field(default_factory=list)
+    ca_hash: str | None = None
+    request: join.JoinRequest = field(default_factory=join.JoinRequest)
+
+
+def check_options(record: NodeRecord | None, options: StartOptions) -> None:
+    """Refuse what DIR and the command line cannot both mean; before anything is written."""
+    if record is None:
+        missing = [
+            flag
+            for flag, given in (("--edge", options.edges), ("--ca-hash", options.ca_hash))
+            if not given
+        ]
+        if missing:
+            raise AgentError(
+                f"{options.data_dir} holds no node identity; to join a cluster, "
+                f"give {' and '.join(missing)}"
+            )
+        return
+    if options.ca_hash is not None and options.ca_hash != record.ca_hash:
+        raise AgentError(
+            f"{options.data_dir} belongs to cluster {record.cluster} (CA {record.ca_hash}), "
+            f"not to --ca-hash {options.ca_hash}"
+        )
+
+
+async def run(
+    options: StartOptions,
+    *,
+    open_stream: OpenStream = open_tcp,
+    rng: random.Random | None = None,
+) -> None:
+    """Join if needed, then keep a control stream up; returns only by an exception."""
+    identity = IdentityDir(options.data_dir)
+    check_options(identity.load_record(), options)
+    identity.ensure_data_dir()
+    with identity.locked():
+        record = identity.load_record()
+        if record is None:
+            assert options.ca_hash is not None  # check_options
+            pinned = await join.pin_ca(
+                options.edges, options.ca_hash, open_stream=open_stream, rng=rng
+            )
+            identity.create()
+            identity.save_ca(pinned.ca_pem)
+            record = NodeRecord(cluster=pinned.cluster, ca_hash=pinned.ca_hash)
+            identity.save_record(record)
+        node = Node(identity, record)
+        node.remember(edges=options.edges)
+        if record.node_id is not None and _ignored_join_options(options):
+            log.warning("node %s has joined already; --token and --label are ignored", node.name)
+        if record.state == "rejected" and not identity.has_certificate():
+            raise AgentError(f"node {node.name} was rejected; to join again, use a new --data-dir")
+        key = identity.load_or_create_key()
+        ca_pem = identity.load_ca_pem()
+        node.publish()
+        try:
+            if not identity.has_certificate():
+                await join.obtain_certificate(
+                    node,
+                    key,
+                    options.request,
+                    edge_context(ca_pem),
+                    ca_pem,
+                    open_stream=open_stream,
+                    rng=rng,
+                )
+            tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
+            await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng)
+        finally:
+            node.stream_down()
+            node.publish()
+
+
+def _ignored_join_options(options: StartOptions) -> bool:
+    return options.request.token is not None or bool(options.request.labels)
+
+
+async def run_until_signalled(options: StartOptions) -> None:
+    """The process's root: the agent until it fails, or until SIGINT/SIGTERM."""
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as root:
+                root.start_soon(_run_then_stop, options, root.cancel_scope)
+                async for signum in signals:
+                    log.info("received %s, stopping", signal.Signals(signum).name)
+                    root.cancel_scope.cancel()
+                    break
+    except BaseExceptionGroup as group:
+        error = user_error_in(group)
+        if error is None:
+            raise
+        raise error from None
+
+
+async def _run_then_stop(options: StartOptions, scope: trio.CancelScope) -> None:
+    await run(options)
+    scope.cancel()

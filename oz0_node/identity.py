@@ -1,0 +1,243 @@
+"""The node's identity on disk: `DIR/identity/` (0700).
+
+    node.key   P-256 private key, 0600, created once and never overwritten
+    node.crt   the node's certificate from the cluster CA (only once accepted)
+    ca.crt     the pinned cluster CA certificate
+    node.json  cluster, CA hash, node ID, tenant, known edges, state as last known
+
+Every file is replaced atomically (`write_private`), so a crash leaves the old version or
+the new one, never half of either. The key is written before anything that needs it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from oz0 import pki
+from oz0.context import write_private
+from oz0_node.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+IDENTITY_DIR = "identity"
+KEY_FILE = "node.key"
+CERT_FILE = "node.crt"
+CA_FILE = "ca.crt"
+RECORD_FILE = "node.json"
+LOCK_FILE = "agent.lock"
+
+# The node has pinned the CA but has no answer to its join yet.
+STATE_JOINING = "joining"
+
+
+@dataclass
+class NodeRecord:
+    """What node.json remembers."""
+
+    cluster: str
+    ca_hash: str
+    node_id: str | None = None
+    tenant: str | None = None
+    state: str = STATE_JOINING
+    edges: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, raw: object) -> NodeRecord:
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        cluster, ca_hash = raw["cluster"], raw["ca_hash"]
+        node_id, tenant, state = raw.get("node_id"), raw.get("tenant"), raw.get("state")
+        edges = raw.get("edges", [])
+        if not isinstance(cluster, str) or not isinstance(ca_hash, str):
+            raise ValueError("cluster and ca_hash must be strings")
+        if not isinstance(state, str):
+            raise ValueError("state must be a string")
+        if not (node_id is None or isinstance(node_id, str)):
+            raise ValueError("node_id must be a string or null")
+        if not (tenant is None or isinstance(tenant, str)):
+            raise ValueError("tenant must be a string or null")
+        if not isinstance(edges, list) or not all(isinstance(e, str) for e in edges):
+            raise ValueError("edges must be a list of strings")
+        return cls(cluster, ca_hash, node_id, tenant, state, list(edges))
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class IdentityDir:
+    """The files of DATA_DIR/identity; nothing here talks to the network."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.root = data_dir / IDENTITY_DIR
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / KEY_FILE
+
+    @property
+    def cert_path(self) -> Path:
+        return self.root / CERT_FILE
+
+    @property
+    def ca_path(self) -> Path:
+        return self.root / CA_FILE
+
+    @property
+    def record_path(self) -> Path:
+        return self.root / RECORD_FILE
+
+    def ensure_data_dir(self) -> None:
+        """Make DIR (0700) unless it exists."""
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise AgentError(f"cannot create {self.data_dir}: {e.strerror or e}") from None
+
+    def create(self) -> None:
+        """Make DIR (0700 when new) and DIR/identity (always 0700)."""
+        self.ensure_data_dir()
+        try:
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            self.root.chmod(0o700)
+        except OSError as e:
+            raise AgentError(f"cannot create {self.root}: {e.strerror or e}") from None
+
+    # --- node.json ----------------------------------------------------------------------
+
+    def load_record(self) -> NodeRecord | None:
+        """node.json, or None when this directory holds no identity yet."""
+        try:
+            text = self.record_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise AgentError(f"cannot read {self.record_path}: {e.strerror or e}") from None
+        try:
+            return NodeRecord.from_json(json.loads(text))
+        except (ValueError, KeyError) as e:
+            raise AgentError(f"{self.record_path} is malformed: {e}") from None
+
+    def save_record(self, record: NodeRecord) -> None:
+        data = json.dumps(record.to_json(), indent=2) + "\n"
+        self._write(self.record_path, data.encode())
+
+    # --- key ----------------------------------------------------------------------------
+
+    def load_or_create_key(self) -> ec.EllipticCurvePrivateKey:
+        """The node key: made here once (0600 from its first byte), then only ever read."""
+        key = pki.new_private_key()
+        try:
+            fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self._read_key()
+        except OSError as e:
+            raise AgentError(f"cannot create {self.key_path}: {e.strerror or e}") from None
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, pki.key_to_pem(key))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        log.info("created node key %s", self.key_path)
+        return key
+
+    def _read_key(self) -> ec.EllipticCurvePrivateKey:
+        try:
+            fd = os.open(self.key_path, os.O_RDONLY)
+        except OSError as e:
+            raise AgentError(f"cannot read {self.key_path}: {e.strerror or e}") from None
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & 0o077:
+                raise AgentError(
+                    f"node key {self.key_path} is open to group or others (mode {mode:04o}); "
+                    f"run: chmod 600 {self.key_path}"
+                )
+            with os.fdopen(os.dup(fd), "rb") as f:
+                pem = f.read()
+        finally:
+            os.close(fd)
+        try:
+            return pki.key_from_pem(pem)
+        except ValueError as e:
+            raise AgentError(f"{self.key_path} is not a node key: {e}") from None
+
+    # --- certificates -------------------------------------------------------------------
+
+    def save_ca(self, ca_pem: bytes) -> None:
+        self._write(self.ca_path, ca_pem)
+
+    def load_ca_pem(self) -> bytes:
+        try:
+            pem = self.ca_path.read_bytes()
+            pki.cert_from_pem(pem)
+        except FileNotFoundError:
+            raise AgentError(
+                f"{self.ca_path} is missing: the identity in {self.data_dir} is incomplete"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise AgentError(f"cannot use {self.ca_path}: {e}") from None
+        return pem
+
+    def has_certificate(self) -> bool:
+        return self.cert_path.is_file()
+
+    def save_certificate(self, cert: x509.Certificate) -> None:
+        self._write(self.cert_path, pki.cert_to_pem(cert))
+
+    def _write(self, path: Path, data: bytes) -> None:
+        try:
+            write_private(path, data)
+        except OSError as e:
+            raise AgentError(f"cannot write {path}: {e.strerror or e}") from None
+
+    # --- one agent per directory --------------------------------------------------------
+
+    def lock_held(self) -> bool | None:
+        """Whether an agent holds DIR/agent.lock now; None when that cannot be told."""
+        try:
+            fd = os.open(self.data_dir / LOCK_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return False
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold DIR/agent.lock: two agents on one identity would fight over its stream."""
+        path = self.data_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise AgentError(f"cannot open {path}: {e.strerror or e}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AgentError(
+                    f"another oz0-node agent is already running with --data-dir {self.data_dir}"
+                ) from None
+            yield
+        finally:
+            os.close(fd)

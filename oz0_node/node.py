@@ -1,0 +1,78 @@
+"""What the agent knows about itself while it runs, kept on disk as it changes.
+
+node.json remembers (cluster, node ID, tenant, edges, state as last known); status.json
+reports (that plus whether a control stream is up and to which server). Every change goes
+through here, so neither file ever lags behind the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+
+from oz0_node import addresses, status
+from oz0_node.identity import IdentityDir, NodeRecord
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, identity: IdentityDir, record: NodeRecord) -> None:
+        self.identity = identity
+        self.record = record
+        self.connected = False
+        self.server: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.record.node_id or "(not joined yet)"
+
+    def edges(self) -> list[str]:
+        return self.record.edges
+
+    def remember(
+        self,
+        *,
+        node_id: str | None = None,
+        tenant: str | None = None,
+        state: str | None = None,
+        edges: Iterable[str] = (),
+    ) -> None:
+        """Record what the edge told; unchanged files are not rewritten."""
+        before = dataclasses.replace(self.record, edges=list(self.record.edges))
+        if node_id is not None:
+            self.record.node_id = node_id
+        if tenant is not None:
+            self.record.tenant = tenant
+        if state is not None and state != self.record.state:
+            log.info("node %s is now %s", self.name, state)
+            self.record.state = state
+        merged = addresses.merge(self.record.edges, edges)
+        if merged != self.record.edges:
+            log.info("known edges: %s", ", ".join(merged))
+            self.record.edges = merged
+        if self.record != before:
+            self.identity.save_record(self.record)
+            self.publish()
+
+    def stream_up(self, server: str) -> None:
+        self.connected, self.server = True, server
+        self.publish()
+
+    def stream_down(self) -> None:
+        if self.connected or self.server is not None:
+            self.connected, self.server = False, None
+            self.publish()
+
+    def publish(self) -> None:
+        status.write(
+            self.identity.data_dir,
+            status.Status(
+                node_id=self.record.node_id,
+                cluster=self.record.cluster,
+                state=self.record.state,
+                connected=self.connected,
+                server=self.server,
+            ),
+        )

@@ -1,0 +1,361 @@
+"""A fake cluster of edges for the node agent's tests (no test functions here).
+
+It speaks docs/node-protocol.md over real TLS (certificates from `oz0.pki`) and real
+websockets, on in-memory streams (`FakeNet.open_stream`, so tests can run on MockClock)
+or on a TCP listener. It keeps its nodes in memory; tests accept, reject and block them,
+and read what happened (connections, joins, pickups, heartbeats) with Trio timestamps.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import errno
+import json
+import secrets
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+
+from oz0 import pki
+from oz0.server.tls import server_context
+from oz0_node import agent, join
+
+GOOD_TOKEN = "good-token"
+EXPIRED_TOKEN = "expired-token"
+
+
+@dataclass
+class FakeNode:
+    key: ec.EllipticCurvePublicKey
+    tenant: str
+    state: str = "pending"
+    certificate: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Event:
+    kind: str
+    edge: str
+    at: float
+    detail: Any = None
+
+
+@dataclass
+class EdgeSession:
+    ws: WebSocketConnection
+    edge: FakeEdge
+    path: str
+    challenge: bytes
+    peer: x509.Certificate | None
+
+    async def receive(self) -> dict[str, Any]:
+        with trio.fail_after(60):
+            message = json.loads(await self.ws.get_message())
+        assert isinstance(message, dict)
+        return message
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.ws.send_message(json.dumps({"type": kind, **fields}))
+
+
+Handler = Callable[[EdgeSession], Awaitable[None]]
+
+
+class FakeCluster:
+    """The CA, the nodes and the edges; one registry shared by every edge, like PostgreSQL."""
+
+    def __init__(self, name: str = "test") -> None:
+        self.ca = pki.new_ca(name, "cluster")
+        self.name = name
+        self.nodes: dict[str, FakeNode] = {}
+        self.edges: dict[str, FakeEdge] = {}
+        self.events: list[Event] = []
+        self.changed = trio.Event()
+        self.heartbeat = 5.0
+        self.pickup_hold = 30.0
+
+    @property
+    def ca_pem(self) -> bytes:
+        return pki.cert_to_pem(self.ca.cert)
+
+    @property
+    def ca_hash(self) -> str:
+        return pki.ca_hash(self.ca.cert)
+
+    def add_edge(
+        self,
+        address: str,
+        *,
+        role: pki.Role = pki.Role.SERVER,
+        ca: pki.CertificateAuthority | None = None,
+    ) -> FakeEdge:
+        edge = FakeEdge(self, address, role=role, ca=ca or self.ca)
+        self.edges[address] = edge
+        return edge
+
+    def edge_addresses(self) -> list[str]:
+        return sorted(self.edges)
+
+    def record(self, kind: str, edge: str, detail: Any = None) -> None:
+        self.events.append(Event(kind, edge, trio.current_time(), detail))
+        self._touch()
+
+    def of_kind(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+    async def wait_for(self, kind: str, count: int = 1, *, deadline: float = 600) -> Event:
+        """The COUNTth event of KIND, waiting for it at most DEADLINE seconds (Trio clock)."""
+        with trio.fail_after(deadline):
+            while len(self.of_kind(kind)) < count:
+                await self._wait_change()
+        return self.of_kind(kind)[count - 1]
+
+    async def _wait_change(self) -> None:
+        await self.changed.wait()
+
+    def _touch(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # --- operator actions -------------------------------------------------------------
+
+    def accept(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        node.state = "accepted"
+        node.certificate = pki.cert_to_pem(
+            self.ca.issue(
+                node.key, name=node_id, role=pki.Role.NODE, validity=dt.timedelta(days=30)
+            )
+        ).decode()
+        self._touch()
+
+    def reject(self, node_id: str, reason: str) -> None:
+        self.nodes[node_id].state = "rejected"
+        self.nodes[node_id].reason = reason
+        self._touch()
+
+    def set_state(self, node_id: str, state: str) -> None:
+        self.nodes[node_id].state = state
+        self._touch()
+
+
+class FakeEdge:
+    def __init__(
+        self,
+        cluster: FakeCluster,
+        address: str,
+        *,
+        role: pki.Role,
+        ca: pki.CertificateAuthority,
+    ) -> None:
+        self.cluster = cluster
+        self.address = address
+        self.server_id = "server-" + address.partition(":")[0]
+        key = pki.new_private_key()
+        cert = ca.issue(
+            key.public_key(),
+            name=self.server_id,
+            role=role,
+            validity=dt.timedelta(days=7),
+            sans=["127.0.0.1"],
+            server=True,
+        )
+        self.tls = server_context(
+            cluster.ca_pem,
+            pki.cert_to_pem(cert),
+            pki.key_to_pem(key),
+            client_certs=ssl.CERT_OPTIONAL,
+        )
+        # Tests replace these to script an edge; the defaults behave like the real one.
+        self.on_join: Handler = self.default_join
+        self.on_control: Handler = self.default_control
+        self.sends_heartbeats = True
+
+    async def serve(self, stream: trio.abc.Stream) -> None:
+        tls = trio.SSLStream(stream, self.tls, server_side=True)
+        try:
+            await tls.do_handshake()
+            der = tls.getpeercert(binary_form=True)
+            peer = x509.load_der_x509_certificate(der) if der else None
+            async with trio.open_nursery() as nursery:
+                request = await wrap_server_stream(nursery, tls)
+                ws = await request.accept()
+                challenge = secrets.token_bytes(32)
+                session = EdgeSession(ws, self, request.path, challenge, peer)
+                self.cluster.record("connect", self.address, request.path)
+                await session.send(
+                    "hello",
+                    cluster=self.cluster.name,
+                    ca_hash=self.cluster.ca_hash,
+                    ca_pem=self.cluster.ca_pem.decode(),
+                    challenge=challenge.hex(),
+                )
+                handler = self.on_join if request.path == "/join" else self.on_control
+                await handler(session)
+                await ws.aclose()
+                nursery.cancel_scope.cancel()
+        except* (trio.BrokenResourceError, ConnectionClosed, trio.TooSlowError):
+            pass
+        finally:
+            self.cluster.record("closed", self.address)
+            await trio.aclose_forcefully(tls)
+
+    # --- /join --------------------------------------------------------------------------
+
+    async def default_join(self, s: EdgeSession) -> None:
+        cluster = self.cluster
+        message = await s.receive()
+        if message["type"] == "join":
+            cluster.record("join", self.address, message)
+            if message["token"] == EXPIRED_TOKEN:
+                await s.send("error", code="token_refused", message="join token expired")
+                return
+            key = pki.csr_public_key(message["csr"].encode())
+            node_id = "node-" + secrets.token_hex(6)
+            tenant = "acme" if message["token"] == GOOD_TOKEN else "default"
+            cluster.nodes[node_id] = FakeNode(key, tenant)
+            if message["token"] == GOOD_TOKEN:
+                cluster.accept(node_id)
+            node = cluster.nodes[node_id]
+            await s.send(
+                "joined",
+                node_id=node_id,
+                state=node.state,
+                tenant=tenant,
+                certificate=node.certificate,
+                edges=cluster.edge_addresses(),
+            )
+            return
+        assert message["type"] == "pickup", message
+        node_id = message["node_id"]
+        cluster.record("pickup", self.address, node_id)
+        found = cluster.nodes.get(node_id)
+        if found is None:
+            await s.send("error", code="unknown_node", message=f"node {node_id} not found")
+            return
+        try:
+            found.key.verify(
+                base64.b64decode(message["signature"]), s.challenge, ec.ECDSA(hashes.SHA256())
+            )
+        except InvalidSignature:
+            cluster.record("bad-signature", self.address, node_id)
+            await s.send("error", code="bad_request", message="signature does not verify")
+            return
+        with trio.move_on_after(cluster.pickup_hold):
+            while found.state == "pending":
+                await cluster._wait_change()
+        if found.state == "accepted":
+            await s.send(
+                "joined",
+                node_id=node_id,
+                state="accepted",
+                tenant=found.tenant,
+                certificate=found.certificate,
+                edges=cluster.edge_addresses(),
+            )
+        elif found.state == "rejected":
+            await s.send("rejected", reason=found.reason)
+        else:
+            await s.send("pending")
+
+    # --- /control -----------------------------------------------------------------------
+
+    async def default_control(self, s: EdgeSession) -> None:
+        cluster = self.cluster
+        identity = pki.identity_of(s.peer) if s.peer is not None else None
+        node = cluster.nodes.get(identity.name) if identity is not None else None
+        if identity is None or identity.role != "node" or node is None:
+            await s.send("refused", code="unknown", message="no node certificate")
+            return
+        if node.state != "accepted":
+            await s.send(
+                "refused", code=node.state, message=f"node {identity.name} is {node.state}"
+            )
+            return
+        await s.send(
+            "welcome",
+            node_id=identity.name,
+            server=self.server_id,
+            heartbeat=cluster.heartbeat,
+            edges=cluster.edge_addresses(),
+        )
+        cluster.record("welcome", self.address, identity.name)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_from_node, s, nursery.cancel_scope)
+            if self.sends_heartbeats:
+                nursery.start_soon(self._send_heartbeats, s)
+            while node.state == "accepted":
+                await cluster._wait_change()
+            await s.send(
+                "refused", code=node.state, message=f"node {identity.name} is {node.state}"
+            )
+            nursery.cancel_scope.cancel()
+
+    async def _send_heartbeats(self, s: EdgeSession) -> None:
+        while True:
+            await trio.sleep(self.cluster.heartbeat)
+            await s.send("heartbeat")
+
+    async def _receive_from_node(self, s: EdgeSession, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                message = json.loads(await s.ws.get_message())
+                self.cluster.record("from-node", self.address, message)
+        except ConnectionClosed:
+            self.cluster.record("node-closed", self.address)
+        scope.cancel()
+
+
+class FakeNet:
+    """Addresses to fake edges over in-memory streams; some addresses refuse connections."""
+
+    def __init__(self, cluster: FakeCluster, nursery: trio.Nursery) -> None:
+        self.cluster = cluster
+        self.nursery = nursery
+        self.down: set[str] = set()
+        self.attempts: list[tuple[str, float]] = []
+
+    async def open_stream(self, host: str, port: int) -> trio.abc.Stream:
+        address = f"{host}:{port}"
+        self.attempts.append((address, trio.current_time()))
+        edge = self.cluster.edges.get(address)
+        if edge is None or address in self.down:
+            raise OSError(errno.ECONNREFUSED, "Connection refused")
+        client, server = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(edge.serve, server)
+        return client
+
+
+def options(
+    data_dir: Path,
+    cluster: FakeCluster | None = None,
+    *,
+    edges: list[str] | None = None,
+    ca_hash: str | None = None,
+    token: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> agent.StartOptions:
+    return agent.StartOptions(
+        data_dir=data_dir,
+        edges=edges if edges is not None else (cluster.edge_addresses() if cluster else []),
+        ca_hash=ca_hash if ca_hash is not None else (cluster.ca_hash if cluster else None),
+        request=join.JoinRequest(token=token, labels=labels or {}, hostname="test-host"),
+    )
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    raw = json.loads(path.read_text())
+    assert isinstance(raw, dict)
+    return raw

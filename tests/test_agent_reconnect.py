@@ -1,0 +1,85 @@
+"""The reconnect policy on Trio's MockClock: exact waits, jitter, the 5 s cap, rotation."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import trio
+import trio.testing
+
+from oz0_node.reconnect import Reconnect
+
+
+class LongestWait(random.Random):
+    """Jitter that always picks the upper bound, so waits are exact."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def _attempts(policy: Reconnect, count: int) -> list[tuple[str, float]]:
+    start = trio.current_time()
+    made = []
+    for _ in range(count):
+        edge = await policy.next_edge()
+        made.append((edge, trio.current_time() - start))
+    return made
+
+
+async def test_waits_double_from_a_fifth_of_a_second_up_to_five_and_rotate_edges(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1", "b:2", "c:3"], rng=LongestWait())
+    made = await _attempts(policy, 9)
+    waits = [0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    expected_times = [sum(waits[: i + 1]) for i in range(len(waits))]
+    assert [edge for edge, _ in made] == ["a:1", "b:2", "c:3"] * 3
+    assert [t for _, t in made] == pytest.approx(expected_times)
+
+
+async def test_waits_are_jittered_and_never_longer_than_five_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1"], rng=random.Random(7))
+    made = await _attempts(policy, 200)
+    times = [t for _, t in made]
+    waits = [later - earlier for earlier, later in itertools.pairwise(times)]
+    bounds = [min(5.0, 0.2 * 2**i) for i in range(len(waits))]
+    assert all(0 <= wait <= bound + 1e-9 for wait, bound in zip(waits, bounds, strict=True))
+    assert max(waits) <= 5.0
+    # Full jitter: waits spread over [0, bound], they do not sit at the bound.
+    capped = waits[10:]
+    assert min(capped) < 1.0 and max(capped) > 4.0
+    assert len({round(w, 6) for w in capped}) == len(capped)
+
+
+async def test_a_stream_up_thirty_seconds_resets_the_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1"], rng=LongestWait())
+    await _attempts(policy, 8)
+    assert policy.delay_bound() == 5.0
+
+    policy.stream_up()
+    await trio.sleep(29.9)
+    policy.stream_down()
+    assert policy.delay_bound() == 5.0
+
+    policy.stream_up()
+    await trio.sleep(30)
+    policy.stream_down()
+    before = trio.current_time()
+    await policy.next_edge()
+    assert trio.current_time() - before == pytest.approx(0.2)
+
+
+async def test_edges_learnt_later_join_the_rotation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    known = ["a:1"]
+    policy = Reconnect(lambda: known, rng=LongestWait())
+    assert await policy.next_edge() == "a:1"
+    known.extend(["b:2", "c:3"])
+    assert [await policy.next_edge() for _ in range(3)] == ["b:2", "c:3", "a:1"]
