@@ -1,0 +1,166 @@
+"""Real agents against real servers."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.agent import AgentProcess
+from fixtures.cluster import ClusterFiles, ServerProcess
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    yield started
+    for agent in started:
+        agent.stop()
+
+
+def token(cli: CliRunner, env: dict[str, str], *extra: str) -> str:
+    created = cli("token", "create", "--tenant", "default", "--json", *extra, env=env)
+    assert created.code == 0, created.err
+    return str(created.json()["token"])
+
+
+def connected(status: dict[str, Any]) -> bool:
+    return status.get("state") == "accepted" and status.get("connected") is True
+
+
+def test_an_agent_joins_with_a_token_and_connects(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    agent = AgentProcess.joining(
+        tmp_path / "node",
+        [EDGE_A],
+        cluster_files.ca_hash,
+        token=token(cli, cluster_env),
+        labels={"os": "linux"},
+    ).start()
+    agents.append(agent)
+    status = agent.wait_status(connected, timeout=30)
+    assert set(status) >= {"node_id", "cluster", "state", "connected", "server"}
+    assert status["cluster"] == "test"
+    identity = tmp_path / "node" / "identity"
+    assert (identity / "node.key").stat().st_mode & 0o777 == 0o600
+    node_json = json.loads((identity / "node.json").read_text())
+    assert node_json["node_id"] == status["node_id"] and node_json["cluster"] == "test"
+    shown = cli("node", "show", status["node_id"], "--json", env=cluster_env).json()
+    assert shown["connected"] is True and shown["server"] == status["server"]
+    assert shown["labels"] == {"os": "linux"}
+
+    # Resumes from what the directory remembers, with no flags but --data-dir.
+    agent.stop()
+    again = AgentProcess(tmp_path / "node", ["start", "--data-dir", str(tmp_path / "node")]).start()
+    agents.append(again)
+    resumed = again.wait_status(connected, timeout=30)
+    assert resumed["node_id"] == status["node_id"]
+
+
+def test_a_pending_agent_picks_its_certificate_up_when_accepted(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], cluster_files.ca_hash).start()
+    agents.append(agent)
+    pending = agent.wait_status(lambda s: s.get("state") == "pending", timeout=30)
+    node_id = pending["node_id"]
+    assert not (tmp_path / "node" / "identity" / "node.crt").exists()
+    assert cli("node", "accept", node_id, env=cluster_env).code == 0
+    status = agent.wait_status(connected, timeout=15)
+    assert status["node_id"] == node_id
+    assert agent.process is not None and agent.process.poll() is None, "no restart"
+
+
+def test_a_rejected_agent_exits_with_the_reason(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], cluster_files.ca_hash).start()
+    agents.append(agent)
+    node_id = agent.wait_status(lambda s: s.get("state") == "pending", timeout=30)["node_id"]
+    assert cli("node", "reject", node_id, "--reason", "not ours", env=cluster_env).code == 0
+    assert agent.wait_exit(timeout=40) != 0
+    assert f"node {node_id} was rejected: not ours" in agent.log()
+
+
+def test_a_wrong_ca_hash_is_refused(
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    wrong = "sha256:" + "0" * 64
+    agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], wrong).start()
+    agents.append(agent)
+    assert agent.wait_exit(timeout=30) != 0
+    assert "CA hash mismatch" in agent.log()
+    assert not (tmp_path / "node" / "identity" / "node.crt").exists()
+
+
+@pytest.mark.slow
+def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    server_a = start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, "127.0.0.12")
+    # Told only about A: it learns B from the edge.
+    agent = AgentProcess.joining(
+        tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=token(cli, cluster_env)
+    ).start()
+    agents.append(agent)
+    on_a = agent.wait_status(connected, timeout=30)
+    node_json = json.loads((tmp_path / "node" / "identity" / "node.json").read_text())
+    assert EDGE_B in node_json["edges"]
+
+    server_a.stop(signal.SIGTERM)
+    on_b = agent.wait_status(lambda s: connected(s) and s["server"] != on_a["server"], timeout=30)
+    info = cli(
+        "cluster",
+        "info",
+        "--json",
+        env={**cluster_env, "OZ0_CONTEXT": str(_context_for_b(cluster_files))},
+    ).json()
+    assert [s["id"] for s in info["servers"]] == [on_b["server"]]
+
+
+def _context_for_b(files: ClusterFiles) -> Path:
+    """The admin context, pointed at server B (A is gone)."""
+    from dataclasses import replace
+
+    from oz0.context import Context
+
+    context = Context.load(files.context_path)
+    replace(context, servers=("127.0.0.12:8443",)).save()
+    return files.context_path
