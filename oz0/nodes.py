@@ -191,6 +191,28 @@ def join(
     return Joined(node_id, state, tenant, certificate)
 
 
+def rejoin(conn: psycopg.Connection[Any], csr_pem: str) -> Joined | None:
+    """The node a repeated join of the same key refers to, or None for a new key.
+
+    An agent whose connection broke before the answer asks again; it must get the node it
+    already is, not a second one (and must not use its token twice).
+    """
+    try:
+        public_key = pki.csr_public_key(csr_pem.encode())
+    except ValueError as e:
+        raise NodeError(f"bad certificate request: {e}") from None
+    row = conn.execute(
+        "SELECT id, state, tenant, certificate FROM nodes WHERE public_key_sha256 = %s",
+        (public_key_sha256(public_key),),
+    ).fetchone()
+    if row is None:
+        return None
+    node_id, state, tenant, certificate = row
+    if state not in ("pending", "accepted"):
+        raise NodeError(f"this key belongs to node {node_id}, which is {state}")
+    return Joined(str(node_id), str(state), str(tenant), certificate)
+
+
 def _locked(conn: psycopg.Connection[Any], node_id: str) -> tuple[str, str]:
     row = conn.execute(
         "SELECT state, public_key FROM nodes WHERE id = %s FOR UPDATE", (check_node_id(node_id),)

@@ -186,6 +186,15 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
     async with edge_client.control(EDGE_A, keys) as (_, welcome):
         assert welcome["type"] == "welcome"
 
+    # The same key asking again (its answer was lost) is the same node, and uses no token.
+    first_id = keys.node_id
+    again = await edge_client.join(EDGE_A, keys, token=token, labels={"os": "linux"})
+    assert again["node_id"] == first_id and again["state"] == "accepted"
+    tokens = (await cli_async(cli, "token", "list", "--json", env=cluster_env)).json()
+    assert tokens[0]["uses"] == 1
+    listed = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    assert len(listed) == 1
+
 
 @pytest.mark.slow
 async def test_twenty_concurrent_joins_on_a_five_use_token_make_exactly_five_nodes(

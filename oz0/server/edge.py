@@ -218,6 +218,9 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
     hostname = hostname if isinstance(hostname, str) else ""
 
     def add(conn: psycopg.Connection[Any]) -> nodes.Joined:
+        again = nodes.rejoin(conn, csr)
+        if again is not None:
+            return again
         if token:
             used = tokens.consume(conn, token)
             return nodes.join(
