@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from cyclopts import App, CycloptsError
+from cyclopts import App
 
 from cli import (
     audit_cmds,
@@ -17,7 +17,7 @@ from cli import (
     token_cmds,
 )
 from oz0 import __version__
-from oz0.errors import Oz0Error
+from oz0.process import run_command
 
 app = App(
     name="orchestrator-zero",
@@ -34,24 +34,7 @@ app.command(audit_cmds.app)
 
 
 def run(tokens: Sequence[str]) -> int:
-    """Run one command; every failure becomes one line on stderr and a non-zero code."""
-    try:
-        result = app(
-            list(tokens), exit_on_error=False, print_error=False, result_action="return_value"
-        )
-    except CycloptsError as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    except Oz0Error as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return result if isinstance(result, int) else 0
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
+    return run_command(app, tokens)
 
 
 def main() -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
-from oz0.errors import user_error_in
+from oz0 import process
 from oz0_node import control, join
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
@@ -109,19 +108,11 @@ def _ignored_join_options(options: StartOptions) -> bool:
 
 async def run_until_signalled(options: StartOptions) -> None:
     """The process's root: the agent until it fails, or until SIGINT/SIGTERM."""
-    try:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as root:
-                root.start_soon(_run_then_stop, options, root.cancel_scope)
-                async for signum in signals:
-                    log.info("received %s, stopping", signal.Signals(signum).name)
-                    root.cancel_scope.cancel()
-                    break
-    except BaseExceptionGroup as group:
-        error = user_error_in(group)
-        if error is None:
-            raise
-        raise error from None
+
+    async def start(root: trio.Nursery) -> None:
+        root.start_soon(_run_then_stop, options, root.cancel_scope)
+
+    await process.run_until_signalled(start)
 
 
 async def _run_then_stop(options: StartOptions, scope: trio.CancelScope) -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Annotated
 
 import trio
-from cyclopts import App, CycloptsError, Parameter
+from cyclopts import App, Parameter
 
 from oz0 import __version__
-from oz0.errors import Oz0Error
+from oz0.process import run_command
 from oz0_node import addresses, agent, join
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
@@ -132,24 +132,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def run(tokens: Sequence[str]) -> int:
-    """Run one command; every failure becomes one line on stderr and a non-zero code."""
-    try:
-        result = app(
-            list(tokens), exit_on_error=False, print_error=False, result_action="return_value"
-        )
-    except CycloptsError as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    except Oz0Error as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return result if isinstance(result, int) else 0
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
+    return run_command(app, tokens)
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ import ipaddress
 import logging
 import resource
 import secrets
-import signal
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +14,9 @@ from pathlib import Path
 import trio
 
 from oz0 import cluster as cluster_mod
-from oz0 import pki
+from oz0 import pki, process
 from oz0.cluster import Cluster
-from oz0.errors import Oz0Error, user_error_in
+from oz0.errors import Oz0Error
 from oz0.server import edge, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
@@ -128,20 +127,11 @@ async def run_until_signalled(
     options: StartOptions, cluster: Cluster, on_started: Callable[[Running], None]
 ) -> None:
     """Run the server until SIGINT or SIGTERM, then stop every role within the grace."""
-    try:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                running = await nursery.start(run_server, options, cluster)
-                on_started(running)
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
-    except BaseExceptionGroup as group:
-        error = user_error_in(group)
-        if error is None:
-            raise
-        raise error from None
+
+    async def start(root: trio.Nursery) -> None:
+        on_started(await root.start(run_server, options, cluster))
+
+    await process.run_until_signalled(start)
 
 
 def _raise_open_file_limit() -> None:
