@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import re
-import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ import trio
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
+from fixtures.tls import assert_refused_at_tls
 from oz0 import pki
 from tests.conftest import CliRunner
 
@@ -283,25 +283,11 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
             validity=pki.OPERATOR_VALIDITY,
         )
     )
-    await trio.to_thread.run_sync(_refused_at_tls, stranger)
+    ctx = edge_client.verified_context(stranger.ca_pem, stranger)
+    await trio.to_thread.run_sync(assert_refused_at_tls, "127.0.0.11", 7443, ctx, "/control")
     # And the edge still serves the nodes it knows.
     async with edge_client.control(EDGE_A, keys) as (_, first):
         assert first["type"] == "refused"
-
-
-def _refused_at_tls(keys: NodeKeys) -> None:
-    """The edge ends a TLS session whose client certificate is not from the cluster CA."""
-    import socket
-
-    ctx = edge_client.verified_context(keys.ca_pem, keys)
-    with (
-        pytest.raises((ssl.SSLError, ConnectionResetError)),
-        socket.create_connection(("127.0.0.11", 7443), timeout=10) as raw,
-        ctx.wrap_socket(raw) as tls,
-    ):
-        tls.sendall(b"GET /control HTTP/1.1\r\nHost: x\r\n\r\n")
-        if not tls.recv(100):
-            raise ConnectionResetError("closed without an answer")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
+from fixtures.tls import assert_refused_at_tls
 from oz0 import cluster, operators, pki
 from oz0.audit import Actor
 from oz0.context import Context
@@ -316,14 +317,7 @@ def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
     raw_ctx = ssl.create_default_context(cafile=str(expired.ca_path))
     raw_ctx.check_hostname = False
     raw_ctx.load_cert_chain(str(expired.cert_path), str(expired.key_path))
-    with (
-        pytest.raises((ssl.SSLError, ConnectionResetError)),
-        socket.create_connection(("127.0.0.11", 8443), timeout=5) as raw,
-        raw_ctx.wrap_socket(raw) as tls,
-    ):
-        tls.sendall(b"GET /api/v1/cluster HTTP/1.1\r\nHost: x\r\n\r\n")
-        if not tls.recv(100):
-            raise ConnectionResetError("closed without an answer")
+    assert_refused_at_tls("127.0.0.11", 8443, raw_ctx, "/api/v1/cluster")
 
 
 def test_a_certificate_close_to_expiry_warns_but_works(
