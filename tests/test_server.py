@@ -397,13 +397,17 @@ async def test_edge_greets_over_tls_from_the_cluster_ca(
     start_server(cluster_files, "127.0.0.11", "--san", "edge.example.com")
     ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
     ctx.check_hostname = True
+    challenges = []
     with trio.fail_after(10):
-        async with open_websocket("127.0.0.11", 7443, "/", use_ssl=ctx) as ws:
-            hello = json.loads(await ws.get_message())
-    assert hello["type"] == "hello"
-    assert hello["cluster"] == "test"
-    assert hello["ca_hash"] == cluster_files.ca_hash
-    assert pki.ca_hash(pki.cert_from_pem(hello["ca_pem"].encode())) == cluster_files.ca_hash
+        for _ in range(2):
+            async with open_websocket("127.0.0.11", 7443, "/join", use_ssl=ctx) as ws:
+                hello = json.loads(await ws.get_message())
+            assert hello["type"] == "hello"
+            assert hello["cluster"] == "test"
+            assert hello["ca_hash"] == cluster_files.ca_hash
+            assert pki.ca_hash(pki.cert_from_pem(hello["ca_pem"].encode())) == cluster_files.ca_hash
+            challenges.append(bytes.fromhex(hello["challenge"]))
+    assert len(challenges[0]) == 32 and challenges[0] != challenges[1], "fresh per connection"
 
 
 def test_an_address_already_in_use_is_one_line(
