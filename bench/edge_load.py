@@ -1,7 +1,7 @@
 """Edge load: joins per second, and what thousands of idle control streams cost a server.
 
     python -m bench.edge_load [--nodes N] [--idle SECONDS] [--join-concurrency C]
-                              [--ramp-batch B] [--server-log PATH]
+                              [--ramp-batch B] [--server-log PATH] [--no-gc-freeze]
 
 Starts a fresh test cluster (the suite's PostgreSQL, see fixtures/postgres.py) and ONE
 real server on 127.0.0.41, then from this one process:
@@ -9,14 +9,18 @@ real server on 127.0.0.41, then from this one process:
 1. creates a join token (tenant default, unlimited uses, no expiry) through the data layer;
 2. makes N P-256 keys and certificate requests (not timed), then joins the N nodes through
    the edge's `/join` with that token, C at a time: wall time, joins per second, latency;
-3. opens N control streams with each node's own certificate, in batches of B, each a Trio
-   task that sends a heartbeat every 5 s and reads the edge's (docs/node-protocol.md);
+3. opens N control streams with each node's own certificate, in batches of B, each read by
+   a Trio task of its own; one task sends every stream's heartbeat every 5 s and ends a
+   stream that heard nothing for three (docs/node-protocol.md);
 4. keeps them idle for SECONDS and measures the RSS and CPU of the server process (and of
    this process), heartbeat gaps, and how many streams are still alive at the end;
 5. closes the streams, stops the server and prints one JSON document.
 
-Every phase has a time bound, and the run stops early if the server exits, so it ends by
-itself whatever the server does. Progress goes to stderr, the JSON to stdout.
+Every phase has a time bound, and the run stops early if the server exits (or on SIGTERM,
+still stopping the server and dropping the databases), so it ends by itself whatever the
+server does. Progress goes to stderr, the JSON to stdout. This process's long-lived
+objects are frozen out of garbage collection (gc.freeze) so that full collections do not
+stall its event loop; --no-gc-freeze turns that off.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import math
 import os
 import platform
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -85,6 +90,20 @@ def log(message: str) -> None:
 
 class ServerExited(Exception):
     pass
+
+
+class Terminated(Exception):
+    """SIGTERM or SIGHUP: stop, but still stop the server and drop the databases."""
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise Terminated(f"received {signal.Signals(signum).name}")
+
+
+async def watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            raise Terminated(f"received {signal.Signals(signum).name}")
 
 
 # --- measuring processes ---------------------------------------------------------------
@@ -617,6 +636,7 @@ async def run_load(
     try:
         async with trio.open_nursery() as watchdog:
             watchdog.start_soon(watch_server, server, phase)
+            watchdog.start_soon(watch_signals)
             await measure(args, files, server, out, phase, streams, gc_pauses)
             watchdog.cancel_scope.cancel()
     finally:
@@ -869,6 +889,8 @@ def main() -> None:
         "nodes": args.nodes,
     }
     failure: BaseException | None = None
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, _terminated)
     with tempfile.TemporaryDirectory() as tmp, fresh_database_url() as url:
         root = Path(tmp)
         files = initialise(root, url, "bench", advertise=ADDRESS)
@@ -881,9 +903,15 @@ def main() -> None:
             trio.run(run_load, args, files, server, out)
         except BaseException as e:
             failure = e
-            out["failed"] = f"{error_name(e)}: {e}"[:2000]
+            inner: BaseException = e
+            while isinstance(inner, BaseExceptionGroup):
+                inner = inner.exceptions[0]
+            out["failed"] = f"{error_name(e)}: {inner}"[:2000]
             log(f"failed: {out['failed']}")
         finally:
+            # A second SIGTERM must not cut the clean-up short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
             progress = out.pop("progress", None)
             if failure is not None and progress is not None:
                 out["progress_at_failure"] = progress()
