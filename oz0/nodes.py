@@ -308,8 +308,8 @@ def seen(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> 
     )
 
 
-def disconnected(conn: psycopg.Connection[Any], node_id: str, server_id: str) -> None:
-    """Clear the node's server, unless it has since connected to another one."""
+def disconnected(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> None:
+    """Clear the nodes' server, unless they have since connected to another one."""
     conn.execute(
-        "UPDATE nodes SET server = NULL WHERE id = %s AND server = %s", (node_id, server_id)
+        "UPDATE nodes SET server = NULL WHERE id = ANY(%s) AND server = %s", (node_ids, server_id)
     )

@@ -77,25 +77,49 @@ class EdgeDirectory:
 
 @dataclass
 class SeenTracker:
-    """Batches 'this node is alive here' into one UPDATE per heartbeat interval."""
+    """Batches what streams tell about their nodes into one transaction per heartbeat
+    interval: who was heard from (alive here) and whose stream ended (gone from here)."""
 
     db: Database
     server_id: str
     pending: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+
+    def alive(self, node_id: str) -> None:
+        self.pending.add(node_id)
+        self.gone.discard(node_id)
+
+    def left(self, node_id: str) -> None:
+        # A heartbeat heard just before the stream ended must not mark it connected again.
+        self.pending.discard(node_id)
+        self.gone.add(node_id)
+
+    async def flush(self) -> None:
+        if not self.pending and not self.gone:
+            return
+        seen, self.pending = sorted(self.pending), set()
+        gone, self.gone = sorted(self.gone), set()
+
+        def write(conn: psycopg.Connection[Any]) -> None:
+            if gone:
+                nodes.disconnected(conn, gone, self.server_id)
+            if seen:
+                nodes.seen(conn, seen, self.server_id)
+
+        try:
+            await self.db.transaction(write)
+        except psycopg.Error as e:
+            log.warning("could not record %d nodes seen, %d gone: %s", len(seen), len(gone), e)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await trio.sleep(nodes.HEARTBEAT)
-            if not self.pending:
-                continue
-            batch, self.pending = sorted(self.pending), set()
-            try:
-                await self.db.transaction(
-                    partial(nodes.seen, node_ids=batch, server_id=self.server_id)
-                )
-            except psycopg.Error as e:
-                log.warning("could not record %d nodes as seen: %s", len(batch), e)
+        try:
+            while True:
+                await trio.sleep(nodes.HEARTBEAT)
+                await self.flush()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self.flush()
 
 
 @dataclass
@@ -319,6 +343,7 @@ async def _control(edge: Edge, ws: WebSocketConnection, peer_der: bytes | None) 
             code = state or "unknown"
             await _send(ws, "refused", code=code, message=f"node {node_id} is {code}")
             return
+        edge.seen.alive(node_id)
         await edge.db.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
         edge.streams += 1
         try:
@@ -338,10 +363,7 @@ async def _control(edge: Edge, ws: WebSocketConnection, peer_der: bytes | None) 
                 )
         finally:
             edge.streams -= 1
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await edge.db.transaction(
-                    lambda conn: nodes.disconnected(conn, node_id, edge.server_id)
-                )
+            edge.seen.left(node_id)
 
 
 def _node_of(
@@ -379,7 +401,7 @@ async def _receive_heartbeats(
         while True:
             with trio.fail_after(3 * nodes.HEARTBEAT):
                 await ws.get_message()
-            edge.seen.pending.add(node_id)
+            edge.seen.alive(node_id)
     except trio.TooSlowError:
         log.info("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:

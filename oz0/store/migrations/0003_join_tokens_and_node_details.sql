@@ -28,6 +28,8 @@ ALTER TABLE nodes
     ADD COLUMN server text,
     ADD COLUMN last_seen timestamptz;
 CREATE INDEX nodes_state ON nodes (state);
+-- A repeated join finds the node by its key.
+CREATE INDEX nodes_public_key_sha256 ON nodes (public_key_sha256);
 CREATE INDEX nodes_tenant ON nodes (tenant);
 
 -- The edge refreshes last_seen and server for thousands of nodes every few seconds;

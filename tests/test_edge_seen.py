@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+import trio.testing
+
+from oz0.server.edge import SeenTracker
+
+
+class RecordingConnection:
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    def execute(self, sql: str, params: tuple[Any, ...]) -> None:
+        self.statements.append((sql.split()[0] + (" NULL" if "= NULL" in sql else ""), params))
+
+
+class RecordingDatabase:
+    def __init__(self) -> None:
+        self.conn = RecordingConnection()
+        self.times: list[float] = []
+
+    async def transaction(self, work: Callable[[Any], object]) -> None:
+        self.times.append(trio.current_time())
+        work(self.conn)
+
+
+async def test_one_batch_per_heartbeat_and_an_ended_stream_is_not_marked_seen_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    db = RecordingDatabase()
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        tracker.alive("node-a")
+        tracker.alive("node-b")
+        tracker.left("node-b")  # heard from, then its stream ended
+        tracker.left("node-c")
+        tracker.alive("node-c")  # ended, then reconnected here
+        await trio.sleep(5.5)
+        assert db.times == [5.0]
+        await trio.sleep(10)
+        nursery.cancel_scope.cancel()
+    # Nothing new after the first batch: no further writes, not even at shutdown.
+    assert db.times == [5.0]
+    assert db.conn.statements == [
+        ("UPDATE NULL", (["node-b"], "server-1")),
+        ("UPDATE", ("server-1", ["node-a", "node-c"])),
+    ]
+
+
+async def test_what_is_pending_at_shutdown_is_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    db = RecordingDatabase()
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        await trio.sleep(1)
+        tracker.left("node-a")
+        nursery.cancel_scope.cancel()
+    assert db.conn.statements == [
+        ("UPDATE NULL", (["node-a"], "server-1")),
+    ]
