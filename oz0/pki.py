@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from oz0.errors import MasterKeyError, WrongMasterKey
+from oz0.errors import MasterKeyError, Oz0Error, WrongMasterKey
 
 MASTER_KEY_BYTES = 32
 _NONCE_BYTES = 12
@@ -69,23 +69,27 @@ def write_master_key(path: Path) -> bytes:
     return key
 
 
-def read_master_key(path: Path) -> bytes:
+def read_private(path: Path, what: str, error: type[Oz0Error], max_bytes: int = 1 << 16) -> bytes:
+    """Read a secret file, refusing one that group or others may read."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise MasterKeyError(f"master key file {path} not found") from None
+        raise error(f"{what} {path} not found") from None
     except OSError as e:
-        raise MasterKeyError(f"cannot read master key file {path}: {e.strerror}") from None
+        raise error(f"cannot read {what} {path}: {e.strerror}") from None
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & 0o077:
-            raise MasterKeyError(
-                f"master key file {path} is open to group or others (mode {mode:04o}); "
-                f"run: chmod 600 {path}"
+            raise error(
+                f"{what} {path} is open to group or others (mode {mode:04o}); run: chmod 600 {path}"
             )
-        data = os.read(fd, MASTER_KEY_BYTES + 1)
+        return os.read(fd, max_bytes)
     finally:
         os.close(fd)
+
+
+def read_master_key(path: Path) -> bytes:
+    data = read_private(path, "master key file", MasterKeyError, MASTER_KEY_BYTES + 1)
     if len(data) != MASTER_KEY_BYTES:
         raise MasterKeyError(
             f"master key file {path} is not a master key "

@@ -15,7 +15,6 @@ import fcntl
 import json
 import logging
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -154,21 +153,7 @@ class IdentityDir:
         return key
 
     def _read_key(self) -> ec.EllipticCurvePrivateKey:
-        try:
-            fd = os.open(self.key_path, os.O_RDONLY)
-        except OSError as e:
-            raise AgentError(f"cannot read {self.key_path}: {e.strerror or e}") from None
-        try:
-            mode = stat.S_IMODE(os.fstat(fd).st_mode)
-            if mode & 0o077:
-                raise AgentError(
-                    f"node key {self.key_path} is open to group or others (mode {mode:04o}); "
-                    f"run: chmod 600 {self.key_path}"
-                )
-            with os.fdopen(os.dup(fd), "rb") as f:
-                pem = f.read()
-        finally:
-            os.close(fd)
+        pem = pki.read_private(self.key_path, "node key", AgentError)
         try:
             return pki.key_from_pem(pem)
         except ValueError as e:
