@@ -2,7 +2,9 @@
 
 One `trio.run`, one root nursery: the agent is one task in it, the signal watcher the
 other. SIGINT or SIGTERM cancel the nursery; on the way out status.json says the node is
-no longer connected.
+no longer connected. The one way the agent ends by itself is a purge: after confirming a
+valid purge command it stops what it runs, deletes its data directory and its launcher,
+and returns `Purged` (from then on it writes nothing, so nothing recreates the directory).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import process
-from oz0_node import control, join
+from oz0_node import control, join, purge
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from oz0_node.node import Node
@@ -31,6 +34,9 @@ class StartOptions:
     edges: list[str] = field(default_factory=list)
     ca_hash: str | None = None
     request: join.JoinRequest = field(default_factory=join.JoinRequest)
+    # Given: remembered in node.json. Else what node.json remembers, else the default.
+    launcher: Path | None = None
+    default_launcher: Path | None = None
 
 
 def check_options(record: NodeRecord | None, options: StartOptions) -> None:
@@ -59,8 +65,8 @@ async def run(
     *,
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
-) -> None:
-    """Join if needed, then keep a control stream up; returns only by an exception."""
+) -> purge.Purged:
+    """Join if needed, then keep a control stream up; returns only once purged."""
     identity = IdentityDir(options.data_dir)
     check_options(identity.load_record(), options)
     identity.ensure_data_dir()
@@ -76,7 +82,10 @@ async def run(
             record = NodeRecord(cluster=pinned.cluster, ca_hash=pinned.ca_hash)
             identity.save_record(record)
         node = Node(identity, record)
-        node.remember(edges=options.edges)
+        node.remember(
+            edges=options.edges,
+            launcher=str(options.launcher) if options.launcher is not None else None,
+        )
         if record.node_id is not None and _ignored_join_options(options):
             log.warning("node %s has joined already; --token and --label are ignored", node.name)
         if record.state == "rejected" and not identity.has_certificate():
@@ -84,37 +93,74 @@ async def run(
         key = identity.load_or_create_key()
         ca_pem = identity.load_ca_pem()
         node.publish()
-        try:
-            if not identity.has_certificate():
-                await join.obtain_certificate(
-                    node,
-                    key,
-                    options.request,
-                    edge_context(ca_pem),
-                    ca_pem,
-                    open_stream=open_stream,
-                    rng=rng,
-                )
-            tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
-            await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng)
-        finally:
-            node.stream_down()
-            node.publish()
+        command = await _stay_connected(node, key, ca_pem, options.request, open_stream, rng)
+        return await _carry_out_purge(node, command, options)
+
+
+async def _stay_connected(
+    node: Node,
+    key: ec.EllipticCurvePrivateKey,
+    ca_pem: bytes,
+    request: join.JoinRequest,
+    open_stream: OpenStream,
+    rng: random.Random | None,
+) -> purge.PurgeCommand:
+    """Get the certificate if needed, then the control stream; the purge that ended it.
+
+    On the way out status.json says the node is no longer connected; for a purged node that
+    is the last write into DIR, which is deleted after this returns.
+    """
+    identity = node.identity
+    try:
+        if not identity.has_certificate():
+            await join.obtain_certificate(
+                node, key, request, edge_context(ca_pem), ca_pem, open_stream=open_stream, rng=rng
+            )
+        tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
+        await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng)
+    except purge.PurgeConfirmed as confirmed:
+        return confirmed.command
+    finally:
+        node.stream_down()
+        node.publish()
+
+
+async def _carry_out_purge(
+    node: Node, command: purge.PurgeCommand, options: StartOptions
+) -> purge.Purged:
+    """Stop everything, then delete DIR and the launcher; still holding DIR's lock."""
+    await _stop_runtimes_and_plugins(node)
+    remembered = node.record.launcher
+    launcher = Path(remembered) if remembered is not None else options.default_launcher
+    data_dir = node.identity.data_dir
+    purge.delete_data_dir(data_dir, command.node_id)
+    deleted_launcher = purge.delete_launcher(launcher)
+    log.info("node %s purged: deleted %s", command.node_id, data_dir)
+    return purge.Purged(node_id=command.node_id, data_dir=data_dir, launcher=deleted_launcher)
+
+
+async def _stop_runtimes_and_plugins(node: Node) -> None:
+    """The one place where a purge stops the node's runtimes and plugins, before their files
+    go. The agent runs none yet; when it does, each is stopped here, within a time limit."""
 
 
 def _ignored_join_options(options: StartOptions) -> bool:
     return options.request.token is not None or bool(options.request.labels)
 
 
-async def run_until_signalled(options: StartOptions) -> None:
-    """The process's root: the agent until it fails, or until SIGINT/SIGTERM."""
+async def run_until_signalled(options: StartOptions) -> purge.Purged | None:
+    """The process's root: the agent until it fails or is purged, or until SIGINT/SIGTERM."""
+    outcome: list[purge.Purged] = []
 
     async def start(root: trio.Nursery) -> None:
-        root.start_soon(_run_then_stop, options, root.cancel_scope)
+        root.start_soon(_run_then_stop, options, root.cancel_scope, outcome)
 
     await process.run_until_signalled(start)
+    return outcome[0] if outcome else None
 
 
-async def _run_then_stop(options: StartOptions, scope: trio.CancelScope) -> None:
-    await run(options)
+async def _run_then_stop(
+    options: StartOptions, scope: trio.CancelScope, outcome: list[purge.Purged]
+) -> None:
+    outcome.append(await run(options))
     scope.cancel()

@@ -13,31 +13,45 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import trio
+
+from oz0_node import purge
 from oz0_node.errors import AgentError, EdgeUnavailable
-from oz0_node.messages import Message, Refusal, edge_list, kind
+from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
 from oz0_node.transport import EdgeConnection
 
 log = logging.getLogger(__name__)
 
+# After `purged`, how long the edge has to confirm with `forgotten`; the files go either way.
+FORGOTTEN_TIMEOUT = 10.0
+
 
 @dataclass(frozen=True)
 class LiveStream:
+    """A control stream from its `hello` on."""
+
     node: Node
     conn: EdgeConnection
     ca_pem: bytes
+    hello: Hello
+    nonces: purge.SeenNonces
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
 
 
 class NodeRefused(EdgeUnavailable):
-    """The edge refused this node for now (blocked, pending): try again later."""
+    """The edge refused this node for now (blocked, pending, purging): try again later."""
 
 
 def take_refusal(node: Node, refusal: Refusal, address: str) -> Exception:
-    """What a `refused` means for the agent: an error to raise, after recording the state."""
-    if refusal.code in ("blocked", "pending"):
+    """What a `refused` means for the agent: an error to raise, after recording the state.
+
+    `purging` follows a purge command this agent refused; the edge signs a fresh one for
+    the next stream, so it is asked again just as when blocked.
+    """
+    if refusal.code in ("blocked", "pending", "purging"):
         node.remember(state=refusal.code)
         return NodeRefused(f"edge {address} refused node {node.name}: {refusal.message}")
     if refusal.code == "rejected":
@@ -67,10 +81,67 @@ async def _on_refused(stream: LiveStream, message: Message) -> None:
     raise take_refusal(stream.node, Refusal.parse(message, address), address)
 
 
+async def answer_purge(stream: LiveStream, message: Message) -> None:
+    """Answer a `purge` command: returns if refused, raises PurgeConfirmed if it passes.
+
+    Refused: `purge_refused` with the reason, the files stay, and the edge ends the stream
+    with `refused` code `purging`. Passed: `purged`, then up to FORGOTTEN_TIMEOUT for
+    `forgotten`; whatever comes instead, the verified command stands.
+    """
+    node, conn = stream.node, stream.conn
+    assert node.record.node_id is not None  # a control stream needs the node's certificate
+    try:
+        command = purge.verify(
+            message,
+            identity=node.identity,
+            cluster=node.record.cluster,
+            node_id=node.record.node_id,
+            challenge=stream.hello.challenge,
+            nonces=stream.nonces,
+        )
+    except purge.CommandRefused as refused:
+        log.warning("refused a purge command from edge %s: %s", conn.address, refused.reason)
+        await conn.send("purge_refused", nonce=refused.nonce, reason=refused.reason)
+        return
+    log.warning(
+        "edge %s delivered a valid purge command for node %s (nonce %s, issued %s)",
+        conn.address,
+        command.node_id,
+        command.nonce,
+        command.issued_at or "at an unknown time",
+    )
+    await conn.send("purged", nonce=command.nonce)
+    await _await_forgotten(conn)
+    raise purge.PurgeConfirmed(command)
+
+
+async def _await_forgotten(conn: EdgeConnection) -> None:
+    deadline = trio.current_time() + FORGOTTEN_TIMEOUT
+    while (remaining := deadline - trio.current_time()) > 0:
+        try:
+            message = await conn.receive(remaining)
+        except EdgeUnavailable as e:
+            log.info("no confirmation that the cluster forgot the node (%s); purging anyway", e)
+            return
+        if kind(message) == "heartbeat":
+            continue
+        if kind(message) == "forgotten":
+            log.info("edge %s confirmed: the cluster forgot this node", conn.address)
+        else:
+            log.info(
+                "edge %s sent %r instead of forgotten; purging anyway",
+                conn.address,
+                kind(message),
+            )
+        return
+    log.info("edge %s sent no forgotten in %g s; purging anyway", conn.address, FORGOTTEN_TIMEOUT)
+
+
 HANDLERS: dict[str, Handler] = {
     "heartbeat": _on_heartbeat,
     "edges": _on_edges,
     "refused": _on_refused,
+    "purge": answer_purge,
 }
 
 

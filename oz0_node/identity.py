@@ -3,7 +3,8 @@
     node.key   P-256 private key, 0600, created once and never overwritten
     node.crt   the node's certificate from the cluster CA (only once accepted)
     ca.crt     the pinned cluster CA certificate
-    node.json  cluster, CA hash, node ID, tenant, known edges, state as last known
+    node.json  cluster, CA hash, node ID, tenant, known edges, state as last known, and
+               the launcher a purge deletes (when `--launcher` named one)
 
 Every file is replaced atomically (`write_private`), so a crash leaves the old version or
 the new one, never half of either. The key is written before anything that needs it.
@@ -50,6 +51,7 @@ class NodeRecord:
     tenant: str | None = None
     state: str = STATE_JOINING
     edges: list[str] = field(default_factory=list)
+    launcher: str | None = None
 
     @classmethod
     def from_json(cls, raw: object) -> NodeRecord:
@@ -57,7 +59,7 @@ class NodeRecord:
             raise ValueError("not a JSON object")
         cluster, ca_hash = raw["cluster"], raw["ca_hash"]
         node_id, tenant, state = raw.get("node_id"), raw.get("tenant"), raw.get("state")
-        edges = raw.get("edges", [])
+        edges, launcher = raw.get("edges", []), raw.get("launcher")
         if not isinstance(cluster, str) or not isinstance(ca_hash, str):
             raise ValueError("cluster and ca_hash must be strings")
         if not isinstance(state, str):
@@ -68,7 +70,9 @@ class NodeRecord:
             raise ValueError("tenant must be a string or null")
         if not isinstance(edges, list) or not all(isinstance(e, str) for e in edges):
             raise ValueError("edges must be a list of strings")
-        return cls(cluster, ca_hash, node_id, tenant, state, list(edges))
+        if not (launcher is None or isinstance(launcher, str)):
+            raise ValueError("launcher must be a string or null")
+        return cls(cluster, ca_hash, node_id, tenant, state, list(edges), launcher)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

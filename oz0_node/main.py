@@ -1,7 +1,7 @@
 """`oz0-node`: the agent a node machine runs.
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
-        [--token TOKEN] [--label KEY=VALUE ...] --data-dir DIR
+        [--token TOKEN] [--label KEY=VALUE ...] [--launcher PATH] --data-dir DIR
     oz0-node start --data-dir DIR            # resume from what DIR remembers
     oz0-node status --data-dir DIR [--json]
 """
@@ -42,9 +42,13 @@ def start(
     ca_hash: str | None = None,
     token: str | None = None,
     label: Annotated[tuple[str, ...], Many] = (),
+    launcher: Path | None = None,
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
     """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
+
+    Exits with status 0 when the cluster purges the node, after deleting DIR and the
+    launcher.
 
     Parameters
     ----------
@@ -58,6 +62,12 @@ def start(
         A join token: the node is accepted at once, in the token's tenant.
     label
         KEY=VALUE labels of this node (repeat for several); used when joining.
+    launcher
+        The file that starts this agent (a script, or a symbolic link to one); a purge
+        deletes it along with DIR, but only a regular file or the link itself, never what
+        a link points to and never a directory. Remembered in DIR, so later starts need not
+        repeat it. If never given, the `oz0-node` command that runs this agent is its
+        launcher; run any other way (`python -m oz0_node.main`), it has none.
     verbose
         Log debug messages too.
     """
@@ -68,9 +78,13 @@ def start(
         request=join.JoinRequest(
             token=token or None, labels=_parse_labels(label), hostname=socket.gethostname()
         ),
+        launcher=_parse_launcher(launcher),
+        default_launcher=console_script(sys.argv[0]),
     )
     _configure_logging(verbose)
-    trio.run(agent.run_until_signalled, options)
+    purged = trio.run(agent.run_until_signalled, options)
+    if purged is not None:
+        print(purged.summary())
     return 0
 
 
@@ -100,6 +114,22 @@ def status(
     else:
         print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
     return 0
+
+
+def console_script(argv0: str) -> Path | None:
+    """ARGV0 if it is the `oz0-node` console script; a module or any other program is not a
+    launcher a purge may delete (`python -m oz0_node.main` runs oz0_node/main.py)."""
+    path = Path(argv0)
+    return path.expanduser().absolute() if path.name == "oz0-node" else None
+
+
+def _parse_launcher(value: Path | None) -> Path | None:
+    if value is None:
+        return None
+    path = value.expanduser().absolute()
+    if path.is_dir():
+        raise AgentError(f"--launcher must name a file, and {path} is a directory")
+    return path
 
 
 def _parse_ca_hash(value: str | None) -> str | None:

@@ -1,8 +1,8 @@
 """What the agent knows about itself while it runs, kept on disk as it changes.
 
-node.json remembers (cluster, node ID, tenant, edges, state as last known); status.json
-reports (that plus whether a control stream is up and to which server). Every change goes
-through here, so neither file ever lags behind the other.
+node.json remembers (cluster, node ID, tenant, edges, state as last known, launcher);
+status.json reports (that plus whether a control stream is up and to which server). Every
+change goes through here, so neither file ever lags behind the other.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Node:
         tenant: str | None = None,
         state: str | None = None,
         edges: Iterable[str] = (),
+        launcher: str | None = None,
     ) -> None:
         """Record what the edge told; unchanged files are not rewritten."""
         before = dataclasses.replace(self.record, edges=list(self.record.edges))
@@ -48,6 +49,8 @@ class Node:
         if state is not None and state != self.record.state:
             log.info("node %s is now %s", self.name, state)
             self.record.state = state
+        if launcher is not None:
+            self.record.launcher = launcher
         merged = addresses.merge(self.record.edges, edges)
         if merged != self.record.edges:
             log.info("known edges: %s", ", ".join(merged))
