@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
-from test_agent_fakes import GOOD_TOKEN, FakeCluster
+from test_agent_fakes import GOOD_TOKEN, FakeCluster, serve_fake_edge
 
 from oz0_node import status
 from oz0_node.identity import IdentityDir, NodeRecord
@@ -155,14 +154,6 @@ def _agent_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "oz0_node.main", *args]
 
 
-async def _serve_fake_edge(cluster: FakeCluster, nursery: trio.Nursery) -> str:
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    edge = cluster.add_edge(f"127.0.0.1:{port}")
-    await nursery.start(partial(trio.serve_listeners, edge.serve, listeners))
-    return edge.address
-
-
 async def _status_json(data: Path) -> dict[str, object]:
     done = await trio.run_process(
         _agent_command("status", "--data-dir", str(data), "--json"), capture_stdout=True, cwd=REPO
@@ -184,7 +175,7 @@ async def test_the_agent_process_joins_reports_status_and_stops_on_sigterm(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     cluster = FakeCluster()
-    address = await _serve_fake_edge(cluster, nursery)
+    address = await serve_fake_edge(cluster, nursery)
     data = tmp_path / "node"
     log = tmp_path / "agent.log"
     command = _agent_command(
@@ -219,7 +210,7 @@ async def test_the_agent_process_refuses_a_wrong_ca_hash_in_one_line(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     cluster = FakeCluster()
-    address = await _serve_fake_edge(cluster, nursery)
+    address = await serve_fake_edge(cluster, nursery)
     wrong = "sha256:" + "0" * 64
     command = _agent_command(
         "start", "--edge", address, "--ca-hash", wrong, "--data-dir", str(tmp_path / "node")

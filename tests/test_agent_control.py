@@ -5,20 +5,23 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import GOOD_TOKEN, EdgeSession, FakeCluster, FakeNet, options, read_json
+from test_agent_fakes import (
+    EdgeSession,
+    FakeCluster,
+    FakeNet,
+    join_and_stop,
+    read_json,
+    run_agent,
+)
 
 from oz0_node import agent
 from oz0_node.errors import AgentError
-
-
-class LongestWait(random.Random):
-    def uniform(self, a: float, b: float) -> float:
-        return b
 
 
 @pytest.fixture
@@ -29,24 +32,6 @@ async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
     yield FakeNet(cluster, nursery)
 
 
-async def _run(net: FakeNet, opts: agent.StartOptions) -> None:
-    """The agent, until it fails or the test cancels it; a test never lasts 1000 s of Trio time."""
-    with trio.fail_after(1000):
-        await agent.run(opts, open_stream=net.open_stream, rng=LongestWait())
-
-
-async def _joined(net: FakeNet, data: Path) -> str:
-    """A node of NET's cluster, accepted, its agent stopped; its ID."""
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, options(data, net.cluster, token=GOOD_TOKEN))
-        await net.cluster.wait_for("welcome")
-        nursery.cancel_scope.cancel()
-    net.cluster.events.clear()
-    net.attempts.clear()
-    (node_id,) = net.cluster.nodes
-    return node_id
-
-
 def _heartbeats_from_node(net: FakeNet) -> list[float]:
     return [e.at for e in net.cluster.of_kind("from-node") if e.detail == {"type": "heartbeat"}]
 
@@ -55,10 +40,10 @@ async def test_welcome_marks_the_node_connected_and_heartbeats_flow_every_interv
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    node_id = await _joined(net, data)
+    node_id = await join_and_stop(net, data)
     net.cluster.heartbeat = 2.5
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         welcome = await net.cluster.wait_for("welcome")
         await trio.testing.wait_all_tasks_blocked()
         status = read_json(data / "status.json")
@@ -81,10 +66,10 @@ async def test_three_silent_heartbeat_intervals_end_the_stream_and_it_reconnects
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    await _joined(net, data)
+    await join_and_stop(net, data)
     net.cluster.edges["edge-a:7443"].sends_heartbeats = False
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         first = await net.cluster.wait_for("welcome")
         assert first.edge == "edge-a:7443"
         await net.cluster.wait_for("node-closed")
@@ -101,7 +86,7 @@ async def test_a_closed_stream_reconnects_across_edges_with_growing_waits(
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    await _joined(net, data)
+    await join_and_stop(net, data)
 
     async def welcome_then_close(s: EdgeSession) -> None:
         await s.send("welcome", node_id="x", server=s.edge.server_id, heartbeat=5, edges=[])
@@ -110,7 +95,7 @@ async def test_a_closed_stream_reconnects_across_edges_with_growing_waits(
     for edge in net.cluster.edges.values():
         edge.on_control = welcome_then_close
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         await net.cluster.wait_for("welcome", 6)
         nursery.cancel_scope.cancel()
     welcomes = net.cluster.of_kind("welcome")
@@ -123,7 +108,7 @@ async def test_edges_from_the_edge_are_added_to_node_json(
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    await _joined(net, data)
+    await join_and_stop(net, data)
     net.cluster.add_edge("edge-c:7443")
 
     async def announce_edges(s: EdgeSession) -> None:
@@ -134,7 +119,7 @@ async def test_edges_from_the_edge_are_added_to_node_json(
 
     net.cluster.edges["edge-a:7443"].on_control = announce_edges
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         await net.cluster.wait_for("welcome")
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
@@ -150,7 +135,7 @@ async def test_unknown_messages_are_ignored_and_the_stream_stays_up(
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    await _joined(net, data)
+    await join_and_stop(net, data)
 
     async def chatty(s: EdgeSession) -> None:
         await s.send("welcome", node_id="x", server=s.edge.server_id, heartbeat=5, edges=[])
@@ -161,7 +146,7 @@ async def test_unknown_messages_are_ignored_and_the_stream_stays_up(
 
     net.cluster.edges["edge-a:7443"].on_control = chatty
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         await net.cluster.wait_for("welcome")
         await trio.sleep(100)
         assert read_json(data / "status.json")["connected"] is True
@@ -173,10 +158,10 @@ async def test_a_blocked_node_asks_the_same_edge_again_and_connects_once_unblock
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     data = tmp_path / "node"
-    node_id = await _joined(net, data)
+    node_id = await join_and_stop(net, data)
     net.down.add("edge-b:7443")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run, net, agent.StartOptions(data_dir=data))
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
         await net.cluster.wait_for("welcome")
         net.cluster.set_state(node_id, "blocked")
         await net.cluster.wait_for("connect", 4)
@@ -197,6 +182,46 @@ async def test_a_blocked_node_asks_the_same_edge_again_and_connects_once_unblock
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_node_blocked_from_the_start_keeps_its_files_and_notices_the_unblock(
+    seed: int, net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    data = tmp_path / "node"
+    node_id = await join_and_stop(net, data)
+    identity = data / "identity"
+    files_before = {p.name: p.read_bytes() for p in identity.iterdir() if p.name != "node.json"}
+    net.cluster.set_state(node_id, "blocked")
+    async with trio.open_nursery() as nursery:
+        # Real jitter this time: whatever it draws, the cap holds.
+        nursery.start_soon(
+            partial(
+                agent.run,
+                agent.StartOptions(data_dir=data),
+                open_stream=net.open_stream,
+                rng=random.Random(seed),
+            )
+        )
+        await trio.sleep(120)
+        attempts = [e.at for e in net.cluster.of_kind("connect")]
+        assert len(attempts) >= 120 / 5
+        assert all(0 < b - a <= 5.0 for a, b in itertools.pairwise(attempts))
+        assert trio.current_time() - attempts[-1] <= 5.0
+        assert net.cluster.of_kind("welcome") == []
+        status = read_json(data / "status.json")
+        assert (status["state"], status["connected"]) == ("blocked", False)
+        assert {p.name: p.read_bytes() for p in identity.iterdir() if p.name != "node.json"} == (
+            files_before
+        )
+        unblocked_at = trio.current_time()
+        net.cluster.set_state(node_id, "accepted")
+        welcome = await net.cluster.wait_for("welcome")
+        await trio.testing.wait_all_tasks_blocked()
+        assert welcome.at - unblocked_at <= 5.0  # the docs promise ten
+        status = read_json(data / "status.json")
+        assert (status["state"], status["connected"]) == ("accepted", True)
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize(
     ("state", "message"),
     [
@@ -212,9 +237,9 @@ async def test_a_rejected_or_unknown_node_stops_on_refusal(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     data = tmp_path / "node"
-    node_id = await _joined(net, data)
+    node_id = await join_and_stop(net, data)
     net.cluster.set_state(node_id, state)
     with pytest.raises(AgentError) as caught:
-        await _run(net, agent.StartOptions(data_dir=data))
+        await run_agent(net, agent.StartOptions(data_dir=data))
     assert str(caught.value).startswith(message.format(node_id, node_id))
     assert read_json(data / "status.json")["connected"] is False

@@ -2,22 +2,27 @@
 
 It speaks docs/node-protocol.md over real TLS (certificates from `oz0.pki`) and real
 websockets, on in-memory streams (`FakeNet.open_stream`, so tests can run on MockClock)
-or on a TCP listener. It keeps its nodes in memory; tests accept, reject and block them,
-and read what happened (connections, joins, pickups, heartbeats) with Trio timestamps.
+or on a TCP listener. It keeps its nodes in memory; tests accept, reject, block and purge
+them, and read what happened (connections, joins, pickups, heartbeats, purge commands and
+the answers to them) with Trio timestamps. It holds the CA key, so it signs purge commands
+as the real edge does, and tests make it forge them.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import errno
 import json
+import random
 import secrets
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import trio
 import trio.testing
@@ -71,6 +76,8 @@ class EdgeSession:
 
 
 Handler = Callable[[EdgeSession], Awaitable[None]]
+# The `purge` message (command and signature) an edge sends NODE_ID on a session.
+PurgeSigner = Callable[[EdgeSession, str], dict[str, str]]
 
 
 class FakeCluster:
@@ -85,6 +92,10 @@ class FakeCluster:
         self.changed = trio.Event()
         self.heartbeat = 5.0
         self.pickup_hold = 30.0
+        # Tests replace it to forge commands; the default signs a valid one, like the edge.
+        self.purge_command: PurgeSigner = self.signed_purge
+        # What the edge does after `purged`: confirm, say nothing (and hold), or close.
+        self.after_purged: Literal["forgotten", "silence", "close"] = "forgotten"
 
     @property
     def ca_pem(self) -> bytes:
@@ -150,6 +161,34 @@ class FakeCluster:
         self.nodes[node_id].state = state
         self._touch()
 
+    # --- purge commands -------------------------------------------------------------------
+
+    def purge_fields(self, s: EdgeSession, node_id: str, /, **changes: Any) -> dict[str, Any]:
+        """A valid command for NODE_ID on session S, with CHANGES."""
+        return {
+            "action": "purge",
+            "cluster": self.name,
+            "node_id": node_id,
+            "nonce": secrets.token_hex(16),
+            "challenge": s.challenge.hex(),
+            "issued_at": dt.datetime.now(dt.UTC).isoformat(),
+            **changes,
+        }
+
+    def sign(
+        self, fields: dict[str, Any] | bytes, key: ec.EllipticCurvePrivateKey | None = None
+    ) -> dict[str, str]:
+        """The `purge` message for FIELDS (or raw bytes), signed by KEY (the CA's)."""
+        data = fields if isinstance(fields, bytes) else json.dumps(fields).encode()
+        signature = (key or self.ca.key).sign(data, ec.ECDSA(hashes.SHA256()))
+        return {
+            "command": base64.b64encode(data).decode(),
+            "signature": base64.b64encode(signature).decode(),
+        }
+
+    def signed_purge(self, s: EdgeSession, node_id: str) -> dict[str, str]:
+        return self.sign(self.purge_fields(s, node_id))
+
 
 class FakeEdge:
     def __init__(
@@ -182,6 +221,8 @@ class FakeEdge:
         self.on_join: Handler = self.default_join
         self.on_control: Handler = self.default_control
         self.sends_heartbeats = True
+        # A lying edge offers another CA in its hello than the one its certificate is from.
+        self.hello_ca_pem: bytes | None = None
 
     async def serve(self, stream: trio.abc.Stream) -> None:
         tls = trio.SSLStream(stream, self.tls, server_side=True)
@@ -199,7 +240,7 @@ class FakeEdge:
                     "hello",
                     cluster=self.cluster.name,
                     ca_hash=self.cluster.ca_hash,
-                    ca_pem=self.cluster.ca_pem.decode(),
+                    ca_pem=(self.hello_ca_pem or self.cluster.ca_pem).decode(),
                     challenge=challenge.hex(),
                 )
                 handler = self.on_join if request.path == "/join" else self.on_control
@@ -279,10 +320,11 @@ class FakeEdge:
         if identity is None or identity.role != "node" or node is None:
             await s.send("refused", code="unknown", message="no node certificate")
             return
+        if node.state == "purging":
+            await self.purge(s, identity.name)
+            return
         if node.state != "accepted":
-            await s.send(
-                "refused", code=node.state, message=f"node {identity.name} is {node.state}"
-            )
+            await self._refuse(s, identity.name, node.state)
             return
         await s.send(
             "welcome",
@@ -298,10 +340,40 @@ class FakeEdge:
                 nursery.start_soon(self._send_heartbeats, s)
             while node.state == "accepted":
                 await cluster._wait_change()
-            await s.send(
-                "refused", code=node.state, message=f"node {identity.name} is {node.state}"
-            )
             nursery.cancel_scope.cancel()
+        if node.state == "accepted":
+            return  # the node closed the stream
+        if node.state == "purging":
+            await self.purge(s, identity.name)
+        else:
+            await self._refuse(s, identity.name, node.state)
+
+    async def _refuse(self, s: EdgeSession, node_id: str, state: str) -> None:
+        """As the real edge: `refused`, then a close with code 4403 (blocked, purging)."""
+        await s.send("refused", code=state, message=f"node {node_id} is {state}")
+        if state in ("blocked", "purging"):
+            await s.ws.aclose(4403, state)
+
+    async def purge(self, s: EdgeSession, node_id: str) -> None:
+        """Send a purge command and act on the answer, as the real edge does."""
+        cluster = self.cluster
+        message = cluster.purge_command(s, node_id)
+        cluster.record("purge-sent", self.address, message)
+        await s.send("purge", **message)
+        answer = await s.receive()
+        while answer["type"] == "heartbeat":
+            answer = await s.receive()
+        cluster.record("purge-answer", self.address, answer)
+        if answer["type"] != "purged":
+            await self._refuse(s, node_id, "purging")
+            return
+        del cluster.nodes[node_id]
+        cluster._touch()
+        if cluster.after_purged == "forgotten":
+            await s.send("forgotten", node_id=node_id)
+        elif cluster.after_purged == "silence":
+            while True:
+                await s.ws.get_message()
 
     async def _send_heartbeats(self, s: EdgeSession) -> None:
         while True:
@@ -353,6 +425,44 @@ def options(
         ca_hash=ca_hash if ca_hash is not None else (cluster.ca_hash if cluster else None),
         request=join.JoinRequest(token=token, labels=labels or {}, hostname="test-host"),
     )
+
+
+class LongestWait(random.Random):
+    """Jitter that always picks the upper bound, so waits are exact (and the longest)."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def run_agent(net: FakeNet, opts: agent.StartOptions) -> Any:
+    """The agent until it ends (its outcome) or fails; never more than 1000 s of Trio time."""
+    with trio.fail_after(1000):
+        return await agent.run(opts, open_stream=net.open_stream, rng=LongestWait())
+
+
+async def join_and_stop(net: FakeNet, data: Path, **option_fields: Any) -> str:
+    """A node of NET's cluster in DATA, accepted (its agent stopped once welcomed); its ID.
+
+    OPTION_FIELDS go to the agent's StartOptions (launcher, ...). Events are cleared."""
+    opts = dataclasses.replace(options(data, net.cluster, token=GOOD_TOKEN), **option_fields)
+    before = set(net.cluster.nodes)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_agent, net, opts)
+        await net.cluster.wait_for("welcome")
+        nursery.cancel_scope.cancel()
+    net.cluster.events.clear()
+    net.attempts.clear()
+    (node_id,) = set(net.cluster.nodes) - before
+    return node_id
+
+
+async def serve_fake_edge(cluster: FakeCluster, nursery: trio.Nursery) -> str:
+    """An edge of CLUSTER on a real TCP listener on 127.0.0.1 (port 0); its address."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    edge = cluster.add_edge(f"127.0.0.1:{port}")
+    await nursery.start(partial(trio.serve_listeners, edge.serve, listeners))
+    return edge.address
 
 
 def read_json(path: Path) -> dict[str, Any]:
