@@ -1,15 +1,16 @@
-"""`orchestrator-zero node ...`: see the fleet, approve joins."""
+"""`orchestrator-zero node ...`: see the fleet, approve joins, shut nodes out, remove them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from cyclopts import App
+from cyclopts import App, Parameter
 
 from cli.client import ApiClient
 from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
+from oz0.errors import Oz0Error
 
 app = App(name="node", help="The fleet's nodes.")
 
@@ -98,4 +99,62 @@ def reject(node_id: str, /, *, reason: str | None = None, context: ContextPath =
     """
     node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/reject", {"reason": reason})
     print(f"node {node['id']} rejected")
+    return 0
+
+
+@app.command
+def block(node_id: str, /, *, reason: str, context: ContextPath = None) -> int:
+    """Shut a node out on every server within two seconds; it keeps its files.
+
+    Parameters
+    ----------
+    reason
+        Why; kept in the audit log (not told to the node).
+    """
+    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/block", {"reason": reason})
+    print(f"node {node['id']} blocked")
+    return 0
+
+
+@app.command
+def unblock(node_id: str, /, *, context: ContextPath = None) -> int:
+    """Let a blocked node back in; it notices by itself within ten seconds."""
+    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/unblock", {})
+    print(f"node {node['id']} unblocked ({node['state']})")
+    return 0
+
+
+@app.command
+def delete(node_id: str, /, *, context: ContextPath = None) -> int:
+    """Forget a node. Its files stay on its machine; its key may join again as a new node."""
+    node = ApiClient(select(context)).request("DELETE", f"/api/v1/nodes/{node_id}")
+    print(f"node {node['id']} deleted")
+    return 0
+
+
+@app.command
+def purge(
+    node_id: str,
+    /,
+    *,
+    yes: Annotated[bool, Parameter(negative=())] = False,
+    context: ContextPath = None,
+) -> int:
+    """Make a node remove itself from its machine. It cannot be undone.
+
+    The node is shut out at once; on its next control stream it checks a command signed
+    by the cluster CA, then deletes its data directory and its launcher.
+
+    Parameters
+    ----------
+    yes
+        Confirm: purging cannot be undone.
+    """
+    if not yes:
+        raise Oz0Error(
+            f"purging node {node_id} deletes its data from its machine and cannot be undone;"
+            " add --yes to go ahead"
+        )
+    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/purge", {})
+    print(f"node {node['id']} purging: it removes itself on its next control stream")
     return 0

@@ -238,9 +238,24 @@ def accept(
     return get(conn, node_id)
 
 
+MAX_REASON = 500
+
+
+def _reason(reason: str | None, *, required: bool = False) -> str | None:
+    if reason is None or not reason.strip():
+        if required:
+            raise NodeError("a reason is required: say why, it goes to the audit log")
+        return None
+    reason = reason.strip()
+    if len(reason) > MAX_REASON or not reason.isprintable():
+        raise NodeError(f"the reason must be one printable line of at most {MAX_REASON} characters")
+    return reason
+
+
 def reject(
     conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str | None
 ) -> Node:
+    reason = _reason(reason)
     state, _ = _locked(conn, node_id)
     if state != "pending":
         raise NodeError(f"node {node_id} is {state}; only pending nodes can be rejected")
@@ -313,3 +328,112 @@ def disconnected(conn: psycopg.Connection[Any], node_ids: list[str], server_id: 
     conn.execute(
         "UPDATE nodes SET server = NULL WHERE id = ANY(%s) AND server = %s", (node_ids, server_id)
     )
+
+
+# --- shutting nodes out and removing them ---------------------------------------------
+
+
+def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str) -> Node:
+    """Shut a node out: every edge ends its stream, Temporal refuses it; it keeps its files."""
+    checked = _reason(reason, required=True)
+    state, _ = _locked(conn, node_id)
+    if state == "blocked":
+        raise NodeError(f"node {node_id} is blocked already")
+    if state not in ("pending", "accepted"):
+        raise NodeError(
+            f"node {node_id} is {state}; only pending and accepted nodes can be blocked"
+        )
+    conn.execute(
+        "UPDATE nodes SET state = 'blocked', reason = %s WHERE id = %s", (checked, node_id)
+    )
+    audit.record(conn, actor, "node.block", f"node:{node_id}", {"reason": checked, "was": state})
+    return get(conn, node_id)
+
+
+def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+    """Let a blocked node back: accepted if it had been accepted, else pending again."""
+    state, _ = _locked(conn, node_id)
+    if state != "blocked":
+        raise NodeError(f"node {node_id} is {state}; only blocked nodes can be unblocked")
+    row = conn.execute(
+        "UPDATE nodes SET state = CASE WHEN certificate IS NULL THEN 'pending' ELSE 'accepted' END,"
+        " reason = NULL WHERE id = %s RETURNING state",
+        (node_id,),
+    ).fetchone()
+    assert row is not None
+    audit.record(conn, actor, "node.unblock", f"node:{node_id}", {"now": row[0]})
+    return get(conn, node_id)
+
+
+def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+    """Forget a node; its audit history stays and its key may join again as a new node."""
+    node = get(conn, check_node_id(node_id))
+    conn.execute("DELETE FROM nodes WHERE id = %s", (node_id,))
+    audit.record(
+        conn, actor, "node.delete", f"node:{node_id}", {"state": node.state, "tenant": node.tenant}
+    )
+    return node
+
+
+def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+    """Mark a node for removal from its machine: shut out at once, told on its next stream."""
+    state, _ = _locked(conn, node_id)
+    if state == "purging":
+        raise NodeError(f"node {node_id} is being purged already")
+    if state not in ("accepted", "blocked"):
+        raise NodeError(
+            f"node {node_id} is {state} and has no control stream to be purged through;"
+            " use node delete to forget it"
+        )
+    conn.execute("UPDATE nodes SET state = 'purging' WHERE id = %s", (node_id,))
+    audit.record(conn, actor, "node.purge", f"node:{node_id}", {"was": state})
+    return get(conn, node_id)
+
+
+def purged(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    key: ec.EllipticCurvePublicKey,
+    *,
+    nonce: str,
+    server_id: str,
+) -> bool:
+    """Forget a node that answered its purge command; False if it is no longer purging."""
+    row = conn.execute(
+        "DELETE FROM nodes WHERE id = %s AND public_key_sha256 = %s AND state = 'purging'"
+        " RETURNING tenant",
+        (node_id, public_key_sha256(key)),
+    ).fetchone()
+    if row is None:
+        return False
+    audit.record(
+        conn,
+        audit.Actor("node", node_id),
+        "node.purged",
+        f"node:{node_id}",
+        {"nonce": nonce, "server": server_id, "tenant": row[0]},
+    )
+    return True
+
+
+def purge_refused(
+    conn: psycopg.Connection[Any], node_id: str, *, reason: str, nonce: str | None, server_id: str
+) -> None:
+    """A node refused a purge command it was given: the node's word, kept for the operators."""
+    audit.record(
+        conn,
+        audit.Actor("node", node_id),
+        "node.purge.refused",
+        f"node:{node_id}",
+        {"reason": reason[:MAX_REASON], "nonce": nonce, "server": server_id},
+    )
+
+
+def not_accepted(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[str]:
+    """Those of NODE_IDS that are no longer accepted (or no longer exist)."""
+    rows = conn.execute(
+        "SELECT wanted.id FROM unnest(%s::text[]) AS wanted(id)"
+        " WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = wanted.id AND n.state = 'accepted')",
+        (node_ids,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]

@@ -7,10 +7,13 @@ optional at the handshake and required by `/control`.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import logging
 import secrets
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,7 +29,7 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
-from oz0 import audit, nodes, pki, tokens
+from oz0 import audit, nodes, pki, purge_command, tokens
 from oz0.cluster import Cluster
 from oz0.server import membership
 from oz0.server.events import EventHub
@@ -40,6 +43,8 @@ HANDSHAKE_TIMEOUT = 10.0
 FIRST_MESSAGE_TIMEOUT = 30.0
 PICKUP_HOLD = 30.0
 DIRECTORY_EVERY = 2.0
+RECONCILE_EVERY = 1.0
+PURGE_ANSWER_TIMEOUT = 30.0
 CLOSE_BLOCKED = 4403
 
 
@@ -130,7 +135,7 @@ class Edge:
     hub: EventHub
     directory: EdgeDirectory
     seen: SeenTracker
-    streams: int = 0
+    streams: StreamReconciler
 
     @property
     def actor(self) -> audit.Actor:
@@ -148,11 +153,20 @@ async def run(
     *,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    edge = Edge(db, cluster, server_id, hub, EdgeDirectory(db), SeenTracker(db, server_id))
+    edge = Edge(
+        db,
+        cluster,
+        server_id,
+        hub,
+        EdgeDirectory(db),
+        SeenTracker(db, server_id),
+        StreamReconciler(db, hub),
+    )
     listeners = await open_tls_listeners(port, tls_context, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(edge.directory.run)
         await nursery.start(edge.seen.run)
+        await nursery.start(edge.streams.run)
         await nursery.start(partial(trio.serve_listeners, partial(_handle, edge), listeners))
         task_status.started(edge)
 
@@ -180,7 +194,7 @@ async def _handle(edge: Edge, stream: trio.SSLStream[trio.SocketStream]) -> None
             if request.path == "/join":
                 await _join(edge, ws, challenge)
             else:
-                await _control(edge, ws, peer_der)
+                await _control(edge, ws, peer_der, challenge)
             await ws.aclose()
     except* _CONNECTION_ENDED as group:
         log.debug("edge connection ended: %r", group.exceptions[0])
@@ -330,7 +344,9 @@ async def _answer_pickup(
 # --- control streams -------------------------------------------------------------------
 
 
-async def _control(edge: Edge, ws: WebSocketConnection, peer_der: bytes | None) -> None:
+async def _control(
+    edge: Edge, ws: WebSocketConnection, peer_der: bytes | None, challenge: bytes
+) -> None:
     node_id, key = _node_of(peer_der, edge.cluster.name)
     if node_id is None or key is None:
         await _send(
@@ -339,13 +355,17 @@ async def _control(edge: Edge, ws: WebSocketConnection, peer_der: bytes | None) 
         return
     with edge.hub.watch_node(node_id) as changed:
         state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        if state == "purging":
+            await _purge(
+                edge, ws, node_id, key, challenge, partial(_next_answer, edge, ws, node_id)
+            )
+            return
         if state != "accepted":
-            code = state or "unknown"
-            await _send(ws, "refused", code=code, message=f"node {node_id} is {code}")
+            await _refuse(ws, node_id, state)
             return
         edge.seen.alive(node_id)
         await edge.db.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
-        edge.streams += 1
+        edge.streams.opened(node_id)
         try:
             await _send(
                 ws,
@@ -355,15 +375,31 @@ async def _control(edge: Edge, ws: WebSocketConnection, peer_der: bytes | None) 
                 heartbeat=nodes.HEARTBEAT,
                 edges=edge.directory.edges,
             )
+            answers_in, answers_out = trio.open_memory_channel[dict[str, Any]](4)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_heartbeats_and_edges, edge, ws)
-                nursery.start_soon(_receive_heartbeats, edge, ws, node_id, nursery.cancel_scope)
                 nursery.start_soon(
-                    _end_when_not_accepted, edge, ws, node_id, key, changed, nursery.cancel_scope
+                    _receive_from_node, edge, ws, node_id, answers_in, nursery.cancel_scope
+                )
+                nursery.start_soon(
+                    _act_on_changes,
+                    edge,
+                    ws,
+                    node_id,
+                    key,
+                    changed,
+                    partial(answers_out.receive),
+                    challenge,
+                    nursery.cancel_scope,
                 )
         finally:
-            edge.streams -= 1
+            edge.streams.closed(node_id)
             edge.seen.left(node_id)
+
+
+async def _refuse(ws: WebSocketConnection, node_id: str, state: str | None) -> None:
+    code = state or "unknown"
+    await _send(ws, "refused", code=code, message=f"node {node_id} is {code}")
 
 
 def _node_of(
@@ -393,15 +429,27 @@ async def _heartbeats_and_edges(edge: Edge, ws: WebSocketConnection) -> None:
             await _send(ws, "heartbeat")
 
 
-async def _receive_heartbeats(
-    edge: Edge, ws: WebSocketConnection, node_id: str, scope: trio.CancelScope
+async def _receive_from_node(
+    edge: Edge,
+    ws: WebSocketConnection,
+    node_id: str,
+    answers: trio.MemorySendChannel[dict[str, Any]],
+    scope: trio.CancelScope,
 ) -> None:
-    """Anything from the node is a sign of life; silence for three heartbeats ends it."""
+    """Anything from the node is a sign of life; silence for three heartbeats ends it.
+
+    Answers to a purge command go to whoever sent it.
+    """
     try:
         while True:
             with trio.fail_after(3 * nodes.HEARTBEAT):
-                await ws.get_message()
+                raw = await ws.get_message()
             edge.seen.alive(node_id)
+            message = _decode(raw)
+            if message.get("type") in _PURGE_ANSWERS:
+                await _record_answer(edge, node_id, message)
+                with contextlib.suppress(trio.WouldBlock):
+                    answers.send_nowait(message)
     except trio.TooSlowError:
         log.info("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:
@@ -409,22 +457,151 @@ async def _receive_heartbeats(
     scope.cancel()
 
 
-async def _end_when_not_accepted(
+async def _act_on_changes(
     edge: Edge,
     ws: WebSocketConnection,
     node_id: str,
     key: ec.EllipticCurvePublicKey,
     changed: trio.Event,
+    next_answer: Callable[[], Awaitable[dict[str, Any]]],
+    challenge: bytes,
     scope: trio.CancelScope,
 ) -> None:
+    """End the stream when the node stops being accepted, purging it first if it is purging.
+
+    Woken by a notification about the node, or by the reconcile loop if one was lost.
+    """
     await changed.wait()
     while True:
         with edge.hub.watch_node(node_id) as next_change:
             state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
             if state != "accepted":
-                code = state or "unknown"
-                await _send(ws, "refused", code=code, message=f"node {node_id} is {code}")
-                await ws.aclose(CLOSE_BLOCKED, code)
-                scope.cancel()
-                return
+                break
             await next_change.wait()
+    if state == "purging":
+        await _purge(edge, ws, node_id, key, challenge, next_answer)
+    else:
+        log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
+        await _refuse(ws, node_id, state)
+        await ws.aclose(CLOSE_BLOCKED, state or "unknown")
+    scope.cancel()
+
+
+# --- purging ---------------------------------------------------------------------------
+
+_PURGE_ANSWERS = ("purged", "purge_refused")
+
+
+def _decode(raw: str | bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+async def _record_answer(edge: Edge, node_id: str, message: dict[str, Any]) -> None:
+    """A refused purge command is recorded whoever sent it: it may not have been us."""
+    if message.get("type") != "purge_refused":
+        return
+    reason, nonce = message.get("reason"), message.get("nonce")
+    reason = reason if isinstance(reason, str) else "no reason given"
+    nonce = nonce if isinstance(nonce, str) else None
+    log.warning("node %s refused a purge command: %s", node_id, reason[: nodes.MAX_REASON])
+    await edge.db.transaction(
+        partial(
+            nodes.purge_refused,
+            node_id=node_id,
+            reason=reason,
+            nonce=nonce,
+            server_id=edge.server_id,
+        )
+    )
+
+
+async def _next_answer(edge: Edge, ws: WebSocketConnection, node_id: str) -> dict[str, Any]:
+    """The node's next answer to a purge command, read on a stream not welcomed."""
+    while True:
+        message = _decode(await ws.get_message())
+        if message.get("type") in _PURGE_ANSWERS:
+            await _record_answer(edge, node_id, message)
+            return message
+
+
+async def _purge(
+    edge: Edge,
+    ws: WebSocketConnection,
+    node_id: str,
+    key: ec.EllipticCurvePublicKey,
+    challenge: bytes,
+    next_answer: Callable[[], Awaitable[dict[str, Any]]],
+) -> None:
+    """Send the signed purge command; forget the node once it answers that it goes."""
+    command = purge_command.sign(
+        edge.cluster.cluster_ca, cluster=edge.cluster.name, node_id=node_id, challenge=challenge
+    )
+    await _send(ws, "purge", command=command.command, signature=command.signature)
+    with trio.move_on_after(PURGE_ANSWER_TIMEOUT) as waiting:
+        while True:
+            answer = await next_answer()
+            if answer.get("type") == "purge_refused":
+                await _refuse(ws, node_id, "purging")
+                await ws.aclose(CLOSE_BLOCKED, "purging")
+                return
+            if answer.get("nonce") == command.nonce:
+                break
+    if waiting.cancelled_caught:
+        log.warning("node %s did not answer its purge command; it stays purging", node_id)
+        return
+    forgotten = await edge.db.transaction(
+        partial(
+            nodes.purged, node_id=node_id, key=key, nonce=command.nonce, server_id=edge.server_id
+        )
+    )
+    log.info("node %s purged%s", node_id, "" if forgotten else " (it was deleted meanwhile)")
+    await _send(ws, "forgotten", node_id=node_id)
+    await ws.aclose()
+
+
+# --- reconciling -------------------------------------------------------------------------
+
+
+@dataclass
+class StreamReconciler:
+    """Asks every second whether the nodes with a stream here are all still accepted.
+
+    Notifications end streams within milliseconds; this is the backstop that keeps a
+    block inside its two seconds when one is lost.
+    """
+
+    db: Database
+    hub: EventHub
+    open: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def __len__(self) -> int:
+        return self.open.total()
+
+    def opened(self, node_id: str) -> None:
+        self.open[node_id] += 1
+
+    def closed(self, node_id: str) -> None:
+        self.open[node_id] -= 1
+        if self.open[node_id] <= 0:
+            del self.open[node_id]
+
+    async def check(self) -> None:
+        watched = list(self.open)
+        if not watched:
+            return
+        stale = await self.db.transaction(lambda conn: nodes.not_accepted(conn, watched))
+        for node_id in stale:
+            self.hub.wake(node_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(RECONCILE_EVERY)
+            try:
+                await self.check()
+            except psycopg.Error as e:
+                log.warning("could not reconcile the states of %d streamed nodes: %s", len(self), e)

@@ -53,12 +53,16 @@ class EventHub:
                 if not waiters:
                     del self._node_waiters[node_id]
 
+    def wake(self, node_id: str) -> None:
+        """Wake whoever watches NODE_ID, as a notification about it would."""
+        for event in self._node_waiters.pop(node_id, ()):
+            event.set()
+
     def _dispatch(self, notification: Notification) -> None:
         for subscriber in self._subscribers.get(notification.channel, ()):
             subscriber(notification)
         if notification.channel == NODES:
-            for event in self._node_waiters.pop(notification.payload, ()):
-                event.set()
+            self.wake(notification.payload)
 
     def _gap(self) -> None:
         for callback in self.on_gap:

@@ -1,7 +1,12 @@
-"""GET /api/v1/nodes[/<id>], POST /api/v1/nodes/<id>/accept and /reject"""
+"""GET /api/v1/nodes[/<id>], POST /api/v1/nodes/<id>/accept, /reject, /block, /unblock,
+/purge, and DELETE /api/v1/nodes/<id>."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
@@ -59,3 +64,39 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         except nodes.NodeError as e:
             raise ApiError(409, str(e)) from None
         return jsonify(node.to_json())
+
+    @app.post("/api/v1/nodes/<node_id>/block")
+    async def node_block(node_id: str) -> Response:
+        actor = await operator(state)
+        reason = (await json_object()).get("reason")
+        if not isinstance(reason, str):
+            raise ApiError(400, "a reason is required: say why, it goes to the audit log")
+        return await _change(state, lambda conn: nodes.block(conn, node_id, actor, reason))
+
+    @app.post("/api/v1/nodes/<node_id>/unblock")
+    async def node_unblock(node_id: str) -> Response:
+        actor = await operator(state)
+        return await _change(state, lambda conn: nodes.unblock(conn, node_id, actor))
+
+    @app.post("/api/v1/nodes/<node_id>/purge")
+    async def node_purge(node_id: str) -> Response:
+        actor = await operator(state)
+        return await _change(state, lambda conn: nodes.purge(conn, node_id, actor))
+
+    @app.delete("/api/v1/nodes/<node_id>")
+    async def node_delete(node_id: str) -> Response:
+        actor = await operator(state)
+        return await _change(state, lambda conn: nodes.delete(conn, node_id, actor))
+
+
+async def _change(
+    state: ManagementState, change: Callable[[psycopg.Connection[Any]], nodes.Node]
+) -> Response:
+    """One change of a node in one transaction: 404 if unknown, 409 if its state forbids it."""
+    try:
+        node = await state.db.transaction(change)
+    except nodes.NodeNotFound as e:
+        raise ApiError(404, str(e)) from None
+    except nodes.NodeError as e:
+        raise ApiError(409, str(e)) from None
+    return jsonify(node.to_json())

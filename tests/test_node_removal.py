@@ -1,0 +1,256 @@
+"""Block, unblock, delete and purge against a real server, driven through the protocol."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import trio
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from fixtures import edge_client
+from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.edge_client import NodeKeys
+from oz0 import pki
+from tests.conftest import CliRunner
+from tests.test_edge import EDGE_A, cli_async, pinned_keys
+
+StartServer = Callable[..., ServerProcess]
+
+
+async def accepted_node(cli: CliRunner, files: ClusterFiles, env: dict[str, str]) -> NodeKeys:
+    token = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
+    keys = await pinned_keys(files)
+    joined = await edge_client.join(EDGE_A, keys, token=token.json()["token"])
+    assert joined["state"] == "accepted"
+    return keys
+
+
+async def audit_of(cli: CliRunner, node_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    found = await cli_async(cli, "audit", "list", "--target", f"node:{node_id}", "--json", env=env)
+    rows: list[dict[str, Any]] = found.json()
+    return rows
+
+
+async def next_non_heartbeat(ws: WebSocketConnection) -> dict[str, Any]:
+    while True:
+        message = await edge_client.receive(ws)
+        if message["type"] != "heartbeat":
+            return message
+
+
+async def closed(ws: WebSocketConnection) -> bool:
+    try:
+        await next_non_heartbeat(ws)
+    except ConnectionClosed:
+        return True
+    return False
+
+
+def verified_command(message: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:
+    """The purge command's payload, once its signature verifies with the cluster CA."""
+    assert message["type"] == "purge"
+    data = base64.b64decode(message["command"])
+    ca_key = pki.cert_from_pem(ca_pem).public_key()
+    assert isinstance(ca_key, ec.EllipticCurvePublicKey)
+    ca_key.verify(base64.b64decode(message["signature"]), data, ec.ECDSA(hashes.SHA256()))
+    payload: dict[str, Any] = json.loads(data)
+    return payload
+
+
+async def test_block_ends_the_stream_and_unblock_lets_the_node_back(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
+        assert welcome["type"] == "welcome"
+        blocked = await cli_async(
+            cli, "node", "block", keys.node_id, "--reason", "lost laptop", env=cluster_env
+        )
+        assert blocked.code == 0, blocked.err
+        began = trio.current_time()
+        with trio.fail_after(5):
+            refusal = await next_non_heartbeat(ws)
+        assert refusal == {
+            "type": "refused",
+            "code": "blocked",
+            "message": f"node {keys.node_id} is blocked",
+        }
+        assert await closed(ws)
+        assert trio.current_time() - began < 5
+    async with edge_client.control(EDGE_A, keys) as (_, first):
+        assert first["type"] == "refused" and first["code"] == "blocked"
+    shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
+    assert shown["state"] == "blocked" and shown["reason"] == "lost laptop"
+
+    unblocked = await cli_async(cli, "node", "unblock", keys.node_id, env=cluster_env)
+    assert unblocked.code == 0 and "accepted" in unblocked.out
+    async with edge_client.control(EDGE_A, keys) as (_, first):
+        assert first["type"] == "welcome"
+    actions = [(r["action"], r["details"]) for r in await audit_of(cli, keys.node_id, cluster_env)]
+    assert actions[0] == ("node.unblock", {"now": "accepted"})
+    assert actions[1] == ("node.block", {"reason": "lost laptop", "was": "accepted"})
+
+
+async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    node = keys.node_id
+    cases = [
+        (("node", "block", node), "--reason"),
+        (("node", "block", node, "--reason", " "), "a reason is required"),
+        (("node", "unblock", node), f"node {node} is accepted; only blocked nodes"),
+        (("node", "purge", node), "add --yes"),
+        (("node", "block", "node-000000000000", "--reason", "x"), "not found"),
+        (("node", "delete", "nonsense"), "invalid node ID"),
+    ]
+    for args, message in cases:
+        result = await cli_async(cli, *args, env=cluster_env)
+        assert result.code != 0, args
+        assert message in result.err and result.err.count("\n") == 1, (args, result.err)
+    shown = (await cli_async(cli, "node", "show", node, "--json", env=cluster_env)).json()
+    assert shown["state"] == "accepted"
+    assert [r["action"] for r in await audit_of(cli, node, cluster_env)] == ["node.join"]
+
+
+async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
+        assert welcome["type"] == "welcome"
+
+        def block_silently() -> None:
+            # As if the NOTIFY never arrived: triggers off for this one write.
+            with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as c:
+                c.execute("SET session_replication_role = replica")
+                c.execute("UPDATE nodes SET state = 'blocked' WHERE id = %s", (keys.node_id,))
+
+        await trio.to_thread.run_sync(block_silently)
+        began = trio.current_time()
+        with trio.fail_after(5):
+            refusal = await next_non_heartbeat(ws)
+        took = trio.current_time() - began
+    assert refusal["type"] == "refused" and refusal["code"] == "blocked"
+    # The reconcile loop runs every second; the bound is two.
+    assert took < 2.5, f"ended after {took:.2f}s"
+
+
+async def test_delete_forgets_the_node_and_its_key_may_join_again_as_a_new_node(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    old_id = keys.node_id
+    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
+        assert welcome["type"] == "welcome"
+        deleted = await cli_async(cli, "node", "delete", old_id, env=cluster_env)
+        assert deleted.code == 0, deleted.err
+        with trio.fail_after(5):
+            refusal = await next_non_heartbeat(ws)
+        assert refusal["type"] == "refused" and refusal["code"] == "unknown"
+    listed = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    assert old_id not in [n["id"] for n in listed]
+    assert (await cli_async(cli, "node", "show", old_id, env=cluster_env)).code == 1
+
+    again = await edge_client.join(EDGE_A, keys)
+    assert again["type"] == "joined" and again["state"] == "pending"
+    assert again["node_id"] != old_id
+    history = [r["action"] for r in await audit_of(cli, old_id, cluster_env)]
+    assert history == ["node.delete", "node.join"]
+
+
+async def test_purge_of_a_connected_node_is_signed_and_forgets_it_once_answered(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    async with edge_client.connect(
+        EDGE_A, "/control", edge_client.verified_context(keys.ca_pem, keys)
+    ) as (ws, hello):
+        assert (await edge_client.receive(ws))["type"] == "welcome"
+        purging = await cli_async(cli, "node", "purge", keys.node_id, "--yes", env=cluster_env)
+        assert purging.code == 0, purging.err
+        with trio.fail_after(5):
+            message = await next_non_heartbeat(ws)
+        command = verified_command(message, keys.ca_pem)
+        assert command["action"] == "purge"
+        assert command["cluster"] == cluster_files.name and command["node_id"] == keys.node_id
+        assert command["challenge"] == hello["challenge"] and len(command["nonce"]) == 32
+        shown = (
+            await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)
+        ).json()
+        assert shown["state"] == "purging"
+        await edge_client.send(ws, "purged", nonce=command["nonce"])
+        assert await next_non_heartbeat(ws) == {"type": "forgotten", "node_id": keys.node_id}
+    assert (await cli_async(cli, "node", "show", keys.node_id, env=cluster_env)).code == 1
+    history = await audit_of(cli, keys.node_id, cluster_env)
+    assert [r["action"] for r in history] == ["node.purged", "node.purge", "node.join"]
+    assert history[0]["actor"]["kind"] == "node"
+    assert history[0]["details"]["nonce"] == command["nonce"]
+
+
+async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    blocked = await cli_async(cli, "node", "block", keys.node_id, "--reason", "x", env=cluster_env)
+    assert blocked.code == 0
+    purging = await cli_async(cli, "node", "purge", keys.node_id, "--yes", env=cluster_env)
+    assert purging.code == 0, purging.err
+    again = await cli_async(cli, "node", "purge", keys.node_id, "--yes", env=cluster_env)
+    assert again.code == 1 and "being purged already" in again.err
+
+    nonces = []
+    async with edge_client.control(EDGE_A, keys) as (ws, first):
+        nonces.append(verified_command(first, keys.ca_pem)["nonce"])
+        await edge_client.send(ws, "purge_refused", nonce=nonces[0], reason="testing a refusal")
+        assert await edge_client.receive(ws) == {
+            "type": "refused",
+            "code": "purging",
+            "message": f"node {keys.node_id} is purging",
+        }
+    async with edge_client.control(EDGE_A, keys) as (ws, first):
+        command = verified_command(first, keys.ca_pem)
+        nonces.append(command["nonce"])
+        await edge_client.send(ws, "purged", nonce=command["nonce"])
+        assert (await edge_client.receive(ws))["type"] == "forgotten"
+    assert nonces[0] != nonces[1], "every delivery is signed afresh"
+    history = await audit_of(cli, keys.node_id, cluster_env)
+    assert [r["action"] for r in history] == [
+        "node.purged",
+        "node.purge.refused",
+        "node.purge",
+        "node.block",
+        "node.join",
+    ]
+    assert history[1]["details"]["reason"] == "testing a refusal"
+    assert history[1]["details"]["nonce"] == nonces[0]
