@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +85,19 @@ def source_version() -> str:
 
 
 def log(message: str) -> None:
-    print(f"[edge_load {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """Progress on stderr, named after the benchmark that runs (python -m bench.NAME)."""
+    program = Path(sys.argv[0]).stem
+    print(f"[{program} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "openssl": ssl.OPENSSL_VERSION,
+        "load_average_at_start": os.getloadavg(),
+    }
 
 
 class ServerExited(Exception):
@@ -219,7 +231,7 @@ def error_name(e: BaseException) -> str:
 # --- the cluster -------------------------------------------------------------------------
 
 
-def create_token(files: ClusterFiles) -> str:
+def create_token(files: ClusterFiles, description: str = "bench.edge_load") -> str:
     """A join token for tenant default, unlimited uses, no expiry, made as an operator."""
     with (
         psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn,
@@ -231,7 +243,7 @@ def create_token(files: ClusterFiles) -> str:
             ttl=None,
             max_uses=0,
             labels={},
-            description="bench.edge_load",
+            description=description,
             actor=audit.Actor("operator", "bench"),
         )
     return token
@@ -322,12 +334,13 @@ async def watch_server(server: ServerProcess, phase: list[str]) -> None:
 
 @asynccontextmanager
 async def open_edge(
-    path: str, ctx: ssl.SSLContext
+    path: str, ctx: ssl.SSLContext, edge: str = EDGE
 ) -> AsyncIterator[tuple[WebSocketConnection, dict[str, Any]]]:
     """Like fixtures.edge_client.connect, with this benchmark's bounds."""
+    host, _, port = edge.rpartition(":")
     async with open_websocket(
-        ADDRESS,
-        PORT,
+        host,
+        int(port),
         path,
         use_ssl=ctx,
         connect_timeout=CONNECT_TIMEOUT,
@@ -362,11 +375,11 @@ class JoinResults:
 
 
 async def join_one(
-    node: Node, index: int, token: str, ctx: ssl.SSLContext, results: JoinResults
+    node: Node, index: int, token: str, ctx: ssl.SSLContext, results: JoinResults, edge: str = EDGE
 ) -> None:
     began = time.perf_counter()
     try:
-        async with open_edge("/join", ctx) as (ws, _hello):
+        async with open_edge("/join", ctx, edge) as (ws, _hello):
             await edge_client.send(
                 ws,
                 "join",
@@ -391,9 +404,15 @@ async def join_one(
 
 
 async def join_all(
-    nodes: list[Node], token: str, ca_pem: bytes, concurrency: int, time_limit: float
+    nodes: list[Node],
+    token: str,
+    ca_pem: bytes,
+    concurrency: int,
+    time_limit: float,
+    edges: Sequence[str] = (EDGE,),
 ) -> tuple[JoinResults, float, bool]:
-    """Join NODES with CONCURRENCY joins in flight; (results, wall seconds, timed out)."""
+    """Join NODES with CONCURRENCY joins in flight, node i through EDGES[i % len(EDGES)];
+    (results, wall seconds, timed out). RESULTS.joined is in the order the joins ended."""
     ctx = edge_client.verified_context(ca_pem)
     results = JoinResults()
     next_index = 0
@@ -404,7 +423,8 @@ async def join_all(
         while next_index < len(nodes):
             index = next_index
             next_index += 1
-            await join_one(nodes[index], index, token, ctx, results)
+            edge = edges[index % len(edges)]
+            await join_one(nodes[index], index, token, ctx, results, edge)
             done = len(results.latencies) + sum(results.errors.values())
             if done % report_every == 0:
                 log(f"joins: {done}/{len(nodes)} done, errors {dict(results.errors)}")
@@ -476,7 +496,8 @@ class Streams:
             self.phases[new] += 1
         return new
 
-    def saw(self, index: int, message: str, now: float) -> None:
+    def saw(self, index: int, message: str, now: float) -> dict[str, Any]:
+        """Note a message from the edge on stream INDEX; the message, parsed ({} if not)."""
         previous = self.last_message.get(index)
         self.last_message[index] = now
         if self.measuring and previous is not None:
@@ -493,6 +514,7 @@ class Streams:
         self.received[kind] += 1
         if kind == "edges":
             self.edges[",".join(parsed.get("edges") or []) or "(none)"] += 1
+        return parsed if isinstance(parsed, dict) else {}
 
     def stop(self) -> None:
         self.stopping = True
@@ -877,13 +899,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "command": " ".join(["python -m bench.edge_load", *sys.argv[1:]]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "openssl": ssl.OPENSSL_VERSION,
-            "load_average_at_start": os.getloadavg(),
-        },
+        "machine": machine_info(),
         "server": ADDRESS,
         "source": source_version(),
         "nodes": args.nodes,
