@@ -53,17 +53,39 @@ def edge_address(advertise: str) -> str:
     return f"{host}:{EDGE_PORT}"
 
 
+def next_edges(current: list[str], up: set[str], lingering: set[str], own: str | None) -> list[str]:
+    """The edges to tell nodes about, with hysteresis so one late heartbeat is no news.
+
+    A server comes in when its heartbeat is fresh (UP), leaves only once it has been
+    silent for twice that (not LINGERING any more) or has removed its row; this server
+    always lists itself, since it is obviously up when it answers.
+    """
+    edges = up | (set(current) & lingering)
+    if own is not None:
+        edges.add(own)
+    return sorted(edges)
+
+
 @dataclass
 class EdgeDirectory:
     """The edges of the servers that are up, and an event for each change of them."""
 
     db: Database
+    own: str | None = None
     edges: list[str] = field(default_factory=list)
     changed: trio.Event = field(default_factory=trio.Event)
 
     async def refresh(self) -> None:
-        servers = await self.db.transaction(membership.servers_up)
-        edges = sorted(edge_address(s.advertise) for s in servers)
+        def read(conn: psycopg.Connection[Any]) -> tuple[set[str], set[str]]:
+            up = membership.servers_up(conn)
+            lingering = membership.servers_up(conn, 2 * membership.UP_WINDOW)
+            return (
+                {edge_address(s.advertise) for s in up},
+                {edge_address(s.advertise) for s in lingering},
+            )
+
+        up, lingering = await self.db.transaction(read)
+        edges = next_edges(self.edges, up, lingering, self.own)
         if edges != self.edges:
             self.edges = edges
             self.changed.set()
@@ -151,6 +173,7 @@ async def run(
     host: str,
     port: int = EDGE_PORT,
     *,
+    advertise: str | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     edge = Edge(
@@ -158,7 +181,7 @@ async def run(
         cluster,
         server_id,
         hub,
-        EdgeDirectory(db),
+        EdgeDirectory(db, edge_address(advertise) if advertise else None),
         SeenTracker(db, server_id),
         StreamReconciler(db, hub),
     )

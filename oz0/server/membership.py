@@ -40,11 +40,12 @@ class ServerRow:
         }
 
 
-def servers_up(conn: psycopg.Connection[Any]) -> list[ServerRow]:
+def servers_up(conn: psycopg.Connection[Any], window: dt.timedelta = UP_WINDOW) -> list[ServerRow]:
+    """Servers whose last heartbeat is younger than WINDOW."""
     rows = conn.execute(
         "SELECT id, advertise, started_at, last_heartbeat, temporal_state FROM servers"
         " WHERE last_heartbeat > now() - %s ORDER BY advertise, id",
-        (UP_WINDOW,),
+        (window,),
     ).fetchall()
     return [ServerRow(*r) for r in rows]
 

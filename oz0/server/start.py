@@ -9,6 +9,7 @@ import secrets
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -110,7 +111,16 @@ async def run_server(
         state = ManagementState(db=db, cluster=cluster, server_id=server_id, temporal=temporal)
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
         await nursery.start(
-            edge.run, db, cluster, server_id, hub, certs.server_context(ssl.CERT_OPTIONAL), host
+            partial(
+                edge.run,
+                db,
+                cluster,
+                server_id,
+                hub,
+                certs.server_context(ssl.CERT_OPTIONAL),
+                host,
+                advertise=options.advertise,
+            )
         )
         nursery.start_soon(certs.renew_forever)
         task_status.started(
