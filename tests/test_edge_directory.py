@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oz0.server.edge import next_edges
+from oz0.server.edge.directory import next_edges
 
 A, B, C = "127.0.0.11:7443", "127.0.0.12:7443", "127.0.0.13:7443"
 

@@ -6,7 +6,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from oz0.server.edge import SeenTracker
+from oz0.server.edge.tracking import SeenTracker
 
 
 class RecordingConnection:

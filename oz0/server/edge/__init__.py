@@ -1,0 +1,19 @@
+"""The edge role on 7443: joins and control streams of nodes (docs/node-protocol.md).
+
+TLS with a certificate from the cluster CA. Joining nodes have no certificate yet and
+nodes with one open control streams on the same port, so client certificates are
+optional at the handshake and required by `/control`.
+
+- `listener`: TLS, the websocket upgrade and the greeting; one task per connection.
+- `join`: `/join`, joining and picking a certificate up.
+- `control`: `/control`, the node's stream while it is accepted.
+- `purge`: the signed purge command on a control stream.
+- `directory`: the edges of the servers that are up, as told to nodes.
+- `tracking`: what the edge records about its streams, and the reconcile loop.
+"""
+
+from oz0.server.edge.common import Edge
+from oz0.server.edge.directory import EDGE_PORT, edge_address
+from oz0.server.edge.listener import run
+
+__all__ = ["EDGE_PORT", "Edge", "edge_address", "run"]

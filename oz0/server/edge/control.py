@@ -1,0 +1,156 @@
+"""`/control`: an accepted node's stream, ended as soon as it stops being accepted."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from oz0 import nodes, pki
+from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
+from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge, record_answer
+
+log = logging.getLogger(__name__)
+
+
+async def serve_control(
+    edge: Edge, ws: WebSocketConnection, peer_der: bytes | None, challenge: bytes
+) -> None:
+    node_id, key = _node_of(peer_der, edge.cluster.name)
+    if node_id is None or key is None:
+        await send(
+            ws, "refused", code="unknown", message="a node certificate of this cluster is required"
+        )
+        return
+    with edge.hub.watch_node(node_id) as changed:
+        state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        if state == "purging":
+            await purge(edge, ws, node_id, key, challenge, partial(next_answer, edge, ws, node_id))
+            return
+        if state != "accepted":
+            await refuse(ws, node_id, state)
+            return
+        edge.seen.alive(node_id)
+        await edge.db.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
+        edge.streams.opened(node_id)
+        try:
+            await send(
+                ws,
+                "welcome",
+                node_id=node_id,
+                server=edge.server_id,
+                heartbeat=nodes.HEARTBEAT,
+                edges=edge.directory.edges,
+            )
+            answers_in, answers_out = trio.open_memory_channel[dict[str, Any]](4)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_heartbeats_and_edges, edge, ws)
+                nursery.start_soon(
+                    _receive_from_node, edge, ws, node_id, answers_in, nursery.cancel_scope
+                )
+                nursery.start_soon(
+                    _act_on_changes,
+                    edge,
+                    ws,
+                    node_id,
+                    key,
+                    changed,
+                    partial(answers_out.receive),
+                    challenge,
+                    nursery.cancel_scope,
+                )
+        finally:
+            edge.streams.closed(node_id)
+            edge.seen.left(node_id)
+
+
+def _node_of(
+    peer_der: bytes | None, cluster: str
+) -> tuple[str | None, ec.EllipticCurvePublicKey | None]:
+    if peer_der is None:
+        return None, None
+    cert = x509.load_der_x509_certificate(peer_der)
+    identity = pki.identity_of(cert)
+    key = cert.public_key()
+    if identity.role != pki.Role.NODE or identity.cluster != cluster:
+        return None, None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        return None, None
+    return identity.name, key
+
+
+async def _heartbeats_and_edges(edge: Edge, ws: WebSocketConnection) -> None:
+    known = list(edge.directory.edges)
+    while True:
+        with trio.move_on_after(nodes.HEARTBEAT):
+            await edge.directory.changed.wait()
+        if edge.directory.edges != known:
+            known = list(edge.directory.edges)
+            await send(ws, "edges", edges=known)
+        else:
+            await send(ws, "heartbeat")
+
+
+async def _receive_from_node(
+    edge: Edge,
+    ws: WebSocketConnection,
+    node_id: str,
+    answers: trio.MemorySendChannel[dict[str, Any]],
+    scope: trio.CancelScope,
+) -> None:
+    """Anything from the node is a sign of life; silence for three heartbeats ends it.
+
+    Answers to a purge command go to whoever sent it.
+    """
+    try:
+        while True:
+            with trio.fail_after(3 * nodes.HEARTBEAT):
+                raw = await ws.get_message()
+            edge.seen.alive(node_id)
+            message = decode(raw)
+            if message.get("type") in PURGE_ANSWERS:
+                await record_answer(edge, node_id, message)
+                with contextlib.suppress(trio.WouldBlock):
+                    answers.send_nowait(message)
+    except trio.TooSlowError:
+        log.info("node %s silent for three heartbeats; closing its stream", node_id)
+    except ConnectionClosed:
+        pass
+    scope.cancel()
+
+
+async def _act_on_changes(
+    edge: Edge,
+    ws: WebSocketConnection,
+    node_id: str,
+    key: ec.EllipticCurvePublicKey,
+    changed: trio.Event,
+    next_answer: Callable[[], Awaitable[dict[str, Any]]],
+    challenge: bytes,
+    scope: trio.CancelScope,
+) -> None:
+    """End the stream when the node stops being accepted, purging it first if it is purging.
+
+    Woken by a notification about the node, or by the reconcile loop if one was lost.
+    """
+    await changed.wait()
+    while True:
+        with edge.hub.watch_node(node_id) as next_change:
+            state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+            if state != "accepted":
+                break
+            await next_change.wait()
+    if state == "purging":
+        await purge(edge, ws, node_id, key, challenge, next_answer)
+    else:
+        log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
+        await refuse(ws, node_id, state)
+        await ws.aclose(CLOSE_BLOCKED, state or "unknown")
+    scope.cancel()

@@ -1,0 +1,72 @@
+"""The edges told to nodes: those of the servers that are up, without flaps."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import trio
+
+from oz0.server import membership
+from oz0.store.pool import Database
+
+log = logging.getLogger(__name__)
+
+EDGE_PORT = 7443
+DIRECTORY_EVERY = 2.0
+
+
+def edge_address(advertise: str) -> str:
+    host = f"[{advertise}]" if ":" in advertise else advertise
+    return f"{host}:{EDGE_PORT}"
+
+
+def next_edges(current: list[str], up: set[str], lingering: set[str], own: str | None) -> list[str]:
+    """The edges to tell nodes about, with hysteresis so one late heartbeat is no news.
+
+    A server comes in when its heartbeat is fresh (UP), leaves only once it has been
+    silent for twice that (not LINGERING any more) or has removed its row; this server
+    always lists itself, since it is obviously up when it answers.
+    """
+    edges = up | (set(current) & lingering)
+    if own is not None:
+        edges.add(own)
+    return sorted(edges)
+
+
+@dataclass
+class EdgeDirectory:
+    """The edges of the servers that are up, and an event for each change of them."""
+
+    db: Database
+    own: str | None = None
+    edges: list[str] = field(default_factory=list)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    async def refresh(self) -> None:
+        def read(conn: psycopg.Connection[Any]) -> tuple[set[str], set[str]]:
+            up = membership.servers_up(conn)
+            lingering = membership.servers_up(conn, 2 * membership.UP_WINDOW)
+            return (
+                {edge_address(s.advertise) for s in up},
+                {edge_address(s.advertise) for s in lingering},
+            )
+
+        up, lingering = await self.db.transaction(read)
+        edges = next_edges(self.edges, up, lingering, self.own)
+        if edges != self.edges:
+            self.edges = edges
+            self.changed.set()
+            self.changed = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.refresh()
+        task_status.started()
+        while True:
+            await trio.sleep(DIRECTORY_EVERY)
+            try:
+                await self.refresh()
+            except psycopg.Error as e:
+                log.warning("could not read the servers that are up: %s", e)

@@ -1,0 +1,126 @@
+"""`/join`: a node asks to join, or waits for an operator and picks its certificate up."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import psycopg
+import trio
+from trio_websocket import WebSocketConnection
+
+from oz0 import nodes, tokens
+from oz0.server.edge.common import Edge, receive_first, send
+
+log = logging.getLogger(__name__)
+
+PICKUP_HOLD = 30.0
+
+
+async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> None:
+    try:
+        message = await receive_first(ws)
+    except ValueError as e:
+        await send(ws, "error", code="bad_request", message=str(e))
+        return
+    if message.get("type") == "join":
+        await _answer_join(edge, ws, message)
+    elif message.get("type") == "pickup":
+        await _answer_pickup(edge, ws, message, challenge)
+    else:
+        await send(ws, "error", code="bad_request", message="expected a join or pickup message")
+
+
+async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, Any]) -> None:
+    csr, token = message.get("csr"), message.get("token")
+    labels, hostname = message.get("labels") or {}, message.get("hostname") or ""
+    if not isinstance(csr, str) or not (token is None or isinstance(token, str)):
+        await send(ws, "error", code="bad_request", message="join needs a PEM csr")
+        return
+    hostname = hostname if isinstance(hostname, str) else ""
+
+    def add(conn: psycopg.Connection[Any]) -> nodes.Joined:
+        again = nodes.rejoin(conn, csr)
+        if again is not None:
+            return again
+        if token:
+            used = tokens.consume(conn, token)
+            return nodes.join(
+                conn,
+                edge.cluster.cluster_ca,
+                csr_pem=csr,
+                labels=labels,
+                hostname=hostname,
+                token_id=used.id,
+                token_tenant=used.tenant,
+                token_labels=used.labels,
+            )
+        return nodes.join(
+            conn, edge.cluster.cluster_ca, csr_pem=csr, labels=labels, hostname=hostname
+        )
+
+    try:
+        joined = await edge.db.transaction(add)
+    except tokens.TokenRefused as e:
+        refusal = e
+        await edge.db.transaction(
+            partial(tokens.record_refusal, refusal=refusal, hostname=hostname, actor=edge.actor)
+        )
+        await send(ws, "error", code="token_refused", message=str(refusal))
+        return
+    except nodes.NodeError as e:
+        await send(ws, "error", code="bad_request", message=str(e))
+        return
+    log.info("node %s joined (%s, tenant %s)", joined.node_id, joined.state, joined.tenant)
+    await send(
+        ws,
+        "joined",
+        node_id=joined.node_id,
+        state=joined.state,
+        tenant=joined.tenant,
+        certificate=joined.certificate,
+        edges=edge.directory.edges,
+    )
+
+
+async def _answer_pickup(
+    edge: Edge, ws: WebSocketConnection, message: dict[str, Any], challenge: bytes
+) -> None:
+    node_id, signature = message.get("node_id"), message.get("signature")
+    if not isinstance(node_id, str) or not isinstance(signature, str):
+        await send(ws, "error", code="bad_request", message="pickup needs node_id and signature")
+        return
+    with trio.move_on_after(PICKUP_HOLD):
+        while True:
+            with edge.hub.watch_node(node_id) as changed:
+                try:
+                    found = await edge.db.transaction(
+                        lambda conn: nodes.pickup(conn, node_id, challenge, signature)
+                    )
+                except nodes.NodeNotFound:
+                    await send(
+                        ws, "error", code="unknown_node", message=f"node {node_id} not found"
+                    )
+                    return
+                if found.state == "accepted" and found.certificate:
+                    await send(
+                        ws,
+                        "joined",
+                        node_id=node_id,
+                        state="accepted",
+                        tenant=found.tenant,
+                        certificate=found.certificate,
+                        edges=edge.directory.edges,
+                    )
+                    return
+                if found.state == "rejected":
+                    await send(ws, "rejected", reason=found.reason or "rejected by an operator")
+                    return
+                if found.state != "pending":
+                    await send(
+                        ws, "error", code=found.state, message=f"node {node_id} is {found.state}"
+                    )
+                    return
+                await changed.wait()
+    await send(ws, "pending")

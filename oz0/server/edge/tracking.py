@@ -1,0 +1,107 @@
+"""What the edge keeps about its streams: who was seen, and whether they may stay."""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import trio
+
+from oz0 import nodes
+from oz0.server.events import EventHub
+from oz0.store.pool import Database
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY = 1.0
+
+
+@dataclass
+class SeenTracker:
+    """Batches what streams tell about their nodes into one transaction per heartbeat
+    interval: who was heard from (alive here) and whose stream ended (gone from here)."""
+
+    db: Database
+    server_id: str
+    pending: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+
+    def alive(self, node_id: str) -> None:
+        self.pending.add(node_id)
+        self.gone.discard(node_id)
+
+    def left(self, node_id: str) -> None:
+        # A heartbeat heard just before the stream ended must not mark it connected again.
+        self.pending.discard(node_id)
+        self.gone.add(node_id)
+
+    async def flush(self) -> None:
+        if not self.pending and not self.gone:
+            return
+        seen, self.pending = sorted(self.pending), set()
+        gone, self.gone = sorted(self.gone), set()
+
+        def write(conn: psycopg.Connection[Any]) -> None:
+            if gone:
+                nodes.disconnected(conn, gone, self.server_id)
+            if seen:
+                nodes.seen(conn, seen, self.server_id)
+
+        try:
+            await self.db.transaction(write)
+        except psycopg.Error as e:
+            log.warning("could not record %d nodes seen, %d gone: %s", len(seen), len(gone), e)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(nodes.HEARTBEAT)
+                await self.flush()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self.flush()
+
+
+@dataclass
+class StreamReconciler:
+    """Asks every second whether the nodes with a stream here are all still accepted.
+
+    Notifications end streams within milliseconds; this is the backstop that keeps a
+    block inside its two seconds when one is lost.
+    """
+
+    db: Database
+    hub: EventHub
+    open: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def __len__(self) -> int:
+        return self.open.total()
+
+    def opened(self, node_id: str) -> None:
+        self.open[node_id] += 1
+
+    def closed(self, node_id: str) -> None:
+        self.open[node_id] -= 1
+        if self.open[node_id] <= 0:
+            del self.open[node_id]
+
+    async def check(self) -> None:
+        watched = list(self.open)
+        if not watched:
+            return
+        stale = await self.db.transaction(lambda conn: nodes.not_accepted(conn, watched))
+        for node_id in stale:
+            self.hub.wake(node_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(RECONCILE_EVERY)
+            try:
+                await self.check()
+            except psycopg.Error as e:
+                log.warning("could not reconcile the states of %d streamed nodes: %s", len(self), e)
