@@ -425,8 +425,17 @@ def purge_refused(
         audit.Actor("node", node_id),
         "node.purge.refused",
         f"node:{node_id}",
-        {"reason": reason[:MAX_REASON], "nonce": nonce, "server": server_id},
+        {
+            "reason": _one_line(reason),
+            "nonce": None if nonce is None else _one_line(nonce)[:64],
+            "server": server_id,
+        },
     )
+
+
+def _one_line(text: str) -> str:
+    """Untrusted text as one printable line of bounded length, for the audit log."""
+    return "".join(c if c.isprintable() else "?" for c in text[:MAX_REASON])
 
 
 def not_accepted(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[str]:

@@ -232,7 +232,9 @@ async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
     nonces = []
     async with edge_client.control(EDGE_A, keys) as (ws, first):
         nonces.append(verified_command(first, keys.ca_pem)["nonce"])
-        await edge_client.send(ws, "purge_refused", nonce=nonces[0], reason="testing a refusal")
+        await edge_client.send(
+            ws, "purge_refused", nonce=nonces[0], reason="testing a refusal\n" + "x" * 600
+        )
         assert await edge_client.receive(ws) == {
             "type": "refused",
             "code": "purging",
@@ -252,5 +254,6 @@ async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
         "node.block",
         "node.join",
     ]
-    assert history[1]["details"]["reason"] == "testing a refusal"
+    # The node's word, kept as one bounded line.
+    assert history[1]["details"]["reason"] == "testing a refusal?" + "x" * 482
     assert history[1]["details"]["nonce"] == nonces[0]
