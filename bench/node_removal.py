@@ -697,93 +697,130 @@ async def run_bench(
     root: Path,
     out: dict[str, Any],
 ) -> None:
-    phase = ["setup"]
+    run = Run(args, files, servers, agents, root, out)
     async with trio.open_nursery() as watchdog:
         for server in servers.values():
-            watchdog.start_soon(watch_server, server, phase)
+            watchdog.start_soon(watch_server, server, run.phase)
         watchdog.start_soon(watch_signals)
-        await measure(args, files, servers, agents, root, out, phase)
+        watchdog.start_soon(loop_lag, run.meter.lag, trio.Event())
+        await run.measure()
         watchdog.cancel_scope.cancel()
 
 
-async def measure(
-    args: argparse.Namespace,
-    files: ClusterFiles,
-    servers: dict[str, ServerProcess],
-    agents: list[Agent],
-    root: Path,
-    out: dict[str, Any],
-    phase: list[str],
-) -> None:
-    rng = random.Random(args.seed)
-    meter = Meter(servers)
-    phases: dict[str, Any] = {}
-    out["phases"] = phases
+@dataclass(eq=False)
+class Run:
+    """One run: each phase a method that adds its section to OUT["phases"]."""
 
-    phase[0] = "servers up"
-    began = time.monotonic()
-    if not await wait_until_servers(files, len(servers)):
-        raise RuntimeError(f"not all {len(servers)} servers were up within {UP_TIMEOUT} s")
-    # One more round of every edge's directory, so that welcomes list all three.
-    await trio.sleep(2.5)
-    out["servers_up_s"] = round(time.monotonic() - began, 1)
+    args: argparse.Namespace
+    files: ClusterFiles
+    servers: dict[str, ServerProcess]
+    agents: list[Agent]
+    root: Path
+    out: dict[str, Any]
+    phase: list[str] = field(default_factory=lambda: ["setup"])
+    phases: dict[str, Any] = field(default_factory=dict)
+    meter: Meter = field(init=False)
+    rng: random.Random = field(init=False)
 
-    ca_pem, ca_hash = await edge_client.fetch_ca(EDGES[0])
-    ca_cert = pki.cert_from_pem(ca_pem)
-    if ca_hash != files.ca_hash or pki.ca_hash(ca_cert) != ca_hash:
-        raise RuntimeError(f"edge presents CA {ca_hash}, cluster has {files.ca_hash}")
-    ca_key = ca_cert.public_key()
-    assert isinstance(ca_key, ec.EllipticCurvePublicKey)
-    token = await trio.to_thread.run_sync(create_token, files, "bench.node_removal")
-    api = Api.for_server(files, API_SERVER, max(args.burst, 1))
+    def __post_init__(self) -> None:
+        self.meter = Meter(self.servers)
+        self.rng = random.Random(self.args.seed)
+        self.out["phases"] = self.phases
 
-    # Keys and certificate requests, not timed.
-    joining = []
-    for _ in range(args.nodes):
-        keys = NodeKeys.new()
-        keys.ca_pem = ca_pem
-        joining.append(Node(keys, keys.csr_pem()))
+    def begin(self, name: str) -> None:
+        self.phase[0] = name
+        self.meter.start()
 
-    phase[0] = "joins"
-    meter.start()
-    results, wall, timed_out = await join_all(
-        joining, token, ca_pem, 16, time_limit=max(300.0, args.nodes * 0.2), edges=EDGES
-    )
-    phases["joins"] = {
-        "joined": len(results.joined),
-        "errors": dict(results.errors),
-        "timed_out": timed_out,
-        "joins_per_s": round(len(results.joined) / wall, 1) if wall > 0 else None,
-        **meter.stop(),
-    }
-    log(f"joins: {json.dumps(phases['joins'])}")
-    if len(results.joined) < args.nodes:
-        raise RuntimeError(f"only {len(results.joined)} of {args.nodes} nodes joined")
+    def end(self, name: str, section: dict[str, Any]) -> None:
+        self.phases[name] = {**section, **self.meter.stop()}
+        log(f"{name}: {json.dumps(self.phases[name])}")
 
-    fleet = Fleet([], Streams(), ca_key, files.name, rng)
-    for index, joined in enumerate(results.joined):
-        assert joined.keys.node_id
-        home = index % len(EDGES)
-        fleet.nodes.append(
-            SimNode(
-                index,
-                joined.keys,
-                edge_client.verified_context(ca_pem, joined.keys),
-                EDGES[home:] + EDGES[:home],
-            )
+    async def measure(self) -> None:
+        self.phase[0] = "servers up"
+        began = time.monotonic()
+        if not await wait_until_servers(self.files, len(self.servers)):
+            raise RuntimeError(f"not all {len(self.servers)} servers were up within {UP_TIMEOUT} s")
+        # One more round of every edge's directory, so that welcomes list all three.
+        await trio.sleep(2.5)
+        self.out["servers_up_s"] = round(time.monotonic() - began, 1)
+
+        ca_pem, ca_hash = await edge_client.fetch_ca(EDGES[0])
+        ca_cert = pki.cert_from_pem(ca_pem)
+        if ca_hash != self.files.ca_hash or pki.ca_hash(ca_cert) != ca_hash:
+            raise RuntimeError(f"edge presents CA {ca_hash}, cluster has {self.files.ca_hash}")
+        ca_key = ca_cert.public_key()
+        assert isinstance(ca_key, ec.EllipticCurvePublicKey)
+        token = await trio.to_thread.run_sync(create_token, self.files, "bench.node_removal")
+        api = Api.for_server(self.files, API_SERVER, max(self.args.burst, 1))
+        fleet = Fleet([], Streams(), ca_key, self.files.name, self.rng)
+        await self.join(fleet, token, ca_pem)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Heartbeats(fleet.streams, nursery).run)
+            ages: dict[str, list[float]] = {}
+            nursery.start_soon(sample_membership, self.files, ages)
+            await self.ramp(fleet, nursery)
+            fleet.streams.measuring = True
+            if self.args.agents:
+                await self.start_agents(token)
+
+            self.begin("baseline")
+            await trio.sleep(self.args.baseline)
+            self.end("baseline", {"open_streams": fleet.streams.open})
+
+            chosen = by_edge(fleet.nodes, self.rng)
+            blocks = await self.block(api, chosen[: self.args.blocks])
+            await self.unblock(api, blocks)
+            to_purge = chosen[self.args.blocks : self.args.blocks + self.args.purges]
+            await self.purge(api, to_purge)
+            if self.agents:
+                await self.purge_agents(api)
+
+            self.phase[0] = "end"
+            self.out["end"] = await self.final_state(fleet, ages)
+            log(f"end: {json.dumps(self.out['end'])}")
+            self.phase[0] = "close"
+            fleet.streams.stop()
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await fleet.streams.all_closed.wait()
+            nursery.cancel_scope.cancel()
+        self.out["targets"] = targets(self.phases)
+        self.phase[0] = "done"
+
+    async def join(self, fleet: Fleet, token: str, ca_pem: bytes) -> None:
+        """N nodes join through /join (node i through edge i % 3); keys made beforehand."""
+        joining = []
+        for _ in range(self.args.nodes):
+            keys = NodeKeys.new()
+            keys.ca_pem = ca_pem
+            joining.append(Node(keys, keys.csr_pem()))
+        self.begin("joins")
+        time_limit = max(300.0, self.args.nodes * 0.2)
+        results, wall, timed_out = await join_all(
+            joining, token, ca_pem, 16, time_limit=time_limit, edges=EDGES
         )
-    gc.collect()
-    gc.freeze()  # keys and contexts live until the end: keep full collections off them
+        self.end(
+            "joins",
+            {
+                "joined": len(results.joined),
+                "errors": dict(results.errors),
+                "timed_out": timed_out,
+                "joins_per_s": round(len(results.joined) / wall, 1) if wall > 0 else None,
+            },
+        )
+        if len(results.joined) < self.args.nodes:
+            raise RuntimeError(f"only {len(results.joined)} of {self.args.nodes} nodes joined")
+        for index, joined in enumerate(results.joined):
+            assert joined.keys.node_id
+            home = index % len(EDGES)
+            ctx = edge_client.verified_context(ca_pem, joined.keys)
+            fleet.nodes.append(SimNode(index, joined.keys, ctx, EDGES[home:] + EDGES[:home]))
+        gc.collect()
+        gc.freeze()  # keys and contexts live until the end: keep full collections off them
 
-    stop_lag = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(loop_lag, meter.lag, stop_lag)
-        nursery.start_soon(Heartbeats(fleet.streams, nursery).run)
-        ages: dict[str, list[float]] = {}
-        nursery.start_soon(sample_membership, files, ages)
-
-        phase[0] = "ramp"
-        meter.start()
+    async def ramp(self, fleet: Fleet, nursery: trio.Nursery) -> None:
+        """Start the nodes 200 at a time, each batch once the last one is settled."""
+        self.begin("ramp")
         for start in range(0, len(fleet.nodes), 200):
             batch = fleet.nodes[start : start + 200]
             for node in batch:
@@ -791,218 +828,171 @@ async def measure(
             if not await wait_until(partial(all_settled, batch), BATCH_TIMEOUT):
                 raise RuntimeError(f"streams {start}.. not settled in {BATCH_TIMEOUT} s")
             gc.freeze()
-        live = sum(n.edge is not None for n in fleet.nodes)
-        phases["ramp"] = {
-            "welcomed": live,
-            "per_edge": dict(Counter(n.edge for n in fleet.nodes if n.edge)),
-            **lost_and_failed(fleet.nodes),
-            **meter.stop(),
-        }
-        log(f"ramp: {json.dumps(phases['ramp'])}")
-        fleet.streams.measuring = True
+        self.end(
+            "ramp",
+            {
+                "welcomed": sum(n.edge is not None for n in fleet.nodes),
+                "per_edge": dict(Counter(n.edge for n in fleet.nodes if n.edge)),
+                **lost_and_failed(fleet.nodes),
+            },
+        )
 
-        if args.agents:
-            phase[0] = "agents"
-            meter.start()
-            agents.extend(start_agents(root, args.agents, files, token))
-            up = await wait_until(
-                lambda: all(read_status(a).get("connected") for a in agents), AGENTS_UP_TIMEOUT
-            )
-            for agent in agents:
-                agent.status = read_status(agent)
-                agent.node_id = agent.status.get("node_id")
-            phases["agents_start"] = {
-                "all_connected": up,
-                "servers": dict(Counter(str(a.status.get("server")) for a in agents)),
-                **meter.stop(),
-            }
-            log(f"agents: {json.dumps(phases['agents_start'])}")
+    async def start_agents(self, token: str) -> None:
+        self.begin("agents_start")
+        agents = self.agents
+        agents.extend(start_agents(self.root, self.args.agents, self.files, token))
+        up = await wait_until(
+            lambda: all(read_status(a).get("connected") for a in agents), AGENTS_UP_TIMEOUT
+        )
+        for agent in agents:
+            agent.status = read_status(agent)
+            agent.node_id = agent.status.get("node_id")
+        servers = Counter(str(a.status.get("server")) for a in agents)
+        self.end("agents_start", {"all_connected": up, "servers": dict(servers)})
 
-        phase[0] = "baseline"
-        meter.start()
-        await trio.sleep(args.baseline)
-        phases["baseline"] = {"open_streams": fleet.streams.open, **meter.stop()}
-        log(f"baseline: {json.dumps(phases['baseline'])}")
+    async def block(self, api: Api, nodes: list[SimNode]) -> list[Change]:
+        """Block half of NODES one at a time, the other half in bursts."""
+        half = len(nodes) // 2
+        burst = self.args.burst
+        blocks = [Change(n, "one at a time", n.edge) for n in nodes[:half]]
+        blocks += [Change(n, f"bursts of {burst}", n.edge) for n in nodes[half:]]
+        path, body = "/api/v1/nodes/{node_id}/block", {"reason": "bench.node_removal"}
+        for name, group, size, wait in (
+            ("block_one_at_a_time", blocks[:half], 1, BLOCK_WAIT),
+            ("block_bursts", blocks[half:], burst, BURST_WAIT),
+        ):
+            self.begin(name)
+            with trio.move_on_after(PHASE_LIMIT) as bounded:
+                await change_nodes(api, group, path, body, block_seen, burst=size, wait=wait)
+            section = split_summary(group, block_seen, BLOCK_DOCUMENTED)
+            self.end(name, {**section, "timed_out": bounded.cancelled_caught})
 
-        chosen = by_edge(fleet.nodes, rng)
-        to_block = chosen[: args.blocks]
-        to_purge = chosen[args.blocks : args.blocks + args.purges]
-        half = len(to_block) // 2
-        blocks = [Change(n, "one at a time", n.edge) for n in to_block[:half]]
-        blocks += [Change(n, f"bursts of {args.burst}", n.edge) for n in to_block[half:]]
-        body = {"reason": "bench.node_removal"}
-        block_path = "/api/v1/nodes/{node_id}/block"
-
-        phase[0] = "block one at a time"
-        meter.start()
-        with trio.move_on_after(PHASE_LIMIT) as bounded:
-            await change_nodes(
-                api, blocks[:half], block_path, body, block_seen, burst=1, wait=BLOCK_WAIT
-            )
-        phases["block_one_at_a_time"] = {
-            **split_summary(blocks[:half], block_seen, BLOCK_DOCUMENTED),
-            "timed_out": bounded.cancelled_caught,
-            **meter.stop(),
-        }
-        log(f"blocks one at a time: {json.dumps(phases['block_one_at_a_time'])}")
-
-        phase[0] = "block in bursts"
-        meter.start()
-        with trio.move_on_after(PHASE_LIMIT) as bounded:
-            await change_nodes(
-                api,
-                blocks[half:],
-                block_path,
-                body,
-                block_seen,
-                burst=args.burst,
-                wait=BURST_WAIT,
-            )
-        phases["block_bursts"] = {
-            **split_summary(blocks[half:], block_seen, BLOCK_DOCUMENTED),
-            "timed_out": bounded.cancelled_caught,
-            **meter.stop(),
-        }
-        log(f"blocks in bursts: {json.dumps(phases['block_bursts'])}")
-
-        phase[0] = "blocked"
-        meter.start()
+        # Blocked long enough for the nodes' retries to reach the 5 s cap.
+        self.begin("blocked")
         refused_before = sum(c.node.refusals["blocked"] for c in blocks)
-        await trio.sleep(args.blocked_for)
-        blocked_retries = sum(c.node.refusals["blocked"] for c in blocks) - refused_before
-        phases["blocked"] = {
-            "nodes": len(blocks),
-            "seconds": args.blocked_for,
-            "refused_attempts": blocked_retries,
-            "attempts_per_node_per_s": round(blocked_retries / len(blocks) / args.blocked_for, 3)
-            if blocks
-            else None,
-            "welcomed_while_blocked": sum(
-                any(t > c.call.requested for t in c.node.welcomes) for c in blocks if c.call
-            ),
-            **meter.stop(),
-        }
-        log(f"blocked: {json.dumps(phases['blocked'])}")
+        await trio.sleep(self.args.blocked_for)
+        retries = sum(c.node.refusals["blocked"] for c in blocks) - refused_before
+        per_node = retries / len(blocks) / self.args.blocked_for if blocks else math.nan
+        welcomed = sum(any(t > c.call.requested for t in c.node.welcomes) for c in blocks if c.call)
+        self.end(
+            "blocked",
+            {
+                "nodes": len(blocks),
+                "seconds": self.args.blocked_for,
+                "refused_attempts": retries,
+                "attempts_per_node_per_s": round(per_node, 3),
+                "welcomed_while_blocked": welcomed,
+            },
+        )
+        return blocks
 
-        phase[0] = "unblock"
-        meter.start()
+    async def unblock(self, api: Api, blocks: list[Change]) -> None:
+        """Unblock every blocked node, one request after the other; wait for the welcomes."""
+        self.begin("unblock")
         unblocks = [Change(c.node, "one after another", c.edge) for c in blocks]
         with trio.move_on_after(PHASE_LIMIT) as bounded:
             await send_one_after_another(api, unblocks, "/api/v1/nodes/{node_id}/unblock", {})
             await wait_until(partial(all_done, unblocks, welcome_seen), UNBLOCK_WAIT)
-        phases["unblock"] = {
-            **summary(unblocks, welcome_seen, UNBLOCK_TARGET_P99),
-            f"over_{UNBLOCK_DOCUMENTED:g}s": sum(
-                (w - c.call.requested) > UNBLOCK_DOCUMENTED
-                for c in unblocks
-                if c.call and (w := welcome_seen(c)) is not None
-            ),
-            "timed_out": bounded.cancelled_caught,
-            **meter.stop(),
-        }
-        log(f"unblock: {json.dumps(phases['unblock'])}")
+        later = [
+            w - c.call.requested for c in unblocks if c.call and (w := welcome_seen(c)) is not None
+        ]
+        self.end(
+            "unblock",
+            {
+                **summary(unblocks, welcome_seen, UNBLOCK_TARGET_P99),
+                f"over_{UNBLOCK_DOCUMENTED:g}s": sum(t > UNBLOCK_DOCUMENTED for t in later),
+                "timed_out": bounded.cancelled_caught,
+            },
+        )
 
-        phase[0] = "purge"
-        meter.start()
-        half = len(to_purge) // 2
-        purges = [Change(n, "one at a time", n.edge) for n in to_purge[:half]]
-        purges += [Change(n, f"bursts of {args.burst}", n.edge) for n in to_purge[half:]]
-        purge_path = "/api/v1/nodes/{node_id}/purge"
+    async def purge(self, api: Api, nodes: list[SimNode]) -> None:
+        """Purge half of NODES one at a time, the other half in bursts."""
+        self.begin("purge")
+        half = len(nodes) // 2
+        burst = self.args.burst
+        purges = [Change(n, "one at a time", n.edge) for n in nodes[:half]]
+        purges += [Change(n, f"bursts of {burst}", n.edge) for n in nodes[half:]]
+        path = "/api/v1/nodes/{node_id}/purge"
         with trio.move_on_after(PHASE_LIMIT) as bounded:
-            await change_nodes(
-                api, purges[:half], purge_path, {}, forgotten_seen, burst=1, wait=PURGE_WAIT
-            )
-            await change_nodes(
-                api,
-                purges[half:],
-                purge_path,
-                {},
-                forgotten_seen,
-                burst=args.burst,
-                wait=PURGE_WAIT,
-            )
-        phases["purge"] = {
-            "one_at_a_time": split_summary(purges[:half], forgotten_seen, BLOCK_DOCUMENTED),
-            "bursts": split_summary(purges[half:], forgotten_seen, BLOCK_DOCUMENTED),
-            "breakdown_ms": purge_breakdown(purges),
-            "purge_refusals": [r for c in purges for r in c.node.purge_refusals][:10],
-            "timed_out": bounded.cancelled_caught,
-            **meter.stop(),
-        }
-        left = await trio.to_thread.run_sync(nodes_in_db, files, [c.node.node_id for c in purges])
-        phases["purge"]["purged_nodes_still_in_db"] = len(left)
-        log(f"purge: {json.dumps(phases['purge'])}")
+            for group, size in ((purges[:half], 1), (purges[half:], burst)):
+                await change_nodes(
+                    api, group, path, {}, forgotten_seen, burst=size, wait=PURGE_WAIT
+                )
+        left = await trio.to_thread.run_sync(
+            nodes_in_db, self.files, [c.node.node_id for c in purges]
+        )
+        self.end(
+            "purge",
+            {
+                "one_at_a_time": split_summary(purges[:half], forgotten_seen, BLOCK_DOCUMENTED),
+                "bursts": split_summary(purges[half:], forgotten_seen, BLOCK_DOCUMENTED),
+                "breakdown_ms": purge_breakdown(purges),
+                "purge_refusals": [r for c in purges for r in c.node.purge_refusals][:10],
+                "purged_nodes_still_in_db": len(left),
+                "timed_out": bounded.cancelled_caught,
+            },
+        )
 
-        if agents:
-            phase[0] = "purge agents"
-            meter.start()
-            done: list[dict[str, Any]] = []
-            with trio.move_on_after(PHASE_LIMIT) as bounded:
-                for agent in agents:
-                    if agent.node_id is None:
-                        done.append({"error": "never connected", "log": agent.process.log()[-800:]})
-                        continue
-                    done.append(await purge_agent(api, agent))
-            ok = [d for d in done if d.get("request_to_exit_ms") is not None]
-            phases["purge_agents"] = {
-                "agents": len(agents),
+    async def purge_agents(self, api: Api) -> None:
+        """Purge the real agents one at a time, each once the previous one is gone."""
+        self.begin("purge_agents")
+        done: list[dict[str, Any]] = []
+        with trio.move_on_after(PHASE_LIMIT) as bounded:
+            for agent in self.agents:
+                if agent.node_id is None:
+                    done.append({"error": "never connected", "log": agent.process.log()[-800:]})
+                    continue
+                done.append(await purge_agent(api, agent))
+
+        def seconds(key: str) -> list[float]:
+            return [d[key] / 1000 for d in done if d.get(key) is not None]
+
+        self.end(
+            "purge_agents",
+            {
+                "agents": len(self.agents),
                 "exited_0": sum(d.get("returncode") == 0 for d in done),
-                "dirs_gone": sum(d.get("request_to_dir_gone_ms") is not None for d in done),
+                "dirs_gone": len(seconds("request_to_dir_gone_ms")),
                 "launchers_gone": sum(bool(d.get("launcher_gone")) for d in done),
-                "request_to_dir_gone_ms": percentiles(
-                    [
-                        d["request_to_dir_gone_ms"] / 1000
-                        for d in done
-                        if d.get("request_to_dir_gone_ms") is not None
-                    ]
-                ),
-                "request_to_exit_ms": percentiles([d["request_to_exit_ms"] / 1000 for d in ok]),
+                "request_to_dir_gone_ms": percentiles(seconds("request_to_dir_gone_ms")),
+                "request_to_exit_ms": percentiles(seconds("request_to_exit_ms")),
                 "each": done,
                 "timed_out": bounded.cancelled_caught,
-                **meter.stop(),
-            }
-            log(f"purge agents: {json.dumps(phases['purge_agents'])}")
+            },
+        )
 
-        phase[0] = "end"
+    async def final_state(self, fleet: Fleet, ages: dict[str, list[float]]) -> dict[str, Any]:
+        """What is left: streams, the database's view, everything that went wrong."""
         expected = [n for n in fleet.nodes if not n.purged]
         db_state = await trio.to_thread.run_sync(
-            nodes_in_db, files, [n.node_id for n in fleet.nodes]
+            nodes_in_db, self.files, [n.node_id for n in fleet.nodes]
         )
-        out["end"] = {
+        streams = fleet.streams
+        return {
             "nodes_expected_live": len(expected),
-            "streams_open": fleet.streams.open,
-            "streams_alive": fleet.streams.alive(),
+            "streams_open": streams.open,
+            "streams_alive": streams.alive(),
             "nodes_without_stream": [n.node_id for n in expected if n.edge is None][:10],
             "db_states": dict(Counter(state for state, _ in db_state.values())),
             "db_connected": sum(server is not None for _, server in db_state.values()),
             **lost_and_failed(fleet.nodes),
             "welcome_edge_counts": dict(fleet.welcome_edges),
-            "edges_messages": dict(fleet.streams.edges),
-            "messages_received": dict(fleet.streams.received),
-            "heartbeats_sent": fleet.streams.heartbeats_sent,
-            "heartbeat_send_errors": dict(fleet.streams.heartbeat_errors),
+            "edges_messages": dict(streams.edges),
+            "messages_received": dict(streams.received),
+            "heartbeats_sent": streams.heartbeats_sent,
+            "heartbeat_send_errors": dict(streams.heartbeat_errors),
             "heartbeat_gaps": {
-                "count": fleet.streams.gaps,
-                "over_6s": fleet.streams.gaps_over_6s,
-                "over_10s": fleet.streams.gaps_over_10s,
-                "max_s": round(fleet.streams.max_gap, 2),
+                "count": streams.gaps,
+                "over_6s": streams.gaps_over_6s,
+                "over_10s": streams.gaps_over_10s,
+                "max_s": round(streams.max_gap, 2),
             },
             "server_membership_age_s": {
                 address: {"max": round(max(a), 1), "over_5s": sum(x > 5 for x in a)}
                 for address, a in ages.items()
             },
-            "audit": await trio.to_thread.run_sync(audit_counts, files),
+            "audit": await trio.to_thread.run_sync(audit_counts, self.files),
         }
-        log(f"end: {json.dumps(out['end'])}")
-
-        phase[0] = "close"
-        fleet.streams.stop()
-        stop_lag.set()
-        with trio.move_on_after(CLOSE_TIMEOUT):
-            await fleet.streams.all_closed.wait()
-        nursery.cancel_scope.cancel()
-    out["targets"] = targets(phases)
-    phase[0] = "done"
 
 
 def purge_breakdown(purges: list[Change]) -> dict[str, Any]:
