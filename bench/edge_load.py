@@ -108,7 +108,7 @@ class Terminated(Exception):
     """SIGTERM or SIGHUP: stop, but still stop the server and drop the databases."""
 
 
-def _terminated(signum: int, _frame: object) -> None:
+def on_terminate_signal(signum: int, _frame: object) -> None:
     raise Terminated(f"received {signal.Signals(signum).name}")
 
 
@@ -288,7 +288,7 @@ async def sample_membership(files: ClusterFiles, ages: list[float], stop: trio.E
         await trio.sleep(1.0)
 
 
-_TEMPORAL_LEVEL = re.compile(r'^\{"level":"(\w+)"')
+TEMPORAL_LEVEL = re.compile(r'^\{"level":"(\w+)"')
 _EXCEPTION_LINE = re.compile(
     r"^[\s|+]*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Closed|Timeout|Group)):"
 )
@@ -309,7 +309,7 @@ def server_log_summary(text: str) -> dict[str, Any]:
                 problems.append(line[:300])
             silent += "silent for three heartbeats" in line
     exceptions = Counter(m[1] for line in lines if (m := _EXCEPTION_LINE.match(line)))
-    temporal = Counter(m[1] for line in lines if (m := _TEMPORAL_LEVEL.match(line)))
+    temporal = Counter(m[1] for line in lines if (m := TEMPORAL_LEVEL.match(line)))
     return {
         "lines": len(lines),
         "levels": dict(levels),
@@ -905,8 +905,8 @@ def main() -> None:
         "nodes": args.nodes,
     }
     failure: BaseException | None = None
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGHUP, _terminated)
+    signal.signal(signal.SIGTERM, on_terminate_signal)
+    signal.signal(signal.SIGHUP, on_terminate_signal)
     with tempfile.TemporaryDirectory() as tmp, fresh_database_url() as url:
         root = Path(tmp)
         files = initialise(root, url, "bench", advertise=ADDRESS)

@@ -17,9 +17,10 @@ real servers on 127.0.0.51, .52 and .53 (default ports), then from this one proc
    rotated so that they spread over the servers too;
 3. blocks B nodes, a third on each server, through the management API of 127.0.0.51 with
    the cluster context's operator credentials (cli.client.ApiClient, what `orchestrator-zero
-   node block` runs): half one at a time (the next once the node's stream was refused or
-   BLOCK_WAIT passed), half in concurrent bursts of K. For each, from just before the
-   request, and from its answer, to the node's stream receiving `refused` code `blocked`;
+   node block` runs, in an operator process of its own, a new TLS connection per request):
+   half one at a time (the next once the node's stream was refused or BLOCK_WAIT passed),
+   half in concurrent bursts of K. For each, from just before the request, and from its
+   answer, to the node's stream receiving `refused` code `blocked`;
 4. keeps them blocked S seconds, so that their retries reach the 5 s cap, then unblocks them
    one after the other: from the request to the node's next `welcome`;
 5. purges P other connected nodes (half one at a time, half in bursts of K): from the request
@@ -44,14 +45,20 @@ import datetime as dt
 import gc
 import json
 import math
+import os
 import random
+import re
 import signal
 import ssl
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -76,7 +83,6 @@ from bench.edge_load import (
     Live,
     Node,
     Streams,
-    _terminated,
     answer,
     create_token,
     error_name,
@@ -84,6 +90,7 @@ from bench.edge_load import (
     log,
     loop_lag,
     machine_info,
+    on_terminate_signal,
     percentiles,
     rss_mib,
     server_log_summary,
@@ -94,12 +101,11 @@ from bench.edge_load import (
 from cli.client import ApiClient
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
 from fixtures.postgres import fresh_database_url
 from oz0 import pki
 from oz0.context import MANAGEMENT_PORT, Context
-from oz0.errors import Oz0Error
 from oz0_node.reconnect import Reconnect
 
 ADDRESSES = ("127.0.0.51", "127.0.0.52", "127.0.0.53")
@@ -116,6 +122,9 @@ UNBLOCK_DOCUMENTED = 10.0
 
 # Bounds, so that a server that stops answering cannot keep the run going.
 UP_TIMEOUT = 60.0
+OPERATOR_START_TIMEOUT = 60.0
+OPERATOR_STOP_TIMEOUT = 10.0
+API_TIMEOUT = 60.0  # cli.client gives each server 15 s
 AGENTS_UP_TIMEOUT = 120.0
 BLOCK_WAIT = 5.0
 BURST_WAIT = 15.0
@@ -352,28 +361,100 @@ class Call:
     error: str | None
 
 
-@dataclass(eq=False)
-class Api:
-    """The cluster context's operator, talking to one server as `orchestrator-zero` does."""
+def operator_process(context_path: str, server: str, concurrency: str) -> None:
+    """The operator's side of `Api`: each line on stdin is a request to make through
+    cli.client.ApiClient (what `orchestrator-zero node ...` runs), up to CONCURRENCY at a
+    time; each answer is a line on stdout with when it was sent and answered."""
+    context = dataclasses.replace(Context.load(Path(context_path)), servers=(server,))
+    client = ApiClient(context)
+    printing = threading.Lock()
 
-    client: ApiClient
-    limiter: trio.CapacityLimiter
+    def call(request: dict[str, Any]) -> None:
+        requested = time.monotonic()
+        error = None
+        try:
+            client.post(request["path"], request["body"])
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"[:200]
+        done = {"id": request["id"], "requested": requested, "answered": time.monotonic()}
+        with printing:
+            print(json.dumps({**done, "error": error}), flush=True)
+
+    print(json.dumps({"ready": True}), flush=True)
+    with ThreadPoolExecutor(int(concurrency)) as pool:
+        for line in sys.stdin:
+            pool.submit(call, json.loads(line))
+
+
+class Api:
+    """The cluster context's operator, in a process of its own as the CLI would be, so that
+    neither its requests nor its time stamps wait for this process's event loop or GIL.
+    Both processes stamp with time.monotonic(), the system's one CLOCK_MONOTONIC."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.sending = trio.Lock()
+        self.waiting: dict[int, tuple[trio.Event, list[Call]]] = {}
+        self.last_id = 0
+        self.ready = trio.Event()
 
     @classmethod
-    def for_server(cls, files: ClusterFiles, server: str, concurrency: int) -> Api:
-        context = dataclasses.replace(Context.load(files.context_path), servers=(server,))
-        return cls(ApiClient(context), trio.CapacityLimiter(concurrency))
+    @asynccontextmanager
+    async def running(
+        cls, files: ClusterFiles, server: str, concurrency: int
+    ) -> AsyncIterator[Api]:
+        command = [sys.executable, "-m", "bench.node_removal", "--operator"]
+        command += [str(files.context_path), server, str(concurrency)]
+        process = await trio.lowlevel.open_process(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
+        api = cls(process)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(api._read_answers)
+                with trio.fail_after(OPERATOR_START_TIMEOUT):
+                    await api.ready.wait()
+                yield api
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if process.stdin is not None:
+                    await process.stdin.aclose()  # the operator process ends at EOF
+                with trio.move_on_after(OPERATOR_STOP_TIMEOUT):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+    async def _read_answers(self) -> None:
+        assert self.process.stdout is not None
+        pending = b""
+        async for chunk in self.process.stdout:
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                answer = json.loads(line)
+                if answer.get("ready"):
+                    self.ready.set()
+                    continue
+                event, slot = self.waiting.pop(int(answer["id"]))
+                slot.append(Call(answer["requested"], answer["answered"], answer["error"]))
+                event.set()
+        raise RuntimeError(f"the operator process exited ({self.process.poll()})")
 
     async def post(self, path: str, body: dict[str, Any]) -> Call:
-        def call() -> Call:
-            requested = time.monotonic()
-            try:
-                self.client.post(path, body)
-            except Oz0Error as e:
-                return Call(requested, time.monotonic(), str(e)[:200])
-            return Call(requested, time.monotonic(), None)
-
-        return await trio.to_thread.run_sync(call, limiter=self.limiter)
+        self.last_id += 1
+        event, slot = trio.Event(), list[Call]()
+        self.waiting[self.last_id] = (event, slot)
+        request = json.dumps({"id": self.last_id, "path": path, "body": body}) + "\n"
+        assert self.process.stdin is not None
+        async with self.sending:
+            await self.process.stdin.send_all(request.encode())
+        with trio.fail_after(API_TIMEOUT):
+            await event.wait()
+        return slot[0]
 
 
 @dataclass(eq=False)
@@ -525,13 +606,15 @@ class Meter:
     and after, and this process's loop lag."""
 
     servers: dict[str, ServerProcess]
+    others: dict[str, int] = field(default_factory=dict)
     lag: list[float] = field(default_factory=list)
     window: CpuWindow | None = None
     rss: dict[str, float] = field(default_factory=dict)
     began: float = 0.0
 
     def pids(self) -> dict[str, int | str]:
-        return {**{a: s.pid for a, s in self.servers.items()}, "generator": "self"}
+        servers = {a: s.pid for a, s in self.servers.items()}
+        return {**servers, "generator": "self", **self.others}
 
     def rss_now(self) -> dict[str, float]:
         return {name: rss_mib(pid) for name, pid in self.pids().items()}
@@ -598,12 +681,32 @@ SERVER_LOG_MARKS = {
 }
 
 
-def server_log(text: str) -> dict[str, Any]:
+def utc_stamp() -> str:
+    """Now, as the Temporal host stamps its log lines."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_TEMPORAL_PROBLEM = re.compile(
+    r'^\{"level":"(warn|error|dpanic|panic|fatal)","ts":"([^"]+)","msg":"([^"]*)"'
+)
+
+
+def server_log(text: str, window: list[str | None]) -> dict[str, Any]:
+    """The summary edge_load makes, counts of the lines that matter here, and the Temporal
+    host's warnings and errors while the phases ran (WINDOW, UTC): starting and stopping
+    three hosts one after the other makes the others complain, which is no news here."""
     found = server_log_summary(text)
+    lines = text.splitlines()
     found["marks"] = {
-        name: sum(mark in line for line in text.splitlines())
-        for name, mark in SERVER_LOG_MARKS.items()
+        name: sum(mark in line for line in lines) for name, mark in SERVER_LOG_MARKS.items()
     }
+    start, end = window[0] or "", window[1] or "9"
+    during = Counter(
+        f"{m[1]}: {m[3][:80]}"
+        for line in lines
+        if (m := _TEMPORAL_PROBLEM.match(line)) and start <= m[2] <= end
+    )
+    found["temporal_host_problems_during_phases"] = dict(during)
     return found
 
 
@@ -751,11 +854,14 @@ class Run:
         ca_key = ca_cert.public_key()
         assert isinstance(ca_key, ec.EllipticCurvePublicKey)
         token = await trio.to_thread.run_sync(create_token, self.files, "bench.node_removal")
-        api = Api.for_server(self.files, API_SERVER, max(self.args.burst, 1))
         fleet = Fleet([], Streams(), ca_key, self.files.name, self.rng)
+        self.out["phases_utc"] = [utc_stamp(), None]
         await self.join(fleet, token, ca_pem)
-
-        async with trio.open_nursery() as nursery:
+        async with (
+            Api.running(self.files, API_SERVER, max(self.args.burst, 1)) as api,
+            trio.open_nursery() as nursery,
+        ):
+            self.meter.others["operator"] = api.process.pid
             nursery.start_soon(Heartbeats(fleet.streams, nursery).run)
             ages: dict[str, list[float]] = {}
             nursery.start_soon(sample_membership, self.files, ages)
@@ -777,6 +883,7 @@ class Run:
                 await self.purge_agents(api)
 
             self.phase[0] = "end"
+            self.out["phases_utc"][1] = utc_stamp()
             self.out["end"] = await self.final_state(fleet, ages)
             log(f"end: {json.dumps(self.out['end'])}")
             self.phase[0] = "close"
@@ -1057,7 +1164,11 @@ def main() -> None:
     parser.add_argument("--baseline", type=float, default=10.0, help="idle seconds measured")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--server-logs", type=Path, help="keep the servers' stderr in DIR")
+    parser.add_argument("--operator", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.operator:
+        operator_process(*args.operator)
+        return
     if args.nodes < 3 or args.burst < 1 or args.blocks + args.purges > args.nodes:
         parser.error("need --nodes >= 3, --burst >= 1 and --blocks + --purges <= --nodes")
 
@@ -1071,8 +1182,8 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     failure: BaseException | None = None
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGHUP, _terminated)
+    signal.signal(signal.SIGTERM, on_terminate_signal)
+    signal.signal(signal.SIGHUP, on_terminate_signal)
     agents: list[Agent] = []
     with tempfile.TemporaryDirectory() as tmp, fresh_database_url() as url:
         root = Path(tmp)
@@ -1106,7 +1217,7 @@ def main() -> None:
                 text = server.stderr()
                 out["server_logs"][address] = {
                     "returncode": server.process.returncode if server.process else None,
-                    **server_log(text),
+                    **server_log(text, out.get("phases_utc") or [None, None]),
                 }
                 if args.server_logs:
                     args.server_logs.mkdir(parents=True, exist_ok=True)
