@@ -160,7 +160,12 @@ class SimNode:
     edge: str | None = None  # the edge of its live stream, if it has one
     settled: bool = False  # welcomed once, or its first attempt failed
     attempts: int = 0
+    attempt_began: float = 0.0
     welcomes: list[float] = field(default_factory=list)
+    # When the attempt that each welcome answered began.
+    welcomed_attempts: list[float] = field(default_factory=list)
+    # Refused new streams: (when the attempt began, when it was refused).
+    refused: list[tuple[float, float]] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
     refusals: Counter[str] = field(default_factory=Counter)
     lost: Counter[str] = field(default_factory=Counter)
@@ -281,6 +286,7 @@ async def attempt(fleet: Fleet, node: SimNode, edge: str, policy: Reconnect) -> 
     """One control stream, from connecting until it ends: "refused", "purged", "stopped",
     "lost" or "failed"."""
     node.attempts += 1
+    node.attempt_began = time.monotonic()
     phase = "connecting"
     began = trio.current_time()
     with trio.CancelScope(deadline=began + CONNECT_TIMEOUT + 2 * ANSWER_TIMEOUT) as bound:
@@ -294,12 +300,14 @@ async def attempt(fleet: Fleet, node: SimNode, edge: str, policy: Reconnect) -> 
                     return await obey_purge(fleet, node, ws, hello, first)
                 if kind == "refused":
                     node.refusals[str(first.get("code"))] += 1
+                    node.refused.append((node.attempt_began, time.monotonic()))
                     return "refused"
                 if kind != "welcome":
                     node.failures[f"answer:{kind}"] += 1
                     return "failed"
                 bound.deadline = math.inf
                 node.welcomes.append(time.monotonic())
+                node.welcomed_attempts.append(node.attempt_began)
                 fleet.welcome_edges[len(first.get("edges") or [])] += 1
                 node.edge, node.settled = edge, True
                 policy.stream_up()
@@ -977,7 +985,9 @@ class Run:
         # Blocked long enough for the nodes' retries to reach the 5 s cap.
         self.begin("blocked")
         refused_before = sum(c.node.refusals["blocked"] for c in blocks)
+        began = time.monotonic()
         await trio.sleep(self.args.blocked_for)
+        refused_in = [at - start for c in blocks for start, at in c.node.refused if start >= began]
         retries = sum(c.node.refusals["blocked"] for c in blocks) - refused_before
         per_node = retries / len(blocks) / self.args.blocked_for if blocks else math.nan
         welcomed = sum(any(t > c.call.requested for t in c.node.welcomes) for c in blocks if c.call)
@@ -988,6 +998,7 @@ class Run:
                 "seconds": self.args.blocked_for,
                 "refused_attempts": retries,
                 "attempts_per_node_per_s": round(per_node, 3),
+                "refused_attempt_ms": percentiles(refused_in),
                 "welcomed_while_blocked": welcomed,
             },
         )
@@ -1007,6 +1018,7 @@ class Run:
             "unblock",
             {
                 **summary(unblocks, welcome_seen, UNBLOCK_TARGET_P99),
+                "breakdown_ms": unblock_breakdown(unblocks),
                 f"over_{UNBLOCK_DOCUMENTED:g}s": sum(t > UNBLOCK_DOCUMENTED for t in later),
                 "timed_out": bounded.cancelled_caught,
             },
@@ -1100,6 +1112,28 @@ class Run:
             },
             "audit": await trio.to_thread.run_sync(audit_counts, self.files),
         }
+
+
+def unblock_breakdown(unblocks: list[Change]) -> dict[str, Any]:
+    """Where an unblock's time goes: waiting for the node's next attempt (its backoff, at
+    most 5 s once it is at the cap), then that attempt connecting until `welcome`; and how
+    many nodes had an attempt refused that ended after the request was sent."""
+    waiting, connecting, refused_after = [], [], 0
+    for change in unblocks:
+        node, call = change.node, change.call
+        if call is None or call.error is not None:
+            continue
+        for at, began in zip(node.welcomes, node.welcomed_attempts, strict=True):
+            if at >= call.requested:
+                waiting.append(max(0.0, began - call.requested))
+                connecting.append(at - began)
+                break
+        refused_after += any(at >= call.requested for _, at in node.refused)
+    return {
+        "request_to_attempt": percentiles(waiting),
+        "attempt_to_welcome": percentiles(connecting),
+        "nodes_refused_after_request": refused_after,
+    }
 
 
 def purge_breakdown(purges: list[Change]) -> dict[str, Any]:
