@@ -164,8 +164,8 @@ class SimNode:
     welcomes: list[float] = field(default_factory=list)
     # When the attempt that each welcome answered began.
     welcomed_attempts: list[float] = field(default_factory=list)
-    # Refused new streams: (when the attempt began, when it was refused).
-    refused: list[tuple[float, float]] = field(default_factory=list)
+    # Refused new streams: when the attempt began, when `hello` came, when it was refused.
+    refused: list[tuple[float, float, float]] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
     refusals: Counter[str] = field(default_factory=Counter)
     lost: Counter[str] = field(default_factory=Counter)
@@ -292,6 +292,7 @@ async def attempt(fleet: Fleet, node: SimNode, edge: str, policy: Reconnect) -> 
     with trio.CancelScope(deadline=began + CONNECT_TIMEOUT + 2 * ANSWER_TIMEOUT) as bound:
         try:
             async with edge_client.connect(edge, "/control", node.ctx) as (ws, hello):
+                hello_at = time.monotonic()
                 phase = "answer"
                 first = await answer(ws)
                 kind = first.get("type")
@@ -300,7 +301,7 @@ async def attempt(fleet: Fleet, node: SimNode, edge: str, policy: Reconnect) -> 
                     return await obey_purge(fleet, node, ws, hello, first)
                 if kind == "refused":
                     node.refusals[str(first.get("code"))] += 1
-                    node.refused.append((node.attempt_began, time.monotonic()))
+                    node.refused.append((node.attempt_began, hello_at, time.monotonic()))
                     return "refused"
                 if kind != "welcome":
                     node.failures[f"answer:{kind}"] += 1
@@ -987,7 +988,7 @@ class Run:
         refused_before = sum(c.node.refusals["blocked"] for c in blocks)
         began = time.monotonic()
         await trio.sleep(self.args.blocked_for)
-        refused_in = [at - start for c in blocks for start, at in c.node.refused if start >= began]
+        refused_in = [times for c in blocks for times in c.node.refused if times[0] >= began]
         retries = sum(c.node.refusals["blocked"] for c in blocks) - refused_before
         per_node = retries / len(blocks) / self.args.blocked_for if blocks else math.nan
         welcomed = sum(any(t > c.call.requested for t in c.node.welcomes) for c in blocks if c.call)
@@ -998,7 +999,11 @@ class Run:
                 "seconds": self.args.blocked_for,
                 "refused_attempts": retries,
                 "attempts_per_node_per_s": round(per_node, 3),
-                "refused_attempt_ms": percentiles(refused_in),
+                "refused_attempt_ms": {
+                    "connect_to_hello": percentiles([h - start for start, h, _ in refused_in]),
+                    "hello_to_refused": percentiles([at - h for _, h, at in refused_in]),
+                    "whole": percentiles([at - start for start, _, at in refused_in]),
+                },
                 "welcomed_while_blocked": welcomed,
             },
         )
@@ -1128,7 +1133,7 @@ def unblock_breakdown(unblocks: list[Change]) -> dict[str, Any]:
                 waiting.append(max(0.0, began - call.requested))
                 connecting.append(at - began)
                 break
-        refused_after += any(at >= call.requested for _, at in node.refused)
+        refused_after += any(at >= call.requested for _, _, at in node.refused)
     return {
         "request_to_attempt": percentiles(waiting),
         "attempt_to_welcome": percentiles(connecting),
