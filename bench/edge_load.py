@@ -72,16 +72,21 @@ CLOSE_TIMEOUT = 60.0
 SERVER_START_TIMEOUT = 180.0
 
 
-def source_version() -> str:
-    """The commit the server runs, and whether its code had uncommitted changes."""
+def source_version(measured: Sequence[str] = ("oz0", "cli")) -> str:
+    """The commit this checkout is at, and whether the code measured (the directories
+    MEASURED) had uncommitted changes, and in which files."""
     repo = Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else "?"
+        return done.stdout.rstrip("\n") if done.returncode == 0 else "?"
 
-    dirty = git("status", "--porcelain", "--", "oz0", "cli")
-    return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if dirty else "")
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    if commit == "?":
+        return "? (not a git checkout)"
+    # Porcelain lines are "XY PATH": two status letters (either may be a space), a space.
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", *measured).splitlines()]
+    return commit + (f" with uncommitted changes in {', '.join(dirty)}" if dirty else "")
 
 
 def log(message: str) -> None:

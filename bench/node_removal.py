@@ -1217,7 +1217,8 @@ def main() -> None:
         "machine": machine_info(),
         "servers": list(ADDRESSES),
         "api_server": API_SERVER,
-        "source": source_version(),
+        # The servers, the CLI's client, and the agent (real, and the reconnect policy).
+        "source": source_version(("oz0", "cli", "oz0_node")),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     failure: BaseException | None = None
