@@ -72,6 +72,13 @@ async def run(
     identity.ensure_data_dir()
     with identity.locked():
         record = identity.load_record()
+        if (record is None or record.node_id is None) and identity.has_certificate():
+            # Joining again would pair a fresh record with the old node's certificate.
+            raise AgentError(
+                f"{options.data_dir} holds a node certificate but no node record "
+                f"({identity.record_path.name} is missing or names no node); it is damaged: "
+                f"move it away and join with a new --data-dir"
+            )
         if record is None:
             assert options.ca_hash is not None  # check_options
             pinned = await join.pin_ca(

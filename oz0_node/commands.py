@@ -35,7 +35,7 @@ class LiveStream:
     conn: EdgeConnection
     ca_pem: bytes
     hello: Hello
-    nonces: purge.SeenNonces
+    nonces: purge.PurgeMemory
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
@@ -51,7 +51,11 @@ def take_refusal(node: Node, refusal: Refusal, address: str) -> Exception:
     `purging` follows a purge command this agent refused; the edge signs a fresh one for
     the next stream, so it is asked again just as when blocked.
     """
-    if refusal.code in ("blocked", "pending", "purging"):
+    if refusal.code == "purging":
+        # Not written to node.json: after a purge refused because the directory does not
+        # hold this node's identity, the agent must not write its identity back there.
+        return NodeRefused(f"edge {address} refused node {node.name}: {refusal.message}")
+    if refusal.code in ("blocked", "pending"):
         node.remember(state=refusal.code)
         return NodeRefused(f"edge {address} refused node {node.name}: {refusal.message}")
     if refusal.code == "rejected":

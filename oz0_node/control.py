@@ -44,7 +44,7 @@ async def run(
     Also ends by `PurgeConfirmed` once the node has answered a valid purge command.
     """
     policy = Reconnect(node.edges, rng=rng)
-    nonces = purge.SeenNonces.load(node.identity.data_dir)
+    nonces = purge.PurgeMemory.load(node.identity.data_dir)
     while True:
         address = await policy.next_edge()
         try:
@@ -61,7 +61,7 @@ async def _one_stream(
     address: str,
     tls: ssl.SSLContext,
     ca_pem: bytes,
-    nonces: purge.SeenNonces,
+    nonces: purge.PurgeMemory,
     policy: Reconnect,
     open_stream: OpenStream,
 ) -> None:

@@ -7,10 +7,11 @@ A command is refused unless all of these hold, checked in this order, each failu
 reason sent back to the edge: the message carries base64 `command` and `signature`; the
 signature verifies with the cluster CA certificate in the node's own identity (never the
 one an edge offers in `hello`); the command is a JSON object with action `purge` and a
-nonce of 32 hex digits; it names this node's cluster, this node, and the challenge of the
-connection it arrived on; its nonce was not seen before; and the data directory can be
-deleted safely (below). Every nonce of a command whose signature verifies counts as seen,
-whatever else is wrong with that command: it is the cluster's, so it never comes back.
+nonce of 32 hex digits; it names this node's cluster, this node, and the challenge of
+the connection it arrived on; its nonce was not seen before; and the data directory can
+be deleted safely (below; once found unsafe, never again in this process). Every nonce
+of a command whose signature verifies counts as seen, whatever else is wrong with that
+command: it is the cluster's, so it never comes back.
 Seen nonces stay in memory and in DIR/purge-nonces (0600, the last MAX_NONCES).
 
 The data directory is deleted only if it is a real directory (not a symbolic link), this
@@ -102,15 +103,27 @@ class PurgeConfirmed(Exception):
         self.command = command
 
 
-class SeenNonces:
-    """The nonces of every signed purge command this node received, the newest MAX_NONCES."""
+class PurgeMemory:
+    """What the agent keeps across purge commands: the nonces of every signed one it got
+    (the newest MAX_NONCES), and why its data directory must not be deleted, once found.
+
+    That finding sticks for the life of the process: the agent writes its own node.json
+    from memory (a new state, new edges), which would restore an identity someone changed
+    under it, and the next command would then pass and delete the directory.
+    """
 
     def __init__(self, path: Path, nonces: list[str]) -> None:
         self.path = path
         self._nonces: collections.deque[str] = collections.deque(nonces, maxlen=MAX_NONCES)
+        self.unsafe_to_delete: str | None = None
+
+    def deletion_refusal(self, data_dir: Path, node_id: str) -> str | None:
+        if self.unsafe_to_delete is None:
+            self.unsafe_to_delete = deletion_refusal(data_dir, node_id)
+        return self.unsafe_to_delete
 
     @classmethod
-    def load(cls, data_dir: Path) -> SeenNonces:
+    def load(cls, data_dir: Path) -> PurgeMemory:
         path = data_dir / NONCES_FILE
         try:
             lines = path.read_text(encoding="ascii").split()
@@ -143,7 +156,7 @@ def verify(
     cluster: str,
     node_id: str,
     challenge: str | None,
-    nonces: SeenNonces,
+    nonces: PurgeMemory,
 ) -> PurgeCommand:
     """The command in MESSAGE if it passes every check (module docstring); CommandRefused."""
     command_text, signature_text = message.get("command"), message.get("signature")
@@ -199,7 +212,7 @@ def verify(
         raise CommandRefused("command was signed for another connection", nonce)
     if seen_before:
         raise CommandRefused("nonce already seen", nonce)
-    refusal = deletion_refusal(identity.data_dir, node_id)
+    refusal = nonces.deletion_refusal(identity.data_dir, node_id)
     if refusal is not None:
         raise CommandRefused(refusal, nonce)
     return PurgeCommand(

@@ -125,3 +125,31 @@ def test_one_agent_per_data_directory(tmp_path: Path) -> None:
         pass
     with identity.locked():
         pass
+
+
+async def test_a_certificate_without_its_node_record_is_refused_and_nothing_written(
+    tmp_path: Path, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    cluster = FakeCluster()
+    cluster.add_edge("edge-a:7443")
+    net = FakeNet(cluster, nursery)
+    data = tmp_path / "node"
+    async with trio.open_nursery() as inner:
+        inner.start_soon(
+            lambda: agent.run(
+                options(data, cluster, token=GOOD_TOKEN),
+                open_stream=net.open_stream,
+                rng=random.Random(1),
+            )
+        )
+        await cluster.wait_for("welcome")
+        inner.cancel_scope.cancel()
+    root = data / "identity"
+    (root / "node.json").unlink()
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    with (
+        pytest.raises(AgentError, match=r"holds a node certificate but no node record"),
+        trio.fail_after(60),
+    ):
+        await agent.run(options(data, cluster, token=GOOD_TOKEN), open_stream=net.open_stream)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before

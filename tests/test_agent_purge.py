@@ -276,8 +276,9 @@ async def test_a_wrong_command_is_refused_files_stay_and_the_agent_asks_again(
     ]
     _assert_identity_intact(data, node_id)
     assert launcher.exists()
-    # Refused `purging` (after the refusal) is taken like `blocked`: the same edge, soon.
-    assert read_json(data / "identity" / "node.json")["state"] == "purging"
+    # Refused `purging` (after the refusal) is taken like `blocked`: the same edge, soon;
+    # but nothing is written to the identity the purge was refused over.
+    assert read_json(data / "identity" / "node.json")["state"] == "accepted"
     first, second = net.cluster.of_kind("connect")[:2]
     assert (first.edge, second.edge) == (EDGE, EDGE)
     assert 0 < second.at - first.at <= 5.0
@@ -371,11 +372,11 @@ async def test_a_nonce_seen_before_is_refused_in_the_same_run_and_after_a_restar
 
 
 def test_seen_nonces_keep_the_newest_thousand(tmp_path: Path) -> None:
-    seen = purge.SeenNonces.load(tmp_path)
+    seen = purge.PurgeMemory.load(tmp_path)
     nonces = [f"{i:032x}" for i in range(purge.MAX_NONCES + 5)]
     for nonce in nonces:
         seen.add(nonce)
-    again = purge.SeenNonces.load(tmp_path)
+    again = purge.PurgeMemory.load(tmp_path)
     assert (tmp_path / purge.NONCES_FILE).read_text().split() == nonces[5:]
     assert nonces[4] not in again
     assert nonces[5] in again

@@ -373,12 +373,6 @@ def test_a_data_dir_that_names_another_node_is_never_deleted(
     assert_refused_and_kept(cli, cluster_env, again, node_id, other_node, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: after refusing, the agent rewrites node.json from memory "
-    "(commands.take_refusal -> Node.remember(state='purging') -> save_record), so the "
-    "next purge command passes the identity check and DIR is deleted",
-)
 def test_a_data_dir_whose_identity_changes_under_the_running_agent_is_never_deleted(
     cli: CliRunner,
     cluster_files: ClusterFiles,
