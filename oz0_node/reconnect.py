@@ -6,6 +6,10 @@ first attempt of a policy is immediate; after that the wait before attempt n (n 
 since the last reset) is uniform in [0, min(CAP, BASE * 2**n)]: 0.2 s, 0.4 s, ... never
 more than 5 s. A stream that stayed up STABLE_AFTER seconds resets the count. Time is
 Trio's clock, so tests run it on MockClock.
+
+An edge that refused us for now (blocked) is asked again after a wait uniform in
+[REFUSED_MIN, REFUSED_MAX] instead: on average no more often than full jitter at the cap,
+but never longer than REFUSED_MAX, so an unblock is noticed within about 4 s, not 5.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ log = logging.getLogger(__name__)
 BASE_DELAY = 0.2
 MAX_DELAY = 5.0
 STABLE_AFTER = 30.0
+REFUSED_MIN = 2.0
+REFUSED_MAX = 4.0
 # 2**5 * 0.2 already exceeds the cap; stop the exponent there.
 _MAX_EXPONENT = 16
 
@@ -48,6 +54,7 @@ class Reconnect:
         self._started = False
         self._next = 0
         self._up_since: float | None = None
+        self._refused = False
 
     def delay_bound(self) -> float:
         """The longest the next wait can be."""
@@ -57,11 +64,14 @@ class Reconnect:
         """The wait before the next attempt (0 for the first one), with jitter."""
         if not self._started:
             return 0.0
+        if self._refused:
+            return self._rng.uniform(REFUSED_MIN, REFUSED_MAX)
         return self._rng.uniform(0.0, self.delay_bound())
 
     async def next_edge(self) -> str:
         """Wait as the policy says, then name the edge to try."""
         delay = self.next_delay()
+        self._refused = False
         if self._started:
             self._retries += 1
         self._started = True
@@ -76,8 +86,10 @@ class Reconnect:
         return edge
 
     def same_edge_again(self) -> None:
-        """The last edge answered (it refused us for now): ask it again rather than the next."""
+        """The last edge answered (it refused us for now): ask it again rather than the next,
+        at the pace for refusals."""
         self._next -= 1
+        self._refused = True
 
     def reset(self) -> None:
         """Things work again: the next wait is back to the shortest."""

@@ -83,3 +83,22 @@ async def test_edges_learnt_later_join_the_rotation(
     assert await policy.next_edge() == "a:1"
     known.extend(["b:2", "c:3"])
     assert [await policy.next_edge() for _ in range(3)] == ["b:2", "c:3", "a:1"]
+
+
+async def test_an_edge_that_refused_is_asked_again_every_two_to_four_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1", "b:2"], rng=random.Random(3))
+    await policy.next_edge()
+    waits = []
+    for _ in range(200):
+        policy.same_edge_again()
+        before = trio.current_time()
+        assert await policy.next_edge() == "a:1"
+        waits.append(trio.current_time() - before)
+    assert all(2.0 <= wait <= 4.0 for wait in waits)
+    assert min(waits) < 2.2 and max(waits) > 3.8, "spread over the range, not one value"
+    # A failure that is not a refusal goes back to the backoff (and to the next edge).
+    before = trio.current_time()
+    assert await policy.next_edge() == "b:2"
+    assert trio.current_time() - before <= 5.0
