@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import GOOD_TOKEN, FakeCluster, FakeNet, options, read_json
+from test_agent_fakes import GOOD_TOKEN, FakeCluster, FakeNet, join_and_stop, options, read_json
 
 from oz0 import pki
 from oz0_node import agent
@@ -134,16 +134,7 @@ async def test_a_certificate_without_its_node_record_is_refused_and_nothing_writ
     cluster.add_edge("edge-a:7443")
     net = FakeNet(cluster, nursery)
     data = tmp_path / "node"
-    async with trio.open_nursery() as inner:
-        inner.start_soon(
-            lambda: agent.run(
-                options(data, cluster, token=GOOD_TOKEN),
-                open_stream=net.open_stream,
-                rng=random.Random(1),
-            )
-        )
-        await cluster.wait_for("welcome")
-        inner.cancel_scope.cancel()
+    await join_and_stop(net, data)
     root = data / "identity"
     (root / "node.json").unlink()
     before = {p.name: p.read_bytes() for p in root.iterdir()}
