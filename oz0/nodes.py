@@ -380,7 +380,11 @@ def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> No
     state, _ = _locked(conn, node_id)
     if state == "purging":
         raise NodeError(f"node {node_id} is being purged already")
-    if state not in ("accepted", "blocked"):
+    row = conn.execute(
+        "SELECT certificate IS NOT NULL FROM nodes WHERE id = %s", (node_id,)
+    ).fetchone()
+    # A node blocked while pending never had a certificate: it has no control stream either.
+    if state not in ("accepted", "blocked") or row is None or not row[0]:
         raise NodeError(
             f"node {node_id} is {state} and has no control stream to be purged through;"
             " use node delete to forget it"

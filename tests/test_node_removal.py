@@ -126,6 +126,18 @@ async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
     assert shown["state"] == "accepted"
     assert [r["action"] for r in await audit_of(cli, node, cluster_env)] == ["node.join"]
 
+    # Blocked while pending: it never had a certificate, so no stream to purge it through.
+    pending = await pinned_keys(cluster_files)
+    assert (await edge_client.join(EDGE_A, pending))["state"] == "pending"
+    blocked = await cli_async(
+        cli, "node", "block", pending.node_id, "--reason", "x", env=cluster_env
+    )
+    assert blocked.code == 0, blocked.err
+    purge = await cli_async(cli, "node", "purge", pending.node_id, "--yes", env=cluster_env)
+    assert purge.code == 1 and "no control stream" in purge.err
+    unblocked = await cli_async(cli, "node", "unblock", pending.node_id, env=cluster_env)
+    assert unblocked.code == 0 and "(pending)" in unblocked.out
+
 
 async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
     cli: CliRunner,
