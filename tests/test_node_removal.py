@@ -138,6 +138,14 @@ async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
     unblocked = await cli_async(cli, "node", "unblock", pending.node_id, env=cluster_env)
     assert unblocked.code == 0 and "(pending)" in unblocked.out
 
+    # A node that never comes back stays purging; delete forgets it.
+    assert (await cli_async(cli, "node", "purge", node, "--yes", env=cluster_env)).code == 0
+    listed = await cli_async(cli, "node", "list", "--state", "purging", "--json", env=cluster_env)
+    assert [n["id"] for n in listed.json()] == [node]
+    assert (await cli_async(cli, "node", "delete", node, env=cluster_env)).code == 0
+    remaining = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    assert node not in [n["id"] for n in remaining] and len(remaining) == 1
+
 
 async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
     cli: CliRunner,
