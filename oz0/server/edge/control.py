@@ -120,7 +120,7 @@ async def _receive_from_node(
                 with contextlib.suppress(trio.WouldBlock):
                     answers.send_nowait(message)
     except trio.TooSlowError:
-        log.info("node %s silent for three heartbeats; closing its stream", node_id)
+        log.warning("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:
         pass
     scope.cancel()
