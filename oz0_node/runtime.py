@@ -128,9 +128,10 @@ class NodeRuntime:
         thread.start()
         try:
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+            asked_to_stop = self._stopping
         finally:
             await self.stop()
-        if not self._stopping:
+        if not asked_to_stop:
             failure = self._failure
             reason = f"{type(failure).__name__}: {failure}" if failure else "its worker ended"
             raise RuntimeFailed(
