@@ -125,8 +125,9 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
             node.name,
         )
         return
+    assert node.record.node_id is not None  # a control stream needs the node's certificate
     settings = RuntimeSettings(
-        node_id=welcome.node_id,
+        node_id=node.record.node_id,  # the name its certificate, and so Temporal, knows
         namespace=welcome.tenant,
         temporal=welcome.temporal,
         identity=node.identity,
