@@ -30,13 +30,6 @@ from typing import Any, Protocol
 import trio
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.runtime import (
-    LogForwardingConfig,
-    LoggingConfig,
-    TelemetryConfig,
-    TelemetryFilter,
-)
-from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
@@ -53,29 +46,6 @@ CONNECT_TIMEOUT = 10.0
 GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
 STOP_TIMEOUT = 5.0
 RUNNING_POLL = 0.05
-
-_core_lock = threading.Lock()
-_core: TemporalRuntime | None = None
-
-
-def _core_runtime() -> TemporalRuntime:
-    """temporalio's core (one thread pool per process, made on first use), its warnings
-    forwarded to the agent's log instead of written to stderr in a format of their own."""
-    global _core
-    with _core_lock:
-        if _core is None:
-            forwarding = LogForwardingConfig(
-                logger=logging.getLogger(f"{__name__}.core"), append_target_to_name=False
-            )
-            _core = TemporalRuntime(
-                telemetry=TelemetryConfig(
-                    logging=LoggingConfig(
-                        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
-                        forwarding=forwarding,
-                    )
-                )
-            )
-        return _core
 
 
 def task_queue(node_id: str) -> str:
@@ -218,7 +188,6 @@ class NodeRuntime:
                 namespace=settings.namespace,
                 tls=tls,
                 identity=f"{settings.node_id}@{socket.gethostname()}",
-                runtime=_core_runtime(),
             ),
             CONNECT_TIMEOUT,
         )
