@@ -295,19 +295,27 @@ def pickup(
     return Pickup(str(row[0]), row[2], row[3], str(row[4]))
 
 
+@dataclass(frozen=True)
+class ControlState:
+    """What a control stream needs to know of its node."""
+
+    state: str
+    tenant: str
+
+
 def control_state(
     conn: psycopg.Connection[Any], node_id: str, key: ec.EllipticCurvePublicKey
-) -> str | None:
-    """The state of the node a control stream's certificate names, None if unknown.
+) -> ControlState | None:
+    """The state and tenant of the node a control stream's certificate names, None if unknown.
 
     The key must be the one the node joined with: a certificate of a deleted node whose
     ID someone else now holds is refused.
     """
     row = conn.execute(
-        "SELECT state FROM nodes WHERE id = %s AND public_key_sha256 = %s",
+        "SELECT state, tenant FROM nodes WHERE id = %s AND public_key_sha256 = %s",
         (node_id, public_key_sha256(key)),
     ).fetchone()
-    return str(row[0]) if row else None
+    return ControlState(str(row[0]), str(row[1])) if row else None
 
 
 def connected(conn: psycopg.Connection[Any], node_id: str, server_id: str) -> None:

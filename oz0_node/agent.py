@@ -22,6 +22,7 @@ from oz0_node import control, join, purge
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from oz0_node.node import Node
+from oz0_node.runtime import RuntimeFactory, Runtimes
 from oz0_node.tls import edge_context
 from oz0_node.transport import OpenStream, open_tcp
 
@@ -65,8 +66,11 @@ async def run(
     *,
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
+    runtime_factory: RuntimeFactory | None = None,
 ) -> purge.Purged:
-    """Join if needed, then keep a control stream up; returns only once purged."""
+    """Join if needed, then keep a control stream up; returns only once purged.
+
+    RUNTIME_FACTORY makes the node's runtime for each stream (tests pass fakes)."""
     identity = IdentityDir(options.data_dir)
     check_options(identity.load_record(), options)
     identity.ensure_data_dir()
@@ -100,8 +104,11 @@ async def run(
         key = identity.load_or_create_key()
         ca_pem = identity.load_ca_pem()
         node.publish()
-        command = await _stay_connected(node, key, ca_pem, options.request, open_stream, rng)
-        return await _carry_out_purge(node, command, options)
+        runtimes = Runtimes(runtime_factory) if runtime_factory is not None else Runtimes()
+        command = await _stay_connected(
+            node, key, ca_pem, options.request, open_stream, rng, runtimes
+        )
+        return await _carry_out_purge(node, command, options, runtimes)
 
 
 async def _stay_connected(
@@ -111,6 +118,7 @@ async def _stay_connected(
     request: join.JoinRequest,
     open_stream: OpenStream,
     rng: random.Random | None,
+    runtimes: Runtimes,
 ) -> purge.PurgeCommand:
     """Get the certificate if needed, then the control stream; the purge that ended it.
 
@@ -124,7 +132,7 @@ async def _stay_connected(
                 node, key, request, edge_context(ca_pem), ca_pem, open_stream=open_stream, rng=rng
             )
         tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
-        await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng)
+        await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng, runtimes=runtimes)
     except purge.PurgeConfirmed as confirmed:
         return confirmed.command
     finally:
@@ -133,10 +141,10 @@ async def _stay_connected(
 
 
 async def _carry_out_purge(
-    node: Node, command: purge.PurgeCommand, options: StartOptions
+    node: Node, command: purge.PurgeCommand, options: StartOptions, runtimes: Runtimes
 ) -> purge.Purged:
     """Stop everything, then delete DIR and the launcher; still holding DIR's lock."""
-    await _stop_runtimes_and_plugins(node)
+    await _stop_runtimes_and_plugins(runtimes)
     remembered = node.record.launcher
     launcher = Path(remembered) if remembered is not None else options.default_launcher
     data_dir = node.identity.data_dir
@@ -146,9 +154,12 @@ async def _carry_out_purge(
     return purge.Purged(node_id=command.node_id, data_dir=data_dir, launcher=deleted_launcher)
 
 
-async def _stop_runtimes_and_plugins(node: Node) -> None:
+async def _stop_runtimes_and_plugins(runtimes: Runtimes) -> None:
     """The one place where a purge stops the node's runtimes and plugins, before their files
-    go. The agent runs none yet; when it does, each is stopped here, within a time limit."""
+    go, each within a time limit. The runtime of the stream that delivered the purge
+    stopped with that stream; this stops whatever still runs. The agent runs no plugins yet.
+    """
+    await runtimes.stop_all()
 
 
 def _ignored_join_options(options: StartOptions) -> bool:

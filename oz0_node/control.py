@@ -4,7 +4,9 @@ The node's certificate is its client certificate; the edge answers `welcome` or 
 or, for a node being purged, a `purge` command (`commands.answer_purge`). After `welcome`
 both sides send a heartbeat every `heartbeat` seconds; three intervals without anything
 from the edge mean the stream is dead. Messages on a live stream go to
-`commands.dispatch`. Whatever ends a stream, the reconnect policy picks the next edge.
+`commands.dispatch`. While a stream is up, the node's runtime runs (`runtime.py`), in
+the frontend and namespace the welcome names; it stops when the stream ends, whatever ends
+it. Whatever ends a stream, the reconnect policy picks the next edge.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from oz0_node.errors import EdgeUnavailable, one_error
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
+from oz0_node.runtime import RuntimeFailed, Runtimes, RuntimeSettings
 from oz0_node.transport import EdgeConnection, OpenStream, open_edge, open_tcp
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 CONTROL_PATH = "/control"
 WELCOME_TIMEOUT = 10.0
 MISSED_HEARTBEATS = 3
+# After a runtime failed to start (or its worker failed), on the same stream.
+RUNTIME_RETRY_FIRST = 2.0
+RUNTIME_RETRY_MAX = 60.0
 
 
 async def run(
@@ -38,6 +44,7 @@ async def run(
     *,
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
+    runtimes: Runtimes | None = None,
 ) -> NoReturn:
     """Keep a control stream up, across every known edge, until cancelled or refused for good.
 
@@ -45,10 +52,11 @@ async def run(
     """
     policy = Reconnect(node.edges, rng=rng)
     nonces = purge.PurgeMemory.load(node.identity.data_dir)
+    runtimes = runtimes or Runtimes()
     while True:
         address = await policy.next_edge()
         try:
-            await _one_stream(node, address, tls, ca_pem, nonces, policy, open_stream)
+            await _one_stream(node, address, tls, ca_pem, nonces, policy, open_stream, runtimes)
         except NodeRefused as e:
             log.info("%s; trying again", e)
             policy.same_edge_again()
@@ -64,6 +72,7 @@ async def _one_stream(
     nonces: purge.PurgeMemory,
     policy: Reconnect,
     open_stream: OpenStream,
+    runtimes: Runtimes,
 ) -> None:
     async with open_edge(
         address, CONTROL_PATH, tls, cluster=node.record.cluster, open_stream=open_stream
@@ -97,12 +106,42 @@ async def _one_stream(
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
+                nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
                 await _receive(stream, welcome.heartbeat)
         except BaseExceptionGroup as group:
             raise one_error(group) from None
         finally:
             node.stream_down()
             policy.stream_down()
+
+
+async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Runtimes) -> None:
+    """Run the node's runtime for as long as the stream is up; a failure is retried on it."""
+    if welcome.temporal is None or welcome.tenant is None:
+        log.warning(
+            "edge %s named no Temporal frontend or tenant (an older server?): "
+            "node %s runs no runtime on this stream",
+            address,
+            node.name,
+        )
+        return
+    assert node.record.node_id is not None  # a control stream needs the node's certificate
+    settings = RuntimeSettings(
+        node_id=node.record.node_id,  # the name its certificate, and so Temporal, knows
+        namespace=welcome.tenant,
+        temporal=welcome.temporal,
+        identity=node.identity,
+    )
+    delay = RUNTIME_RETRY_FIRST
+    while True:
+        try:
+            await runtimes.run(settings, lambda: node.runtime_changed("running"))
+        except RuntimeFailed as e:
+            log.warning("%s; trying again in %g s", e, delay)
+        finally:
+            node.runtime_changed("stopped")
+        await trio.sleep(delay)
+        delay = min(2 * delay, RUNTIME_RETRY_MAX)
 
 
 async def _send_heartbeats(conn: EdgeConnection, interval: float) -> NoReturn:

@@ -113,6 +113,7 @@ def status(
         print(f"connected: yes, to server {report['server']}")
     else:
         print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
+    print(f"runtime:   {report['runtime']}")
     return 0
 
 

@@ -116,6 +116,9 @@ class Welcome:
     server: str
     heartbeat: float
     edges: list[str]
+    # Where the node's runtime connects, and its namespace; an older edge sends neither.
+    temporal: str | None = None
+    tenant: str | None = None
 
     @classmethod
     def parse(cls, message: Message, source: str) -> Welcome:
@@ -131,7 +134,22 @@ class Welcome:
             server=text(message, "server", source),
             heartbeat=float(heartbeat),
             edges=edge_list(message, source),
+            temporal=_address(message, "temporal", source),
+            tenant=optional_text(message, "tenant", source) or None,
         )
+
+
+def _address(message: Message, key: str, source: str) -> str | None:
+    """An optional HOST:PORT field, in the form addresses.join spells it."""
+    value = optional_text(message, key, source)
+    if value is None:
+        return None
+    try:
+        return addresses.join(*addresses.split(value))
+    except ValueError as e:
+        raise ProtocolViolation(
+            f"edge {source}: {kind(message)} has a malformed {key}: {e}"
+        ) from None
 
 
 @dataclass(frozen=True)

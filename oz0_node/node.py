@@ -1,7 +1,8 @@
 """What the agent knows about itself while it runs, kept on disk as it changes.
 
 node.json remembers (cluster, node ID, tenant, edges, state as last known, launcher);
-status.json reports (that plus whether a control stream is up and to which server). Every
+status.json reports (that plus whether a control stream is up and to which server, and
+whether the runtime runs). Every
 change goes through here, so neither file ever lags behind the other.
 """
 
@@ -23,6 +24,7 @@ class Node:
         self.record = record
         self.connected = False
         self.server: str | None = None
+        self.runtime = "stopped"
 
     @property
     def name(self) -> str:
@@ -68,6 +70,12 @@ class Node:
             self.connected, self.server = False, None
             self.publish()
 
+    def runtime_changed(self, state: str) -> None:
+        """The runtime is now "running" or "stopped"."""
+        if state != self.runtime:
+            self.runtime = state
+            self.publish()
+
     def publish(self) -> None:
         status.write(
             self.identity.data_dir,
@@ -77,5 +85,6 @@ class Node:
                 state=self.record.state,
                 connected=self.connected,
                 server=self.server,
+                runtime=self.runtime,
             ),
         )

@@ -27,6 +27,7 @@ class Status:
     state: str
     connected: bool
     server: str | None
+    runtime: str = "stopped"
     pid: int | None = None
     updated_at: str | None = None
 
@@ -37,6 +38,7 @@ class Status:
             "state": self.state,
             "connected": self.connected,
             "server": self.server,
+            "runtime": self.runtime,
             "pid": self.pid,
             "updated_at": self.updated_at,
         }
@@ -53,6 +55,7 @@ def write(data_dir: Path, status: Status) -> None:
         state=status.state,
         connected=status.connected,
         server=status.server,
+        runtime=status.runtime,
         pid=os.getpid(),
         updated_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
@@ -98,6 +101,7 @@ def read(data_dir: Path) -> dict[str, object]:
         "state": state if isinstance(state, str) else record.state,
         "connected": bool(raw.get("connected")) and running,
         "server": raw.get("server") if running else None,
+        "runtime": "running" if running and raw.get("runtime") == "running" else "stopped",
         "running": running,
         "pid": pid if running else None,
         "updated_at": raw.get("updated_at"),

@@ -96,6 +96,9 @@ class FakeCluster:
         self.purge_command: PurgeSigner = self.signed_purge
         # What the edge does after `purged`: confirm, say nothing (and hold), or close.
         self.after_purged: Literal["forgotten", "silence", "close"] = "forgotten"
+        # The Temporal frontend every welcome names (with the node's tenant); None: an older
+        # edge that names neither.
+        self.temporal: str | None = None
 
     @property
     def ca_pem(self) -> bytes:
@@ -332,6 +335,7 @@ class FakeEdge:
             server=self.server_id,
             heartbeat=cluster.heartbeat,
             edges=cluster.edge_addresses(),
+            **({"temporal": cluster.temporal, "tenant": node.tenant} if cluster.temporal else {}),
         )
         cluster.record("welcome", self.address, identity.name)
         async with trio.open_nursery() as nursery:

@@ -29,6 +29,9 @@ class Edge:
     directory: EdgeDirectory
     seen: SeenTracker
     streams: StreamReconciler
+    # This server's Temporal frontend, as nodes reach it (for their runtime); None when
+    # the edge runs without an advertise address.
+    temporal: str | None = None
 
     @property
     def actor(self) -> audit.Actor:

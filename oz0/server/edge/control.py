@@ -30,11 +30,12 @@ async def serve_control(
         )
         return
     with edge.hub.watch_node(node_id) as changed:
-        state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        node = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        state = node.state if node is not None else None
         if state == "purging":
             await purge(edge, ws, node_id, key, challenge, partial(next_answer, edge, ws, node_id))
             return
-        if state != "accepted":
+        if node is None or state != "accepted":
             await refuse(ws, node_id, state)
             return
         edge.seen.alive(node_id)
@@ -48,6 +49,8 @@ async def serve_control(
                 server=edge.server_id,
                 heartbeat=nodes.HEARTBEAT,
                 edges=edge.directory.edges,
+                temporal=edge.temporal,
+                tenant=node.tenant,
             )
             answers_in, answers_out = trio.open_memory_channel[dict[str, Any]](4)
             async with trio.open_nursery() as nursery:
@@ -143,7 +146,8 @@ async def _act_on_changes(
     await changed.wait()
     while True:
         with edge.hub.watch_node(node_id) as next_change:
-            state = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+            node = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+            state = node.state if node is not None else None
             if state != "accepted":
                 break
             await next_change.wait()

@@ -11,6 +11,7 @@ import trio
 
 from oz0.server import membership
 from oz0.store.pool import Database
+from oz0.temporal.host import FRONTEND_PORT
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,12 @@ DIRECTORY_EVERY = 2.0
 def edge_address(advertise: str) -> str:
     host = f"[{advertise}]" if ":" in advertise else advertise
     return f"{host}:{EDGE_PORT}"
+
+
+def frontend_address(advertise: str) -> str:
+    """This server's Temporal frontend as nodes reach it: same host as its edge."""
+    host = f"[{advertise}]" if ":" in advertise else advertise
+    return f"{host}:{FRONTEND_PORT}"
 
 
 def next_edges(current: list[str], up: set[str], lingering: set[str], own: str | None) -> list[str]:

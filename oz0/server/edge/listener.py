@@ -13,7 +13,7 @@ from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_strea
 from oz0.cluster import Cluster
 from oz0.server.edge.common import Edge, send
 from oz0.server.edge.control import serve_control
-from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address
+from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
 from oz0.server.edge.join import serve_join
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
@@ -45,6 +45,7 @@ async def run(
         EdgeDirectory(db, edge_address(advertise) if advertise else None),
         SeenTracker(db, server_id),
         StreamReconciler(db, hub),
+        temporal=frontend_address(advertise) if advertise else None,
     )
     listeners = await open_tls_listeners(port, tls_context, host)
     async with trio.open_nursery() as nursery:

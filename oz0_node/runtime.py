@@ -1,0 +1,239 @@
+"""The node's runtime: a Temporal worker on the node's own task queue, `node-<node_id>`.
+
+It runs while the node is accepted and connected: started once a control stream is
+welcomed (the welcome names the Temporal frontend and the tenant), stopped when that stream
+ends for any reason (refused, purge, edge lost, SIGTERM). It connects with the node's own
+certificate, verifies the frontend against the pinned cluster CA, and works in the namespace
+of the node's tenant. For now it offers the agent's built-in activities only (no workflows):
+`oz0.node.describe`.
+
+temporalio is asyncio-only: the Client and the Worker are made and run in a thread of their
+own with its own event loop (DESIGN, "temporalio under Trio"). Stopping is bounded: the
+worker shuts down (activities get GRACEFUL_SHUTDOWN), and the thread is waited for at most
+STOP_TIMEOUT; a thread that outlives it is left behind as a daemon, never holding up the
+agent's exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import platform
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import TLSConfig
+from temporalio.worker import Worker
+
+from oz0 import __version__
+from oz0_node.identity import IdentityDir
+
+log = logging.getLogger(__name__)
+
+TASK_QUEUE_PREFIX = "node-"
+DESCRIBE_ACTIVITY = "oz0.node.describe"
+# A node runs what it is given next to its owner's work: keep the worker small.
+MAX_CONCURRENT_ACTIVITIES = 4
+CONNECT_TIMEOUT = 10.0
+GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
+STOP_TIMEOUT = 5.0
+RUNNING_POLL = 0.05
+
+
+def task_queue(node_id: str) -> str:
+    """The queue of work meant for this node, and no other."""
+    return TASK_QUEUE_PREFIX + node_id
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    node_id: str
+    namespace: str
+    temporal: str  # HOST:PORT of a Temporal frontend
+    identity: IdentityDir
+
+    @property
+    def task_queue(self) -> str:
+        return task_queue(self.node_id)
+
+
+class RuntimeFailed(Exception):
+    """The runtime could not start, or its worker failed: try again later."""
+
+
+class Runtime(Protocol):
+    async def run(self, running: Callable[[], None]) -> None:
+        """Run until cancelled (then stop, bounded); RUNNING is called once it works.
+
+        Raises RuntimeFailed when it cannot start or its worker fails."""
+
+    async def stop(self) -> None:
+        """Stop it if it still runs, waiting at most STOP_TIMEOUT; safe to repeat."""
+
+
+RuntimeFactory = Callable[[RuntimeSettings], Runtime]
+
+
+def describe_activity(node_id: str) -> Callable[[], Any]:
+    """`oz0.node.describe`: who and what this node is, for operators and diagnostics."""
+
+    @activity.defn(name=DESCRIBE_ACTIVITY)
+    async def describe() -> dict[str, object]:
+        return {
+            "node_id": node_id,
+            "hostname": socket.gethostname(),
+            # The cluster keeps the node's labels; the node itself does not know them.
+            "labels": {},
+            "agent_version": __version__,
+            "platform": platform.platform(),
+        }
+
+    return describe
+
+
+class NodeRuntime:
+    """One worker in one thread, for one control stream."""
+
+    def __init__(self, settings: RuntimeSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    async def run(self, running: Callable[[], None]) -> None:
+        token = trio.lowlevel.current_trio_token()
+
+        def report_running() -> None:
+            if not self._stopping:  # a report that arrives after the stop is stale
+                running()
+
+        thread = threading.Thread(
+            target=self._thread_main,
+            args=(token, report_running),
+            name=f"oz0-runtime-{self.settings.node_id}",
+            daemon=True,
+        )
+        self._thread = thread
+        thread.start()
+        try:
+            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+            asked_to_stop = self._stopping
+        finally:
+            await self.stop()
+        if not asked_to_stop:
+            failure = self._failure
+            reason = f"{type(failure).__name__}: {failure}" if failure else "its worker ended"
+            raise RuntimeFailed(
+                f"node runtime on {self.settings.temporal} (namespace "
+                f"{self.settings.namespace}, task queue {self.settings.task_queue}): {reason}"
+            )
+
+    async def stop(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._request_stop()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(STOP_TIMEOUT):
+                await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+        if thread.is_alive():
+            log.warning(
+                "node runtime did not stop within %g s; leaving its thread behind", STOP_TIMEOUT
+            )
+
+    def _request_stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            # A closed loop (RuntimeError) means the thread is ending by itself.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+
+    # --- in the runtime's own thread ----------------------------------------------------
+
+    def _thread_main(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
+        try:
+            asyncio.run(self._serve(token, running))
+        except asyncio.CancelledError:
+            pass  # stopped
+        except BaseException as e:  # whatever it is, run() reports it to the agent
+            self._failure = e
+
+    async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        settings, identity = self.settings, self.settings.identity
+        tls = TLSConfig(
+            server_root_ca_cert=identity.ca_path.read_bytes(),
+            client_cert=identity.cert_path.read_bytes(),
+            client_private_key=identity.key_path.read_bytes(),
+        )
+        client = await asyncio.wait_for(
+            Client.connect(
+                settings.temporal,
+                namespace=settings.namespace,
+                tls=tls,
+                identity=f"{settings.node_id}@{socket.gethostname()}",
+            ),
+            CONNECT_TIMEOUT,
+        )
+        worker = Worker(
+            client,
+            task_queue=settings.task_queue,
+            activities=[describe_activity(settings.node_id)],
+            max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+            graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        )
+
+        async def report_once_running() -> None:
+            # temporalio has no event for "validated and polling", only this flag.
+            while not worker.is_running:  # noqa: ASYNC110
+                await asyncio.sleep(RUNNING_POLL)
+            log.info(
+                "node runtime working on %s, namespace %s, task queue %s",
+                settings.temporal,
+                settings.namespace,
+                settings.task_queue,
+            )
+            with contextlib.suppress(trio.RunFinishedError):  # the agent has ended
+                token.run_sync_soon(running)
+
+        reporter = asyncio.create_task(report_once_running())
+        try:
+            await worker.run()
+        finally:
+            reporter.cancel()
+
+
+class Runtimes:
+    """The runtimes the agent has started, so a purge can stop what still runs."""
+
+    def __init__(self, factory: RuntimeFactory = NodeRuntime) -> None:
+        self.factory = factory
+        self.live: set[Runtime] = set()
+
+    async def run(self, settings: RuntimeSettings, running: Callable[[], None]) -> None:
+        runtime = self.factory(settings)
+        self.live.add(runtime)
+        try:
+            await runtime.run(running)
+        finally:
+            self.live.discard(runtime)
+
+    async def stop_all(self) -> None:
+        for runtime in list(self.live):
+            await runtime.stop()
