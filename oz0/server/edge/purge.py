@@ -38,7 +38,7 @@ async def record_answer(edge: Edge, node_id: str, message: dict[str, Any]) -> No
     reason, nonce = message.get("reason"), message.get("nonce")
     reason = reason if isinstance(reason, str) else "no reason given"
     nonce = nonce if isinstance(nonce, str) else None
-    log.warning("node %s refused a purge command: %s", node_id, reason[: nodes.MAX_REASON])
+    log.warning("node %s refused a purge command: %r", node_id, reason[: nodes.MAX_REASON])
     await edge.db.transaction(
         partial(
             nodes.purge_refused,
