@@ -213,22 +213,31 @@ def rejoin(conn: psycopg.Connection[Any], csr_pem: str) -> Joined | None:
     return Joined(str(node_id), str(state), str(tenant), certificate)
 
 
-def _locked(conn: psycopg.Connection[Any], node_id: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class _Locked:
+    state: str
+    public_pem: str
+    # Accepted once: a node blocked while pending never was, and has no control stream.
+    has_certificate: bool
+
+
+def _locked(conn: psycopg.Connection[Any], node_id: str) -> _Locked:
     row = conn.execute(
-        "SELECT state, public_key FROM nodes WHERE id = %s FOR UPDATE", (check_node_id(node_id),)
+        "SELECT state, public_key, certificate IS NOT NULL FROM nodes WHERE id = %s FOR UPDATE",
+        (check_node_id(node_id),),
     ).fetchone()
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
-    return str(row[0]), str(row[1] or "")
+    return _Locked(str(row[0]), str(row[1] or ""), bool(row[2]))
 
 
 def accept(
     conn: psycopg.Connection[Any], ca: pki.CertificateAuthority, node_id: str, actor: audit.Actor
 ) -> Node:
-    state, public_pem = _locked(conn, node_id)
-    if state != "pending":
-        raise NodeError(f"node {node_id} is {state}; only pending nodes can be accepted")
-    public_key = serialization.load_pem_public_key(public_pem.encode())
+    locked = _locked(conn, node_id)
+    if locked.state != "pending":
+        raise NodeError(f"node {node_id} is {locked.state}; only pending nodes can be accepted")
+    public_key = serialization.load_pem_public_key(locked.public_pem.encode())
     assert isinstance(public_key, ec.EllipticCurvePublicKey)
     conn.execute(
         "UPDATE nodes SET state = 'accepted', reason = NULL, certificate = %s WHERE id = %s",
@@ -256,7 +265,7 @@ def reject(
     conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str | None
 ) -> Node:
     reason = _reason(reason)
-    state, _ = _locked(conn, node_id)
+    state = _locked(conn, node_id).state
     if state != "pending":
         raise NodeError(f"node {node_id} is {state}; only pending nodes can be rejected")
     conn.execute(
@@ -344,7 +353,7 @@ def disconnected(conn: psycopg.Connection[Any], node_ids: list[str], server_id: 
 def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str) -> Node:
     """Shut a node out: every edge ends its stream, Temporal refuses it; it keeps its files."""
     checked = _reason(reason, required=True)
-    state, _ = _locked(conn, node_id)
+    state = _locked(conn, node_id).state
     if state == "blocked":
         raise NodeError(f"node {node_id} is blocked already")
     if state not in ("pending", "accepted"):
@@ -360,16 +369,12 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
 
 def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
     """Let a blocked node back: accepted if it had been accepted, else pending again."""
-    state, _ = _locked(conn, node_id)
-    if state != "blocked":
-        raise NodeError(f"node {node_id} is {state}; only blocked nodes can be unblocked")
-    row = conn.execute(
-        "UPDATE nodes SET state = CASE WHEN certificate IS NULL THEN 'pending' ELSE 'accepted' END,"
-        " reason = NULL WHERE id = %s RETURNING state",
-        (node_id,),
-    ).fetchone()
-    assert row is not None
-    audit.record(conn, actor, "node.unblock", f"node:{node_id}", {"now": row[0]})
+    locked = _locked(conn, node_id)
+    if locked.state != "blocked":
+        raise NodeError(f"node {node_id} is {locked.state}; only blocked nodes can be unblocked")
+    now = "accepted" if locked.has_certificate else "pending"
+    conn.execute("UPDATE nodes SET state = %s, reason = NULL WHERE id = %s", (now, node_id))
+    audit.record(conn, actor, "node.unblock", f"node:{node_id}", {"now": now})
     return get(conn, node_id)
 
 
@@ -385,14 +390,11 @@ def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> N
 
 def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
     """Mark a node for removal from its machine: shut out at once, told on its next stream."""
-    state, _ = _locked(conn, node_id)
+    locked = _locked(conn, node_id)
+    state = locked.state
     if state == "purging":
         raise NodeError(f"node {node_id} is being purged already")
-    row = conn.execute(
-        "SELECT certificate IS NOT NULL FROM nodes WHERE id = %s", (node_id,)
-    ).fetchone()
-    # A node blocked while pending never had a certificate: it has no control stream either.
-    if state not in ("accepted", "blocked") or row is None or not row[0]:
+    if state not in ("accepted", "blocked") or not locked.has_certificate:
         raise NodeError(
             f"node {node_id} is {state} and has no control stream to be purged through;"
             " use node delete to forget it"

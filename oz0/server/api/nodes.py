@@ -30,24 +30,13 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/nodes/<node_id>")
     async def node_show(node_id: str) -> Response:
         await operator(state)
-        try:
-            node = await state.db.transaction(lambda conn: nodes.get(conn, node_id))
-        except nodes.NodeNotFound as e:
-            raise ApiError(404, str(e)) from None
-        return jsonify(node.to_json())
+        return await _change(state, lambda conn: nodes.get(conn, node_id))
 
     @app.post("/api/v1/nodes/<node_id>/accept")
     async def node_accept(node_id: str) -> Response:
         actor = await operator(state)
-        try:
-            node = await state.db.transaction(
-                lambda conn: nodes.accept(conn, state.cluster.cluster_ca, node_id, actor)
-            )
-        except nodes.NodeNotFound as e:
-            raise ApiError(404, str(e)) from None
-        except nodes.NodeError as e:
-            raise ApiError(409, str(e)) from None
-        return jsonify(node.to_json())
+        ca = state.cluster.cluster_ca
+        return await _change(state, lambda conn: nodes.accept(conn, ca, node_id, actor))
 
     @app.post("/api/v1/nodes/<node_id>/reject")
     async def node_reject(node_id: str) -> Response:
@@ -55,15 +44,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = (await json_object()).get("reason")
         if reason is not None and not isinstance(reason, str):
             raise ApiError(400, "reason must be text")
-        try:
-            node = await state.db.transaction(
-                lambda conn: nodes.reject(conn, node_id, actor, reason)
-            )
-        except nodes.NodeNotFound as e:
-            raise ApiError(404, str(e)) from None
-        except nodes.NodeError as e:
-            raise ApiError(409, str(e)) from None
-        return jsonify(node.to_json())
+        return await _change(state, lambda conn: nodes.reject(conn, node_id, actor, reason))
 
     @app.post("/api/v1/nodes/<node_id>/block")
     async def node_block(node_id: str) -> Response:
@@ -92,7 +73,8 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 async def _change(
     state: ManagementState, change: Callable[[psycopg.Connection[Any]], nodes.Node]
 ) -> Response:
-    """One change of a node in one transaction: 404 if unknown, 409 if its state forbids it."""
+    """One node read or changed in one transaction: 404 if unknown, 409 if its state forbids
+    the change."""
     try:
         node = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
