@@ -221,6 +221,14 @@ class GcPauses:
         return summary
 
 
+def failure_text(e: BaseException) -> str:
+    """One line for a run that failed: the first error inside any exception group."""
+    inner = e
+    while isinstance(inner, BaseExceptionGroup):
+        inner = inner.exceptions[0]
+    return f"{error_name(e)}: {inner}"[:2000]
+
+
 def error_name(e: BaseException) -> str:
     """A short name for what went wrong, the innermost leaf of an exception group."""
     while isinstance(e, BaseExceptionGroup):
@@ -924,10 +932,7 @@ def main() -> None:
             trio.run(run_load, args, files, server, out)
         except BaseException as e:
             failure = e
-            inner: BaseException = e
-            while isinstance(inner, BaseExceptionGroup):
-                inner = inner.exceptions[0]
-            out["failed"] = f"{error_name(e)}: {inner}"[:2000]
+            out["failed"] = failure_text(e)
             log(f"failed: {out['failed']}")
         finally:
             # A second SIGTERM must not cut the clean-up short.

@@ -86,6 +86,7 @@ from bench.edge_load import (
     answer,
     create_token,
     error_name,
+    failure_text,
     join_all,
     log,
     loop_lag,
@@ -1239,10 +1240,7 @@ def main() -> None:
             trio.run(run_bench, args, files, servers, agents, root, out)
         except BaseException as e:
             failure = e
-            inner: BaseException = e
-            while isinstance(inner, BaseExceptionGroup):
-                inner = inner.exceptions[0]
-            out["failed"] = f"{error_name(e)}: {inner}"[:2000]
+            out["failed"] = failure_text(e)
             log(f"failed: {out['failed']}")
         finally:
             # A second SIGTERM must not cut the clean-up short.
