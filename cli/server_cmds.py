@@ -18,6 +18,7 @@ from oz0.context import config_home
 from oz0.errors import Oz0Error
 from oz0.operator_issue import issue_operator
 from oz0.server import start as server_start
+from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.store.dburl import DatabaseUrl
 
 app = App(name="server", help="Create, start and administer the cluster's servers.")
@@ -114,6 +115,7 @@ def start(
     listen: str | None = None,
     dev: DevFlag = False,
     data_dir: DataDir = None,
+    reconcile_every: float = RECONCILE_EVERY,
 ) -> int:
     """Run this server's roles (management 8443, edge 7443) until SIGINT or SIGTERM.
 
@@ -127,12 +129,17 @@ def start(
         Another name nodes use to reach the edge (repeat for several).
     listen
         Address to bind (default 0.0.0.0; with --dev, the advertise address).
+    reconcile_every
+        Seconds between the edge's checks that every streamed node is still accepted, the
+        backstop for a lost notification (0.1 to 60).
     """
+    if not 0.1 <= reconcile_every <= 60:
+        raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     _configure_logging()
     if dev:
         if data_dir is None:
             raise Oz0Error("--dev needs --data-dir DIR")
-        return _start_dev(data_dir, advertise or "127.0.0.1", san, listen)
+        return _start_dev(data_dir, advertise or "127.0.0.1", san, listen, reconcile_every)
     if master_key_file is None or advertise is None:
         raise Oz0Error("server start needs --master-key-file and --advertise (or --dev --data-dir)")
     options = server_start.StartOptions(
@@ -141,13 +148,20 @@ def start(
         advertise=server_start.check_advertise(advertise),
         sans=san,
         listen=listen,
+        reconcile_every=reconcile_every,
     )
     cluster = server_start.prepare(options)
     trio.run(server_start.run_until_signalled, options, cluster, _print_started)
     return 0
 
 
-def _start_dev(data_dir: Path, advertise: str, sans: tuple[str, ...], listen: str | None) -> int:
+def _start_dev(
+    data_dir: Path,
+    advertise: str,
+    sans: tuple[str, ...],
+    listen: str | None,
+    reconcile_every: float,
+) -> int:
     data_dir = data_dir.resolve()
     server_start.check_advertise(advertise)
     key_file = devmode.master_key_path(data_dir)
@@ -173,6 +187,7 @@ def _start_dev(data_dir: Path, advertise: str, sans: tuple[str, ...], listen: st
             listen=listen,
             listen_default=advertise,
             visibility_sqlite=devmode.visibility_sqlite(data_dir),
+            reconcile_every=reconcile_every,
         )
         cluster = server_start.prepare(options)
 

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -140,18 +144,37 @@ async def test_a_rejected_node_is_told_and_refused(
         assert first["type"] == "refused" and first["code"] == "rejected"
 
 
-def _cert_for(files: ClusterFiles, keys: NodeKeys) -> bytes:
-    """A node certificate for KEYS as the cluster CA would make it."""
+def _cert_for(
+    files: ClusterFiles,
+    keys: NodeKeys,
+    *,
+    cluster: str | None = None,
+    role: pki.Role = pki.Role.NODE,
+) -> bytes:
+    """A certificate for KEYS signed by the cluster CA; by default the node's own."""
     import psycopg
 
-    from oz0 import cluster
+    from oz0 import cluster as cluster_mod
 
     with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
-        ca = cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+        ca = cluster_mod.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+    if cluster is not None:
+        ca = _NamingCA(ca.cert, ca.key, cluster)
     cert = ca.issue(
-        keys.key.public_key(), name=keys.node_id, role=pki.Role.NODE, validity=pki.OPERATOR_VALIDITY
+        keys.key.public_key(), name=keys.node_id, role=role, validity=pki.OPERATOR_VALIDITY
     )
     return pki.cert_to_pem(cert)
+
+
+@dataclass(frozen=True)
+class _NamingCA(pki.CertificateAuthority):
+    """The real CA's certificate and key, putting another cluster's name in what it signs."""
+
+    named: str = ""
+
+    @property
+    def cluster(self) -> str:
+        return self.named
 
 
 async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
@@ -186,10 +209,6 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
     shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
     assert shown["labels"] == {"team": "data", "os": "linux"}
     assert shown["token_id"] == created.json()["id"]
-    listed = (
-        await cli_async(cli, "node", "list", "--tenant", "acme", "--json", env=cluster_env)
-    ).json()
-    assert [n["id"] for n in listed] == [keys.node_id]
     async with edge_client.control(EDGE_A, keys) as (_, welcome):
         assert welcome["type"] == "welcome"
 
@@ -201,6 +220,55 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
     assert tokens[0]["uses"] == 1
     listed = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
     assert len(listed) == 1
+
+
+async def test_node_list_by_tenant_returns_exactly_that_tenants_nodes(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    assert (await cli_async(cli, "tenant", "create", "acme", env=cluster_env)).code == 0
+    joined: dict[str, list[str]] = {"default": [], "acme": []}
+    for tenant, count in (("default", 2), ("acme", 1)):
+        token = await cli_async(
+            cli, "token", "create", "--tenant", tenant, "--json", env=cluster_env
+        )
+        for _ in range(count):
+            keys = await pinned_keys(cluster_files)
+            answer = await edge_client.join(EDGE_A, keys, token=token.json()["token"])
+            assert answer["tenant"] == tenant
+            joined[tenant].append(keys.node_id)
+    for tenant, ids in joined.items():
+        listed = await cli_async(cli, "node", "list", "--tenant", tenant, "--json", env=cluster_env)
+        assert sorted(n["id"] for n in listed.json()) == sorted(ids), tenant
+        assert {n["tenant"] for n in listed.json()} == {tenant}
+        table = await cli_async(cli, "node", "list", "--tenant", tenant, env=cluster_env)
+        others = [i for t, group in joined.items() if t != tenant for i in group]
+        assert all(i in table.out for i in ids) and not any(i in table.out for i in others)
+        api = await trio.to_thread.run_sync(
+            partial(api_get, cluster_files, f"/api/v1/nodes?tenant={tenant}")
+        )
+        assert sorted(n["id"] for n in api) == sorted(ids), tenant
+    unknown = await cli_async(cli, "node", "list", "--tenant", "nobody", "--json", env=cluster_env)
+    assert unknown.json() == []
+
+
+def api_get(files: ClusterFiles, path: str) -> Any:
+    """GET PATH from server A's management API with curl and the admin's certificate."""
+    context = files.context_dir
+    answer = subprocess.run(
+        [
+            "curl", "--silent", "--show-error", "--fail", "--max-time", "10",
+            "--cacert", str(context / "ca.crt"),
+            "--cert", str(context / "operator.crt"),
+            "--key", str(context / "operator.key"),
+            f"https://127.0.0.11:8443{path}",
+        ],
+        capture_output=True, text=True, check=True, timeout=15,
+    )  # fmt: skip
+    return json.loads(answer.stdout)
 
 
 @pytest.mark.slow
@@ -266,9 +334,20 @@ async def test_revoked_and_unknown_tokens_are_refused_and_audited(
 
 
 async def test_control_streams_refuse_unknown_and_foreign_certificates(
-    cluster_files: ClusterFiles, start_server: StartServer
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
+    known = await pinned_keys(cluster_files)
+    token = await cli_async(
+        cli, "token", "create", "--tenant", "default", "--json", env=cluster_env
+    )
+    assert (await edge_client.join(EDGE_A, known, token=token.json()["token"]))["state"] == (
+        "accepted"
+    )
+
     keys = await pinned_keys(cluster_files)
     keys.node_id = "node-00000000abcd"
     keys.cert_pem = _cert_for(cluster_files, keys)
@@ -279,13 +358,30 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
             "message": "node node-00000000abcd is unknown",
         }
 
-    foreign = pki.new_ca("test", "cluster")
+    # Signed by this cluster's CA, but naming another cluster, or another role: both are
+    # refused before the node is looked up, even though the node they name exists.
+    not_a_node = {
+        "type": "refused",
+        "code": "unknown",
+        "message": "a node certificate of this cluster is required",
+    }
+    impostors = [("elsewhere", pki.Role.NODE), (cluster_files.name, pki.Role.OPERATOR)]
+    for cluster_name, role in impostors:
+        impostor = NodeKeys.new()
+        impostor.ca_pem = known.ca_pem
+        impostor.node_id = known.node_id
+        impostor.cert_pem = _cert_for(cluster_files, impostor, cluster=cluster_name, role=role)
+        async with edge_client.control(EDGE_A, impostor) as (_, first):
+            assert first == not_a_node, (cluster_name, role)
+
+    # A CA that is not this cluster's, though it carries the same cluster name: TLS fails.
+    foreign = pki.new_ca(cluster_files.name, "cluster")
     stranger = NodeKeys.new()
     stranger.ca_pem = keys.ca_pem
     stranger.cert_pem = pki.cert_to_pem(
         foreign.issue(
             stranger.key.public_key(),
-            name="node-00000000abcd",
+            name=known.node_id,
             role=pki.Role.NODE,
             validity=pki.OPERATOR_VALIDITY,
         )
@@ -293,8 +389,8 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
     ctx = edge_client.verified_context(stranger.ca_pem, stranger)
     await trio.to_thread.run_sync(assert_refused_at_tls, "127.0.0.11", 7443, ctx, "/control")
     # And the edge still serves the nodes it knows.
-    async with edge_client.control(EDGE_A, keys) as (_, first):
-        assert first["type"] == "refused"
+    async with edge_client.control(EDGE_A, known) as (_, first):
+        assert first["type"] == "welcome" and first["node_id"] == known.node_id
 
 
 @pytest.mark.slow

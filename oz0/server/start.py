@@ -21,6 +21,7 @@ from oz0.errors import Oz0Error
 from oz0.server import edge, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
+from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.server.events import EventHub
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
@@ -42,6 +43,9 @@ class StartOptions:
     advertise: str
     sans: tuple[str, ...] = ()
     listen: str | None = None
+    # How often the edge checks that its streamed nodes are still accepted, in case a
+    # notification was lost.
+    reconcile_every: float = RECONCILE_EVERY
 
     # Dev mode passes its advertise address: everything it runs stays on that address.
     listen_default: str = "0.0.0.0"
@@ -120,6 +124,7 @@ async def run_server(
                 certs.server_context(ssl.CERT_OPTIONAL),
                 host,
                 advertise=options.advertise,
+                reconcile_every=options.reconcile_every,
             )
         )
         nursery.start_soon(certs.renew_forever)

@@ -15,7 +15,7 @@ from oz0.server.edge.common import Edge, send
 from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
 from oz0.server.edge.join import serve_join
-from oz0.server.edge.tracking import SeenTracker, StreamReconciler
+from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
 from oz0.server.tls import open_tls_listeners
 from oz0.store.pool import Database
@@ -35,6 +35,7 @@ async def run(
     port: int = EDGE_PORT,
     *,
     advertise: str | None = None,
+    reconcile_every: float = RECONCILE_EVERY,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     edge = Edge(
@@ -44,7 +45,7 @@ async def run(
         hub,
         EdgeDirectory(db, edge_address(advertise) if advertise else None),
         SeenTracker(db, server_id),
-        StreamReconciler(db, hub),
+        StreamReconciler(db, hub, reconcile_every),
         temporal=frontend_address(advertise) if advertise else None,
     )
     listeners = await open_tls_listeners(port, tls_context, host)

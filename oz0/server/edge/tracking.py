@@ -68,7 +68,7 @@ class SeenTracker:
 
 @dataclass
 class StreamReconciler:
-    """Asks every second whether the nodes with a stream here are all still accepted.
+    """Asks every second (by default) whether the nodes with a stream here are all still accepted.
 
     Notifications end streams within milliseconds; this is the backstop that keeps a
     block inside its two seconds when one is lost.
@@ -76,6 +76,7 @@ class StreamReconciler:
 
     db: Database
     hub: EventHub
+    every: float = RECONCILE_EVERY
     open: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __len__(self) -> int:
@@ -100,7 +101,7 @@ class StreamReconciler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            await trio.sleep(RECONCILE_EVERY)
+            await trio.sleep(self.every)
             try:
                 await self.check()
             except psycopg.Error as e:
