@@ -164,6 +164,18 @@ def test_advertise_must_be_an_ip_address(
     assert result.code == 1 and "--advertise must be an IP address" in result.err
 
 
+def test_reconcile_every_out_of_range_is_one_line(
+    cli: CliRunner, cluster_env: dict[str, str], cluster_files: ClusterFiles
+) -> None:
+    for value in ("0", "61"):
+        result = cli(
+            "server", "start", "--master-key-file", str(cluster_files.master_key),
+            "--advertise", "127.0.0.11", "--reconcile-every", value, env=cluster_env,
+        )  # fmt: skip
+        assert result.code == 1
+        assert result.err == f"error: --reconcile-every must be 0.1 to 60 seconds, not {value}\n"
+
+
 def test_the_server_key_never_touches_disk(
     cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
