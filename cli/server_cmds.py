@@ -222,6 +222,9 @@ def _configure_logging() -> None:
     )
     # platformdirs warns about XDG_RUNTIME_DIR when the embedded PostgreSQL is imported.
     warnings.filterwarnings("ignore", module="platformdirs")
+    # The pool warns at every failed reconnection attempt; our loops say once per outage
+    # that the database is unavailable (oz0.store.outage), so only its errors matter.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 @operator_app.command

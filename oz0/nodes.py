@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit, pki
 from oz0.errors import Oz0Error
+from oz0.server.membership import UP_WINDOW
 
 STATES = ("pending", "accepted", "rejected", "blocked", "purging")
 NODE_VALIDITY = dt.timedelta(days=365)
@@ -96,16 +97,19 @@ class Node:
         }
 
 
+# Connected: heard from lately, through a server that is up (a killed server's nodes are
+# not shown connected to it while their last_seen ages).
 _SELECT = (
     "SELECT id, state, tenant, labels, hostname, token_id, reason, server, last_seen,"
-    " joined_at, (server IS NOT NULL AND last_seen > now() - %(silent)s) AS connected"
-    " FROM nodes"
+    " joined_at, (server IS NOT NULL AND last_seen > now() - %(silent)s AND EXISTS ("
+    "SELECT 1 FROM servers s WHERE s.id = nodes.server AND s.last_heartbeat > now() - %(up)s"
+    ")) AS connected FROM nodes"
 )
 
 
 def get(conn: psycopg.Connection[Any], node_id: str) -> Node:
     row = conn.execute(
-        _SELECT + " WHERE id = %(id)s", {"silent": SILENT_AFTER, "id": node_id}
+        _SELECT + " WHERE id = %(id)s", {"silent": SILENT_AFTER, "up": UP_WINDOW, "id": node_id}
     ).fetchone()
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
@@ -120,7 +124,7 @@ def list_nodes(
     rows = conn.execute(
         _SELECT + " WHERE (%(state)s::text IS NULL OR state = %(state)s)"
         " AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY joined_at, id",
-        {"silent": SILENT_AFTER, "state": state, "tenant": tenant},
+        {"silent": SILENT_AFTER, "up": UP_WINDOW, "state": state, "tenant": tenant},
     ).fetchall()
     return [Node(*r) for r in rows]
 

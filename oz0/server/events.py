@@ -1,7 +1,7 @@
 """The events role: one LISTEN connection per server, fanned out to whoever waits.
 
-A lost connection is logged and reopened; subscribers are told to reconcile then, since
-notifications sent meanwhile are gone.
+A lost connection is logged (once per outage) and reopened with backoff; once it listens
+again, subscribers are told to reconcile, since notifications sent meanwhile are gone.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import psycopg
 import trio
 
 from oz0.store.listen import ListenConnectionLost, Notification, listen
+from oz0.store.outage import DATABASE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +31,29 @@ class EventHub:
     conninfo: str
     _subscribers: dict[str, list[Subscriber]] = field(default_factory=lambda: defaultdict(list))
     _node_waiters: dict[str, list[trio.Event]] = field(default_factory=lambda: defaultdict(list))
+    _deaf_to_gaps: set[trio.Event] = field(default_factory=set)
     on_gap: list[Callable[[], None]] = field(default_factory=list)
 
     def subscribe(self, channel: str, subscriber: Subscriber) -> None:
         self._subscribers[channel].append(subscriber)
 
     @contextmanager
-    def watch_node(self, node_id: str) -> Iterator[trio.Event]:
-        """An event set at the next notification about NODE_ID (or a LISTEN gap).
+    def watch_node(self, node_id: str, *, wake_on_gap: bool = True) -> Iterator[trio.Event]:
+        """An event set at the next notification about NODE_ID, or a wake for it, or (with
+        WAKE_ON_GAP) once listening again after a LISTEN gap.
 
         Watch before reading the node, so a change between the read and the wait is seen.
+        Watchers covered by a reconcile of their own (control streams) pass
+        WAKE_ON_GAP=False, so a gap does not make thousands of them read at once.
         """
         event = trio.Event()
         self._node_waiters[node_id].append(event)
+        if not wake_on_gap:
+            self._deaf_to_gaps.add(event)
         try:
             yield event
         finally:
+            self._deaf_to_gaps.discard(event)
             waiters = self._node_waiters.get(node_id)
             if waiters is not None and event in waiters:
                 waiters.remove(event)
@@ -67,10 +74,15 @@ class EventHub:
     def _gap(self) -> None:
         for callback in self.on_gap:
             callback()
-        for waiters in self._node_waiters.values():
+        for node_id, waiters in list(self._node_waiters.items()):
+            deaf = [event for event in waiters if event in self._deaf_to_gaps]
             for event in waiters:
-                event.set()
-        self._node_waiters.clear()
+                if event not in self._deaf_to_gaps:
+                    event.set()
+            if deaf:
+                self._node_waiters[node_id] = deaf
+            else:
+                del self._node_waiters[node_id]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; started once every LISTEN is registered."""
@@ -79,8 +91,11 @@ class EventHub:
     async def run_forever(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen, and listen again after a lost connection; the first failure is fatal."""
+        """Listen, and listen again after a lost connection; only a failure at start is
+        fatal. The gap is announced once listening again, when whoever reconciles can
+        read the database."""
         first = True
+        outage = Outage("LISTEN for notifications", log, first_retry=RELISTEN_AFTER)
         while True:
             try:
                 async with trio.open_nursery() as nursery:
@@ -88,9 +103,13 @@ class EventHub:
                     if first:
                         first = False
                         task_status.started()
-            except* (ListenConnectionLost, psycopg.OperationalError) as group:
+                    elif outage.ongoing:
+                        outage.worked()
+                        self._gap()
+            except* (ListenConnectionLost, DATABASE_ERRORS) as group:
                 if first:
                     raise
-                log.warning("%s; listening again in %.0fs", group.exceptions[0], RELISTEN_AFTER)
-            self._gap()
-            await trio.sleep(RELISTEN_AFTER)
+                delay = outage.failed(group.exceptions[0])
+            else:
+                delay = RELISTEN_AFTER
+            await trio.sleep(delay)

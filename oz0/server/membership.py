@@ -11,6 +11,7 @@ import psycopg
 import trio
 
 from oz0 import __version__
+from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
@@ -80,21 +81,18 @@ async def run(
 
     await db.transaction(register)
     task_status.started()
-    failing_since: float | None = None
+    outage = Outage("membership heartbeat", log)
     try:
         while True:
             await trio.sleep(interval)
             try:
                 await db.transaction(beat)
-            except psycopg.Error as e:
-                # Not fatal: while beats fail this server simply ages out of "up".
-                if failing_since is None:
-                    failing_since = trio.current_time()
-                    log.warning("heartbeat failed, retrying every %.0fs: %s", interval, e)
+            except DATABASE_ERRORS as e:
+                # Not fatal: while beats fail this server simply ages out of "up", and it
+                # keeps beating every INTERVAL so it is back as soon as the database is.
+                outage.failed(e)
                 continue
-            if failing_since is not None:
-                log.info("heartbeat restored after %.1fs", trio.current_time() - failing_since)
-                failing_since = None
+            outage.worked()
     finally:
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 2

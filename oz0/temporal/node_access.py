@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ import trio
 
 from oz0.server.events import NODES, EventHub
 from oz0.store.listen import Notification
+from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database
 from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
 
@@ -57,6 +59,9 @@ class NodeAccessSync:
     _pending_ids: set[str] = field(default_factory=set)
     _wake: trio.Event = field(default_factory=trio.Event)
     _replace_now: bool = False
+    outage: Outage = field(
+        default_factory=lambda: Outage("syncing Temporal's node table from the database", log)
+    )
 
     def __post_init__(self) -> None:
         self.hub.subscribe(NODES, self._notified)
@@ -67,8 +72,12 @@ class NodeAccessSync:
         self._wake.set()
 
     async def full_table(self) -> dict[str, dict[str, str]]:
-        """The whole table, as a (re)starting host gets it."""
-        table, self.revision = await self.db.transaction(read_all)
+        """The whole table, as a (re)starting host gets it: waits for the database if it
+        is away (a host restarted during an outage serves once it can be told who may)."""
+        table, self.revision = await until_it_works(
+            Outage("reading the node table for the Temporal host", log),
+            partial(self.db.transaction, read_all),
+        )
         return table
 
     def _notified(self, notification: Notification) -> None:
@@ -78,22 +87,35 @@ class NodeAccessSync:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         last_replace = trio.current_time()
+        wait = RECONCILE_EVERY
         while True:
-            with trio.move_on_after(RECONCILE_EVERY):
+            with trio.move_on_after(wait):
                 await self._wake.wait()
             self._wake = trio.Event()
-            if self._replace_now or trio.current_time() - last_replace >= REPLACE_EVERY:
-                if await self._push_all():
-                    last_replace = trio.current_time()
-                    self._replace_now = False
-            else:
-                await self._push_changes()
+            wait = RECONCILE_EVERY
+            try:
+                if self._replace_now or trio.current_time() - last_replace >= REPLACE_EVERY:
+                    if await self._push_all():
+                        last_replace = trio.current_time()
+                        self._replace_now = False
+                else:
+                    await self._push_changes()
+            except DATABASE_ERRORS as e:
+                # What was missed while it failed is in the revisions, or the replace
+                # after the LISTEN gap that comes with an outage.
+                wait = max(wait, self.outage.failed(e))
+                continue
+            self.outage.worked()
 
     async def _push_changes(self) -> None:
         ids, self._pending_ids = self._pending_ids, set()
-        changed, revision = await self.db.transaction(
-            lambda conn: read_changed(conn, self.revision, ids)
-        )
+        try:
+            changed, revision = await self.db.transaction(
+                lambda conn: read_changed(conn, self.revision, ids)
+            )
+        except DATABASE_ERRORS:
+            self._pending_ids |= ids
+            raise
         if not changed:
             return
         if await self._push(changed, replace=False):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -11,6 +11,7 @@ import trio
 
 from oz0.server.certificates import ServerCertificates
 from oz0.server.events import EventHub
+from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
@@ -42,6 +43,49 @@ class Temporal:
         return await namespaces.ensure(self.frontend, names)
 
 
+@dataclass
+class StateRecorder:
+    """Writes the host's state to this server's row for `cluster info`: at once when the
+    database answers, else as soon as it does again (only the latest state matters)."""
+
+    db: Database
+    server_id: str
+    unwritten: str | None = None
+    outage: Outage = field(default_factory=lambda: Outage("recording Temporal's state", log))
+    _retry: trio.Event = field(default_factory=trio.Event)
+
+    async def record(self, state: str) -> None:
+        try:
+            await self._write(state)
+        except DATABASE_ERRORS as e:
+            self.outage.failed(e)
+            self.unwritten = state
+            self._retry.set()
+        else:
+            self.unwritten = None
+
+    async def retry_forever(self) -> None:
+        while True:
+            await self._retry.wait()
+            self._retry = trio.Event()
+            while (state := self.unwritten) is not None:
+                try:
+                    await self._write(state)
+                except DATABASE_ERRORS as e:
+                    await trio.sleep(self.outage.failed(e))
+                    continue
+                if self.unwritten == state:
+                    self.unwritten = None
+
+    async def _write(self, state: str) -> None:
+        await self.db.transaction(
+            lambda conn: conn.execute(
+                "UPDATE servers SET temporal_state = %s WHERE id = %s", (state, self.server_id)
+            )
+        )
+        self.outage.worked()
+
+
 def tenant_names(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]
 
@@ -55,16 +99,10 @@ async def run(
     *,
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    async def record_state(state: str) -> None:
-        await db.transaction(
-            lambda conn: conn.execute(
-                "UPDATE servers SET temporal_state = %s WHERE id = %s", (state, server_id)
-            )
-        )
-
+    recorder = StateRecorder(db, server_id)
     sync = NodeAccessSync(db, hub)
     supervisor = Supervisor(
-        settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=record_state
+        settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=recorder.record
     )
     sync.supervisor = supervisor
 
@@ -85,6 +123,7 @@ async def run(
 
     certs.on_renew.append(push_renewed_certificates)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(recorder.retry_forever)
         await nursery.start(supervisor.run)
         await nursery.start(sync.run)
         temporal = Temporal(supervisor, certs, settings.advertise)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import trio
 from trio_websocket import WebSocketConnection
@@ -14,7 +16,11 @@ from oz0.cluster import Cluster
 from oz0.server.edge.directory import EdgeDirectory
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
-from oz0.store.pool import Database
+from oz0.store.outage import DATABASE_ERRORS, Outage
+from oz0.store.pool import Conn, Database
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FIRST_MESSAGE_TIMEOUT = 30.0
 CLOSE_BLOCKED = 4403
@@ -32,10 +38,30 @@ class Edge:
     # This server's Temporal frontend, as nodes reach it (for their runtime); None when
     # the edge runs without an advertise address.
     temporal: str | None = None
+    # Shared by every connection's reads, so an outage is one log line, not one per node.
+    outage: Outage = field(default_factory=lambda: Outage("the edge's database reads", log))
 
     @property
     def actor(self) -> audit.Actor:
         return audit.Actor("server", self.server_id)
+
+    async def transaction(self, work: Callable[[Conn], T]) -> T:
+        """WORK in one transaction; DatabaseUnavailable (the node is told to come back
+        later) if the database cannot be reached."""
+        try:
+            result = await self.db.transaction(work)
+        except DATABASE_ERRORS as e:
+            self.outage.failed(e)
+            raise DatabaseUnavailable from None
+        self.outage.worked()
+        return result
+
+
+class DatabaseUnavailable(Exception):
+    """The database is unreachable: the edge answers `unavailable` and closes."""
+
+    code = "unavailable"
+    message = "the cluster's database is unavailable; try again shortly"
 
 
 async def send(ws: WebSocketConnection, kind: str, **fields: Any) -> None:

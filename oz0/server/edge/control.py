@@ -16,6 +16,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from oz0 import nodes, pki
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge, record_answer
+from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,9 @@ async def serve_control(
             ws, "refused", code="unknown", message="a node certificate of this cluster is required"
         )
         return
-    with edge.hub.watch_node(node_id) as changed:
-        node = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+    # The reconcile loop covers this stream after a LISTEN gap (see StreamReconciler).
+    with edge.hub.watch_node(node_id, wake_on_gap=False) as changed:
+        node = await edge.transaction(lambda conn: nodes.control_state(conn, node_id, key))
         state = node.state if node is not None else None
         if state == "purging":
             await purge(edge, ws, node_id, key, challenge, partial(next_answer, edge, ws, node_id))
@@ -39,7 +41,7 @@ async def serve_control(
             await refuse(ws, node_id, state)
             return
         edge.seen.alive(node_id)
-        await edge.db.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
+        await edge.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
         edge.streams.opened(node_id)
         try:
             await send(
@@ -141,12 +143,18 @@ async def _act_on_changes(
 ) -> None:
     """End the stream when the node stops being accepted, purging it first if it is purging.
 
-    Woken by a notification about the node, or by the reconcile loop if one was lost.
+    Woken by a notification about the node, or by the reconcile loop if one was lost. A
+    database that cannot be read leaves the stream as it is: the node keeps working while
+    the database is away, and the read is tried again until it answers.
     """
     await changed.wait()
+    outage = Outage(f"re-reading the state of streamed node {node_id}", log)
     while True:
-        with edge.hub.watch_node(node_id) as next_change:
-            node = await edge.db.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        with edge.hub.watch_node(node_id, wake_on_gap=False) as next_change:
+            node = await until_it_works(
+                outage,
+                partial(edge.db.transaction, lambda conn: nodes.control_state(conn, node_id, key)),
+            )
             state = node.state if node is not None else None
             if state != "accepted":
                 break

@@ -10,6 +10,7 @@ import psycopg
 import trio
 
 from oz0.server import membership
+from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal.host import FRONTEND_PORT
 
@@ -71,9 +72,12 @@ class EdgeDirectory:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.refresh()
         task_status.started()
+        outage = Outage("reading the servers that are up", log)
         while True:
             await trio.sleep(DIRECTORY_EVERY)
             try:
                 await self.refresh()
-            except psycopg.Error as e:
-                log.warning("could not read the servers that are up: %s", e)
+            except DATABASE_ERRORS as e:
+                outage.failed(e)
+                continue
+            outage.worked()

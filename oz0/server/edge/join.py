@@ -61,10 +61,10 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         )
 
     try:
-        joined = await edge.db.transaction(add)
+        joined = await edge.transaction(add)
     except tokens.TokenRefused as e:
         refusal = e
-        await edge.db.transaction(
+        await edge.transaction(
             partial(tokens.record_refusal, refusal=refusal, hostname=hostname, actor=edge.actor)
         )
         await send(ws, "error", code="token_refused", message=str(refusal))
@@ -95,7 +95,7 @@ async def _answer_pickup(
         while True:
             with edge.hub.watch_node(node_id) as changed:
                 try:
-                    found = await edge.db.transaction(
+                    found = await edge.transaction(
                         lambda conn: nodes.pickup(conn, node_id, challenge, signature)
                     )
                 except nodes.NodeNotFound:

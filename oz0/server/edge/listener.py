@@ -11,7 +11,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_stream
 
 from oz0.cluster import Cluster
-from oz0.server.edge.common import Edge, send
+from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
 from oz0.server.edge.join import serve_join
@@ -77,10 +77,14 @@ async def _handle(edge: Edge, stream: trio.SSLStream[trio.SocketStream]) -> None
                 ca_pem=edge.cluster.ca_pem.decode(),
                 challenge=challenge.hex(),
             )
-            if request.path == "/join":
-                await serve_join(edge, ws, challenge)
-            else:
-                await serve_control(edge, ws, peer_der, challenge)
+            try:
+                if request.path == "/join":
+                    await serve_join(edge, ws, challenge)
+                else:
+                    await serve_control(edge, ws, peer_der, challenge)
+            except DatabaseUnavailable as e:
+                kind = "error" if request.path == "/join" else "refused"
+                await send(ws, kind, code=e.code, message=e.message)
             await ws.aclose()
     except* _CONNECTION_ENDED as group:
         log.debug("edge connection ended: %r", group.exceptions[0])

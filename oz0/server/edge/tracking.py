@@ -12,6 +12,7 @@ import trio
 
 from oz0 import nodes
 from oz0.server.events import EventHub
+from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class SeenTracker:
     server_id: str
     pending: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
+    outage: Outage = field(default_factory=lambda: Outage("recording streamed nodes seen", log))
 
     def alive(self, node_id: str) -> None:
         self.pending.add(node_id)
@@ -52,8 +54,14 @@ class SeenTracker:
 
         try:
             await self.db.transaction(write)
-        except psycopg.Error as e:
-            log.warning("could not record %d nodes seen, %d gone: %s", len(seen), len(gone), e)
+        except DATABASE_ERRORS as e:
+            # Kept for the next flush: a node whose stream ended during an outage must not
+            # stay shown connected here once the database is back.
+            self.outage.failed(e)
+            self.pending |= set(seen) - self.gone
+            self.gone |= set(gone) - self.pending
+            return
+        self.outage.worked()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -78,6 +86,17 @@ class StreamReconciler:
     hub: EventHub
     every: float = RECONCILE_EVERY
     open: collections.Counter[str] = field(default_factory=collections.Counter)
+    outage: Outage = field(
+        default_factory=lambda: Outage("reconciling the states of streamed nodes", log)
+    )
+    _now: trio.Event = field(default_factory=trio.Event)
+
+    def __post_init__(self) -> None:
+        # Notifications were lost while the LISTEN connection was down: check at once.
+        self.hub.on_gap.append(self.check_soon)
+
+    def check_soon(self) -> None:
+        self._now.set()
 
     def __len__(self) -> int:
         return self.open.total()
@@ -100,9 +119,15 @@ class StreamReconciler:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        wait = self.every
         while True:
-            await trio.sleep(self.every)
+            with trio.move_on_after(wait):
+                await self._now.wait()
+            self._now = trio.Event()
             try:
                 await self.check()
-            except psycopg.Error as e:
-                log.warning("could not reconcile the states of %d streamed nodes: %s", len(self), e)
+            except DATABASE_ERRORS as e:
+                wait = max(self.every, self.outage.failed(e))
+                continue
+            self.outage.worked()
+            wait = self.every
