@@ -1,13 +1,17 @@
-"""Servers outlive their database: a PostgreSQL restart, and every connection of ours
-terminated as a failover would, with two servers and 20 real agents.
+"""Faults a cluster must outlive, with real servers and real agents: its database
+restarted, every connection of ours terminated as a failover would, a server SIGKILLed.
 
-The cluster lives in a PostgreSQL of this file's own (fixtures/private_postgres.py, port
-5440) so that it can be restarted; servers on 127.0.0.101 and 127.0.0.102.
+The database tests' cluster lives in a PostgreSQL of this file's own
+(fixtures/private_postgres.py, port 5440) so that it can be restarted; servers on
+127.0.0.101 and 127.0.0.102.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -106,8 +110,23 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
         nodes: list[dict[str, Any]] = result.json()
         return nodes
 
-    def connected_ids() -> set[str]:
-        return {n["id"] for n in listed() if n["connected"]}
+    def connected_ids(since: dt.datetime | None = None) -> set[str]:
+        """Nodes shown connected (and, with SINCE, heard from after it)."""
+        return {
+            n["id"]
+            for n in listed()
+            if n["connected"]
+            and (since is None or dt.datetime.fromisoformat(n["last_seen"]) > since)
+        }
+
+    def all_heard_from(since: dt.datetime) -> bool:
+        return set(kept) <= connected_ids(since)
+
+    def database_now() -> dt.datetime:
+        with own_postgres.connection() as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
 
     wait_until("every agent connected", lambda: len(connected_ids()) == AGENTS + 2, 120)
     ids = [a.wait_status(lambda s: bool(s.get("node_id")), 10)["node_id"] for a in agents]
@@ -140,13 +159,14 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
             assert len(tokens) == 1, "the token create that failed made nothing"
         else:
             assert own_postgres.terminate_backends() > 0
+        back = database_now()
         for server in servers:
             assert server.process is not None and server.process.poll() is None, (
                 f"a server exited after the database {phase}:\n{server.stderr()}"
             )
         took = wait_until(
-            f"all {AGENTS} nodes connected after the {phase}",
-            lambda: set(kept) <= connected_ids(),
+            f"all {AGENTS} nodes connected and heard from after the {phase}",
+            partial(all_heard_from, since=back),
             RECONNECT_BOUND,
         )
         measured.append(f"{phase}: {AGENTS} nodes shown connected {took:.1f} s after it")
@@ -186,3 +206,81 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
         assert len(failures) <= 20, failures
         for loop in {what for _, what in failures}:
             assert sum(what == loop for _, what in failures) <= 2, (loop, failures)
+
+
+def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
+    cli: CliRunner,
+    pg_url: DatabaseUrl,
+    start_server: Callable[..., ServerProcess],
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    cluster_files = initialise(tmp_path, pg_url, advertise=ADDRESSES[0])
+    # The CLI must reach the survivor when the first server is gone.
+    context = json.loads(cluster_files.context_path.read_text())
+    context["servers"] = [f"{address}:8443" for address in ADDRESSES]
+    cluster_files.context_path.write_text(json.dumps(context))
+    cluster_env = {
+        "OZ0_DB": cluster_files.url.conninfo,
+        "XDG_CONFIG_HOME": str(cluster_files.config_home),
+        "OZ0_CONTEXT": str(cluster_files.context_path),
+    }
+    victim, survivor = (start_server(cluster_files, address) for address in ADDRESSES)
+    created = cli(
+        "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=cluster_env
+    )
+    assert created.code == 0, created.err
+    token = created.json()["token"]
+    for i in range(6):
+        # All start on the victim: it is first in every agent's list.
+        agent = AgentProcess.joining(
+            tmp_path / f"node-{i}", EDGES, cluster_files.ca_hash, token=token
+        )
+        agents.append(agent.start())
+
+    def nodes() -> list[dict[str, Any]]:
+        listed: list[dict[str, Any]] = cli("node", "list", "--json", env=cluster_env).json()
+        return listed
+
+    def servers() -> dict[str, str]:
+        info = cli("cluster", "info", "--json", env=cluster_env).json()
+        return {s["advertise"]: s["id"] for s in info["servers"]}
+
+    wait_until(
+        "every agent connected to the first server",
+        lambda: (
+            len(nodes()) == 6
+            and all(n["connected"] and n["server"] == servers().get(ADDRESSES[0]) for n in nodes())
+        ),
+        90,
+    )
+    ids = servers()
+    # One machine frozen at the same moment: it cannot move, so only its silence shows.
+    frozen = agents[-1]
+    frozen_id = frozen.wait_status(lambda s: bool(s.get("node_id")), 10)["node_id"]
+    assert frozen.process is not None
+    frozen.process.send_signal(signal.SIGSTOP)
+    try:
+        victim.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        left = wait_until(
+            "the killed server left cluster info", lambda: ADDRESSES[0] not in servers(), 15
+        )
+        shown = {n["id"]: n for n in nodes()}
+        assert shown[frozen_id]["connected"] is False, "not shown connected to a dead server"
+        assert not [n for n in shown.values() if n["server"] == ids[ADDRESSES[0]]]
+        wait_until(
+            "every other node connected to the survivor",
+            lambda: all(
+                n["connected"] and n["server"] == ids[ADDRESSES[1]]
+                for n in nodes()
+                if n["id"] != frozen_id
+            ),
+            30,
+        )
+        moved = time.monotonic() - killed
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+    print(f"killed server: left cluster info after {left:.1f} s, its nodes moved in {moved:.1f} s")
+    assert moved < 15
+    assert survivor.process is not None and survivor.process.poll() is None
