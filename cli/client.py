@@ -72,9 +72,15 @@ class ApiClient:
         return self.request("POST", path, body)
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """Try each server of the context in turn until one answers."""
+        """Try each server of the context in turn until one answers.
+
+        A change (anything but GET) goes to the next server only if the last one never got
+        it: once sent, a lost answer may hide a change that was made, and doing it again
+        could make a second token or renew twice.
+        """
         failures = []
         for server in self.context.servers:
+            sent = False
             host, _, port = server.rpartition(":")
             conn = http.client.HTTPSConnection(
                 host.strip("[]"), int(port), context=self._ssl, timeout=TIMEOUT
@@ -85,10 +91,12 @@ class ApiClient:
                 conn.connect()
                 _check_server_role(conn, self.context.cluster)
                 conn.request(method, path, body=payload, headers=headers)
+                sent = True
                 response = conn.getresponse()
                 data = response.read()
             except ssl.SSLError as e:
                 failures.append(f"{server}: TLS refused ({e.reason or e})")
+                _unless_maybe_done(method, sent, failures)
                 continue
             except http.client.RemoteDisconnected:
                 # With TLS 1.3 a refused client certificate shows only at the first read.
@@ -96,9 +104,11 @@ class ApiClient:
                     f"{server}: closed the connection without answering "
                     "(is the operator certificate from this cluster and still valid?)"
                 )
+                _unless_maybe_done(method, sent, failures)
                 continue
             except (TimeoutError, OSError, http.client.HTTPException) as e:
                 failures.append(f"{server}: {getattr(e, 'strerror', None) or e}")
+                _unless_maybe_done(method, sent, failures)
                 continue
             finally:
                 conn.close()
@@ -111,6 +121,15 @@ class ApiClient:
                 raise ApiError(message or f"{server} answered HTTP {response.status}")
             return decoded
         raise ApiError("no server of the context answered: " + "; ".join(failures))
+
+
+def _unless_maybe_done(method: str, sent: bool, failures: list[str]) -> None:
+    """Stop trying other servers when the change may have been made by this one."""
+    if sent and method != "GET":
+        raise ApiError(
+            f"{failures[-1]}; the request was sent, so it may have been carried out: "
+            "check (e.g. with the matching list command or `audit list`) before trying again"
+        )
 
 
 def _check_server_role(conn: http.client.HTTPSConnection, cluster: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,12 @@ import psycopg
 
 from oz0 import pki
 from oz0.errors import Oz0Error
+
+log = logging.getLogger(__name__)
+
+# Since schema 4, sealed secrets name what they are (pki.Sealed); 1 marks a cluster whose
+# keys were sealed before and are re-sealed by the next `server start`.
+SEAL_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -31,14 +38,49 @@ def load(conn: psycopg.Connection[Any], master_key: bytes) -> Cluster:
     """Unseal the cluster's CAs; WrongMasterKey names the cluster when the key is not its."""
     row = conn.execute(
         "SELECT name, history_shards, cluster_ca_cert, cluster_ca_key_sealed,"
-        " internode_ca_cert, internode_ca_key_sealed FROM cluster"
+        " internode_ca_cert, internode_ca_key_sealed, seal_version FROM cluster"
     ).fetchone()
     if row is None:
         raise Oz0Error("database holds no orchestrator-zero cluster; run `server init` first")
-    name, shards, ca_cert, ca_key, inter_cert, inter_key = row
+    name, shards, ca_cert, ca_key, inter_cert, inter_key, seal_version = row
+    legacy = seal_version < SEAL_VERSION
     return Cluster(
         name=name,
         history_shards=shards,
-        cluster_ca=pki.load_ca(ca_cert.encode(), bytes(ca_key), master_key, name),
-        internode_ca=pki.load_ca(inter_cert.encode(), bytes(inter_key), master_key, name),
+        cluster_ca=pki.load_ca(
+            ca_cert.encode(),
+            bytes(ca_key),
+            master_key,
+            name,
+            pki.Sealed.CLUSTER_CA_KEY,
+            legacy=legacy,
+        ),
+        internode_ca=pki.load_ca(
+            inter_cert.encode(),
+            bytes(inter_key),
+            master_key,
+            name,
+            pki.Sealed.INTERNODE_CA_KEY,
+            legacy=legacy,
+        ),
     )
+
+
+def reseal_legacy(conn: psycopg.Connection[Any], master_key: bytes) -> bool:
+    """Seal the CA keys again, bound to what each one is, if they were sealed before seal
+    version 2; inside the caller's transaction. True if it re-sealed."""
+    row = conn.execute("SELECT seal_version FROM cluster FOR UPDATE").fetchone()
+    if row is None or row[0] >= SEAL_VERSION:
+        return False
+    cluster = load(conn, master_key)
+    conn.execute(
+        "UPDATE cluster SET cluster_ca_key_sealed = %s, internode_ca_key_sealed = %s,"
+        " seal_version = %s",
+        (
+            cluster.cluster_ca.sealed_key(master_key, pki.Sealed.CLUSTER_CA_KEY),
+            cluster.internode_ca.sealed_key(master_key, pki.Sealed.INTERNODE_CA_KEY),
+            SEAL_VERSION,
+        ),
+    )
+    log.info("re-sealed the CA keys of cluster %s, each bound to what it is", cluster.name)
+    return True

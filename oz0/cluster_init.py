@@ -243,14 +243,15 @@ def _insert_cluster(
 ) -> None:
     conn.execute(
         "INSERT INTO cluster (name, history_shards, cluster_ca_cert, cluster_ca_key_sealed,"
-        " internode_ca_cert, internode_ca_key_sealed) VALUES (%s, %s, %s, %s, %s, %s)",
+        " internode_ca_cert, internode_ca_key_sealed, seal_version)"
+        " VALUES (%s, %s, %s, %s, %s, %s, 2)",
         (
             name,
             history_shards,
             pki.cert_to_pem(cluster_ca.cert).decode(),
-            cluster_ca.sealed_key(master_key),
+            cluster_ca.sealed_key(master_key, pki.Sealed.CLUSTER_CA_KEY),
             pki.cert_to_pem(internode_ca.cert).decode(),
-            internode_ca.sealed_key(master_key),
+            internode_ca.sealed_key(master_key, pki.Sealed.INTERNODE_CA_KEY),
         ),
     )
     audit.record(

@@ -107,9 +107,10 @@ _SELECT = (
 )
 
 
-def get(conn: psycopg.Connection[Any], node_id: str) -> Node:
+def get(conn: psycopg.Connection[Any], node_id: str, *, lock: bool = False) -> Node:
     row = conn.execute(
-        _SELECT + " WHERE id = %(id)s", {"silent": SILENT_AFTER, "up": UP_WINDOW, "id": node_id}
+        _SELECT + " WHERE id = %(id)s" + (" FOR UPDATE OF nodes" if lock else ""),
+        {"silent": SILENT_AFTER, "up": UP_WINDOW, "id": node_id},
     ).fetchone()
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
@@ -383,8 +384,11 @@ def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> 
 
 
 def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
-    """Forget a node; its audit history stays and its key may join again as a new node."""
-    node = get(conn, check_node_id(node_id))
+    """Forget a node; its audit history stays and its key may join again as a new node.
+
+    The read locks the row: of two deletes at once, the second finds no node (one audit row).
+    """
+    node = get(conn, check_node_id(node_id), lock=True)
     conn.execute("DELETE FROM nodes WHERE id = %s", (node_id,))
     audit.record(
         conn, actor, "node.delete", f"node:{node_id}", {"state": node.state, "tenant": node.tenant}

@@ -29,7 +29,21 @@ from oz0.errors import MasterKeyError, Oz0Error, WrongMasterKey
 
 MASTER_KEY_BYTES = 32
 _NONCE_BYTES = 12
-_SEAL_VERSION = b"\x01"
+# Version 1 (clusters made before schema 4) bound only the cluster name; version 2 also
+# binds what the secret is, so one sealed secret cannot stand in for another.
+_SEAL_V1 = b"\x01"
+_SEAL_V2 = b"\x02"
+
+
+class Sealed(enum.StrEnum):
+    """What a sealed secret is: part of its associated data."""
+
+    CLUSTER_CA_KEY = "cluster-ca-key"
+    INTERNODE_CA_KEY = "internode-ca-key"
+
+
+def _associated_data(cluster_name: str, what: Sealed) -> bytes:
+    return b"\0".join((b"oz0-sealed-v2", cluster_name.encode(), what.value.encode()))
 
 CA_VALIDITY = dt.timedelta(days=3650)
 OPERATOR_VALIDITY = dt.timedelta(days=90)
@@ -98,21 +112,34 @@ def read_master_key(path: Path) -> bytes:
     return data
 
 
-def seal(master_key: bytes, plaintext: bytes, cluster_name: str) -> bytes:
+def seal(master_key: bytes, plaintext: bytes, cluster_name: str, what: Sealed) -> bytes:
     nonce = secrets.token_bytes(_NONCE_BYTES)
-    return (
-        _SEAL_VERSION + nonce + AESGCM(master_key).encrypt(nonce, plaintext, cluster_name.encode())
-    )
+    ad = _associated_data(cluster_name, what)
+    return _SEAL_V2 + nonce + AESGCM(master_key).encrypt(nonce, plaintext, ad)
 
 
-def unseal(master_key: bytes, sealed: bytes, cluster_name: str) -> bytes:
-    if sealed[:1] != _SEAL_VERSION:
-        raise WrongMasterKey(f"sealed secret of cluster {cluster_name} has an unknown format")
+def unseal(
+    master_key: bytes, sealed: bytes, cluster_name: str, what: Sealed, *, legacy: bool = False
+) -> bytes:
+    """The plaintext of SEALED, if the master key sealed it as WHAT of CLUSTER_NAME.
+
+    LEGACY also accepts version 1, which names only the cluster: only for a cluster whose
+    secrets were never re-sealed (see `cluster.reseal_legacy`).
+    """
+    version = sealed[:1]
+    if version == _SEAL_V2:
+        ad = _associated_data(cluster_name, what)
+    elif version == _SEAL_V1 and legacy:
+        ad = cluster_name.encode()
+    else:
+        raise WrongMasterKey(f"sealed {what.value} of cluster {cluster_name} has an unknown format")
     nonce, ciphertext = sealed[1 : 1 + _NONCE_BYTES], sealed[1 + _NONCE_BYTES :]
     try:
-        return AESGCM(master_key).decrypt(nonce, ciphertext, cluster_name.encode())
+        return AESGCM(master_key).decrypt(nonce, ciphertext, ad)
     except InvalidTag:
-        raise WrongMasterKey(f"master key does not match cluster {cluster_name}") from None
+        raise WrongMasterKey(
+            f"master key does not match cluster {cluster_name} (or that is not its {what.value})"
+        ) from None
 
 
 # --- keys and certificates -----------------------------------------------------------------
@@ -259,8 +286,8 @@ class CertificateAuthority:
             builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         return builder.sign(self.key, hashes.SHA256())
 
-    def sealed_key(self, master_key: bytes) -> bytes:
-        return seal(master_key, key_to_pem(self.key), self.cluster)
+    def sealed_key(self, master_key: bytes, what: Sealed) -> bytes:
+        return seal(master_key, key_to_pem(self.key), self.cluster, what)
 
 
 def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> CertificateAuthority:
@@ -298,9 +325,15 @@ def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> Certif
 
 
 def load_ca(
-    cert_pem: bytes, sealed_key: bytes, master_key: bytes, cluster: str
+    cert_pem: bytes,
+    sealed_key: bytes,
+    master_key: bytes,
+    cluster: str,
+    what: Sealed,
+    *,
+    legacy: bool = False,
 ) -> CertificateAuthority:
-    key = key_from_pem(unseal(master_key, sealed_key, cluster))
+    key = key_from_pem(unseal(master_key, sealed_key, cluster, what, legacy=legacy))
     cert = cert_from_pem(cert_pem)
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise WrongMasterKey(f"CA key and certificate of cluster {cluster} do not belong together")

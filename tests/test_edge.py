@@ -308,6 +308,56 @@ async def test_twenty_concurrent_joins_on_a_five_use_token_make_exactly_five_nod
     assert len(refused) == 15
 
 
+@pytest.mark.slow
+async def test_one_key_joining_many_times_at_once_is_one_node_using_its_token_once(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    created = await cli_async(
+        cli, "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=cluster_env
+    )
+    key = await pinned_keys(cluster_files)
+    answers: list[dict[str, Any]] = []
+
+    async def one() -> None:
+        copy = NodeKeys(key.key, key.ca_pem)
+        answers.append(await edge_client.join(EDGE_A, copy, token=created.json()["token"]))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(one)
+    assert {a.get("type") for a in answers} == {"joined"}, answers
+    assert len({a["node_id"] for a in answers}) == 1
+    listed = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    assert len(listed) == 1
+    tokens = (await cli_async(cli, "token", "list", "--json", env=cluster_env)).json()
+    assert tokens[0]["uses"] == 1
+    joins = await cli_async(
+        cli, "audit", "list", "--action", "node.join", "--json", env=cluster_env
+    )
+    assert len(joins.json()) == 1
+
+    # Deleting it from several operators at once: one delete, one audit row.
+    node_id = listed[0]["id"]
+    results = []
+
+    async def delete() -> None:
+        results.append(await cli_async(cli, "node", "delete", node_id, env=cluster_env))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(delete)
+    assert sorted(r.code for r in results) == [0, 1, 1, 1]
+    assert all("not found" in r.err for r in results if r.code)
+    deletes = await cli_async(
+        cli, "audit", "list", "--action", "node.delete", "--json", env=cluster_env
+    )
+    assert len(deletes.json()) == 1
+
+
 async def test_revoked_and_unknown_tokens_are_refused_and_audited(
     cli: CliRunner,
     cluster_files: ClusterFiles,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from oz0 import pki
 from oz0.errors import MasterKeyError, WrongMasterKey
@@ -53,18 +54,33 @@ def test_corrupt_master_key_is_refused(tmp_path: Path, size: int) -> None:
         pki.read_master_key(path)
 
 
-def test_seal_binds_the_cluster_name_and_the_key() -> None:
+CA_KEY, INTERNODE_KEY = pki.Sealed.CLUSTER_CA_KEY, pki.Sealed.INTERNODE_CA_KEY
+
+
+def test_seal_binds_the_cluster_name_what_it_is_and_the_key() -> None:
     key, other = os.urandom(32), os.urandom(32)
-    sealed = pki.seal(key, b"secret", "prod-eu")
+    sealed = pki.seal(key, b"secret", "prod-eu", CA_KEY)
     assert b"secret" not in sealed
-    assert pki.unseal(key, sealed, "prod-eu") == b"secret"
+    assert pki.unseal(key, sealed, "prod-eu", CA_KEY) == b"secret"
     with pytest.raises(WrongMasterKey, match="master key does not match cluster prod-eu"):
-        pki.unseal(other, sealed, "prod-eu")
+        pki.unseal(other, sealed, "prod-eu", CA_KEY)
     with pytest.raises(WrongMasterKey):
-        pki.unseal(key, sealed, "prod-us")
+        pki.unseal(key, sealed, "prod-us", CA_KEY)
+    # One sealed secret cannot stand in for another of the same cluster.
+    with pytest.raises(WrongMasterKey, match="not its internode-ca-key"):
+        pki.unseal(key, sealed, "prod-eu", INTERNODE_KEY)
     tampered = sealed[:-1] + bytes([sealed[-1] ^ 1])
     with pytest.raises(WrongMasterKey):
-        pki.unseal(key, tampered, "prod-eu")
+        pki.unseal(key, tampered, "prod-eu", CA_KEY)
+
+
+def test_version_1_seals_open_only_as_legacy() -> None:
+    key = os.urandom(32)
+    nonce = os.urandom(12)
+    legacy = b"\x01" + nonce + AESGCM(key).encrypt(nonce, b"secret", b"prod-eu")
+    assert pki.unseal(key, legacy, "prod-eu", CA_KEY, legacy=True) == b"secret"
+    with pytest.raises(WrongMasterKey, match="unknown format"):
+        pki.unseal(key, legacy, "prod-eu", CA_KEY)
 
 
 def test_ca_is_p256_and_reloads_from_its_sealed_key() -> None:
@@ -73,10 +89,11 @@ def test_ca_is_p256_and_reloads_from_its_sealed_key() -> None:
     constraints = ca.cert.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert constraints.ca
     master = os.urandom(32)
-    loaded = pki.load_ca(pki.cert_to_pem(ca.cert), ca.sealed_key(master), master, "prod-eu")
+    pem = pki.cert_to_pem(ca.cert)
+    loaded = pki.load_ca(pem, ca.sealed_key(master, CA_KEY), master, "prod-eu", CA_KEY)
     assert loaded.key.private_numbers() == ca.key.private_numbers()
     with pytest.raises(WrongMasterKey, match="prod-eu"):
-        pki.load_ca(pki.cert_to_pem(ca.cert), ca.sealed_key(master), os.urandom(32), "prod-eu")
+        pki.load_ca(pem, ca.sealed_key(master, CA_KEY), os.urandom(32), "prod-eu", CA_KEY)
 
 
 def test_ca_hash_is_sha256_of_the_spki_as_openssl_computes_it(tmp_path: Path) -> None:

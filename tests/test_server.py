@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import http.client
+import json
 import shutil
 import signal
 import socket
@@ -437,3 +439,39 @@ def test_an_address_already_in_use_is_one_line(
     )
     with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
         assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
+
+
+@pytest.mark.slow
+def test_a_change_whose_answer_was_lost_is_not_sent_to_another_server(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, "127.0.0.12")
+    context = json.loads(cluster_files.context_path.read_text())
+    context["servers"] = ["127.0.0.11:8443", "127.0.0.12:8443"]
+    cluster_files.context_path.write_text(json.dumps(context))
+    real_getresponse = http.client.HTTPSConnection.getresponse
+    lost: list[str] = []
+
+    def lose_the_first_answer(conn: http.client.HTTPSConnection) -> http.client.HTTPResponse:
+        # A fault injected once the server has answered: as if the answer were lost.
+        if not lost:
+            lost.append(conn.host)
+            real_getresponse(conn).read()
+            raise http.client.RemoteDisconnected("Remote end closed connection without response")
+        return real_getresponse(conn)
+
+    monkeypatch.setattr(http.client.HTTPSConnection, "getresponse", lose_the_first_answer)
+    made = cli("token", "create", "--tenant", "default", "--json", env=cluster_env)
+    assert made.code == 1 and made.err.count("\n") == 1, made
+    assert "may have been carried out" in made.err
+    assert lost == ["127.0.0.11"]
+    # The first server did make it; nobody made a second one. A read moves on, though.
+    lost.clear()
+    listed = cli("token", "list", "--json", env=cluster_env)
+    assert listed.code == 0 and lost == ["127.0.0.11"], listed
+    assert len(listed.json()) == 1

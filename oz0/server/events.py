@@ -24,6 +24,7 @@ CHANNELS = (NODES,)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]
+_LISTEN_ERRORS: tuple[type[Exception], ...] = (ListenConnectionLost, *DATABASE_ERRORS)
 
 
 @dataclass
@@ -106,7 +107,7 @@ class EventHub:
                     elif outage.ongoing:
                         outage.worked()
                         self._gap()
-            except* (ListenConnectionLost, DATABASE_ERRORS) as group:
+            except* _LISTEN_ERRORS as group:
                 if first:
                     raise
                 delay = outage.failed(group.exceptions[0])

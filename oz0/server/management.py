@@ -33,11 +33,13 @@ def create_app(state: ManagementState) -> QuartTrio:
     async def api_error(error: ApiError) -> tuple[Response, int]:
         return jsonify({"error": error.message}), error.status
 
-    @app.errorhandler(DATABASE_ERRORS)
     async def database_unavailable(error: Exception) -> tuple[Response, int]:
         # A change and its audit row share one transaction: a failed request changed nothing.
         outage.failed(error)
         return jsonify({"error": DATABASE_UNAVAILABLE}), 503
+
+    for error_class in DATABASE_ERRORS:
+        app.register_error_handler(error_class, database_unavailable)
 
     @app.after_request
     async def database_works(response: Response) -> Response:

@@ -86,6 +86,8 @@ def prepare(options: StartOptions) -> Cluster:
     with databases.connect(options.url.for_database(options.url.names.main)) as conn:
         databases.check_server_version(conn)
         migrations.check_current(conn)
+        # Committed when the connection closes; a wrong master key raises before any write.
+        cluster_mod.reseal_legacy(conn, master_key)
         return cluster_mod.load(conn, master_key)
 
 

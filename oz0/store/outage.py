@@ -14,13 +14,19 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
+import psycopg.errors
 import trio
 
 T = TypeVar("T")
 
 # What a database outage looks like from here: a broken or refused connection, a pool
-# that found none in time, a server shutting down or read-only after a failover.
-DATABASE_ERRORS: type[Exception] = psycopg.Error
+# that found none in time (PoolTimeout), a server shutting down (AdminShutdown), or one
+# read-only after a failover. Not outages: constraint violations and other bugs of ours.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg.errors.ReadOnlySqlTransaction,
+)
 
 FIRST_RETRY = 0.5
 MAX_RETRY = 4.0

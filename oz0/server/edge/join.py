@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import trio
 from trio_websocket import WebSocketConnection
 
@@ -61,7 +62,13 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         )
 
     try:
-        joined = await edge.transaction(add)
+        try:
+            joined = await edge.transaction(add)
+        except psycopg.errors.UniqueViolation:
+            # The same key joined through another connection and committed first (the
+            # unique index made this one wait for it): this join is that node, and its
+            # token use was rolled back with the failed insert.
+            joined = await edge.transaction(add)
     except tokens.TokenRefused as e:
         refusal = e
         await edge.transaction(
