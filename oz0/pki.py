@@ -45,6 +45,7 @@ class Sealed(enum.StrEnum):
 def _associated_data(cluster_name: str, what: Sealed) -> bytes:
     return b"\0".join((b"oz0-sealed-v2", cluster_name.encode(), what.value.encode()))
 
+
 CA_VALIDITY = dt.timedelta(days=3650)
 OPERATOR_VALIDITY = dt.timedelta(days=90)
 SERVER_VALIDITY = dt.timedelta(days=7)
