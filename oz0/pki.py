@@ -138,9 +138,8 @@ def unseal(
     try:
         return AESGCM(master_key).decrypt(nonce, ciphertext, ad)
     except InvalidTag:
-        raise WrongMasterKey(
-            f"master key does not match cluster {cluster_name} (or that is not its {what.value})"
-        ) from None
+        # Also what a secret sealed as something else gives: the key cannot tell the two.
+        raise WrongMasterKey(f"master key does not match cluster {cluster_name}") from None
 
 
 # --- keys and certificates -----------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_seal_binds_the_cluster_name_what_it_is_and_the_key() -> None:
     with pytest.raises(WrongMasterKey):
         pki.unseal(key, sealed, "prod-us", CA_KEY)
     # One sealed secret cannot stand in for another of the same cluster.
-    with pytest.raises(WrongMasterKey, match="not its internode-ca-key"):
+    with pytest.raises(WrongMasterKey, match="master key does not match cluster prod-eu"):
         pki.unseal(key, sealed, "prod-eu", INTERNODE_KEY)
     tampered = sealed[:-1] + bytes([sealed[-1] ^ 1])
     with pytest.raises(WrongMasterKey):

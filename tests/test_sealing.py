@@ -40,7 +40,7 @@ def test_a_new_cluster_is_sealed_bound_to_purpose_and_a_swap_is_refused(
             "UPDATE cluster SET cluster_ca_key_sealed = internode_ca_key_sealed,"
             " internode_ca_key_sealed = cluster_ca_key_sealed"
         )
-        with pytest.raises(WrongMasterKey, match="not its cluster-ca-key"):
+        with pytest.raises(WrongMasterKey, match="master key does not match cluster test"):
             cluster.load(conn, master_key)
 
 
