@@ -15,6 +15,7 @@ from oz0.store.pool import Database
 from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
+from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class Temporal:
     async def ensure_namespaces(self, names: list[str]) -> list[str]:
         return await namespaces.ensure(self.frontend, names)
 
+    async def register_tenant_namespace(self, name: str) -> None:
+        """The namespace of a new tenant; NamespaceTaken if Temporal has one not ours."""
+        await namespaces.register_for_tenant(self.frontend, name)
+
 
 def tenant_names(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]
@@ -63,10 +68,16 @@ async def run(
         )
 
     sync = NodeAccessSync(db, hub)
+    operator_sync = OperatorAccessSync(db, hub)
     supervisor = Supervisor(
-        settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=record_state
+        settings,
+        tls=certs.temporal_tls,
+        nodes=sync.full_table,
+        operators=operator_sync.full_table,
+        on_state=record_state,
     )
     sync.supervisor = supervisor
+    operator_sync.supervisor = supervisor
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
@@ -87,6 +98,7 @@ async def run(
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         await nursery.start(sync.run)
+        await nursery.start(operator_sync.run)
         temporal = Temporal(supervisor, certs, settings.advertise)
         registered = await temporal.ensure_namespaces(await db.transaction(tenant_names))
         if registered:
