@@ -6,12 +6,11 @@ import (
 	"strings"
 	"sync"
 
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/server/common/authorization"
 	"go.temporal.io/server/common/config"
 	"go.temporal.io/server/common/log"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Identities are carried by the client certificate (cluster CA): OU is the role, CN the name.
@@ -301,7 +300,8 @@ func (z authorizer) decideNode(id string, target *authorization.CallTarget) auth
 
 func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	who, tracked := callerOf(authorization.PeerCert(authorization.TLSInfoFromContext(ctx)))
-	if !tracked {
+	// Health checks and GetSystemInfo are open to every caller, as Temporal has them.
+	if !tracked || authorization.IsHealthCheckAPI(info.FullMethod) {
 		return handler(ctx, req)
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -312,7 +312,7 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	// tracked.
 	if !a.stillAllowedLocked(who, req) {
 		a.mu.Unlock()
-		return nil, status.Error(codes.PermissionDenied, "access was withdrawn")
+		return nil, serviceerror.NewPermissionDenied(authorization.RequestUnauthorized, "access was withdrawn")
 	}
 	a.nextID++
 	key := a.nextID

@@ -231,12 +231,15 @@ func TestDeniedCallsAreLoggedAtABoundedRate(t *testing.T) {
 	if !d.record("node:n2", target, "x") || !d.record("node:n1", &authorization.CallTarget{APIName: apiListNS}, "x") {
 		t.Fatal("another caller or API was not logged")
 	}
+	if !d.record("node:n1", target, "unknown node") {
+		t.Fatal("another reason was not logged")
+	}
 	now = now.Add(deniedLogEvery)
-	if !d.record("node:n1", target, "again") {
+	if !d.record("node:n1", target, "API not allowed for nodes") {
 		t.Fatal("not logged again after the interval")
 	}
-	if logger.warns != 4 {
-		t.Fatalf("logged %d lines, want 4", logger.warns)
+	if logger.warns != 5 {
+		t.Fatalf("logged %d lines, want 5", logger.warns)
 	}
 	for i := 0; i < deniedLogKeys+5; i++ {
 		d.record(fmt.Sprintf("node:%d", i), target, "x")

@@ -19,17 +19,16 @@ import (
 	"testing"
 	"time"
 
+	"go.temporal.io/api/serviceerror"
 	taskqueuepb "go.temporal.io/api/taskqueue/v1"
 	workerpb "go.temporal.io/api/worker/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/server/common/api"
 	"go.temporal.io/server/common/authorization"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 )
 
 // ---------------------------------------------------------------------------
@@ -466,7 +465,6 @@ func TestAuthorizerDecisions(t *testing.T) {
 		{"node-acme", apiCompletedByID, "acme", denyD},
 		{"node-acme", apiFailedByID, "acme", denyD},
 		{"node-acme", apiCanceledByID, "acme", denyD},
-		{"node-acme", apiWorkerHeartbeat, "acme", denyD},
 		{"node-acme", apiDescribeTQ, "acme", denyD},
 		{"node-acme", apiStartWorkflow, "default", denyD},
 		{"node-acme", apiRegisterNS, "acme", denyD},
@@ -550,6 +548,10 @@ func TestNodeRequestChecks(t *testing.T) {
 		{"shutdown another node's worker", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", TaskQueue: "node-b", WorkerInstanceKey: "k"}, authorization.DecisionDeny},
 		{"shutdown unloading a sticky queue", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", StickyTaskQueue: "someone-sticky"}, authorization.DecisionDeny},
 		{"shutdown with another node's heartbeat", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", WorkerHeartbeat: &workerpb.WorkerHeartbeat{TaskQueue: "node-b"}}, authorization.DecisionDeny},
+		{"report own worker", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{TaskQueue: "node-a"}}}, authorization.DecisionAllow},
+		{"report another node's worker", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{TaskQueue: "node-a"}, {TaskQueue: "node-b"}}}, authorization.DecisionDeny},
+		{"report a worker of no queue", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{}}}, authorization.DecisionDeny},
+		{"report, no request", apiWorkerHeartbeat, nil, authorization.DecisionDeny},
 		{"heartbeat a token it was never given", apiHeartbeat, &workflowservice.RecordActivityTaskHeartbeatRequest{Namespace: "acme", TaskToken: []byte("forged")}, authorization.DecisionDeny},
 		{"heartbeat without a token", apiHeartbeat, &workflowservice.RecordActivityTaskHeartbeatRequest{Namespace: "acme"}, authorization.DecisionDeny},
 		{"complete a token it was never given", apiCompleted, &workflowservice.RespondActivityTaskCompletedRequest{Namespace: "acme", TaskToken: []byte("forged")}, authorization.DecisionDeny},
@@ -1083,13 +1085,35 @@ func TestInterceptorRefusesACallAuthorizedJustBeforeABlock(t *testing.T) {
 		t.Error("handler ran for a blocked node")
 		return nil, nil
 	})
-	if resp != nil || status.Code(err) != codes.PermissionDenied {
+	if resp != nil || !isPermissionDenied(err) {
 		t.Fatalf("blocked node: got (%v, %v), want PermissionDenied", resp, err)
 	}
-	if resp, err := table.interceptor(ctx, nsRequest{"default"}, pollInfo, handler); status.Code(err) != codes.PermissionDenied {
+	if resp, err := table.interceptor(ctx, nsRequest{"default"}, pollInfo, handler); !isPermissionDenied(err) {
 		t.Fatalf("other namespace: got (%v, %v), want PermissionDenied", resp, err)
 	}
 	if got := trackedCalls(table); got != 0 {
 		t.Fatalf("tracked calls = %d, want 0", got)
+	}
+}
+
+func isPermissionDenied(err error) bool {
+	var pd *serviceerror.PermissionDenied
+	return errors.As(err, &pd)
+}
+
+func TestInterceptorLeavesHealthChecksAlone(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(nil) // no operators: this certificate is not admin
+	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "operator", "alice"))
+	for _, method := range []string{apiSystemInfo, apiHealthCheck} {
+		resp, err := table.interceptor(ctx, "req", &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) {
+			return "ran", nil
+		})
+		if err != nil || resp != "ran" {
+			t.Fatalf("%s: (%v, %v), want (ran, nil)", method, resp, err)
+		}
+	}
+	if _, err := table.interceptor(ctx, "req", pollInfo, func(context.Context, any) (any, error) { return "ran", nil }); !isPermissionDenied(err) {
+		t.Fatalf("a call by a certificate that is not current: %v, want PermissionDenied", err)
 	}
 }

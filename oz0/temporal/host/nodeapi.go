@@ -44,6 +44,19 @@ var nodeAPIs = map[string]func(a *authz, node string, req any) string{
 	api.WorkflowServicePrefix + "RespondActivityTaskCompleted": ownTask,
 	api.WorkflowServicePrefix + "RespondActivityTaskFailed":    ownTask,
 	api.WorkflowServicePrefix + "RespondActivityTaskCanceled":  ownTask,
+	// The SDK reports its worker's state now and then (what Temporal shows of workers).
+	api.WorkflowServicePrefix + "RecordWorkerHeartbeat": func(_ *authz, node string, req any) string {
+		r, ok := req.(*workflowservice.RecordWorkerHeartbeatRequest)
+		if !ok {
+			return "unexpected request"
+		}
+		for _, hb := range r.GetWorkerHeartbeat() {
+			if hb.GetTaskQueue() != node {
+				return "a node reports only its own worker"
+			}
+		}
+		return ""
+	},
 	// The SDK tells the server its worker stops, so the server ends the worker's polls.
 	api.WorkflowServicePrefix + "ShutdownWorker": func(_ *authz, node string, req any) string {
 		r, ok := req.(*workflowservice.ShutdownWorkerRequest)
