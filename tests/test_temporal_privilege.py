@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -15,10 +16,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
+import trio
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -46,11 +48,17 @@ from fixtures.temporal import (
     set_node,
 )
 from oz0 import pki
+from oz0.server.events import EventHub
 from oz0.store.dburl import DatabaseUrl
+from oz0.store.pool import Database, open_database
+from oz0.temporal import operator_access
+from oz0.temporal.operator_access import OperatorAccessSync
+from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 from tests.test_temporal import access, eventually
 
 StartServer = Callable[..., ServerProcess]
+T = TypeVar("T")
 SERVER = "127.0.0.71"
 FRONTEND = f"{SERVER}:7233"
 # The product's promise for a renewed-away operator certificate.
@@ -413,3 +421,87 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
     again = cli("tenant", "create", "acme", env=cluster_env)
     assert again.code == 0, again.err
     assert tenants() == ["acme", "default"]
+
+
+# --- pushing operators' serials to the host (real PostgreSQL, no Temporal) -----------------
+
+
+class RecordingHost:
+    """Stands in for the supervisor: records what would reach the host."""
+
+    def __init__(self) -> None:
+        self.pushed: list[dict[str, str]] = []
+        self.changed = trio.Event()
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert op == "operators"
+        self.pushed.append(dict(fields["operators"]))
+        self.changed.set()
+        self.changed = trio.Event()
+        return {"ack": len(self.pushed)}
+
+
+class FlakyDatabase(Database):
+    """The real database, failing its next FAILURES transactions as an outage would."""
+
+    def __init__(self, db: Database, failures: int) -> None:
+        self.db, self.failures = db, failures
+
+    async def transaction(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        if self.failures > 0:
+            self.failures -= 1
+            raise psycopg.OperationalError("connection refused (injected)")
+        return await self.db.transaction(work)
+
+
+def main_db(files: ClusterFiles) -> str:
+    return files.url.for_database(files.url.names.main)
+
+
+def set_serial(files: ClusterFiles, serial: int) -> None:
+    with psycopg.connect(main_db(files)) as conn:
+        conn.execute("UPDATE operators SET cert_serial = %s WHERE name = 'admin'", (serial,))
+
+
+async def test_a_renewal_reaches_the_host_by_notification(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The re-read backstop slowed to once a minute: only the NOTIFY can be in time.
+    monkeypatch.setattr(operator_access, "RECONCILE_EVERY", 60.0)
+    host = RecordingHost()
+    with trio.fail_after(20):
+        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+            hub = EventHub(main_db(cluster_files))
+            sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
+            await nursery.start(hub.run_forever)
+            first = await sync.full_table()
+            assert list(first) == ["admin"]
+            await nursery.start(sync.run)
+            await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
+            with trio.fail_after(RENEWAL_BOUND):
+                await host.changed.wait()
+            assert host.pushed == [{"admin": "4242"}]
+            nursery.cancel_scope.cancel()
+
+
+async def test_operator_sync_survives_a_database_outage(
+    cluster_files: ClusterFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=operator_access.__name__)
+    host = RecordingHost()
+    with trio.fail_after(30):
+        async with open_database(main_db(cluster_files)) as real:
+            db = FlakyDatabase(real, failures=3)
+            sync = OperatorAccessSync(db, EventHub(main_db(cluster_files)), cast(Supervisor, host))
+            for _ in range(3):
+                assert await sync.sync_once() is False
+            assert host.pushed == []
+            assert await sync.sync_once() is True
+            (pushed,) = host.pushed
+            assert list(pushed) == ["admin"]
+            # Nothing new: nothing pushed.
+            assert await sync.sync_once() is True and len(host.pushed) == 1
+    # One line for the outage, one for the recovery: not one per try.
+    lines = [r for r in caplog.records if r.name == operator_access.__name__]
+    assert [r.levelname for r in lines] == ["WARNING", "INFO"]
+    assert "retrying every second" in lines[0].getMessage()
