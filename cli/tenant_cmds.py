@@ -16,10 +16,13 @@ app = App(name="tenant", help="Tenants: each runs its work in a Temporal namespa
 def create(name: str, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """Create tenant NAME and its Temporal namespace.
 
+    Refused when NAME is one of Temporal's own namespaces (it starts with 'temporal-') or
+    Temporal already has a namespace NAME that orchestrator-zero did not create.
+
     Parameters
     ----------
     name
-        Lowercase letters, digits and '-'.
+        Lowercase letters, digits and '-', not starting with 'temporal-'.
     """
     tenant = ApiClient(select(context)).post("/api/v1/tenants", {"name": name})
     if json:

@@ -70,3 +70,12 @@ def is_current(conn: psycopg.Connection[Any], identity: pki.Identity) -> bool:
         (identity.name, identity.serial),
     ).fetchone()
     return row is not None
+
+
+def current_serials(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """Each operator's current certificate serial (decimal), by the rule of `is_current`:
+    what Temporal's host makes admin."""
+    rows = conn.execute(
+        "SELECT name, cert_serial FROM operators WHERE cert_not_after > now()"
+    ).fetchall()
+    return {str(name): str(int(serial)) for name, serial in rows}

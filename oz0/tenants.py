@@ -32,11 +32,20 @@ class Tenant:
         }
 
 
+# Temporal's own namespaces (temporal-system, and whatever it adds) take this prefix.
+RESERVED_PREFIX = "temporal-"
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name):
         raise Oz0Error(
             f"invalid tenant name {name!r}: use 1 to 63 lowercase letters, digits and '-', "
             "starting with a letter or digit"
+        )
+    if name.startswith(RESERVED_PREFIX):
+        raise Oz0Error(
+            f"tenant name {name!r} is reserved: names starting with {RESERVED_PREFIX!r} "
+            "are Temporal's own namespaces"
         )
     return name
 

@@ -1,4 +1,4 @@
-"""The node's runtime: a Temporal worker on the node's own task queue, `node-<node_id>`.
+"""The node's runtime: a Temporal worker on the node's own task queue, named its node ID.
 
 It runs while the node is accepted and connected: started once a control stream is
 welcomed (the welcome names the Temporal frontend and the tenant), stopped when that stream
@@ -38,7 +38,6 @@ from oz0_node.identity import IdentityDir
 
 log = logging.getLogger(__name__)
 
-TASK_QUEUE_PREFIX = "node-"
 DESCRIBE_ACTIVITY = "oz0.node.describe"
 # A node runs what it is given next to its owner's work: keep the worker small.
 MAX_CONCURRENT_ACTIVITIES = 4
@@ -49,8 +48,9 @@ RUNNING_POLL = 0.05
 
 
 def task_queue(node_id: str) -> str:
-    """The queue of work meant for this node, and no other."""
-    return TASK_QUEUE_PREFIX + node_id
+    """The queue of work meant for this node, and no other: its node ID (`node-<hex>`),
+    the one queue Temporal lets this node's certificate poll."""
+    return node_id
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ async def test_the_runtime_starts_on_welcome_and_stops_whenever_the_stream_ends(
         assert settings.node_id == node_id
         assert settings.namespace == "acme"  # the token's tenant
         assert settings.temporal == TEMPORAL
-        assert settings.task_queue == f"node-{node_id}"
+        # The queue is the node ID itself (`node-<hex>`), never `node-node-<hex>`.
+        assert settings.task_queue == node_id and node_id.startswith("node-")
         assert settings.identity.data_dir == data
         assert reported_runtime(data) == "running"
 

@@ -1,7 +1,7 @@
 """The node's runtime with a real agent and a real server (127.0.0.61, default ports).
 
 An operator's workflow, run by the test's own worker on a queue of its own, calls the
-agent's built-in activity `oz0.node.describe` on the node's queue `node-<id>`: the node
+agent's built-in activity `oz0.node.describe` on the node's queue (its node ID): the node
 answers while accepted, its runtime stops within 2 s of a block (nothing on its queue runs
 then), and it works again within 10 s of the unblock.
 """
@@ -25,8 +25,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.temporal import Credentials, issue, run_async
-from oz0 import pki
+from fixtures.temporal import Credentials, operator_credentials, run_async
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
@@ -74,7 +73,7 @@ async def describe_node(creds: Credentials, node_id: str, wait_for_worker: float
     ):
         return await client.execute_workflow(
             DescribeNode.run,
-            args=[f"node-{node_id}", wait_for_worker],
+            args=[node_id, wait_for_worker],
             id="describe-" + uuid.uuid4().hex[:8],
             task_queue=queue,
             execution_timeout=dt.timedelta(seconds=wait_for_worker + 30),
@@ -120,7 +119,7 @@ def test_the_node_runtime_works_while_accepted_stops_on_block_and_returns_on_unb
     status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=30)
     node_id = status["node_id"]
     assert status["connected"] is True and status["state"] == "accepted"
-    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    operator = operator_credentials(cluster_files)
 
     described = run_async(lambda: describe_node(operator, node_id, 10))
     assert described is not None, agent.log()

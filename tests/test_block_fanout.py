@@ -54,7 +54,7 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
     poll: dict[str, object] = {}
 
     def poll_on_c() -> None:
-        poll["result"] = run_async(lambda: long_poll(TEMPORAL_C, "default", creds, "q-block"))
+        poll["result"] = run_async(lambda: long_poll(TEMPORAL_C, "default", creds, keys.node_id))
         poll["at"] = time.monotonic()
 
     poller = threading.Thread(target=poll_on_c, daemon=True)
@@ -97,6 +97,6 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
     assert poll_cancelled < BOUND
     assert temporal_refused < BOUND
     again = await trio.to_thread.run_sync(
-        lambda: run_async(lambda: long_poll(TEMPORAL_C, "default", creds, "q-block"))
+        lambda: run_async(lambda: long_poll(TEMPORAL_C, "default", creds, keys.node_id))
     )
     assert again == "denied"

@@ -17,6 +17,7 @@ from fixtures.temporal import (
     delete_node,
     issue,
     new_node_id,
+    operator_credentials,
     roundtrip,
     run_async,
     set_node,
@@ -36,10 +37,23 @@ def count_workflows(address: str, namespace: str, creds: Credentials) -> int:
     return run_async(work)
 
 
+def describe_namespace(address: str, namespace: str, creds: Credentials) -> str:
+    """What a node's worker asks first (one of the few calls a node may make)."""
+
+    async def work() -> str:
+        client: Client = await connect(address, namespace, creds)
+        answer = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace)
+        )
+        return str(answer.namespace_info.name)
+
+    return run_async(work)
+
+
 def access(address: str, namespace: str, creds: Credentials) -> str:
     """allowed, denied, or cancelled (a call in flight while the node lost access)."""
     try:
-        count_workflows(address, namespace, creds)
+        describe_namespace(address, namespace, creds)
     except RPCError as e:
         if e.status == RPCStatusCode.CANCELLED:
             return "cancelled"
@@ -70,9 +84,7 @@ def test_two_servers_form_one_temporal_cluster(
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
     start_server(cluster_files, "127.0.0.12")
-    node = new_node_id()
-    set_node(cluster_files, node, "default", "accepted")
-    creds = issue(cluster_files, pki.Role.NODE, node)
+    creds = operator_credentials(cluster_files)
     eventually(lambda: allowed(A, "default", creds) and allowed(B, "default", creds))
     assert run_async(lambda: roundtrip(A, B, "default", creds)) == "HELLO!"
 
@@ -120,7 +132,7 @@ def test_a_certificate_from_a_foreign_ca_fails_the_handshake(
     foreign = issue(cluster_files, pki.Role.NODE, node, ca=pki.new_ca("test", "cluster"))
     with pytest.raises(RuntimeError, match=r"[Cc]onnect"):
         count_workflows(A, "default", foreign)
-    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    operator = operator_credentials(cluster_files)
     assert count_workflows(A, "default", operator) == 0
 
 
@@ -133,7 +145,7 @@ def test_a_killed_host_is_restarted_and_serves_again(
 ) -> None:
     server = start_server(cluster_files, "127.0.0.11")
     (host,) = server.children()
-    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    operator = operator_credentials(cluster_files)
     assert count_workflows(A, "default", operator) == 0
 
     def temporal_state() -> str:
@@ -174,16 +186,7 @@ def test_tenants_are_created_with_their_namespace_and_listed(
     listed = cli("tenant", "list", "--json", env=cluster_env).json()
     assert [t["name"] for t in listed] == ["acme", "default"]
 
-    operator = issue(cluster_files, pki.Role.OPERATOR, "admin")
-
-    async def describe() -> str:
-        client = await connect(A, "acme", operator)
-        answer = await client.workflow_service.describe_namespace(
-            DescribeNamespaceRequest(namespace="acme")
-        )
-        return str(answer.namespace_info.name)
-
-    assert run_async(describe) == "acme"
+    assert describe_namespace(A, "acme", operator_credentials(cluster_files)) == "acme"
 
     rows = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
     assert (rows[0]["actor"]["name"], rows[0]["target"]) == ("admin", "tenant:acme")

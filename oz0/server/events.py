@@ -20,7 +20,8 @@ from oz0.store.outage import DATABASE_ERRORS, Outage
 log = logging.getLogger(__name__)
 
 NODES = "oz0_nodes"
-CHANNELS = (NODES,)
+OPERATORS = "oz0_operators"
+CHANNELS = (NODES, OPERATORS)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]

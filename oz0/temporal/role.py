@@ -16,6 +16,7 @@ from oz0.store.pool import Database
 from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
+from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class Temporal:
 
     async def ensure_namespaces(self, names: list[str]) -> list[str]:
         return await namespaces.ensure(self.frontend, names)
+
+    async def register_tenant_namespace(self, name: str) -> None:
+        """The namespace of a new tenant; NamespaceTaken if Temporal has one not ours."""
+        await namespaces.register_for_tenant(self.frontend, name)
 
 
 @dataclass
@@ -101,10 +106,16 @@ async def run(
 ) -> None:
     recorder = StateRecorder(db, server_id)
     sync = NodeAccessSync(db, hub)
+    operator_sync = OperatorAccessSync(db, hub)
     supervisor = Supervisor(
-        settings, tls=certs.temporal_tls, nodes=sync.full_table, on_state=recorder.record
+        settings,
+        tls=certs.temporal_tls,
+        nodes=sync.full_table,
+        operators=operator_sync.full_table,
+        on_state=recorder.record,
     )
     sync.supervisor = supervisor
+    operator_sync.supervisor = supervisor
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
@@ -126,6 +137,7 @@ async def run(
         nursery.start_soon(recorder.retry_forever)
         await nursery.start(supervisor.run)
         await nursery.start(sync.run)
+        await nursery.start(operator_sync.run)
         temporal = Temporal(supervisor, certs, settings.advertise)
         registered = await temporal.ensure_namespaces(await db.transaction(tenant_names))
         if registered:

@@ -46,7 +46,12 @@ class HostSettings:
     bind: str
     cluster_name: str
 
-    def config(self, tls: dict[str, str], nodes: dict[str, dict[str, str]]) -> dict[str, Any]:
+    def config(
+        self,
+        tls: dict[str, str],
+        nodes: dict[str, dict[str, str]],
+        operators: dict[str, str],
+    ) -> dict[str, Any]:
         return {
             "postgres": self.stores.to_json(),
             "numHistoryShards": self.history_shards,
@@ -55,6 +60,7 @@ class HostSettings:
             "clusterName": self.cluster_name,
             "tls": tls,
             "nodes": nodes,
+            "operators": operators,
             "readyTimeoutSeconds": int(READY_TIMEOUT),
         }
 
@@ -136,6 +142,8 @@ class Supervisor:
     settings: HostSettings
     tls: Callable[[], dict[str, str]]
     nodes: Callable[[], Awaitable[dict[str, dict[str, str]]]]
+    # operator name -> serial of its current certificate (only that one is admin)
+    operators: Callable[[], Awaitable[dict[str, str]]]
     on_state: StateListener
     state: str = "starting"
     served: bool = False
@@ -179,7 +187,7 @@ class Supervisor:
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     async def _run_once(self, task_status: trio.TaskStatus[Supervisor]) -> None:
-        config = self.settings.config(self.tls(), await self.nodes())
+        config = self.settings.config(self.tls(), await self.nodes(), await self.operators())
         process = await trio.lowlevel.open_process(
             [str(host_binary()), "serve"],
             stdin=subprocess.PIPE,

@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 from oz0 import tenants
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.temporal.namespaces import NamespaceTaken
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         # The namespace first: registering is idempotent, so a failure after it leaves
         # nothing a retry would trip over, while a tenant row without a namespace would.
         try:
-            await state.temporal.ensure_namespaces([name])
+            await state.temporal.register_tenant_namespace(name)
+        except NamespaceTaken as e:
+            raise ApiError(409, str(e)) from None
         except Exception as e:
             log.warning("registering namespace %s failed: %r", name, e)
             raise ApiError(503, f"could not register Temporal namespace {name}: {e}") from None

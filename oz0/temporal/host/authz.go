@@ -6,18 +6,19 @@ import (
 	"strings"
 	"sync"
 
-	"go.temporal.io/server/common/api"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/server/common/authorization"
 	"go.temporal.io/server/common/config"
+	"go.temporal.io/server/common/log"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Identities are carried by the client certificate (cluster CA): OU is the role, CN the name.
-//   node:<node-id>      a node runtime: its tenant's namespace only, while accepted
+//   node:<node-id>      a node runtime: an activity worker on its own task queue, in its
+//                       tenant's namespace, while accepted (nodeapi.go lists what it may call)
 //   server:<server-id>  an orchestrator-zero server: everything
-//   operator:<name>     an operator: everything
+//   operator:<name>     an operator: everything, with the certificate whose serial the parent
+//                       pushed as that operator's current one; any other is refused
 // Anything else is denied (health checks and GetSystemInfo excepted, as in Temporal).
 
 const (
@@ -48,23 +49,45 @@ func (e *NodeEntry) allows(ns string) bool {
 // nodeID is stored in Claims.Extensions for node callers.
 type nodeID string
 
+// operatorCert is stored in Claims.Extensions for operator callers: whether it is admin is
+// decided per call, against the current serial, so a renewal takes effect at once.
+type operatorCert struct {
+	name   string
+	serial string // decimal, as PostgreSQL stores it
+}
+
+// caller is who an in-flight call is tracked for: a node, or one operator certificate.
+type caller struct {
+	role, name, serial string
+}
+
 type authz struct {
 	mu    sync.RWMutex
 	nodes map[string]*NodeEntry
-	// in-flight calls per node, cancelled when the node loses access
-	calls  map[string]map[uint64]context.CancelFunc
+	// operator name -> the decimal serial of the one certificate that is admin
+	operators map[string]string
+	// task tokens handed to each node by its polls (only these it may heartbeat or answer)
+	tokens map[string]*taskTokens
+	// in-flight calls, cancelled when their caller loses access
+	calls  map[caller]map[uint64]context.CancelFunc
 	nextID uint64
 }
 
 func newAuthz(initial map[string]*NodeEntry) *authz {
-	a := &authz{nodes: map[string]*NodeEntry{}, calls: map[string]map[uint64]context.CancelFunc{}}
+	a := &authz{
+		nodes:     map[string]*NodeEntry{},
+		operators: map[string]string{},
+		tokens:    map[string]*taskTokens{},
+		calls:     map[caller]map[uint64]context.CancelFunc{},
+	}
 	a.update(initial, true)
 	return a
 }
 
-// update applies a table change. replace=true swaps the whole table; otherwise entries are
-// merged and a null entry deletes a node. Calls in flight from nodes that lost access
-// (or whose namespace changed) are cancelled. Returns how many calls were cancelled.
+// update applies a node table change. replace=true swaps the whole table; otherwise entries
+// are merged and a null entry deletes a node. Calls in flight from nodes that lost access
+// (or whose namespace changed) are cancelled and the task tokens they held forgotten.
+// Returns how many calls were cancelled.
 func (a *authz) update(nodes map[string]*NodeEntry, replace bool) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -84,18 +107,43 @@ func (a *authz) update(nodes map[string]*NodeEntry, replace bool) int {
 		}
 	}
 	a.nodes = next
-	cancelled := 0
-	for id, calls := range a.calls {
+	keeps := func(id string) bool {
 		o, n := old[id], next[id]
-		keeps := n != nil && n.State == stateAccepted && o != nil && o.namespace() == n.namespace()
-		if keeps {
+		return n != nil && n.State == stateAccepted && o != nil && o.namespace() == n.namespace()
+	}
+	for id := range a.tokens {
+		if !keeps(id) {
+			delete(a.tokens, id)
+		}
+	}
+	return a.cancelLocked(func(c caller) bool { return c.role == "node" && !keeps(c.name) })
+}
+
+// setOperators replaces the operators' current serials. Calls in flight with a certificate
+// that is no longer current are cancelled; returns how many.
+func (a *authz) setOperators(serials map[string]string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	next := make(map[string]string, len(serials))
+	for name, serial := range serials {
+		next[name] = serial
+	}
+	a.operators = next
+	return a.cancelLocked(func(c caller) bool { return c.role == "operator" && next[c.name] != c.serial })
+}
+
+// cancelLocked cancels the calls of every caller DROP selects. a.mu must be held.
+func (a *authz) cancelLocked(drop func(caller) bool) int {
+	cancelled := 0
+	for c, calls := range a.calls {
+		if !drop(c) {
 			continue
 		}
 		for _, cancel := range calls {
 			cancel()
 			cancelled++
 		}
-		delete(a.calls, id)
+		delete(a.calls, c)
 	}
 	return cancelled
 }
@@ -110,6 +158,24 @@ func (a *authz) size() int {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return len(a.nodes)
+}
+
+func (a *authz) operatorCount() int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return len(a.operators)
+}
+
+func (a *authz) operatorCurrent(op operatorCert) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return op.serial != "" && a.operators[op.name] == op.serial
+}
+
+func (a *authz) nodeHoldsToken(id string, token []byte) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.tokens[id].has(token)
 }
 
 // identity is "<role>:<name>" from a certificate the cluster CA issued: the role is the
@@ -127,6 +193,18 @@ func identity(cert *x509.Certificate) string {
 	return ""
 }
 
+// callerOf is who CERT is, for tracking its calls; ok=false for servers and unknown callers.
+func callerOf(cert *x509.Certificate) (caller, bool) {
+	id := identity(cert)
+	switch {
+	case strings.HasPrefix(id, prefixNode):
+		return caller{role: "node", name: strings.TrimPrefix(id, prefixNode)}, true
+	case strings.HasPrefix(id, prefixOperator):
+		return caller{role: "operator", name: strings.TrimPrefix(id, prefixOperator), serial: cert.SerialNumber.String()}, true
+	}
+	return caller{}, false
+}
+
 // --- ClaimMapper ---
 
 type claimMapper struct{}
@@ -141,8 +219,10 @@ func (claimMapper) GetClaims(info *authorization.AuthInfo) (*authorization.Claim
 	id := identity(cert)
 	c := &authorization.Claims{Subject: id, AuthType: "mtls"}
 	switch {
-	case strings.HasPrefix(id, prefixServer), strings.HasPrefix(id, prefixOperator):
+	case strings.HasPrefix(id, prefixServer):
 		c.System = authorization.RoleAdmin
+	case strings.HasPrefix(id, prefixOperator):
+		c.Extensions = operatorCert{name: strings.TrimPrefix(id, prefixOperator), serial: cert.SerialNumber.String()}
 	case strings.HasPrefix(id, prefixNode) && len(id) > len(prefixNode):
 		c.Extensions = nodeID(strings.TrimPrefix(id, prefixNode))
 	}
@@ -151,89 +231,129 @@ func (claimMapper) GetClaims(info *authorization.AuthInfo) (*authorization.Claim
 
 // --- Authorizer ---
 
-type authorizer struct{ a *authz }
+type authorizer struct {
+	a      *authz
+	denied *deniedLog
+}
 
 var _ authorization.Authorizer = authorizer{}
 
-var (
-	allow = authorization.Result{Decision: authorization.DecisionAllow}
-)
+var allow = authorization.Result{Decision: authorization.DecisionAllow}
 
 func deny(reason string) authorization.Result {
 	return authorization.Result{Decision: authorization.DecisionDeny, Reason: reason}
 }
 
 func (z authorizer) Authorize(_ context.Context, claims *authorization.Claims, target *authorization.CallTarget) (authorization.Result, error) {
-	if authorization.IsHealthCheckAPI(target.APIName) {
-		return allow, nil
+	r := z.decide(claims, target)
+	if r.Decision != authorization.DecisionAllow && claims != nil {
+		z.denied.record(claims.Subject, target, r.Reason)
 	}
-	if claims == nil {
-		return deny("no identity"), nil
-	}
-	// servers, operators, and Temporal's own internal-frontend (internal claim mapper)
-	if claims.System&authorization.RoleAdmin != 0 {
-		r := allow
-		return r, nil
-	}
-	id, ok := claims.Extensions.(nodeID)
-	if !ok {
-		return deny("unknown identity"), nil
-	}
-	e := z.a.lookup(string(id))
-	if e == nil {
-		return deny("unknown node"), nil
-	}
-	if e.State != stateAccepted {
-		return deny("node not accepted"), nil
-	}
-	if !strings.HasPrefix(target.APIName, api.WorkflowServicePrefix) {
-		return deny("API not allowed for nodes"), nil
-	}
-	md := api.GetMethodMetadata(target.APIName)
-	if md.Scope != api.ScopeNamespace || md.Access == api.AccessAdmin || md.Access == api.AccessUnknown {
-		return deny("API not allowed for nodes"), nil
-	}
-	if !e.allows(target.Namespace) {
-		return deny("namespace not allowed"), nil
-	}
-	return allow, nil
+	return r, nil
 }
 
-// --- in-flight call tracking (so a block cuts long polls at once) ---
+func (z authorizer) decide(claims *authorization.Claims, target *authorization.CallTarget) authorization.Result {
+	if authorization.IsHealthCheckAPI(target.APIName) {
+		return allow
+	}
+	if claims == nil {
+		return deny("no identity")
+	}
+	// servers, and Temporal's own internal-frontend (internal claim mapper)
+	if claims.System&authorization.RoleAdmin != 0 {
+		return allow
+	}
+	switch who := claims.Extensions.(type) {
+	case operatorCert:
+		if !z.a.operatorCurrent(who) {
+			return deny("operator certificate is not the operator's current one")
+		}
+		return allow
+	case nodeID:
+		return z.decideNode(string(who), target)
+	}
+	return deny("unknown identity")
+}
+
+func (z authorizer) decideNode(id string, target *authorization.CallTarget) authorization.Result {
+	e := z.a.lookup(id)
+	if e == nil {
+		return deny("unknown node")
+	}
+	if e.State != stateAccepted {
+		return deny("node not accepted")
+	}
+	check, listed := nodeAPIs[target.APIName]
+	if !listed {
+		return deny("API not allowed for nodes")
+	}
+	if !e.allows(target.Namespace) {
+		return deny("namespace not allowed")
+	}
+	if reason := check(z.a, id, target.Request); reason != "" {
+		return deny(reason)
+	}
+	return allow
+}
+
+// --- in-flight call tracking (so a block or a renewal cuts long polls at once) ---
 
 func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	id := identity(authorization.PeerCert(authorization.TLSInfoFromContext(ctx)))
-	if !strings.HasPrefix(id, prefixNode) {
+	who, tracked := callerOf(authorization.PeerCert(authorization.TLSInfoFromContext(ctx)))
+	// Health checks and GetSystemInfo are open to every caller, as Temporal has them.
+	if !tracked || authorization.IsHealthCheckAPI(info.FullMethod) {
 		return handler(ctx, req)
 	}
-	node := strings.TrimPrefix(id, prefixNode)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.mu.Lock()
-	// Temporal's authorizer ran before this interceptor, outside this lock: a block that
-	// landed in between cancelled nothing, so look again now that the call is tracked.
-	if r, scoped := req.(interface{ GetNamespace() string }); scoped && !a.nodes[node].allows(r.GetNamespace()) {
+	// Temporal's authorizer ran before this interceptor, outside this lock: a block or a
+	// renewal that landed in between cancelled nothing, so look again now that the call is
+	// tracked.
+	if !a.stillAllowedLocked(who, req) {
 		a.mu.Unlock()
-		return nil, status.Error(codes.PermissionDenied, "node lost access")
+		return nil, serviceerror.NewPermissionDenied(authorization.RequestUnauthorized, "access was withdrawn")
 	}
 	a.nextID++
 	key := a.nextID
-	if a.calls[node] == nil {
-		a.calls[node] = map[uint64]context.CancelFunc{}
+	if a.calls[who] == nil {
+		a.calls[who] = map[uint64]context.CancelFunc{}
 	}
-	a.calls[node][key] = cancel
+	a.calls[who][key] = cancel
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
-		if m := a.calls[node]; m != nil {
+		if m := a.calls[who]; m != nil {
 			delete(m, key)
 			if len(m) == 0 {
-				delete(a.calls, node)
+				delete(a.calls, who)
 			}
 		}
 		a.mu.Unlock()
 	}()
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	if who.role == "node" {
+		a.noteTaskTokens(who.name, req, resp, err)
+	}
+	return resp, err
+}
+
+// stillAllowedLocked re-checks what can change between Temporal's authorizer and now.
+// a.mu must be held.
+func (a *authz) stillAllowedLocked(who caller, req any) bool {
+	switch who.role {
+	case "operator":
+		return a.operators[who.name] == who.serial
+	case "node":
+		if r, scoped := req.(interface{ GetNamespace() string }); scoped {
+			return a.nodes[who.name].allows(r.GetNamespace())
+		}
+	}
+	return true
 }
 
 func claimMapperFactory(*config.Config) authorization.ClaimMapper { return claimMapper{} }
+
+func newAuthorizer(a *authz, logger log.Logger) authorizer {
+	return authorizer{a: a, denied: newDeniedLog(logger)}
+}

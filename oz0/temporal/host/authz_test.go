@@ -19,14 +19,16 @@ import (
 	"testing"
 	"time"
 
+	"go.temporal.io/api/serviceerror"
+	taskqueuepb "go.temporal.io/api/taskqueue/v1"
+	workerpb "go.temporal.io/api/worker/v1"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/server/common/api"
 	"go.temporal.io/server/common/authorization"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 )
 
 // ---------------------------------------------------------------------------
@@ -219,9 +221,14 @@ func TestClaimMapperRoles(t *testing.T) {
 	if srv.Subject != "server:srv-1" || srv.System != authorization.RoleAdmin || srv.Extensions != nil {
 		t.Fatalf("server claims = %+v, want subject server:srv-1, RoleAdmin, no extensions", srv)
 	}
-	op := pki.claims(t, pki.role(t, "operator", "alice"))
-	if op.Subject != "operator:alice" || op.System != authorization.RoleAdmin || op.Extensions != nil {
-		t.Fatalf("operator claims = %+v, want subject operator:alice, RoleAdmin, no extensions", op)
+	opCert := pki.role(t, "operator", "alice")
+	op := pki.claims(t, opCert)
+	// An operator is admin only with its current certificate: the authorizer decides per call.
+	if op.Subject != "operator:alice" || op.System != authorization.RoleUndefined {
+		t.Fatalf("operator claims = %+v, want subject operator:alice and no system role", op)
+	}
+	if got, want := op.Extensions, (operatorCert{name: "alice", serial: opCert.SerialNumber.String()}); got != want {
+		t.Fatalf("operator claims extensions = %#v, want %#v", got, want)
 	}
 	node := pki.claims(t, pki.role(t, "node", "node-0123456789ab"))
 	if node.Subject != "node:node-0123456789ab" || node.System != authorization.RoleUndefined {
@@ -289,7 +296,25 @@ func TestClaimMapperTrustsOnlyVerifiedCertificate(t *testing.T) {
 
 var (
 	apiStartWorkflow   = api.WorkflowServicePrefix + "StartWorkflowExecution"
+	apiSignalWorkflow  = api.WorkflowServicePrefix + "SignalWorkflowExecution"
+	apiTerminate       = api.WorkflowServicePrefix + "TerminateWorkflowExecution"
+	apiListWorkflows   = api.WorkflowServicePrefix + "ListWorkflowExecutions"
+	apiCountWorkflows  = api.WorkflowServicePrefix + "CountWorkflowExecutions"
+	apiDescribeWF      = api.WorkflowServicePrefix + "DescribeWorkflowExecution"
+	apiHistory         = api.WorkflowServicePrefix + "GetWorkflowExecutionHistory"
 	apiPollWorkflow    = api.WorkflowServicePrefix + "PollWorkflowTaskQueue"
+	apiPollActivity    = api.WorkflowServicePrefix + "PollActivityTaskQueue"
+	apiHeartbeat       = api.WorkflowServicePrefix + "RecordActivityTaskHeartbeat"
+	apiHeartbeatByID   = api.WorkflowServicePrefix + "RecordActivityTaskHeartbeatById"
+	apiCompleted       = api.WorkflowServicePrefix + "RespondActivityTaskCompleted"
+	apiCompletedByID   = api.WorkflowServicePrefix + "RespondActivityTaskCompletedById"
+	apiFailed          = api.WorkflowServicePrefix + "RespondActivityTaskFailed"
+	apiFailedByID      = api.WorkflowServicePrefix + "RespondActivityTaskFailedById"
+	apiCanceled        = api.WorkflowServicePrefix + "RespondActivityTaskCanceled"
+	apiCanceledByID    = api.WorkflowServicePrefix + "RespondActivityTaskCanceledById"
+	apiShutdownWorker  = api.WorkflowServicePrefix + "ShutdownWorker"
+	apiWorkerHeartbeat = api.WorkflowServicePrefix + "RecordWorkerHeartbeat"
+	apiDescribeTQ      = api.WorkflowServicePrefix + "DescribeTaskQueue"
 	apiDescribeNS      = api.WorkflowServicePrefix + "DescribeNamespace"
 	apiRegisterNS      = api.WorkflowServicePrefix + "RegisterNamespace"
 	apiUpdateNS        = api.WorkflowServicePrefix + "UpdateNamespace"
@@ -304,9 +329,32 @@ var (
 	apiHealthCheck     = healthpb.Health_Check_FullMethodName
 )
 
+// requestFor is the request Temporal would hand the authorizer for API on namespace NS:
+// the real request type where the node allowlist looks into it, nil otherwise.
+func requestFor(apiName, ns string) any {
+	switch apiName {
+	case apiDescribeNS:
+		return &workflowservice.DescribeNamespaceRequest{Namespace: ns}
+	case apiStartWorkflow:
+		return &workflowservice.StartWorkflowExecutionRequest{Namespace: ns}
+	case apiPollWorkflow:
+		return &workflowservice.PollWorkflowTaskQueueRequest{Namespace: ns}
+	case apiPollActivity:
+		return &workflowservice.PollActivityTaskQueueRequest{Namespace: ns}
+	case apiShutdownWorker:
+		return &workflowservice.ShutdownWorkerRequest{Namespace: ns}
+	}
+	return nil
+}
+
 func authorize(t *testing.T, z authorizer, c *authorization.Claims, apiName, ns string) authorization.Result {
 	t.Helper()
-	r, err := z.Authorize(context.Background(), c, &authorization.CallTarget{APIName: apiName, Namespace: ns})
+	return authorizeRequest(t, z, c, apiName, ns, requestFor(apiName, ns))
+}
+
+func authorizeRequest(t *testing.T, z authorizer, c *authorization.Claims, apiName, ns string, req any) authorization.Result {
+	t.Helper()
+	r, err := z.Authorize(context.Background(), c, &authorization.CallTarget{APIName: apiName, Namespace: ns, Request: req})
 	if err != nil {
 		t.Fatalf("Authorize(%s, %q): %v", apiName, ns, err)
 	}
@@ -337,6 +385,12 @@ func TestAuthorizerDecisions(t *testing.T) {
 			t.Fatalf("metadata of %s = %+v, want scope %v access %v", name, md, want.Scope, want.Access)
 		}
 	}
+	// Every allowlisted name is a real WorkflowService method (a typo would allow nothing).
+	for name := range nodeAPIs {
+		if md := api.GetMethodMetadata(name); md.Scope != api.ScopeNamespace {
+			t.Fatalf("allowlisted %s is not a namespace-scoped WorkflowService method (%+v)", name, md)
+		}
+	}
 
 	pki := newTestPKI(t)
 	table := newAuthz(map[string]*NodeEntry{
@@ -348,15 +402,20 @@ func TestAuthorizerDecisions(t *testing.T) {
 		"node-purging":  {Tenant: "acme", State: "purging"},
 		"node-empty":    {Tenant: "acme"},
 	})
-	z := authorizer{table}
+	aliceCert := pki.role(t, "operator", "alice")
+	table.setOperators(map[string]string{"alice": aliceCert.SerialNumber.String(), "bob": "12345"})
+	z := authorizer{a: table}
 
 	claims := map[string]*authorization.Claims{
-		"server":   pki.claims(t, pki.role(t, "server", "srv-1")),
-		"operator": pki.claims(t, pki.role(t, "operator", "alice")),
-		"anon":     nil,
-		"nocert":   pki.claims(t, pki.issue(t, certOpts{cn: "node:node-acme"})),
-		"foreign":  {Subject: "node:node-acme", Extensions: "node-acme"},                        // not a nodeID
-		"writer":   {Subject: "x", System: authorization.RoleWriter | authorization.RoleReader}, // not admin
+		"server":           pki.claims(t, pki.role(t, "server", "srv-1")),
+		"operator":         pki.claims(t, aliceCert),
+		"operator-old":     pki.claims(t, pki.role(t, "operator", "alice")), // another serial
+		"operator-unknown": pki.claims(t, pki.role(t, "operator", "carol")),
+		"anon":             nil,
+		"nocert":           pki.claims(t, pki.issue(t, certOpts{cn: "node:node-acme"})),
+		"foreign":          {Subject: "node:node-acme", Extensions: "node-acme"},                        // not a nodeID
+		"writer":           {Subject: "x", System: authorization.RoleWriter | authorization.RoleReader}, // not admin
+		"forged-operator":  {Subject: "operator:bob", Extensions: operatorCert{name: "bob"}},            // no serial
 	}
 	for _, id := range []string{"node-acme", "node-custom", "node-pending", "node-rejected", "node-blocked", "node-purging", "node-empty", "node-unknown"} {
 		claims[id] = pki.claims(t, pki.role(t, "node", id))
@@ -367,7 +426,7 @@ func TestAuthorizerDecisions(t *testing.T) {
 		who, api, ns string
 		want         authorization.Decision
 	}{
-		// servers and operators: everything
+		// servers and the operator's current certificate: everything
 		{"server", apiStartWorkflow, "acme", allowD},
 		{"server", apiStartWorkflow, "default", allowD},
 		{"server", apiRegisterNS, "newtenant", allowD},
@@ -380,14 +439,34 @@ func TestAuthorizerDecisions(t *testing.T) {
 		{"operator", apiOpDeleteNS, "acme", allowD},
 		{"operator", apiAdminDescribeMS, "", allowD},
 
-		// accepted node: own namespace, namespace-scoped non-admin WorkflowService APIs
-		{"node-acme", apiStartWorkflow, "acme", allowD},
-		{"node-acme", apiPollWorkflow, "acme", allowD},
+		// an operator's other certificates (renewed away, replaced), unknown operators
+		{"operator-old", apiListNS, "", denyD},
+		{"operator-old", apiStartWorkflow, "default", denyD},
+		{"operator-old", apiDescribeNS, "default", denyD},
+		{"operator-unknown", apiListNS, "", denyD},
+		{"forged-operator", apiListNS, "", denyD},
+
+		// accepted node: its own namespace, only what an activity worker needs
 		{"node-acme", apiDescribeNS, "acme", allowD},
-		{"node-acme", apiStartWorkflow, "default", denyD},
-		{"node-acme", apiStartWorkflow, "ACME", denyD},
-		{"node-acme", apiStartWorkflow, "", denyD},
+		{"node-acme", apiShutdownWorker, "acme", allowD},
 		{"node-acme", apiDescribeNS, "default", denyD},
+		{"node-acme", apiDescribeNS, "ACME", denyD},
+		{"node-acme", apiDescribeNS, "", denyD},
+		{"node-acme", apiShutdownWorker, "default", denyD},
+		{"node-acme", apiStartWorkflow, "acme", denyD},
+		{"node-acme", apiSignalWorkflow, "acme", denyD},
+		{"node-acme", apiTerminate, "acme", denyD},
+		{"node-acme", apiListWorkflows, "acme", denyD},
+		{"node-acme", apiCountWorkflows, "acme", denyD},
+		{"node-acme", apiDescribeWF, "acme", denyD},
+		{"node-acme", apiHistory, "acme", denyD},
+		{"node-acme", apiPollWorkflow, "acme", denyD},
+		{"node-acme", apiHeartbeatByID, "acme", denyD},
+		{"node-acme", apiCompletedByID, "acme", denyD},
+		{"node-acme", apiFailedByID, "acme", denyD},
+		{"node-acme", apiCanceledByID, "acme", denyD},
+		{"node-acme", apiDescribeTQ, "acme", denyD},
+		{"node-acme", apiStartWorkflow, "default", denyD},
 		{"node-acme", apiRegisterNS, "acme", denyD},
 		{"node-acme", apiUpdateNS, "acme", denyD},
 		{"node-acme", apiListNS, "", denyD},
@@ -399,21 +478,21 @@ func TestAuthorizerDecisions(t *testing.T) {
 		{"node-acme", apiAdminDescribeMS, "acme", denyD},
 
 		// explicit namespace overrides the tenant
-		{"node-custom", apiStartWorkflow, "acme-prod", allowD},
-		{"node-custom", apiStartWorkflow, "acme", denyD},
+		{"node-custom", apiDescribeNS, "acme-prod", allowD},
+		{"node-custom", apiDescribeNS, "acme", denyD},
 
 		// nodes that are not accepted, or unknown
-		{"node-unknown", apiStartWorkflow, "acme", denyD},
-		{"node-pending", apiStartWorkflow, "acme", denyD},
-		{"node-rejected", apiStartWorkflow, "acme", denyD},
-		{"node-blocked", apiStartWorkflow, "acme", denyD},
-		{"node-purging", apiPollWorkflow, "acme", denyD},
-		{"node-empty", apiStartWorkflow, "acme", denyD},
+		{"node-unknown", apiDescribeNS, "acme", denyD},
+		{"node-pending", apiDescribeNS, "acme", denyD},
+		{"node-rejected", apiDescribeNS, "acme", denyD},
+		{"node-blocked", apiDescribeNS, "acme", denyD},
+		{"node-purging", apiDescribeNS, "acme", denyD},
+		{"node-empty", apiDescribeNS, "acme", denyD},
 
 		// no usable identity
 		{"anon", apiStartWorkflow, "acme", denyD},
 		{"nocert", apiStartWorkflow, "acme", denyD},
-		{"foreign", apiStartWorkflow, "acme", denyD},
+		{"foreign", apiDescribeNS, "acme", denyD},
 		{"writer", apiStartWorkflow, "acme", denyD},
 		{"writer", apiListNS, "", denyD},
 	}
@@ -441,20 +520,63 @@ func TestAuthorizerDecisions(t *testing.T) {
 	}
 }
 
+// What the allowlist looks at inside the requests a node sends.
+func TestNodeRequestChecks(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(map[string]*NodeEntry{
+		"node-a": {Tenant: "acme", State: "accepted"},
+		"node-b": {Tenant: "acme", State: "accepted"},
+	})
+	z := authorizer{a: table}
+	a := pki.claims(t, pki.role(t, "node", "node-a"))
+	tq := func(name string) *taskqueuepb.TaskQueue { return &taskqueuepb.TaskQueue{Name: name} }
+	cases := []struct {
+		name, api string
+		req       any
+		want      authorization.Decision
+	}{
+		{"poll own queue", apiPollActivity, &workflowservice.PollActivityTaskQueueRequest{Namespace: "acme", TaskQueue: tq("node-a")}, authorization.DecisionAllow},
+		{"poll another node's queue", apiPollActivity, &workflowservice.PollActivityTaskQueueRequest{Namespace: "acme", TaskQueue: tq("node-b")}, authorization.DecisionDeny},
+		{"poll a queue named after its own", apiPollActivity, &workflowservice.PollActivityTaskQueueRequest{Namespace: "acme", TaskQueue: tq("node-node-a")}, authorization.DecisionDeny},
+		{"poll a partition of its own queue", apiPollActivity, &workflowservice.PollActivityTaskQueueRequest{Namespace: "acme", TaskQueue: tq("/_sys/node-a/1")}, authorization.DecisionDeny},
+		{"poll without a queue", apiPollActivity, &workflowservice.PollActivityTaskQueueRequest{Namespace: "acme"}, authorization.DecisionDeny},
+		{"poll, no request", apiPollActivity, nil, authorization.DecisionDeny},
+		{"poll, wrong request type", apiPollActivity, &workflowservice.PollWorkflowTaskQueueRequest{Namespace: "acme", TaskQueue: tq("node-a")}, authorization.DecisionDeny},
+		{"describe by ID", apiDescribeNS, &workflowservice.DescribeNamespaceRequest{Namespace: "acme", Id: "00000000-0000-0000-0000-000000000001"}, authorization.DecisionDeny},
+		{"describe, no request", apiDescribeNS, nil, authorization.DecisionDeny},
+		{"shutdown own worker", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", TaskQueue: "node-a", WorkerInstanceKey: "k"}, authorization.DecisionAllow},
+		{"shutdown another node's worker", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", TaskQueue: "node-b", WorkerInstanceKey: "k"}, authorization.DecisionDeny},
+		{"shutdown unloading a sticky queue", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", StickyTaskQueue: "someone-sticky"}, authorization.DecisionDeny},
+		{"shutdown with another node's heartbeat", apiShutdownWorker, &workflowservice.ShutdownWorkerRequest{Namespace: "acme", WorkerHeartbeat: &workerpb.WorkerHeartbeat{TaskQueue: "node-b"}}, authorization.DecisionDeny},
+		{"report own worker", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{TaskQueue: "node-a"}}}, authorization.DecisionAllow},
+		{"report another node's worker", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{TaskQueue: "node-a"}, {TaskQueue: "node-b"}}}, authorization.DecisionDeny},
+		{"report a worker of no queue", apiWorkerHeartbeat, &workflowservice.RecordWorkerHeartbeatRequest{Namespace: "acme", WorkerHeartbeat: []*workerpb.WorkerHeartbeat{{}}}, authorization.DecisionDeny},
+		{"report, no request", apiWorkerHeartbeat, nil, authorization.DecisionDeny},
+		{"heartbeat a token it was never given", apiHeartbeat, &workflowservice.RecordActivityTaskHeartbeatRequest{Namespace: "acme", TaskToken: []byte("forged")}, authorization.DecisionDeny},
+		{"heartbeat without a token", apiHeartbeat, &workflowservice.RecordActivityTaskHeartbeatRequest{Namespace: "acme"}, authorization.DecisionDeny},
+		{"complete a token it was never given", apiCompleted, &workflowservice.RespondActivityTaskCompletedRequest{Namespace: "acme", TaskToken: []byte("forged")}, authorization.DecisionDeny},
+	}
+	for _, tc := range cases {
+		if r := authorizeRequest(t, z, a, tc.api, "acme", tc.req); r.Decision != tc.want {
+			t.Errorf("%s: %s (%q), want %s", tc.name, decisionName(r.Decision), r.Reason, decisionName(tc.want))
+		}
+	}
+}
+
 func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 	pki := newTestPKI(t)
 	table := newAuthz(map[string]*NodeEntry{
 		"n1": {Tenant: "acme", State: "accepted"},
 		"n2": {Tenant: "beta", State: "accepted"},
 	})
-	z := authorizer{table}
+	z := authorizer{a: table}
 	c1 := pki.claims(t, pki.role(t, "node", "n1"))
 	c2 := pki.claims(t, pki.role(t, "node", "n2"))
 	c3 := pki.claims(t, pki.role(t, "node", "n3"))
 
 	expect := func(step string, c *authorization.Claims, ns string, want authorization.Decision) {
 		t.Helper()
-		if r := authorize(t, z, c, apiStartWorkflow, ns); r.Decision != want {
+		if r := authorize(t, z, c, apiDescribeNS, ns); r.Decision != want {
 			t.Fatalf("%s: %s on %q = %s (%q), want %s", step, c.Subject, ns, decisionName(r.Decision), r.Reason, decisionName(want))
 		}
 	}
@@ -522,11 +644,11 @@ func TestAuthzUpdateCopiesEntries(t *testing.T) {
 	initial.State = "blocked"
 	pushed.Namespace = "elsewhere"
 
-	z := authorizer{table}
-	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n1")), apiStartWorkflow, "acme"); r.Decision != authorization.DecisionAllow {
+	z := authorizer{a: table}
+	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n1")), apiDescribeNS, "acme"); r.Decision != authorization.DecisionAllow {
 		t.Fatalf("n1 denied after the caller mutated its own struct: %q", r.Reason)
 	}
-	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n2")), apiStartWorkflow, "beta"); r.Decision != authorization.DecisionAllow {
+	if r := authorize(t, z, pki.claims(t, pki.role(t, "node", "n2")), apiDescribeNS, "beta"); r.Decision != authorization.DecisionAllow {
 		t.Fatalf("n2 denied after the caller mutated its own struct: %q", r.Reason)
 	}
 }
@@ -772,7 +894,6 @@ func TestInterceptorDoesNotTrackOtherCallers(t *testing.T) {
 	})
 	ctxs := map[string]context.Context{
 		"server":             pki.peerCtx(t, context.Background(), pki.role(t, "server", "srv-1")),
-		"operator":           pki.peerCtx(t, context.Background(), pki.role(t, "operator", "alice")),
 		"no peer":            context.Background(),
 		"unverified node":    unverified,
 		"node:n1 only in CN": pki.peerCtx(t, context.Background(), pki.issue(t, certOpts{cn: "node:n1"})),
@@ -837,25 +958,25 @@ func TestHandleAuthzCommand(t *testing.T) {
 	pki := newTestPKI(t)
 	table := newAuthz(nil)
 	stopCh := make(chan string, 1)
-	z := authorizer{table}
+	z := authorizer{a: table}
 	c1 := pki.claims(t, pki.role(t, "node", "n1"))
 	c2 := pki.claims(t, pki.role(t, "node", "n2"))
 
 	handleCommand([]byte(`{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted"},"n2":{"tenant":"acme","state":"accepted"}}}`), table, nil, stopCh)
-	if r := authorize(t, z, c1, apiStartWorkflow, "default"); r.Decision != authorization.DecisionAllow {
+	if r := authorize(t, z, c1, apiDescribeNS, "default"); r.Decision != authorization.DecisionAllow {
 		t.Fatalf("n1 denied after authz replace: %q", r.Reason)
 	}
-	if r := authorize(t, z, c2, apiStartWorkflow, "acme"); r.Decision != authorization.DecisionAllow {
+	if r := authorize(t, z, c2, apiDescribeNS, "acme"); r.Decision != authorization.DecisionAllow {
 		t.Fatalf("n2 denied after authz replace: %q", r.Reason)
 	}
 
 	call := startCall(t, table, pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1")))
 	handleCommand([]byte(`{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked"},"n2":null}}`), table, nil, stopCh)
 	call.expectCancelled(t)
-	if r := authorize(t, z, c1, apiStartWorkflow, "default"); r.Decision != authorization.DecisionDeny {
+	if r := authorize(t, z, c1, apiDescribeNS, "default"); r.Decision != authorization.DecisionDeny {
 		t.Fatal("n1 allowed after being blocked")
 	}
-	if r := authorize(t, z, c2, apiStartWorkflow, "acme"); r.Decision != authorization.DecisionDeny {
+	if r := authorize(t, z, c2, apiDescribeNS, "acme"); r.Decision != authorization.DecisionDeny {
 		t.Fatal("n2 allowed after a null entry")
 	}
 	if table.lookup("n2") != nil {
@@ -964,13 +1085,35 @@ func TestInterceptorRefusesACallAuthorizedJustBeforeABlock(t *testing.T) {
 		t.Error("handler ran for a blocked node")
 		return nil, nil
 	})
-	if resp != nil || status.Code(err) != codes.PermissionDenied {
+	if resp != nil || !isPermissionDenied(err) {
 		t.Fatalf("blocked node: got (%v, %v), want PermissionDenied", resp, err)
 	}
-	if resp, err := table.interceptor(ctx, nsRequest{"default"}, pollInfo, handler); status.Code(err) != codes.PermissionDenied {
+	if resp, err := table.interceptor(ctx, nsRequest{"default"}, pollInfo, handler); !isPermissionDenied(err) {
 		t.Fatalf("other namespace: got (%v, %v), want PermissionDenied", resp, err)
 	}
 	if got := trackedCalls(table); got != 0 {
 		t.Fatalf("tracked calls = %d, want 0", got)
+	}
+}
+
+func isPermissionDenied(err error) bool {
+	var pd *serviceerror.PermissionDenied
+	return errors.As(err, &pd)
+}
+
+func TestInterceptorLeavesHealthChecksAlone(t *testing.T) {
+	pki := newTestPKI(t)
+	table := newAuthz(nil) // no operators: this certificate is not admin
+	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "operator", "alice"))
+	for _, method := range []string{apiSystemInfo, apiHealthCheck} {
+		resp, err := table.interceptor(ctx, "req", &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) {
+			return "ran", nil
+		})
+		if err != nil || resp != "ran" {
+			t.Fatalf("%s: (%v, %v), want (ran, nil)", method, resp, err)
+		}
+	}
+	if _, err := table.interceptor(ctx, "req", pollInfo, func(context.Context, any) (any, error) { return "ran", nil }); !isPermissionDenied(err) {
+		t.Fatalf("a call by a certificate that is not current: %v, want PermissionDenied", err)
 	}
 }

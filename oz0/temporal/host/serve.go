@@ -27,8 +27,12 @@ import (
 //	{"id":1,"op":"ping"}
 //	{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted"}}}
 //	{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked"},"n2":null}}
-//	{"id":4,"op":"tls","frontendCert":"...","frontendKey":"...","internodeCert":"...","internodeKey":"..."}
-//	{"id":5,"op":"stop"}
+//	{"id":4,"op":"operators","operators":{"alice":"123456789"}}
+//	{"id":5,"op":"tls","frontendCert":"...","frontendKey":"...","internodeCert":"...","internodeKey":"..."}
+//	{"id":6,"op":"stop"}
+//
+// "operators" replaces the table of operators' current certificate serials (decimal): only
+// those certificates are admin, and calls in flight with any other are cancelled.
 //
 // Every command with an id is answered by exactly one stdout line {"ack":<id>, ...};
 // a failed one carries "error". EOF on stdin = stop.
@@ -37,6 +41,7 @@ type command struct {
 	Op            string                `json:"op"`
 	Nodes         map[string]*NodeEntry `json:"nodes"`
 	Replace       bool                  `json:"replace"`
+	Operators     map[string]string     `json:"operators"`
 	FrontendCert  string                `json:"frontendCert"`
 	FrontendKey   string                `json:"frontendKey"`
 	InternodeCert string                `json:"internodeCert"`
@@ -60,6 +65,7 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 		fail(err)
 	}
 	table := newAuthz(cfg.Nodes)
+	table.setOperators(cfg.Operators)
 
 	// stop reasons: "eof", "stop", "signal"
 	stopCh := make(chan string, 4)
@@ -82,7 +88,7 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 		temporal.WithLogger(logger),
 		temporal.WithTLSConfigFactory(tlsp),
 		temporal.WithClaimMapper(claimMapperFactory),
-		temporal.WithAuthorizer(authorizer{table}),
+		temporal.WithAuthorizer(newAuthorizer(table, logger)),
 		temporal.WithChainedFrontendGrpcInterceptors(table.interceptor),
 		temporal.WithDynamicConfigClient(dc),
 	)
@@ -211,6 +217,13 @@ func handleCommand(line []byte, table *authz, tlsp *memTLS, stopCh chan<- string
 	case "authz":
 		n := table.update(cmd.Nodes, cmd.Replace)
 		ack(cmd.ID, map[string]any{"nodes": table.size(), "cancelledCalls": n})
+	case "operators":
+		if cmd.Operators == nil {
+			ack(cmd.ID, map[string]any{"error": "operators command without an operators table"})
+			return
+		}
+		n := table.setOperators(cmd.Operators)
+		ack(cmd.ID, map[string]any{"operators": table.operatorCount(), "cancelledCalls": n})
 	case "tls":
 		if err := tlsp.setLeaves(cmd.FrontendCert, cmd.FrontendKey, cmd.InternodeCert, cmd.InternodeKey); err != nil {
 			ack(cmd.ID, map[string]any{"error": err.Error()})

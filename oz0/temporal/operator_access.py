@@ -1,0 +1,92 @@
+"""Keep the host's table of operators' current certificate serials equal to `operators`.
+
+Only the certificate an operator holds now is admin on Temporal: after `operator renew` or
+a re-issue, the old one is refused within two seconds. A NOTIFY on `oz0_operators` says
+an operator changed (fast); every second the table is read again anyway (it is small),
+which covers lost notifications and expiry. Only a table that differs from what the host
+has is pushed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from oz0 import operators
+from oz0.server.events import OPERATORS, EventHub
+from oz0.store.listen import Notification
+from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
+from oz0.store.pool import Database
+from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY = 1.0
+
+OperatorTable = dict[str, str]
+
+
+@dataclass
+class OperatorAccessSync:
+    db: Database
+    hub: EventHub
+    supervisor: Supervisor | None = None
+    # What the host holds, as far as we know; None until the first push or host start.
+    pushed: OperatorTable | None = None
+    _wake: trio.Event = field(default_factory=trio.Event)
+    outage: Outage = field(
+        default_factory=lambda: Outage("reading operators' current certificates", log)
+    )
+
+    def __post_init__(self) -> None:
+        self.hub.subscribe(OPERATORS, self._notified)
+        self.hub.on_gap.append(self._notified_gap)
+
+    def _notified(self, _notification: Notification) -> None:
+        self._wake.set()
+
+    def _notified_gap(self) -> None:
+        self._wake.set()
+
+    async def full_table(self) -> OperatorTable:
+        """The whole table, as a (re)starting host gets it: waits for the database if it is
+        away, as the node table does."""
+        table = await until_it_works(
+            Outage("reading operators' certificates for the Temporal host", log),
+            partial(self.db.transaction, operators.current_serials),
+        )
+        self.pushed = table
+        return table
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            with trio.move_on_after(RECONCILE_EVERY):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self.sync_once()
+
+    async def sync_once(self) -> bool:
+        """Read the table and push it if the host lacks it; whether the host has it now."""
+        try:
+            table = await self.db.transaction(operators.current_serials)
+        except DATABASE_ERRORS as e:
+            # Logged once per outage; the loop tries again every second.
+            self.outage.failed(e)
+            return False
+        self.outage.worked()
+        if table == self.pushed:
+            return True
+        if self.supervisor is None:
+            return False
+        try:
+            await self.supervisor.command("operators", operators=table)
+        except (HostUnavailable, HostFailed) as e:
+            # The next host start reads the whole table anyway.
+            log.debug("operators' certificates not pushed: %s", e)
+            return False
+        self.pushed = table
+        return True

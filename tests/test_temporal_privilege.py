@@ -1,0 +1,507 @@
+"""Least privilege on Temporal (127.0.0.71, default ports), with a real server, real TLS,
+the real `temporal` CLI and real SDK workers: only an operator's current certificate is
+admin; a node may do what an activity worker on its own queue needs and nothing else;
+tenant names cannot take Temporal's own namespaces or namespaces we did not create."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import psycopg
+import pytest
+import trio
+from temporalio import activity, workflow
+from temporalio.api.common.v1 import Payloads, WorkflowExecution
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import (
+    GetWorkflowExecutionHistoryRequest,
+    PollActivityTaskQueueRequest,
+    RespondActivityTaskCompletedByIdRequest,
+    RespondActivityTaskCompletedRequest,
+)
+from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.runtime import Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.temporal import (
+    Credentials,
+    connect,
+    issue,
+    new_node_id,
+    operator_credentials,
+    run_async,
+    set_node,
+)
+from oz0 import pki
+from oz0.server.events import EventHub
+from oz0.store.dburl import DatabaseUrl
+from oz0.store.pool import Database, open_database
+from oz0.temporal import operator_access
+from oz0.temporal.operator_access import OperatorAccessSync
+from oz0.temporal.supervisor import Supervisor
+from tests.conftest import CliRunner
+from tests.test_temporal import access, eventually
+
+StartServer = Callable[..., ServerProcess]
+T = TypeVar("T")
+SERVER = "127.0.0.71"
+FRONTEND = f"{SERVER}:7233"
+# The product's promise for a renewed-away operator certificate.
+RENEWAL_BOUND = 2.0
+UNAUTHORIZED = "Error: failed listing namespaces: Request unauthorized.\n"
+# How long work on a queue waits for a worker, to show that none takes it.
+UNTAKEN = 5.0
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER)
+
+
+def temporal_cli(*args: str, credentials: Path, ca: Path) -> subprocess.CompletedProcess[str]:
+    """The real `temporal` CLI against our frontend, with CREDENTIALS/operator.{crt,key}."""
+    temporal = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    return subprocess.run(
+        [
+            temporal,
+            *args,
+            "--address",
+            FRONTEND,
+            "--tls-cert-path",
+            str(credentials / "operator.crt"),
+            "--tls-key-path",
+            str(credentials / "operator.key"),
+            "--tls-ca-path",
+            str(ca),
+            "--command-timeout",
+            "10s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# --- operators -----------------------------------------------------------------------------
+
+
+def test_after_operator_renew_only_the_new_certificate_is_admin_on_temporal(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    tmp_path: Path,
+) -> None:
+    server = start_server(cluster_files, SERVER)
+    ctx = cluster_files.context_dir
+    old, stray = tmp_path / "old", tmp_path / "stray"
+    old.mkdir()
+    stray.mkdir()
+    for name in ("operator.crt", "operator.key"):
+        shutil.copy2(ctx / name, old / name)
+    # Signed by the cluster CA for the operator's name, but not the certificate it holds.
+    other = issue(cluster_files, pki.Role.OPERATOR, "admin")
+    (stray / "operator.crt").write_bytes(other.cert_pem)
+    (stray / "operator.key").write_bytes(other.key_pem)
+
+    def namespaces(credentials: Path) -> subprocess.CompletedProcess[str]:
+        return temporal_cli(
+            "operator", "namespace", "list", credentials=credentials, ca=ctx / "ca.crt"
+        )
+
+    before = namespaces(old)
+    assert before.returncode == 0 and "default" in before.stdout, before.stderr
+    stray_answer = namespaces(stray)
+    assert (stray_answer.returncode, stray_answer.stderr) == (1, UNAUTHORIZED)
+
+    renewed = cli("operator", "renew", env=cluster_env)
+    assert renewed.code == 0, renewed.err
+    began = time.monotonic()
+    while (refused := namespaces(old)).returncode == 0:
+        assert time.monotonic() - began < RENEWAL_BOUND + 5, "the old certificate stays admin"
+        time.sleep(0.1)
+    refused_after = time.monotonic() - began
+    assert refused.stderr == UNAUTHORIZED
+    assert "operator certificate is not the operator's current one" in server.stderr()
+    after = namespaces(ctx)
+    assert after.returncode == 0 and "default" in after.stdout, after.stderr
+    print(f"old operator certificate refused {refused_after:.2f} s after `operator renew`")
+    assert refused_after < RENEWAL_BOUND
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+NODE_ACTIVITY = "test.node-echo"
+
+
+@activity.defn(name=NODE_ACTIVITY)
+async def node_echo(text: str) -> str:
+    # Long enough for the worker's own heartbeat (every second here) to reach the server.
+    for _ in range(5):
+        activity.heartbeat("working")
+        await asyncio.sleep(0.5)
+    return f"{activity.info().task_queue}: {text}"
+
+
+def node_runtime() -> Runtime:
+    """The SDK as a node runs it, but reporting its worker every second instead of every
+    minute, so that call is part of the run."""
+    return Runtime(telemetry=TelemetryConfig(), worker_heartbeat_interval=dt.timedelta(seconds=1))
+
+
+@workflow.defn(name="test.call-node")
+class CallNode:
+    """Call the node activity on QUEUE; None when no worker took it within WAIT seconds."""
+
+    @workflow.run
+    async def run(self, queue: str, text: str, wait: float) -> str | None:
+        try:
+            result: str = await workflow.execute_activity(
+                NODE_ACTIVITY,
+                text,
+                task_queue=queue,
+                schedule_to_start_timeout=dt.timedelta(seconds=wait),
+                start_to_close_timeout=dt.timedelta(seconds=20),
+                heartbeat_timeout=dt.timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+                return None
+            raise
+        return result
+
+
+class Operator:
+    """An operator's client with a workflow worker for CallNode on a queue of its own."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self.queue = "control-" + uuid.uuid4().hex[:8]
+
+    async def call_node(self, node_queue: str, text: str, wait: float) -> str | None:
+        client = await connect(FRONTEND, "default", self.credentials)
+        async with self.worker(client):
+            result: str | None = await client.execute_workflow(
+                CallNode.run,
+                args=[node_queue, text, wait],
+                id="call-" + uuid.uuid4().hex[:8],
+                task_queue=self.queue,
+                execution_timeout=dt.timedelta(seconds=wait + 30),
+            )
+        return result
+
+    def worker(self, client: Any) -> Worker:
+        return Worker(
+            client,
+            task_queue=self.queue,
+            workflows=[CallNode],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        )
+
+
+async def node_worker_runs(
+    operator: Operator, node: Credentials, polls: str, work_on: str, wait: float
+) -> str | None:
+    """While an activity worker with NODE's certificate polls POLLS (activities only, as the
+    node runtime), the operator calls the activity on WORK_ON: its result, or None."""
+    client = await Client.connect(
+        FRONTEND, namespace="default", tls=node.tls(), runtime=node_runtime()
+    )
+    async with Worker(client, task_queue=polls, activities=[node_echo]):
+        return await operator.call_node(work_on, "hello", wait)
+
+
+def refusals(server: ServerProcess, node_id: str) -> list[dict[str, Any]]:
+    """The host's log lines for calls it refused NODE_ID (JSON, on the server's stderr)."""
+    found = []
+    for line in server.stderr().splitlines():
+        if "call refused" in line and f"node:{node_id}" in line:
+            refusal = json.loads(line[line.index("{") :])
+            # Probes before the node table reached the host are not the worker's doing.
+            if refusal["reason"] != "unknown node":
+                found.append(refusal)
+    return found
+
+
+async def refused(call: Callable[[], Awaitable[Any]]) -> bool:
+    """Whether Temporal refused CALL its permission (any other outcome: it was let through)."""
+    try:
+        await call()
+    except RPCError as e:
+        return e.status == RPCStatusCode.PERMISSION_DENIED
+    return False
+
+
+def accepted_nodes(files: ClusterFiles, count: int) -> list[tuple[str, Credentials]]:
+    nodes = []
+    for _ in range(count):
+        node_id = new_node_id()
+        set_node(files, node_id, "default", "accepted")
+        creds = issue(files, pki.Role.NODE, node_id)
+        nodes.append((node_id, creds))
+    for _, creds in nodes:  # the node table reaches the host within a second or so
+        eventually(lambda creds=creds: access(FRONTEND, "default", creds) == "allowed")
+    return nodes
+
+
+@pytest.mark.slow
+def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    server = start_server(cluster_files, SERVER)
+    (a_id, a), (b_id, _) = accepted_nodes(cluster_files, 2)
+    operator = Operator(operator_credentials(cluster_files))
+
+    # A's activity worker on its own queue (its node ID) runs an activity end to end, and
+    # nothing its SDK calls on the way (connect, describe, poll, heartbeat, report the
+    # worker, complete, shut down) is refused.
+    assert run_async(lambda: node_worker_runs(operator, a, a_id, a_id, 30)) == f"{a_id}: hello"
+    assert refusals(server, a_id) == []
+
+    # A worker with A's certificate on B's queue is refused its polls (and its reports and
+    # shutdown for that queue): work meant for B is never handed to it.
+    assert run_async(lambda: node_worker_runs(operator, a, b_id, b_id, UNTAKEN)) is None
+    reasons = {(r["api"].rsplit("/", 1)[1], r["reason"]) for r in refusals(server, a_id)}
+    assert ("PollActivityTaskQueue", "a node polls only its own task queue") in reasons
+    assert {api for api, _ in reasons} <= {
+        "PollActivityTaskQueue",
+        "RecordWorkerHeartbeat",
+        "ShutdownWorker",
+    }
+
+    async def forbidden() -> dict[str, bool]:
+        client = await connect(FRONTEND, "default", a)
+        service = client.workflow_service
+        operator_client = await connect(FRONTEND, "default", operator.credentials)
+        target = await operator_client.start_workflow(
+            CallNode.run, args=[a_id, "x", 1.0], id="wf-" + uuid.uuid4().hex[:8], task_queue="q"
+        )
+        handle = client.get_workflow_handle(target.id)
+        execution = WorkflowExecution(workflow_id=target.id, run_id=target.result_run_id or "")
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "poll B's queue": lambda: service.poll_activity_task_queue(
+                PollActivityTaskQueueRequest(namespace="default", task_queue=TaskQueue(name=b_id))
+            ),
+            "start": lambda: client.start_workflow(
+                CallNode.run, args=[a_id, "x", 1.0], id="by-node", task_queue=a_id
+            ),
+            "list": lambda: client.list_workflows().fetch_next_page(),
+            "count": lambda: client.count_workflows(),
+            "describe": lambda: handle.describe(),
+            "signal": lambda: handle.signal("anything"),
+            "terminate": lambda: handle.terminate(),
+            "history": lambda: service.get_workflow_execution_history(
+                GetWorkflowExecutionHistoryRequest(namespace="default", execution=execution)
+            ),
+            "complete by ID": lambda: service.respond_activity_task_completed_by_id(
+                RespondActivityTaskCompletedByIdRequest(
+                    namespace="default", workflow_id=target.id, activity_id="1"
+                )
+            ),
+        }
+        return {name: await refused(call) for name, call in calls.items()}
+
+    answers = run_async(forbidden)
+    assert answers == dict.fromkeys(answers, True) and len(answers) == 9
+
+
+@pytest.mark.slow
+def test_a_node_may_answer_only_the_tasks_it_was_given(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, SERVER)
+    (a_id, a), (_, b) = accepted_nodes(cluster_files, 2)
+    operator = Operator(operator_credentials(cluster_files))
+
+    async def scenario() -> tuple[bool, str | None]:
+        operator_client = await connect(FRONTEND, "default", operator.credentials)
+        a_client = await connect(FRONTEND, "default", a)
+        b_client = await connect(FRONTEND, "default", b)
+        async with operator.worker(operator_client):
+            handle = await operator_client.start_workflow(
+                CallNode.run,
+                args=[a_id, "by hand", 30.0],
+                id="call-" + uuid.uuid4().hex[:8],
+                task_queue=operator.queue,
+            )
+            # A's own poll hands it the task: only A may answer it.
+            task = await a_client.workflow_service.poll_activity_task_queue(
+                PollActivityTaskQueueRequest(
+                    namespace="default", task_queue=TaskQueue(name=a_id), identity="a"
+                ),
+                timeout=dt.timedelta(seconds=30),
+            )
+            assert task.task_token, "no task handed to A"
+            completion = RespondActivityTaskCompletedRequest(
+                namespace="default",
+                task_token=task.task_token,
+                result=Payloads(payloads=await operator_client.data_converter.encode(["by a"])),
+            )
+            b_refused = await refused(
+                lambda: b_client.workflow_service.respond_activity_task_completed(completion)
+            )
+            await a_client.workflow_service.respond_activity_task_completed(completion)
+            result: str | None = await asyncio.wait_for(handle.result(), 30)
+        return b_refused, result
+
+    assert run_async(scenario) == (True, "by a")
+
+
+# --- tenants -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    start_server(cluster_files, SERVER)
+    ctx = cluster_files.context_dir
+
+    def tenants() -> list[str]:
+        return [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()]
+
+    for name in ("temporal-system", "temporal-visibility"):
+        reserved = cli("tenant", "create", name, env=cluster_env)
+        assert (reserved.code, reserved.out, reserved.err) == (
+            1,
+            "",
+            f"error: tenant name '{name}' is reserved: names starting with 'temporal-' are"
+            " Temporal's own namespaces\n",
+        )
+
+    # A namespace someone made with the `temporal` CLI is not ours to take.
+    made = temporal_cli(
+        "operator",
+        "namespace",
+        "create",
+        "--namespace",
+        "foreign",
+        credentials=ctx,
+        ca=ctx / "ca.crt",
+    )
+    assert made.returncode == 0, made.stderr
+    taken = cli("tenant", "create", "foreign", env=cluster_env)
+    assert (taken.code, taken.out, taken.err) == (
+        1,
+        "",
+        "error: Temporal already has a namespace foreign that orchestrator-zero did not"
+        " create; choose another tenant name\n",
+    )
+    assert tenants() == ["default"]
+    audited = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
+    assert [row["target"] for row in audited] == ["tenant:default"]
+
+    # A namespace we registered is ours again: a create retried after its tenant row was
+    # never written goes through.
+    assert cli("tenant", "create", "acme", env=cluster_env).code == 0
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+        conn.execute("DELETE FROM audit_log WHERE target = 'tenant:acme'")
+        conn.execute("DELETE FROM tenants WHERE name = 'acme'")
+    again = cli("tenant", "create", "acme", env=cluster_env)
+    assert again.code == 0, again.err
+    assert tenants() == ["acme", "default"]
+
+
+# --- pushing operators' serials to the host (real PostgreSQL, no Temporal) -----------------
+
+
+class RecordingHost:
+    """Stands in for the supervisor: records what would reach the host."""
+
+    def __init__(self) -> None:
+        self.pushed: list[dict[str, str]] = []
+        self.changed = trio.Event()
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert op == "operators"
+        self.pushed.append(dict(fields["operators"]))
+        self.changed.set()
+        self.changed = trio.Event()
+        return {"ack": len(self.pushed)}
+
+
+class FlakyDatabase(Database):
+    """The real database, failing its next FAILURES transactions as an outage would."""
+
+    def __init__(self, db: Database, failures: int) -> None:
+        self.db, self.failures = db, failures
+
+    async def transaction(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        if self.failures > 0:
+            self.failures -= 1
+            raise psycopg.OperationalError("connection refused (injected)")
+        return await self.db.transaction(work)
+
+
+def main_db(files: ClusterFiles) -> str:
+    return files.url.for_database(files.url.names.main)
+
+
+def set_serial(files: ClusterFiles, serial: int) -> None:
+    with psycopg.connect(main_db(files)) as conn:
+        conn.execute("UPDATE operators SET cert_serial = %s WHERE name = 'admin'", (serial,))
+
+
+async def test_a_renewal_reaches_the_host_by_notification(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The re-read backstop slowed to once a minute: only the NOTIFY can be in time.
+    monkeypatch.setattr(operator_access, "RECONCILE_EVERY", 60.0)
+    host = RecordingHost()
+    with trio.fail_after(20):
+        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+            hub = EventHub(main_db(cluster_files))
+            sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
+            await nursery.start(hub.run_forever)
+            first = await sync.full_table()
+            assert list(first) == ["admin"]
+            await nursery.start(sync.run)
+            await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
+            with trio.fail_after(RENEWAL_BOUND):
+                await host.changed.wait()
+            assert host.pushed == [{"admin": "4242"}]
+            nursery.cancel_scope.cancel()
+
+
+async def test_operator_sync_survives_a_database_outage(
+    cluster_files: ClusterFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=operator_access.__name__)
+    host = RecordingHost()
+    with trio.fail_after(30):
+        async with open_database(main_db(cluster_files)) as real:
+            db = FlakyDatabase(real, failures=3)
+            sync = OperatorAccessSync(db, EventHub(main_db(cluster_files)), cast(Supervisor, host))
+            for _ in range(3):
+                assert await sync.sync_once() is False
+            assert host.pushed == []
+            assert await sync.sync_once() is True
+            (pushed,) = host.pushed
+            assert list(pushed) == ["admin"]
+            # Nothing new: nothing pushed.
+            assert await sync.sync_once() is True and len(host.pushed) == 1
+    # One line for the outage, one for the recovery: not one per try.
+    lines = [r for r in caplog.records if r.name == operator_access.__name__]
+    assert [r.levelname for r in lines] == ["WARNING", "INFO"]
+    assert "failed, retrying" in lines[0].getMessage()
