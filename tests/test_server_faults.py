@@ -8,6 +8,7 @@ The database tests' cluster lives in a PostgreSQL of this file's own
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -18,12 +19,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import trio
 
 from fixtures import private_postgres
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from oz0.store.dburl import DatabaseUrl
+from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 ADDRESSES = ("127.0.0.101", "127.0.0.102")
@@ -284,3 +288,40 @@ def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
     print(f"killed server: left cluster info after {left:.1f} s, its nodes moved in {moved:.1f} s")
     assert moved < 15
     assert survivor.process is not None and survivor.process.poll() is None
+
+
+async def test_the_pool_is_back_within_seconds_of_the_database_after_a_long_outage(
+    own_postgres: private_postgres.PrivatePostgres,
+) -> None:
+    async with open_database(own_postgres.admin_url) as db:
+
+        def ping(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute("SELECT 1").fetchone()
+            return int(row[0]) if row else 0
+
+        assert await db.transaction(ping) == 1
+        await trio.to_thread.run_sync(own_postgres.stop)
+        # Queries keep coming during the outage, as the servers' loops send them.
+        async with trio.open_nursery() as nursery:
+
+            async def keep_asking() -> None:
+                while True:
+                    with contextlib.suppress(psycopg.OperationalError):
+                        await db.transaction(ping)
+                    await trio.sleep(0.5)
+
+            for _ in range(3):
+                nursery.start_soon(keep_asking)
+            await trio.sleep(20)
+            nursery.cancel_scope.cancel()
+        await trio.to_thread.run_sync(own_postgres.start)
+        back = trio.current_time()
+        while True:
+            try:
+                await db.transaction(ping)
+                break
+            except psycopg.OperationalError:
+                await trio.sleep(0.1)
+        took = trio.current_time() - back
+        print(f"pool back {took:.2f} s after the database, after a 20 s outage")
+        assert took < 3, f"the pool needed {took:.1f} s"

@@ -20,6 +20,7 @@ Conn = psycopg.Connection[Any]
 # How long a query waits for a pooled connection: while the database is down, an API call
 # answers "unavailable" within this, not after the CLI gave up.
 WAIT_FOR_CONNECTION = 5.0
+RECONNECT_GIVE_UP = 2.0
 # Every connection: a bounded connect, and keepalives so a database that vanished without a
 # word (a failover, a cut network) is noticed in about 10 s instead of the kernel's hours.
 CONNECTION_KWARGS: dict[str, Any] = {
@@ -59,6 +60,10 @@ async def open_database(
         kwargs=CONNECTION_KWARGS,
         # A connection broken by a restart is found before use, not by the query given it.
         check=ConnectionPool.check_connection,
+        # The pool's own reconnect backoff doubles without a cap below this; given up
+        # early, the next query starts a fresh attempt, so after an outage of any length
+        # the pool is back within about a second of the database.
+        reconnect_timeout=RECONNECT_GIVE_UP,
     )
     await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=10.0))
     try:
