@@ -98,7 +98,9 @@ async def run(
             launcher=str(options.launcher) if options.launcher is not None else None,
         )
         if record.node_id is not None and _ignored_join_options(options):
-            log.warning("node %s has joined already; --token and --label are ignored", node.name)
+            log.warning(
+                "node %s has joined already; the join token and --label are ignored", node.name
+            )
         if record.state == "rejected" and not identity.has_certificate():
             raise AgentError(f"node {node.name} was rejected; to join again, use a new --data-dir")
         key = identity.load_or_create_key()
