@@ -37,6 +37,16 @@ SERVER_VALIDITY = dt.timedelta(days=7)
 # Clocks of servers and operators drift; a certificate made a moment ago must still verify.
 _BACKDATE = dt.timedelta(minutes=5)
 
+# Node certificates: valid a year, renewed by the agent over its control stream once
+# NODE_RENEW_AT of that has passed; the edge grants a renewal from NODE_RENEW_EARLIEST on
+# (a node whose clock runs ahead is not refused, and no node renews over and over).
+NODE_VALIDITY = dt.timedelta(days=365)
+NODE_RENEW_AT = 2 / 3
+NODE_RENEW_EARLIEST = 1 / 2
+# A tuning option (docs/manage-nodes.md), for trying renewal out: seconds, at least 10.
+NODE_VALIDITY_ENV = "OZ0_NODE_CERT_VALIDITY"
+_MIN_NODE_VALIDITY = dt.timedelta(seconds=10)
+
 
 class Role(enum.StrEnum):
     OPERATOR = "operator"
@@ -305,6 +315,33 @@ def load_ca(
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise WrongMasterKey(f"CA key and certificate of cluster {cluster} do not belong together")
     return CertificateAuthority(cert=cert, key=key)
+
+
+def node_validity() -> dt.timedelta:
+    """How long a node certificate issued now is valid: NODE_VALIDITY, unless the server's
+    environment sets OZ0_NODE_CERT_VALIDITY (seconds)."""
+    raw = os.environ.get(NODE_VALIDITY_ENV)
+    if raw is None:
+        return NODE_VALIDITY
+    try:
+        validity = dt.timedelta(seconds=int(raw))
+    except ValueError:
+        raise Oz0Error(f"{NODE_VALIDITY_ENV} must be a number of seconds, not {raw!r}") from None
+    if validity < _MIN_NODE_VALIDITY:
+        raise Oz0Error(f"{NODE_VALIDITY_ENV} must be at least {_MIN_NODE_VALIDITY.seconds} s")
+    return validity
+
+
+def issued_at(cert: x509.Certificate) -> dt.datetime:
+    """When CERT was issued: its notBefore is backdated by _BACKDATE for clock drift."""
+    start = cert.not_valid_before_utc + _BACKDATE
+    return start if start <= cert.not_valid_after_utc else cert.not_valid_before_utc
+
+
+def renewal_point(cert: x509.Certificate, share: float) -> dt.datetime:
+    """The moment SHARE of CERT's validity (from its issue to its notAfter) has passed."""
+    start = issued_at(cert)
+    return start + (cert.not_valid_after_utc - start) * share
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey, name: str) -> x509.CertificateSigningRequest:

@@ -75,6 +75,7 @@ async def run(
     check_options(identity.load_record(), options)
     identity.ensure_data_dir()
     with identity.locked():
+        identity.finish_renewal()
         record = identity.load_record()
         if (record is None or record.node_id is None) and identity.has_certificate():
             # Joining again would pair a fresh record with the old node's certificate.

@@ -120,6 +120,14 @@ def status(
     else:
         print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
     print(f"runtime:   {report['runtime']}")
+    cert = report["certificate"]
+    if isinstance(cert, dict):
+        if cert["expired"]:
+            print(f"certificate: EXPIRED: {cert['advice']}")
+        else:
+            print(
+                f"certificate: valid until {cert['not_after']}, renewed from {cert['renew_from']}"
+            )
     return 0
 
 
