@@ -84,8 +84,7 @@ def renew(
     except ValueError as e:
         raise RenewRefused("bad_request", f"bad certificate request: {e}") from None
     row = conn.execute(
-        "SELECT state, certificate FROM nodes WHERE id = %s AND public_key_sha256 = %s"
-        " FOR UPDATE",
+        "SELECT state, certificate FROM nodes WHERE id = %s AND public_key_sha256 = %s FOR UPDATE",
         (node_id, nodes.public_key_sha256(key)),
     ).fetchone()
     if row is None:
@@ -110,8 +109,7 @@ def renew(
     )
     pem = pki.cert_to_pem(cert).decode()
     conn.execute(
-        "UPDATE nodes SET public_key = %s, public_key_sha256 = %s, certificate = %s"
-        " WHERE id = %s",
+        "UPDATE nodes SET public_key = %s, public_key_sha256 = %s, certificate = %s WHERE id = %s",
         (
             new_key.public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -133,4 +131,3 @@ def renew(
         },
     )
     return pem
-
