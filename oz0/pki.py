@@ -11,6 +11,7 @@ import datetime as dt
 import enum
 import hashlib
 import ipaddress
+import logging
 import os
 import secrets
 import stat
@@ -26,6 +27,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from oz0.errors import MasterKeyError, Oz0Error, WrongMasterKey
+
+log = logging.getLogger(__name__)
 
 MASTER_KEY_BYTES = 32
 _NONCE_BYTES = 12
@@ -319,16 +322,25 @@ def load_ca(
 
 def node_validity() -> dt.timedelta:
     """How long a node certificate issued now is valid: NODE_VALIDITY, unless the server's
-    environment sets OZ0_NODE_CERT_VALIDITY (seconds)."""
+    environment sets OZ0_NODE_CERT_VALIDITY (seconds). A bad value is logged and ignored:
+    a tuning option must not stop nodes from joining."""
     raw = os.environ.get(NODE_VALIDITY_ENV)
     if raw is None:
         return NODE_VALIDITY
     try:
         validity = dt.timedelta(seconds=int(raw))
     except ValueError:
-        raise Oz0Error(f"{NODE_VALIDITY_ENV} must be a number of seconds, not {raw!r}") from None
+        validity = dt.timedelta(0)
     if validity < _MIN_NODE_VALIDITY:
-        raise Oz0Error(f"{NODE_VALIDITY_ENV} must be at least {_MIN_NODE_VALIDITY.seconds} s")
+        log.warning(
+            "ignoring %s=%r (a whole number of seconds, at least %d, is needed): node "
+            "certificates are valid for %s",
+            NODE_VALIDITY_ENV,
+            raw,
+            _MIN_NODE_VALIDITY.seconds,
+            NODE_VALIDITY,
+        )
+        return NODE_VALIDITY
     return validity
 
 

@@ -32,7 +32,6 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.edge_client import NodeKeys
 from oz0 import audit, cluster, nodes, pki
-from oz0.errors import Oz0Error
 from oz0.server.edge import renew as edge_renew
 from oz0.store.dburl import DatabaseUrl
 from oz0_node import agent, status
@@ -69,15 +68,18 @@ def test_a_year_long_certificate_is_renewed_from_two_thirds_and_granted_from_hal
     assert pki.renewal_point(short, pki.NODE_RENEW_AT) == T0 + dt.timedelta(seconds=20)
 
 
-def test_node_validity_is_a_year_unless_tuned(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_validity_is_a_year_unless_tuned(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv(pki.NODE_VALIDITY_ENV, raising=False)
     assert pki.node_validity() == YEAR
     monkeypatch.setenv(pki.NODE_VALIDITY_ENV, "30")
     assert pki.node_validity() == dt.timedelta(seconds=30)
-    for bad in ("soon", "5"):
+    for bad in ("soon", "5", "-30"):
         monkeypatch.setenv(pki.NODE_VALIDITY_ENV, bad)
-        with pytest.raises(Oz0Error, match=pki.NODE_VALIDITY_ENV):
-            pki.node_validity()
+        caplog.clear()
+        assert pki.node_validity() == YEAR
+        assert f"ignoring {pki.NODE_VALIDITY_ENV}={bad!r}" in caplog.text
 
 
 def test_status_reports_validity_renewal_point_and_expiry(tmp_path: Path) -> None:
