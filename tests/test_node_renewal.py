@@ -35,8 +35,9 @@ from oz0 import audit, cluster, nodes, pki
 from oz0.server.edge import renew as edge_renew
 from oz0.store.dburl import DatabaseUrl
 from oz0_node import agent, status
+from oz0_node import main as node_main
 from oz0_node.errors import AgentError
-from oz0_node.identity import IdentityDir
+from oz0_node.identity import IdentityDir, NodeRecord
 from tests.conftest import CliRunner
 from tests.test_edge import StartServer, cli_async
 
@@ -99,6 +100,32 @@ def test_status_reports_validity_renewal_point_and_expiry(tmp_path: Path) -> Non
     advice = str(late["advice"])
     assert "orchestrator-zero node delete node-0123456789ab" in advice
     assert "new --data-dir" in advice and "--token-file or OZ0_JOIN_TOKEN" in advice
+
+
+@pytest.mark.parametrize("expired", [False, True])
+def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], expired: bool
+) -> None:
+    identity = IdentityDir(tmp_path / "node")
+    identity.create()
+    identity.save_record(
+        NodeRecord(cluster="test", ca_hash="sha256:" + "a" * 64, node_id="node-0123456789ab")
+    )
+    issued = pki.utcnow() - (dt.timedelta(days=2) if expired else dt.timedelta(0))
+    cert = _cert(dt.timedelta(days=1), now=issued)
+    identity.save_certificate(cert)
+    assert node_main.run(["status", "--data-dir", str(identity.data_dir)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("certificate:")]
+    not_after = cert.not_valid_after_utc.isoformat()
+    if expired:
+        assert line.startswith(
+            f"certificate: EXPIRED: the certificate of node node-0123456789ab expired at "
+            f"{not_after}"
+        )
+        assert "orchestrator-zero node delete node-0123456789ab" in line
+    else:
+        renew_from = pki.renewal_point(cert, pki.NODE_RENEW_AT).isoformat()
+        assert line == f"certificate: valid until {not_after}, renewed from {renew_from}"
 
 
 # --- the edge's transaction ------------------------------------------------------------
