@@ -466,6 +466,7 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
         assert {e["target"] for e in shown.json()} == {f"node:{node_id}"}
 
         # Reconnected with the new one, and its runtime runs again (restarted with the stream).
+        await _until(lambda: process.log().count("node runtime working on") >= 2)
         await _until(
             lambda: (
                 bool(process.reported().get("connected"))
@@ -473,6 +474,7 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
             )
         )
         assert time.monotonic() - renewed_at < 15
+        assert process.log().count("control stream up") >= 2
         listed = await cli_async(cli, "node", "show", node_id, "--json", env=cluster_env)
         assert listed.json()["connected"] is True
     log = process.log()
