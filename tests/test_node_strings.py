@@ -96,6 +96,17 @@ def test_other_hostnames_are_refused(hostname: object) -> None:
         node_strings.check_hostname(hostname)
 
 
+@given(st.one_of(st.text(), st.text(alphabet="abc.-_\x1b\n\u202e09", max_size=300)))
+def test_a_stored_hostname_is_always_plain_ascii(hostname: str) -> None:
+    try:
+        stored = node_strings.check_hostname(hostname)
+    except node_strings.UntrustedString as refused:
+        assert unsafe(str(refused)) == []  # the refusal itself is safe to print
+        return
+    assert stored == hostname and len(stored) <= node_strings.MAX_HOSTNAME
+    assert stored.isascii() and stored.isprintable() and " " not in stored
+
+
 @pytest.mark.parametrize(
     "labels",
     [
