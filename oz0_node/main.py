@@ -125,9 +125,8 @@ def status(
         if cert["expired"]:
             print(f"certificate: EXPIRED: {cert['advice']}")
         else:
-            print(
-                f"certificate: valid until {cert['not_after']}, renewed from {cert['renew_from']}"
-            )
+            until, due = cert["not_after"], cert["renew_from"]
+            print(f"certificate: valid until {until}, renewal due from {due}")
     return 0
 
 

@@ -125,7 +125,7 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
         assert "orchestrator-zero node delete node-0123456789ab" in line
     else:
         renew_from = pki.renewal_point(cert, pki.NODE_RENEW_AT).isoformat()
-        assert line == f"certificate: valid until {not_after}, renewed from {renew_from}"
+        assert line == f"certificate: valid until {not_after}, renewal due from {renew_from}"
 
 
 # --- the edge's transaction ------------------------------------------------------------
