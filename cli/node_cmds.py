@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import ApiClient
-from cli.output import print_json, print_table
+from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 from oz0.errors import Oz0Error
@@ -75,8 +75,7 @@ def show(node_id: str, /, *, json: JsonFlag = False, context: ContextPath = None
         ("token", node["token_id"] or "- (approved by an operator)"),
         ("reason", node["reason"] or "-"),
     ]
-    for name, value in fields:
-        print(f"{name + ':':<11} {value}")
+    print_fields(fields)
     return 0
 
 

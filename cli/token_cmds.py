@@ -85,8 +85,10 @@ def create(
     print(f"    {token['token']}")
     print()
     print("This is the only time the token is shown: the cluster keeps only its hash.")
-    print("A node joins with it, accepted at once:")
-    print(f"    oz0-node start --token {token['token']} --ca-hash {ctx.ca_hash}")
+    print("A node joins with it, accepted at once (the token in its environment, never in")
+    print("its arguments, which every user of the machine can read; or: --token-file PATH):")
+    print(f"    OZ0_JOIN_TOKEN={token['token']} oz0-node start --ca-hash {ctx.ca_hash} \\")
+    print("        --edge HOST:7443 --data-dir /var/lib/oz0-node")
     return 0
 
 

@@ -21,7 +21,6 @@ from oz0.errors import Oz0Error
 from oz0.server.membership import UP_WINDOW
 
 STATES = ("pending", "accepted", "rejected", "blocked", "purging")
-NODE_VALIDITY = dt.timedelta(days=365)
 HEARTBEAT = 5.0
 # "A node silent for three heartbeats is shown disconnected."
 SILENT_AFTER = dt.timedelta(seconds=3 * HEARTBEAT)
@@ -141,7 +140,7 @@ class Joined:
 def _issue(
     ca: pki.CertificateAuthority, node_id: str, public_key: ec.EllipticCurvePublicKey
 ) -> str:
-    cert = ca.issue(public_key, name=node_id, role=pki.Role.NODE, validity=NODE_VALIDITY)
+    cert = ca.issue(public_key, name=node_id, role=pki.Role.NODE, validity=pki.node_validity())
     return pki.cert_to_pem(cert).decode()
 
 

@@ -11,6 +11,7 @@ import datetime as dt
 import enum
 import hashlib
 import ipaddress
+import logging
 import os
 import secrets
 import stat
@@ -26,6 +27,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from oz0.errors import MasterKeyError, Oz0Error, WrongMasterKey
+
+log = logging.getLogger(__name__)
 
 MASTER_KEY_BYTES = 32
 _NONCE_BYTES = 12
@@ -51,6 +54,16 @@ OPERATOR_VALIDITY = dt.timedelta(days=90)
 SERVER_VALIDITY = dt.timedelta(days=7)
 # Clocks of servers and operators drift; a certificate made a moment ago must still verify.
 _BACKDATE = dt.timedelta(minutes=5)
+
+# Node certificates: valid a year, renewed by the agent over its control stream once
+# NODE_RENEW_AT of that has passed; the edge grants a renewal from NODE_RENEW_EARLIEST on
+# (a node whose clock runs ahead is not refused, and no node renews over and over).
+NODE_VALIDITY = dt.timedelta(days=365)
+NODE_RENEW_AT = 2 / 3
+NODE_RENEW_EARLIEST = 1 / 2
+# A tuning option (docs/manage-nodes.md), for trying renewal out: seconds, at least 10.
+NODE_VALIDITY_ENV = "OZ0_NODE_CERT_VALIDITY"
+_MIN_NODE_VALIDITY = dt.timedelta(seconds=10)
 
 
 class Role(enum.StrEnum):
@@ -338,6 +351,42 @@ def load_ca(
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise WrongMasterKey(f"CA key and certificate of cluster {cluster} do not belong together")
     return CertificateAuthority(cert=cert, key=key)
+
+
+def node_validity() -> dt.timedelta:
+    """How long a node certificate issued now is valid: NODE_VALIDITY, unless the server's
+    environment sets OZ0_NODE_CERT_VALIDITY (seconds). A bad value is logged and ignored:
+    a tuning option must not stop nodes from joining."""
+    raw = os.environ.get(NODE_VALIDITY_ENV)
+    if raw is None:
+        return NODE_VALIDITY
+    try:
+        validity = dt.timedelta(seconds=int(raw))
+    except ValueError:
+        validity = dt.timedelta(0)
+    if validity < _MIN_NODE_VALIDITY:
+        log.warning(
+            "ignoring %s=%r (a whole number of seconds, at least %d, is needed): node "
+            "certificates are valid for %s",
+            NODE_VALIDITY_ENV,
+            raw,
+            _MIN_NODE_VALIDITY.seconds,
+            NODE_VALIDITY,
+        )
+        return NODE_VALIDITY
+    return validity
+
+
+def issued_at(cert: x509.Certificate) -> dt.datetime:
+    """When CERT was issued: its notBefore is backdated by _BACKDATE for clock drift."""
+    start = cert.not_valid_before_utc + _BACKDATE
+    return start if start <= cert.not_valid_after_utc else cert.not_valid_before_utc
+
+
+def renewal_point(cert: x509.Certificate, share: float) -> dt.datetime:
+    """The moment SHARE of CERT's validity (from its issue to its notAfter) has passed."""
+    start = issued_at(cert)
+    return start + (cert.not_valid_after_utc - start) * share
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey, name: str) -> x509.CertificateSigningRequest:

@@ -17,8 +17,8 @@ from pathlib import Path
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import process
-from oz0_node import control, join, purge
+from oz0 import pki, process
+from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from oz0_node.node import Node
@@ -67,14 +67,17 @@ async def run(
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
     runtime_factory: RuntimeFactory | None = None,
+    clock: renewal.WallClock = pki.utcnow,
 ) -> purge.Purged:
     """Join if needed, then keep a control stream up; returns only once purged.
 
-    RUNTIME_FACTORY makes the node's runtime for each stream (tests pass fakes)."""
+    RUNTIME_FACTORY makes the node's runtime for each stream (tests pass fakes); CLOCK
+    tells when the node certificate is due for renewal (tests run it on Trio's clock)."""
     identity = IdentityDir(options.data_dir)
     check_options(identity.load_record(), options)
     identity.ensure_data_dir()
     with identity.locked():
+        identity.finish_renewal()
         record = identity.load_record()
         if (record is None or record.node_id is None) and identity.has_certificate():
             # Joining again would pair a fresh record with the old node's certificate.
@@ -98,7 +101,9 @@ async def run(
             launcher=str(options.launcher) if options.launcher is not None else None,
         )
         if record.node_id is not None and _ignored_join_options(options):
-            log.warning("node %s has joined already; --token and --label are ignored", node.name)
+            log.warning(
+                "node %s has joined already; the join token and --label are ignored", node.name
+            )
         if record.state == "rejected" and not identity.has_certificate():
             raise AgentError(f"node {node.name} was rejected; to join again, use a new --data-dir")
         key = identity.load_or_create_key()
@@ -106,7 +111,7 @@ async def run(
         node.publish()
         runtimes = Runtimes(runtime_factory) if runtime_factory is not None else Runtimes()
         command = await _stay_connected(
-            node, key, ca_pem, options.request, open_stream, rng, runtimes
+            node, key, ca_pem, options.request, open_stream, rng, runtimes, clock
         )
         return await _carry_out_purge(node, command, options, runtimes)
 
@@ -119,6 +124,7 @@ async def _stay_connected(
     open_stream: OpenStream,
     rng: random.Random | None,
     runtimes: Runtimes,
+    clock: renewal.WallClock,
 ) -> purge.PurgeCommand:
     """Get the certificate if needed, then the control stream; the purge that ended it.
 
@@ -132,7 +138,9 @@ async def _stay_connected(
                 node, key, request, edge_context(ca_pem), ca_pem, open_stream=open_stream, rng=rng
             )
         tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
-        await control.run(node, tls, ca_pem, open_stream=open_stream, rng=rng, runtimes=runtimes)
+        await control.run(
+            node, tls, ca_pem, open_stream=open_stream, rng=rng, runtimes=runtimes, clock=clock
+        )
     except purge.PurgeConfirmed as confirmed:
         return confirmed.command
     finally:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
-from oz0_node import purge
+from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeUnavailable
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
@@ -146,6 +146,8 @@ HANDLERS: dict[str, Handler] = {
     "edges": _on_edges,
     "refused": _on_refused,
     "purge": answer_purge,
+    "renewed": renewal.on_renewed,
+    "renew_refused": renewal.on_renew_refused,
 }
 
 

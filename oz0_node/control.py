@@ -4,7 +4,9 @@ The node's certificate is its client certificate; the edge answers `welcome` or 
 or, for a node being purged, a `purge` command (`commands.answer_purge`). After `welcome`
 both sides send a heartbeat every `heartbeat` seconds; three intervals without anything
 from the edge mean the stream is dead. Messages on a live stream go to
-`commands.dispatch`. While a stream is up, the node's runtime runs (`runtime.py`), in
+`commands.dispatch`. While a stream is up, the node's certificate is renewed when due
+(`renewal.py`; a renewal ends the stream, the next uses the new certificate) and the
+node's runtime runs (`runtime.py`), in
 the frontend and namespace the welcome names; it stops when the stream ends, whatever ends
 it. Whatever ends a stream, the reconnect policy picks the next edge.
 """
@@ -18,13 +20,15 @@ from typing import NoReturn
 
 import trio
 
-from oz0_node import purge
+from oz0 import pki
+from oz0_node import purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeUnavailable, one_error
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
 from oz0_node.runtime import RuntimeFailed, Runtimes, RuntimeSettings
+from oz0_node.tls import edge_context
 from oz0_node.transport import EdgeConnection, OpenStream, open_edge, open_tcp
 
 log = logging.getLogger(__name__)
@@ -45,18 +49,28 @@ async def run(
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
     runtimes: Runtimes | None = None,
+    clock: renewal.WallClock = pki.utcnow,
 ) -> NoReturn:
     """Keep a control stream up, across every known edge, until cancelled or refused for good.
 
-    Also ends by `PurgeConfirmed` once the node has answered a valid purge command.
+    Also ends by `PurgeConfirmed` once the node has answered a valid purge command, and by
+    AgentError once its certificate has expired. CLOCK tells when to renew it.
     """
     policy = Reconnect(node.edges, rng=rng)
     nonces = purge.PurgeMemory.load(node.identity.data_dir)
     runtimes = runtimes or Runtimes()
     while True:
+        renewal.check_not_expired(node, clock())
         address = await policy.next_edge()
         try:
-            await _one_stream(node, address, tls, ca_pem, nonces, policy, open_stream, runtimes)
+            await _one_stream(
+                node, address, tls, ca_pem, nonces, policy, open_stream, runtimes, clock
+            )
+        except renewal.Renewed as e:
+            log.info("%s", e)
+            identity = node.identity
+            tls = edge_context(ca_pem, cert_path=identity.cert_path, key_path=identity.key_path)
+            policy.same_edge_again(refused=False)
         except NodeRefused as e:
             log.info("%s; trying again", e)
             policy.same_edge_again()
@@ -73,6 +87,7 @@ async def _one_stream(
     policy: Reconnect,
     open_stream: OpenStream,
     runtimes: Runtimes,
+    clock: renewal.WallClock,
 ) -> None:
     async with open_edge(
         address, CONTROL_PATH, tls, cluster=node.record.cluster, open_stream=open_stream
@@ -85,7 +100,12 @@ async def _one_stream(
             await answer_purge(stream, answer)
             answer = await conn.receive(WELCOME_TIMEOUT)
         if kind(answer) == "refused":
-            raise take_refusal(node, Refusal.parse(answer, address), address)
+            refusal = Refusal.parse(answer, address)
+            if refusal.code == "unknown" and await renewal.pick_up_lost_renewal(
+                node, ca_pem, address, open_stream
+            ):
+                raise renewal.Renewed(f"node {node.name} completed a renewal; reconnecting")
+            raise take_refusal(node, refusal, address)
         welcome = Welcome.parse(expect(answer, "welcome", address), address)
         if welcome.node_id != node.record.node_id:
             log.warning(
@@ -107,6 +127,7 @@ async def _one_stream(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
                 nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
+                nursery.start_soon(renewal.keep_fresh, stream, clock)
                 await _receive(stream, welcome.heartbeat)
         except BaseExceptionGroup as group:
             raise one_error(group) from None

@@ -5,9 +5,14 @@
     ca.crt     the pinned cluster CA certificate
     node.json  cluster, CA hash, node ID, tenant, known edges, state as last known, and
                the launcher a purge deletes (when `--launcher` named one)
+    node.key.next, node.crt.next
+               a renewal under way (renewal.py): the next key (0600), made before it is
+               sent; then its certificate; both replace node.key and node.crt at once
 
 Every file is replaced atomically (`write_private`), so a crash leaves the old version or
 the new one, never half of either. The key is written before anything that needs it.
+A renewal installs its pair in a fixed order (key, then certificate, each a rename), and
+`finish_renewal` completes one a crash interrupted, so key and certificate always match.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ log = logging.getLogger(__name__)
 IDENTITY_DIR = "identity"
 KEY_FILE = "node.key"
 CERT_FILE = "node.crt"
+NEXT_KEY_FILE = "node.key.next"
+NEXT_CERT_FILE = "node.crt.next"
 CA_FILE = "ca.crt"
 RECORD_FILE = "node.json"
 LOCK_FILE = "agent.lock"
@@ -140,28 +147,84 @@ class IdentityDir:
 
     def load_or_create_key(self) -> ec.EllipticCurvePrivateKey:
         """The node key: made here once (0600 from its first byte), then only ever read."""
+        return self._load_or_create(self.key_path)
+
+    def _load_or_create(self, path: Path) -> ec.EllipticCurvePrivateKey:
         key = pki.new_private_key()
         try:
-            fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return self._read_key()
+            return self._read_key(path)
         except OSError as e:
-            raise AgentError(f"cannot create {self.key_path}: {e.strerror or e}") from None
+            raise AgentError(f"cannot create {path}: {e.strerror or e}") from None
         try:
             os.fchmod(fd, 0o600)
             os.write(fd, pki.key_to_pem(key))
             os.fsync(fd)
         finally:
             os.close(fd)
-        log.info("created node key %s", self.key_path)
+        log.info("created node key %s", path)
         return key
 
-    def _read_key(self) -> ec.EllipticCurvePrivateKey:
-        pem = pki.read_private(self.key_path, "node key", AgentError)
+    def _read_key(self, path: Path) -> ec.EllipticCurvePrivateKey:
+        pem = pki.read_private(path, "node key", AgentError)
         try:
             return pki.key_from_pem(pem)
         except ValueError as e:
-            raise AgentError(f"{self.key_path} is not a node key: {e}") from None
+            raise AgentError(f"{path} is not a node key: {e}") from None
+
+    # --- renewal ------------------------------------------------------------------------
+
+    @property
+    def next_key_path(self) -> Path:
+        return self.root / NEXT_KEY_FILE
+
+    @property
+    def next_cert_path(self) -> Path:
+        return self.root / NEXT_CERT_FILE
+
+    def next_key(self) -> ec.EllipticCurvePrivateKey:
+        """The key the next certificate is for: made once per renewal, kept until installed,
+        so a renewal whose answer was lost can still be completed with it."""
+        return self._load_or_create(self.next_key_path)
+
+    def has_next_key(self) -> bool:
+        return self.next_key_path.is_file()
+
+    def load_next_key(self) -> ec.EllipticCurvePrivateKey:
+        return self._read_key(self.next_key_path)
+
+    def install_renewal(self, cert: x509.Certificate) -> None:
+        """Make CERT (for next_key) and next_key the node's certificate and key."""
+        self._write(self.next_cert_path, pki.cert_to_pem(cert))
+        self.finish_renewal()
+
+    def finish_renewal(self) -> None:
+        """Complete an installation a crash interrupted; without node.crt.next, nothing to do.
+
+        node.crt.next is written only once node.key.next holds its key, and removed last:
+        if it exists, the key is node.key.next or (already moved) node.key.
+        """
+        if not self.next_cert_path.is_file():
+            return
+        try:
+            if self.next_key_path.is_file():
+                self.next_key_path.replace(self.key_path)
+            self.next_cert_path.replace(self.cert_path)
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise AgentError(f"cannot install the renewed certificate: {e.strerror or e}") from None
+        log.info("installed the renewed node certificate and key in %s", self.root)
+
+    def load_certificate(self) -> x509.Certificate:
+        try:
+            return pki.cert_from_pem(self.cert_path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise AgentError(f"cannot use {self.cert_path}: {e}") from None
 
     # --- certificates -------------------------------------------------------------------
 

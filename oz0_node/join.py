@@ -130,7 +130,7 @@ async def obtain_certificate(
                 if node.record.node_id is None:
                     answer = await _join(conn, key, request)
                 else:
-                    answer = await _pickup(conn, key, node.record.node_id)
+                    answer = await pickup(conn, key, node.record.node_id)
             cert = _take_answer(node, answer, key, ca_pem, address)
         except EdgeUnavailable as e:
             log.warning("%s; trying the next edge", e)
@@ -159,7 +159,7 @@ async def _join(
     return await conn.receive(JOIN_ANSWER_TIMEOUT)
 
 
-async def _pickup(conn: EdgeConnection, key: ec.EllipticCurvePrivateKey, node_id: str) -> Message:
+async def pickup(conn: EdgeConnection, key: ec.EllipticCurvePrivateKey, node_id: str) -> Message:
     hello = Hello.parse(await conn.receive(HELLO_TIMEOUT), conn.address)
     await conn.send("pickup", node_id=node_id, signature=sign_challenge(key, hello, conn.address))
     return await conn.receive(PICKUP_ANSWER_TIMEOUT)

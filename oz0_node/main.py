@@ -1,7 +1,8 @@
 """`oz0-node`: the agent a node machine runs.
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
-        [--token TOKEN] [--label KEY=VALUE ...] [--launcher PATH] --data-dir DIR
+        [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] --data-dir DIR
+    OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
     oz0-node start --data-dir DIR            # resume from what DIR remembers
     oz0-node status --data-dir DIR [--json]
 """
@@ -22,7 +23,7 @@ from cyclopts import App, Parameter
 
 from oz0 import __version__
 from oz0.process import run_command
-from oz0_node import addresses, agent, join
+from oz0_node import addresses, agent, join, join_token
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
 
@@ -40,7 +41,8 @@ def start(
     data_dir: DataDir,
     edge: Annotated[tuple[str, ...], Many] = (),
     ca_hash: str | None = None,
-    token: str | None = None,
+    token_file: Path | None = None,
+    token: Annotated[str | None, Parameter(show=False)] = None,
     label: Annotated[tuple[str, ...], Many] = (),
     launcher: Path | None = None,
     verbose: Annotated[bool, Parameter(negative=())] = False,
@@ -58,8 +60,11 @@ def start(
         Edge addresses HOST:PORT of the cluster's servers (comma-separated or repeated).
     ca_hash
         The cluster CA's hash, sha256:HEX, as `orchestrator-zero cluster info` prints it.
+    token_file
+        A file (mode 0600) holding a join token: the node is accepted at once, in the
+        token's tenant. Or put the token in the OZ0_JOIN_TOKEN environment variable.
     token
-        A join token: the node is accepted at once, in the token's tenant.
+        Refused: a token on the command line is visible to every user of the machine.
     label
         KEY=VALUE labels of this node (repeat for several); used when joining.
     launcher
@@ -71,12 +76,13 @@ def start(
     verbose
         Log debug messages too.
     """
+    secret = join_token.read(token_file, token)
     options = agent.StartOptions(
         data_dir=data_dir.expanduser().absolute(),
         edges=addresses.parse_cli(edge),
         ca_hash=_parse_ca_hash(ca_hash),
         request=join.JoinRequest(
-            token=token or None, labels=_parse_labels(label), hostname=socket.gethostname()
+            token=secret, labels=_parse_labels(label), hostname=socket.gethostname()
         ),
         launcher=_parse_launcher(launcher),
         default_launcher=console_script(sys.argv[0]),
@@ -114,6 +120,13 @@ def status(
     else:
         print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
     print(f"runtime:   {report['runtime']}")
+    cert = report["certificate"]
+    if isinstance(cert, dict):
+        if cert["expired"]:
+            print(f"certificate: EXPIRED: {cert['advice']}")
+        else:
+            until, due = cert["not_after"], cert["renew_from"]
+            print(f"certificate: valid until {until}, renewal due from {due}")
     return 0
 
 

@@ -85,11 +85,12 @@ class Reconnect:
         self._next += 1
         return edge
 
-    def same_edge_again(self) -> None:
-        """The last edge answered (it refused us for now): ask it again rather than the next,
-        at the pace for refusals."""
+    def same_edge_again(self, *, refused: bool = True) -> None:
+        """The last edge answered: ask it again rather than the next; at the pace for
+        refusals if it REFUSED us for now, else at the usual one (a renewal ended the
+        stream, and the next one is wanted at once)."""
         self._next -= 1
-        self._refused = True
+        self._refused = refused
 
     def reset(self) -> None:
         """Things work again: the next wait is back to the shortest."""

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from oz0 import pki
 from oz0.context import write_private
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
@@ -66,6 +67,34 @@ def write(data_dir: Path, status: Status) -> None:
         raise AgentError(f"cannot write {status_path(data_dir)}: {e.strerror or e}") from None
 
 
+def expired_message(node_name: str, data_dir: Path, not_after: dt.datetime) -> str:
+    """What an expired node certificate means, and what to do about it."""
+    return (
+        f"the certificate of node {node_name} expired at {not_after.isoformat()}, so the "
+        f"cluster refuses it and cannot renew it: ask an operator to run `orchestrator-zero "
+        f"node delete {node_name}`, then join again from a new --data-dir (move {data_dir} "
+        "away) with a join token (--token-file or OZ0_JOIN_TOKEN)"
+    )
+
+
+def certificate_report(
+    identity: IdentityDir, node_name: str, now: dt.datetime | None = None
+) -> dict[str, object] | None:
+    """The node certificate's validity, when to renew it, and whether it has expired."""
+    if not identity.has_certificate():
+        return None
+    cert = identity.load_certificate()
+    now = now or pki.utcnow()
+    not_after = cert.not_valid_after_utc
+    expired = now >= not_after
+    return {
+        "not_after": not_after.isoformat(),
+        "renew_from": pki.renewal_point(cert, pki.NODE_RENEW_AT).isoformat(),
+        "expired": expired,
+        "advice": expired_message(node_name, identity.data_dir, not_after) if expired else None,
+    }
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -95,8 +124,9 @@ def read(data_dir: Path) -> dict[str, object]:
     # The lock tells a live agent from an unrelated process that got its pid.
     running = isinstance(pid, int) and pid_alive(pid) and identity.lock_held() is not False
     state = raw.get("state")
+    node_id = raw.get("node_id", record.node_id)
     return {
-        "node_id": raw.get("node_id", record.node_id),
+        "node_id": node_id,
         "cluster": raw.get("cluster", record.cluster),
         "state": state if isinstance(state, str) else record.state,
         "connected": bool(raw.get("connected")) and running,
@@ -106,4 +136,5 @@ def read(data_dir: Path) -> dict[str, object]:
         "pid": pid if running else None,
         "updated_at": raw.get("updated_at"),
         "edges": record.edges,
+        "certificate": certificate_report(identity, str(node_id or "(not joined yet)")),
     }

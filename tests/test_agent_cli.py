@@ -14,6 +14,7 @@ import pytest
 import trio
 from test_agent_fakes import GOOD_TOKEN, FakeCluster, serve_fake_edge
 
+from oz0.context import write_private
 from oz0_node import status
 from oz0_node.identity import IdentityDir, NodeRecord
 from oz0_node.main import run
@@ -178,9 +179,11 @@ async def test_the_agent_process_joins_reports_status_and_stops_on_sigterm(
     address = await serve_fake_edge(cluster, nursery)
     data = tmp_path / "node"
     log = tmp_path / "agent.log"
+    token_file = tmp_path / "join-token"
+    write_private(token_file, GOOD_TOKEN.encode())
     command = _agent_command(
-        "start", "--edge", address, "--ca-hash", cluster.ca_hash, "--token", GOOD_TOKEN,
-        "--label", "team=data", "--data-dir", str(data),
+        "start", "--edge", address, "--ca-hash", cluster.ca_hash, "--token-file",
+        str(token_file), "--label", "team=data", "--data-dir", str(data),
     )  # fmt: skip
     with trio.fail_after(60), log.open("wb") as stderr:
         process = await trio.lowlevel.open_process(command, stderr=stderr, cwd=REPO)

@@ -99,6 +99,10 @@ class FakeCluster:
         # The Temporal frontend every welcome names (with the node's tenant); None: an older
         # edge that names neither.
         self.temporal: str | None = None
+        # Node certificates: how long they are valid, and what a `renew` gets: a new
+        # certificate, a refusal, or the renewal done but its answer lost (stream closed).
+        self.cert_validity = dt.timedelta(days=30)
+        self.renew_answer: Literal["renewed", "refused", "lost"] = "renewed"
 
     @property
     def ca_pem(self) -> bytes:
@@ -148,12 +152,12 @@ class FakeCluster:
     def accept(self, node_id: str) -> None:
         node = self.nodes[node_id]
         node.state = "accepted"
-        node.certificate = pki.cert_to_pem(
-            self.ca.issue(
-                node.key, name=node_id, role=pki.Role.NODE, validity=dt.timedelta(days=30)
-            )
-        ).decode()
+        node.certificate = self.issue(node_id, node.key)
         self._touch()
+
+    def issue(self, node_id: str, key: ec.EllipticCurvePublicKey) -> str:
+        cert = self.ca.issue(key, name=node_id, role=pki.Role.NODE, validity=self.cert_validity)
+        return pki.cert_to_pem(cert).decode()
 
     def reject(self, node_id: str, reason: str) -> None:
         self.nodes[node_id].state = "rejected"
@@ -323,6 +327,11 @@ class FakeEdge:
         if identity is None or identity.role != "node" or node is None:
             await s.send("refused", code="unknown", message="no node certificate")
             return
+        assert s.peer is not None
+        if s.peer.public_key().public_numbers() != node.key.public_numbers():  # as the edge
+            cluster.record("old-key", self.address, identity.name)
+            await s.send("refused", code="unknown", message="not this node's key")
+            return
         if node.state == "purging":
             await self.purge(s, identity.name)
             return
@@ -389,9 +398,27 @@ class FakeEdge:
             while True:
                 message = json.loads(await s.ws.get_message())
                 self.cluster.record("from-node", self.address, message)
+                if message["type"] == "renew":
+                    await self._renew(s, message)
         except ConnectionClosed:
             self.cluster.record("node-closed", self.address)
         scope.cancel()
+
+    async def _renew(self, s: EdgeSession, message: dict[str, Any]) -> None:
+        cluster = self.cluster
+        assert s.peer is not None
+        node_id = pki.identity_of(s.peer).name
+        if cluster.renew_answer == "refused":
+            await s.send("renew_refused", code="too_early", message="not yet")
+            return
+        node = cluster.nodes[node_id]
+        node.key = pki.csr_public_key(message["csr"].encode())
+        node.certificate = cluster.issue(node_id, node.key)
+        cluster.record("renewed", self.address, node.certificate)
+        if cluster.renew_answer == "lost":
+            await s.ws.aclose()
+            return
+        await s.send("renewed", certificate=node.certificate)
 
 
 class FakeNet:

@@ -34,6 +34,7 @@ from test_agent_fakes import (
 )
 
 from oz0 import pki
+from oz0.context import write_private
 from oz0_node import agent, commands, purge
 from oz0_node.errors import AgentError
 from oz0_node.main import console_script
@@ -535,10 +536,12 @@ async def test_the_agent_process_exits_0_once_purged_saying_what_it_deleted(
     address = await serve_fake_edge(cluster, nursery)
     data = tmp_path / "node"
     launcher = _launcher(tmp_path)
+    token_file = tmp_path / "join-token"
+    write_private(token_file, b"good-token")
     command = [
         sys.executable, "-m", "oz0_node.main", "start", "--edge", address,
-        "--ca-hash", cluster.ca_hash, "--token", "good-token", "--launcher", str(launcher),
-        "--data-dir", str(data),
+        "--ca-hash", cluster.ca_hash, "--token-file", str(token_file),
+        "--launcher", str(launcher), "--data-dir", str(data),
     ]  # fmt: skip
     log = tmp_path / "agent.log"
     with trio.fail_after(60), log.open("wb") as stderr:

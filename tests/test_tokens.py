@@ -444,7 +444,8 @@ def test_cli_creates_lists_and_revokes_tokens(
     shown = cli("token", "create", "--tenant", "default", env=server_env)
     assert shown.code == 0, shown.err
     (plain,) = re.findall(r"tok-[0-9a-f]{12}\.[A-Za-z0-9_-]{43}", shown.out.split("\n")[2])
-    assert f"oz0-node start --token {plain} --ca-hash {cluster_files.ca_hash}" in shown.out
+    assert f"OZ0_JOIN_TOKEN={plain} oz0-node start --ca-hash {cluster_files.ca_hash}" in shown.out
+    assert "--token " not in shown.out
     assert "only time the token is shown" in shown.out
     assert shown.out.startswith(f"token {plain.split('.')[0]} created for tenant default: ")
     assert "up to 1 use, expires " in shown.out

@@ -8,6 +8,7 @@ optional at the handshake and required by `/control`.
 - `join`: `/join`, joining and picking a certificate up.
 - `control`: `/control`, the node's stream while it is accepted.
 - `purge`: the signed purge command on a control stream.
+- `renew`: a node's new certificate, asked for on its control stream.
 - `directory`: the edges of the servers that are up, as told to nodes.
 - `tracking`: what the edge records about its streams, and the reconcile loop.
 """

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes, pki
+from oz0.server.edge import renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge, record_answer
 from oz0.store.outage import Outage, until_it_works
@@ -58,7 +59,7 @@ async def serve_control(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_heartbeats_and_edges, edge, ws)
                 nursery.start_soon(
-                    _receive_from_node, edge, ws, node_id, answers_in, nursery.cancel_scope
+                    _receive_from_node, edge, ws, node_id, key, answers_in, nursery.cancel_scope
                 )
                 nursery.start_soon(
                     _act_on_changes,
@@ -107,12 +108,13 @@ async def _receive_from_node(
     edge: Edge,
     ws: WebSocketConnection,
     node_id: str,
+    key: ec.EllipticCurvePublicKey,
     answers: trio.MemorySendChannel[dict[str, Any]],
     scope: trio.CancelScope,
 ) -> None:
     """Anything from the node is a sign of life; silence for three heartbeats ends it.
 
-    Answers to a purge command go to whoever sent it.
+    Answers to a purge command go to whoever sent it; a `renew` is answered (renew.py).
     """
     try:
         while True:
@@ -124,6 +126,8 @@ async def _receive_from_node(
                 await record_answer(edge, node_id, message)
                 with contextlib.suppress(trio.WouldBlock):
                     answers.send_nowait(message)
+            elif message.get("type") == renew.RENEW:
+                await renew.answer(edge, ws, node_id, key, message)
     except trio.TooSlowError:
         log.warning("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:

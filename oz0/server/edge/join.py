@@ -11,7 +11,7 @@ import psycopg.errors
 import trio
 from trio_websocket import WebSocketConnection
 
-from oz0 import nodes, tokens
+from oz0 import node_strings, nodes, tokens
 from oz0.server.edge.common import Edge, receive_first, send
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,14 @@ async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> N
 
 async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, Any]) -> None:
     csr, token = message.get("csr"), message.get("token")
-    labels, hostname = message.get("labels") or {}, message.get("hostname") or ""
     if not isinstance(csr, str) or not (token is None or isinstance(token, str)):
         await send(ws, "error", code="bad_request", message="join needs a PEM csr")
         return
-    hostname = hostname if isinstance(hostname, str) else ""
+    try:
+        hostname, labels = node_strings.check_join(message)
+    except node_strings.UntrustedString as e:
+        await send(ws, "error", code="bad_request", message=str(e))
+        return
 
     def add(conn: psycopg.Connection[Any]) -> nodes.Joined:
         again = nodes.rejoin(conn, csr)
