@@ -3,26 +3,54 @@
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import trio
+from cryptography import x509
 from quart import Response, jsonify
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from oz0 import pki
 from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 
 MANAGEMENT_PORT = 8443
+MAX_BODY_SIZE = 64 * 1024
+BODY_TIMEOUT = 10
+
+
+class _JsonProvider(DefaultJSONProvider):
+    """JSON nested too deeply to parse is bad JSON (a 400), not an error of ours."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        try:
+            return super().loads(s, **kwargs)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
+
+
 # Each registers its routes; a new resource is a new module added here.
 API_MODULES = (cluster, operators, tenants, tokens, nodes, audit)
 
 
 def create_app(state: ManagementState) -> QuartTrio:
     app = QuartTrio("oz0.management")
+    app.json = _JsonProvider(app)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_SIZE
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> tuple[Response, int]:
         return jsonify({"error": error.message}), error.status
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> tuple[Response, int]:
+        # Unknown paths, wrong methods, bodies over the limit: the same JSON as ours.
+        status = error.code or 400
+        return jsonify({"error": f"{status} {error.name}: {error.description}"}), status
 
     for module in API_MODULES:
         module.register(app, state)
@@ -37,4 +65,17 @@ async def run(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_https(create_app(state), tls_context, host, port, task_status=task_status)
+    def operator_certificate(der: bytes | None) -> bool:
+        if der is None:
+            return False
+        identity = pki.identity_of(x509.load_der_x509_certificate(der))
+        return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
+
+    await serve_https(
+        create_app(state),
+        tls_context,
+        host,
+        port,
+        authenticated=operator_certificate,
+        task_status=task_status,
+    )

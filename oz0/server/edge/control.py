@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes, pki
-from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
-from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge, record_answer
+from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
+from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ async def _receive_from_node(
 ) -> None:
     """Anything from the node is a sign of life; silence for three heartbeats ends it.
 
-    Answers to a purge command go to whoever sent it.
+    Answers to a purge command go to whoever sent it, who alone records them.
     """
     try:
         while True:
@@ -119,7 +119,6 @@ async def _receive_from_node(
             edge.seen.alive(node_id)
             message = decode(raw)
             if message.get("type") in PURGE_ANSWERS:
-                await record_answer(edge, node_id, message)
                 with contextlib.suppress(trio.WouldBlock):
                     answers.send_nowait(message)
     except trio.TooSlowError:
@@ -156,5 +155,5 @@ async def _act_on_changes(
     else:
         log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
         await refuse(ws, node_id, state)
-        await ws.aclose(CLOSE_BLOCKED, state or "unknown")
+        await close(ws, CLOSE_BLOCKED, state or "unknown")
     scope.cancel()

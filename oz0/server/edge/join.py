@@ -10,7 +10,7 @@ import psycopg
 import trio
 from trio_websocket import WebSocketConnection
 
-from oz0 import nodes, tokens
+from oz0 import audit, nodes, tokens
 from oz0.server.edge.common import Edge, receive_first, send
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
                 token_tenant=used.tenant,
                 token_labels=used.labels,
             )
+        nodes.check_room_for_pending(conn, edge.max_pending)
         return nodes.join(
             conn, edge.cluster.cluster_ca, csr_pem=csr, labels=labels, hostname=hostname
         )
@@ -63,11 +64,19 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
     try:
         joined = await edge.db.transaction(add)
     except tokens.TokenRefused as e:
-        refusal = e
-        await edge.db.transaction(
-            partial(tokens.record_refusal, refusal=refusal, hostname=hostname, actor=edge.actor)
+        await edge.join_refusals.refused(
+            e.reason,
+            partial(tokens.record_refusal, refusal=e, hostname=hostname, actor=edge.actor),
         )
-        await send(ws, "error", code="token_refused", message=str(refusal))
+        await send(ws, "error", code="token_refused", message=str(e))
+        return
+    except nodes.TooManyPending as e:
+        details = {"reason": "pending_limit", "limit": e.limit, "hostname": hostname[:253]}
+        await edge.join_refusals.refused(
+            "pending_limit",
+            lambda conn: audit.record(conn, edge.actor, "node.join.refused", "cluster", details),
+        )
+        await send(ws, "error", code="pending_limit", message=str(e))
         return
     except nodes.NodeError as e:
         await send(ws, "error", code="bad_request", message=str(e))
