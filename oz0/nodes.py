@@ -63,6 +63,10 @@ def new_node_id() -> str:
     return "node-" + secrets.token_hex(6)
 
 
+def is_node_id(text: str) -> bool:
+    return _NODE_ID.fullmatch(text) is not None
+
+
 def check_node_id(node_id: str) -> str:
     if not _NODE_ID.match(node_id):
         raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")

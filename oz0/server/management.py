@@ -41,10 +41,18 @@ def create_app(state: ManagementState) -> QuartTrio:
     app.json = _JsonProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_SIZE
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
+    # A path is what it says: `//` or a missing `/` is a 404, not a redirect to guess.
+    app.url_map.merge_slashes = False
+    app.url_map.strict_slashes = False
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> tuple[Response, int]:
         return jsonify({"error": error.message}), error.status
+
+    @app.errorhandler(UnicodeDecodeError)
+    async def not_utf8(_: UnicodeDecodeError) -> tuple[Response, int]:
+        # Quart decodes the body before parsing it, outside its own handling of bad JSON.
+        return jsonify({"error": "the request body must be JSON in UTF-8"}), 400
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> tuple[Response, int]:

@@ -16,6 +16,7 @@ from oz0.server.edge.common import Edge, receive_first, send
 log = logging.getLogger(__name__)
 
 PICKUP_HOLD = 30.0
+MAX_HOSTNAME = 253
 
 
 async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> None:
@@ -39,6 +40,14 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         await send(ws, "error", code="bad_request", message="join needs a PEM csr")
         return
     hostname = hostname if isinstance(hostname, str) else ""
+    if len(hostname) > MAX_HOSTNAME or not hostname.isprintable():
+        await send(
+            ws,
+            "error",
+            code="bad_request",
+            message=f"hostname must be one printable line of at most {MAX_HOSTNAME} characters",
+        )
+        return
 
     def add(conn: psycopg.Connection[Any]) -> nodes.Joined:
         again = nodes.rejoin(conn, csr)
@@ -97,7 +106,11 @@ async def _answer_pickup(
     edge: Edge, ws: WebSocketConnection, message: dict[str, Any], challenge: bytes
 ) -> None:
     node_id, signature = message.get("node_id"), message.get("signature")
-    if not isinstance(node_id, str) or not isinstance(signature, str):
+    if (
+        not isinstance(node_id, str)
+        or not isinstance(signature, str)
+        or not nodes.is_node_id(node_id)
+    ):
         await send(ws, "error", code="bad_request", message="pickup needs node_id and signature")
         return
     with trio.move_on_after(PICKUP_HOLD):
