@@ -90,9 +90,16 @@ async def stranger(source: str, ctx: ssl.SSLContext, tally: Tally, stop: trio.Ev
             await trio.aclose_forcefully(stream)
 
 
-async def node_stream(keys: NodeKeys, tally: Tally, stop: trio.Event) -> None:
+async def node_stream(
+    keys: NodeKeys,
+    tally: Tally,
+    stop: trio.Event,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     async with edge_client.control(EDGE, keys) as (ws, welcome):
         assert welcome["type"] == "welcome", welcome
+        task_status.started()
         last = trio.current_time()
 
         async def beat() -> None:
@@ -142,8 +149,10 @@ async def run(args: argparse.Namespace, files: ClusterFiles, server: ServerProce
     tally = Tally()
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
+        # One after the other: all from 127.0.0.1, they would otherwise meet the cap per
+        # address during their TLS handshakes.
         for keys in nodes:
-            nursery.start_soon(node_stream, keys, tally, stop)
+            await nursery.start(node_stream, keys, tally, stop)
         await trio.sleep(2 * HEARTBEAT)
         quiet = CpuWindow({"server": server.pid}).start()
         await trio.sleep(HEARTBEAT)

@@ -46,7 +46,6 @@ async def run(
     advertise: str | None = None,
     reconcile_every: float = RECONCILE_EVERY,
     max_pending: int = nodes.MAX_PENDING,
-    admission: Admission | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     edge = Edge(
@@ -61,7 +60,7 @@ async def run(
         temporal=frontend_address(advertise) if advertise else None,
         max_pending=max_pending,
     )
-    admission = admission or Admission(f"edge {host}:{port}")
+    admission = Admission(f"edge {host}:{port}")
     listeners = await open_tls_listeners(port, tls_context, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(edge.directory.run)
