@@ -62,6 +62,18 @@ def refused_rows(files: ClusterFiles) -> list[audit.Entry]:
         return audit.entries(conn, action="node.join.refused", limit=1000)
 
 
+@pytest.mark.parametrize("value", ["0", "1000001", "many"])
+def test_max_pending_nodes_out_of_range_is_one_line_and_starts_nothing(
+    cli: CliRunner, files: ClusterFiles, env: dict[str, str], value: str
+) -> None:
+    result = cli(
+        "server", "start", "--master-key-file", str(files.master_key), "--advertise", SERVER,
+        "--max-pending-nodes", value, env=env,
+    )  # fmt: skip
+    assert result.code != 0 and result.err.strip().count("\n") == 0, result.err
+    assert "--max-pending-nodes" in result.err or "max-pending-nodes" in result.err
+
+
 async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_rate(
     cli: CliRunner, files: ClusterFiles, env: dict[str, str], start_server: StartServer
 ) -> None:
