@@ -16,6 +16,7 @@ from cli.params import JsonFlag
 from oz0 import cluster_init, devmode
 from oz0.context import config_home
 from oz0.errors import Oz0Error
+from oz0.nodes import MAX_PENDING
 from oz0.operator_issue import issue_operator
 from oz0.server import start as server_start
 from oz0.server.edge.tracking import RECONCILE_EVERY
@@ -116,6 +117,7 @@ def start(
     dev: DevFlag = False,
     data_dir: DataDir = None,
     reconcile_every: float = RECONCILE_EVERY,
+    max_pending_nodes: int = MAX_PENDING,
 ) -> int:
     """Run this server's roles (management 8443, edge 7443) until SIGINT or SIGTERM.
 
@@ -132,14 +134,21 @@ def start(
     reconcile_every
         Seconds between the edge's checks that every streamed node is still accepted, the
         backstop for a lost notification (0.1 to 60).
+    max_pending_nodes
+        Nodes that may wait for an operator at once, cluster-wide; tokenless joins beyond
+        it are refused (1 to 1000000; give every server the same).
     """
     if not 0.1 <= reconcile_every <= 60:
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
+    if not 1 <= max_pending_nodes <= 1_000_000:
+        raise Oz0Error(f"--max-pending-nodes must be 1 to 1000000, not {max_pending_nodes}")
     _configure_logging()
     if dev:
         if data_dir is None:
             raise Oz0Error("--dev needs --data-dir DIR")
-        return _start_dev(data_dir, advertise or "127.0.0.1", san, listen, reconcile_every)
+        return _start_dev(
+            data_dir, advertise or "127.0.0.1", san, listen, reconcile_every, max_pending_nodes
+        )
     if master_key_file is None or advertise is None:
         raise Oz0Error("server start needs --master-key-file and --advertise (or --dev --data-dir)")
     options = server_start.StartOptions(
@@ -149,6 +158,7 @@ def start(
         sans=san,
         listen=listen,
         reconcile_every=reconcile_every,
+        max_pending_nodes=max_pending_nodes,
     )
     cluster = server_start.prepare(options)
     trio.run(server_start.run_until_signalled, options, cluster, _print_started)
@@ -161,6 +171,7 @@ def _start_dev(
     sans: tuple[str, ...],
     listen: str | None,
     reconcile_every: float,
+    max_pending_nodes: int,
 ) -> int:
     data_dir = data_dir.resolve()
     server_start.check_advertise(advertise)
@@ -188,6 +199,7 @@ def _start_dev(
             listen_default=advertise,
             visibility_sqlite=devmode.visibility_sqlite(data_dir),
             reconcile_every=reconcile_every,
+            max_pending_nodes=max_pending_nodes,
         )
         cluster = server_start.prepare(options)
 

@@ -28,6 +28,10 @@ DEFAULT_TENANT = "default"
 _NODE_ID = re.compile(r"^node-[0-9a-f]{12}$")
 _LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABELS = 64
+# Nodes waiting for an operator, cluster-wide: tokenless joins beyond it are refused.
+MAX_PENDING = 1000
+# Serialises tokenless joins so that concurrent ones cannot pass the limit together.
+_PENDING_LOCK = 0x6F7A305F70656E64
 
 
 class NodeError(Oz0Error):
@@ -38,8 +42,29 @@ class NodeNotFound(NodeError):
     pass
 
 
+class TooManyPending(NodeError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"this cluster already has {limit} nodes waiting for an operator, its limit;"
+            " ask an operator to accept or reject some, or join with a token"
+        )
+        self.limit = limit
+
+
+def check_room_for_pending(conn: psycopg.Connection[Any], limit: int) -> None:
+    """Raise TooManyPending if LIMIT nodes are pending; held until the transaction ends."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PENDING_LOCK,))
+    row = conn.execute("SELECT count(*) FROM nodes WHERE state = 'pending'").fetchone()
+    if row is not None and int(row[0]) >= limit:
+        raise TooManyPending(limit)
+
+
 def new_node_id() -> str:
     return "node-" + secrets.token_hex(6)
+
+
+def is_node_id(text: str) -> bool:
+    return _NODE_ID.fullmatch(text) is not None
 
 
 def check_node_id(node_id: str) -> str:

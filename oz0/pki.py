@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -400,9 +400,13 @@ def make_csr(key: ec.EllipticCurvePrivateKey, name: str) -> x509.CertificateSign
 def csr_public_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey:
     """The P-256 public key of a CSR whose self-signature holds; ValueError otherwise."""
     csr = x509.load_pem_x509_csr(csr_pem)
-    if not csr.is_signature_valid:
-        raise ValueError("certificate request signature is not valid")
-    key = csr.public_key()
+    try:
+        if not csr.is_signature_valid:
+            raise ValueError("certificate request signature is not valid")
+        key = csr.public_key()
+    except UnsupportedAlgorithm:
+        # A key on a curve cryptography does not know: no P-256 key either.
+        raise ValueError("certificate request must hold an ECDSA P-256 key") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
         raise ValueError("certificate request must hold an ECDSA P-256 key")
     return key

@@ -440,7 +440,7 @@ def assert_refused_and_kept(
     assert shown["state"] == "purging"
 
 
-async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_audited(
+async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_not_audited(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     cluster_env: dict[str, str],
@@ -450,7 +450,8 @@ async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_audited(
 ) -> None:
     """The agent reaches the cluster only through a rogue edge that holds a real server
     certificate of the cluster but not the CA's key; every forged command it slips into
-    the live stream is refused by the agent, and recorded by the real server."""
+    the live stream is refused by the agent; the real server, which sent none of them,
+    records none of the refusals."""
     start_server(cluster_files, SERVER_A)
     data_dir = tmp_path / "node"
     rogue_ca = pki.new_ca("elsewhere", "cluster")
@@ -526,18 +527,14 @@ async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_audited(
                 answer = await stream.from_node()
             assert answer == {"type": "purge_refused", "nonce": nonce, "reason": reason}
 
-        def recorded(rows: list[dict[str, Any]]) -> bool:
-            return len(refusals(rows)) >= len(forged)
-
-        rows = await trio.to_thread.run_sync(
-            lambda: wait_audit(cli, node_id, cluster_env, recorded, 10)
-        )
-        assert [r["action"] for r in rows] == ["node.purge.refused"] * len(forged) + ["node.join"]
-        for entry, (nonce, (_, reason)) in zip(
-            refusals(rows), zip(nonces, forged, strict=True), strict=True
-        ):
-            assert entry["actor"] == {"kind": "node", "name": node_id}
-            assert entry["details"] == {"reason": reason, "nonce": nonce, "server": server_id}
+        # The real edge sent none of these commands: the refusals it relayed are the
+        # node's business, not the audit log's (a node could send them in a loop). The
+        # agent's log keeps each.
+        await trio.sleep(1)
+        rows = await trio.to_thread.run_sync(audit_of, cli, node_id, cluster_env)
+        assert [r["action"] for r in rows] == ["node.join"]
+        for _, reason in forged:
+            assert f"refused a purge command from edge {ROGUE}: {reason}" in agent.log()
 
         # Still up on the same stream, still accepted, every file kept.
         assert not stream.ended.is_set() and len(rogue.relayed) == 3  # pin, join, control

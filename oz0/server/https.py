@@ -5,6 +5,11 @@ connection is handshaken here, its certificate read from the `trio.SSLStream`, a
 connection then given to hypercorn's `TCPServer` with an app wrapper that adds the
 certificate to every scope as `scope["extensions"]["oz0.peer_cert_der"]` (bytes or None).
 hypercorn is pinned for this reason.
+
+Connections that have not authenticated are admitted within limits (`oz0.server.admission`)
+and bounded in time: the TLS handshake, the wait for a request's headers, each read and
+each send (hypercorn sends shielded from cancellation, so a peer that never reads would
+hold its connection for ever) and the close.
 """
 
 from __future__ import annotations
@@ -23,12 +28,60 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
+from oz0.server.admission import Admission, peer_address
 from oz0.server.tls import open_tls_listeners
 
 log = logging.getLogger(__name__)
 
 PEER_CERT_KEY = "oz0.peer_cert_der"
 HANDSHAKE_TIMEOUT = 10.0
+# From the handshake (or the previous answer) to a request's complete headers.
+REQUEST_TIMEOUT = 10
+SEND_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
+MAX_HEADERS_SIZE = 16 * 1024
+
+
+class _BoundedStream(trio.abc.Stream):
+    """The connection as hypercorn's `TCPServer` sees it, with sends and close bounded.
+
+    A send that does not finish in SEND_TIMEOUT reads as a broken connection, which
+    hypercorn handles by closing it.
+    """
+
+    def __init__(self, inner: trio.SSLStream[trio.SocketStream]) -> None:
+        self._inner = inner
+
+    @property
+    def transport_stream(self) -> trio.SocketStream:
+        return self._inner.transport_stream
+
+    async def do_handshake(self) -> None:
+        await self._inner.do_handshake()
+
+    def selected_alpn_protocol(self) -> str | None:
+        protocol: str | None = self._inner.selected_alpn_protocol()
+        return protocol
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            with trio.fail_after(SEND_TIMEOUT):
+                await self._inner.send_all(data)
+        except trio.TooSlowError:
+            await trio.aclose_forcefully(self._inner)
+            raise trio.BrokenResourceError("the client did not read our answer in time") from None
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(CLOSE_TIMEOUT) as closing:
+            await self._inner.aclose()
+        if closing.cancelled_caught:
+            await trio.aclose_forcefully(self._inner)
 
 
 class _WithPeerCert:
@@ -58,36 +111,56 @@ async def serve_https(
     host: str,
     port: int,
     *,
+    authenticated: Callable[[bytes | None], bool] = lambda _: False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve APP on HOST:PORT until cancelled; started once the port is bound."""
+    """Serve APP on HOST:PORT until cancelled; started once the port is bound.
+
+    A connection whose client certificate AUTHENTICATED accepts stops counting against
+    the limits on unauthenticated ones.
+    """
     config = Config()
-    config.keep_alive_timeout = 30
+    # Also the wait for the first request's headers: hypercorn's idle timer runs from
+    # the connection's start until a request's headers are complete.
+    # (No read timeout: a client waits silently for a slow answer; Quart bounds bodies.)
+    config.keep_alive_timeout = REQUEST_TIMEOUT
+    config.h11_max_incomplete_size = MAX_HEADERS_SIZE
+    config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
     config.graceful_timeout = 2
     config.accesslog = None
+    admission = Admission(f"management {host}:{port}")
     wrapper = ASGIWrapper(app)
     context = WorkerContext(None)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapper, config, lifespan_state)
 
     async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
-        try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as e:
-            # Foreign or expired client certificates end here, refused by the handshake.
-            log.debug("TLS handshake from a client failed: %r", e)
+        slot = admission.admit(peer_address(stream))
+        if slot is None:
             await trio.aclose_forcefully(stream)
             return
-        der = stream.getpeercert(binary_form=True)
-        connection = TCPServer(
-            _WithPeerCert(wrapper, der),
-            config,
-            context,
-            ConnectionState(lifespan_state.copy()),
-            stream,
-        )
-        await connection.run()
+        try:
+            try:
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError) as e:
+                # Foreign or expired client certificates end here, refused by the handshake.
+                log.debug("TLS handshake from a client failed: %r", e)
+                await trio.aclose_forcefully(stream)
+                return
+            der = stream.getpeercert(binary_form=True)
+            if authenticated(der):
+                slot.release()
+            connection = TCPServer(
+                _WithPeerCert(wrapper, der),
+                config,
+                context,
+                ConnectionState(lifespan_state.copy()),
+                _BoundedStream(stream),  # type: ignore[arg-type]
+            )
+            await connection.run()
+        finally:
+            slot.release()
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)

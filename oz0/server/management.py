@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import ssl
+from typing import Any
 
 import trio
+from cryptography import x509
 from quart import Response, jsonify
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from oz0 import pki
 from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
@@ -17,15 +22,36 @@ from oz0.store.outage import DATABASE_ERRORS, Outage
 log = logging.getLogger(__name__)
 
 MANAGEMENT_PORT = 8443
+MAX_BODY_SIZE = 64 * 1024
+BODY_TIMEOUT = 10
+
+
+class _JsonProvider(DefaultJSONProvider):
+    """JSON nested too deeply to parse is bad JSON (a 400), not an error of ours."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        try:
+            return super().loads(s, **kwargs)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
+
+
 DATABASE_UNAVAILABLE = (
     "the cluster's database is unavailable; nothing was changed, try again shortly"
 )
+
 # Each registers its routes; a new resource is a new module added here.
 API_MODULES = (cluster, operators, tenants, tokens, nodes, audit)
 
 
 def create_app(state: ManagementState) -> QuartTrio:
     app = QuartTrio("oz0.management")
+    app.json = _JsonProvider(app)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_SIZE
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
+    # A path is what it says: `//` or a missing `/` is a 404, not a redirect to guess.
+    app.url_map.merge_slashes = False
+    app.url_map.strict_slashes = False
 
     outage = Outage("the management API's database access", log)
 
@@ -47,6 +73,17 @@ def create_app(state: ManagementState) -> QuartTrio:
             outage.worked()
         return response
 
+    @app.errorhandler(UnicodeDecodeError)
+    async def not_utf8(_: UnicodeDecodeError) -> tuple[Response, int]:
+        # Quart decodes the body before parsing it, outside its own handling of bad JSON.
+        return jsonify({"error": "the request body must be JSON in UTF-8"}), 400
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> tuple[Response, int]:
+        # Unknown paths, wrong methods, bodies over the limit: the same JSON as ours.
+        status = error.code or 400
+        return jsonify({"error": f"{status} {error.name}: {error.description}"}), status
+
     for module in API_MODULES:
         module.register(app, state)
     return app
@@ -60,4 +97,17 @@ async def run(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_https(create_app(state), tls_context, host, port, task_status=task_status)
+    def operator_certificate(der: bytes | None) -> bool:
+        if der is None:
+            return False
+        identity = pki.identity_of(x509.load_der_x509_certificate(der))
+        return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
+
+    await serve_https(
+        create_app(state),
+        tls_context,
+        host,
+        port,
+        authenticated=operator_certificate,
+        task_status=task_status,
+    )

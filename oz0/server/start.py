@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from oz0 import cluster as cluster_mod
-from oz0 import pki, process
+from oz0 import nodes, pki, process
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.server import edge, management, membership
@@ -46,6 +46,8 @@ class StartOptions:
     # How often the edge checks that its streamed nodes are still accepted, in case a
     # notification was lost.
     reconcile_every: float = RECONCILE_EVERY
+    # Nodes waiting for an operator, cluster-wide, beyond which tokenless joins are refused.
+    max_pending_nodes: int = nodes.MAX_PENDING
 
     # Dev mode passes its advertise address: everything it runs stays on that address.
     listen_default: str = "0.0.0.0"
@@ -127,6 +129,7 @@ async def run_server(
                 host,
                 advertise=options.advertise,
                 reconcile_every=options.reconcile_every,
+                max_pending=options.max_pending_nodes,
             )
         )
         nursery.start_soon(certs.renew_forever)

@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 import trio
 from trio_websocket import WebSocketConnection
 
-from oz0 import audit
+from oz0 import audit, nodes
 from oz0.cluster import Cluster
 from oz0.server.edge.directory import EdgeDirectory
+from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -22,7 +23,10 @@ from oz0.store.pool import Conn, Database
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FIRST_MESSAGE_TIMEOUT = 30.0
+# Bounds on what a peer that has not authenticated can make the edge hold (docs/node-protocol.md).
+FIRST_MESSAGE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
+MAX_MESSAGE_SIZE = 64 * 1024
 CLOSE_BLOCKED = 4403
 
 
@@ -35,11 +39,13 @@ class Edge:
     directory: EdgeDirectory
     seen: SeenTracker
     streams: StreamReconciler
+    join_refusals: JoinRefusals
     # This server's Temporal frontend, as nodes reach it (for their runtime); None when
     # the edge runs without an advertise address.
     temporal: str | None = None
     # Shared by every connection's reads, so an outage is one log line, not one per node.
     outage: Outage = field(default_factory=lambda: Outage("the edge's database reads", log))
+    max_pending: int = nodes.MAX_PENDING
 
     @property
     def actor(self) -> audit.Actor:
@@ -68,16 +74,36 @@ async def send(ws: WebSocketConnection, kind: str, **fields: Any) -> None:
     await ws.send_message(json.dumps({"type": kind, **fields}))
 
 
-async def receive_first(ws: WebSocketConnection) -> dict[str, Any]:
-    with trio.fail_after(FIRST_MESSAGE_TIMEOUT):
-        raw = await ws.get_message()
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """One message as a JSON object, or ValueError saying why it is not one."""
     try:
         message = json.loads(raw)
     except ValueError:
         message = None
+    except RecursionError:
+        # json's parser gives up around depth 1000; ours answers instead of failing.
+        raise ValueError("messages must not be nested this deeply") from None
     if not isinstance(message, dict):
         raise ValueError("messages must be JSON objects")
     return message
+
+
+async def receive_first(ws: WebSocketConnection) -> dict[str, Any]:
+    with trio.fail_after(FIRST_MESSAGE_TIMEOUT):
+        raw = await ws.get_message()
+    return decode(raw)
+
+
+async def close(ws: WebSocketConnection, code: int = 1000, reason: str | None = None) -> None:
+    """Close with a close frame, waiting at most CLOSE_TIMEOUT for the peer's answer.
+
+    trio-websocket's `aclose` waits for the peer's own close frame, which a peer may never
+    send; cancelled, it still closes the stream under it.
+    """
+    with trio.move_on_after(CLOSE_TIMEOUT) as waiting:
+        await ws.aclose(code, reason)
+    if waiting.cancelled_caught:
+        log.debug("a peer did not answer our close frame in %g s", CLOSE_TIMEOUT)
 
 
 async def refuse(ws: WebSocketConnection, node_id: str, state: str | None) -> None:

@@ -15,8 +15,8 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes, pki
 from oz0.server.edge import renew
-from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
-from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge, record_answer
+from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
+from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,8 @@ async def _receive_from_node(
 ) -> None:
     """Anything from the node is a sign of life; silence for three heartbeats ends it.
 
-    Answers to a purge command go to whoever sent it; a `renew` is answered (renew.py).
+    Answers to a purge command go to whoever sent it, who alone records them; a `renew`
+    is answered (renew.py).
     """
     try:
         while True:
@@ -123,7 +124,6 @@ async def _receive_from_node(
             edge.seen.alive(node_id)
             message = decode(raw)
             if message.get("type") in PURGE_ANSWERS:
-                await record_answer(edge, node_id, message)
                 with contextlib.suppress(trio.WouldBlock):
                     answers.send_nowait(message)
             elif message.get("type") == renew.RENEW:
@@ -168,5 +168,5 @@ async def _act_on_changes(
     else:
         log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
         await refuse(ws, node_id, state)
-        await ws.aclose(CLOSE_BLOCKED, state or "unknown")
+        await close(ws, CLOSE_BLOCKED, state or "unknown")
     scope.cancel()

@@ -11,7 +11,7 @@ import psycopg.errors
 import trio
 from trio_websocket import WebSocketConnection
 
-from oz0 import node_strings, nodes, tokens
+from oz0 import audit, node_strings, nodes, tokens
 from oz0.server.edge.common import Edge, receive_first, send
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
                 token_tenant=used.tenant,
                 token_labels=used.labels,
             )
+        nodes.check_room_for_pending(conn, edge.max_pending)
         return nodes.join(
             conn, edge.cluster.cluster_ca, csr_pem=csr, labels=labels, hostname=hostname
         )
@@ -73,11 +74,19 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
             # token use was rolled back with the failed insert.
             joined = await edge.transaction(add)
     except tokens.TokenRefused as e:
-        refusal = e
-        await edge.transaction(
-            partial(tokens.record_refusal, refusal=refusal, hostname=hostname, actor=edge.actor)
+        await edge.join_refusals.refused(
+            e.reason,
+            partial(tokens.record_refusal, refusal=e, hostname=hostname, actor=edge.actor),
         )
-        await send(ws, "error", code="token_refused", message=str(refusal))
+        await send(ws, "error", code="token_refused", message=str(e))
+        return
+    except nodes.TooManyPending as e:
+        details = {"reason": "pending_limit", "limit": e.limit, "hostname": hostname[:253]}
+        await edge.join_refusals.refused(
+            "pending_limit",
+            lambda conn: audit.record(conn, edge.actor, "node.join.refused", "cluster", details),
+        )
+        await send(ws, "error", code="pending_limit", message=str(e))
         return
     except nodes.NodeError as e:
         await send(ws, "error", code="bad_request", message=str(e))
@@ -98,7 +107,11 @@ async def _answer_pickup(
     edge: Edge, ws: WebSocketConnection, message: dict[str, Any], challenge: bytes
 ) -> None:
     node_id, signature = message.get("node_id"), message.get("signature")
-    if not isinstance(node_id, str) or not isinstance(signature, str):
+    if (
+        not isinstance(node_id, str)
+        or not isinstance(signature, str)
+        or not nodes.is_node_id(node_id)
+    ):
         await send(ws, "error", code="bad_request", message="pickup needs node_id and signature")
         return
     with trio.move_on_after(PICKUP_HOLD):

@@ -5,16 +5,27 @@ from __future__ import annotations
 import logging
 import secrets
 import ssl
+from collections.abc import Callable
 from functools import partial
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_stream
 
+from oz0 import audit, nodes
 from oz0.cluster import Cluster
-from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.admission import Admission, peer_address
+from oz0.server.edge.common import (
+    FIRST_MESSAGE_TIMEOUT,
+    MAX_MESSAGE_SIZE,
+    DatabaseUnavailable,
+    Edge,
+    close,
+    send,
+)
 from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
-from oz0.server.edge.join import serve_join
+from oz0.server.edge.join import PICKUP_HOLD, serve_join
+from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
 from oz0.server.tls import open_tls_listeners
@@ -22,7 +33,12 @@ from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
 
+# TLS, then the websocket upgrade: each within this.
 HANDSHAKE_TIMEOUT = 10.0
+# Sending to a peer that does not read (the greeting, a refusal) gives up after this.
+SEND_TIMEOUT = 10.0
+# A whole /join conversation: the first message, a pickup held open, the answer.
+JOIN_TIMEOUT = FIRST_MESSAGE_TIMEOUT + PICKUP_HOLD + SEND_TIMEOUT
 
 
 async def run(
@@ -36,6 +52,7 @@ async def run(
     *,
     advertise: str | None = None,
     reconcile_every: float = RECONCILE_EVERY,
+    max_pending: int = nodes.MAX_PENDING,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     edge = Edge(
@@ -46,46 +63,79 @@ async def run(
         EdgeDirectory(db, edge_address(advertise) if advertise else None),
         SeenTracker(db, server_id),
         StreamReconciler(db, hub, reconcile_every),
+        JoinRefusals(db, audit.Actor("server", server_id)),
         temporal=frontend_address(advertise) if advertise else None,
+        max_pending=max_pending,
     )
+    admission = Admission(f"edge {host}:{port}")
     listeners = await open_tls_listeners(port, tls_context, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(edge.directory.run)
         await nursery.start(edge.seen.run)
         await nursery.start(edge.streams.run)
-        await nursery.start(partial(trio.serve_listeners, partial(_handle, edge), listeners))
+        await nursery.start(edge.join_refusals.run)
+        await nursery.start(
+            partial(trio.serve_listeners, partial(_admit, edge, admission), listeners)
+        )
         task_status.started(edge)
 
 
-async def _handle(edge: Edge, stream: trio.SSLStream[trio.SocketStream]) -> None:
+async def _admit(
+    edge: Edge, admission: Admission, stream: trio.SSLStream[trio.SocketStream]
+) -> None:
+    slot = admission.admit(peer_address(stream))
+    if slot is None:
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        await _handle(edge, stream, slot.release)
+    finally:
+        slot.release()
+
+
+async def _handle(
+    edge: Edge, stream: trio.SSLStream[trio.SocketStream], authenticated: Callable[[], None]
+) -> None:
+    """One connection; AUTHENTICATED is called once it has proven who it is."""
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             await stream.do_handshake()
         peer_der = stream.getpeercert(binary_form=True)
         async with trio.open_nursery() as nursery:
-            request: WebSocketRequest = await wrap_server_stream(nursery, stream)
-            if request.path not in ("/join", "/control"):
-                await request.reject(404)
-                return
-            ws = await request.accept()
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                request: WebSocketRequest = await wrap_server_stream(
+                    nursery, stream, max_message_size=MAX_MESSAGE_SIZE
+                )
+                if request.path not in ("/join", "/control"):
+                    await request.reject(404)
+                    return
+                ws = await request.accept()
             challenge = secrets.token_bytes(32)
-            await send(
-                ws,
-                "hello",
-                cluster=edge.cluster.name,
-                ca_hash=edge.cluster.ca_hash,
-                ca_pem=edge.cluster.ca_pem.decode(),
-                challenge=challenge.hex(),
-            )
+            with trio.fail_after(SEND_TIMEOUT):
+                await send(
+                    ws,
+                    "hello",
+                    cluster=edge.cluster.name,
+                    ca_hash=edge.cluster.ca_hash,
+                    ca_pem=edge.cluster.ca_pem.decode(),
+                    challenge=challenge.hex(),
+                )
             try:
                 if request.path == "/join":
-                    await serve_join(edge, ws, challenge)
+                    with trio.fail_after(JOIN_TIMEOUT):
+                        await serve_join(edge, ws, challenge)
+                elif peer_der is None:
+                    with trio.fail_after(SEND_TIMEOUT):
+                        await serve_control(edge, ws, peer_der, challenge)
                 else:
+                    # TLS verified a certificate of the cluster CA: no longer a stranger.
+                    authenticated()
                     await serve_control(edge, ws, peer_der, challenge)
             except DatabaseUnavailable as e:
                 kind = "error" if request.path == "/join" else "refused"
-                await send(ws, kind, code=e.code, message=e.message)
-            await ws.aclose()
+                with trio.fail_after(SEND_TIMEOUT):
+                    await send(ws, kind, code=e.code, message=e.message)
+            await close(ws)
     except* _CONNECTION_ENDED as group:
         log.debug("edge connection ended: %r", group.exceptions[0])
     except* Exception as group:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -13,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import WebSocketConnection
 
 from oz0 import nodes, purge_command
+from oz0.server.edge import common
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
 
 log = logging.getLogger(__name__)
@@ -24,20 +24,21 @@ PURGE_ANSWERS = ("purged", "purge_refused")
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:
+    """A message on a control stream; anything not a JSON object reads as {} (ignored)."""
     try:
-        message = json.loads(raw)
+        return common.decode(raw)
     except ValueError:
         return {}
-    return message if isinstance(message, dict) else {}
 
 
-async def record_answer(edge: Edge, node_id: str, message: dict[str, Any]) -> None:
-    """A refused purge command is recorded whoever sent it: it may not have been us."""
-    if message.get("type") != "purge_refused":
-        return
-    reason, nonce = message.get("reason"), message.get("nonce")
+async def record_refusal(edge: Edge, node_id: str, answer: dict[str, Any], nonce: str) -> None:
+    """The node refused the command this edge sent it (NONCE): the node's word, audited.
+
+    Only such answers are: anything else a node sends is not worth a row (a node could
+    send refusals in a loop).
+    """
+    reason = answer.get("reason")
     reason = reason if isinstance(reason, str) else "no reason given"
-    nonce = nonce if isinstance(nonce, str) else None
     log.warning("node %s refused a purge command: %r", node_id, reason[: nodes.MAX_REASON])
     await edge.db.transaction(
         partial(
@@ -55,7 +56,6 @@ async def next_answer(edge: Edge, ws: WebSocketConnection, node_id: str) -> dict
     while True:
         message = decode(await ws.get_message())
         if message.get("type") in PURGE_ANSWERS:
-            await record_answer(edge, node_id, message)
             return message
 
 
@@ -75,12 +75,16 @@ async def purge(
     with trio.move_on_after(PURGE_ANSWER_TIMEOUT) as waiting:
         while True:
             answer = await next_answer()
+            if answer.get("nonce") != command.nonce:
+                # Not an answer to this command: nothing to act on or record.
+                log.debug("node %s answered a purge command it was not sent", node_id)
+                continue
             if answer.get("type") == "purge_refused":
+                await record_refusal(edge, node_id, answer, command.nonce)
                 await refuse(ws, node_id, "purging")
-                await ws.aclose(CLOSE_BLOCKED, "purging")
+                await common.close(ws, CLOSE_BLOCKED, "purging")
                 return
-            if answer.get("nonce") == command.nonce:
-                break
+            break
     if waiting.cancelled_caught:
         log.warning("node %s did not answer its purge command; it stays purging", node_id)
         return
@@ -91,4 +95,4 @@ async def purge(
     )
     log.info("node %s purged%s", node_id, "" if forgotten else " (it was deleted meanwhile)")
     await send(ws, "forgotten", node_id=node_id)
-    await ws.aclose()
+    await common.close(ws)
