@@ -152,7 +152,7 @@ def log_slice(text: str) -> dict[str, Any]:
     PROBLEM_LINES), tracebacks, and its Temporal host's warnings and errors by message."""
     lines = text.splitlines()
     levels: Counter[str] = Counter()
-    problems = []
+    problems: list[str] = []
     for line in lines:
         if m := _LEVEL.match(line):
             levels[m[1]] += 1
@@ -393,7 +393,8 @@ class RestartRun(Run):
             },
         }
         self.end(name, result)
-        return self.phases[name]
+        section: dict[str, Any] = self.phases[name]
+        return section
 
     async def block_after(self, api: Api, block: BlockAfter, back: float) -> None:
         """Block BLOCK's node until the API accepts it, then wait for its stream to end."""
