@@ -11,7 +11,9 @@ can be restarted), initialises a cluster in it and starts three real servers on 
 1. joins N simulated nodes and keeps a control stream up for each, node i on edge i % 3,
    as bench.node_removal does (real TLS with each node's certificate, heartbeats every 5 s,
    the agent's reconnect policy after a refusal or a lost stream);
-2. R rounds of a restart (`pg_ctl stop -m fast`, every session gets AdminShutdown, then
+2. blocks one node with the database up, for reference (the same request and wait as in
+   the rounds);
+3. R rounds of a restart (`pg_ctl stop -m fast`, every session gets AdminShutdown, then
    `pg_ctl start`), then one round of `pg_terminate_backend` of every client backend (what a
    failover does to the servers' connections; --no-terminate leaves it out). In each round:
    - from the moment the database accepts connections again, blocks one connected node
@@ -25,7 +27,7 @@ can be restarted), initialises a cluster in it and starts three real servers on 
    - counts the other nodes' live streams that ended (goal 0) and the nodes welcomed again;
    - the servers' and their Temporal hosts' CPU and RSS over the round (and their peaks,
      sampled every 0.5 s), and what the servers logged during it;
-3. closes the streams, stops the servers and PostgreSQL, and prints one JSON document.
+4. closes the streams, stops the servers and PostgreSQL, and prints one JSON document.
 
 Every wait has a bound, and the run stops early if a server exits (or on SIGTERM, still
 stopping everything). Progress goes to stderr.
@@ -217,6 +219,21 @@ class BlockAfter:
     def errors(self) -> dict[str, int]:
         return dict(Counter(str(c.error).split(":")[0] for c in self.calls if c.error))
 
+    def summary(self, since: float) -> dict[str, Any]:
+        """Its times from SINCE (the database back), and from the accepted request."""
+        accepted, closed = self.accepted, self.closed_at
+        return {
+            "node_edge": self.edge,
+            "api_attempts": len(self.calls),
+            "api_errors_before_accepted": self.errors(),
+            "accepted_call_ms": ms(accepted.answered - accepted.requested if accepted else None),
+            "back_to_accepted_ms": ms(accepted.answered - since if accepted else None),
+            "back_to_stream_closed_ms": ms(closed - since if closed is not None else None),
+            "accepted_request_to_closed_ms": ms(
+                closed - accepted.requested if accepted and closed is not None else None
+            ),
+        }
+
 
 @dataclass
 class Before:
@@ -274,7 +291,18 @@ class RestartRun(Run):
             self.begin("baseline")
             await trio.sleep(self.args.baseline)
             backends = await trio.to_thread.run_sync(server_backends, self.postgres)
-            self.end("baseline", {"open_streams": fleet.streams.open, "db_backends": backends})
+            # The same block with no outage: what the rounds' block times compare with.
+            reference = self.choose(fleet, 0)
+            began = time.monotonic()
+            await self.block_after(api, reference, began)
+            self.end(
+                "baseline",
+                {
+                    "open_streams": fleet.streams.open,
+                    "db_backends": backends,
+                    "block_without_outage": reference.summary(began),
+                },
+            )
 
             kinds = ["restart"] * self.args.restarts + ["terminate"] * self.args.terminate
             self.out["rounds"] = []
@@ -305,17 +333,20 @@ class RestartRun(Run):
             nursery.cancel_scope.cancel()
         self.phase[0] = "done"
 
+    def choose(self, fleet: Fleet, turn: int) -> BlockAfter:
+        """A connected node to block, on each edge in turn (the API's server first)."""
+        candidates = by_edge(fleet.nodes, self.rng, self.edges)
+        on_edge = [n for n in candidates if n.edge == self.edges[turn % len(self.edges)]]
+        target = (on_edge or candidates)[0]
+        self.blocked.add(target.index)
+        return BlockAfter(target, target.edge)
+
     async def round(self, api: Api, fleet: Fleet, number: int, kind: str) -> dict[str, Any]:
         """One outage, and everything measured about it."""
         assert self.postgres is not None
         postgres = self.postgres
         name = f"round {number}: {kind}"
-        candidates = by_edge(fleet.nodes, self.rng, self.edges)
-        # The node to block sits on each edge in turn (the API's server, then the others).
-        on_edge = [n for n in candidates if n.edge == self.edges[(number - 1) % len(self.edges)]]
-        target = (on_edge or candidates)[0]
-        block = BlockAfter(target, target.edge)
-        self.blocked.add(target.index)
+        block = self.choose(fleet, number - 1)
         others = [n for n in fleet.nodes if n.index not in self.blocked]
         log_start = {a: len(s.stderr()) for a, s in self.servers.items()}
         before = Before.take(fleet.nodes)
@@ -361,23 +392,9 @@ class RestartRun(Run):
                 dropped["lost"] += lost
             if len(node.welcomes) > before.welcomes[node.index]:
                 reconnected.append(node)
-        accepted = block.accepted
         result = {
             **outage,
-            "block": {
-                "node_edge": block.edge,
-                "api_attempts": len(block.calls),
-                "api_errors_before_accepted": block.errors(),
-                "back_to_accepted_ms": ms(accepted.answered - back if accepted else None),
-                "back_to_stream_closed_ms": ms(
-                    block.closed_at - back if block.closed_at is not None else None
-                ),
-                "accepted_request_to_closed_ms": ms(
-                    block.closed_at - accepted.requested
-                    if accepted and block.closed_at is not None
-                    else None
-                ),
-            },
+            "block": block.summary(back),
             "others": {
                 "nodes": len(others),
                 "streams_dropped": sum(dropped.values()),
