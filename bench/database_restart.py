@@ -1,7 +1,7 @@
 """Database restarts under load: do 1,000 nodes' control streams outlive them, and how soon
 does a block take effect again (issue 9)?
 
-    python -m bench.database_restart [--nodes N] [--restarts R] [--no-terminate]
+    python -m bench.database_restart [--nodes N] [--restarts R] [--down D] [--no-terminate]
                                      [--settle S] [--seed SEED] [--server-logs DIR]
 
 Starts a PostgreSQL of its own on 127.0.0.1:5441 (fixtures/private_postgres.py, so that it
@@ -13,9 +13,10 @@ can be restarted), initialises a cluster in it and starts three real servers on 
    the agent's reconnect policy after a refusal or a lost stream);
 2. blocks one node with the database up, for reference (the same request and wait as in
    the rounds);
-3. R rounds of a restart (`pg_ctl stop -m fast`, every session gets AdminShutdown, then
-   `pg_ctl start`), then one round of `pg_terminate_backend` of every client backend (what a
-   failover does to the servers' connections; --no-terminate leaves it out). In each round:
+3. R rounds of a restart (`pg_ctl stop -m fast`, every session gets AdminShutdown; after
+   D seconds, 0 by default, `pg_ctl start`), then one round of `pg_terminate_backend` of
+   every client backend (what a failover does to the servers' connections; --no-terminate
+   leaves it out). In each round:
    - from the moment the database accepts connections again, blocks one connected node
      through 127.0.0.103's management API (cli.client.ApiClient with the cluster context's
      operator, in an operator process of its own, as bench.node_removal), again and again
@@ -360,9 +361,11 @@ class RestartRun(Run):
             if kind == "restart":
                 await trio.to_thread.run_sync(postgres.stop)
                 stopped = time.monotonic()
+                await trio.sleep(self.args.down)
+                starting = time.monotonic()
                 await trio.to_thread.run_sync(postgres.start)
                 outage["stop_s"] = round(stopped - began, 2)
-                outage["start_s"] = round(time.monotonic() - stopped, 2)
+                outage["start_s"] = round(time.monotonic() - starting, 2)
             else:
                 outage["backends_terminated"] = await trio.to_thread.run_sync(
                     postgres.terminate_backends
@@ -493,6 +496,9 @@ def main() -> None:
         help="leave out the round of pg_terminate_backend",
     )
     parser.add_argument(
+        "--down", type=float, default=0.0, help="seconds it stays stopped in a restart"
+    )
+    parser.add_argument(
         "--settle", type=float, default=25.0, help="seconds each round lasts at least"
     )
     parser.add_argument("--baseline", type=float, default=10.0, help="idle seconds measured")
@@ -501,6 +507,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.nodes < 3 or args.restarts < 0 or args.restarts + args.terminate < 1:
         parser.error("need --nodes >= 3 and at least one round")
+    if not 0 <= args.down <= 600:
+        parser.error("--down must be 0 to 600 seconds")
     if args.restarts + args.terminate > args.nodes - 1:
         parser.error("each round blocks a node: need more nodes than rounds")
 
