@@ -227,6 +227,7 @@ class BlockAfter:
             "node_edge": self.edge,
             "api_attempts": len(self.calls),
             "api_errors_before_accepted": self.errors(),
+            "first_api_error": next((c.error for c in self.calls if c.error), None),
             "accepted_call_ms": ms(accepted.answered - accepted.requested if accepted else None),
             "back_to_accepted_ms": ms(accepted.answered - since if accepted else None),
             "back_to_stream_closed_ms": ms(closed - since if closed is not None else None),
