@@ -596,9 +596,11 @@ def interleave(groups: Iterable[list[SimNode]]) -> list[SimNode]:
     return out
 
 
-def by_edge(nodes: list[SimNode], rng: random.Random) -> list[SimNode]:
+def by_edge(
+    nodes: list[SimNode], rng: random.Random, edges: Iterable[str] = EDGES
+) -> list[SimNode]:
     """The live nodes, shuffled, interleaved by the edge of their stream."""
-    groups: dict[str, list[SimNode]] = {edge: [] for edge in EDGES}
+    groups: dict[str, list[SimNode]] = {edge: [] for edge in edges}
     for node in nodes:
         if node.edge is not None:
             groups[node.edge].append(node)
@@ -832,6 +834,8 @@ class Run:
     out: dict[str, Any]
     phase: list[str] = field(default_factory=lambda: ["setup"])
     phases: dict[str, Any] = field(default_factory=dict)
+    # The servers' edges, in the order node 0 tries them (bench.database_restart has others).
+    edges: list[str] = field(default_factory=lambda: list(EDGES))
     meter: Meter = field(init=False)
     rng: random.Random = field(init=False)
 
@@ -914,7 +918,7 @@ class Run:
         self.begin("joins")
         time_limit = max(300.0, self.args.nodes * 0.2)
         results, wall, timed_out = await join_all(
-            joining, token, ca_pem, 16, time_limit=time_limit, edges=EDGES
+            joining, token, ca_pem, 16, time_limit=time_limit, edges=self.edges
         )
         self.end(
             "joins",
@@ -929,9 +933,10 @@ class Run:
             raise RuntimeError(f"only {len(results.joined)} of {self.args.nodes} nodes joined")
         for index, joined in enumerate(results.joined):
             assert joined.keys.node_id
-            home = index % len(EDGES)
+            home = index % len(self.edges)
             ctx = edge_client.verified_context(ca_pem, joined.keys)
-            fleet.nodes.append(SimNode(index, joined.keys, ctx, EDGES[home:] + EDGES[:home]))
+            edges = self.edges[home:] + self.edges[:home]
+            fleet.nodes.append(SimNode(index, joined.keys, ctx, edges))
         gc.collect()
         gc.freeze()  # keys and contexts live until the end: keep full collections off them
 
