@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cli.main import run
+from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from oz0.store.dburl import DatabaseUrl
@@ -81,3 +82,12 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    """Real agents a test starts (append them); stopped at its end."""
+    started: list[AgentProcess] = []
+    yield started
+    for agent in started:
+        agent.stop()

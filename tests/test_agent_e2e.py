@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +16,6 @@ from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
 
 
 def token(cli: CliRunner, env: dict[str, str], *extra: str) -> str:

@@ -13,7 +13,7 @@ import json
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,14 +44,6 @@ IDENTITY_FILES = ("identity/node.key", "identity/node.crt", "identity/ca.crt")
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     """The cluster, with an admin context that names our server's API (not 127.0.0.11's)."""
     return initialise(tmp_path, pg_url, advertise=SERVER_A)
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
 
 
 def token(cli: CliRunner, env: dict[str, str]) -> str:

@@ -12,7 +12,7 @@ import datetime as dt
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,6 @@ async def describe_node(creds: Credentials, node_id: str, wait_for_worker: float
 @pytest.fixture
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
 
 
 def rss_kib(pid: int) -> int:

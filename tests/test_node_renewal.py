@@ -412,14 +412,6 @@ async def _until(predicate: Callable[[], bool]) -> None:
         await trio.sleep(0.2)
 
 
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-
-
 async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
     cli: CliRunner,
     cluster_files: ClusterFiles,

@@ -67,14 +67,6 @@ def outage_cluster(
     return files, env
 
 
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
-
-
 def wait_until(what: str, check: Callable[[], bool], timeout: float) -> float:
     """Seconds until CHECK holds, polled every 0.2 s; fails after TIMEOUT."""
     began = time.monotonic()

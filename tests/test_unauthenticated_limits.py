@@ -44,14 +44,6 @@ def env(files: ClusterFiles) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def agents() -> Any:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
-
-
 def token(cli: CliRunner, env: dict[str, str]) -> str:
     created = cli("token", "create", "--tenant", "default", "--json", env=env)
     assert created.code == 0, created.err
