@@ -13,8 +13,10 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from oz0.server.edge.directory import DIRECTORY_EVERY, EdgeDirectory
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
+from oz0.server.membership import UP_WINDOW
 from oz0.store.outage import MAX_RETRY, Outage, until_it_works
 from oz0.store.pool import Database
 from oz0.temporal.node_access import NodeAccessSync
@@ -182,4 +184,28 @@ async def test_temporal_state_recorded_in_an_outage_is_written_when_it_ends(
         fake.down = False
         await trio.sleep(MAX_RETRY + 1)
         assert recorder.unwritten is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_after_an_outage_the_edge_list_does_not_shrink_while_heartbeats_catch_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    a, b, c = (f"127.0.0.{i}:7443" for i in (11, 12, 13))
+    seen: dict[str, set[str]] = {"up": {a, b, c}, "lingering": {a, b, c}}
+    fake = FlakyDatabase(lambda: (seen["up"], seen["lingering"]))
+    directory = EdgeDirectory(as_db(fake), own=a)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(directory.run)
+        assert directory.edges == [a, b, c]
+        fake.down = True
+        await trio.sleep(20)
+        # Back, but every other server's heartbeat is older than twice the up window.
+        seen.update(up=set(), lingering=set())
+        fake.down = False
+        await trio.sleep(2 * DIRECTORY_EVERY + 0.1)
+        assert directory.edges == [a, b, c], "no server dropped for an outage of ours"
+        seen.update(up={a, b}, lingering={a, b})
+        await trio.sleep(2 * UP_WINDOW.total_seconds() + 2 * DIRECTORY_EVERY)
+        # Once heartbeats had time to come back, a server really gone does leave.
+        assert directory.edges == [a, b]
         nursery.cancel_scope.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,9 @@ class EdgeDirectory:
     own: str | None = None
     edges: list[str] = field(default_factory=list)
     changed: trio.Event = field(default_factory=trio.Event)
+    # Until then nobody leaves the list: right after a database outage every server's
+    # heartbeat is old, and those of the others are not written again yet.
+    keep_until: float = -math.inf
 
     async def refresh(self) -> None:
         def read(conn: psycopg.Connection[Any]) -> tuple[set[str], set[str]]:
@@ -63,6 +67,8 @@ class EdgeDirectory:
             )
 
         up, lingering = await self.db.transaction(read)
+        if trio.current_time() < self.keep_until:
+            lingering = lingering | set(self.edges)
         edges = next_edges(self.edges, up, lingering, self.own)
         if edges != self.edges:
             self.edges = edges
@@ -75,6 +81,8 @@ class EdgeDirectory:
         outage = Outage("reading the servers that are up", log)
         while True:
             await trio.sleep(DIRECTORY_EVERY)
+            if outage.ongoing:
+                self.keep_until = trio.current_time() + 2 * membership.UP_WINDOW.total_seconds()
             try:
                 await self.refresh()
             except DATABASE_ERRORS as e:
