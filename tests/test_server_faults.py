@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import trio
 
-from fixtures import private_postgres
+from fixtures import edge_client, private_postgres
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from oz0.store.dburl import DatabaseUrl
@@ -75,6 +75,12 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float) -> float:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(0.2)
     return time.monotonic() - began
+
+
+async def join_without_token(edge: str) -> dict[str, Any]:
+    keys = edge_client.NodeKeys.new()
+    keys.ca_pem, _ = await edge_client.fetch_ca(edge)
+    return await edge_client.join(edge, keys)
 
 
 def stream_down(agent: AgentProcess) -> bool:
@@ -150,6 +156,9 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
                 assert "database is unavailable" in down.err, down.err
                 measured.append(f"{' '.join(command)}, database down: failed in {took:.1f} s")
                 assert took < 10
+            # A join meanwhile is told to come back, not let in unchecked nor failed.
+            answer = trio.run(join_without_token, EDGES[0])
+            assert answer["type"] == "error" and answer["code"] == "unavailable", answer
             own_postgres.start()
             tokens = cli("token", "list", "--json", env=env).json()
             assert len(tokens) == 1, "the token create that failed made nothing"
