@@ -1,7 +1,9 @@
-"""Least privilege on Temporal (127.0.0.71, default ports), with a real server, real TLS,
-the real `temporal` CLI and real SDK workers: only an operator's current certificate is
-admin; a node may do what an activity worker on its own queue needs and nothing else;
-tenant names cannot take Temporal's own namespaces or namespaces we did not create."""
+"""Least privilege on Temporal (127.0.0.71, default ports; node renewal on 127.0.0.73),
+with a real server, real TLS, the real `temporal` CLI and real SDK workers: only an
+operator's current certificate is admin; a node may do what an activity worker on its own
+queue needs and nothing else, and only with its current certificate (a renewed-away one is
+refused); tenant names cannot take Temporal's own namespaces or namespaces we did not
+create."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 import pytest
 import trio
+from cryptography.hazmat.primitives.asymmetric import ec
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -47,11 +50,12 @@ from fixtures.temporal import (
     run_async,
     set_node,
 )
-from oz0 import pki
+from oz0 import nodes, pki
 from oz0.server.events import EventHub
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import Database, open_database
-from oz0.temporal import operator_access
+from oz0.temporal import node_access, operator_access
+from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
@@ -254,8 +258,8 @@ def accepted_nodes(files: ClusterFiles, count: int) -> list[tuple[str, Credentia
     nodes = []
     for _ in range(count):
         node_id = new_node_id()
-        set_node(files, node_id, "default", "accepted")
         creds = issue(files, pki.Role.NODE, node_id)
+        set_node(files, node_id, "default", "accepted", creds)
         nodes.append((node_id, creds))
     for _, creds in nodes:  # the node table reaches the host within a second or so
         eventually(lambda creds=creds: access(FRONTEND, "default", creds) == "allowed")
@@ -505,3 +509,96 @@ async def test_operator_sync_survives_a_database_outage(
     lines = [r for r in caplog.records if r.name == operator_access.__name__]
     assert [r.levelname for r in lines] == ["WARNING", "INFO"]
     assert "failed, retrying" in lines[0].getMessage()
+
+
+# --- pushing nodes' keys to the host (real PostgreSQL, no Temporal) ------------------------
+
+
+class NodeTableHost:
+    """Stands in for the supervisor: records the node tables that would reach the host."""
+
+    def __init__(self) -> None:
+        self.pushed: list[dict[str, dict[str, str] | None]] = []
+        self.changed = trio.Event()
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert op == "authz"
+        self.pushed.append(dict(fields["nodes"]))
+        self.changed.set()
+        self.changed = trio.Event()
+        return {"ack": len(self.pushed)}
+
+
+def write_node(files: ClusterFiles, sql: str, *params: object) -> None:
+    with psycopg.connect(main_db(files)) as conn:
+        conn.execute(sql, params)
+
+
+async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_does_not(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The revision re-read slowed to once a minute: only the NOTIFY can be in time.
+    monkeypatch.setattr(node_access, "RECONCILE_EVERY", 60.0)
+    accepted, pending = new_node_id(), new_node_id()
+    creds = issue(cluster_files, pki.Role.NODE, accepted)
+    set_node(cluster_files, accepted, "default", "accepted", creds)
+    write_node(
+        cluster_files,
+        "INSERT INTO nodes (id, tenant, state, public_key_sha256) VALUES (%s, %s, %s, %s)",
+        pending,
+        "default",
+        "pending",
+        "ab" * 32,
+    )
+    host = NodeTableHost()
+    with trio.fail_after(20):
+        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+            hub = EventHub(main_db(cluster_files))
+            sync = NodeAccessSync(db, hub, cast(Supervisor, host))
+            await nursery.start(hub.run_forever)
+            first = await sync.full_table()
+            key = credentials_key(creds)
+            # The key of the certificate the row holds; none for a node never issued one.
+            assert first == {
+                accepted: {"tenant": "default", "state": "accepted", "keySha256": key},
+                pending: {"tenant": "default", "state": "pending"},
+            }
+            await nursery.start(sync.run)
+
+            # The edge's frequent writes are no news.
+            await trio.to_thread.run_sync(
+                lambda: write_node(
+                    cluster_files,
+                    "UPDATE nodes SET last_seen = now(), server = 's1' WHERE id = %s",
+                    accepted,
+                )
+            )
+            # A renewal: a new key and certificate in the row, as the edge stores them.
+            renewed = issue(cluster_files, pki.Role.NODE, accepted)
+            await trio.to_thread.run_sync(
+                lambda: write_node(
+                    cluster_files,
+                    "UPDATE nodes SET public_key_sha256 = %s, certificate = %s WHERE id = %s",
+                    credentials_key(renewed),
+                    renewed.cert_pem.decode(),
+                    accepted,
+                )
+            )
+            with trio.fail_after(RENEWAL_BOUND):
+                await host.changed.wait()
+            assert host.pushed == [
+                {
+                    accepted: {
+                        "tenant": "default",
+                        "state": "accepted",
+                        "keySha256": credentials_key(renewed),
+                    }
+                }
+            ]
+            nursery.cancel_scope.cancel()
+
+
+def credentials_key(creds: Credentials) -> str:
+    key = pki.cert_from_pem(creds.cert_pem).public_key()
+    assert isinstance(key, ec.EllipticCurvePublicKey)
+    return nodes.public_key_sha256(key)
