@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 import pytest
 import trio
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
@@ -39,13 +40,18 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from trio_websocket import WebSocketConnection
 
+from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.edge_client import NodeKeys
 from fixtures.temporal import (
     Credentials,
     connect,
     issue,
+    long_poll,
     new_node_id,
+    node_credentials,
     operator_credentials,
     run_async,
     set_node,
@@ -59,6 +65,7 @@ from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
+from tests.test_edge import cli_async
 from tests.test_temporal import access, eventually
 
 StartServer = Callable[..., ServerProcess]
@@ -367,6 +374,134 @@ def test_a_node_may_answer_only_the_tasks_it_was_given(
         return b_refused, result
 
     assert run_async(scenario) == (True, "by a")
+
+
+# --- a node's renewed-away certificate ------------------------------------------------------
+
+RENEWAL_SERVER = "127.0.0.73"
+RENEWAL_EDGE = f"{RENEWAL_SERVER}:7443"
+RENEWAL_FRONTEND = f"{RENEWAL_SERVER}:7233"
+# Short node certificates (OZ0_NODE_CERT_VALIDITY): the edge renews from half (12 s), and the
+# old certificate is still valid for as long again, so a refusal is the renewal's doing.
+SHORT_VALIDITY = 24
+
+
+@pytest.fixture
+def renewal_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=RENEWAL_SERVER)
+
+
+async def next_news(ws: WebSocketConnection) -> dict[str, Any]:
+    """The edge's next message that is not a heartbeat or an edge list."""
+    while (message := await edge_client.receive(ws))["type"] in ("heartbeat", "edges"):
+        pass
+    return message
+
+
+async def keep_alive(*streams: WebSocketConnection) -> None:
+    """Heartbeats as an agent sends them, so the edge keeps the streams while we wait."""
+    while True:
+        await trio.sleep(2)
+        for ws in streams:
+            await edge_client.send(ws, "heartbeat")
+
+
+@pytest.mark.slow
+async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
+    cli: CliRunner,
+    renewal_files: ClusterFiles,
+    start_server: StartServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(pki.NODE_VALIDITY_ENV, str(SHORT_VALIDITY))
+    server = start_server(renewal_files, RENEWAL_SERVER)
+    env = {
+        "OZ0_DB": renewal_files.url.conninfo,
+        "XDG_CONFIG_HOME": str(renewal_files.config_home),
+        "OZ0_CONTEXT": str(renewal_files.context_path),
+    }
+    created = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
+    assert created.code == 0, created.err
+    keys = NodeKeys.new()
+    keys.ca_pem, _ = await edge_client.fetch_ca(RENEWAL_EDGE)
+    joined = await edge_client.join(RENEWAL_EDGE, keys, token=created.json()["token"])
+    assert joined["state"] == "accepted", joined
+    node_id = keys.node_id
+    old = node_credentials(keys.ca_pem, keys.cert_pem, keys.key)
+    old_cert = pki.cert_from_pem(keys.cert_pem)
+
+    async def on_temporal(creds: Credentials) -> str:
+        return await trio.to_thread.run_sync(access, RENEWAL_FRONTEND, "default", creds)
+
+    poll: dict[str, Any] = {}
+    poll_ended = trio.Event()
+
+    async def poll_own_queue(creds: Credentials) -> None:
+        poll["how"] = await trio.to_thread.run_sync(
+            run_async, lambda: long_poll(RENEWAL_FRONTEND, "default", creds, node_id)
+        )
+        poll["at"] = time.monotonic()
+        poll_ended.set()
+
+    with trio.fail_after(90):
+        while (first := await on_temporal(old)) != "allowed":  # the join reaches the host
+            assert first == "denied"
+            await trio.sleep(0.2)
+        # Two control streams with the certificate the node joined with: the node's own, and
+        # one as whoever also holds that key would keep it open.
+        async with (
+            edge_client.control(RENEWAL_EDGE, keys) as (ws, welcome),
+            edge_client.control(RENEWAL_EDGE, keys) as (other_ws, other_welcome),
+            trio.open_nursery() as nursery,
+        ):
+            assert welcome["type"] == other_welcome["type"] == "welcome"
+            nursery.start_soon(keep_alive, ws, other_ws)
+            renewable = pki.renewal_point(old_cert, pki.NODE_RENEW_EARLIEST)
+            await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds() - 3))
+            # A long poll of the old certificate on the node's own queue, in flight at the
+            # renewal (Temporal holds it for a minute when there is no task).
+            nursery.start_soon(poll_own_queue, old)
+            await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds()) + 0.5)
+            assert not poll_ended.is_set(), "the poll ended before the renewal"
+
+            new_key = pki.new_private_key()
+            csr = pki.make_csr(new_key, node_id).public_bytes(serialization.Encoding.PEM)
+            await edge_client.send(ws, "renew", csr=csr.decode())
+            answer = await next_news(ws)
+            renewed_at = time.monotonic()
+            assert answer["type"] == "renewed", answer
+            new = node_credentials(keys.ca_pem, str(answer["certificate"]).encode(), new_key)
+
+            while (old_answer := await on_temporal(old)) != "denied":
+                # "cancelled": a call in flight when the new key landed.
+                assert old_answer in ("allowed", "cancelled")
+                assert time.monotonic() - renewed_at < RENEWAL_BOUND + 5, "old certificate kept"
+                await trio.sleep(0.1)
+            refused_after = time.monotonic() - renewed_at
+            # Refused for the renewal: the old certificate has not expired yet.
+            assert pki.utcnow() < old_cert.not_valid_after_utc
+            assert await on_temporal(new) == "allowed"
+            # The old certificate's poll in flight was cut, not left to run its minute
+            # (Temporal answers a poll whose call was cancelled empty, or as cancelled).
+            with trio.fail_after(RENEWAL_BOUND + 5):
+                await poll_ended.wait()
+            assert poll["how"] in ("cancelled", "empty")
+            cut_after = poll["at"] - renewed_at
+            # The other stream with the old certificate is ended too.
+            with trio.fail_after(RENEWAL_BOUND + 5):
+                ended = await next_news(other_ws)
+            ended_after = time.monotonic() - renewed_at
+            assert (ended["type"], ended["code"]) == ("refused", "unknown"), ended
+            nursery.cancel_scope.cancel()
+    assert "node certificate is not the node's current one" in server.stderr()
+    print(
+        f"after a node renewal: old certificate refused on Temporal in {refused_after:.2f} s, "
+        f"its long poll cut in {cut_after:.2f} s, its other control stream ended in "
+        f"{ended_after:.2f} s"
+    )
+    assert refused_after < RENEWAL_BOUND
+    assert cut_after < RENEWAL_BOUND
+    assert ended_after < RENEWAL_BOUND
 
 
 # --- tenants -------------------------------------------------------------------------------
