@@ -66,7 +66,7 @@ from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
-from tests.test_temporal import access, eventually
+from tests.test_temporal import access, describe_namespace, eventually
 
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
@@ -391,6 +391,22 @@ def renewal_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=RENEWAL_SERVER)
 
 
+def node_access_now(address: str, creds: Credentials) -> str:
+    """allowed, denied, or cancelled: a call in flight when the node's access changed, which
+    Temporal answers as cancelled or, for the namespace lookup, as unavailable."""
+    try:
+        describe_namespace(address, "default", creds)
+    except RPCError as e:
+        if e.status == RPCStatusCode.PERMISSION_DENIED:
+            return "denied"
+        if e.status == RPCStatusCode.CANCELLED or (
+            e.status == RPCStatusCode.UNAVAILABLE and "context canceled" in e.message
+        ):
+            return "cancelled"
+        raise
+    return "allowed"
+
+
 async def next_news(ws: WebSocketConnection) -> dict[str, Any]:
     """The edge's next message that is not a heartbeat or an edge list."""
     while (message := await edge_client.receive(ws))["type"] in ("heartbeat", "edges"):
@@ -431,7 +447,7 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
     old_cert = pki.cert_from_pem(keys.cert_pem)
 
     async def on_temporal(creds: Credentials) -> str:
-        return await trio.to_thread.run_sync(access, RENEWAL_FRONTEND, "default", creds)
+        return await trio.to_thread.run_sync(node_access_now, RENEWAL_FRONTEND, creds)
 
     poll: dict[str, Any] = {}
     poll_ended = trio.Event()
@@ -455,14 +471,17 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
             trio.open_nursery() as nursery,
         ):
             assert welcome["type"] == other_welcome["type"] == "welcome"
-            nursery.start_soon(keep_alive, ws, other_ws)
             renewable = pki.renewal_point(old_cert, pki.NODE_RENEW_EARLIEST)
-            await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds() - 3))
-            # A long poll of the old certificate on the node's own queue, in flight at the
-            # renewal (Temporal holds it for a minute when there is no task).
-            nursery.start_soon(poll_own_queue, old)
-            await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds()) + 0.5)
-            assert not poll_ended.is_set(), "the poll ended before the renewal"
+            # Until the renewal: after it the edge ends both streams.
+            async with trio.open_nursery() as until_renewal:
+                until_renewal.start_soon(keep_alive, ws, other_ws)
+                await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds() - 3))
+                # A long poll of the old certificate on the node's own queue, in flight at
+                # the renewal (Temporal holds it for a minute when there is no task).
+                nursery.start_soon(poll_own_queue, old)
+                await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds()) + 0.5)
+                assert not poll_ended.is_set(), "the poll ended before the renewal"
+                until_renewal.cancel_scope.cancel()
 
             new_key = pki.new_private_key()
             csr = pki.make_csr(new_key, node_id).public_bytes(serialization.Encoding.PEM)
