@@ -82,7 +82,15 @@ async def _on_edges(stream: LiveStream, message: Message) -> None:
 
 async def _on_refused(stream: LiveStream, message: Message) -> None:
     address = stream.conn.address
-    raise take_refusal(stream.node, Refusal.parse(message, address), address)
+    refusal = Refusal.parse(message, address)
+    if refusal.code == "unknown" and stream.node.identity.has_next_key():
+        # A renewal under way: the cluster swapped the key and ends streams of the old one,
+        # maybe before its answer got here. The next stream picks the renewal up.
+        raise EdgeUnavailable(
+            f"edge {address} ended the stream of node {stream.node.name}'s old certificate "
+            f"during its renewal"
+        )
+    raise take_refusal(stream.node, refusal, address)
 
 
 async def answer_purge(stream: LiveStream, message: Message) -> None:

@@ -102,7 +102,8 @@ class FakeCluster:
         # Node certificates: how long they are valid, and what a `renew` gets: a new
         # certificate, a refusal, or the renewal done but its answer lost (stream closed).
         self.cert_validity = dt.timedelta(days=30)
-        self.renew_answer: Literal["renewed", "refused", "lost"] = "renewed"
+        # "ended": the stream of the old key ended (`refused`, unknown) before the answer.
+        self.renew_answer: Literal["renewed", "refused", "lost", "ended"] = "renewed"
 
     @property
     def ca_pem(self) -> bytes:
@@ -416,6 +417,10 @@ class FakeEdge:
         node.certificate = cluster.issue(node_id, node.key)
         cluster.record("renewed", self.address, node.certificate)
         if cluster.renew_answer == "lost":
+            await s.ws.aclose()
+            return
+        if cluster.renew_answer == "ended":
+            await self._refuse(s, node_id, "unknown")
             await s.ws.aclose()
             return
         await s.send("renewed", certificate=node.certificate)

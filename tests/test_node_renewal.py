@@ -348,12 +348,15 @@ async def test_a_refused_renewal_is_asked_again_on_the_next_stream(
     assert IdentityDir(data).cert_path.read_bytes() == cert_before
 
 
+@pytest.mark.parametrize("lost", ["lost", "ended"])
 async def test_a_renewal_whose_answer_was_lost_is_picked_up_with_the_next_key(
-    net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock, lost: Any
 ) -> None:
+    # "ended": the edge ended the old certificate's stream (`refused`, unknown: the key
+    # changed) before its answer, as every stream of a renewed-away certificate is ended.
     data = tmp_path / "node"
     node_id = await join_and_stop(net, data)
-    net.cluster.renew_answer = "lost"
+    net.cluster.renew_answer = lost
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_run, net, data, _trio_wall_clock())
         renewed = await net.cluster.wait_for("renewed")

@@ -99,11 +99,11 @@ def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
     start_server(cluster_files, "127.0.0.11")
     assert cli("tenant", "create", "acme", env=cluster_env).code == 0
     acme_node, default_node, pending_node = new_node_id(), new_node_id(), new_node_id()
-    set_node(cluster_files, acme_node, "acme", "accepted")
-    set_node(cluster_files, default_node, "default", "accepted")
-    set_node(cluster_files, pending_node, "default", "pending")
     acme = issue(cluster_files, pki.Role.NODE, acme_node)
     default = issue(cluster_files, pki.Role.NODE, default_node)
+    set_node(cluster_files, acme_node, "acme", "accepted", acme)
+    set_node(cluster_files, default_node, "default", "accepted", default)
+    set_node(cluster_files, pending_node, "default", "pending")
 
     eventually(lambda: allowed(A, "acme", acme))
     assert refused(A, "default", acme)

@@ -1,7 +1,9 @@
-"""Least privilege on Temporal (127.0.0.71, default ports), with a real server, real TLS,
-the real `temporal` CLI and real SDK workers: only an operator's current certificate is
-admin; a node may do what an activity worker on its own queue needs and nothing else;
-tenant names cannot take Temporal's own namespaces or namespaces we did not create."""
+"""Least privilege on Temporal (127.0.0.71, default ports; node renewal on 127.0.0.73),
+with a real server, real TLS, the real `temporal` CLI and real SDK workers: only an
+operator's current certificate is admin; a node may do what an activity worker on its own
+queue needs and nothing else, and only with its current certificate (a renewed-away one is
+refused); tenant names cannot take Temporal's own namespaces or namespaces we did not
+create."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from typing import Any, TypeVar, cast
 import psycopg
 import pytest
 import trio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -36,26 +40,33 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from trio_websocket import WebSocketConnection
 
+from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.edge_client import NodeKeys
 from fixtures.temporal import (
     Credentials,
     connect,
     issue,
+    long_poll,
     new_node_id,
+    node_credentials,
     operator_credentials,
     run_async,
     set_node,
 )
-from oz0 import pki
+from oz0 import nodes, pki
 from oz0.server.events import EventHub
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import Database, open_database
-from oz0.temporal import operator_access
+from oz0.temporal import node_access, operator_access
+from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
-from tests.test_temporal import access, eventually
+from tests.test_edge import cli_async
+from tests.test_temporal import access, describe_namespace, eventually
 
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
@@ -254,8 +265,8 @@ def accepted_nodes(files: ClusterFiles, count: int) -> list[tuple[str, Credentia
     nodes = []
     for _ in range(count):
         node_id = new_node_id()
-        set_node(files, node_id, "default", "accepted")
         creds = issue(files, pki.Role.NODE, node_id)
+        set_node(files, node_id, "default", "accepted", creds)
         nodes.append((node_id, creds))
     for _, creds in nodes:  # the node table reaches the host within a second or so
         eventually(lambda creds=creds: access(FRONTEND, "default", creds) == "allowed")
@@ -363,6 +374,153 @@ def test_a_node_may_answer_only_the_tasks_it_was_given(
         return b_refused, result
 
     assert run_async(scenario) == (True, "by a")
+
+
+# --- a node's renewed-away certificate ------------------------------------------------------
+
+RENEWAL_SERVER = "127.0.0.73"
+RENEWAL_EDGE = f"{RENEWAL_SERVER}:7443"
+RENEWAL_FRONTEND = f"{RENEWAL_SERVER}:7233"
+# Short node certificates (OZ0_NODE_CERT_VALIDITY): the edge renews from half (12 s), and the
+# old certificate is still valid for as long again, so a refusal is the renewal's doing.
+SHORT_VALIDITY = 24
+
+
+@pytest.fixture
+def renewal_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=RENEWAL_SERVER)
+
+
+def node_access_now(address: str, creds: Credentials) -> str:
+    """allowed, denied, or cancelled: a call in flight when the node's access changed, which
+    Temporal answers as cancelled or, for the namespace lookup, as unavailable."""
+    try:
+        describe_namespace(address, "default", creds)
+    except RPCError as e:
+        if e.status == RPCStatusCode.PERMISSION_DENIED:
+            return "denied"
+        if e.status == RPCStatusCode.CANCELLED or (
+            e.status == RPCStatusCode.UNAVAILABLE and "context canceled" in e.message
+        ):
+            return "cancelled"
+        raise
+    return "allowed"
+
+
+async def next_news(ws: WebSocketConnection) -> dict[str, Any]:
+    """The edge's next message that is not a heartbeat or an edge list."""
+    while (message := await edge_client.receive(ws))["type"] in ("heartbeat", "edges"):
+        pass
+    return message
+
+
+async def keep_alive(*streams: WebSocketConnection) -> None:
+    """Heartbeats as an agent sends them, so the edge keeps the streams while we wait."""
+    while True:
+        await trio.sleep(2)
+        for ws in streams:
+            await edge_client.send(ws, "heartbeat")
+
+
+@pytest.mark.slow
+async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
+    cli: CliRunner,
+    renewal_files: ClusterFiles,
+    start_server: StartServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(pki.NODE_VALIDITY_ENV, str(SHORT_VALIDITY))
+    server = start_server(renewal_files, RENEWAL_SERVER)
+    env = {
+        "OZ0_DB": renewal_files.url.conninfo,
+        "XDG_CONFIG_HOME": str(renewal_files.config_home),
+        "OZ0_CONTEXT": str(renewal_files.context_path),
+    }
+    created = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
+    assert created.code == 0, created.err
+    keys = NodeKeys.new()
+    keys.ca_pem, _ = await edge_client.fetch_ca(RENEWAL_EDGE)
+    joined = await edge_client.join(RENEWAL_EDGE, keys, token=created.json()["token"])
+    assert joined["state"] == "accepted", joined
+    node_id = keys.node_id
+    old = node_credentials(keys.ca_pem, keys.cert_pem, keys.key)
+    old_cert = pki.cert_from_pem(keys.cert_pem)
+
+    async def on_temporal(creds: Credentials) -> str:
+        return await trio.to_thread.run_sync(node_access_now, RENEWAL_FRONTEND, creds)
+
+    poll: dict[str, Any] = {}
+    poll_ended = trio.Event()
+
+    async def poll_own_queue(creds: Credentials) -> None:
+        poll["how"] = await trio.to_thread.run_sync(
+            run_async, lambda: long_poll(RENEWAL_FRONTEND, "default", creds, node_id)
+        )
+        poll["at"] = time.monotonic()
+        poll_ended.set()
+
+    with trio.fail_after(90):
+        while (first := await on_temporal(old)) != "allowed":  # the join reaches the host
+            assert first == "denied"
+            await trio.sleep(0.2)
+        # Two control streams with the certificate the node joined with: the node's own, and
+        # one as whoever also holds that key would keep it open.
+        async with (
+            edge_client.control(RENEWAL_EDGE, keys) as (ws, welcome),
+            edge_client.control(RENEWAL_EDGE, keys) as (other_ws, other_welcome),
+            trio.open_nursery() as nursery,
+        ):
+            assert welcome["type"] == other_welcome["type"] == "welcome"
+            renewable = pki.renewal_point(old_cert, pki.NODE_RENEW_EARLIEST)
+            # Until the renewal: after it the edge ends both streams.
+            async with trio.open_nursery() as until_renewal:
+                until_renewal.start_soon(keep_alive, ws, other_ws)
+                await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds() - 3))
+                # A long poll of the old certificate on the node's own queue, in flight at
+                # the renewal (Temporal holds it for a minute when there is no task).
+                nursery.start_soon(poll_own_queue, old)
+                await trio.sleep(max(0.0, (renewable - pki.utcnow()).total_seconds()) + 0.5)
+                assert not poll_ended.is_set(), "the poll ended before the renewal"
+                until_renewal.cancel_scope.cancel()
+
+            new_key = pki.new_private_key()
+            csr = pki.make_csr(new_key, node_id).public_bytes(serialization.Encoding.PEM)
+            await edge_client.send(ws, "renew", csr=csr.decode())
+            answer = await next_news(ws)
+            renewed_at = time.monotonic()
+            assert answer["type"] == "renewed", answer
+            new = node_credentials(keys.ca_pem, str(answer["certificate"]).encode(), new_key)
+
+            while (old_answer := await on_temporal(old)) != "denied":
+                # "cancelled": a call in flight when the new key landed.
+                assert old_answer in ("allowed", "cancelled")
+                assert time.monotonic() - renewed_at < RENEWAL_BOUND + 5, "old certificate kept"
+                await trio.sleep(0.1)
+            refused_after = time.monotonic() - renewed_at
+            # Refused for the renewal: the old certificate has not expired yet.
+            assert pki.utcnow() < old_cert.not_valid_after_utc
+            assert await on_temporal(new) == "allowed"
+            # The old certificate's poll in flight was cut, not left to run its minute
+            # (Temporal answers a poll whose call was cancelled empty, or as cancelled).
+            with trio.fail_after(RENEWAL_BOUND + 5):
+                await poll_ended.wait()
+            assert poll["how"] in ("cancelled", "empty")
+            cut_after = poll["at"] - renewed_at
+            # The other stream with the old certificate is ended too.
+            with trio.fail_after(RENEWAL_BOUND + 5):
+                ended = await next_news(other_ws)
+            ended_after = time.monotonic() - renewed_at
+            assert (ended["type"], ended["code"]) == ("refused", "unknown"), ended
+            nursery.cancel_scope.cancel()
+    assert "node certificate is not the node's current one" in server.stderr()
+    print(
+        f"after a node renewal: old certificate refused on Temporal in {refused_after:.2f} s, "
+        f"its long poll cut in {cut_after:.2f} s, its other control stream ended in "
+        f"{ended_after:.2f} s"
+    )
+    assert refused_after < RENEWAL_BOUND
+    assert cut_after < RENEWAL_BOUND
+    assert ended_after < RENEWAL_BOUND
 
 
 # --- tenants -------------------------------------------------------------------------------
@@ -505,3 +663,96 @@ async def test_operator_sync_survives_a_database_outage(
     lines = [r for r in caplog.records if r.name == operator_access.__name__]
     assert [r.levelname for r in lines] == ["WARNING", "INFO"]
     assert "failed, retrying" in lines[0].getMessage()
+
+
+# --- pushing nodes' keys to the host (real PostgreSQL, no Temporal) ------------------------
+
+
+class NodeTableHost:
+    """Stands in for the supervisor: records the node tables that would reach the host."""
+
+    def __init__(self) -> None:
+        self.pushed: list[dict[str, dict[str, str] | None]] = []
+        self.changed = trio.Event()
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert op == "authz"
+        self.pushed.append(dict(fields["nodes"]))
+        self.changed.set()
+        self.changed = trio.Event()
+        return {"ack": len(self.pushed)}
+
+
+def write_node(files: ClusterFiles, sql: str, *params: object) -> None:
+    with psycopg.connect(main_db(files)) as conn:
+        conn.execute(sql, params)
+
+
+async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_does_not(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The revision re-read slowed to once a minute: only the NOTIFY can be in time.
+    monkeypatch.setattr(node_access, "RECONCILE_EVERY", 60.0)
+    accepted, pending = new_node_id(), new_node_id()
+    creds = issue(cluster_files, pki.Role.NODE, accepted)
+    set_node(cluster_files, accepted, "default", "accepted", creds)
+    write_node(
+        cluster_files,
+        "INSERT INTO nodes (id, tenant, state, public_key_sha256) VALUES (%s, %s, %s, %s)",
+        pending,
+        "default",
+        "pending",
+        "ab" * 32,
+    )
+    host = NodeTableHost()
+    with trio.fail_after(20):
+        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+            hub = EventHub(main_db(cluster_files))
+            sync = NodeAccessSync(db, hub, cast(Supervisor, host))
+            await nursery.start(hub.run_forever)
+            first = await sync.full_table()
+            key = credentials_key(creds)
+            # The key of the certificate the row holds; none for a node never issued one.
+            assert first == {
+                accepted: {"tenant": "default", "state": "accepted", "keySha256": key},
+                pending: {"tenant": "default", "state": "pending"},
+            }
+            await nursery.start(sync.run)
+
+            # The edge's frequent writes are no news.
+            await trio.to_thread.run_sync(
+                lambda: write_node(
+                    cluster_files,
+                    "UPDATE nodes SET last_seen = now(), server = 's1' WHERE id = %s",
+                    accepted,
+                )
+            )
+            # A renewal: a new key and certificate in the row, as the edge stores them.
+            renewed = issue(cluster_files, pki.Role.NODE, accepted)
+            await trio.to_thread.run_sync(
+                lambda: write_node(
+                    cluster_files,
+                    "UPDATE nodes SET public_key_sha256 = %s, certificate = %s WHERE id = %s",
+                    credentials_key(renewed),
+                    renewed.cert_pem.decode(),
+                    accepted,
+                )
+            )
+            with trio.fail_after(RENEWAL_BOUND):
+                await host.changed.wait()
+            assert host.pushed == [
+                {
+                    accepted: {
+                        "tenant": "default",
+                        "state": "accepted",
+                        "keySha256": credentials_key(renewed),
+                    }
+                }
+            ]
+            nursery.cancel_scope.cancel()
+
+
+def credentials_key(creds: Credentials) -> str:
+    key = pki.cert_from_pem(creds.cert_pem).public_key()
+    assert isinstance(key, ec.EllipticCurvePublicKey)
+    return nodes.public_key_sha256(key)

@@ -5,6 +5,11 @@ but may be lost while the LISTEN connection reconnects); every second the rows w
 newer revision are re-read (catches lost notifications); every minute the whole table is
 sent again (catches rows whose revision committed out of order), and at once after the
 LISTEN connection was lost.
+
+Each entry names the key of the node's current certificate, so Temporal takes a node's
+calls only with that certificate: a renewal (a new key in the row, which bumps its revision
+and notifies, migration 0006) makes the host refuse the old one and cut its calls. A node
+that was never issued a certificate (pending) has no key in its entry.
 """
 
 from __future__ import annotations
@@ -31,22 +36,34 @@ REPLACE_EVERY = 60.0
 NodeTable = dict[str, dict[str, str] | None]
 
 
-def _entry(tenant: str, state: str) -> dict[str, str]:
-    return {"tenant": tenant, "state": state}
+# The key only once a certificate was issued for it: a pending node's key came with its
+# join, but no certificate of the cluster names it yet.
+_COLUMNS = (
+    "id, tenant, state, revision,"
+    " CASE WHEN certificate IS NOT NULL THEN public_key_sha256 END AS key_sha256"
+)
+
+
+def _entry(tenant: str, state: str, key_sha256: str | None) -> dict[str, str]:
+    entry = {"tenant": tenant, "state": state}
+    if key_sha256:
+        entry["keySha256"] = key_sha256
+    return entry
 
 
 def read_all(conn: psycopg.Connection[Any]) -> tuple[dict[str, dict[str, str]], int]:
-    rows = conn.execute("SELECT id, tenant, state, revision FROM nodes").fetchall()
-    return {r[0]: _entry(r[1], r[2]) for r in rows}, max([0, *(int(r[3]) for r in rows)])
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM nodes").fetchall()
+    table = {r[0]: _entry(r[1], r[2], r[4]) for r in rows}
+    return table, max([0, *(int(r[3]) for r in rows)])
 
 
 def read_changed(conn: psycopg.Connection[Any], since: int, ids: set[str]) -> tuple[NodeTable, int]:
     rows = conn.execute(
-        "SELECT id, tenant, state, revision FROM nodes WHERE revision > %s OR id = ANY(%s)",
+        f"SELECT {_COLUMNS} FROM nodes WHERE revision > %s OR id = ANY(%s)",
         (since, list(ids)),
     ).fetchall()
     table: NodeTable = {node_id: None for node_id in ids}
-    table.update({r[0]: _entry(r[1], r[2]) for r in rows})
+    table.update({r[0]: _entry(r[1], r[2], r[4]) for r in rows})
     return table, max([since, *(int(r[3]) for r in rows)])
 
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"strings"
 	"sync"
 
@@ -15,7 +17,9 @@ import (
 
 // Identities are carried by the client certificate (cluster CA): OU is the role, CN the name.
 //   node:<node-id>      a node runtime: an activity worker on its own task queue, in its
-//                       tenant's namespace, while accepted (nodeapi.go lists what it may call)
+//                       tenant's namespace, while accepted (nodeapi.go lists what it may call),
+//                       with the certificate for the key the parent pushed as the node's
+//                       current one; a renewed-away certificate is refused
 //   server:<server-id>  an orchestrator-zero server: everything
 //   operator:<name>     an operator: everything, with the certificate whose serial the parent
 //                       pushed as that operator's current one; any other is refused
@@ -33,6 +37,12 @@ type NodeEntry struct {
 	Tenant    string `json:"tenant"`
 	Namespace string `json:"namespace,omitempty"` // default: Tenant
 	State     string `json:"state"`               // only "accepted" is allowed to call
+	// KeySHA256 names the one certificate the node may call with: the hex SHA-256 of the
+	// DER SubjectPublicKeyInfo of its current certificate's key (nodes.public_key_sha256).
+	// The key rather than the serial: it is what the edge checks too, and a certificate
+	// issued again for the same key (accept after a pending join) stays the node's.
+	// Empty (no certificate issued): no certificate may call.
+	KeySHA256 string `json:"keySha256,omitempty"`
 }
 
 func (e *NodeEntry) namespace() string {
@@ -46,8 +56,24 @@ func (e *NodeEntry) allows(ns string) bool {
 	return e != nil && e.State == stateAccepted && ns != "" && ns == e.namespace()
 }
 
-// nodeID is stored in Claims.Extensions for node callers.
-type nodeID string
+// heldBy: whether a certificate for the key KEY (keyOf) is the node's current one.
+func (e *NodeEntry) heldBy(key string) bool {
+	return e != nil && e.KeySHA256 != "" && key == e.KeySHA256
+}
+
+// keyOf is how the parent names a certificate's key: hex SHA-256 of its DER
+// SubjectPublicKeyInfo, as the nodes table stores it.
+func keyOf(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(sum[:])
+}
+
+// nodeCert is stored in Claims.Extensions for node callers: whether its key is the node's
+// current one is decided per call, so a renewal takes effect at once.
+type nodeCert struct {
+	id  string
+	key string // keyOf the certificate
+}
 
 // operatorCert is stored in Claims.Extensions for operator callers: whether it is admin is
 // decided per call, against the current serial, so a renewal takes effect at once.
@@ -56,9 +82,10 @@ type operatorCert struct {
 	serial string // decimal, as PostgreSQL stores it
 }
 
-// caller is who an in-flight call is tracked for: a node, or one operator certificate.
+// caller is who an in-flight call is tracked for: one certificate of a node or an operator.
 type caller struct {
-	role, name, serial string
+	role, name string
+	cert       string // an operator's certificate serial, a node certificate's keyOf
 }
 
 type authz struct {
@@ -103,20 +130,26 @@ func (a *authz) update(nodes map[string]*NodeEntry, replace bool) int {
 			delete(next, k)
 		} else {
 			e := *v
+			e.KeySHA256 = strings.ToLower(e.KeySHA256)
 			next[k] = &e
 		}
 	}
 	a.nodes = next
+	// A node keeps its calls and tasks while it stays accepted in the same namespace with
+	// the same key: a renewal (new key) cuts what the old certificate has in flight.
 	keeps := func(id string) bool {
 		o, n := old[id], next[id]
-		return n != nil && n.State == stateAccepted && o != nil && o.namespace() == n.namespace()
+		return n != nil && n.State == stateAccepted && o != nil && o.namespace() == n.namespace() &&
+			o.KeySHA256 == n.KeySHA256
 	}
 	for id := range a.tokens {
 		if !keeps(id) {
 			delete(a.tokens, id)
 		}
 	}
-	return a.cancelLocked(func(c caller) bool { return c.role == "node" && !keeps(c.name) })
+	return a.cancelLocked(func(c caller) bool {
+		return c.role == "node" && !(keeps(c.name) && next[c.name].heldBy(c.cert))
+	})
 }
 
 // setOperators replaces the operators' current serials. Calls in flight with a certificate
@@ -129,7 +162,7 @@ func (a *authz) setOperators(serials map[string]string) int {
 		next[name] = serial
 	}
 	a.operators = next
-	return a.cancelLocked(func(c caller) bool { return c.role == "operator" && next[c.name] != c.serial })
+	return a.cancelLocked(func(c caller) bool { return c.role == "operator" && next[c.name] != c.cert })
 }
 
 // cancelLocked cancels the calls of every caller DROP selects. a.mu must be held.
@@ -198,9 +231,9 @@ func callerOf(cert *x509.Certificate) (caller, bool) {
 	id := identity(cert)
 	switch {
 	case strings.HasPrefix(id, prefixNode):
-		return caller{role: "node", name: strings.TrimPrefix(id, prefixNode)}, true
+		return caller{role: "node", name: strings.TrimPrefix(id, prefixNode), cert: keyOf(cert)}, true
 	case strings.HasPrefix(id, prefixOperator):
-		return caller{role: "operator", name: strings.TrimPrefix(id, prefixOperator), serial: cert.SerialNumber.String()}, true
+		return caller{role: "operator", name: strings.TrimPrefix(id, prefixOperator), cert: cert.SerialNumber.String()}, true
 	}
 	return caller{}, false
 }
@@ -224,7 +257,7 @@ func (claimMapper) GetClaims(info *authorization.AuthInfo) (*authorization.Claim
 	case strings.HasPrefix(id, prefixOperator):
 		c.Extensions = operatorCert{name: strings.TrimPrefix(id, prefixOperator), serial: cert.SerialNumber.String()}
 	case strings.HasPrefix(id, prefixNode) && len(id) > len(prefixNode):
-		c.Extensions = nodeID(strings.TrimPrefix(id, prefixNode))
+		c.Extensions = nodeCert{id: strings.TrimPrefix(id, prefixNode), key: keyOf(cert)}
 	}
 	return c, nil
 }
@@ -269,19 +302,23 @@ func (z authorizer) decide(claims *authorization.Claims, target *authorization.C
 			return deny("operator certificate is not the operator's current one")
 		}
 		return allow
-	case nodeID:
-		return z.decideNode(string(who), target)
+	case nodeCert:
+		return z.decideNode(who, target)
 	}
 	return deny("unknown identity")
 }
 
-func (z authorizer) decideNode(id string, target *authorization.CallTarget) authorization.Result {
+func (z authorizer) decideNode(who nodeCert, target *authorization.CallTarget) authorization.Result {
+	id := who.id
 	e := z.a.lookup(id)
 	if e == nil {
 		return deny("unknown node")
 	}
 	if e.State != stateAccepted {
 		return deny("node not accepted")
+	}
+	if !e.heldBy(who.key) {
+		return deny("node certificate is not the node's current one")
 	}
 	check, listed := nodeAPIs[target.APIName]
 	if !listed {
@@ -333,7 +370,7 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	}()
 	resp, err := handler(ctx, req)
 	if who.role == "node" {
-		a.noteTaskTokens(who.name, req, resp, err)
+		a.noteTaskTokens(who, req, resp, err)
 	}
 	return resp, err
 }
@@ -343,10 +380,14 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 func (a *authz) stillAllowedLocked(who caller, req any) bool {
 	switch who.role {
 	case "operator":
-		return a.operators[who.name] == who.serial
+		return a.operators[who.name] == who.cert
 	case "node":
+		e := a.nodes[who.name]
+		if !e.heldBy(who.cert) {
+			return false
+		}
 		if r, scoped := req.(interface{ GetNamespace() string }); scoped {
-			return a.nodes[who.name].allows(r.GetNamespace())
+			return e.allows(r.GetNamespace())
 		}
 	}
 	return true

@@ -25,10 +25,10 @@ type nodeCall struct {
 }
 
 func newNodeCall(t *testing.T) *nodeCall {
-	table := newAuthz(map[string]*NodeEntry{
+	table := newAuthz(keyed(map[string]*NodeEntry{
 		"node-a": {Tenant: "acme", State: "accepted"},
 		"node-b": {Tenant: "acme", State: "accepted"},
-	})
+	}))
 	return &nodeCall{t: t, pki: newTestPKI(t), table: table, z: authorizer{a: table}}
 }
 
@@ -143,8 +143,8 @@ func TestANodeLosingAccessLosesItsTasks(t *testing.T) {
 		n := newNodeCall(t)
 		n.poll("node-a", []byte("t1"), nil)
 		n.poll("node-b", []byte("t2"), nil)
-		n.table.update(change, false)
-		n.table.update(map[string]*NodeEntry{"node-a": {Tenant: "acme", State: "accepted"}}, false)
+		n.table.update(keyed(change), false)
+		n.table.update(keyed(map[string]*NodeEntry{"node-a": {Tenant: "acme", State: "accepted"}}), false)
 		if n.decide("node-a", apiHeartbeat, heartbeat([]byte("t1"))) != authorization.DecisionDeny {
 			t.Fatalf("after %v node-a still holds its old task", change)
 		}
@@ -155,7 +155,7 @@ func TestANodeLosingAccessLosesItsTasks(t *testing.T) {
 	// A table push that keeps the node's access keeps its tasks.
 	n := newNodeCall(t)
 	n.poll("node-a", []byte("t1"), nil)
-	n.table.update(map[string]*NodeEntry{"node-a": {Tenant: "acme", State: "accepted"}}, true)
+	n.table.update(keyed(map[string]*NodeEntry{"node-a": {Tenant: "acme", State: "accepted"}}), true)
 	if n.decide("node-a", apiHeartbeat, heartbeat([]byte("t1"))) != authorization.DecisionAllow {
 		t.Fatal("an unchanged node lost its task in a replace")
 	}
@@ -256,7 +256,7 @@ func TestDeniedCallsAreLoggedAtABoundedRate(t *testing.T) {
 func TestAuthorizerLogsWhatItRefuses(t *testing.T) {
 	logger := &countingLogger{Logger: log.NewNoopLogger()}
 	pki := newTestPKI(t)
-	z := newAuthorizer(newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}), logger)
+	z := newAuthorizer(newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})), logger)
 	c := pki.claims(t, pki.role(t, "node", "n1"))
 	authorize(t, z, c, apiDescribeNS, "acme")
 	if logger.warns != 0 {

@@ -6,16 +6,20 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,13 +87,73 @@ type certOpts struct {
 	cn   string
 	dns  []string
 	uris []string
+	key  *ecdsa.PrivateKey // default: the node's own key for OU node, else a fresh one
 }
 
-func (p *testPKI) issue(t *testing.T, o certOpts) *x509.Certificate {
+// nodeKeys is the key each node name holds in these tests (the nodes table knows a node by
+// its key): every certificate issued for node N is for nodeKey(N) unless a test says
+// otherwise, and keyed() puts that key into table entries.
+var nodeKeys = struct {
+	sync.Mutex
+	m map[string]*ecdsa.PrivateKey
+}{m: map[string]*ecdsa.PrivateKey{}}
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return key
+}
+
+func nodeKey(name string) *ecdsa.PrivateKey {
+	nodeKeys.Lock()
+	defer nodeKeys.Unlock()
+	if nodeKeys.m[name] == nil {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			panic(err)
+		}
+		nodeKeys.m[name] = key
+	}
+	return nodeKeys.m[name]
+}
+
+// keySHA256 is how the parent names KEY: hex SHA-256 of its DER SubjectPublicKeyInfo, as
+// Python's nodes.public_key_sha256 computes it.
+func keySHA256(key *ecdsa.PrivateKey) string {
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		panic(err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:])
+}
+
+// nodeKeyOf is the table's key for node NAME's own key (the one it joined with).
+func nodeKeyOf(name string) string { return keySHA256(nodeKey(name)) }
+
+// keyed fills in each entry without a key the node's own key, as the parent pushes it (in
+// place, so tests of aliasing still see the caller's structs).
+func keyed(m map[string]*NodeEntry) map[string]*NodeEntry {
+	for name, e := range m {
+		if e != nil && e.KeySHA256 == "" {
+			e.KeySHA256 = nodeKeyOf(name)
+		}
+	}
+	return m
+}
+
+func (p *testPKI) issue(t *testing.T, o certOpts) *x509.Certificate {
+	t.Helper()
+	key := o.key
+	switch {
+	case key != nil:
+	case len(o.ou) == 1 && o.ou[0] == "node" && o.cn != "":
+		key = nodeKey(o.cn)
+	default:
+		key = newKey(t)
 	}
 	var uris []*url.URL
 	for _, s := range o.uris {
@@ -234,8 +298,8 @@ func TestClaimMapperRoles(t *testing.T) {
 	if node.Subject != "node:node-0123456789ab" || node.System != authorization.RoleUndefined {
 		t.Fatalf("node claims = %+v, want subject node:node-0123456789ab and no system role", node)
 	}
-	if id, ok := node.Extensions.(nodeID); !ok || id != "node-0123456789ab" {
-		t.Fatalf("node claims extensions = %#v, want nodeID(node-0123456789ab)", node.Extensions)
+	if got, want := node.Extensions, (nodeCert{id: "node-0123456789ab", key: nodeKeyOf("node-0123456789ab")}); got != want {
+		t.Fatalf("node claims extensions = %#v, want %#v", got, want)
 	}
 	if len(node.Namespaces) != 0 {
 		t.Fatalf("node claims carry namespace roles: %v", node.Namespaces)
@@ -393,7 +457,7 @@ func TestAuthorizerDecisions(t *testing.T) {
 	}
 
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{
+	table := newAuthz(keyed(map[string]*NodeEntry{
 		"node-acme":     {Tenant: "acme", State: "accepted"},
 		"node-custom":   {Tenant: "acme", Namespace: "acme-prod", State: "accepted"},
 		"node-pending":  {Tenant: "acme", State: "pending"},
@@ -401,7 +465,7 @@ func TestAuthorizerDecisions(t *testing.T) {
 		"node-blocked":  {Tenant: "acme", State: "blocked"},
 		"node-purging":  {Tenant: "acme", State: "purging"},
 		"node-empty":    {Tenant: "acme"},
-	})
+	}))
 	aliceCert := pki.role(t, "operator", "alice")
 	table.setOperators(map[string]string{"alice": aliceCert.SerialNumber.String(), "bob": "12345"})
 	z := authorizer{a: table}
@@ -523,10 +587,10 @@ func TestAuthorizerDecisions(t *testing.T) {
 // What the allowlist looks at inside the requests a node sends.
 func TestNodeRequestChecks(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{
+	table := newAuthz(keyed(map[string]*NodeEntry{
 		"node-a": {Tenant: "acme", State: "accepted"},
 		"node-b": {Tenant: "acme", State: "accepted"},
-	})
+	}))
 	z := authorizer{a: table}
 	a := pki.claims(t, pki.role(t, "node", "node-a"))
 	tq := func(name string) *taskqueuepb.TaskQueue { return &taskqueuepb.TaskQueue{Name: name} }
@@ -565,10 +629,10 @@ func TestNodeRequestChecks(t *testing.T) {
 
 func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{
+	table := newAuthz(keyed(map[string]*NodeEntry{
 		"n1": {Tenant: "acme", State: "accepted"},
 		"n2": {Tenant: "beta", State: "accepted"},
-	})
+	}))
 	z := authorizer{a: table}
 	c1 := pki.claims(t, pki.role(t, "node", "n1"))
 	c2 := pki.claims(t, pki.role(t, "node", "n2"))
@@ -585,7 +649,7 @@ func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 	expect("initial", c3, "acme", authorization.DecisionDeny)
 
 	// block n1 with a merge: n2 is untouched
-	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false)
+	table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false)
 	expect("after block", c1, "acme", authorization.DecisionDeny)
 	expect("after block (merge keeps others)", c2, "beta", authorization.DecisionAllow)
 	if table.size() != 2 {
@@ -593,16 +657,16 @@ func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 	}
 
 	// unblock n1
-	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, false)
+	table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}), false)
 	expect("after unblock", c1, "acme", authorization.DecisionAllow)
 
 	// move n1 to another namespace
-	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", Namespace: "acme-2", State: "accepted"}}, false)
+	table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", Namespace: "acme-2", State: "accepted"}}), false)
 	expect("after namespace change", c1, "acme", authorization.DecisionDeny)
 	expect("after namespace change", c1, "acme-2", authorization.DecisionAllow)
 
 	// a nil entry deletes the node, others stay
-	table.update(map[string]*NodeEntry{"n1": nil, "n3": {Tenant: "acme", State: "accepted"}}, false)
+	table.update(keyed(map[string]*NodeEntry{"n1": nil, "n3": {Tenant: "acme", State: "accepted"}}), false)
 	expect("after delete", c1, "acme-2", authorization.DecisionDeny)
 	expect("after delete", c2, "beta", authorization.DecisionAllow)
 	expect("after add", c3, "acme", authorization.DecisionAllow)
@@ -613,13 +677,13 @@ func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 		t.Fatalf("size after delete+add = %d, want 2", table.size())
 	}
 	// deleting an absent node is harmless
-	table.update(map[string]*NodeEntry{"nobody": nil}, false)
+	table.update(keyed(map[string]*NodeEntry{"nobody": nil}), false)
 	if table.size() != 2 {
 		t.Fatalf("size after deleting an absent node = %d, want 2", table.size())
 	}
 
 	// replace swaps the whole table
-	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, true)
+	table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}), true)
 	expect("after replace", c1, "acme", authorization.DecisionAllow)
 	expect("after replace", c2, "beta", authorization.DecisionDeny)
 	expect("after replace", c3, "acme", authorization.DecisionDeny)
@@ -636,9 +700,9 @@ func TestAuthorizerFollowsTableUpdates(t *testing.T) {
 func TestAuthzUpdateCopiesEntries(t *testing.T) {
 	pki := newTestPKI(t)
 	initial := &NodeEntry{Tenant: "acme", State: "accepted"}
-	table := newAuthz(map[string]*NodeEntry{"n1": initial})
+	table := newAuthz(keyed(map[string]*NodeEntry{"n1": initial}))
 	pushed := &NodeEntry{Tenant: "beta", State: "accepted"}
-	table.update(map[string]*NodeEntry{"n2": pushed}, false)
+	table.update(keyed(map[string]*NodeEntry{"n2": pushed}), false)
 
 	// The caller's structs are not aliased by the table.
 	initial.State = "blocked"
@@ -789,7 +853,7 @@ func TestInterceptorCancelsCallWhenNodeLosesAccess(t *testing.T) {
 	n1 := pki.role(t, "node", "n1")
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			table := newAuthz(base())
+			table := newAuthz(keyed(base()))
 			parent, cancelParent := context.WithCancel(context.Background())
 			defer cancelParent()
 			call := startCall(t, table, pki.peerCtx(t, parent, n1))
@@ -802,7 +866,7 @@ func TestInterceptorCancelsCallWhenNodeLosesAccess(t *testing.T) {
 			}
 
 			updated := make(chan int, 1)
-			go func() { updated <- table.update(tc.nodes, tc.replace) }()
+			go func() { updated <- table.update(keyed(tc.nodes), tc.replace) }()
 			var n int
 			select {
 			case n = <-updated:
@@ -820,7 +884,7 @@ func TestInterceptorCancelsCallWhenNodeLosesAccess(t *testing.T) {
 				t.Fatalf("tracked calls after cancel = %d, want 0", got)
 			}
 			// Nothing left to cancel.
-			if n := table.update(map[string]*NodeEntry{"n1": nil}, false); n != 0 {
+			if n := table.update(keyed(map[string]*NodeEntry{"n1": nil}), false); n != 0 {
 				t.Fatalf("second update cancelled %d calls, want 0", n)
 			}
 		})
@@ -844,12 +908,12 @@ func TestInterceptorKeepsCallWhileNodeKeepsAccess(t *testing.T) {
 	n1 := pki.role(t, "node", "n1")
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			table := newAuthz(map[string]*NodeEntry{
+			table := newAuthz(keyed(map[string]*NodeEntry{
 				"n1": {Tenant: "acme", State: "accepted"},
 				"n2": {Tenant: "beta", State: "accepted"},
-			})
+			}))
 			call := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
-			if n := table.update(tc.nodes, tc.replace); n != 0 {
+			if n := table.update(keyed(tc.nodes), tc.replace); n != 0 {
 				t.Fatalf("update cancelled %d calls, want 0", n)
 			}
 			call.expectLive(t)
@@ -862,10 +926,10 @@ func TestInterceptorKeepsCallWhileNodeKeepsAccess(t *testing.T) {
 
 func TestInterceptorCancelsOnlyTheAffectedNode(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{
+	table := newAuthz(keyed(map[string]*NodeEntry{
 		"n1": {Tenant: "acme", State: "accepted"},
 		"n2": {Tenant: "acme", State: "accepted"},
-	})
+	}))
 	n1, n2 := pki.role(t, "node", "n1"), pki.role(t, "node", "n2")
 	a := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
 	b := startCall(t, table, pki.peerCtx(t, context.Background(), n1))
@@ -873,7 +937,7 @@ func TestInterceptorCancelsOnlyTheAffectedNode(t *testing.T) {
 	if got := trackedCalls(table); got != 3 {
 		t.Fatalf("tracked calls = %d, want 3", got)
 	}
-	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 2 {
+	if n := table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false); n != 2 {
 		t.Fatalf("update cancelled %d calls, want 2", n)
 	}
 	a.expectCancelled(t)
@@ -886,7 +950,7 @@ func TestInterceptorCancelsOnlyTheAffectedNode(t *testing.T) {
 
 func TestInterceptorDoesNotTrackOtherCallers(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	table := newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}))
 	nodeCert := pki.role(t, "node", "n1")
 	unverified := peer.NewContext(context.Background(), &peer.Peer{
 		Addr:     &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 1},
@@ -908,14 +972,14 @@ func TestInterceptorDoesNotTrackOtherCallers(t *testing.T) {
 				t.Fatalf("update cancelled %d calls, want 0", n)
 			}
 			call.expectLive(t)
-			table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}, true)
+			table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}), true)
 		})
 	}
 }
 
 func TestInterceptorPassesThroughResultAndError(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	table := newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}))
 	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
 	boom := errors.New("boom")
 	resp, err := table.interceptor(ctx, "in", pollInfo, func(ctx context.Context, req any) (any, error) {
@@ -931,7 +995,7 @@ func TestInterceptorPassesThroughResultAndError(t *testing.T) {
 		t.Fatalf("tracked calls after return = %d, want 0", got)
 	}
 	// The call is over: a later block has nothing to cancel.
-	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 0 {
+	if n := table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false); n != 0 {
 		t.Fatalf("update cancelled %d calls, want 0", n)
 	}
 }
@@ -962,7 +1026,7 @@ func TestHandleAuthzCommand(t *testing.T) {
 	c1 := pki.claims(t, pki.role(t, "node", "n1"))
 	c2 := pki.claims(t, pki.role(t, "node", "n2"))
 
-	handleCommand([]byte(`{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted"},"n2":{"tenant":"acme","state":"accepted"}}}`), table, nil, stopCh)
+	handleCommand([]byte(fmt.Sprintf(`{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted","keySha256":%q},"n2":{"tenant":"acme","state":"accepted","keySha256":%q}}}`, nodeKeyOf("n1"), nodeKeyOf("n2"))), table, nil, stopCh)
 	if r := authorize(t, z, c1, apiDescribeNS, "default"); r.Decision != authorization.DecisionAllow {
 		t.Fatalf("n1 denied after authz replace: %q", r.Reason)
 	}
@@ -971,7 +1035,7 @@ func TestHandleAuthzCommand(t *testing.T) {
 	}
 
 	call := startCall(t, table, pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1")))
-	handleCommand([]byte(`{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked"},"n2":null}}`), table, nil, stopCh)
+	handleCommand([]byte(fmt.Sprintf(`{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked","keySha256":%q},"n2":null}}`, nodeKeyOf("n1"))), table, nil, stopCh)
 	call.expectCancelled(t)
 	if r := authorize(t, z, c1, apiDescribeNS, "default"); r.Decision != authorization.DecisionDeny {
 		t.Fatal("n1 allowed after being blocked")
@@ -1021,7 +1085,7 @@ func TestHandleAuthzCommand(t *testing.T) {
 
 func TestUpdateCountsEachCancelledCallOnce(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	table := newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}))
 	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
 	// A handler slow to notice cancellation is still running during the next update.
 	release := make(chan struct{})
@@ -1041,13 +1105,13 @@ func TestUpdateCountsEachCancelledCallOnce(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("handler not called")
 	}
-	if n := table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false); n != 1 {
+	if n := table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false); n != 1 {
 		t.Fatalf("first update cancelled %d calls, want 1", n)
 	}
 	if hctx.Err() == nil {
 		t.Fatal("call context not cancelled")
 	}
-	if n := table.update(map[string]*NodeEntry{"n1": nil}, false); n != 0 {
+	if n := table.update(keyed(map[string]*NodeEntry{"n1": nil}), false); n != 0 {
 		t.Fatalf("second update cancelled %d calls, want 0 (already cancelled)", n)
 	}
 	close(release)
@@ -1073,14 +1137,14 @@ func (r nsRequest) GetNamespace() string { return r.ns }
 // tracked must still stop it: the interceptor looks at the table again.
 func TestInterceptorRefusesACallAuthorizedJustBeforeABlock(t *testing.T) {
 	pki := newTestPKI(t)
-	table := newAuthz(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}})
+	table := newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}))
 	ctx := pki.peerCtx(t, context.Background(), pki.role(t, "node", "n1"))
 	handler := func(context.Context, any) (any, error) { return "ran", nil }
 
 	if resp, err := table.interceptor(ctx, nsRequest{"acme"}, pollInfo, handler); err != nil || resp != "ran" {
 		t.Fatalf("accepted node: got (%v, %v), want (ran, nil)", resp, err)
 	}
-	table.update(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}, false)
+	table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false)
 	resp, err := table.interceptor(ctx, nsRequest{"acme"}, pollInfo, func(context.Context, any) (any, error) {
 		t.Error("handler ran for a blocked node")
 		return nil, nil

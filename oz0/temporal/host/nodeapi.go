@@ -90,9 +90,10 @@ func ownTask(a *authz, node string, req any) string {
 	return ""
 }
 
-// noteTaskTokens remembers the task a poll handed to NODE, and forgets a task once it was
-// answered or Temporal no longer knows it.
-func (a *authz) noteTaskTokens(node string, req, resp any, err error) {
+// noteTaskTokens remembers the task a poll handed to the node WHO, and forgets a task once
+// it was answered or Temporal no longer knows it.
+func (a *authz) noteTaskTokens(who caller, req, resp any, err error) {
+	node := who.name
 	switch r := req.(type) {
 	case *workflowservice.PollActivityTaskQueueRequest:
 		p, ok := resp.(*workflowservice.PollActivityTaskQueueResponse)
@@ -101,8 +102,9 @@ func (a *authz) noteTaskTokens(node string, req, resp any, err error) {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		// A node that lost access meanwhile keeps nothing (its poll was cancelled anyway).
-		if !a.nodes[node].allows(r.GetNamespace()) {
+		// A node that lost access meanwhile, or a certificate renewed away meanwhile, keeps
+		// nothing (its poll was cancelled anyway).
+		if e := a.nodes[node]; !e.heldBy(who.cert) || !e.allows(r.GetNamespace()) {
 			return
 		}
 		if a.tokens[node] == nil {

@@ -25,12 +25,15 @@ import (
 // command is one stdin line after the config.
 //
 //	{"id":1,"op":"ping"}
-//	{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted"}}}
-//	{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked"},"n2":null}}
+//	{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted","keySha256":"9f86…"}}}
+//	{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked","keySha256":"9f86…"},"n2":null}}
 //	{"id":4,"op":"operators","operators":{"alice":"123456789"}}
 //	{"id":5,"op":"tls","frontendCert":"...","frontendKey":"...","internodeCert":"...","internodeKey":"..."}
 //	{"id":6,"op":"stop"}
 //
+// "authz" entries name the key of the node's current certificate (keySha256, hex SHA-256 of
+// its DER SubjectPublicKeyInfo): only a certificate for that key may call, and a new key
+// cancels the calls in flight of the old one.
 // "operators" replaces the table of operators' current certificate serials (decimal): only
 // those certificates are admin, and calls in flight with any other are cancelled.
 //
