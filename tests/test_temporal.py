@@ -57,6 +57,10 @@ def access(address: str, namespace: str, creds: Credentials) -> str:
     except RPCError as e:
         if e.status == RPCStatusCode.CANCELLED:
             return "cancelled"
+        # A DescribeNamespace cut by the host mid-call (its node just lost access) comes
+        # back from Temporal's namespace lookup as UNAVAILABLE "context canceled".
+        if e.status == RPCStatusCode.UNAVAILABLE and "context canceled" in str(e):
+            return "cancelled"
         assert e.status == RPCStatusCode.PERMISSION_DENIED, e
         return "denied"
     return "allowed"

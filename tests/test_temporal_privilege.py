@@ -66,7 +66,7 @@ from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
-from tests.test_temporal import access, describe_namespace, eventually
+from tests.test_temporal import access, eventually
 
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
@@ -391,22 +391,6 @@ def renewal_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=RENEWAL_SERVER)
 
 
-def node_access_now(address: str, creds: Credentials) -> str:
-    """allowed, denied, or cancelled: a call in flight when the node's access changed, which
-    Temporal answers as cancelled or, for the namespace lookup, as unavailable."""
-    try:
-        describe_namespace(address, "default", creds)
-    except RPCError as e:
-        if e.status == RPCStatusCode.PERMISSION_DENIED:
-            return "denied"
-        if e.status == RPCStatusCode.CANCELLED or (
-            e.status == RPCStatusCode.UNAVAILABLE and "context canceled" in e.message
-        ):
-            return "cancelled"
-        raise
-    return "allowed"
-
-
 async def next_news(ws: WebSocketConnection) -> dict[str, Any]:
     """The edge's next message that is not a heartbeat or an edge list."""
     while (message := await edge_client.receive(ws))["type"] in ("heartbeat", "edges"):
@@ -447,7 +431,7 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
     old_cert = pki.cert_from_pem(keys.cert_pem)
 
     async def on_temporal(creds: Credentials) -> str:
-        return await trio.to_thread.run_sync(node_access_now, RENEWAL_FRONTEND, creds)
+        return await trio.to_thread.run_sync(access, RENEWAL_FRONTEND, "default", creds)
 
     poll: dict[str, Any] = {}
     poll_ended = trio.Event()
