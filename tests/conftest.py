@@ -61,11 +61,7 @@ def cli(
 
 @pytest.fixture
 def cluster_env(cluster_files: ClusterFiles) -> dict[str, str]:
-    return {
-        "OZ0_DB": cluster_files.url.conninfo,
-        "XDG_CONFIG_HOME": str(cluster_files.config_home),
-        "OZ0_CONTEXT": str(cluster_files.context_path),
-    }
+    return cluster_files.cli_env
 
 
 @pytest.fixture

@@ -230,11 +230,7 @@ def test_malformed_and_mutated_messages_get_clear_refusals(
     cli: CliRunner, tmp_path: Path, pg_url: DatabaseUrl, start_server: StartServer
 ) -> None:
     files = initialise(tmp_path, pg_url, advertise=SERVER)
-    env = {
-        "OZ0_DB": files.url.conninfo,
-        "XDG_CONFIG_HOME": str(files.config_home),
-        "OZ0_CONTEXT": str(files.context_path),
-    }
+    env = files.cli_env
     server = start_server(files, SERVER, "--max-pending-nodes", str(MAX_PENDING))
     created = cli("token", "create", "--tenant", "default", "--json", env=env)
     assert created.code == 0, created.err

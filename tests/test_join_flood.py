@@ -38,11 +38,7 @@ def files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
 
 @pytest.fixture
 def env(files: ClusterFiles) -> dict[str, str]:
-    return {
-        "OZ0_DB": files.url.conninfo,
-        "XDG_CONFIG_HOME": str(files.config_home),
-        "OZ0_CONTEXT": str(files.context_path),
-    }
+    return files.cli_env
 
 
 async def cli_json(cli: CliRunner, env: dict[str, str], *args: str) -> Any:

@@ -59,11 +59,7 @@ def outage_cluster(
 ) -> tuple[ClusterFiles, dict[str, str]]:
     url = DatabaseUrl.parse(f"postgresql://postgres@127.0.0.1:{PORT}/oz0")
     files = initialise(tmp_path, url, advertise=ADDRESSES[0])
-    env = {
-        "OZ0_DB": files.url.conninfo,
-        "XDG_CONFIG_HOME": str(files.config_home),
-        "OZ0_CONTEXT": str(files.context_path),
-    }
+    env = files.cli_env
     return files, env
 
 
@@ -225,11 +221,7 @@ def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
     context = json.loads(cluster_files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in ADDRESSES]
     cluster_files.context_path.write_text(json.dumps(context))
-    cluster_env = {
-        "OZ0_DB": cluster_files.url.conninfo,
-        "XDG_CONFIG_HOME": str(cluster_files.config_home),
-        "OZ0_CONTEXT": str(cluster_files.context_path),
-    }
+    cluster_env = cluster_files.cli_env
     victim, survivor = (start_server(cluster_files, address) for address in ADDRESSES)
     created = cli(
         "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=cluster_env

@@ -415,11 +415,7 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
 ) -> None:
     monkeypatch.setenv(pki.NODE_VALIDITY_ENV, str(SHORT_VALIDITY))
     server = start_server(renewal_files, RENEWAL_SERVER)
-    env = {
-        "OZ0_DB": renewal_files.url.conninfo,
-        "XDG_CONFIG_HOME": str(renewal_files.config_home),
-        "OZ0_CONTEXT": str(renewal_files.context_path),
-    }
+    env = renewal_files.cli_env
     created = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
     assert created.code == 0, created.err
     keys = NodeKeys.new()
