@@ -123,18 +123,23 @@ class Node:
 
 # Connected: heard from lately, through a server that is up (a killed server's nodes are
 # not shown connected to it while their last_seen ages).
+# The condition, with the parameters CONNECTED_PARAMS, is shared with job placement.
+CONNECTED = (
+    "(nodes.server IS NOT NULL AND nodes.last_seen > now() - %(silent)s AND EXISTS ("
+    "SELECT 1 FROM servers s WHERE s.id = nodes.server AND s.last_heartbeat > now() - %(up)s"
+    "))"
+)
+CONNECTED_PARAMS = {"silent": SILENT_AFTER, "up": UP_WINDOW}
 _SELECT = (
     "SELECT id, state, tenant, labels, hostname, token_id, reason, server, last_seen,"
-    " joined_at, (server IS NOT NULL AND last_seen > now() - %(silent)s AND EXISTS ("
-    "SELECT 1 FROM servers s WHERE s.id = nodes.server AND s.last_heartbeat > now() - %(up)s"
-    ")) AS connected FROM nodes"
+    f" joined_at, {CONNECTED} AS connected FROM nodes"
 )
 
 
 def get(conn: psycopg.Connection[Any], node_id: str, *, lock: bool = False) -> Node:
     row = conn.execute(
         _SELECT + " WHERE id = %(id)s" + (" FOR UPDATE OF nodes" if lock else ""),
-        {"silent": SILENT_AFTER, "up": UP_WINDOW, "id": node_id},
+        {**CONNECTED_PARAMS, "id": node_id},
     ).fetchone()
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
@@ -149,7 +154,7 @@ def list_nodes(
     rows = conn.execute(
         _SELECT + " WHERE (%(state)s::text IS NULL OR state = %(state)s)"
         " AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY joined_at, id",
-        {"silent": SILENT_AFTER, "up": UP_WINDOW, "state": state, "tenant": tenant},
+        {**CONNECTED_PARAMS, "state": state, "tenant": tenant},
     ).fetchall()
     return [Node(*r) for r in rows]
 

@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
+from oz0.jobs import api as jobs_api
 from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
@@ -41,7 +42,7 @@ DATABASE_UNAVAILABLE = (
 )
 
 # Each registers its routes; a new resource is a new module added here.
-API_MODULES = (cluster, operators, tenants, tokens, nodes, audit)
+API_MODULES = (cluster, operators, tenants, tokens, nodes, audit, jobs_api)
 
 
 def create_app(state: ManagementState) -> QuartTrio:

@@ -18,6 +18,7 @@ from oz0 import cluster as cluster_mod
 from oz0 import nodes, pki, process
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
+from oz0.jobs.role import JobsRole
 from oz0.server import edge, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
@@ -116,7 +117,16 @@ async def run_server(
         hub = EventHub(conninfo)
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
-        state = ManagementState(db=db, cluster=cluster, server_id=server_id, temporal=temporal)
+        jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id)
+
+        async def reconnect_jobs() -> None:
+            jobs.renewed()
+
+        certs.on_renew.append(reconnect_jobs)
+        await nursery.start(jobs.run)
+        state = ManagementState(
+            db=db, cluster=cluster, server_id=server_id, temporal=temporal, kick_jobs=jobs.kick
+        )
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
         await nursery.start(
             partial(

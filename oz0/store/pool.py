@@ -39,9 +39,10 @@ class Database:
 
     async def transaction(self, work: Callable[[Conn], T]) -> T:
         """Run WORK(conn) in one transaction, committed when it returns."""
-        return await trio.to_thread.run_sync(self._in_transaction, work)
+        return await trio.to_thread.run_sync(self.transaction_in_thread, work)
 
-    def _in_transaction(self, work: Callable[[Conn], T]) -> T:
+    def transaction_in_thread(self, work: Callable[[Conn], T]) -> T:
+        """`transaction` for code that is already in a thread of its own (asyncio's, say)."""
         with self._pool.connection() as conn, conn.transaction():
             return work(conn)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ class ManagementState:
     cluster: Cluster
     server_id: str
     temporal: Temporal
+    # Tells this server's job sweeper to look now (a job was created or cancelled).
+    kick_jobs: Callable[[], None] = lambda: None
 
 
 class ApiError(Exception):

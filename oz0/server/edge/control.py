@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes, pki
+from oz0.jobs import output as job_output
 from oz0.server.edge import renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
@@ -115,7 +116,7 @@ async def _receive_from_node(
     """Anything from the node is a sign of life; silence for three heartbeats ends it.
 
     Answers to a purge command go to whoever sent it, who alone records them; a `renew`
-    is answered (renew.py).
+    is answered (renew.py); a job's output is stored and acknowledged (jobs/output.py).
     """
     try:
         while True:
@@ -128,6 +129,8 @@ async def _receive_from_node(
                     answers.send_nowait(message)
             elif message.get("type") == renew.RENEW:
                 await renew.answer(edge, ws, node_id, key, message)
+            elif message.get("type") == job_output.OUTPUT:
+                await job_output.receive(edge, ws, node_id, message)
     except trio.TooSlowError:
         log.warning("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:

@@ -1,0 +1,15 @@
+"""Jobs: commands run on the fleet's nodes through Temporal.
+
+- `spec.py`: what an operator asks for, checked (`job run`'s body).
+- `store.py`: the rows operators list and show (jobs, attempts, output) and placement.
+- `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
+  attempt runs and moves it off a node that is blocked, purged or silent.
+- `activities.py`: the workflow's steps that touch the database, run by the same workers.
+- `role.py`: the job role every server runs: its Temporal worker (one per tenant namespace)
+  and the sweeper that starts workflows, sends cancellations and tells workflows of nodes
+  taken away.
+- `api.py`: the management API's `/api/v1/jobs` routes; `output.py`: the edge's side of
+  the output nodes send over their control streams.
+
+The node's side (the attempt activity and its process) is in `oz0_node/jobs/`.
+"""

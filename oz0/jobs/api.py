@@ -1,0 +1,118 @@
+"""POST/GET /api/v1/jobs, GET /api/v1/jobs/<id>, GET /api/v1/jobs/<id>/output,
+POST /api/v1/jobs/<id>/cancel."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import TypeVar
+
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from oz0.jobs import store
+from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, is_job_id
+from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+
+T = TypeVar("T")
+
+
+def register(app: QuartTrio, state: ManagementState) -> None:
+    @app.post("/api/v1/jobs")
+    async def job_run() -> tuple[Response, int]:
+        actor = await operator(state)
+        try:
+            spec = JobSpec.from_json(await json_object())
+        except JobError as e:
+            raise ApiError(400, str(e)) from None
+        job = await _do(state, lambda conn: store.create(conn, spec, actor))
+        state.kick_jobs()
+        return jsonify(job.to_json()), 201
+
+    @app.get("/api/v1/jobs")
+    async def job_list() -> Response:
+        await operator(state)
+        tenant, wanted = request.args.get("tenant"), request.args.get("state")
+        limit = _int_arg("limit", 100, 1, store.MAX_LIST)
+        found = await _do(
+            state, lambda conn: store.list_jobs(conn, tenant=tenant, state=wanted, limit=limit)
+        )
+        return jsonify({"jobs": [j.to_json() for j in found]})
+
+    @app.get("/api/v1/jobs/<job_id>")
+    async def job_show(job_id: str) -> Response:
+        await operator(state)
+        _check_id(job_id)
+        return jsonify((await _do(state, lambda conn: store.get(conn, job_id))).to_json())
+
+    @app.get("/api/v1/jobs/<job_id>/output")
+    async def job_output(job_id: str) -> Response:
+        await operator(state)
+        _check_id(job_id)
+        after = _int_arg("after", 0, 0, 2**62)
+        limit = _int_arg("limit", 500, 1, 1000)
+        attempt_arg = request.args.get("attempt")
+        attempt = None if attempt_arg is None else _int_arg("attempt", 1, 1, 1_000_000)
+
+        def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
+            # The job first: once it has ended, its output is complete (the node's last
+            # chunk is stored before its attempt can end), so no chunk is missed.
+            job = store.get(conn, job_id)
+            return job, store.output_page(conn, job_id, after=after, attempt=attempt, limit=limit)
+
+        job, chunks = await _do(state, read)
+        return jsonify(
+            {
+                "chunks": [
+                    {
+                        "cursor": c.cursor,
+                        "attempt": c.attempt,
+                        "node": c.node,
+                        "stream": c.stream,
+                        "data": base64.b64encode(c.data).decode(),
+                        "truncated": c.truncated,
+                    }
+                    for c in chunks
+                ],
+                "cursor": chunks[-1].cursor if chunks else after,
+                "ended": job.ended,
+                "job": job.to_json(),
+            }
+        )
+
+    @app.post("/api/v1/jobs/<job_id>/cancel")
+    async def job_cancel(job_id: str) -> Response:
+        actor = await operator(state)
+        _check_id(job_id)
+        job = await _do(state, lambda conn: store.request_cancel(conn, job_id, actor))
+        state.kick_jobs()
+        return jsonify(job.to_json())
+
+
+def _check_id(job_id: str) -> None:
+    if not is_job_id(job_id):
+        raise ApiError(400, f"invalid job ID {job_id!r}: job IDs look like job-0123456789ab")
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{name} must be a whole number") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be between {low} and {high}")
+    return value
+
+
+async def _do(state: ManagementState, work: Callable[[store.Conn], T]) -> T:
+    try:
+        return await state.db.transaction(work)
+    except JobNotFound as e:
+        raise ApiError(404, str(e)) from None
+    except JobEnded as e:
+        raise ApiError(409, str(e)) from None
+    except JobError as e:
+        raise ApiError(400, str(e)) from None

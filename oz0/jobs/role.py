@@ -1,0 +1,322 @@
+"""The job role of a server: its Temporal job worker and the sweeper.
+
+- The worker: one Temporal worker per tenant namespace on `JOBS_QUEUE`, running the job
+  workflow and its database steps. temporalio is asyncio-only, so the client and the
+  workers live in a thread of their own with its own event loop (DESIGN, "temporalio
+  under Trio"); new tenants are picked up within TENANTS_EVERY, and the client reconnects
+  with the server's renewed certificate.
+- The sweeper (Trio), every SWEEP_EVERY and at once when kicked (a job created or
+  cancelled through this server, a notification about a node running an attempt): starts
+  the workflow of every job that has none, sends the cancellations asked for, and tells
+  each workflow whose attempt's node was blocked, purged or deleted (`node_removed`).
+  Every server sweeps, so a server's death delays nothing; what two servers both do is
+  harmless (a workflow is started once, a signal heard once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import trio
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+
+from oz0.jobs import store
+from oz0.jobs.activities import JobActivities
+from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
+from oz0.server.events import NODES, EventHub
+from oz0.store.listen import Notification
+from oz0.store.outage import DATABASE_ERRORS, Outage
+from oz0.store.pool import Database
+from oz0.temporal.namespaces import FrontendAccess
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY = 0.5
+TENANTS_EVERY = 5.0
+CALL_TIMEOUT = 10.0
+CONNECT_RETRY_FIRST, CONNECT_RETRY_MAX = 0.5, 5.0
+T = TypeVar("T")
+
+
+class JobsUnavailable(Exception):
+    """The job worker has no Temporal client yet (the frontend is not up)."""
+
+
+class JobsRole:
+    def __init__(
+        self,
+        db: Database,
+        hub: EventHub,
+        frontend: Callable[[], FrontendAccess],
+        server_id: str,
+    ) -> None:
+        self.db = db
+        self.hub = hub
+        self.frontend = frontend
+        self.server_id = server_id
+        self.busy: set[str] = set()
+        self._kicked = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Client | None = None
+        self._clients: dict[str, Client] = {}
+        self._reconnect: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- Trio side -----------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Sweep now rather than at the next tick (from the Trio thread)."""
+        self._kicked.set()
+
+    def kick_from_worker(self) -> None:
+        token = self._token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self.kick)
+
+    def renewed(self) -> None:
+        """The server's certificate was renewed: connect again with the new one."""
+        loop, event = self._loop, self._reconnect
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.hub.subscribe(NODES, self._node_changed)
+        self.hub.on_gap.append(self.kick)
+        ready = threading.Event()
+        thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="oz0-jobs", daemon=True
+        )
+        self._thread = thread
+        thread.start()
+        try:
+            await trio.to_thread.run_sync(ready.wait)
+            task_status.started()
+            await self._sweep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._request_stop()
+                with trio.move_on_after(3.0):
+                    await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+
+    def _node_changed(self, notification: Notification) -> None:
+        if notification.payload in self.busy:
+            self.kick()
+
+    async def _sweep_forever(self) -> None:
+        outage = Outage("the job sweeper's database access", log)
+        temporal = Outage("the job sweeper's calls to Temporal", log)
+        while True:
+            with trio.move_on_after(SWEEP_EVERY):
+                await self._kicked.wait()
+            self._kicked = trio.Event()
+            try:
+                await self.sweep(temporal)
+            except DATABASE_ERRORS as e:
+                await trio.sleep(outage.failed(e))
+                continue
+            outage.worked()
+
+    async def sweep(self, temporal: Outage) -> None:
+        db = self.db
+        for job in await db.transaction(store.claim_unstarted):
+            if await self._tell_temporal(temporal, partial(self._start, job)):
+                await db.transaction(partial(store.started, job_id=job.id))
+            else:
+                await db.transaction(partial(store.release_claim, job_id=job.id))
+        for job_id, tenant in await db.transaction(store.to_cancel):
+            if await self._tell_temporal(temporal, partial(self._cancel, tenant, job_id)):
+                await db.transaction(partial(store.cancel_sent, job_id=job_id))
+        busy, removed = await db.transaction(store.removed_attempts)
+        self.busy = busy
+        for r in removed:
+            if await self._tell_temporal(temporal, partial(self._signal_removed, r)):
+                log.info(
+                    "job %s: attempt %d moves off its node (%s)", r.job_id, r.number, r.because
+                )
+                await db.transaction(
+                    partial(store.removal_signalled, job_id=r.job_id, number=r.number)
+                )
+
+    async def _tell_temporal(self, temporal: Outage, call: Callable[[], Awaitable[None]]) -> bool:
+        """Make CALL on the worker's loop; False (logged once per outage) if it failed.
+        A workflow that is gone (NOT_FOUND) needs telling no more: True."""
+        try:
+            await self._call(call)
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                temporal.failed(e)
+                return False
+        except (JobsUnavailable, TimeoutError, concurrent.futures.TimeoutError) as e:
+            temporal.failed(e)
+            return False
+        temporal.worked()
+        return True
+
+    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run MAKE() on the worker's event loop, within CALL_TIMEOUT."""
+        loop = self._loop
+        if loop is None or self._client is None:
+            raise JobsUnavailable("the job worker is not connected to Temporal yet")
+
+        async def bounded() -> T:
+            return await asyncio.wait_for(make(), CALL_TIMEOUT)
+
+        future = asyncio.run_coroutine_threadsafe(bounded(), loop)
+        try:
+            return await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        finally:
+            future.cancel()
+
+    # --- the worker's asyncio thread -------------------------------------------------------
+
+    def _client_for(self, namespace: str) -> Client:
+        client = self._clients.get(namespace)
+        if client is None:
+            assert self._client is not None
+            client = Client(self._client.service_client, namespace=namespace)
+            self._clients[namespace] = client
+        return client
+
+    def _handle(self, tenant: str, job_id: str) -> WorkflowHandle[Any, Any]:
+        return self._client_for(tenant).get_workflow_handle(job_id)
+
+    async def _cancel(self, tenant: str, job_id: str) -> None:
+        await self._handle(tenant, job_id).cancel()
+
+    async def _signal_removed(self, r: store.Removed) -> None:
+        await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
+
+    async def _start(self, job: store.Job) -> None:
+        with contextlib.suppress(WorkflowAlreadyStartedError):  # another server was first
+            await self._client_for(job.tenant).start_workflow(
+                JobWorkflow.run,
+                JobInput(
+                    job_id=job.id,
+                    command=job.command,
+                    env=job.env,
+                    timeout=job.timeout,
+                    retries=job.retries,
+                    all_nodes=job.all_nodes,
+                    no_move=job.no_move,
+                    queue_timeout=job.queue_timeout,
+                ),
+                id=job.id,
+                task_queue=JOBS_QUEUE,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        log.info("job %s: workflow started in namespace %s", job.id, job.tenant)
+
+    def _request_stop(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._serve(ready))
+        except Exception:
+            log.exception("the job worker's thread failed")
+        finally:
+            ready.set()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._reconnect = asyncio.Event()
+        ready.set()
+        activities = JobActivities(self.db, self.kick_from_worker)
+        delay = CONNECT_RETRY_FIRST
+        while not self._stop.is_set():
+            try:
+                await self._connect()
+            except Exception as e:  # the frontend is not up yet, or restarting
+                log.debug("job worker cannot reach Temporal yet: %s", e)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                delay = min(2 * delay, CONNECT_RETRY_MAX)
+                continue
+            delay = CONNECT_RETRY_FIRST
+            self._reconnect.clear()
+            try:
+                await self._work(activities)
+            finally:
+                self._client, self._clients = None, {}
+
+    async def _connect(self) -> None:
+        access = self.frontend()
+        self._client = await asyncio.wait_for(
+            Client.connect(
+                access.address,
+                namespace="default",
+                tls=access.tls(),
+                identity=f"{self.server_id} jobs",
+            ),
+            CALL_TIMEOUT,
+        )
+        self._clients = {}
+        log.info("job worker connected to Temporal at %s", access.address)
+
+    async def _work(self, activities: JobActivities) -> None:
+        """Run a worker per tenant namespace until asked to stop or reconnect."""
+        assert self._stop is not None and self._reconnect is not None
+        workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
+        try:
+            while not (self._stop.is_set() or self._reconnect.is_set()):
+                try:
+                    names = await asyncio.to_thread(self.db.transaction_in_thread, _tenants)
+                except DATABASE_ERRORS:
+                    names = list(workers)
+                for name, (_, task) in list(workers.items()):
+                    if task.done():
+                        with contextlib.suppress(BaseException):
+                            task.result()
+                        log.warning("job worker for namespace %s ended; starting it again", name)
+                        del workers[name]
+                for name in names:
+                    if name not in workers:
+                        worker = Worker(
+                            self._client_for(name),
+                            task_queue=JOBS_QUEUE,
+                            workflows=[JobWorkflow],
+                            activities=activities.all(),
+                            identity=f"{self.server_id} jobs",
+                        )
+                        workers[name] = (worker, asyncio.create_task(worker.run()))
+                waits = [asyncio.create_task(e.wait()) for e in (self._stop, self._reconnect)]
+                await asyncio.wait(
+                    waits, timeout=TENANTS_EVERY, return_when=asyncio.FIRST_COMPLETED
+                )
+                for w in waits:
+                    w.cancel()
+        finally:
+            await asyncio.gather(
+                *(_shutdown(worker, task) for worker, task in workers.values()),
+                return_exceptions=True,
+            )
+
+
+async def _shutdown(worker: Worker, task: asyncio.Task[None]) -> None:
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(worker.shutdown(), 2.0)
+    task.cancel()
+
+
+def _tenants(conn: store.Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]

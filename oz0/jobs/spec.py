@@ -1,0 +1,177 @@
+"""What an operator asks for with `job run`, checked before anything is written."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from oz0 import nodes
+from oz0.errors import Oz0Error
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
+ENDED_BECAUSE = (
+    "exit",
+    "node blocked",
+    "node purged",
+    "node lost",
+    "node deleted",
+    "timeout",
+    "cancelled",
+)
+MAX_ARGS = 1024
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_ENV = 64
+MAX_ENV_VALUE = 32 * 1024
+MAX_NAME = 200
+MAX_RETRIES = 100
+MAX_TIMEOUT = 30 * 24 * 3600.0
+DEFAULT_QUEUE_TIMEOUT = 600.0
+MAX_QUEUE_TIMEOUT = 7 * 24 * 3600.0
+_JOB_ID = re.compile(r"^job-[0-9a-f]{12}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The agent sets these itself, for each attempt.
+RESERVED_ENV_PREFIX = "OZ0_"
+
+
+class JobError(Oz0Error):
+    """A job that cannot be made or changed as asked: the message says why."""
+
+
+class JobNotFound(JobError):
+    pass
+
+
+class JobEnded(JobError):
+    """The job has ended: it cannot be changed any more."""
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(6)
+
+
+def is_job_id(text: str) -> bool:
+    return _JOB_ID.fullmatch(text) is not None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    tenant: str
+    command: list[str]
+    selector: dict[str, str] = field(default_factory=dict)
+    node: str | None = None
+    all_nodes: bool = False
+    timeout: float | None = None
+    retries: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+    no_move: bool = False
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> JobSpec:
+        unknown = set(body) - _FIELDS
+        if unknown:
+            raise JobError(f"unknown field {sorted(unknown)[0]!r} in the job")
+        tenant = body.get("tenant", nodes.DEFAULT_TENANT)
+        if not isinstance(tenant, str) or not tenant:
+            raise JobError("tenant must be a tenant's name")
+        node = body.get("node")
+        if node is not None:
+            if not isinstance(node, str):
+                raise JobError("node must be a node ID")
+            try:
+                nodes.check_node_id(node)
+            except nodes.NodeError as e:
+                raise JobError(str(e)) from None
+        all_nodes = _flag(body, "all")
+        if all_nodes and node is not None:
+            raise JobError("give either a node or all, not both")
+        try:
+            selector = nodes.check_labels(body.get("selector", {}))
+        except nodes.NodeError as e:
+            raise JobError(f"selector: {e}") from None
+        return cls(
+            tenant=tenant,
+            command=_command(body.get("command")),
+            selector=selector,
+            node=node,
+            all_nodes=all_nodes,
+            timeout=_seconds(body.get("timeout"), "timeout", MAX_TIMEOUT, optional=True),
+            retries=_retries(body.get("retries", 0)),
+            env=_env(body.get("env", {})),
+            name=_name(body.get("name")),
+            no_move=_flag(body, "no_move"),
+            queue_timeout=_seconds(
+                body.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT), "queue_timeout",
+                MAX_QUEUE_TIMEOUT, optional=False,
+            ) or DEFAULT_QUEUE_TIMEOUT,
+        )  # fmt: skip
+
+
+_FIELDS = {
+    "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
+    "no_move", "queue_timeout",
+}  # fmt: skip
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise JobError(f"{key} must be true or false")
+    return value
+
+
+def _command(value: object) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise JobError("command must be a non-empty list of arguments (the program first)")
+    if len(value) > MAX_ARGS:
+        raise JobError(f"command has more than {MAX_ARGS} arguments")
+    if not all(isinstance(a, str) for a in value):
+        raise JobError("every argument of the command must be text")
+    if not value[0]:
+        raise JobError("the command's program is empty")
+    if any("\0" in a for a in value):
+        raise JobError("the command holds a NUL character, which no program can receive")
+    if sum(len(a.encode()) for a in value) > MAX_COMMAND_BYTES:
+        raise JobError(f"the command is longer than {MAX_COMMAND_BYTES // 1024} KiB")
+    return list(value)
+
+
+def _seconds(value: object, key: str, limit: float, *, optional: bool) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JobError(f"{key} must be a number of seconds")
+    if not 0 < value <= limit:
+        raise JobError(f"{key} must be more than 0 and at most {limit:g} seconds")
+    return float(value)
+
+
+def _retries(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
+        raise JobError(f"retries must be a whole number from 0 to {MAX_RETRIES}")
+    return value
+
+
+def _env(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or len(value) > MAX_ENV:
+        raise JobError(f"env must be an object of at most {MAX_ENV} NAME: VALUE pairs")
+    for key, text in value.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise JobError(f"invalid environment variable name {key!r}")
+        if key.startswith(RESERVED_ENV_PREFIX):
+            raise JobError(f"{key}: names starting with {RESERVED_ENV_PREFIX} are the agent's")
+        if not isinstance(text, str) or "\0" in text or len(text) > MAX_ENV_VALUE:
+            raise JobError(f"invalid value for environment variable {key}")
+    return dict(value)
+
+
+def _name(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_NAME or not value.isprintable():
+        raise JobError(f"name must be printable text of at most {MAX_NAME} characters")
+    return value or None

@@ -1,0 +1,580 @@
+"""The jobs' rows: what operators list and show, placement, and the output nodes send.
+
+The workflow is the job's logic; these rows are its record, written by its activities (and
+by the API when it is asked for a job or a cancellation), each change in one transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from oz0 import audit, nodes
+from oz0.jobs.spec import (
+    ENDED_STATES,
+    STATES,
+    JobEnded,
+    JobError,
+    JobNotFound,
+    JobSpec,
+    new_job_id,
+)
+
+Conn = psycopg.Connection[Any]
+# Raw output kept per attempt (stdout and stderr together); the rest is dropped, marked.
+OUTPUT_CAP = 1024 * 1024
+MAX_CHUNK = 32 * 1024
+# How long a server that claimed a job may take to start its workflow before another may.
+START_CLAIM = dt.timedelta(seconds=30)
+MAX_LIST = 1000
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    part: int
+    node: str
+    state: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    exit_code: int | None
+    ended_because: str | None
+    output_bytes: int
+    truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "part": self.part,
+            "node": self.node,
+            "state": self.state,
+            "started_at": self.started_at.isoformat(),
+            "ended_at": _iso(self.ended_at),
+            "exit_code": self.exit_code,
+            "ended_because": self.ended_because,
+            "output_bytes": self.output_bytes,
+            "truncated": self.truncated,
+        }
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    tenant: str
+    name: str | None
+    command: list[str]
+    selector: dict[str, str]
+    node: str | None
+    all_nodes: bool
+    env: dict[str, str]
+    timeout: float | None
+    queue_timeout: float
+    retries: int
+    no_move: bool
+    state: str
+    reason: str | None
+    exit_code: int | None
+    created_by: str
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    attempts: tuple[Attempt, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "tenant": self.tenant,
+            "state": self.state,
+            "reason": self.reason,
+            "command": self.command,
+            "selector": self.selector,
+            "node": self.node,
+            "all": self.all_nodes,
+            "retries": self.retries,
+            "timeout": self.timeout,
+            "queue_timeout": self.queue_timeout,
+            "no_move": self.no_move,
+            # Values may be secrets of the operator's: they are kept to run the job, not shown.
+            "env": sorted(self.env),
+            "exit_code": self.exit_code,
+            "created_at": self.created_at.isoformat(),
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(self.ended_at),
+            "created_by": self.created_by,
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return at.isoformat() if at else None
+
+
+_JOB_COLUMNS = (
+    "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
+    " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at"
+)
+_ATTEMPT_COLUMNS = (
+    "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
+    " output_bytes, truncated"
+)
+
+
+def _attempts(conn: Conn, job_ids: list[str]) -> dict[str, list[Attempt]]:
+    found: dict[str, list[Attempt]] = {job_id: [] for job_id in job_ids}
+    for row in conn.execute(
+        f"SELECT job_id, {_ATTEMPT_COLUMNS} FROM job_attempts WHERE job_id = ANY(%s)"
+        " ORDER BY job_id, number",
+        (job_ids,),
+    ):
+        found[row[0]].append(Attempt(*row[1:]))
+    return found
+
+
+def get(conn: Conn, job_id: str) -> Job:
+    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return dataclasses.replace(Job(*row), attempts=tuple(_attempts(conn, [job_id])[job_id]))
+
+
+def list_jobs(
+    conn: Conn, *, tenant: str | None = None, state: str | None = None, limit: int = 100
+) -> list[Job]:
+    if state is not None and state not in STATES:
+        raise JobError(f"unknown job state {state!r}: one of {', '.join(STATES)}")
+    rows = conn.execute(
+        f"SELECT {_JOB_COLUMNS} FROM jobs"
+        " WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)"
+        "   AND (%(state)s::text IS NULL OR state = %(state)s)"
+        " ORDER BY created_at DESC, id LIMIT %(limit)s",
+        {"tenant": tenant, "state": state, "limit": max(1, min(limit, MAX_LIST))},
+    ).fetchall()
+    attempts = _attempts(conn, [r[0] for r in rows])
+    return [dataclasses.replace(Job(*r), attempts=tuple(attempts[r[0]])) for r in rows]
+
+
+class TenantNotFound(JobNotFound):
+    pass
+
+
+def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
+    """A new job, queued, and its `job.run` audit row; a server starts its workflow."""
+    if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (spec.tenant,)).fetchone() is None:
+        raise TenantNotFound(f"tenant {spec.tenant} not found")
+    if spec.node is not None:
+        row = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (spec.node,)).fetchone()
+        if row is None or row[0] != spec.tenant:
+            raise JobError(f"node {spec.node} is not a node of tenant {spec.tenant}")
+    job_id = new_job_id()
+    conn.execute(
+        "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
+        " timeout_s, queue_timeout_s, retries, no_move, created_by)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
+            spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
+            spec.retries, spec.no_move, f"{actor.kind}:{actor.name}",
+        ),
+    )  # fmt: skip
+    audit.record(
+        conn,
+        actor,
+        "job.run",
+        f"job:{job_id}",
+        {
+            "tenant": spec.tenant,
+            "command": spec.command,
+            "selector": spec.selector,
+            "node": spec.node,
+            "all": spec.all_nodes,
+            "env": sorted(spec.env),
+        },
+    )
+    return get(conn, job_id)
+
+
+def request_cancel(conn: Conn, job_id: str, actor: audit.Actor) -> Job:
+    """Cancel a job: at once if no workflow runs it yet, else its workflow is told."""
+    row = conn.execute(
+        "SELECT state, workflow_started, start_claimed_until > now(), cancel_requested"
+        " FROM jobs WHERE id = %s FOR UPDATE",
+        (job_id,),
+    ).fetchone()
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    state, started, claimed, requested = row
+    if state in ENDED_STATES:
+        raise JobEnded(f"job {job_id} has ended already ({state})")
+    if not requested:
+        if not started and not claimed:
+            conn.execute(
+                "UPDATE jobs SET state = 'cancelled', reason = 'cancelled by an operator',"
+                " ended_at = now(), workflow_started = true, cancel_requested = true,"
+                " cancel_sent = true WHERE id = %s",
+                (job_id,),
+            )
+        else:
+            conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
+        audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state})
+    return get(conn, job_id)
+
+
+# --- the sweeper's work (role.py) -------------------------------------------------------
+
+
+def claim_unstarted(conn: Conn, limit: int = 50) -> list[Job]:
+    """Jobs whose workflow no server has started, claimed for START_CLAIM."""
+    rows = conn.execute(
+        f"UPDATE jobs SET start_claimed_until = now() + %(claim)s WHERE id IN ("
+        " SELECT id FROM jobs WHERE NOT workflow_started"
+        "  AND (start_claimed_until IS NULL OR start_claimed_until < now())"
+        "  ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        f") RETURNING {_JOB_COLUMNS}",
+        {"claim": START_CLAIM, "limit": limit},
+    ).fetchall()
+    return [Job(*r) for r in rows]
+
+
+def started(conn: Conn, job_id: str) -> None:
+    conn.execute(
+        "UPDATE jobs SET workflow_started = true, start_claimed_until = NULL WHERE id = %s",
+        (job_id,),
+    )
+
+
+def release_claim(conn: Conn, job_id: str) -> None:
+    conn.execute("UPDATE jobs SET start_claimed_until = NULL WHERE id = %s", (job_id,))
+
+
+def to_cancel(conn: Conn) -> list[tuple[str, str]]:
+    """(job, tenant) of the jobs whose workflow is still to be told of a cancellation."""
+    rows = conn.execute(
+        "SELECT id, tenant FROM jobs WHERE cancel_requested AND NOT cancel_sent"
+        " AND workflow_started"
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def cancel_sent(conn: Conn, job_id: str) -> None:
+    conn.execute("UPDATE jobs SET cancel_sent = true WHERE id = %s", (job_id,))
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A running attempt whose node is no longer accepted: its workflow must move it."""
+
+    job_id: str
+    tenant: str
+    number: int
+    because: str
+
+
+def removed_attempts(conn: Conn) -> tuple[set[str], list[Removed]]:
+    """The nodes running attempts now, and the running attempts whose node was taken away
+    and whose workflow has not been told yet."""
+    rows = conn.execute(
+        "SELECT a.job_id, j.tenant, a.number, a.node_id, n.state, a.removal_signalled"
+        " FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+        " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.state = 'running'"
+    ).fetchall()
+    busy = {r[3] for r in rows}
+    removed = [
+        Removed(r[0], r[1], r[2], gone_because(r[4]))
+        for r in rows
+        if r[4] != "accepted" and not r[5]
+    ]
+    return busy, removed
+
+
+def removal_signalled(conn: Conn, job_id: str, number: int) -> None:
+    conn.execute(
+        "UPDATE job_attempts SET removal_signalled = true WHERE job_id = %s AND number = %s",
+        (job_id, number),
+    )
+
+
+def gone_because(node_state: str | None) -> str:
+    """Why an attempt ended, from what became of its node."""
+    if node_state is None:
+        return "node deleted"
+    return {"blocked": "node blocked", "purging": "node purged"}.get(node_state, "node lost")
+
+
+# --- the workflow's activities (activities.py) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where attempt NUMBER runs, or (node None) why no node can take it now."""
+
+    number: int
+    node: str | None
+    reason: str | None = None
+    # The job ended meanwhile (cancelled before its first attempt): nothing to run.
+    ended: bool = False
+    part: int = 0
+
+
+def _lock_for_placement(conn: Conn, tenant: str) -> None:
+    # Two jobs placed at once in a tenant must see each other's attempts to spread out.
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
+
+
+_CANDIDATES = (
+    "SELECT nodes.id FROM nodes WHERE nodes.tenant = %(tenant)s AND nodes.state = 'accepted'"
+    " AND nodes.labels @> %(selector)s AND (%(node)s::text IS NULL OR nodes.id = %(node)s)"
+    f" AND {nodes.CONNECTED}"
+)
+
+
+def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
+    """Pick the node for attempt NUMBER and record it running there, in one transaction.
+
+    Accepted, connected nodes of the job's tenant matching every selector label; nodes in
+    TRIED last; the least busy first. Given the same NUMBER again (an activity retried
+    after its answer was lost), the attempt already recorded is the answer.
+    """
+    job = _job_row(conn, job_id)
+    existing = conn.execute(
+        "SELECT node_id FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
+    ).fetchone()
+    if existing is not None:
+        return Placed(number, existing[0])
+    if job.ended:
+        return Placed(number, None, ended=True)
+    _lock_for_placement(conn, job.tenant)
+    row = conn.execute(
+        _CANDIDATES + " ORDER BY nodes.id = ANY(%(tried)s),"
+        " (SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id"
+        "  AND a.state = 'running'), random() LIMIT 1",
+        {**_placement_params(job), "tried": tried},
+    ).fetchone()
+    if row is None:
+        reason = _why_no_node(conn, job)
+        conn.execute(
+            "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
+            (reason, job_id),
+        )
+        return Placed(number, None, reason)
+    _start_attempt(conn, job_id, number, part, row[0])
+    return Placed(number, row[0])
+
+
+def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]:
+    """For a job run on all matching nodes: one attempt on each node that matches now
+    (none: the job is queued, with the reason). Idempotent like `place`."""
+    job = _job_row(conn, job_id)
+    existing = conn.execute(
+        "SELECT number, node_id, part FROM job_attempts WHERE job_id = %s ORDER BY number",
+        (job_id,),
+    ).fetchall()
+    if existing:
+        return [Placed(r[0], r[1], part=r[2]) for r in existing]
+    if job.ended:
+        return [Placed(first_number, None, ended=True)]
+    _lock_for_placement(conn, job.tenant)
+    found = [r[0] for r in conn.execute(_CANDIDATES + " ORDER BY nodes.id", _placement_params(job))]
+    if not found:
+        reason = _why_no_node(conn, job)
+        conn.execute(
+            "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
+            (reason, job_id),
+        )
+        return [Placed(first_number, None, reason)]
+    placed = []
+    for part, node_id in enumerate(found):
+        _start_attempt(conn, job_id, first_number + part, part, node_id)
+        placed.append(Placed(first_number + part, node_id, part=part))
+    return placed
+
+
+def place_on(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
+    """Attempt NUMBER of a part of an `--all` job, on its node again (a retry)."""
+    found = conn.execute(
+        "SELECT 1 FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
+    ).fetchone()
+    if found is None:
+        _start_attempt(conn, job_id, number, part, node_id)
+
+
+def _job_row(conn: Conn, job_id: str) -> Job:
+    row = conn.execute(
+        f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s FOR UPDATE", (job_id,)
+    ).fetchone()
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return Job(*row)
+
+
+def _placement_params(job: Job) -> dict[str, Any]:
+    return {
+        **nodes.CONNECTED_PARAMS,
+        "tenant": job.tenant,
+        "selector": Jsonb(job.selector),
+        "node": job.node,
+    }
+
+
+def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
+    conn.execute(
+        "INSERT INTO job_attempts (job_id, number, part, node_id) VALUES (%s, %s, %s, %s)",
+        (job_id, number, part, node_id),
+    )
+    conn.execute(
+        "UPDATE jobs SET state = 'running', reason = NULL, started_at = coalesce(started_at,"
+        " now()) WHERE id = %s AND ended_at IS NULL",
+        (job_id,),
+    )
+
+
+def _why_no_node(conn: Conn, job: Job) -> str:
+    """What an operator reads in `job show` while the job waits for a node."""
+    what = f"node {job.node}" if job.node else f"accepted node of tenant {job.tenant}"
+    selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
+    row = conn.execute(
+        "SELECT count(*) FROM nodes WHERE tenant = %(tenant)s AND state = 'accepted'"
+        " AND labels @> %(selector)s AND (%(node)s::text IS NULL OR id = %(node)s)",
+        _placement_params(job),
+    ).fetchone()
+    matching = int(row[0]) if row else 0
+    if matching == 0:
+        if job.node:
+            return f"node {job.node} is not accepted" + (
+                f" or does not match {selector}" if selector else ""
+            )
+        return (
+            f"no {what} matches {selector}"
+            if selector
+            else f"tenant {job.tenant} has no accepted node"
+        )
+    if matching == 1:
+        return (
+            f"the one {what}" + (f" matching {selector}" if selector else "") + " is not connected"
+        )
+    return (
+        f"none of the {matching} {what}s"
+        + (f" matching {selector}" if selector else "")
+        + " is connected"
+    )
+
+
+def end_attempt(
+    conn: Conn, job_id: str, number: int, because: str | None, exit_code: int | None
+) -> str:
+    """Record how attempt NUMBER ended; BECAUSE None: from what became of its node. Returns
+    the reason recorded (the first one, if it had ended already)."""
+    row = conn.execute(
+        "SELECT a.state, a.ended_because, n.state FROM job_attempts a"
+        " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.job_id = %s AND a.number = %s"
+        " FOR UPDATE OF a",
+        (job_id, number),
+    ).fetchone()
+    if row is None:
+        raise JobNotFound(f"job {job_id} has no attempt {number}")
+    if row[0] == "ended":
+        return str(row[1])
+    recorded = because or gone_because(row[2])
+    conn.execute(
+        "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
+        " exit_code = %s WHERE job_id = %s AND number = %s",
+        (recorded, exit_code, job_id, number),
+    )
+    return recorded
+
+
+def set_queued(conn: Conn, job_id: str, reason: str) -> None:
+    conn.execute(
+        "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
+        (reason, job_id),
+    )
+
+
+def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
+    """The job's end; attempts still shown running end with it (cancelled)."""
+    assert state in ENDED_STATES
+    conn.execute(
+        "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
+        " ended_because = 'cancelled' WHERE job_id = %s AND state = 'running'",
+        (job_id,),
+    )
+    conn.execute(
+        "UPDATE jobs SET state = %s, exit_code = %s, reason = %s, ended_at = now()"
+        " WHERE id = %s AND ended_at IS NULL",
+        (state, exit_code, reason, job_id),
+    )
+
+
+# --- output (output.py, api.py) ----------------------------------------------------------
+
+
+def append_output(
+    conn: Conn,
+    node_id: str,
+    job_id: str,
+    attempt: int,
+    seq: int,
+    stream: str,
+    data: bytes,
+    truncated: bool,
+) -> bool:
+    """Store a chunk a node sent; False if that attempt no longer runs on that node.
+
+    What goes past OUTPUT_CAP is dropped and the attempt marked truncated; a chunk sent
+    again (same seq) is stored once.
+    """
+    row = conn.execute(
+        "SELECT state, node_id, output_bytes FROM job_attempts"
+        " WHERE job_id = %s AND number = %s FOR UPDATE",
+        (job_id, attempt),
+    ).fetchone()
+    if row is None or row[0] != "running" or row[1] != node_id:
+        return False
+    room = max(0, OUTPUT_CAP - int(row[2]))
+    if len(data) > room:
+        data, truncated = data[:room], True
+    stored = conn.execute(
+        "INSERT INTO job_output (job_id, attempt, seq, stream, data, truncated)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id",
+        (job_id, attempt, seq, stream, data, truncated),
+    ).fetchone()
+    if stored is not None:
+        conn.execute(
+            "UPDATE job_attempts SET output_bytes = output_bytes + %s,"
+            " truncated = truncated OR %s WHERE job_id = %s AND number = %s",
+            (len(data), truncated, job_id, attempt),
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class Chunk:
+    cursor: int
+    attempt: int
+    node: str
+    stream: str
+    data: bytes
+    truncated: bool
+
+
+def output_page(
+    conn: Conn, job_id: str, *, after: int = 0, attempt: int | None = None, limit: int = 500
+) -> list[Chunk]:
+    rows = conn.execute(
+        "SELECT o.id, o.attempt, a.node_id, o.stream, o.data, o.truncated FROM job_output o"
+        " JOIN job_attempts a ON a.job_id = o.job_id AND a.number = o.attempt"
+        " WHERE o.job_id = %(job)s AND o.id > %(after)s"
+        "   AND (%(attempt)s::int IS NULL OR o.attempt = %(attempt)s)"
+        " ORDER BY o.id LIMIT %(limit)s",
+        {"job": job_id, "after": after, "attempt": attempt, "limit": max(1, min(limit, 1000))},
+    ).fetchall()
+    return [Chunk(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]

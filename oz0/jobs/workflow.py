@@ -1,0 +1,317 @@
+"""The job's workflow: where each attempt runs, and what happens when it ends.
+
+One workflow per job (its ID is the job's), in the tenant's namespace, on JOBS_QUEUE that
+every server's job worker polls, so any server carries any job and a server's death loses
+none. Each attempt is the node's activity `oz0.job.attempt` on the node's own task queue;
+Temporal retries none of them (maximum_attempts 1): this workflow picks where the next one
+runs. An attempt ends when:
+- the command ends (exit or timeout): a failure counts against `retries`;
+- its node is taken away: the sweeper signals `node_removed` (block, purge, delete), or
+  the node falls silent (heartbeat timeout) or never takes it (schedule-to-start). Then
+  the attempt moves to another node, unless the job may not move (`no_move`, `all`);
+  moves do not count against `retries`, but are capped at MAX_MOVES.
+Whatever the activity returns later for an attempt the workflow has moved on from is
+ignored. Only temporalio and the standard library are imported here (the sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+
+JOBS_QUEUE = "oz0-jobs"
+WORKFLOW = "oz0.job"
+NODE_ACTIVITY = "oz0.job.attempt"
+MAX_MOVES = 20
+# A node that does not take its attempt by then, or stops heartbeating (it beats every
+# second), has lost it: "given up when its heartbeat times out (<= 15 s)".
+SCHEDULE_TO_START = dt.timedelta(seconds=15)
+HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
+# No job timeout: heartbeats alone keep the attempt honest.
+NO_TIMEOUT = dt.timedelta(days=365)
+TIMEOUT_MARGIN = dt.timedelta(seconds=60)
+# While no node can take the job: look again after 1 s, doubling up to QUEUED_POLL_MAX.
+QUEUED_POLL_FIRST, QUEUED_POLL_MAX = 1.0, 5.0
+STEP = dt.timedelta(seconds=10)
+# The database's outages are waited out: a step retried for as long as it takes.
+STEP_RETRY = RetryPolicy(
+    initial_interval=dt.timedelta(seconds=0.5), maximum_interval=dt.timedelta(seconds=5)
+)
+
+
+@dataclass
+class JobInput:
+    job_id: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    retries: int = 0
+    all_nodes: bool = False
+    no_move: bool = False
+    queue_timeout: float = 600.0
+
+
+@dataclass
+class Placed:
+    number: int
+    node: str | None
+    reason: str | None = None
+    ended: bool = False
+    part: int = 0
+
+
+@dataclass
+class AttemptEnd:
+    job_id: str
+    number: int
+    because: str | None  # None: from what became of the node
+    exit_code: int | None
+
+
+@dataclass
+class Finish:
+    job_id: str
+    state: str
+    exit_code: int | None
+    reason: str | None
+
+
+@dataclass
+class Outcome:
+    because: str
+    exit_code: int | None
+
+    @property
+    def moved(self) -> bool:
+        return self.because.startswith("node ")
+
+
+class _Ended(Exception):
+    """The job cannot go on: STATE, with REASON (and the exit code, if any)."""
+
+    def __init__(self, state: str, reason: str | None, exit_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.state, self.reason, self.exit_code = state, reason, exit_code
+
+
+@workflow.defn(name=WORKFLOW)
+class JobWorkflow:
+    def __init__(self) -> None:
+        self.removed: dict[int, str] = {}
+        self.number = 0
+
+    @workflow.signal(name="node_removed")
+    def node_removed(self, number: int, because: str) -> None:
+        self.removed.setdefault(number, because)
+
+    @workflow.run
+    async def run(self, job: JobInput) -> str:
+        try:
+            if job.all_nodes:
+                state, exit_code, reason = await self._everywhere(job)
+            else:
+                state, exit_code, reason = await self._once(job)
+        except _Ended as e:
+            state, exit_code, reason = e.state, e.exit_code, e.reason
+        except asyncio.CancelledError:
+            state, exit_code, reason = "cancelled", None, "cancelled by an operator"
+        await _step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason))
+        return state
+
+    # --- one command, moved until it ends -------------------------------------------------
+
+    async def _once(self, job: JobInput) -> tuple[str, int | None, str | None]:
+        tried: list[str] = []
+        failures = moves = 0
+        while True:
+            placed = await self._place(job, tried)
+            assert placed.node is not None
+            outcome = await self._attempt(job, placed.number, placed.node)
+            if outcome.because == "exit" and outcome.exit_code == 0:
+                return "succeeded", 0, None
+            tried.append(placed.node)
+            if outcome.moved:
+                if job.no_move:
+                    return "lost", None, f"attempt {placed.number}: {outcome.because} (--no-move)"
+                moves += 1
+                if moves > MAX_MOVES:
+                    return "lost", None, f"moved {MAX_MOVES} times; last: {outcome.because}"
+                continue
+            failures += 1
+            if failures > job.retries:
+                return "failed", outcome.exit_code, _failed(outcome, job)
+
+    async def _place(self, job: JobInput, tried: list[str]) -> Placed:
+        """The next attempt's node; waits (queued) while none can take it."""
+        self.number += 1
+        waited = 0.0
+        delay = QUEUED_POLL_FIRST
+        while True:
+            placed: Placed = await _step(
+                "oz0.jobs.place", job.job_id, self.number, 0, tried, result_type=Placed
+            )
+            if placed.ended:
+                raise _Ended("cancelled", "cancelled by an operator")
+            if placed.node is not None:
+                return placed
+            if waited >= job.queue_timeout:
+                raise _Ended(
+                    "failed",
+                    f"no node took the job within its queue timeout of {job.queue_timeout:g} s:"
+                    f" {placed.reason}",
+                )
+            pause = min(delay, job.queue_timeout - waited)
+            await workflow.sleep(pause)
+            waited += pause
+            delay = min(2 * delay, QUEUED_POLL_MAX)
+
+    # --- once on every matching node --------------------------------------------------------
+
+    async def _everywhere(self, job: JobInput) -> tuple[str, int | None, str | None]:
+        waited, delay = 0.0, QUEUED_POLL_FIRST
+        while True:
+            placed = await _step(
+                "oz0.jobs.place_everywhere", job.job_id, 1, result_type=list[Placed]
+            )
+            if placed[0].ended:
+                raise _Ended("cancelled", "cancelled by an operator")
+            if placed[0].node is not None:
+                break
+            if waited >= job.queue_timeout:
+                raise _Ended(
+                    "failed",
+                    f"no node matched within the queue timeout of {job.queue_timeout:g} s:"
+                    f" {placed[0].reason}",
+                )
+            pause = min(delay, job.queue_timeout - waited)
+            await workflow.sleep(pause)
+            waited += pause
+            delay = min(2 * delay, QUEUED_POLL_MAX)
+        self.number = len(placed)
+        parts = [asyncio.create_task(self._part(job, p)) for p in placed]
+        try:
+            results = await asyncio.gather(*parts)
+        except asyncio.CancelledError:
+            for task in parts:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*parts, return_exceptions=True)
+            raise
+        failed = [r for r in results if not r.moved and r.exit_code != 0]
+        lost = [r for r in results if r.moved]
+        if failed:
+            first = failed[0]
+            return "failed", first.exit_code, f"{len(failed)} of {len(results)} nodes failed"
+        if lost:
+            return (
+                "lost",
+                None,
+                f"{len(lost)} of {len(results)} nodes were lost ({lost[0].because})",
+            )
+        return "succeeded", 0, None
+
+    async def _part(self, job: JobInput, first: Placed) -> Outcome:
+        """One node's part of an `--all` job: retried there, never moved."""
+        assert first.node is not None
+        number, failures = first.number, 0
+        while True:
+            outcome = await self._attempt(job, number, first.node)
+            if outcome.moved or (outcome.because == "exit" and outcome.exit_code == 0):
+                return outcome
+            failures += 1
+            if failures > job.retries:
+                return outcome
+            self.number += 1
+            number = self.number
+            await _step("oz0.jobs.place_on", job.job_id, number, first.part, first.node)
+
+    # --- one attempt ---------------------------------------------------------------------
+
+    async def _attempt(self, job: JobInput, number: int, node: str) -> Outcome:
+        """Run attempt NUMBER on NODE until it ends, its node is taken away, or the job is
+        cancelled; its end is recorded before this returns."""
+        timeout = job.timeout
+        handle = workflow.start_activity(
+            NODE_ACTIVITY,
+            {
+                "job_id": job.job_id,
+                "attempt": number,
+                "command": job.command,
+                "env": job.env,
+                "timeout": timeout,
+            },
+            task_queue=node,
+            schedule_to_start_timeout=SCHEDULE_TO_START,
+            start_to_close_timeout=(
+                dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
+            ),
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
+            result_type=dict,
+        )
+        removal = asyncio.create_task(workflow.wait_condition(lambda: number in self.removed))
+        try:
+            await workflow.wait([handle, removal], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            handle.cancel()
+            removal.cancel()
+            await _end(AttemptEnd(job.job_id, number, "cancelled", None))
+            raise
+        if not handle.done():
+            # Taken away: whatever the node says later is not heard.
+            handle.cancel()
+            with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                await handle
+            because = await _end(AttemptEnd(job.job_id, number, self.removed[number], None))
+            return Outcome(because, None)
+        removal.cancel()
+        try:
+            result = handle.result()
+        except ActivityError as e:
+            because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
+            return Outcome(because, None)
+        ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
+        exit_code = result.get("exit_code")
+        code = exit_code if isinstance(exit_code, int) else None
+        because = await _end(AttemptEnd(job.job_id, number, ended_because, code))
+        return Outcome(because, code)
+
+
+def _failure_because(error: ActivityError) -> str | None:
+    """Why the node's activity failed: the job's own timeout, or None when only what became
+    of the node can tell (its runtime stopped, it fell silent, it never took the attempt)."""
+    cause = error.cause
+    if isinstance(cause, TimeoutError) and cause.type == TimeoutType.START_TO_CLOSE:
+        return "timeout"
+    return None
+
+
+def _failed(outcome: Outcome, job: JobInput) -> str:
+    if outcome.because == "timeout":
+        return f"timed out after {job.timeout:g} s"
+    return f"exited with {outcome.exit_code}"
+
+
+async def _end(end: AttemptEnd) -> str:
+    because: str = await _step("oz0.jobs.end_attempt", end, result_type=str)
+    return because
+
+
+async def _step(name: str, *args: object, result_type: type | None = None) -> Any:
+    """A step that touches the database, on the servers' job workers."""
+    return await workflow.execute_activity(
+        name,
+        args=list(args),
+        task_queue=JOBS_QUEUE,
+        result_type=result_type,
+        start_to_close_timeout=STEP,
+        retry_policy=STEP_RETRY,
+    )
