@@ -439,7 +439,6 @@ def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str
 
 def _why_no_node(conn: Conn, job: Job) -> str:
     """What an operator reads in `job show` while the job waits for a node."""
-    what = f"node {job.node}" if job.node else f"accepted node of tenant {job.tenant}"
     selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
     row = conn.execute(
         "SELECT count(*) FROM nodes WHERE tenant = %(tenant)s AND state = 'accepted'"
@@ -447,25 +446,21 @@ def _why_no_node(conn: Conn, job: Job) -> str:
         _placement_params(job),
     ).fetchone()
     matching = int(row[0]) if row else 0
+    if job.node:
+        if matching:
+            return f"node {job.node} is not connected"
+        return f"node {job.node} is not accepted" + (
+            f" or does not match {selector}" if selector else ""
+        )
+    nodes_of = f"accepted node of tenant {job.tenant}"
+    matches = f" matching {selector}" if selector else ""
     if matching == 0:
-        if job.node:
-            return f"node {job.node} is not accepted" + (
-                f" or does not match {selector}" if selector else ""
-            )
-        return (
-            f"no {what} matches {selector}"
-            if selector
-            else f"tenant {job.tenant} has no accepted node"
-        )
+        if selector:
+            return f"no {nodes_of} matches {selector}"
+        return f"tenant {job.tenant} has no accepted node"
     if matching == 1:
-        return (
-            f"the one {what}" + (f" matching {selector}" if selector else "") + " is not connected"
-        )
-    return (
-        f"none of the {matching} {what}s"
-        + (f" matching {selector}" if selector else "")
-        + " is connected"
-    )
+        return f"the one {nodes_of}{matches} is not connected"
+    return f"none of the {matching} accepted nodes of tenant {job.tenant}{matches} is connected"
 
 
 def end_attempt(

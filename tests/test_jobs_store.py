@@ -1,0 +1,268 @@
+"""The jobs' rows on a real PostgreSQL: what `job run` accepts, placement, moves, output.
+
+No server runs here: the nodes are rows (a server row heartbeating, nodes streamed to it),
+and each call is one transaction, as the workflow's steps and the API make them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from fixtures.cluster import ClusterFiles, initialise
+from fixtures.postgres import fresh_database_url
+from oz0 import audit
+from oz0.jobs import store
+from oz0.jobs.spec import JobEnded, JobError, JobSpec
+
+ADMIN = audit.Actor("operator", "admin")
+SERVER = "server-0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
+    """One cluster for the whole file (an init per test would cost a second each)."""
+    with fresh_database_url() as url:
+        yield initialise(tmp_path_factory.mktemp("jobs-store"), url)
+
+
+@pytest.fixture
+def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
+    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    with psycopg.connect(main, autocommit=True) as c:
+        c.execute("TRUNCATE jobs, job_attempts, job_output, nodes, servers CASCADE")
+        c.execute("DELETE FROM audit_log")
+        c.execute("DELETE FROM tenants WHERE name <> 'default'")
+        c.execute(
+            "INSERT INTO servers (id, advertise, version) VALUES (%s, '127.0.0.1', 'test')",
+            (SERVER,),
+        )
+        yield c
+
+
+def add_node(
+    conn: psycopg.Connection[Any],
+    *,
+    tenant: str = "default",
+    state: str = "accepted",
+    labels: dict[str, str] | None = None,
+    connected: bool = True,
+) -> str:
+    node_id = "node-" + secrets.token_hex(6)
+    conn.execute(
+        "INSERT INTO nodes (id, tenant, state, labels, public_key_sha256, server, last_seen)"
+        " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)",
+        (
+            node_id, tenant, state, Jsonb(labels or {}), secrets.token_hex(32),
+            SERVER if connected else None, connected,
+        ),
+    )  # fmt: skip
+    return node_id
+
+
+def new_job(conn: psycopg.Connection[Any], **fields: Any) -> store.Job:
+    body = {"command": ["true"], **fields}
+    with conn.transaction():
+        return store.create(conn, JobSpec.from_json(body), ADMIN)
+
+
+def place(
+    conn: psycopg.Connection[Any], job: store.Job, number: int, tried: list[str] | None = None
+) -> store.Placed:
+    with conn.transaction():
+        return store.place(conn, job.id, number, 0, tried or [])
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "command must be a non-empty list"),
+        ({"command": []}, "command must be a non-empty list"),
+        ({"command": ["ls", 3]}, "every argument of the command must be text"),
+        ({"command": ["a\0b"]}, "NUL"),
+        ({"command": ["true"], "timeout": 0}, "timeout must be more than 0"),
+        ({"command": ["true"], "timeout": True}, "timeout must be a number"),
+        ({"command": ["true"], "retries": -1}, "retries must be a whole number"),
+        ({"command": ["true"], "env": {"OZ0_JOB_ID": "x"}}, "are the agent's"),
+        ({"command": ["true"], "env": {"1BAD": "x"}}, "invalid environment variable name"),
+        ({"command": ["true"], "selector": {"Bad Key": "x"}}, "selector: invalid label key"),
+        ({"command": ["true"], "node": "nope"}, "invalid node ID"),
+        ({"command": ["true"], "all": True, "node": "node-0123456789ab"}, "either a node or all"),
+        ({"command": ["true"], "colour": "red"}, "unknown field 'colour'"),
+    ],
+)
+def test_a_job_asked_for_wrongly_is_refused_with_the_reason(
+    body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(JobError, match=message):
+        JobSpec.from_json(body)
+
+
+def test_a_new_job_is_queued_audited_and_shows_env_names_only(
+    conn: psycopg.Connection[Any],
+) -> None:
+    job = new_job(conn, command=["env"], env={"TOKEN": "s3cret"}, selector={"role": "web"})
+    shown = job.to_json()
+    assert shown["state"] == "queued" and shown["attempts"] == []
+    assert shown["env"] == ["TOKEN"] and "s3cret" not in str(shown)
+    row = conn.execute(
+        "SELECT actor, action, details FROM audit_log WHERE target = %s", (f"job:{job.id}",)
+    ).fetchone()
+    assert row is not None and row[0] == "admin" and row[1] == "job.run"
+    assert "s3cret" not in str(row[2]) and row[2]["selector"] == {"role": "web"}
+
+
+def test_unknown_tenant_or_foreign_node_makes_no_job(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(store.TenantNotFound):
+        new_job(conn, tenant="nowhere")
+    conn.execute("INSERT INTO tenants (name) VALUES ('acme')")
+    other = add_node(conn, tenant="acme")
+    with pytest.raises(JobError, match=f"node {other} is not a node of tenant default"):
+        new_job(conn, node=other)
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+def test_placement_matches_tenant_selector_and_connection_least_busy_first(
+    conn: psycopg.Connection[Any],
+) -> None:
+    conn.execute("INSERT INTO tenants (name) VALUES ('acme')")
+    add_node(conn, tenant="acme", labels={"role": "web"})
+    add_node(conn, labels={"role": "db"})
+    add_node(conn, labels={"role": "web"}, connected=False)
+    add_node(conn, labels={"role": "web"}, state="blocked")
+    web_a = add_node(conn, labels={"role": "web", "zone": "a"})
+    web_b = add_node(conn, labels={"role": "web", "zone": "b"})
+
+    first = place(conn, new_job(conn, selector={"role": "web"}), 1)
+    assert first.node in (web_a, web_b)
+    busier = first.node
+    for _ in range(4):
+        assert place(conn, new_job(conn, node=busier), 1).node == busier
+    # The other one is less busy now, until it is as busy.
+    for _ in range(5):
+        assert place(conn, new_job(conn, selector={"role": "web"}), 1).node != busier
+    assert place(conn, new_job(conn, selector={"zone": "b"}), 1).node == web_b
+
+
+def test_tried_nodes_come_last_and_a_retried_placement_answers_the_same(
+    conn: psycopg.Connection[Any],
+) -> None:
+    a, b = add_node(conn), add_node(conn)
+    for _ in range(3):  # b is busier: only having tried a can send the job there
+        place(conn, new_job(conn, node=b), 1)
+    job = new_job(conn)
+    first = place(conn, job, 1)
+    assert first.node == a
+    assert place(conn, job, 1) == first  # the step run again after a lost answer
+    with conn.transaction():
+        store.end_attempt(conn, job.id, 1, "exit", 1)
+    assert place(conn, job, 2, tried=[a]).node == b
+    assert [x.node for x in store.get(conn, job.id).attempts] == [a, b]
+
+
+@pytest.mark.parametrize(
+    ("setup", "fields", "reason"),
+    [
+        ("none", {}, "tenant default has no accepted node"),
+        ("none", {"selector": {"role": "gpu"}},
+         "no accepted node of tenant default matches role=gpu"),
+        ("offline", {}, "the one accepted node of tenant default is not connected"),
+        ("two offline", {"selector": {"role": "web"}},
+         "none of the 2 accepted nodes of tenant default matching role=web is connected"),
+    ],
+)  # fmt: skip
+def test_a_job_no_node_can_take_stays_queued_saying_why(
+    conn: psycopg.Connection[Any], setup: str, fields: dict[str, Any], reason: str
+) -> None:
+    if setup == "offline":
+        add_node(conn, connected=False)
+    if setup == "two offline":
+        add_node(conn, connected=False, labels={"role": "web"})
+        add_node(conn, connected=False, labels={"role": "web"})
+    job = new_job(conn, **fields)
+    placed = place(conn, job, 1)
+    assert placed.node is None and placed.reason == reason
+    shown = store.get(conn, job.id)
+    assert shown.state == "queued" and shown.reason == reason
+
+
+def test_a_running_attempt_on_a_blocked_or_deleted_node_is_found_to_move(
+    conn: psycopg.Connection[Any],
+) -> None:
+    blocked, deleted, fine = add_node(conn), add_node(conn), add_node(conn)
+    jobs = {}
+    for node in (blocked, deleted, fine):
+        job = new_job(conn, node=node)
+        assert place(conn, job, 1).node == node
+        jobs[node] = job.id
+    conn.execute("UPDATE nodes SET state = 'blocked' WHERE id = %s", (blocked,))
+    conn.execute("DELETE FROM nodes WHERE id = %s", (deleted,))
+    busy, removed = store.removed_attempts(conn)
+    assert busy == {blocked, deleted, fine}
+    assert {(r.job_id, r.because) for r in removed} == {
+        (jobs[blocked], "node blocked"),
+        (jobs[deleted], "node deleted"),
+    }
+    store.removal_signalled(conn, jobs[blocked], 1)
+    assert [r.job_id for r in store.removed_attempts(conn)[1]] == [jobs[deleted]]
+    # The attempt's end takes the node's word when the workflow has none of its own.
+    with conn.transaction():
+        assert store.end_attempt(conn, jobs[blocked], 1, None, None) == "node blocked"
+        assert store.end_attempt(conn, jobs[blocked], 1, "exit", 0) == "node blocked"
+
+
+def test_output_is_stored_once_capped_and_only_from_the_attempts_node(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node, stranger = add_node(conn), add_node(conn)
+    job = new_job(conn, node=node)
+    assert place(conn, job, 1).node == node
+
+    def append(seq: int, data: bytes, who: str = node) -> bool:
+        with conn.transaction():
+            return store.append_output(conn, who, job.id, 1, seq, "stdout", data, False)
+
+    assert append(0, b"hello ")
+    assert append(0, b"hello ")  # sent again after a lost ack: stored once
+    assert not append(1, b"not mine", who=stranger)
+    assert append(1, b"x" * (store.OUTPUT_CAP - 3))
+    assert append(2, b"overflowing")
+    chunks = store.output_page(conn, job.id)
+    assert [c.data[:6] for c in chunks] == [b"hello ", b"xxxxxx", b""]
+    assert sum(len(c.data) for c in chunks) == store.OUTPUT_CAP
+    assert chunks[-1].truncated and store.get(conn, job.id).attempts[0].truncated
+    assert [c.cursor for c in store.output_page(conn, job.id, after=chunks[0].cursor)] == [
+        c.cursor for c in chunks[1:]
+    ]
+    with conn.transaction():
+        store.end_attempt(conn, job.id, 1, "exit", 0)
+    assert not append(3, b"late")  # the attempt has ended: nothing more is kept
+
+
+def test_cancel_before_any_workflow_ends_the_job_at_once_and_once(
+    conn: psycopg.Connection[Any],
+) -> None:
+    job = new_job(conn)
+    with conn.transaction():
+        cancelled = store.request_cancel(conn, job.id, ADMIN)
+    assert cancelled.state == "cancelled" and cancelled.ended_at is not None
+    with pytest.raises(JobEnded), conn.transaction():
+        store.request_cancel(conn, job.id, ADMIN)
+    with conn.transaction():
+        assert store.claim_unstarted(conn) == []  # nothing left to start
+    started = new_job(conn)
+    with conn.transaction():
+        assert [j.id for j in store.claim_unstarted(conn)] == [started.id]
+        assert store.claim_unstarted(conn) == []  # claimed: no other server takes it
+        store.started(conn, started.id)
+    with conn.transaction():
+        asked = store.request_cancel(conn, started.id, ADMIN)
+    assert asked.state == "queued"  # its workflow is told, and ends it
+    assert store.to_cancel(conn) == [(started.id, "default")]
+    actions = conn.execute("SELECT count(*) FROM audit_log WHERE action = 'job.cancel'").fetchone()
+    assert actions == (2,)
