@@ -1,0 +1,288 @@
+"""Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
+
+What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
+`--all`, queueing with the reason, cancellation; and what the cluster does when the node
+running an attempt is blocked, purged, or killed: the process is gone and the job goes on
+on another node.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from cli.client import ApiClient
+from fixtures.agent import AgentProcess
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.temporal import operator_credentials, run_async
+from oz0.context import Context
+from oz0.store.dburl import DatabaseUrl
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+SERVER, SECOND = "127.0.0.191", "127.0.0.192"
+EDGE = f"{SERVER}:7443"
+# Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
+MOVE_BOUND = 10.0
+SILENCE_BOUND = 40.0  # heartbeat timeout (10 s) + the node's stream and a new placement
+GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER)
+
+
+def join_agents(
+    cli: CliRunner,
+    files: ClusterFiles,
+    tmp_path: Path,
+    agents: list[AgentProcess],
+    labels: list[dict[str, str]],
+    edges: list[str] | None = None,
+) -> list[str]:
+    """Agents joined with a token (accepted at once), each with its labels; their IDs."""
+    created = cli(
+        "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=files.cli_env
+    )
+    assert created.code == 0, created.err
+    started = []
+    for i, node_labels in enumerate(labels):
+        agent = AgentProcess.joining(
+            tmp_path / f"node-{len(agents)}-{i}",
+            edges or [EDGE],
+            files.ca_hash,
+            token=created.json()["token"],
+            labels=node_labels,
+        ).start()
+        agents.append(agent)
+        started.append(agent)
+    return [
+        a.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
+        for a in started
+    ]
+
+
+def api(files: ClusterFiles) -> ApiClient:
+    return ApiClient(Context.load(files.context_path))
+
+
+def wait_job(
+    files: ClusterFiles, job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any]:
+    client = api(files)
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}")
+        if done(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job}")
+        time.sleep(0.1)
+
+
+def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
+    page = api(files).get(f"/api/v1/jobs/{job_id}/output")
+    return [(c["attempt"], c["stream"], base64.b64decode(c["data"])) for c in page["chunks"]]
+
+
+def pid_gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
+    """The PID the job's command printed first (`pid N`), once the attempt has said it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for number, _, data in output_of(files, job_id):
+            if number == attempt and data.startswith(b"pid "):
+                return int(data.split()[1])
+        time.sleep(0.05)
+    raise AssertionError(f"attempt {attempt} of {job_id} printed no pid")
+
+
+@pytest.fixture
+def one_server(cluster_files: ClusterFiles, start_server: StartServer) -> Iterator[ClusterFiles]:
+    start_server(cluster_files, SERVER)
+    yield cluster_files
+
+
+@pytest.mark.slow
+def test_output_exit_code_selector_all_queueing_and_cancel(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    web, db = join_agents(cli, files, tmp_path, agents, [{"role": "web"}, {"role": "db"}])
+
+    ran = cli(
+        "job", "run", "--selector", "role=web", "--env", "GREETING=hello", "--",
+        "sh", "-c", 'echo "$GREETING from $OZ0_NODE_ID $OZ0_JOB_ID $OZ0_ATTEMPT"; echo oops >&2;'
+        ' pwd; exit 3',
+        env=env,
+    )  # fmt: skip
+    assert ran.code == 3, ran.err
+    first_line, workdir = ran.out.splitlines()[:2]
+    greeting, source, job_id, attempt = first_line.split()[0:1] + first_line.split()[2:]
+    assert (greeting, source, attempt) == ("hello", web, "1")
+    assert "oops" in ran.err
+    assert workdir.endswith(f"/runtimes/{job_id}-1") and not Path(workdir).exists()
+    shown = cli("job", "show", job_id, "--json", env=env).json()
+    assert shown["state"] == "failed" and shown["exit_code"] == 3
+    assert shown["selector"] == {"role": "web"} and shown["command"][0] == "sh"
+    [only] = shown["attempts"]
+    assert only["node"] == web and only["state"] == "ended"
+    assert (only["exit_code"], only["ended_because"]) == (3, "exit")
+
+    everywhere = cli("job", "run", "--all", "--", "sh", "-c", "echo $OZ0_NODE_ID", env=env)
+    assert everywhere.code == 0, everywhere.err
+    assert sorted(everywhere.out.split()) == sorted([web, db])
+
+    queued = cli(
+        "job", "run", "--selector", "role=gpu", "--queue-timeout", "3s", "--detach", "--json",
+        "--", "true", env=env,
+    )  # fmt: skip
+    assert queued.code == 0, queued.err
+    waiting = wait_job(files, queued.json()["id"], lambda j: j["reason"] is not None, 10)
+    assert waiting["state"] == "queued"
+    assert waiting["reason"] == "no accepted node of tenant default matches role=gpu"
+    failed = wait_job(files, queued.json()["id"], lambda j: j["ended_at"] is not None, 15)
+    assert failed["state"] == "failed" and "queue timeout" in failed["reason"]
+
+    long = cli(
+        "job", "run", "--node", db, "--detach", "--json", "--",
+        "sh", "-c", "echo pid $$; exec sleep 60", env=env,
+    )  # fmt: skip
+    job_id = long.json()["id"]
+    pid = started_pid(files, job_id, 1)
+    cancelled = cli("job", "cancel", job_id, env=env)
+    assert cancelled.code == 0, cancelled.err
+    assert pid_gone(pid, GONE_BOUND), "the cancelled job's process still runs"
+    ended = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 10)
+    assert ended["state"] == "cancelled"
+    assert ended["attempts"][0]["ended_because"] == "cancelled"
+    audit = cli("audit", "list", "--json", env=env).json()
+    assert {"job.run", "job.cancel"} <= {e["action"] for e in audit}
+
+
+def moved(files: ClusterFiles, job_id: str, timeout: float) -> float:
+    """Wait until attempt 2 runs; how long it took."""
+    began = time.monotonic()
+    wait_job(files, job_id, lambda j: len(j["attempts"]) >= 2, timeout)
+    return time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}])
+    by_id = dict(zip(ids, agents, strict=True))
+    command = ["sh", "-c", "echo pid $$; sleep 4; echo finished on $OZ0_NODE_ID"]
+    took = {}
+    for action in ("block", "purge", "kill"):
+        run = cli("job", "run", "--detach", "--json", "--", *command, env=env)
+        assert run.code == 0, run.err
+        job_id = run.json()["id"]
+        pid = started_pid(files, job_id, 1)
+        first = wait_job(files, job_id, lambda j: bool(j["attempts"]), 5)["attempts"][0]["node"]
+        if action == "block":
+            assert cli("node", "block", first, "--reason", "jobs test", env=env).code == 0
+            bound = MOVE_BOUND
+        elif action == "purge":
+            assert cli("node", "purge", first, env=env).code == 0
+            bound = MOVE_BOUND
+        else:
+            agent = by_id[first]
+            assert agent.process is not None
+            agent.process.send_signal(signal.SIGKILL)
+            bound = SILENCE_BOUND
+        took[action] = moved(files, job_id, bound)
+        if action != "kill":
+            # The agent's runtime stop kills its attempts: block and purge leave nothing.
+            assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
+        else:
+            os.kill(pid, signal.SIGKILL)  # the agent died without its children's cleanup
+        done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
+        assert done["state"] == "succeeded", done
+        one, two = done["attempts"]
+        want = {"block": "node blocked", "purge": "node purged", "kill": "node lost"}[action]
+        assert (one["node"], one["ended_because"]) == (first, want)
+        assert two["node"] != first and two["ended_because"] == "exit"
+        tail = [data for number, _, data in output_of(files, job_id) if number == 2]
+        assert b"finished on " + two["node"].encode() in b"".join(tail)
+        if action == "block":
+            assert cli("node", "unblock", first, env=env).code == 0
+    print(
+        f"block -> attempt 2 placed {took['block']:.2f} s; purge -> {took['purge']:.2f} s;"
+        f" kill -9 -> {took['kill']:.2f} s"
+    )
+
+
+async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str:
+    """The server whose job worker took the job's latest workflow task (its identity)."""
+    client = await Client.connect(
+        f"{address}:7233", namespace="default", tls=operator_credentials(files).tls()
+    )
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    identities = [
+        e.workflow_task_started_event_attributes.identity
+        for e in history.events
+        if e.HasField("workflow_task_started_event_attributes")
+    ]
+    return identities[-1].split()[0]
+
+
+@pytest.mark.slow
+def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    tmp_path: Path,
+    agents: list[AgentProcess],
+) -> None:
+    files, env = cluster_files, cluster_files.cli_env
+    servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
+    # The CLI may reach either server; the agent either edge.
+    context = json.loads(files.context_path.read_text())
+    context["servers"] = [f"{address}:8443" for address in servers]
+    files.context_path.write_text(json.dumps(context))
+    join_agents(cli, files, tmp_path, agents, [{}], edges=[f"{a}:7443" for a in servers])
+    run = cli(
+        "job", "run", "--detach", "--json", "--",
+        "sh", "-c", "echo pid $$; sleep 8; echo done", env=env,
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    job_id = run.json()["id"]
+    started_pid(files, job_id, 1)
+    worker = run_async(lambda: workflow_worker(files, SERVER, job_id))
+    up = api(files).get("/api/v1/cluster")["servers"]
+    [victim] = [s["advertise"] for s in up if s["id"] == worker]
+    servers[victim].stop(signal.SIGKILL)
+    began = time.monotonic()
+    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 120)
+    assert done["state"] == "succeeded", done
+    assert b"done" in b"".join(data for _, _, data in output_of(files, job_id))
+    survivor = SECOND if victim == SERVER else SERVER
+    assert run_async(lambda: workflow_worker(files, survivor, job_id)) != worker
+    print(
+        f"workflow on {victim} SIGKILLed; job ended {time.monotonic() - began:.1f} s later"
+        f" after {len(done['attempts'])} attempt(s): "
+        + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
+    )
