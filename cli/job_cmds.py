@@ -116,6 +116,10 @@ def run(
             raise usage_error(str(e)) from None
         if all:
             raise usage_error("--node and --all cannot go together: --node picks one node")
+    if json and not detach:
+        raise usage_error(
+            "--json goes with --detach: a followed job prints its command's own output"
+        )
     if retries < 0:
         raise usage_error(f"invalid --retries {retries}: give 0 or more")
     body: dict[str, Any] = {
@@ -278,7 +282,7 @@ def cancel(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = Non
     if json:
         print_json(job)
     else:
-        print(f"job {job['id']}: cancel requested ({terminal_safe(job['state'])})")
+        print(terminal_safe(f"job {job['id']}: cancel requested ({job['state']})"))
     return 0
 
 
@@ -337,10 +341,9 @@ def _follow(
 
 def _still_running(job_id: str, context: Path | None, why: str) -> None:
     extra = _context_arg(context)
-    warn(
-        f"{why}; job {job_id} keeps running. Follow it: orchestrator-zero job logs {job_id}"
-        f" --follow{extra}  Cancel it: orchestrator-zero job cancel {job_id}{extra}"
-    )
+    warn(f"{why}; job {job_id} keeps running")
+    warn(f"  follow it: orchestrator-zero job logs {job_id} --follow{extra}")
+    warn(f"  cancel it: orchestrator-zero job cancel {job_id}{extra}")
 
 
 def _stdout_closed() -> int:

@@ -99,6 +99,7 @@ def test_env_pairs() -> None:
         ["--node", NODE_A, "--all"],
         ["--retries", "-1"],
         ["--retries", "many"],
+        ["--json"],  # without --detach
     ],
 )
 def test_bad_job_run_options_are_one_line_and_exit_2(cli: CliRunner, args: list[str]) -> None:
