@@ -52,6 +52,7 @@ class Follower:
     cursor: int = 0
     job: dict[str, Any] = field(default_factory=dict)
     _shown: int | None = None
+    _waiting: str | None = None
 
     def run(self, *, follow: bool) -> dict[str, Any]:
         """The job object once its output is complete (follow) or caught up (not follow)."""
@@ -69,6 +70,7 @@ class Follower:
             if page.get("ended") or not follow:
                 return self.job
             self._announce_newest()
+            self._announce_waiting()
             self.sleep(self.interval)
 
     def _write(self, chunk: dict[str, Any]) -> None:
@@ -105,6 +107,13 @@ class Follower:
             return
         if self._shown is None or number > self._shown:
             self._header(number, newest.get("node"))
+
+    def _announce_waiting(self) -> None:
+        """Say once why a job waits for a node (and again if the reason changes)."""
+        reason = self.job.get("reason") if self.job.get("state") == "queued" else None
+        if reason and reason != self._waiting:
+            self._line(f"--- job {self._job_id()} queued: {reason}")
+        self._waiting = reason
 
     def _header(self, attempt: int, node: object) -> None:
         previous, self._shown = self._shown, attempt

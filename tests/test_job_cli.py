@@ -370,6 +370,19 @@ def test_a_new_attempt_is_named_before_it_prints_anything() -> None:
     assert err == f"--- attempt 2 on {NODE_B} (attempt 1 ended: exit code 3)\n".encode()
 
 
+def test_why_a_job_waits_is_said_once_per_reason() -> None:
+    none = "no accepted node of tenant default matches role=gpu"
+    down = "node node-00000000000a is not connected"
+    waiting = [job_object(state="queued", reason=r) for r in (none, none, down, down)]
+    failed = job_object(state="failed", reason=none + " for 10m")
+    job, _, err, _, _ = follow([*[page([], j) for j in waiting], page([], failed)])
+    assert err.decode().splitlines() == [
+        f"--- job {JOB} queued: {none}",
+        f"--- job {JOB} queued: {down}",
+    ]
+    assert outcome(job) == (1, f"job {JOB} failed: {none} for 10m")
+
+
 def test_logs_head_every_attempt_and_mark_truncation() -> None:
     ended = job_object(
         state="succeeded",
