@@ -497,6 +497,19 @@ def test_ctrl_c_leaves_the_job_running_and_says_how_to_follow_and_cancel(
     assert len(api.posts) == 1  # the job was created and nothing cancelled it
 
 
+def test_ctrl_c_while_creating_says_the_job_may_exist(
+    cli: CliRunner, api: RecordingApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "post", interrupted)
+    result = cli("job", "run", "--detach", "--", "true")
+    assert result.code == 130
+    assert result.out == ""
+    assert "the job may have been created" in result.err and "job list" in result.err
+
+
 def test_a_follow_that_loses_the_servers_says_the_job_may_still_run(
     cli: CliRunner, api: RecordingApi
 ) -> None:
