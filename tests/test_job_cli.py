@@ -152,7 +152,7 @@ def test_the_command_is_everything_after_the_double_dash(cli: CliRunner, api: Re
     result = cli(
         "job", "run", "--selector", "role=web", "--selector", "zone=eu", "--timeout", "1m30s",
         "--env", "LANG=C", "--retries", "2", "--name", "list it", "--no-move",
-        "--queue-timeout", "5m", "--detach", "--", "ls", "-la", "--all", "--", "--detach",
+        "--queue-timeout", "5m", "--detach", "--", "ls", "-la", "--all", "--", "--detach", "-h",
     )  # fmt: skip
     assert result.code == 0, result
     assert result.out == f"{JOB}\n"
@@ -160,7 +160,7 @@ def test_the_command_is_everything_after_the_double_dash(cli: CliRunner, api: Re
     assert path == "/api/v1/jobs"
     assert body == {
         "tenant": "default",
-        "command": ["ls", "-la", "--all", "--", "--detach"],
+        "command": ["ls", "-la", "--all", "--", "--detach", "-h"],
         "selector": {"role": "web", "zone": "eu"},
         "node": None,
         "all": False,
