@@ -10,6 +10,7 @@ from cyclopts import App
 from cli import (
     audit_cmds,
     cluster_cmds,
+    job_cmds,
     node_cmds,
     operator_cmds,
     server_cmds,
@@ -31,6 +32,8 @@ app.command(node_cmds.app)
 app.command(tenant_cmds.app)
 app.command(token_cmds.app)
 app.command(audit_cmds.app)
+# Through its meta app, which checks that `job run` has its `--` (see job_cmds).
+app.command(job_cmds.app.meta, name="job")
 
 
 def run(tokens: Sequence[str]) -> int:

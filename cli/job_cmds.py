@@ -1,0 +1,398 @@
+"""`orchestrator-zero job ...`: run a command on the fleet, follow it, list, show, cancel."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+from cyclopts import App, Parameter
+
+from cli.client import ApiClient, ApiError
+from cli.job_follow import ENDED_STATES, Follower, outcome
+from cli.job_params import (
+    check_job_id,
+    duration,
+    env_pairs,
+    parse_env,
+    parse_selector,
+    selector_pairs,
+    usage_error,
+)
+from cli.output import print_fields, print_json, print_table, terminal_safe, warn
+from cli.params import ContextPath, JsonFlag
+from oz0 import nodes
+from oz0.context import select
+
+app = App(name="job", help="Jobs: commands run on the fleet's nodes.")
+
+Flag = Annotated[bool, Parameter(negative=())]
+DEFAULT_QUEUE_TIMEOUT = 600.0
+COMMAND_WIDTH = 48
+_HELP_FLAGS = ("--help", "-h")
+
+
+# Every `job` command line passes the meta app first, to check that `job run` has its `--`:
+# cyclopts takes options before or after the positional arguments, so without it a
+# `job run rm --all` would run `rm` on every node. With `--` required, what follows it is
+# the command and nothing else.
+@app.meta.default
+def _job(*tokens: Annotated[str, Parameter(show=False, allow_leading_hyphen=True)]) -> Any:
+    """Jobs: commands run on the fleet's nodes."""
+    if tokens[:1] == ("run",) and "--" not in tokens and not set(tokens) & set(_HELP_FLAGS):
+        raise usage_error(
+            "job run needs the command after --, such as:"
+            " orchestrator-zero job run --selector role=web -- uptime"
+        )
+    return app(list(tokens), exit_on_error=False, print_error=False, result_action="return_value")
+
+
+@app.command
+def run(
+    *command: str,
+    tenant: str = nodes.DEFAULT_TENANT,
+    selector: Annotated[
+        list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
+    ] = None,
+    node: str | None = None,
+    all: Flag = False,
+    timeout: Annotated[float | None, Parameter(converter=duration, metavar="DURATION")] = None,
+    retries: int = 0,
+    env: Annotated[
+        list[str] | None, Parameter(negative=(), converter=env_pairs, metavar="NAME=VALUE")
+    ] = None,
+    name: str | None = None,
+    no_move: Flag = False,
+    queue_timeout: Annotated[
+        float, Parameter(converter=duration, metavar="DURATION", show_default=False)
+    ] = DEFAULT_QUEUE_TIMEOUT,
+    detach: Flag = False,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Run a command on a node of the fleet (put it after --) and follow it.
+
+    Without --detach: prints the command's output as it comes (stdout to stdout, stderr to
+    stderr) and exits with its exit code; a job that ends another way (lost, cancelled,
+    timed out, never placed) prints one line saying why and exits 1. Ctrl-C leaves the job
+    running.
+
+    Parameters
+    ----------
+    command
+        The command and its arguments, after --; run as is, without a shell.
+    tenant
+        The tenant whose nodes may run it.
+    selector
+        KEY=VALUE: only nodes with this label; repeat for several (all must match).
+    node
+        Only this node (node-...).
+    all
+        Once on every node that matches now; such a job is not moved.
+    timeout
+        Stop an attempt running longer, such as 90s, 5m or 1h30m (default: no limit).
+    retries
+        Run the command again this many times when it fails (moves do not count).
+    env
+        NAME=VALUE for the command's environment; repeat for several.
+    name
+        A name to recognise the job by.
+    no_move
+        A blocked, purged or lost node's attempt ends the job lost instead of moving it.
+    queue_timeout
+        Fail the job if no node can take it for this long. [default: 10m]
+    detach
+        Print the job ID and leave it running.
+    """
+    if not command:
+        raise usage_error("job run needs a command after --, such as: -- uptime")
+    if node is not None:
+        try:
+            nodes.check_node_id(node)
+        except nodes.NodeError as e:
+            raise usage_error(str(e)) from None
+        if all:
+            raise usage_error("--node and --all cannot go together: --node picks one node")
+    if json and not detach:
+        raise usage_error(
+            "--json goes with --detach: a followed job prints its command's own output"
+        )
+    if retries < 0:
+        raise usage_error(f"invalid --retries {retries}: give 0 or more")
+    body: dict[str, Any] = {
+        "tenant": tenant,
+        "command": list(command),
+        "selector": parse_selector(selector or []),
+        "node": node,
+        "all": all,
+        "timeout": timeout,
+        "retries": retries,
+        "env": parse_env(env or []),
+        "name": name,
+        "no_move": no_move,
+        "queue_timeout": queue_timeout,
+    }
+    client = ApiClient(select(context))
+    try:
+        job = client.post("/api/v1/jobs", body)
+    except KeyboardInterrupt:
+        warn(
+            "interrupted: the job may have been created; see `orchestrator-zero job list`"
+            f"{_context_arg(context)}"
+        )
+        return 130
+    if detach:
+        if json:
+            print_json(job)
+        else:
+            print(terminal_safe(job["id"]))
+        return 0
+    return _follow(client, job["id"], context, headers="moves", only_attempt=None, run=True)
+
+
+@app.command(name="list")
+def list_(
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    limit: int = 50,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """The newest jobs, newest first.
+
+    Parameters
+    ----------
+    tenant
+        Only jobs of this tenant.
+    state
+        queued, running, succeeded, failed, cancelled or lost.
+    limit
+        At most this many jobs.
+    """
+    if limit < 1:
+        raise usage_error(f"invalid --limit {limit}: give 1 or more")
+    found = ApiClient(select(context)).get(
+        "/api/v1/jobs", {"tenant": tenant, "state": state, "limit": limit}
+    )
+    jobs = found["jobs"]
+    if json:
+        print_json(jobs)
+        return 0
+    print_table(
+        ["ID", "STATE", "TENANT", "NODE(S)", "EXIT", "CREATED", "COMMAND"],
+        [
+            [j["id"], j["state"], j["tenant"], _nodes(j), _exit(j["exit_code"]),
+             _time(j["created_at"]), _short(_command(j["command"]))]
+            for j in jobs
+        ],
+    )  # fmt: skip
+    return 0
+
+
+@app.command
+def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """One job in detail, with its attempts."""
+    path = f"/api/v1/jobs/{check_job_id(job_id)}"
+    job = ApiClient(select(context)).get(path)
+    if json:
+        print_json(job)
+        return 0
+    print_fields(
+        [
+            ("id", job["id"]),
+            ("name", job["name"] or "-"),
+            ("state", job["state"]),
+            ("reason", job["reason"] or "-"),
+            ("tenant", job["tenant"]),
+            ("command", _command(job["command"])),
+            ("selector", _labels(job["selector"]) or "-"),
+            ("node", job["node"] or "-"),
+            ("all", "yes" if job["all"] else "no"),
+            ("moves", "no (--no-move)" if job["no_move"] else "yes"),
+            ("retries", job["retries"]),
+            ("timeout", _seconds(job["timeout"]) if job["timeout"] is not None else "none"),
+            ("queue timeout", _seconds(job["queue_timeout"])),
+            ("env", ",".join(job["env"]) or "-"),
+            ("exit code", _exit(job["exit_code"])),
+            ("created", f"{_time(job['created_at'])} by {job['created_by']}"),
+            ("started", _time(job["started_at"])),
+            ("ended", _time(job["ended_at"])),
+        ]
+    )
+    attempts = job["attempts"]
+    print()
+    if not attempts:
+        print("no attempts yet")
+        return 0
+    print_table(
+        ["ATTEMPT", "NODE", "STATE", "STARTED", "ENDED", "EXIT", "ENDED BECAUSE", "OUTPUT"],
+        [
+            [a["number"], a["node"], a["state"], _time(a["started_at"]), _time(a["ended_at"]),
+             _exit(a["exit_code"]), a["ended_because"] or "-", _output(a)]
+            for a in attempts
+        ],
+    )  # fmt: skip
+    return 0
+
+
+@app.command
+def logs(
+    job_id: str,
+    /,
+    *,
+    attempt: int | None = None,
+    follow: Flag = False,
+    context: ContextPath = None,
+) -> int:
+    """A job's output: every attempt's, each headed on stderr by its attempt and node.
+
+    The command's stdout goes to stdout and its stderr to stderr, byte for byte; the
+    headers go to stderr, so `job logs ID > out` holds only what the command printed.
+
+    Parameters
+    ----------
+    attempt
+        Only this attempt's output (1 is the first).
+    follow
+        Keep printing until the job ends, then exit as `job run` does.
+    """
+    check_job_id(job_id)
+    if attempt is not None and attempt < 1:
+        raise usage_error(f"invalid --attempt {attempt}: attempts are numbered from 1")
+    client = ApiClient(select(context))
+    if follow:
+        return _follow(client, job_id, context, headers="always", only_attempt=attempt, run=False)
+    follower = _follower(client, job_id, headers="always", only_attempt=attempt)
+    try:
+        follower.run(follow=False)
+    except BrokenPipeError:
+        return _stdout_closed()
+    return 0
+
+
+@app.command
+def cancel(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """Stop a job: its running attempts' processes are killed (SIGTERM, SIGKILL after 3 s)."""
+    path = f"/api/v1/jobs/{check_job_id(job_id)}/cancel"
+    job = ApiClient(select(context)).post(path, {})
+    if json:
+        print_json(job)
+    else:
+        print(terminal_safe(f"job {job['id']}: cancel requested ({job['state']})"))
+    return 0
+
+
+def _follower(
+    client: ApiClient, job_id: str, *, headers: str, only_attempt: int | None
+) -> Follower:
+    path = f"/api/v1/jobs/{job_id}/output"
+
+    def fetch(after: int) -> dict[str, Any]:
+        page: dict[str, Any] = client.get(path, {"after": after, "attempt": only_attempt})
+        return page
+
+    return Follower(
+        fetch,
+        sys.stdout.buffer,
+        sys.stderr.buffer,
+        headers=headers,
+        only_attempt=only_attempt,
+    )
+
+
+def _follow(
+    client: ApiClient,
+    job_id: str,
+    context: Path | None,
+    *,
+    headers: str,
+    only_attempt: int | None,
+    run: bool,
+) -> int:
+    """Follow JOB_ID to its end and exit as its command did; Ctrl-C leaves it running."""
+    sys.stdout.flush()
+    follower = _follower(client, job_id, headers=headers, only_attempt=only_attempt)
+    try:
+        job = follower.run(follow=True)
+    except KeyboardInterrupt:
+        _still_running(job_id, context, "interrupted")
+        return 130
+    except BrokenPipeError:
+        code = _stdout_closed()
+        if run:
+            _still_running(job_id, context, "output closed")
+        return code
+    except ApiError as e:
+        raise ApiError(
+            f"{e}; job {job_id} may still be running: follow it with"
+            f" `orchestrator-zero job logs {job_id} --follow{_context_arg(context)}`"
+        ) from None
+    if job.get("state") not in ENDED_STATES:
+        raise ApiError(f"the server said job {job_id} ended but it is {job.get('state')}")
+    code, line = outcome(job)
+    if line is not None:
+        print(line, file=sys.stderr)
+    return code
+
+
+def _still_running(job_id: str, context: Path | None, why: str) -> None:
+    extra = _context_arg(context)
+    warn(f"{why}; job {job_id} keeps running")
+    warn(f"  follow it: orchestrator-zero job logs {job_id} --follow{extra}")
+    warn(f"  cancel it: orchestrator-zero job cancel {job_id}{extra}")
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (`| head`): exit quietly, as SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail
+    return 141
+
+
+def _context_arg(context: Path | None) -> str:
+    return f" --context {shlex.quote(str(context))}" if context is not None else ""
+
+
+def _command(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= COMMAND_WIDTH else text[: COMMAND_WIDTH - 3] + "..."
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _nodes(job: dict[str, Any]) -> str:
+    attempts = job["attempts"]
+    if not attempts:
+        return "-"
+    if job["all"]:
+        nodes_ = sorted({a["node"] for a in attempts})
+        return nodes_[0] if len(nodes_) == 1 else f"{len(nodes_)} nodes"
+    return str(attempts[-1]["node"])
+
+
+def _exit(code: int | None) -> str:
+    return "-" if code is None else str(code)
+
+
+def _output(attempt: dict[str, Any]) -> str:
+    size = f"{attempt['output_bytes']} B"
+    return f"{size} (truncated)" if attempt["truncated"] else size
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _time(iso: str | None) -> str:
+    if iso is None:
+        return "-"
+    return dt.datetime.fromisoformat(iso).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
