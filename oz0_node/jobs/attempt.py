@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,9 +37,9 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from oz0_node.jobs.group import KILL_GRACE, REAP_TIMEOUT, end_group, members
 from oz0_node.jobs.link import OutputLink
-from oz0_node.jobs.output import MESSAGE_DATA, AttemptEnded, OutputRelay
+from oz0_node.jobs.output import AttemptEnded, OutputRelay
+from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
 
 log = logging.getLogger(__name__)
 
@@ -289,68 +289,50 @@ async def _run(
     beats = asyncio.create_task(_heartbeats(heartbeat))
     try:
         try:
-            process = await asyncio.create_subprocess_exec(
-                *spec.command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=workdir,
-                env=attempt_env(spec, node_id),
-                start_new_session=True,
+            child = await spawn(
+                spec.command, cwd=workdir, env=attempt_env(spec, node_id), on_output=relay.add
             )
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             why = e.strerror or str(e)
             relay.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
             return _result(code, None, "exit", relay, await _finish(relay, spec))
-        log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, process.pid)
-        pumps = [
-            asyncio.create_task(_pump(process.stdout, "stdout", relay)),
-            asyncio.create_task(_pump(process.stderr, "stderr", relay)),
-        ]
+        log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid)
         try:
-            return await _supervise(spec, process, relay, running, pumps)
+            return await _supervise(spec, child, relay, running)
         finally:
-            for pump in pumps:
-                pump.cancel()
             # Whatever ended the attempt, nothing of it outlives it.
-            await _to_completion(end_group(process))
+            await _to_completion(child.end())
+            child.close()
     finally:
         beats.cancel()
         await relay.abandon()
 
 
 async def _supervise(
-    spec: AttemptSpec,
-    process: asyncio.subprocess.Process,
-    relay: OutputRelay,
-    running: Running,
-    pumps: list[asyncio.Task[None]],
+    spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running
 ) -> dict[str, object]:
-    exited = asyncio.create_task(process.wait())
-    stop = asyncio.create_task(running.stop.wait())
-    ended = asyncio.create_task(relay.ended.wait())
-    watched = [exited, stop, ended]
+    watched = [
+        asyncio.create_task(child.exited.wait()),
+        asyncio.create_task(running.stop.wait()),
+        asyncio.create_task(relay.ended.wait()),
+    ]
     try:
         await asyncio.wait(watched, timeout=spec.timeout, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         log.info("job %s attempt %d: cancelled; ending it", spec.job_id, spec.attempt)
-        await _to_completion(end_group(process))
+        await _to_completion(child.end())
         raise
     finally:
         for task in watched:
             task.cancel()
     if running.stop.is_set():
-        await _to_completion(end_group(process))
+        await _to_completion(child.end())
         raise node_stopping(spec)
     if relay.ended.is_set():
-        await _to_completion(end_group(process))
-        raise ApplicationError(
-            f"job {spec.job_id} attempt {spec.attempt}: the cluster ended it on this node",
-            type=ATTEMPT_ENDED,
-            non_retryable=True,
-        )
-    timed_out = process.returncode is None
+        await _to_completion(child.end())
+        raise attempt_ended(spec)
+    timed_out = not child.exited.is_set()
     if timed_out:
         log.info(
             "job %s attempt %d: timed out after %g s; ending it",
@@ -358,12 +340,18 @@ async def _supervise(
             spec.attempt,
             spec.timeout,
         )
-    elif members(process.pid):
-        log.info("job %s attempt %d: ending what the command left behind", *_ids(spec))
-    await _to_completion(end_group(process))
-    await _drain(pumps)
+    elif members(child.pid):
+        log.info(
+            "job %s attempt %d: ending what the command left running",
+            spec.job_id,
+            spec.attempt,
+        )
+    await _to_completion(child.end())
+    with contextlib.suppress(TimeoutError):
+        # A pipe held by a process that left the group (setsid) is not waited for.
+        await asyncio.wait_for(child.pipes_closed.wait(), DRAIN_TIMEOUT)
     complete = await _finish(relay, spec)
-    code = process.returncode
+    code = child.returncode
     signal = -code if code is not None and code < 0 else None
     if timed_out:
         return _result(None, signal, "timeout", relay, complete)
@@ -372,32 +360,19 @@ async def _supervise(
     return _result(exit_code, signal, "exit", relay, complete)
 
 
-def _ids(spec: AttemptSpec) -> tuple[str, int]:
-    return spec.job_id, spec.attempt
+def attempt_ended(spec: AttemptSpec) -> ApplicationError:
+    return ApplicationError(
+        f"job {spec.job_id} attempt {spec.attempt}: the cluster ended it on this node",
+        type=ATTEMPT_ENDED,
+        non_retryable=True,
+    )
 
 
 async def _finish(relay: OutputRelay, spec: AttemptSpec) -> bool:
     try:
         return await relay.finish()
     except AttemptEnded:
-        raise ApplicationError(
-            f"job {spec.job_id} attempt {spec.attempt}: the cluster ended it on this node",
-            type=ATTEMPT_ENDED,
-            non_retryable=True,
-        ) from None
-
-
-async def _pump(reader: asyncio.StreamReader | None, stream: str, relay: OutputRelay) -> None:
-    assert reader is not None  # both pipes were asked for
-    while data := await reader.read(MESSAGE_DATA):
-        relay.add(stream, data)
-
-
-async def _drain(pumps: list[asyncio.Task[None]]) -> None:
-    """Let the readers reach the end of the pipes; a pipe held open elsewhere is left."""
-    _, open_still = await asyncio.wait(pumps, timeout=DRAIN_TIMEOUT)
-    if open_still:
-        log.info("a pipe stayed open after the process group ended: stopped reading it")
+        raise attempt_ended(spec) from None
 
 
 async def _heartbeats(heartbeat: Callable[[], None]) -> None:
@@ -425,7 +400,7 @@ async def _to_completion(work: Coroutine[Any, Any, T]) -> T:
 
 def attempt_activity(
     node_id: str, data_dir: Path, link: OutputLink, attempts: RunningAttempts
-) -> Callable[[dict[str, Any]], Awaitable[dict[str, object]]]:
+) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
     """The `oz0.job.attempt` activity of one runtime."""
 
     @activity.defn(name=ACTIVITY)

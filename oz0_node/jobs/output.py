@@ -36,8 +36,6 @@ GIVE_UP_AFTER = 10.0
 # Once the command has ended: how long what is still waiting has to be sent and acked.
 FINAL_FLUSH = 10.0
 
-STREAMS = ("stdout", "stderr")
-
 
 class AttemptEnded(Exception):
     """The edge said the cluster no longer runs this attempt on this node."""
