@@ -668,3 +668,22 @@ def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: 
 
     assert names(FakeLink()) == ["oz0.node.describe", ACTIVITY]
     assert names(None) == ["oz0.node.describe"]
+
+
+def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None:
+    link = FakeLink(answers=[None])  # the edge never acks the first message
+    attempts = RunningAttempts()
+    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+
+    async def main() -> tuple[dict[str, object], float]:
+        task = asyncio.create_task(ActivityEnvironment().run(fn, spec("sh", "-c", "echo hi")))
+        while not link.sent:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await attempts.stop_all()
+        return await asyncio.wait_for(task, ATTEMPT_BOUND), time.monotonic() - began
+
+    result, took = asyncio.run(main())
+    assert took < 2.0, "stop_all did not wait for the flush"
+    assert result["exit_code"] == 0 and result["output_complete"] is False
+    assert not workdir(tmp_path).exists()

@@ -296,7 +296,7 @@ async def _run(
             code = 127 if isinstance(e, FileNotFoundError) else 126
             why = e.strerror or str(e)
             relay.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
-            return _result(code, None, "exit", relay, await _finish(relay, spec))
+            return _result(code, None, "exit", relay, await _finish(relay, spec, running))
         log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid)
         try:
             return await _supervise(spec, child, relay, running)
@@ -350,7 +350,7 @@ async def _supervise(
     with contextlib.suppress(TimeoutError):
         # A pipe held by a process that left the group (setsid) is not waited for.
         await asyncio.wait_for(child.pipes_closed.wait(), DRAIN_TIMEOUT)
-    complete = await _finish(relay, spec)
+    complete = await _finish(relay, spec, running)
     code = child.returncode
     signal = -code if code is not None and code < 0 else None
     if timed_out:
@@ -368,11 +368,24 @@ def attempt_ended(spec: AttemptSpec) -> ApplicationError:
     )
 
 
-async def _finish(relay: OutputRelay, spec: AttemptSpec) -> bool:
+async def _finish(relay: OutputRelay, spec: AttemptSpec, running: Running) -> bool:
+    """Flush the output (relay.finish); whether all of it was stored.
+
+    The runtime stopping cuts the flush short (its stream is going): the command has ended,
+    so the attempt still returns its result, with its output incomplete."""
+    flush = asyncio.create_task(relay.finish())
+    stop = asyncio.create_task(running.stop.wait())
     try:
-        return await relay.finish()
+        await asyncio.wait([flush, stop], return_when=asyncio.FIRST_COMPLETED)
+        if not flush.done():
+            await relay.abandon()
+            return False
+        return flush.result()
     except AttemptEnded:
         raise attempt_ended(spec) from None
+    finally:
+        stop.cancel()
+        flush.cancel()
 
 
 async def _heartbeats(heartbeat: Callable[[], None]) -> None:
