@@ -687,3 +687,12 @@ def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None
     assert took < 2.0, "stop_all did not wait for the flush"
     assert result["exit_code"] == 0 and result["output_complete"] is False
     assert not workdir(tmp_path).exists()
+
+
+def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "runtimes").write_text("a file where the directory belongs")
+    with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
+        run_attempt(spec("true"), FakeLink(), tmp_path)
+    assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable

@@ -57,6 +57,7 @@ JOB_ID = re.compile(r"job-[0-9a-f]{12}\Z")
 BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
+NO_WORKDIR = "NoWorkingDirectory"
 
 T = TypeVar("T")
 
@@ -267,7 +268,15 @@ async def run_attempt(
     spec = AttemptSpec.parse(raw)
     running = attempts.enter(spec)
     try:
-        workdir = fresh_workdir(data_dir, spec)
+        try:
+            workdir = fresh_workdir(data_dir, spec)
+        except OSError as e:
+            raise ApplicationError(
+                f"job {spec.job_id} attempt {spec.attempt}: cannot make its working directory "
+                f"in {runtimes_dir(data_dir)}: {e.strerror or e}",
+                type=NO_WORKDIR,
+                non_retryable=True,
+            ) from None
         try:
             return await _run(spec, workdir, node_id, link, running, heartbeat)
         finally:
