@@ -17,6 +17,7 @@ import trio
 
 from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeUnavailable
+from oz0_node.jobs import StreamLink
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
 from oz0_node.transport import EdgeConnection
@@ -36,6 +37,8 @@ class LiveStream:
     ca_pem: bytes
     hello: Hello
     nonces: purge.PurgeMemory
+    # Job output goes out through it, and its acks come back to it (`job_output_ack`).
+    jobs: StreamLink
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
@@ -78,6 +81,10 @@ async def _on_heartbeat(stream: LiveStream, message: Message) -> None:
 
 async def _on_edges(stream: LiveStream, message: Message) -> None:
     stream.node.remember(edges=edge_list(message, stream.conn.address))
+
+
+async def _on_job_output_ack(stream: LiveStream, message: Message) -> None:
+    stream.jobs.deliver(message)
 
 
 async def _on_refused(stream: LiveStream, message: Message) -> None:
@@ -156,6 +163,7 @@ HANDLERS: dict[str, Handler] = {
     "purge": answer_purge,
     "renewed": renewal.on_renewed,
     "renew_refused": renewal.on_renew_refused,
+    "job_output_ack": _on_job_output_ack,
 }
 
 

@@ -8,7 +8,9 @@ from the edge mean the stream is dead. Messages on a live stream go to
 (`renewal.py`; a renewal ends the stream, the next uses the new certificate) and the
 node's runtime runs (`runtime.py`), in
 the frontend and namespace the welcome names; it stops when the stream ends, whatever ends
-it. Whatever ends a stream, the reconnect policy picks the next edge.
+it. The runtime's job attempts send their output on the stream (`jobs.StreamLink`), whose
+acks `commands.dispatch` hands back to them. Whatever ends a stream, the reconnect policy
+picks the next edge.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from oz0 import pki
 from oz0_node import purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeUnavailable, one_error
+from oz0_node.jobs import StreamLink
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
@@ -93,7 +96,8 @@ async def _one_stream(
         address, CONTROL_PATH, tls, cluster=node.record.cluster, open_stream=open_stream
     ) as conn:
         hello = Hello.parse(await conn.receive(WELCOME_TIMEOUT), address)
-        stream = LiveStream(node, conn, ca_pem, hello, nonces)
+        link = StreamLink(conn, trio.lowlevel.current_trio_token())
+        stream = LiveStream(node, conn, ca_pem, hello, nonces, link)
         answer = await conn.receive(WELCOME_TIMEOUT)
         while kind(answer) == "purge":
             # Refused (it returned): the edge goes on with `refused`, code `purging`.
@@ -126,7 +130,7 @@ async def _one_stream(
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
-                nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
+                nursery.start_soon(_keep_runtime, node, welcome, address, runtimes, link)
                 nursery.start_soon(renewal.keep_fresh, stream, clock)
                 await _receive(stream, welcome.heartbeat)
         except BaseExceptionGroup as group:
@@ -136,8 +140,12 @@ async def _one_stream(
             policy.stream_down()
 
 
-async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Runtimes) -> None:
-    """Run the node's runtime for as long as the stream is up; a failure is retried on it."""
+async def _keep_runtime(
+    node: Node, welcome: Welcome, address: str, runtimes: Runtimes, link: StreamLink
+) -> None:
+    """Run the node's runtime for as long as the stream is up; a failure is retried on it.
+
+    Its job attempts send their output over LINK, this stream."""
     if welcome.temporal is None or welcome.tenant is None:
         log.warning(
             "edge %s named no Temporal frontend or tenant (an older server?): "
@@ -152,6 +160,7 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
         namespace=welcome.tenant,
         temporal=welcome.temporal,
         identity=node.identity,
+        output=link,
     )
     delay = RUNTIME_RETRY_FIRST
     while True:

@@ -4,14 +4,16 @@ It runs while the node is accepted and connected: started once a control stream 
 welcomed (the welcome names the Temporal frontend and the tenant), stopped when that stream
 ends for any reason (refused, purge, edge lost, SIGTERM). It connects with the node's own
 certificate, verifies the frontend against the pinned cluster CA, and works in the namespace
-of the node's tenant. For now it offers the agent's built-in activities only (no workflows):
-`oz0.node.describe`.
+of the node's tenant. It offers the agent's built-in activities only (no workflows):
+`oz0.node.describe`, and `oz0.job.attempt` (oz0_node/jobs/) when the stream handed it an
+output link.
 
 temporalio is asyncio-only: the Client and the Worker are made and run in a thread of their
-own with its own event loop (DESIGN, "temporalio under Trio"). Stopping is bounded: the
-worker shuts down (activities get GRACEFUL_SHUTDOWN), and the thread is waited for at most
-STOP_TIMEOUT; a thread that outlives it is left behind as a daemon, never holding up the
-agent's exit.
+own with its own event loop (DESIGN, "temporalio under Trio"). Stopping is bounded: every
+running job attempt is ended first (its process group gets SIGTERM, SIGKILL after
+jobs.KILL_GRACE), then the worker shuts down (activities get GRACEFUL_SHUTDOWN), and the
+thread is waited for at most STOP_TIMEOUT; a thread that outlives it is left behind as a
+daemon, never holding up the agent's exit.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from temporalio.worker import Worker
 
 from oz0 import __version__
 from oz0_node.identity import IdentityDir
+from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
+from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,11 @@ DESCRIBE_ACTIVITY = "oz0.node.describe"
 MAX_CONCURRENT_ACTIVITIES = 4
 CONNECT_TIMEOUT = 10.0
 GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
-STOP_TIMEOUT = 5.0
+# Heartbeats reach Temporal at least this often, so a cancellation reaches an attempt
+# (it comes back in a heartbeat's answer) within about this long.
+HEARTBEAT_THROTTLE = dt.timedelta(seconds=1)
+# Ending the running attempts, then the worker's graceful shutdown, then a margin.
+STOP_TIMEOUT = STOP_ALL_TIMEOUT + GRACEFUL_SHUTDOWN.total_seconds() + 1.0
 RUNNING_POLL = 0.05
 
 
@@ -59,6 +67,9 @@ class RuntimeSettings:
     namespace: str
     temporal: str  # HOST:PORT of a Temporal frontend
     identity: IdentityDir
+    # Where job output goes: the control stream this runtime runs for. Without one the
+    # runtime offers no job activity.
+    output: OutputLink | None = None
 
     @property
     def task_queue(self) -> str:
@@ -110,6 +121,9 @@ class NodeRuntime:
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        # Used in the runtime's loop only.
+        self.attempts = RunningAttempts()
+        self._stopper: asyncio.Task[None] | None = None
 
     async def run(self, running: Callable[[], None]) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -159,9 +173,39 @@ class NodeRuntime:
         if loop is not None and task is not None:
             # A closed loop (RuntimeError) means the thread is ending by itself.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(task.cancel)
+                loop.call_soon_threadsafe(self._begin_stop, loop, task)
 
     # --- in the runtime's own thread ----------------------------------------------------
+
+    def _begin_stop(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+        if self._stopper is None:
+            self._stopper = loop.create_task(self._end_attempts_then(task))
+
+    async def _end_attempts_then(self, task: asyncio.Task[None]) -> None:
+        """Jobs first: their processes must not outlive the stop, whatever the worker does."""
+        try:
+            await self.attempts.stop_all()
+        finally:
+            task.cancel()
+
+    def _claim_loop(self) -> bool:
+        """Record this thread's loop and task for stop(); False if stopped already."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        return True
+
+    def _activities(self) -> list[Callable[..., Any]]:
+        settings = self.settings
+        activities: list[Callable[..., Any]] = [describe_activity(settings.node_id)]
+        if settings.output is not None:
+            activities.append(
+                attempt_activity(
+                    settings.node_id, settings.identity.data_dir, settings.output, self.attempts
+                )
+            )
+        return activities
 
     def _thread_main(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
         try:
@@ -172,10 +216,8 @@ class NodeRuntime:
             self._failure = e
 
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
-        with self._lock:
-            if self._stopping:
-                return
-            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        if not self._claim_loop():
+            return
         settings, identity = self.settings, self.settings.identity
         tls = TLSConfig(
             server_root_ca_cert=identity.ca_path.read_bytes(),
@@ -194,9 +236,11 @@ class NodeRuntime:
         worker = Worker(
             client,
             task_queue=settings.task_queue,
-            activities=[describe_activity(settings.node_id)],
+            activities=self._activities(),
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         )
 
         async def report_once_running() -> None:
@@ -217,6 +261,9 @@ class NodeRuntime:
             await worker.run()
         finally:
             reporter.cancel()
+            # The worker failed or was stopped: nothing it started may run on. (On a stop,
+            # _end_attempts_then has done this already, before the worker was told.)
+            await self.attempts.stop_all()
 
 
 class Runtimes:

@@ -104,6 +104,8 @@ class FakeCluster:
         self.cert_validity = dt.timedelta(days=30)
         # "ended": the stream of the old key ended (`refused`, unknown) before the answer.
         self.renew_answer: Literal["renewed", "refused", "lost", "ended"] = "renewed"
+        # How the edge answers each `job_output`: stored (as when PostgreSQL took it).
+        self.job_output_ack: dict[str, Any] = {"stored": True, "reason": None}
 
     @property
     def ca_pem(self) -> bytes:
@@ -401,6 +403,14 @@ class FakeEdge:
                 self.cluster.record("from-node", self.address, message)
                 if message["type"] == "renew":
                     await self._renew(s, message)
+                elif message["type"] == "job_output":
+                    await s.send(
+                        "job_output_ack",
+                        job=message["job"],
+                        attempt=message["attempt"],
+                        seq=message["seq"],
+                        **self.cluster.job_output_ack,
+                    )
         except ConnectionClosed:
             self.cluster.record("node-closed", self.address)
         scope.cancel()

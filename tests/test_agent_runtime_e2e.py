@@ -27,6 +27,7 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.temporal import Credentials, operator_credentials, run_async
 from oz0.store.dburl import DatabaseUrl
+from oz0_node import runtime
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -37,7 +38,7 @@ BLOCK_BOUND, UNBLOCK_BOUND = 2.0, 10.0
 # How long a call to a blocked node waits for a worker to take it, to show that none does.
 UNANSWERED = dt.timedelta(seconds=5)
 # The runtime's stop (runtime.STOP_TIMEOUT) and a margin for the process's exit.
-EXIT_BOUND = 8.0
+EXIT_BOUND = runtime.STOP_TIMEOUT + 3.0
 
 
 @workflow.defn(name="test.describe-node")

@@ -1,0 +1,698 @@
+"""The node's side of jobs: the real `oz0.job.attempt` activity (temporalio's
+ActivityEnvironment) running real processes, with a fake output link that records what
+would reach the edge and answers with scripted acks; the link over a real control stream
+to a fake edge; and the runtime's stop, which ends attempts before its worker.
+
+Processes run on real time, with generous bounds; the Trio side of the link on MockClock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop
+
+from oz0_node import agent
+from oz0_node.errors import EdgeUnavailable
+from oz0_node.identity import IdentityDir
+from oz0_node.jobs import attempt as attempt_module
+from oz0_node.jobs import output
+from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
+from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
+from oz0_node.jobs.process import KILL_GRACE, members
+from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
+
+NODE_ID = "node-0123456789ab"
+JOB = "job-00000000abcd"
+# Generous: the slowest case is a kill after the grace.
+ATTEMPT_BOUND = 20.0
+
+Answer = Ack | None | type[LinkDown]
+
+
+def spec(
+    *command: str,
+    attempt: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "job_id": JOB,
+        "attempt": attempt,
+        "command": list(command),
+        "env": env or {},
+        "timeout": timeout,
+    }
+
+
+@dataclass
+class FakeLink:
+    """What would go to the edge, each ack from ANSWERS in turn (then stored), thread-safe
+    enough for one attempt: the attempt is its only caller."""
+
+    answers: list[Answer] = field(default_factory=list)
+    sent: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    outstanding: int = 0
+    most_outstanding: int = 0
+    first_sent: threading.Event = field(default_factory=threading.Event)
+
+    async def exchange(self, fields: dict[str, Any], within: float) -> Ack | None:
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+        try:
+            self.sent.append((time.monotonic(), dict(fields)))
+            self.first_sent.set()
+            answer = self.answers.pop(0) if self.answers else Ack(stored=True)
+            if answer is LinkDown:
+                raise LinkDown("test: no stream")
+            if answer is None:
+                await asyncio.sleep(within)
+                return None
+            assert isinstance(answer, Ack)
+            return answer
+        finally:
+            self.outstanding -= 1
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [fields for _, fields in self.sent]
+
+    def stored(self) -> list[dict[str, Any]]:
+        """Each seq once (the last send of a seq is the one acked)."""
+        by_seq = {m["seq"]: m for m in self.messages()}
+        return [by_seq[seq] for seq in sorted(by_seq)]
+
+    def chunks(self) -> list[tuple[str, bytes]]:
+        """The output as it would be stored: consecutive data of one stream together."""
+        merged: list[tuple[str, bytes]] = []
+        for m in self.stored():
+            data = base64.b64decode(m["data"])
+            if not data:
+                continue
+            if merged and merged[-1][0] == m["stream"]:
+                merged[-1] = (m["stream"], merged[-1][1] + data)
+            else:
+                merged.append((m["stream"], data))
+        return merged
+
+    def text(self, stream: str = "stdout") -> str:
+        return b"".join(d for s, d in self.chunks() if s == stream).decode()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (this machine's PID 1 may not reap orphans)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.fixture
+def pids() -> Iterator[list[int]]:
+    """PIDs a test's commands printed: whatever a failing test left is killed."""
+    found: list[int] = []
+    yield found
+    for pid in found:
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+
+
+def printed_pids(link: FakeLink, into: list[int]) -> list[int]:
+    numbers = [int(word) for word in link.text().split() if word.isdigit()]
+    into.extend(numbers)
+    return numbers
+
+
+def run_attempt(
+    raw: dict[str, Any],
+    link: FakeLink,
+    data_dir: Path,
+    *,
+    env: ActivityEnvironment | None = None,
+    attempts: RunningAttempts | None = None,
+) -> dict[str, object]:
+    fn = attempt_activity(NODE_ID, data_dir, link, attempts or RunningAttempts())
+
+    async def main() -> dict[str, object]:
+        return await asyncio.wait_for((env or ActivityEnvironment()).run(fn, raw), ATTEMPT_BOUND)
+
+    return asyncio.run(main())
+
+
+def workdir(data_dir: Path, attempt: int = 1) -> Path:
+    return data_dir / "runtimes" / f"{JOB}-{attempt}"
+
+
+# --- output, exit code, environment, directory -------------------------------------------
+
+
+def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) -> None:
+    link = FakeLink()
+    result = run_attempt(spec("sh", "-c", "echo hello; echo world; exit 3"), link, tmp_path)
+    assert result == {
+        "exit_code": 3,
+        "signal": None,
+        "ended_because": "exit",
+        "output_bytes": 12,
+        "truncated": False,
+        "output_complete": True,
+    }
+    assert link.chunks() == [("stdout", b"hello\nworld\n")]
+    assert all(m["job"] == JOB and m["attempt"] == 1 for m in link.messages())
+    assert [m["seq"] for m in link.messages()] == list(range(len(link.messages())))
+    assert attempt_module.ACTIVITY == ACTIVITY == "oz0.job.attempt"
+
+
+def test_a_command_killed_by_a_signal_reports_128_plus_it(tmp_path: Path) -> None:
+    result = run_attempt(spec("sh", "-c", "kill -9 $$"), FakeLink(), tmp_path)
+    assert (result["exit_code"], result["signal"]) == (128 + 9, 9)
+    assert result["ended_because"] == "exit"
+
+
+def test_stdout_and_stderr_stay_apart_and_in_order_one_message_at_a_time(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink()
+    script = "printf a; sleep 0.4; printf b >&2; sleep 0.4; printf c; printf d >&2"
+    result = run_attempt(spec("sh", "-c", script), link, tmp_path)
+    assert result["exit_code"] == 0 and result["output_complete"] is True
+    assert link.chunks() == [("stdout", b"a"), ("stderr", b"b"), ("stdout", b"c"), ("stderr", b"d")]
+    assert [m["seq"] for m in link.messages()] == list(range(len(link.messages())))
+    assert link.most_outstanding == 1, "stop-and-wait: one message unacked at a time"
+    # Output is sent while the command runs, not at its end: "a" went out before "b" came.
+    first_at = link.sent[0][0]
+    last_at = link.sent[-1][0]
+    assert last_at - first_at > 0.5
+
+
+def test_the_environment_has_the_jobs_names_and_the_oz0_names_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_SETTING", "from-the-agent")
+    link = FakeLink()
+    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K $AGENT_SETTING"'
+    run_attempt(
+        spec("sh", "-c", script, attempt=2, env={"K": "v w", "OZ0_JOB_ID": "spoofed"}),
+        link,
+        tmp_path,
+    )
+    assert link.text() == f"{JOB} 2 {NODE_ID} v w from-the-agent\n"
+
+
+def test_each_attempt_runs_in_a_fresh_directory_removed_after(tmp_path: Path) -> None:
+    # What a crashed agent left behind for the same attempt goes first.
+    stale = workdir(tmp_path, 4)
+    stale.mkdir(parents=True)
+    (stale / "left-over").write_text("x")
+    link = FakeLink()
+    # The command makes files, and a directory it leaves unwritable, in its directory.
+    script = "pwd; ls -A; mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    result = run_attempt(spec("sh", "-c", script, attempt=4), link, tmp_path)
+    assert result["exit_code"] == 0
+    assert link.text() == f"{stale}\n", "it ran there, and found it empty"
+    assert not stale.exists()
+    assert (tmp_path / "runtimes").is_dir()
+    assert list((tmp_path / "runtimes").iterdir()) == []
+
+
+def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink()
+    result = run_attempt(spec("no-such-command-oz0", "x"), link, tmp_path)
+    assert result["exit_code"] == 127 and result["ended_because"] == "exit"
+    assert link.chunks() == [
+        ("stderr", b"oz0-node: cannot run 'no-such-command-oz0': No such file or directory\n")
+    ]
+    plain = tmp_path / "plain-file"
+    plain.write_text("echo hi\n")
+    link = FakeLink()
+    result = run_attempt(spec(str(plain)), link, tmp_path)
+    assert result["exit_code"] == 126
+    assert link.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
+    assert not workdir(tmp_path).exists()
+
+
+def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path: Path) -> None:
+    for bad in (
+        {**spec("true"), "job_id": "../../etc"},
+        {**spec("true"), "attempt": 0},
+        {**spec("true"), "command": []},
+        {**spec("true"), "env": {"A=B": "c"}},
+        {**spec("true"), "timeout": -1},
+    ):
+        with pytest.raises(ApplicationError) as raised:
+            run_attempt(bad, FakeLink(), tmp_path)
+        assert raised.value.type == "BadAttempt" and raised.value.non_retryable
+    assert not (tmp_path / "runtimes").exists()
+
+
+# --- ending it: timeout, cancellation, the cluster, the runtime's stop -------------------
+
+
+def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    # Both the shell and its child ignore SIGTERM; only SIGKILL ends them.
+    script = "trap '' TERM; sleep 60 & echo $! $$; wait; sleep 60"
+    began = time.monotonic()
+    result = run_attempt(spec("sh", "-c", script, timeout=1.0), link, tmp_path)
+    took = time.monotonic() - began
+    assert result["ended_because"] == "timeout"
+    assert result["exit_code"] is None and result["signal"] == signal.SIGKILL
+    child, shell = printed_pids(link, pids)
+    assert gone(child) and gone(shell)
+    assert 1.0 + KILL_GRACE <= took < 1.0 + KILL_GRACE + 5
+    assert not workdir(tmp_path).exists()
+
+
+def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    began = time.monotonic()
+    result = run_attempt(spec("sh", "-c", "echo $$; exec sleep 60", timeout=0.5), link, tmp_path)
+    assert time.monotonic() - began < 0.5 + KILL_GRACE
+    assert (result["ended_because"], result["signal"]) == ("timeout", signal.SIGTERM)
+    assert all(gone(pid) for pid in printed_pids(link, pids))
+
+
+def test_whatever_the_command_leaves_in_its_group_ends_with_it(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    result = run_attempt(spec("sh", "-c", "sleep 60 > /dev/null & echo $!"), link, tmp_path)
+    assert result["exit_code"] == 0
+    assert all(gone(pid) for pid in printed_pids(link, pids))
+
+
+def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_second(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    env = ActivityEnvironment()
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(time.monotonic())
+    fn = attempt_activity(NODE_ID, tmp_path, link, RunningAttempts())
+
+    async def main() -> None:
+        task = asyncio.create_task(env.run(fn, spec("sh", "-c", "echo $$; exec sleep 60")))
+        deadline = time.monotonic() + ATTEMPT_BOUND
+        while not (link.sent and len(beats) >= 3):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+        env.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, ATTEMPT_BOUND)
+
+    asyncio.run(main())
+    (pid,) = printed_pids(link, pids)
+    assert gone(pid)
+    assert not workdir(tmp_path).exists()
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert all(0.8 < gap < 1.5 for gap in gaps), gaps
+
+
+def test_an_ack_that_says_ended_kills_the_process_and_fails_the_attempt(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink(answers=[Ack(stored=False, reason="ended")])
+    with pytest.raises(ApplicationError) as raised:
+        run_attempt(spec("sh", "-c", "echo $$; exec sleep 60"), link, tmp_path)
+    assert raised.value.type == "AttemptEnded" and raised.value.non_retryable
+    (pid,) = printed_pids(link, pids)
+    assert gone(pid)
+    assert len(link.sent) == 1, "nothing more is sent for an attempt that has ended"
+    assert not workdir(tmp_path).exists()
+
+
+def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink(answers=[Ack(stored=False, reason="unavailable"), LinkDown])
+    result = run_attempt(spec("sh", "-c", "echo hi"), link, tmp_path)
+    assert result["output_complete"] is True
+    assert [m["seq"] for m in link.messages()] == [0, 0, 0]
+    assert link.text() == "hi\n"
+    times = [at for at, _ in link.sent]
+    assert all(b - a >= output.RETRY_AFTER for a, b in itertools.pairwise(times))
+
+
+def test_after_giving_up_the_output_is_dropped_and_the_command_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "GIVE_UP_AFTER", 1.5)
+    monkeypatch.setattr(output, "RETRY_AFTER", 0.2)
+    link = FakeLink(answers=[Ack(stored=False, reason="unavailable")] * 100)
+    script = "echo first; sleep 2; echo second; exit 5"
+    result = run_attempt(spec("sh", "-c", script), link, tmp_path)
+    assert result["exit_code"] == 5 and result["output_complete"] is False
+    assert {m["seq"] for m in link.messages()} == {0}, "nothing after the seq given up on"
+    assert 5 <= len(link.sent) <= 10
+
+
+def test_the_cap_keeps_one_mib_then_marks_the_cut_and_drops_the_rest(tmp_path: Path) -> None:
+    link = FakeLink()
+    # Three times the cap: the command must not block on a full pipe once it is reached.
+    result = run_attempt(
+        spec("sh", "-c", f"head -c {3 * output.OUTPUT_CAP} /dev/zero; echo tail >&2"),
+        link,
+        tmp_path,
+    )
+    assert result["exit_code"] == 0
+    assert result["truncated"] is True and result["output_bytes"] == output.OUTPUT_CAP
+    assert result["output_complete"] is True
+    messages = link.messages()
+    data = [base64.b64decode(m["data"]) for m in messages]
+    assert sum(len(d) for d in data) == output.OUTPUT_CAP == 1 << 20
+    assert max(len(d) for d in data) == output.MESSAGE_DATA == 32 << 10
+    marker = messages[-1]
+    assert (marker["data"], marker["truncated"], marker["stream"]) == ("", True, "stdout")
+    assert not any(m["truncated"] for m in messages[:-1])
+    assert link.text("stderr") == "", "after the cap, nothing more"
+    # A full message stays well inside the edge's 64 KiB message limit.
+    biggest = max(len(json.dumps({"type": "job_output", **m})) for m in messages)
+    assert biggest < 64 << 10
+
+
+def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    attempts = RunningAttempts()
+    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+
+    async def main() -> None:
+        task = asyncio.create_task(
+            ActivityEnvironment().run(fn, spec("sh", "-c", "echo $$; exec sleep 60"))
+        )
+        while not link.sent:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await attempts.stop_all()
+        (pid,) = printed_pids(link, pids)
+        assert gone(pid), "stop_all returns once the processes are gone"
+        with pytest.raises(ApplicationError) as raised:
+            await asyncio.wait_for(task, ATTEMPT_BOUND)
+        assert raised.value.type == NODE_STOPPING and raised.value.non_retryable
+        with pytest.raises(ApplicationError, match="stopping"):
+            await ActivityEnvironment().run(fn, spec("true"))
+
+    asyncio.run(main())
+    assert not workdir(tmp_path).exists()
+
+
+class RuntimeWithAnAttempt(NodeRuntime):
+    """The real runtime's stop; where its Temporal worker would be, one real attempt and a
+    stand-in that records what was left of the attempt's processes when it was told."""
+
+    def __init__(self, settings: RuntimeSettings, raw: dict[str, Any], link: FakeLink) -> None:
+        super().__init__(settings)
+        self.raw, self.link = raw, link
+        self.pgid: int | None = None
+        self.left_when_worker_stopped: list[int] | None = None
+        self.outcome: BaseException | None = None
+
+    async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
+        assert self._claim_loop()
+        assert self.settings.output is not None
+        fn = attempt_activity(NODE_ID, self.settings.identity.data_dir, self.link, self.attempts)
+        task = asyncio.create_task(ActivityEnvironment().run(fn, self.raw))
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            assert self.pgid is not None
+            self.left_when_worker_stopped = members(self.pgid)
+            try:
+                await asyncio.wait_for(task, ATTEMPT_BOUND)
+            except ApplicationError as e:
+                self.outcome = e
+            raise
+
+
+async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    settings = RuntimeSettings(
+        node_id=NODE_ID,
+        namespace="default",
+        temporal="127.0.0.1:1",
+        identity=IdentityDir(tmp_path),
+        output=link,
+    )
+    # It ignores SIGTERM: only the SIGKILL after the grace ends it.
+    raw = spec("sh", "-c", "trap '' TERM; echo $$; sleep 60")
+    runtime = RuntimeWithAnAttempt(settings, raw, link)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run, lambda: None)
+        assert await trio.to_thread.run_sync(link.first_sent.wait, ATTEMPT_BOUND)
+        (runtime.pgid,) = printed_pids(link, pids)
+        began = trio.current_time()
+        await runtime.stop()
+        took = trio.current_time() - began
+    assert runtime.left_when_worker_stopped == [], "its processes were gone first"
+    assert isinstance(runtime.outcome, ApplicationError)
+    assert runtime.outcome.type == NODE_STOPPING
+    assert gone(runtime.pgid)
+    assert KILL_GRACE <= took < STOP_TIMEOUT
+    assert not workdir(tmp_path).exists()
+
+
+# --- the link over the control stream ----------------------------------------------------
+
+
+@dataclass
+class StuckConn:
+    address: str = "edge-a:7443"
+    fail: bool = False
+
+    async def send(self, kind: str, **fields: object) -> None:
+        if self.fail:
+            raise EdgeUnavailable("edge edge-a:7443 closed the connection")
+        await trio.sleep_forever()
+
+
+async def test_a_send_the_stream_does_not_take_in_time_is_link_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    began = trio.current_time()
+    with pytest.raises(LinkDown, match="did not take a job_output within 2 s"):
+        await send_bounded(StuckConn(), {"seq": 0}, 2.0)
+    assert trio.current_time() - began == 2.0
+    with pytest.raises(LinkDown, match="closed the connection"):
+        await send_bounded(StuckConn(fail=True), {"seq": 0}, 2.0)
+    assert trio.current_time() - began == 2.0
+
+
+@dataclass
+class RecordingConn:
+    address: str = "edge-a:7443"
+    sent: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    # Called after each send, in Trio (to answer it).
+    then: Callable[[dict[str, object]], None] = lambda fields: None
+
+    async def send(self, kind: str, **fields: object) -> None:
+        self.sent.append((kind, fields))
+        self.then(fields)
+
+
+FIELDS: dict[str, object] = {
+    "job": JOB,
+    "attempt": 1,
+    "seq": 0,
+    "stream": "stdout",
+    "data": "aGk=",
+    "truncated": False,
+}
+
+
+def exchange_in_asyncio(link: StreamLink, within: float) -> Ack | None:
+    async def exchange() -> Ack | None:
+        return await link.exchange(FIELDS, within)
+
+    return asyncio.run(exchange())
+
+
+async def test_the_link_sends_from_asyncio_through_trio_and_hands_back_the_ack(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn = RecordingConn()
+    link = StreamLink(conn, trio.lowlevel.current_trio_token())
+
+    def answer(fields: dict[str, object]) -> None:
+        ids = {k: fields[k] for k in ("job", "attempt", "seq")}
+        link.deliver({"type": "job_output_ack", **ids, "seq": 7, "stored": True})  # nobody's
+        link.deliver({"type": "job_output_ack", **ids, "stored": "yes"})  # malformed
+        link.deliver({"type": "job_output_ack", **ids, "stored": False, "reason": "ended"})
+
+    conn.then = answer
+    with trio.fail_after(10):
+        ack = await trio.to_thread.run_sync(exchange_in_asyncio, link, 5.0)
+    assert ack == Ack(stored=False, reason="ended")
+    assert conn.sent == [("job_output", FIELDS)]
+    assert "malformed job_output_ack" in caplog.text
+    # No answer: None once WITHIN is up, and nobody waits any more.
+    conn.then = lambda fields: None
+    with trio.fail_after(10):
+        assert await trio.to_thread.run_sync(exchange_in_asyncio, link, 0.2) is None
+    assert link._waiting == {}
+
+
+@dataclass(eq=False)
+class AttemptRuntime:
+    """A runtime whose worker runs one real attempt, over the stream it was handed."""
+
+    settings: RuntimeSettings
+    raw: dict[str, Any]
+    outcomes: list[object]
+    done: trio.Event
+
+    async def run(self, running: Callable[[], None]) -> None:
+        running()
+        link = self.settings.output
+        assert isinstance(link, StreamLink)
+        fn = attempt_activity(
+            self.settings.node_id, self.settings.identity.data_dir, link, RunningAttempts()
+        )
+
+        def in_asyncio() -> object:
+            async def attempt() -> object:
+                return await ActivityEnvironment().run(fn, self.raw)
+
+            try:
+                return asyncio.run(attempt())
+            except ApplicationError as e:
+                return e
+
+        self.outcomes.append(await trio.to_thread.run_sync(in_asyncio))
+        self.done.set()
+        await trio.sleep_forever()
+
+    async def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
+    cluster = FakeCluster()
+    cluster.add_edge("edge-a:7443")
+    cluster.temporal = "edge-a:7233"
+    yield FakeNet(cluster, nursery)
+
+
+async def attempt_over_the_stream(net: FakeNet, data: Path, raw: dict[str, Any]) -> object:
+    outcomes: list[object] = []
+    done = trio.Event()
+
+    def factory(settings: RuntimeSettings) -> AttemptRuntime:
+        return AttemptRuntime(settings, raw, outcomes, done)
+
+    with trio.fail_after(ATTEMPT_BOUND):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda: agent.run(
+                    agent.StartOptions(data_dir=data),
+                    open_stream=net.open_stream,
+                    rng=LongestWait(),
+                    runtime_factory=factory,
+                )
+            )
+            await done.wait()
+            nursery.cancel_scope.cancel()
+    return outcomes[0]
+
+
+async def test_the_agent_hands_its_stream_to_the_runtime_and_routes_the_edges_acks(
+    net: FakeNet, tmp_path: Path
+) -> None:
+    data = tmp_path / "node"
+    node_id = await join_and_stop(net, data)
+    result = await attempt_over_the_stream(
+        net, data, spec("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
+    )
+    assert isinstance(result, dict)
+    assert result["exit_code"] == 0 and result["output_complete"] is True
+    sent = [e.detail for e in net.cluster.of_kind("from-node") if e.detail["type"] == "job_output"]
+    got = {(m["stream"], base64.b64decode(m["data"])) for m in sent}
+    assert got == {("stdout", f"{node_id}\n".encode()), ("stderr", b"oops\n")}
+    assert sorted(m["seq"] for m in sent) == list(range(len(sent)))
+
+    net.cluster.job_output_ack = {"stored": False, "reason": "ended"}
+    net.cluster.events.clear()
+    ended = await attempt_over_the_stream(net, data, spec("sh", "-c", "echo x; exec sleep 60"))
+    assert isinstance(ended, ApplicationError) and ended.type == "AttemptEnded"
+
+
+def test_logging_names_the_attempt(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    caplog.set_level(logging.INFO, logger="oz0_node.jobs")
+    run_attempt(spec("true"), FakeLink(), tmp_path)
+    assert f"job {JOB} attempt 1: started process" in caplog.text
+
+
+def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: Path) -> None:
+    def names(output: FakeLink | None) -> list[str]:
+        settings = RuntimeSettings(
+            node_id=NODE_ID,
+            namespace="default",
+            temporal="127.0.0.1:1",
+            identity=IdentityDir(tmp_path),
+            output=output,
+        )
+        defns = map(activity._Definition.must_from_callable, NodeRuntime(settings)._activities())
+        return [str(defn.name) for defn in defns]
+
+    assert names(FakeLink()) == ["oz0.node.describe", ACTIVITY]
+    assert names(None) == ["oz0.node.describe"]
+
+
+def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None:
+    link = FakeLink(answers=[None])  # the edge never acks the first message
+    attempts = RunningAttempts()
+    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+
+    async def main() -> tuple[dict[str, object], float]:
+        task = asyncio.create_task(ActivityEnvironment().run(fn, spec("sh", "-c", "echo hi")))
+        while not link.sent:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await attempts.stop_all()
+        return await asyncio.wait_for(task, ATTEMPT_BOUND), time.monotonic() - began
+
+    result, took = asyncio.run(main())
+    assert took < 2.0, "stop_all did not wait for the flush"
+    assert result["exit_code"] == 0 and result["output_complete"] is False
+    assert not workdir(tmp_path).exists()
+
+
+def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "runtimes").write_text("a file where the directory belongs")
+    with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
+        run_attempt(spec("true"), FakeLink(), tmp_path)
+    assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
