@@ -9,6 +9,7 @@ on another node.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -206,7 +207,7 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
             assert cli("node", "block", first, "--reason", "jobs test", env=env).code == 0
             bound = MOVE_BOUND
         elif action == "purge":
-            assert cli("node", "purge", first, env=env).code == 0
+            assert cli("node", "purge", first, "--yes", env=env).code == 0
             bound = MOVE_BOUND
         else:
             agent = by_id[first]
@@ -218,7 +219,9 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
             # The agent's runtime stop kills its attempts: block and purge leave nothing.
             assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
         else:
-            os.kill(pid, signal.SIGKILL)  # the agent died without its children's cleanup
+            # The agent died without stopping its children: this one may run on, and end.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
         assert done["state"] == "succeeded", done
         one, two = done["attempts"]
