@@ -150,6 +150,12 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert only["node"] == web and only["state"] == "ended"
     assert (only["exit_code"], only["ended_because"]) == (3, "exit")
 
+    logs = cli("job", "logs", job_id, env=env)
+    assert logs.code == 0 and logs.out == ran.out, logs.err
+    assert f"attempt 1 on {web}" in logs.err and "oops" in logs.err
+    listed = cli("job", "list", "--state", "failed", "--json", env=env).json()
+    assert [j["id"] for j in listed] == [job_id]
+
     everywhere = cli("job", "run", "--all", "--", "sh", "-c", "echo $OZ0_NODE_ID", env=env)
     assert everywhere.code == 0, everywhere.err
     assert sorted(everywhere.out.split()) == sorted([web, db])
