@@ -141,10 +141,10 @@ def test_placement_matches_tenant_selector_and_connection_least_busy_first(
     first = place(conn, new_job(conn, selector={"role": "web"}), 1)
     assert first.node in (web_a, web_b)
     busier = first.node
-    for _ in range(4):
+    for _ in range(2):
         assert place(conn, new_job(conn, node=busier), 1).node == busier
     # The other one is less busy now, until it is as busy.
-    for _ in range(5):
+    for _ in range(3):
         assert place(conn, new_job(conn, selector={"role": "web"}), 1).node != busier
     assert place(conn, new_job(conn, selector={"zone": "b"}), 1).node == web_b
 
@@ -266,3 +266,21 @@ def test_cancel_before_any_workflow_ends_the_job_at_once_and_once(
     assert store.to_cancel(conn) == [(started.id, "default")]
     actions = conn.execute("SELECT count(*) FROM audit_log WHERE action = 'job.cancel'").fetchone()
     assert actions == (2,)
+
+
+def test_a_node_with_every_slot_taken_gets_no_more_attempts(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = add_node(conn)
+    for _ in range(store.NODE_SLOTS):
+        assert place(conn, new_job(conn), 1).node == node
+    full = new_job(conn)
+    placed = place(conn, full, 1)
+    assert placed.node is None
+    assert (
+        placed.reason
+        == f"the one connected node is busy: it runs {store.NODE_SLOTS} attempts, its most"
+    )
+    with conn.transaction():
+        store.end_attempt(conn, store.list_jobs(conn)[-1].id, 1, "exit", 0)
+    assert place(conn, full, 1).node == node  # a slot is free again

@@ -330,11 +330,17 @@ def _lock_for_placement(conn: Conn, tenant: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
 
 
-_CANDIDATES = (
+# A node runs this many activities at once (oz0_node.runtime.MAX_CONCURRENT_ACTIVITIES):
+# an attempt is placed only where a slot is free, so none waits on a full node's queue.
+NODE_SLOTS = 4
+_RUNNING_ON_NODE = (
+    "(SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id AND a.state = 'running')"
+)
+_MATCHING = (
     "SELECT nodes.id FROM nodes WHERE nodes.tenant = %(tenant)s AND nodes.state = 'accepted'"
     " AND nodes.labels @> %(selector)s AND (%(node)s::text IS NULL OR nodes.id = %(node)s)"
-    f" AND {nodes.CONNECTED}"
 )
+_CANDIDATES = _MATCHING + f" AND {nodes.CONNECTED}"
 
 
 def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
@@ -354,10 +360,9 @@ def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> 
         return Placed(number, None, ended=True)
     _lock_for_placement(conn, job.tenant)
     row = conn.execute(
-        _CANDIDATES + " ORDER BY nodes.id = ANY(%(tried)s),"
-        " (SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id"
-        "  AND a.state = 'running'), random() LIMIT 1",
-        {**_placement_params(job), "tried": tried},
+        _CANDIDATES + f" AND {_RUNNING_ON_NODE} < %(slots)s"
+        f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random() LIMIT 1",
+        {**_placement_params(job), "tried": tried, "slots": NODE_SLOTS},
     ).fetchone()
     if row is None:
         reason = _why_no_node(conn, job)
@@ -441,11 +446,16 @@ def _why_no_node(conn: Conn, job: Job) -> str:
     """What an operator reads in `job show` while the job waits for a node."""
     selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
     row = conn.execute(
-        "SELECT count(*) FROM nodes WHERE tenant = %(tenant)s AND state = 'accepted'"
-        " AND labels @> %(selector)s AND (%(node)s::text IS NULL OR id = %(node)s)",
+        f"SELECT count(*), count(*) FILTER (WHERE {nodes.CONNECTED}) FROM ({_MATCHING}) m"
+        " JOIN nodes USING (id)",
         _placement_params(job),
     ).fetchone()
-    matching = int(row[0]) if row else 0
+    matching, connected = (int(row[0]), int(row[1])) if row else (0, 0)
+    if connected == 1:
+        which = f"node {job.node}" if job.node else "the one connected node"
+        return f"{which} is busy: it runs {NODE_SLOTS} attempts, its most"
+    if connected:
+        return f"all {connected} connected nodes are busy: each runs {NODE_SLOTS} attempts"
     if job.node:
         if matching:
             return f"node {job.node} is not connected"

@@ -248,7 +248,13 @@ class JobWorkflow:
                 "timeout": timeout,
             },
             task_queue=node,
-            schedule_to_start_timeout=SCHEDULE_TO_START,
+            # A part of an --all job is placed whether or not its node has a free slot: it
+            # may wait there as long as the job may wait for a node.
+            schedule_to_start_timeout=(
+                max(SCHEDULE_TO_START, dt.timedelta(seconds=job.queue_timeout))
+                if job.all_nodes
+                else SCHEDULE_TO_START
+            ),
             start_to_close_timeout=(
                 dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
             ),
