@@ -220,7 +220,7 @@ class JobsRole:
                 task_queue=JOBS_QUEUE,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
-        log.info("job %s: workflow started in namespace %s", job.id, job.tenant)
+        log.debug("job %s: workflow started in namespace %s", job.id, job.tenant)
 
     def _request_stop(self) -> None:
         loop, stop = self._loop, self._stop
