@@ -21,15 +21,11 @@ T = TypeVar("T")
 
 
 class JobActivities:
-    def __init__(self, db: Database, on_change: Callable[[], None]) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
-        # Attempts started or ended: the sweeper's list of busy nodes is out of date.
-        self.on_change = on_change
 
     async def _run(self, work: Callable[[store.Conn], T]) -> T:
-        result = await asyncio.to_thread(self.db.transaction_in_thread, work)
-        self.on_change()
-        return result
+        return await asyncio.to_thread(self.db.transaction_in_thread, work)
 
     @activity.defn(name="oz0.jobs.place")
     async def place(self, job_id: str, number: int, part: int, tried: list[str]) -> Placed:

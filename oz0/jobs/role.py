@@ -6,7 +6,7 @@
   under Trio"); new tenants are picked up within TENANTS_EVERY, and the client reconnects
   with the server's renewed certificate.
 - The sweeper (Trio), every SWEEP_EVERY and at once when kicked (a job created or
-  cancelled through this server, a notification about a node running an attempt): starts
+  cancelled through this server, a notification about a node): starts
   the workflow of every job that has none, sends the cancellations asked for, and tells
   each workflow whose attempt's node was blocked, purged or deleted (`node_removed`).
   Every server sweeps, so a server's death delays nothing; what two servers both do is
@@ -43,6 +43,7 @@ from oz0.temporal.namespaces import FrontendAccess
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY = 0.5
+SWEEP_GAP = 0.02
 TENANTS_EVERY = 5.0
 CALL_TIMEOUT = 10.0
 CONNECT_RETRY_FIRST, CONNECT_RETRY_MAX = 0.5, 5.0
@@ -65,9 +66,7 @@ class JobsRole:
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
-        self.busy: set[str] = set()
         self._kicked = trio.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Client | None = None
         self._clients: dict[str, Client] = {}
@@ -81,12 +80,6 @@ class JobsRole:
         """Sweep now rather than at the next tick (from the Trio thread)."""
         self._kicked.set()
 
-    def kick_from_worker(self) -> None:
-        token = self._token
-        if token is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self.kick)
-
     def renewed(self) -> None:
         """The server's certificate was renewed: connect again with the new one."""
         loop, event = self._loop, self._reconnect
@@ -95,7 +88,6 @@ class JobsRole:
                 loop.call_soon_threadsafe(event.set)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._token = trio.lowlevel.current_trio_token()
         self.hub.subscribe(NODES, self._node_changed)
         self.hub.on_gap.append(self.kick)
         ready = threading.Event()
@@ -115,8 +107,8 @@ class JobsRole:
                     await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
 
     def _node_changed(self, notification: Notification) -> None:
-        if notification.payload in self.busy:
-            self.kick()
+        # Only a change of state, tenant or key notifies: rare enough to sweep for each.
+        self.kick()
 
     async def _sweep_forever(self) -> None:
         outage = Outage("the job sweeper's database access", log)
@@ -125,6 +117,7 @@ class JobsRole:
             with trio.move_on_after(SWEEP_EVERY):
                 await self._kicked.wait()
             self._kicked = trio.Event()
+            await trio.sleep(SWEEP_GAP)  # kicks in a burst share one sweep
             try:
                 await self.sweep(temporal)
             except DATABASE_ERRORS as e:
@@ -142,9 +135,7 @@ class JobsRole:
         for job_id, tenant in await db.transaction(store.to_cancel):
             if await self._tell_temporal(temporal, partial(self._cancel, tenant, job_id)):
                 await db.transaction(partial(store.cancel_sent, job_id=job_id))
-        busy, removed = await db.transaction(store.removed_attempts)
-        self.busy = busy
-        for r in removed:
+        for r in await db.transaction(store.removed_attempts):
             if await self._tell_temporal(temporal, partial(self._signal_removed, r)):
                 log.info(
                     "job %s: attempt %d moves off its node (%s)", r.job_id, r.number, r.because
@@ -241,7 +232,7 @@ class JobsRole:
         self._stop = asyncio.Event()
         self._reconnect = asyncio.Event()
         ready.set()
-        activities = JobActivities(self.db, self.kick_from_worker)
+        activities = JobActivities(self.db)
         delay = CONNECT_RETRY_FIRST
         while not self._stop.is_set():
             try:
@@ -256,6 +247,10 @@ class JobsRole:
             self._reconnect.clear()
             try:
                 await self._work(activities)
+            except Exception:  # a bug or a surprise of the SDK's: log it, connect again
+                log.exception("the job worker failed; connecting to Temporal again")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), CONNECT_RETRY_MAX)
             finally:
                 self._client, self._clients = None, {}
 

@@ -279,21 +279,15 @@ class Removed:
     because: str
 
 
-def removed_attempts(conn: Conn) -> tuple[set[str], list[Removed]]:
-    """The nodes running attempts now, and the running attempts whose node was taken away
-    and whose workflow has not been told yet."""
+def removed_attempts(conn: Conn) -> list[Removed]:
+    """The running attempts whose node was taken away, their workflow not told yet."""
     rows = conn.execute(
-        "SELECT a.job_id, j.tenant, a.number, a.node_id, n.state, a.removal_signalled"
-        " FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
-        " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.state = 'running'"
+        "SELECT a.job_id, j.tenant, a.number, n.state FROM job_attempts a"
+        " JOIN jobs j ON j.id = a.job_id LEFT JOIN nodes n ON n.id = a.node_id"
+        " WHERE a.state = 'running' AND NOT a.removal_signalled"
+        " AND (n.state IS NULL OR n.state <> 'accepted')"
     ).fetchall()
-    busy = {r[3] for r in rows}
-    removed = [
-        Removed(r[0], r[1], r[2], gone_because(r[4]))
-        for r in rows
-        if r[4] != "accepted" and not r[5]
-    ]
-    return busy, removed
+    return [Removed(r[0], r[1], r[2], gone_because(r[3])) for r in rows]
 
 
 def removal_signalled(conn: Conn, job_id: str, number: int) -> None:
