@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,21 @@ class CliResult:
 
 
 CliRunner = Callable[..., CliResult]
+
+# Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
+# files side by side (`-n 2 --dist loadgroup`); the files that share 127.0.0.11-.18 (the
+# default cluster's address among them) make one group, run one test at a time.
+_SHARED_ADDRESSES = re.compile(r"127\.0\.0\.1[1-8]\b")
+SHARED_GROUP = "addresses-11-18"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    shared: dict[Path, bool] = {}
+    for item in items:
+        path = item.path
+        if path not in shared:
+            shared[path] = bool(_SHARED_ADDRESSES.search(path.read_text(encoding="utf-8")))
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUP if shared[path] else path.stem))
 
 
 @pytest.fixture
