@@ -19,12 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import (
+    ActivityError,
+    TimeoutError,
+    TimeoutType,
+    is_cancelled_exception,
+)
+
+T = TypeVar("T")
 
 JOBS_QUEUE = "oz0-jobs"
 WORKFLOW = "oz0.job"
@@ -120,9 +128,13 @@ class JobWorkflow:
                 state, exit_code, reason = await self._once(job)
         except _Ended as e:
             state, exit_code, reason = e.state, e.exit_code, e.reason
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ActivityError) as e:
+            # A cancellation that comes while a step runs (placing, recording an end) is
+            # that step's ActivityError, not a CancelledError.
+            if not is_cancelled_exception(e):
+                raise
             state, exit_code, reason = "cancelled", None, "cancelled by an operator"
-        await _step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason))
+        await _unstoppable(_step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason)))
         return state
 
     # --- one command, moved until it ends -------------------------------------------------
@@ -309,6 +321,18 @@ def _failed(outcome: Outcome, job: JobInput) -> str:
 async def _end(end: AttemptEnd) -> str:
     because: str = await _step("oz0.jobs.end_attempt", end, result_type=str)
     return because
+
+
+async def _unstoppable(work: Awaitable[T]) -> T:
+    """WORK, run to its end even if the job is cancelled meanwhile (too late to matter):
+    cancelled, a step is given up, and a job whose end is never recorded runs forever."""
+    task = asyncio.ensure_future(work)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the worker tears the workflow down (eviction)
+                raise
 
 
 async def _step(name: str, *args: object, result_type: type | None = None) -> Any:

@@ -1,0 +1,808 @@
+"""The job workflow's decisions, run by a real Temporal (one server on 127.0.0.196).
+
+The workflow (`oz0.jobs.workflow.JobWorkflow`) runs in a test worker in a namespace of the
+test's own (`wf-tests`, not a tenant's, so the server's own job worker leaves it alone),
+with fake database steps under the names and signatures of `oz0.jobs.activities` that keep
+what they were asked in memory, and fake nodes: one worker per node queue whose
+`oz0.job.attempt` each test scripts (exit with N, hang until cancelled, stop as a blocked
+node's runtime does, fall silent, answer late). The fakes are only there to inject those
+faults; Temporal, its timeouts, cancellations and signals are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from temporalio import activity
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from fixtures.cluster import ServerProcess, initialise
+from fixtures.postgres import fresh_database_url
+from fixtures.temporal import Credentials, operator_credentials, run_async
+from oz0.jobs import workflow as wf
+from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
+
+SERVER = "127.0.0.196"
+TEMPORAL = f"{SERVER}:7233"
+NAMESPACE = "wf-tests"
+# Generous bounds for a loaded 2-core machine; each is a deadline, never a measurement.
+JOB_BOUND = 30.0
+SEEN_BOUND = 15.0
+# Below the workflow's step timeout (STEP, 10 s): a fake step that waits must not time out.
+FINISH_WAIT = 8.0
+# The node's worker lets a cancellation through within a second (JOBS_CONTRACT); so does ours.
+HEARTBEAT_THROTTLE = dt.timedelta(seconds=1)
+WHY_QUEUED = "no accepted node of tenant default matches role=gpu"
+
+Result = dict[str, Any]
+Behaviour = Callable[["Attempt"], Awaitable[Result]]
+
+
+# --- the server and the namespace, once for the file ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Credentials]:
+    """One real server (what `start_server` does, kept for the whole module) and our own
+    namespace in its Temporal; the operator's credentials (Temporal's admin)."""
+    root: Path = tmp_path_factory.mktemp("job-workflow")
+    with fresh_database_url() as url:
+        files = initialise(root, url, advertise=SERVER)
+        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
+        try:
+            server.start()
+            creds = operator_credentials(files)
+            run_async(lambda: _register_namespace(creds))
+            yield creds
+        finally:
+            server.kill()
+
+
+async def _register_namespace(creds: Credentials) -> None:
+    client = await Client.connect(TEMPORAL, namespace="default", tls=creds.tls())
+    with contextlib.suppress(RPCError):  # already there: a rerun against the same server
+        await client.workflow_service.register_namespace(
+            RegisterNamespaceRequest(
+                namespace=NAMESPACE,
+                workflow_execution_retention_period=Duration(seconds=86400),
+            )
+        )
+    # Registered is not usable yet: the frontend learns of it when its cache refreshes.
+    ours = Client(client.service_client, namespace=NAMESPACE)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            handle = await ours.start_workflow(
+                "probe", id="probe-" + secrets.token_hex(4), task_queue="probe"
+            )
+            await handle.terminate()
+            return
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.25)
+
+
+# --- the fakes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    """One call of a fake node's `oz0.job.attempt`, as the node saw it."""
+
+    node: str
+    payload: dict[str, Any]
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def number(self) -> int:
+        return int(self.payload["attempt"])
+
+
+class Fleet:
+    """Fake nodes (their queues), the attempts they ran, and the fake database steps."""
+
+    def __init__(self, behaviours: dict[str, list[Behaviour] | Behaviour]) -> None:
+        tag = secrets.token_hex(3)
+        # Node IDs are their queues; a tag of the test's own keeps a stale task of an
+        # earlier test from reaching this one's nodes.
+        self.names = {short: f"node-{short}-{tag}" for short in behaviours}
+        self.behaviours = {self.names[k]: v for k, v in behaviours.items()}
+        self.attempts: list[Attempt] = []
+        self.places: list[tuple[int, int, list[str]]] = []
+        self.everywhere: list[int] = []
+        self.places_on: list[tuple[int, int, str]] = []
+        self.ends: list[AttemptEnd] = []
+        self.recorded: dict[int, str] = {}
+        self.finished: list[Finish] = []
+        self.placed: dict[int, Placed] = {}
+        # What the store would say became of a node whose attempt ended with no reason.
+        self.gone = "node blocked"
+        self.queued_for = 0  # place answers "none" to that many calls first
+        self.ended = False  # the database says the job was cancelled
+        self.place_gate: asyncio.Event | None = None
+        self.place_entered = asyncio.Event()
+        self.finish_fails = 0  # finish fails that many times first (the database is away)
+        self.finish_tries = 0
+        # Finish waits (a while) for the nodes to be done with their attempts, and notes
+        # those still running: the node must hear of a cancellation from the workflow, not
+        # only once the workflow is gone (its heartbeat then finds no activity).
+        self.finish_waits_for_nodes = False
+        self.running_at_finish: list[int] = []
+
+    def node(self, short: str) -> str:
+        return self.names[short]
+
+    def ran(self, short: str) -> list[int]:
+        return [a.number for a in self.attempts if a.node == self.names[short]]
+
+    def attempt(self, number: int) -> Attempt:
+        return next(a for a in self.attempts if a.number == number)
+
+    async def started(self, number: int) -> Attempt:
+        await until(lambda: any(a.number == number for a in self.attempts), f"attempt {number}")
+        return self.attempt(number)
+
+    # The database steps: the names and signatures of oz0.jobs.activities.
+
+    @activity.defn(name="oz0.jobs.place")
+    async def place(self, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
+        self.places.append((number, part, list(tried)))
+        self.place_entered.set()
+        if self.place_gate is not None:
+            await self.place_gate.wait()
+        if number in self.placed:  # a retried step: the same answer, as the store gives
+            return self.placed[number]
+        if self.ended:
+            return Placed(number, None, ended=True)
+        if self.queued_for > 0:
+            self.queued_for -= 1
+            return Placed(number, None, WHY_QUEUED)
+        # As the store: nodes already tried last.
+        nodes = list(self.behaviours)
+        fresh = [n for n in nodes if n not in tried]
+        self.placed[number] = Placed(number, (fresh or nodes)[0])
+        return self.placed[number]
+
+    @activity.defn(name="oz0.jobs.place_everywhere")
+    async def place_everywhere(self, job_id: str, first_number: int) -> list[Placed]:
+        self.everywhere.append(first_number)
+        if self.ended:
+            return [Placed(first_number, None, ended=True)]
+        if self.queued_for > 0:
+            self.queued_for -= 1
+            return [Placed(first_number, None, WHY_QUEUED)]
+        return [
+            Placed(first_number + part, node, part=part)
+            for part, node in enumerate(self.behaviours)
+        ]
+
+    @activity.defn(name="oz0.jobs.place_on")
+    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> None:
+        self.places_on.append((number, part, node_id))
+
+    @activity.defn(name="oz0.jobs.end_attempt")
+    async def end_attempt(self, end: AttemptEnd) -> str:
+        self.ends.append(end)
+        # As the store: the first end recorded stands.
+        return self.recorded.setdefault(end.number, end.because or self.gone)
+
+    @activity.defn(name="oz0.jobs.finish")
+    async def finish(self, finish: Finish) -> None:
+        self.finish_tries += 1
+        if self.finish_tries <= self.finish_fails:
+            raise RuntimeError("the database is unavailable")
+        if self.finish_waits_for_nodes:
+            with contextlib.suppress(AssertionError):
+                await until(self._nodes_done, "the nodes done with their attempts", FINISH_WAIT)
+            self.running_at_finish = [a.number for a in self.attempts if not a.answered.is_set()]
+        self.finished.append(finish)
+
+    def _nodes_done(self) -> bool:
+        return all(a.answered.is_set() for a in self.attempts)
+
+    def steps(self) -> list[Callable[..., Any]]:
+        return [self.place, self.place_everywhere, self.place_on, self.end_attempt, self.finish]
+
+    def node_activity(self, node: str) -> Callable[..., Any]:
+        @activity.defn(name=wf.NODE_ACTIVITY)
+        async def attempt(payload: dict[str, Any]) -> Result:
+            seen = Attempt(node, payload)
+            self.attempts.append(seen)
+            script = self.behaviours[node]
+            behaviour = script.pop(0) if isinstance(script, list) else script
+            try:
+                return await behaviour(seen)
+            except asyncio.CancelledError:
+                seen.cancelled.set()
+                raise
+            finally:
+                seen.answered.set()
+
+        return attempt
+
+
+# What a fake node does with an attempt.
+
+
+def exits(code: int) -> Behaviour:
+    async def behaviour(attempt: Attempt) -> Result:
+        return _result(code)
+
+    return behaviour
+
+
+async def hangs(attempt: Attempt) -> Result:
+    """Runs until cancelled, heartbeating as the node does."""
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(0.2)
+
+
+async def stops(attempt: Attempt) -> Result:
+    """What an attempt does when its node's runtime stops (block, purge, SIGTERM)."""
+    raise ApplicationError(
+        "the node's runtime is stopping", type="NodeStopping", non_retryable=True
+    )
+
+
+async def falls_silent(attempt: Attempt) -> Result:
+    """The agent was killed: no heartbeat, no answer."""
+    await asyncio.sleep(60)
+    return _result(0)
+
+
+def answers_late(release: asyncio.Event, code: int) -> Behaviour:
+    """Hears nothing of a cancellation (no heartbeats) and answers once RELEASE is set."""
+
+    async def behaviour(attempt: Attempt) -> Result:
+        await release.wait()
+        return _result(code)
+
+    return behaviour
+
+
+def together(barrier: Callable[[], bool], code: int) -> Behaviour:
+    """Exits with CODE once BARRIER holds (every part has started), 99 if it never does."""
+
+    async def behaviour(attempt: Attempt) -> Result:
+        deadline = time.monotonic() + SEEN_BOUND
+        while not barrier():
+            if time.monotonic() > deadline:
+                return _result(99)
+            activity.heartbeat()
+            await asyncio.sleep(0.05)
+        return _result(code)
+
+    return behaviour
+
+
+def _result(code: int) -> Result:
+    return {
+        "exit_code": code,
+        "signal": None,
+        "ended_because": "exit",
+        "output_bytes": 0,
+        "truncated": False,
+        "output_complete": True,
+    }
+
+
+async def until(condition: Callable[[], bool], what: str, bound: float = SEEN_BOUND) -> None:
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {bound} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+# --- running a job -------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    handle: WorkflowHandle[Any, Any]
+    fleet: Fleet
+
+    async def result(self) -> str:
+        state: str = await asyncio.wait_for(self.handle.result(), JOB_BOUND)
+        return state
+
+    async def remove(self, number: int, because: str) -> None:
+        """What the sweeper does when the node of attempt NUMBER is blocked or purged."""
+        await self.handle.signal("node_removed", args=[number, because])
+
+
+@contextlib.asynccontextmanager
+async def running(
+    creds: Credentials, fleet: Fleet, job: JobInput, *, patched: bool = False
+) -> AsyncIterator[Job]:
+    """JOB's workflow with FLEET's steps and nodes, each on a worker of its own.
+
+    PATCHED: the test changed the workflow module's limits (monkeypatch), so the sandbox
+    must use that module as it is rather than import a fresh copy of it; every other test
+    runs the workflow in the default sandbox, as the servers do."""
+    client = await Client.connect(TEMPORAL, namespace=NAMESPACE, tls=creds.tls())
+    runner = SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(wf.__name__)
+        if patched
+        else SandboxRestrictions.default
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            Worker(
+                client,
+                task_queue=wf.JOBS_QUEUE,
+                workflows=[JobWorkflow],
+                activities=fleet.steps(),
+                workflow_runner=runner,
+            )
+        )
+        for node in fleet.behaviours:
+            await stack.enter_async_context(
+                Worker(
+                    client,
+                    task_queue=node,
+                    activities=[fleet.node_activity(node)],
+                    max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                    default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                )
+            )
+        handle = await client.start_workflow(
+            JobWorkflow.run, job, id=job.job_id, task_queue=wf.JOBS_QUEUE
+        )
+        try:
+            yield Job(handle, fleet)
+        finally:
+            description = await handle.describe()
+            if description.raw_description.workflow_execution_info.status == (
+                WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+            ):
+                await handle.terminate("the test is over")
+
+
+def job_input(**options: Any) -> JobInput:
+    options.setdefault("command", ["true"])
+    return JobInput(job_id="job-" + secrets.token_hex(6), **options)
+
+
+def run(work: Callable[[], Awaitable[None]]) -> None:
+    run_async(work)
+
+
+# --- one command ------------------------------------------------------------------------
+
+
+def test_exit_0_succeeds(operator: Credentials) -> None:
+    fleet = Fleet({"a": exits(0)})
+    job = job_input(command=["sh", "-c", "exit 0"], env={"K": "V"}, timeout=30.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        [attempt] = fleet.attempts
+        assert attempt.node == fleet.node("a")
+        assert attempt.payload == {
+            "job_id": job.job_id,
+            "attempt": 1,
+            "command": ["sh", "-c", "exit 0"],
+            "env": {"K": "V"},
+            "timeout": 30.0,
+        }
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, "exit", 0)]
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_a_failing_command_is_retried_elsewhere_first_then_fails_with_its_exit_code(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(3), "b": exits(3)})
+    job = job_input(retries=2)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        a, b = fleet.node("a"), fleet.node("b")
+        # Three attempts; each placement is told the nodes already tried (placed last).
+        assert [(n, tried) for n, _, tried in fleet.places] == [(1, []), (2, [a]), (3, [a, b])]
+        assert fleet.ran("a") == [1, 3] and fleet.ran("b") == [2]
+        assert [(e.number, e.because, e.exit_code) for e in fleet.ends] == [
+            (1, "exit", 3),
+            (2, "exit", 3),
+            (3, "exit", 3),
+        ]
+        assert fleet.finished == [Finish(job.job_id, "failed", 3, "exited with 3")]
+
+    run(scenario)
+
+
+def test_a_command_timing_out_fails_the_job(operator: Credentials) -> None:
+    async def times_out(attempt: Attempt) -> Result:
+        return {**_result(0), "exit_code": None, "ended_because": "timeout"}
+
+    fleet = Fleet({"a": times_out})
+    job = job_input(timeout=5.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, "timeout", None)]
+        assert fleet.finished == [Finish(job.job_id, "failed", None, "timed out after 5 s")]
+
+    run(scenario)
+
+
+def test_a_removed_node_s_attempt_moves_without_using_up_retries(operator: Credentials) -> None:
+    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet.finish_waits_for_nodes = True
+    job = job_input(retries=0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            first = await fleet.started(1)
+            await j.remove(1, "node blocked")
+            assert await j.result() == "succeeded"
+        # The node heard of it from the workflow (its process is to be killed).
+        assert first.cancelled.is_set() and fleet.running_at_finish == []
+        a = fleet.node("a")
+        assert first.node == a and fleet.ran("b") == [2]
+        assert [(n, tried) for n, _, tried in fleet.places] == [(1, []), (2, [a])]
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, "node blocked", None),
+            AttemptEnd(job.job_id, 2, "exit", 0),
+        ]
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Credentials) -> None:
+    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet.finish_waits_for_nodes = True
+    job = job_input(no_move=True, retries=3)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            first = await fleet.started(1)
+            await j.remove(1, "node purged")
+            assert await j.result() == "lost"
+        assert first.cancelled.is_set() and fleet.running_at_finish == []
+        assert len(fleet.places) == 1 and fleet.ran("b") == []
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, "node purged", None)]
+        assert fleet.finished == [
+            Finish(job.job_id, "lost", None, "attempt 1: node purged (--no-move)")
+        ]
+
+    run(scenario)
+
+
+def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wf, "MAX_MOVES", 2)
+    fleet = Fleet({"a": hangs, "b": hangs, "c": hangs})
+    fleet.finish_waits_for_nodes = True
+    job = job_input(retries=5)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job, patched=True) as j:
+            # Take every attempt's node away as it starts, a few more times than the cap.
+            for number in range(1, 6):
+                ended = asyncio.ensure_future(j.result())
+                started = asyncio.ensure_future(fleet.started(number))
+                await asyncio.wait([ended, started], return_when=asyncio.FIRST_COMPLETED)
+                if ended.done():
+                    started.cancel()
+                    break
+                ended.cancel()
+                await j.remove(number, "node blocked")
+            assert await j.result() == "lost"
+        # The first attempt and two moves; the third move is one too many.
+        assert [a.number for a in fleet.attempts] == [1, 2, 3]
+        assert all(a.cancelled.is_set() for a in fleet.attempts)
+        assert fleet.running_at_finish == []
+        assert [(e.number, e.because) for e in fleet.ends] == [
+            (1, "node blocked"),
+            (2, "node blocked"),
+            (3, "node blocked"),
+        ]
+        assert fleet.finished == [
+            Finish(job.job_id, "lost", None, "moved 2 times; last: node blocked")
+        ]
+
+    run(scenario)
+
+
+def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": stops, "b": exits(0)})
+    fleet.gone = "node purged"
+    job = job_input(retries=0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
+        # No reason from the workflow: the store derives it from what became of the node.
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, None, None),
+            AttemptEnd(job.job_id, 2, "exit", 0),
+        ]
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_a_silent_node_s_attempt_is_moved_when_its_heartbeat_times_out(
+    operator: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wf, "HEARTBEAT_TIMEOUT", dt.timedelta(seconds=1))
+    fleet = Fleet({"a": falls_silent, "b": exits(0)})
+    fleet.gone = "node lost"
+    job = job_input(retries=0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job, patched=True) as j:
+            assert await j.result() == "succeeded"
+        assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, None, None),
+            AttemptEnd(job.job_id, 2, "exit", 0),
+        ]
+
+    run(scenario)
+
+
+def test_a_late_result_from_a_node_the_job_moved_away_from_is_ignored(
+    operator: Credentials,
+) -> None:
+    release = asyncio.Event()
+    fleet = Fleet({"a": answers_late(release, 0), "b": exits(4)})
+    job = job_input(retries=0)
+
+    async def b_waits_for_the_late_answer(attempt: Attempt) -> Result:
+        await fleet.attempt(1).answered.wait()
+        await asyncio.sleep(0.5)  # the late answer reaches the workflow first
+        return _result(4)
+
+    fleet.behaviours[fleet.node("b")] = b_waits_for_the_late_answer
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await fleet.started(1)
+            await j.remove(1, "node purged")
+            await fleet.started(2)
+            release.set()  # node a says its attempt exited 0, after the move
+            assert await j.result() == "failed"
+        assert fleet.attempt(1).answered.is_set() and not fleet.attempt(1).cancelled.is_set()
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, "node purged", None),
+            AttemptEnd(job.job_id, 2, "exit", 4),
+        ]
+        assert fleet.finished == [Finish(job.job_id, "failed", 4, "exited with 4")]
+
+    run(scenario)
+
+
+# --- queued, cancelled ------------------------------------------------------------------
+
+
+def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.queued_for = 1000
+    job = job_input(queue_timeout=1.5)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        assert len(fleet.places) >= 2 and all(n == 1 for n, _, _ in fleet.places)
+        assert fleet.attempts == [] and fleet.ends == []
+        assert fleet.finished == [
+            Finish(
+                job.job_id,
+                "failed",
+                None,
+                f"no node took the job within its queue timeout of 1.5 s: {WHY_QUEUED}",
+            )
+        ]
+
+    run(scenario)
+
+
+def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.queued_for = 1
+    job = job_input(queue_timeout=30.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        assert [n for n, _, _ in fleet.places] == [1, 1] and fleet.ran("a") == [1]
+
+    run(scenario)
+
+
+def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> None:
+    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet.finish_waits_for_nodes = True
+    job = job_input(retries=3)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            first = await fleet.started(1)
+            await j.handle.cancel()
+            assert await j.result() == "cancelled"
+        assert first.cancelled.is_set() and fleet.running_at_finish == []
+        assert len(fleet.places) == 1 and fleet.ran("b") == []
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, "cancelled", None)]
+        assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
+
+
+def test_cancelling_a_queued_job(operator: Credentials) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.queued_for = 1000
+    job = job_input(queue_timeout=600.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await until(lambda: len(fleet.places) >= 1, "a placement")
+            await j.handle.cancel()
+            assert await j.result() == "cancelled"
+        assert fleet.attempts == [] and fleet.ends == []
+        assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
+
+
+def test_cancelling_a_job_while_it_is_being_placed(operator: Credentials) -> None:
+    fleet = Fleet({"a": exits(0)})
+    gate = fleet.place_gate = asyncio.Event()
+    job = job_input()
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await asyncio.wait_for(fleet.place_entered.wait(), SEEN_BOUND)
+            await j.handle.cancel()
+            try:
+                assert await j.result() == "cancelled"
+            finally:
+                gate.set()
+        assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
+
+
+def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.finish_fails = 2  # retried after 0.5 s, then 1 s
+    job = job_input()
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await until(lambda: fleet.finish_tries >= 1, "the first try to record the end")
+            await j.handle.cancel()  # too late: the job has ended
+            assert await j.result() == "succeeded"
+        assert fleet.finish_tries == 3
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_a_job_cancelled_in_the_database_ends_at_its_next_placement(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.ended = True
+    job = job_input()
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "cancelled"
+        assert fleet.attempts == []
+        assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
+
+
+# --- on every node (--all) ----------------------------------------------------------------
+
+
+def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stays(
+    operator: Credentials,
+) -> None:
+    fleet: Fleet
+
+    def all_started() -> bool:
+        return {a.node for a in fleet.attempts} == set(fleet.behaviours)
+
+    fleet = Fleet(
+        {
+            "a": together(all_started, 0),
+            "b": hangs,
+            "c": [together(all_started, 5), exits(0)],
+        }
+    )
+    fleet.finish_waits_for_nodes = True
+    job = job_input(all_nodes=True, retries=1)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await until(all_started, "every node's part started")
+            await j.remove(2, "node blocked")
+            assert await j.result() == "lost"
+        assert fleet.attempt(2).cancelled.is_set() and fleet.running_at_finish == []
+        assert fleet.everywhere == [1] and fleet.places == []
+        assert fleet.ran("a") == [1] and fleet.ran("b") == [2] and fleet.ran("c") == [3, 4]
+        # Node c's part failed once and ran again there; node b's part was not moved.
+        assert fleet.places_on == [(4, 2, fleet.node("c"))]
+        assert {(e.number, e.because, e.exit_code) for e in fleet.ends} == {
+            (1, "exit", 0),
+            (2, "node blocked", None),
+            (3, "exit", 5),
+            (4, "exit", 0),
+        }
+        assert fleet.finished == [
+            Finish(job.job_id, "lost", None, "1 of 3 nodes were lost (node blocked)")
+        ]
+
+    run(scenario)
+
+
+def test_all_nodes_a_failed_part_fails_the_job_with_its_exit_code(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0), "b": exits(7)})
+    job = job_input(all_nodes=True, retries=1)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        b = fleet.node("b")
+        assert fleet.ran("a") == [1] and fleet.ran("b") == [2, 3]
+        assert fleet.places_on == [(3, 1, b)]
+        assert fleet.finished == [Finish(job.job_id, "failed", 7, "1 of 2 nodes failed")]
+
+    run(scenario)
+
+
+def test_cancelling_an_all_nodes_job_cancels_every_part(operator: Credentials) -> None:
+    fleet = Fleet({"a": hangs, "b": hangs})
+    fleet.finish_waits_for_nodes = True
+    job = job_input(all_nodes=True)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await fleet.started(1)
+            await fleet.started(2)
+            await j.handle.cancel()
+            assert await j.result() == "cancelled"
+        assert all(a.cancelled.is_set() for a in fleet.attempts)
+        assert fleet.running_at_finish == []
+        assert {(e.number, e.because) for e in fleet.ends} == {(1, "cancelled"), (2, "cancelled")}
+        assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
