@@ -45,6 +45,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import re
 import signal
 import sys
 import tempfile
@@ -182,7 +183,11 @@ def dispatch_one(client: ApiClient) -> Dispatch:
     job = page["job"]
     out = b"".join(d for n, s, d in chunks_of(page) if s == "stdout" and n == 1)
     if job["state"] != "succeeded" or not out:
-        raise Failed(f"job {job_id} ended {job['state']} ({job['reason']}), output {out!r}")
+        attempts = [(a["node"], a["output_bytes"], a["ended_because"]) for a in job["attempts"]]
+        raise Failed(
+            f"job {job_id} ended {job['state']} ({job['reason']}), output {out!r},"
+            f" attempts {attempts}"
+        )
     return Dispatch(
         job_id,
         sent,
@@ -245,11 +250,14 @@ class History:
     node_scheduled: float | None
     node_started: float | None
     steps: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
+    # Each activity's run time: started → completed (or failed), by activity type.
+    runs: dict[str, list[float]] = field(default_factory=dict)
 
 
 def parse_history(events: list[HistoryEvent]) -> History:
     started = event_time(events[0])
     scheduled: dict[int, tuple[str, float]] = {}
+    began: dict[int, float] = {}
     first_task_wait = None
     task_scheduled: float | None = None
     history = History(started, None, None, None)
@@ -269,6 +277,12 @@ def parse_history(events: list[HistoryEvent]) -> History:
             history.steps.setdefault(name, []).append((at, event_time(event)))
             if name == NODE_ACTIVITY and history.node_started is None:
                 history.node_started = event_time(event)
+            began[attributes.scheduled_event_id] = event_time(event)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes.scheduled_event_id
+            if done in began:
+                name = scheduled[done][0]
+                history.runs.setdefault(name, []).append(event_time(event) - began[done])
     history.first_task_wait = first_task_wait
     return history
 
@@ -297,6 +311,7 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
         "node_activity_started_to_printed": [],
     }
     steps: dict[str, list[float]] = {}
+    runs: dict[str, list[float]] = {}
     for job in jobs:
         h = histories.get(job.job_id)
         if h is None or h.node_scheduled is None or h.node_started is None:
@@ -313,14 +328,54 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
         for name, times in h.steps.items():
             if name != NODE_ACTIVITY:
                 steps.setdefault(name, []).extend(b - a for a, b in times if b is not None)
+        for name, took in h.runs.items():
+            runs.setdefault(name, []).extend(took)
     return {
         "jobs": len(pieces["node_activity_schedule_to_start"]),
         **{f"{k}_ms": percentiles(v) for k, v in pieces.items()},
         "server_steps_schedule_to_start_ms": {k: percentiles(v) for k, v in steps.items()},
+        "activity_run_ms": {k: percentiles(v) for k, v in runs.items()},
     }
 
 
 # --- CPU and memory --------------------------------------------------------------------------
+
+
+def backend_states(files: ClusterFiles) -> Counter[str]:
+    """This cluster's PostgreSQL backends by database, state and wait event, now."""
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT datname, state, coalesce(wait_event_type || ':' || wait_event, '-')"
+            " FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
+            (list(files.url.names.all()),),
+        ).fetchall()
+    return Counter(f"{r[0]} {r[1]} {r[2]}" for r in rows)
+
+
+@contextlib.contextmanager
+def sampling_backends(files: ClusterFiles, into: dict[str, Any]) -> Iterator[None]:
+    """Every second while inside: the backends' states; INTO gets the mean and peak of each."""
+    stop = threading.Event()
+    samples: list[Counter[str]] = []
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            with contextlib.suppress(psycopg.Error):
+                samples.append(backend_states(files))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+        keys = sorted({k for c in samples for k in c})
+        into["samples"] = len(samples)
+        into["mean_and_peak"] = {
+            k: [round(sum(c[k] for c in samples) / len(samples), 1), max(c[k] for c in samples)]
+            for k in keys
+        }
 
 
 def cluster_backends(files: ClusterFiles) -> list[int]:
@@ -495,16 +550,18 @@ class Bench:
 
         began = time.monotonic()
         shares = [count // submitters + (i < count % submitters) for i in range(submitters)]
-        with ThreadPoolExecutor(submitters) as pool:
-            list(pool.map(one_thread, range(submitters), shares))
-        submitted_s = time.monotonic() - began
-        deadline = began + THROUGHPUT_TIMEOUT
-        rows: list[tuple[str, float, float | None]] = []
-        while time.monotonic() < deadline:
-            rows = job_rows(self.files, ids)
-            if all(r[2] is not None for r in rows):
-                break
-            time.sleep(0.5)
+        backends: dict[str, Any] = {}
+        with sampling_backends(self.files, backends):
+            with ThreadPoolExecutor(submitters) as pool:
+                list(pool.map(one_thread, range(submitters), shares))
+            submitted_s = time.monotonic() - began
+            deadline = began + THROUGHPUT_TIMEOUT
+            rows: list[tuple[str, float, float | None]] = []
+            while time.monotonic() < deadline:
+                rows = job_rows(self.files, ids)
+                if all(r[2] is not None for r in rows):
+                    break
+                time.sleep(0.5)
         ended = sorted(e for _, _, e in rows if e is not None)
         created = sorted(c for _, c, _ in rows)
         states = Counter(s for s in job_states(self.files, ids))
@@ -516,6 +573,7 @@ class Bench:
             "submitted_per_s": round(len(ids) / submitted_s, 1),
             "ended": len(ended),
             "states": dict(states),
+            "postgres_backends": backends,
         }
         if len(ended) >= 10:
             first, last = created[0], ended[-1]
@@ -705,6 +763,19 @@ def run(bench: Bench, root: Path) -> None:
         step()
     bench.out["phases_utc"][1] = utc_stamp()
     bench.out["goals"] = goals(bench.phases)
+    bench.out["agent_lines_about_failed_jobs"] = agent_lines(bench)
+
+
+def agent_lines(bench: Bench) -> dict[str, list[str]]:
+    """What the agents logged about each job a phase reported as failed."""
+    text = json.dumps(bench.phases)
+    found: dict[str, list[str]] = {}
+    for job_id in sorted(set(re.findall(r"job-[0-9a-f]{12}", text)))[:10]:
+        for agent in bench.agents:
+            found.setdefault(job_id, []).extend(
+                line[:300] for line in agent.log().splitlines() if job_id in line
+            )
+    return found
 
 
 def goals(phases: dict[str, Any]) -> dict[str, Any]:
