@@ -281,6 +281,8 @@ class JobWorkflow:
         except asyncio.CancelledError:
             handle.cancel()
             removal.cancel()
+            with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                await handle  # its cancellation, heard (else temporalio logs it as lost)
             await _end(AttemptEnd(job.job_id, number, "cancelled", None))
             raise
         if not handle.done():

@@ -47,8 +47,9 @@ ACTIVITY = "oz0.job.attempt"
 RUNTIMES_DIR = "runtimes"
 HEARTBEAT_EVERY = 1.0
 # Once the group is gone, how long its pipes may stay open (held by a process that left
-# the group with setsid) before the attempt stops reading them.
-DRAIN_TIMEOUT = 1.0
+# the group with setsid) before the attempt stops reading them. Not shorter: on a loaded
+# machine the readers may be that late for what is already in the pipes.
+DRAIN_TIMEOUT = 5.0
 # How long stop_all waits for the attempts it ends (their kill is bounded by these).
 STOP_ALL_TIMEOUT = KILL_GRACE + REAP_TIMEOUT + 1.0
 JOB_ID = re.compile(r"job-[0-9a-f]{12}\Z")
