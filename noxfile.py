@@ -21,9 +21,9 @@ def tests(session: nox.Session) -> None:
         with session.chdir("oz0/temporal/host"):
             session.run("go", "vet", "./...", external=True)
             session.run("go", "test", "./...", external=True)
-    # Files run side by side on two workers (tests/conftest.py groups those sharing
+    # Files run side by side on two workers (tests/conftest.py keeps those sharing
     # addresses); with arguments (`-- -k NAME`), in this process as given.
-    session.run("pytest", *(session.posargs or ["-n", "2", "--dist", "loadgroup"]))
+    session.run("pytest", *(session.posargs or ["-n", "2"]))
 
 
 @nox.session

@@ -29,19 +29,28 @@ class CliResult:
 CliRunner = Callable[..., CliResult]
 
 # Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
-# files side by side (`-n 2 --dist loadgroup`); the files that share 127.0.0.11-.18 (the
-# default cluster's address among them) make one group, run one test at a time.
+# files side by side on two workers (`-n 2`); the files that share 127.0.0.11-.18 (the
+# default cluster's address among them) are one scope, run one test at a time.
 _SHARED_ADDRESSES = re.compile(r"127\.0\.0\.1[1-8]\b")
-SHARED_GROUP = "addresses-11-18"
+SHARED_SCOPE = "addresses 127.0.0.11-.18"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    shared: dict[Path, bool] = {}
-    for item in items:
-        path = item.path
-        if path not in shared:
-            shared[path] = bool(_SHARED_ADDRESSES.search(path.read_text(encoding="utf-8")))
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUP if shared[path] else path.stem))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    shares: dict[str, bool] = {}
+
+    class ByAddresses(LoadScopeScheduling):  # type: ignore[misc]
+        """One scope a test file, or one for all the files sharing addresses."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            if file not in shares:
+                text = (config.rootpath / file).read_text(encoding="utf-8")
+                shares[file] = _SHARED_ADDRESSES.search(text) is not None
+            return SHARED_SCOPE if shares[file] else file
+
+    return ByAddresses(config, log)
 
 
 @pytest.fixture

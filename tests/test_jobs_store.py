@@ -194,24 +194,29 @@ def test_a_job_no_node_can_take_stays_queued_saying_why(
 def test_a_running_attempt_on_a_blocked_or_deleted_node_is_found_to_move(
     conn: psycopg.Connection[Any],
 ) -> None:
-    blocked, deleted, fine = add_node(conn), add_node(conn), add_node(conn)
+    blocked, deleted, purged, fine = (add_node(conn) for _ in range(4))
     jobs = {}
-    for node in (blocked, deleted, fine):
+    for node in (blocked, deleted, purged, fine):
         job = new_job(conn, node=node)
         assert place(conn, job, 1).node == node
         jobs[node] = job.id
     conn.execute("UPDATE nodes SET state = 'blocked' WHERE id = %s", (blocked,))
     conn.execute("DELETE FROM nodes WHERE id = %s", (deleted,))
+    # A purge answered (and the node forgotten) before any server saw it `purging`.
+    conn.execute("DELETE FROM nodes WHERE id = %s", (purged,))
+    audit.record(conn, audit.Actor("node", purged), "node.purged", f"node:{purged}")
     assert {(r.job_id, r.because) for r in store.removed_attempts(conn)} == {
         (jobs[blocked], "node blocked"),
         (jobs[deleted], "node deleted"),
+        (jobs[purged], "node purged"),
     }
     store.removal_signalled(conn, jobs[blocked], 1)
-    assert [r.job_id for r in store.removed_attempts(conn)] == [jobs[deleted]]
+    assert {r.job_id for r in store.removed_attempts(conn)} == {jobs[deleted], jobs[purged]}
     # The attempt's end takes the node's word when the workflow has none of its own.
     with conn.transaction():
         assert store.end_attempt(conn, jobs[blocked], 1, None, None) == "node blocked"
         assert store.end_attempt(conn, jobs[blocked], 1, "exit", 0) == "node blocked"
+        assert store.end_attempt(conn, jobs[purged], 1, None, None) == "node purged"
 
 
 def test_output_is_stored_once_capped_and_only_from_the_attempts_node(

@@ -279,10 +279,20 @@ class Removed:
     because: str
 
 
+# What became of a node, as gone_because reads it: its state, or for a node no longer
+# there, whether it went by a purge (the node answered it, and was forgotten) or a delete;
+# a purge's answer can come before any server looked at the `purging` state.
+_NODE_FATE = (
+    "coalesce(n.state, (SELECT CASE WHEN l.action = 'node.purged' THEN 'purged' END"
+    " FROM audit_log l WHERE l.target = 'node:' || a.node_id"
+    " AND l.action IN ('node.purged', 'node.delete') ORDER BY l.id DESC LIMIT 1))"
+)
+
+
 def removed_attempts(conn: Conn) -> list[Removed]:
     """The running attempts whose node was taken away, their workflow not told yet."""
     rows = conn.execute(
-        "SELECT a.job_id, j.tenant, a.number, n.state FROM job_attempts a"
+        f"SELECT a.job_id, j.tenant, a.number, {_NODE_FATE} FROM job_attempts a"
         " JOIN jobs j ON j.id = a.job_id LEFT JOIN nodes n ON n.id = a.node_id"
         " WHERE a.state = 'running' AND NOT a.removal_signalled"
         " AND (n.state IS NULL OR n.state <> 'accepted')"
@@ -301,7 +311,11 @@ def gone_because(node_state: str | None) -> str:
     """Why an attempt ended, from what became of its node."""
     if node_state is None:
         return "node deleted"
-    return {"blocked": "node blocked", "purging": "node purged"}.get(node_state, "node lost")
+    return {
+        "blocked": "node blocked",
+        "purging": "node purged",
+        "purged": "node purged",
+    }.get(node_state, "node lost")
 
 
 # --- the workflow's activities (activities.py) -----------------------------------------
@@ -473,7 +487,7 @@ def end_attempt(
     """Record how attempt NUMBER ended; BECAUSE None: from what became of its node. Returns
     the reason recorded (the first one, if it had ended already)."""
     row = conn.execute(
-        "SELECT a.state, a.ended_because, n.state FROM job_attempts a"
+        f"SELECT a.state, a.ended_because, {_NODE_FATE} FROM job_attempts a"
         " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.job_id = %s AND a.number = %s"
         " FOR UPDATE OF a",
         (job_id, number),
