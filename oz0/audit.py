@@ -9,7 +9,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-ActorKind = Literal["operator", "node", "server"]
+ActorKind = Literal["operator", "node", "server", "ui"]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
+from oz0.web import routes as web_routes
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ DATABASE_UNAVAILABLE = (
 )
 
 # Each registers its routes; a new resource is a new module added here.
-API_MODULES = (cluster, operators, tenants, tokens, nodes, audit, jobs_api)
+API_MODULES = (cluster, operators, tenants, tokens, nodes, audit, jobs_api, web_routes)
 
 
 def create_app(state: ManagementState) -> QuartTrio:

@@ -1,0 +1,127 @@
+"""Web UI sessions: a random token in a `__Host-` cookie, its SHA-256 in `ui_sessions`.
+
+A session ends at sign-out, after IDLE without a request, or ABSOLUTE after its sign-in,
+whichever comes first; every server reads the same rows, so a sign-out ends it everywhere.
+Failed sign-ins are counted in the database, per account and per source address, over
+FAILURE_WINDOW: past the limits, sign-ins are refused without checking the password.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from oz0 import audit, passwords
+from oz0.errors import Oz0Error
+
+COOKIE = "__Host-oz0-session"
+IDLE = dt.timedelta(minutes=30)
+ABSOLUTE = dt.timedelta(hours=12)
+FAILURE_WINDOW = dt.timedelta(minutes=15)
+MAX_FAILURES_PER_ACCOUNT = 5
+MAX_FAILURES_PER_SOURCE = 20
+MAX_USERNAME = 64
+MAX_PASSWORD = 1024
+
+
+class SignInRefused(Oz0Error):
+    """Wrong username or password, or too many failures: the page says which, no more."""
+
+
+@dataclass(frozen=True)
+class Session:
+    username: str
+    csrf: str
+    created_at: dt.datetime
+
+    @property
+    def actor(self) -> audit.Actor:
+        return audit.Actor("ui", self.username)
+
+    def csrf_matches(self, given: str | None) -> bool:
+        return given is not None and hmac.compare_digest(given, self.csrf)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _too_many_failures(conn: psycopg.Connection[Any], username: str, source: str) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE username = %(u)s), count(*) FILTER (WHERE source = %(s)s)"
+        " FROM ui_sign_in_failures WHERE at > now() - %(window)s"
+        " AND (username = %(u)s OR source = %(s)s)",
+        {"u": username, "s": source, "window": FAILURE_WINDOW},
+    ).fetchone()
+    assert row is not None
+    return int(row[0]) >= MAX_FAILURES_PER_ACCOUNT or int(row[1]) >= MAX_FAILURES_PER_SOURCE
+
+
+def check_password(
+    conn: psycopg.Connection[Any], username: str, password: str, source: str
+) -> bool | None:
+    """Whether PASSWORD is USERNAME's; None when sign-ins are refused for now (the limit).
+
+    A failure is counted and audited (`ui.login.failed`) in this transaction."""
+    username = username[:MAX_USERNAME]
+    if _too_many_failures(conn, username, source):
+        return None
+    row = conn.execute(
+        "SELECT password_hash FROM ui_accounts WHERE username = %s", (username,)
+    ).fetchone()
+    # An unknown account costs the same scrypt as a known one.
+    stored = row[0] if row else passwords.hash_password(secrets.token_urlsafe(16))
+    if passwords.verify(password[:MAX_PASSWORD], stored) and row is not None:
+        return True
+    conn.execute(
+        "INSERT INTO ui_sign_in_failures (username, source) VALUES (%s, %s)", (username, source)
+    )
+    audit.record(
+        conn, audit.Actor("ui", username), "ui.login.failed", f"ui:{username}", {"source": source}
+    )
+    return False
+
+
+def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[str, Session]:
+    """A new session for USERNAME, audited `ui.login`; the token for the cookie."""
+    token = secrets.token_urlsafe(32)
+    csrf = secrets.token_urlsafe(32)
+    row = conn.execute(
+        "INSERT INTO ui_sessions (token_sha256, username, csrf, source) VALUES (%s, %s, %s, %s)"
+        " RETURNING created_at",
+        (_digest(token), username, csrf, source),
+    ).fetchone()
+    assert row is not None
+    audit.record(
+        conn, audit.Actor("ui", username), "ui.login", f"ui:{username}", {"source": source}
+    )
+    return token, Session(username, csrf, row[0])
+
+
+def current(conn: psycopg.Connection[Any], token: str | None) -> Session | None:
+    """The session TOKEN names, if it has not expired (its idle clock starts again)."""
+    if not token or len(token) > 100:
+        return None
+    row = conn.execute(
+        "UPDATE ui_sessions SET last_seen = now() WHERE token_sha256 = %(t)s"
+        " AND last_seen > now() - %(idle)s AND created_at > now() - %(absolute)s"
+        " RETURNING username, csrf, created_at",
+        {"t": _digest(token), "idle": IDLE, "absolute": ABSOLUTE},
+    ).fetchone()
+    return Session(row[0], row[1], row[2]) if row else None
+
+
+def end(conn: psycopg.Connection[Any], token: str | None) -> None:
+    if token:
+        conn.execute("DELETE FROM ui_sessions WHERE token_sha256 = %s", (_digest(token),))
+    # Expired sessions are of no use to anyone.
+    conn.execute(
+        "DELETE FROM ui_sessions WHERE last_seen < now() - %s OR created_at < now() - %s",
+        (IDLE, ABSOLUTE),
+    )

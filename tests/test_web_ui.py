@@ -1,0 +1,127 @@
+"""The web UI in a real browser: Debian's chromium driven by Playwright, against a real
+server on 127.0.0.194 (and .195 for a second server sharing the sessions).
+
+Screenshots of every page go to the test's temporary directory (`OZ0_SCREENSHOTS` names
+another), to be looked at, not committed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from playwright import sync_api as playwright
+
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from oz0.store.dburl import DatabaseUrl
+from oz0.web import sessions
+from oz0.web.headers import CONTENT_SECURITY_POLICY
+
+StartServer = Callable[..., ServerProcess]
+SERVER, SECOND = "127.0.0.194", "127.0.0.195"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    with playwright.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM))
+        yield launched
+        launched.close()
+
+
+def shots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("OZ0_SCREENSHOTS", tmp_path / "screenshots"))
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def sign_in(page: object, address: str, password: str) -> None:
+    page.goto(f"https://{address}:8443/")  # type: ignore[attr-defined]
+    page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
+    page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
+    page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["curl", "-sk", "--max-time", "10", *args], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.slow
+def test_sign_in_sessions_on_every_server_and_sign_out(
+    cluster_files: ClusterFiles, start_server: StartServer, browser: object, tmp_path: Path
+) -> None:
+    start_server(cluster_files, SERVER)
+    start_server(cluster_files, SECOND)
+    context = browser.new_context(ignore_https_errors=True)  # type: ignore[attr-defined]
+    page = context.new_page()
+    where = shots(tmp_path)
+
+    sign_in(page, SERVER, "not the password")
+    assert page.get_by_role("alert").inner_text() == "Wrong username or password."
+    page.screenshot(path=str(where / "sign-in-refused.png"), full_page=True)
+
+    sign_in(page, SERVER, cluster_files.ui_password)
+    page.wait_for_url(f"https://{SERVER}:8443/overview")
+    assert page.get_by_role("heading", name="Overview").is_visible()
+    page.screenshot(path=str(where / "overview.png"), full_page=True)
+    [cookie] = context.cookies()
+    assert cookie["name"] == sessions.COOKIE
+    assert (cookie["secure"], cookie["httpOnly"], cookie["sameSite"]) == (True, True, "Strict")
+
+    # The session is a row every server reads: the other server knows it.
+    other = context.new_page()
+    other.context.add_cookies([{**cookie, "domain": SECOND}])
+    other.goto(f"https://{SECOND}:8443/overview")
+    assert other.url == f"https://{SECOND}:8443/overview"
+    assert other.get_by_text("admin", exact=True).is_visible()
+
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url(f"https://{SERVER}:8443/")
+    other.goto(f"https://{SECOND}:8443/overview")  # signed out everywhere
+    assert other.url == f"https://{SECOND}:8443/"
+
+
+@pytest.mark.slow
+def test_headers_csrf_cross_origin_and_the_rate_limit(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, SERVER)
+    base = f"https://{SERVER}:8443"
+    head = curl("-D", "-", "-o", "/dev/null", f"{base}/").stdout.lower()
+    assert f"content-security-policy: {CONTENT_SECURITY_POLICY}".lower() in head
+    assert "unsafe-inline" not in head and "unsafe-eval" not in head
+    assert "frame-ancestors 'none'" in head and "x-content-type-options: nosniff" in head
+    assert "strict-transport-security: max-age=" in head and "cache-control: no-store" in head
+    page = curl(f"{base}/").stdout
+    assert "<script" not in page and " style=" not in page  # nothing inline
+
+    # A post from another site, and one without the session's token, are refused.
+    cross = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Origin: https://evil.example",
+                 "-d", "username=admin&password=x", f"{base}/sign-in")  # fmt: skip
+    assert cross.stdout == "403"
+    no_token = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
+                    "-X", "POST", f"{base}/sign-out")  # fmt: skip
+    assert no_token.stdout == "403"
+
+    codes = [
+        curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
+             "-d", "username=admin&password=wrong", f"{base}/sign-in").stdout
+        for _ in range(sessions.MAX_FAILURES_PER_ACCOUNT + 1)
+    ]  # fmt: skip
+    assert codes == ["401"] * sessions.MAX_FAILURES_PER_ACCOUNT + ["429"]
+    # Even the right password waits now: the limit is checked before the password.
+    password = cluster_files.ui_password
+    right = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
+                 "-d", f"username=admin&password={password}", f"{base}/sign-in")  # fmt: skip
+    assert right.stdout == "429"
