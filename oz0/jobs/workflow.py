@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -163,49 +163,30 @@ class JobWorkflow:
     async def _place(self, job: JobInput, tried: list[str]) -> Placed:
         """The next attempt's node; waits (queued) while none can take it."""
         self.number += 1
-        waited = 0.0
-        delay = QUEUED_POLL_FIRST
-        while True:
-            placed: Placed = await _step(
-                "oz0.jobs.place", job.job_id, self.number, 0, tried, result_type=Placed
-            )
-            if placed.ended:
-                raise _Ended("cancelled", "cancelled by an operator")
-            if placed.node is not None:
-                return placed
-            if waited >= job.queue_timeout:
-                raise _Ended(
-                    "failed",
-                    f"no node took the job within its queue timeout of {job.queue_timeout:g} s:"
-                    f" {placed.reason}",
-                )
-            pause = min(delay, job.queue_timeout - waited)
-            await workflow.sleep(pause)
-            waited += pause
-            delay = min(2 * delay, QUEUED_POLL_MAX)
+        number = self.number
+
+        async def place() -> list[Placed]:
+            return [await _step("oz0.jobs.place", job.job_id, number, 0, tried, result_type=Placed)]
+
+        [placed] = await _until_placed(
+            job,
+            place,
+            f"no node took the job within its queue timeout of {job.queue_timeout:g} s",
+        )
+        return placed
 
     # --- once on every matching node --------------------------------------------------------
 
     async def _everywhere(self, job: JobInput) -> tuple[str, int | None, str | None]:
-        waited, delay = 0.0, QUEUED_POLL_FIRST
-        while True:
-            placed = await _step(
+        async def place() -> list[Placed]:
+            placed: list[Placed] = await _step(
                 "oz0.jobs.place_everywhere", job.job_id, 1, result_type=list[Placed]
             )
-            if placed[0].ended:
-                raise _Ended("cancelled", "cancelled by an operator")
-            if placed[0].node is not None:
-                break
-            if waited >= job.queue_timeout:
-                raise _Ended(
-                    "failed",
-                    f"no node matched within the queue timeout of {job.queue_timeout:g} s:"
-                    f" {placed[0].reason}",
-                )
-            pause = min(delay, job.queue_timeout - waited)
-            await workflow.sleep(pause)
-            waited += pause
-            delay = min(2 * delay, QUEUED_POLL_MAX)
+            return placed
+
+        placed = await _until_placed(
+            job, place, f"no node matched within the queue timeout of {job.queue_timeout:g} s"
+        )
         self.number = len(placed)
         parts = [asyncio.create_task(self._part(job, p)) for p in placed]
         try:
@@ -303,6 +284,26 @@ class JobWorkflow:
         code = exit_code if isinstance(exit_code, int) else None
         because = await _end(AttemptEnd(job.job_id, number, ended_because, code))
         return Outcome(because, code)
+
+
+async def _until_placed(
+    job: JobInput, place: Callable[[], Awaitable[list[Placed]]], too_long: str
+) -> list[Placed]:
+    """PLACE until it names a node; between tries the job waits queued (1 s, doubling up to
+    QUEUED_POLL_MAX) until its queue timeout fails it with TOO_LONG and the last reason."""
+    waited, delay = 0.0, QUEUED_POLL_FIRST
+    while True:
+        placed = await place()
+        if placed[0].ended:
+            raise _Ended("cancelled", "cancelled by an operator")
+        if placed[0].node is not None:
+            return placed
+        if waited >= job.queue_timeout:
+            raise _Ended("failed", f"{too_long}: {placed[0].reason}")
+        pause = min(delay, job.queue_timeout - waited)
+        await workflow.sleep(pause)
+        waited += pause
+        delay = min(2 * delay, QUEUED_POLL_MAX)
 
 
 def _failure_because(error: ActivityError) -> str | None:
