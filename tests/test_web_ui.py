@@ -94,7 +94,7 @@ def test_sign_in_sessions_on_every_server_and_sign_out(
 
 @pytest.mark.slow
 def test_headers_csrf_cross_origin_and_the_rate_limit(
-    cluster_files: ClusterFiles, start_server: StartServer
+    cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
     start_server(cluster_files, SERVER)
     base = f"https://{SERVER}:8443"
@@ -110,9 +110,17 @@ def test_headers_csrf_cross_origin_and_the_rate_limit(
     cross = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Origin: https://evil.example",
                  "-d", "username=admin&password=x", f"{base}/sign-in")  # fmt: skip
     assert cross.stdout == "403"
-    no_token = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
-                    "-X", "POST", f"{base}/sign-out")  # fmt: skip
+    # Signed in (a cookie jar), but posting without the session's CSRF token.
+    jar = str(tmp_path / "cookies")
+    signed_in = curl("-c", jar, "-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
+                     "-d", f"username=admin&password={cluster_files.ui_password}",
+                     f"{base}/sign-in")  # fmt: skip
+    assert signed_in.stdout == "303"
+    no_token = curl("-b", jar, "-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",
+                    "-d", "csrf=not-it", f"{base}/sign-out")  # fmt: skip
     assert no_token.stdout == "403"
+    still = curl("-b", jar, "-o", "/dev/null", "-w", "%{http_code}", f"{base}/overview")
+    assert still.stdout == "200"  # the refused post ended nothing
 
     codes = [
         curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Origin: {base}",

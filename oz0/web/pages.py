@@ -1,0 +1,122 @@
+"""What every page module of the web UI shares: the signed-in session, guarded form posts,
+rendering with the layout's facts, and the notice shown after an action.
+
+A page module is `add(web, pages)`: it registers its routes on the blueprint `web` and
+uses `pages` (a Pages) for everything below, so no module has its own copy of the checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from quart import Response, redirect, render_template, request
+from werkzeug.datastructures import MultiDict
+from werkzeug.wrappers.response import Response as WerkzeugResponse
+
+from oz0.server.api.common import ManagementState
+from oz0.web import sessions
+
+Page = Response | WerkzeugResponse | str | tuple[str, int]
+
+# What `?done=KEY` shows after an action redirected back: a fixed text per key, so a link
+# cannot make a page say what it likes. Page modules add their own keys at import.
+NOTICES: dict[str, str] = {}
+
+
+class NotSignedIn(Exception):
+    """Raised by `Pages.session()`; answered with a redirect to the sign-in page."""
+
+
+class Refused(Exception):
+    """A post without this session's CSRF token, or from another site: answered 403."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Pages:
+    state: ManagementState
+
+    @staticmethod
+    def source() -> str:
+        client = request.scope.get("client")
+        return str(client[0]) if client else "unknown"
+
+    @staticmethod
+    def same_origin() -> bool:
+        fetch_site = request.headers.get("Sec-Fetch-Site")
+        if fetch_site is not None:
+            return fetch_site == "same-origin"
+        origin = request.headers.get("Origin")
+        return origin is not None and origin == f"https://{request.host}"
+
+    async def session_or_none(self) -> sessions.Session | None:
+        token = request.cookies.get(sessions.COOKIE)
+        return await self.state.db.transaction(lambda conn: sessions.current(conn, token))
+
+    async def session(self) -> sessions.Session:
+        """The signed-in session; NotSignedIn (→ the sign-in page) if there is none."""
+        current = await self.session_or_none()
+        if current is None:
+            raise NotSignedIn()
+        return current
+
+    async def posted(self) -> tuple[sessions.Session, MultiDict[str, str]]:
+        """The session and form of a state-changing POST, once its CSRF token and origin
+        are checked; Refused otherwise (and NotSignedIn without a session)."""
+        if not self.same_origin():
+            raise Refused("a request from another site")
+        current = await self.session()
+        form = await request.form
+        if not current.csrf_matches(form.get("csrf")):
+            raise Refused("a request without this session's token")
+        return current, form
+
+    async def render(
+        self, template: str, session: sessions.Session | None, status: int = 200, **facts: Any
+    ) -> tuple[str, int]:
+        notice = NOTICES.get(request.args.get("done", ""))
+        page = await render_template(
+            template,
+            cluster=self.state.cluster,
+            server_id=self.state.server_id,
+            session=session,
+            notice=notice,
+            section=request.path.strip("/").split("/")[0],
+            **facts,
+        )
+        return page, status
+
+    async def missing(self, session: sessions.Session, what: str) -> tuple[str, int]:
+        """The 404 page: WHAT (e.g. "node n-1a2b") is not known to the cluster."""
+        return await self.render("missing.html", session, 404, what=what)
+
+    @staticmethod
+    def done(location: str, notice: str) -> WerkzeugResponse:
+        """Back to LOCATION after an action (303: the browser GETs it), saying NOTICE."""
+        assert notice in NOTICES, notice
+        joiner = "&" if "?" in location else "?"
+        return redirect(f"{location}{joiner}done={notice}", 303)
+
+    @staticmethod
+    def query(**changes: str | int | None) -> str:
+        """This page's URL with CHANGES to its query (None drops a parameter): for filters
+        and paging links, which keep the other filters."""
+        args: dict[str, str] = {k: v for k, v in request.args.items() if k != "done"}
+        for key, value in changes.items():
+            if value is None or value == "":
+                args.pop(key, None)
+            else:
+                args[key] = str(value)
+        return f"{request.path}?{urlencode(args)}" if args else request.path
+
+
+def text_arg(args: Mapping[str, str], name: str, limit: int = 200) -> str | None:
+    """A filter from the query string: None when absent or blank, cut to LIMIT characters."""
+    value = args.get(name, "").strip()
+    return value[:limit] or None

@@ -1,0 +1,53 @@
+"""`/` (the sign-in page), POST /sign-in and POST /sign-out."""
+
+from __future__ import annotations
+
+from quart import Blueprint, redirect, request
+
+from oz0.web import sessions
+from oz0.web.pages import Page, Pages, Refused
+
+
+def add(web: Blueprint, pages: Pages) -> None:
+    state = pages.state
+
+    @web.get("/")
+    async def home() -> Page:
+        if await pages.session_or_none() is not None:
+            return redirect("/overview")
+        return await pages.render("sign_in.html", None, error=None, username="")
+
+    @web.post("/sign-in")
+    async def sign_in() -> Page:
+        if not pages.same_origin():
+            raise Refused("a sign-in from another site")
+        form = await request.form
+        username, password = form.get("username", ""), form.get("password", "")
+        where = pages.source()
+        verdict = await state.db.transaction(
+            lambda conn: sessions.check_password(conn, username, password, where)
+        )
+        if not verdict:
+            error = (
+                "Too many failed sign-ins; wait a few minutes and try again."
+                if verdict is None
+                else "Wrong username or password."
+            )
+            status = 429 if verdict is None else 401
+            return await pages.render("sign_in.html", None, status, error=error, username=username)
+        token, _ = await state.db.transaction(lambda conn: sessions.start(conn, username, where))
+        response = redirect("/overview", 303)
+        response.set_cookie(
+            sessions.COOKIE, token, secure=True, httponly=True, samesite="Strict", path="/",
+            max_age=int(sessions.ABSOLUTE.total_seconds()),
+        )  # fmt: skip
+        return response
+
+    @web.post("/sign-out")
+    async def sign_out() -> Page:
+        await pages.posted()
+        token = request.cookies.get(sessions.COOKIE)
+        await state.db.transaction(lambda conn: sessions.end(conn, token))
+        response = redirect("/", 303)
+        response.delete_cookie(sessions.COOKIE, path="/", secure=True, httponly=True)
+        return response

@@ -1,0 +1,1 @@
+// Live updates: filled in by oz0/web/live.py's server-sent events.
