@@ -146,6 +146,14 @@ def get(conn: psycopg.Connection[Any], node_id: str, *, lock: bool = False) -> N
     return Node(*row)
 
 
+def get_many(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[Node]:
+    """The nodes of NODE_IDS that exist, in no particular order."""
+    rows = conn.execute(
+        _SELECT + " WHERE id = ANY(%(ids)s)", {**CONNECTED_PARAMS, "ids": node_ids}
+    ).fetchall()
+    return [Node(*r) for r in rows]
+
+
 def list_nodes(
     conn: psycopg.Connection[Any], *, state: str | None = None, tenant: str | None = None
 ) -> list[Node]:

@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 NODES = "oz0_nodes"
 OPERATORS = "oz0_operators"
-CHANNELS = (NODES, OPERATORS)
+# A node's server changed (connected, moved, disconnected): only the web UI listens.
+NODE_LINKS = "oz0_node_links"
+CHANNELS = (NODES, OPERATORS, NODE_LINKS)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]

@@ -125,7 +125,12 @@ async def run_server(
         certs.on_renew.append(reconnect_jobs)
         await nursery.start(jobs.run)
         state = ManagementState(
-            db=db, cluster=cluster, server_id=server_id, temporal=temporal, kick_jobs=jobs.kick
+            db=db,
+            cluster=cluster,
+            server_id=server_id,
+            temporal=temporal,
+            kick_jobs=jobs.kick,
+            hub=hub,
         )
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
         await nursery.start(

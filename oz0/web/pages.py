@@ -55,9 +55,11 @@ class Pages:
         origin = request.headers.get("Origin")
         return origin is not None and origin == f"https://{request.host}"
 
-    async def session_or_none(self) -> sessions.Session | None:
-        token = request.cookies.get(sessions.COOKIE)
+    async def session_of(self, token: str | None) -> sessions.Session | None:
         return await self.state.db.transaction(lambda conn: sessions.current(conn, token))
+
+    async def session_or_none(self) -> sessions.Session | None:
+        return await self.session_of(request.cookies.get(sessions.COOKIE))
 
     async def session(self) -> sessions.Session:
         """The signed-in session; NotSignedIn (→ the sign-in page) if there is none."""

@@ -11,6 +11,7 @@ from quart import request
 
 from oz0 import audit, operators, pki
 from oz0.cluster import Cluster
+from oz0.server.events import EventHub
 from oz0.server.https import peer_cert_der
 from oz0.store.pool import Database
 from oz0.temporal.role import Temporal
@@ -24,6 +25,8 @@ class ManagementState:
     temporal: Temporal
     # Tells this server's job sweeper to look now (a job was created or cancelled).
     kick_jobs: Callable[[], None] = lambda: None
+    # This server's notifications, for the web UI's live updates (None: no live updates).
+    hub: EventHub | None = None
 
 
 class ApiError(Exception):

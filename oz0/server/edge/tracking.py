@@ -18,6 +18,7 @@ from oz0.store.pool import Database
 log = logging.getLogger(__name__)
 
 RECONCILE_EVERY = 1.0
+LEFT_SETTLE = 0.25
 
 
 @dataclass
@@ -35,10 +36,13 @@ class SeenTracker:
         self.pending.add(node_id)
         self.gone.discard(node_id)
 
+    _someone_left: trio.Event = field(default_factory=trio.Event)
+
     def left(self, node_id: str) -> None:
         # A heartbeat heard just before the stream ended must not mark it connected again.
         self.pending.discard(node_id)
         self.gone.add(node_id)
+        self._someone_left.set()
 
     async def flush(self) -> None:
         if not self.pending and not self.gone:
@@ -67,7 +71,12 @@ class SeenTracker:
         task_status.started()
         try:
             while True:
-                await trio.sleep(nodes.HEARTBEAT)
+                # A stream that ended is written soon (the web UI shows it within 2 s);
+                # heartbeats wait for the interval. Ends in a burst share one write.
+                with trio.move_on_after(nodes.HEARTBEAT):
+                    await self._someone_left.wait()
+                    await trio.sleep(LEFT_SETTLE)
+                self._someone_left = trio.Event()
                 await self.flush()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):

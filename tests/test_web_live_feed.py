@@ -1,0 +1,88 @@
+"""What feeds the web UI's live updates, without a server: the hub's notifications wake
+the streams watching a node (and lists for other nodes), and a node's connection changing
+notifies `oz0_node_links` while the edge's heartbeat writes do not."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from fixtures.cluster import ClusterFiles, initialise
+from fixtures.postgres import fresh_database_url
+from oz0 import nodes
+from oz0.server.events import NODE_LINKS, NODES, OPERATORS, EventHub
+from oz0.store.listen import Notification
+from oz0.web.live import Feed, Stream
+
+SERVER = "server-live-feed"
+
+
+def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
+    hub, feed = EventHub("unused: nothing here listens"), Feed()
+    feed.attach(hub)
+    feed.streams.update(streams)
+    return hub, feed
+
+
+@pytest.mark.parametrize("channel", [NODES, NODE_LINKS])
+def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> None:
+    a = nodes.new_node_id()
+    watching, elsewhere = Stream(frozenset({a}), False), Stream(frozenset(), False)
+    hub, _ = feed_with(watching, elsewhere)
+    hub._dispatch(Notification(channel, a))
+    assert watching.woken.is_set() and not watching.others_changed
+    assert not elsewhere.woken.is_set()
+
+
+def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
+    shown, other = nodes.new_node_id(), nodes.new_node_id()
+    a_list, a_page = Stream(frozenset({shown}), True), Stream(frozenset({shown}), False)
+    hub, _ = feed_with(a_list, a_page)
+    hub._dispatch(Notification(OPERATORS, other))
+    assert not a_list.woken.is_set()  # not about nodes
+    hub._dispatch(Notification(NODES, other))
+    assert a_list.woken.is_set() and a_list.others_changed
+    assert not a_page.woken.is_set()
+    hub._gap()
+    assert a_page.woken.is_set()
+
+
+@pytest.fixture(scope="module")
+def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
+    with fresh_database_url() as url:
+        yield initialise(tmp_path_factory.mktemp("live-feed"), url)
+
+
+def test_the_connection_notifies_and_heartbeats_do_not(one_cluster: ClusterFiles) -> None:
+    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    with (
+        psycopg.connect(main, autocommit=True) as listener,
+        psycopg.connect(main, autocommit=True) as conn,
+    ):
+        conn.execute(
+            "INSERT INTO servers (id, advertise, version) VALUES (%s, '127.0.0.1', 'test')",
+            (SERVER,),
+        )
+        node_id = nodes.new_node_id()
+        conn.execute(
+            "INSERT INTO nodes (id, tenant, state, labels, public_key_sha256)"
+            " VALUES (%s, 'default', 'accepted', '{}', %s)",
+            (node_id, secrets.token_hex(32)),
+        )
+        listener.execute(f"LISTEN {NODE_LINKS}")
+
+        def heard() -> list[str]:
+            return [n.payload for n in listener.notifies(timeout=0.5)]
+
+        nodes.connected(conn, node_id, SERVER)
+        assert heard() == [node_id]
+        nodes.seen(conn, [node_id], SERVER)
+        nodes.seen(conn, [node_id], SERVER)
+        assert heard() == []
+        nodes.disconnected(conn, [node_id], SERVER)
+        assert heard() == [node_id]
+        nodes.disconnected(conn, [node_id], SERVER)  # already: no change, no news
+        assert heard() == []
