@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from cryptography.hazmat.primitives import hashes
 
 from oz0 import pki
 from oz0.errors import Oz0Error
@@ -32,6 +33,12 @@ class Cluster:
     @property
     def ca_pem(self) -> bytes:
         return pki.cert_to_pem(self.cluster_ca.cert)
+
+    @property
+    def ca_fingerprint(self) -> str:
+        """The CA certificate's SHA-256 as browsers and `openssl x509 -fingerprint` show it."""
+        digest = self.cluster_ca.cert.fingerprint(hashes.SHA256())
+        return ":".join(f"{byte:02X}" for byte in digest)
 
 
 def load(conn: psycopg.Connection[Any], master_key: bytes) -> Cluster:

@@ -106,6 +106,20 @@ def test_headers_csrf_cross_origin_and_the_rate_limit(
     page = curl(f"{base}/").stdout
     assert "<script" not in page and " style=" not in page  # nothing inline
 
+    # The CA to trust is served, and its fingerprint on the sign-in page is what openssl
+    # computes from it.
+    ca = tmp_path / "ca.pem"
+    assert curl("-o", str(ca), "-w", "%{http_code}", f"{base}/ca.pem").stdout == "200"
+    fingerprint = subprocess.run(
+        ["openssl", "x509", "-in", str(ca), "-noout", "-fingerprint", "-sha256"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().split("=", 1)[1]  # fmt: skip
+    assert fingerprint in page
+    # A browser asking for a page that is not there gets a page; the CLI's clients JSON.
+    missing = curl("-H", "Accept: text/html,*/*", "-w", "\n%{http_code}", f"{base}/no-such")
+    assert missing.stdout.endswith("\n404") and "<h1>Not Found</h1>" in missing.stdout
+    assert curl(f"{base}/no-such").stdout.startswith('{"error":"404 Not Found')
+
     # A post from another site, and one without the session's token, are refused.
     cross = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Origin: https://evil.example",
                  "-d", "username=admin&password=x", f"{base}/sign-in")  # fmt: skip

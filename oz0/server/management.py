@@ -20,6 +20,7 @@ from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.web import routes as web_routes
+from oz0.web.headers import secure
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ def create_app(state: ManagementState) -> QuartTrio:
     async def http_error(error: HTTPException) -> tuple[Response, int]:
         # Unknown paths, wrong methods, bodies over the limit: the same JSON as ours.
         status = error.code or 400
+        if web_routes.wants_page():
+            page, _ = await web_routes.error_page(
+                state, status, error.name, error.description or ""
+            )
+            return secure(Response(page, status, mimetype="text/html")), status
         return jsonify({"error": f"{status} {error.name}: {error.description}"}), status
 
     for module in API_MODULES:

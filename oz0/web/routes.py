@@ -8,11 +8,12 @@ oz0.audit, ...), with the actor `ui:<account>`.
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, redirect, render_template
+from quart import Blueprint, Response, redirect, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0.server.api.common import ManagementState
+from oz0.store.outage import DATABASE_ERRORS
 from oz0.web import live, overview, sign_in
 from oz0.web.headers import secure
 from oz0.web.pages import NotSignedIn, Pages, Refused
@@ -41,9 +42,32 @@ def blueprint(state: ManagementState) -> Blueprint:
         page = await render_template("refused.html", cluster=state.cluster, why=error.why)
         return page, 403
 
+    async def database_unavailable(_: Exception) -> tuple[str, int]:
+        return await error_page(
+            state, 503, "Try again shortly",
+            "The cluster's database is unavailable right now; nothing was changed.",
+        )  # fmt: skip
+
+    for error_class in DATABASE_ERRORS:
+        web.register_error_handler(error_class, database_unavailable)
+
     for module in PAGE_MODULES:
         module.add(web, pages)
     return web
+
+
+def wants_page() -> bool:
+    """Whether the request came from a browser for a page, not from the CLI for JSON."""
+    # Named outright: curl's and most clients' `*/*` keep getting JSON.
+    accept = request.headers.get("Accept", "")
+    return not request.path.startswith("/api/") and "text/html" in accept
+
+
+async def error_page(state: ManagementState, status: int, title: str, text: str) -> tuple[str, int]:
+    page = await render_template(
+        "error.html", cluster=state.cluster, server_id=state.server_id, title=title, text=text
+    )
+    return page, status
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quart import Blueprint, redirect, request
+from quart import Blueprint, Response, redirect, request
 
 from oz0.web import sessions
 from oz0.web.pages import Page, Pages, Refused
@@ -16,6 +16,18 @@ def add(web: Blueprint, pages: Pages) -> None:
         if await pages.session_or_none() is not None:
             return redirect("/overview")
         return await pages.render("sign_in.html", None, error=None, username="")
+
+    @web.get("/ca.pem")
+    async def ca_certificate() -> Page:
+        # The CA's certificate is public: browsers and scripts fetch it to trust the cluster.
+        return Response(
+            state.cluster.ca_pem,
+            mimetype="application/x-pem-file",
+            headers={
+                "Content-Disposition": f'attachment; filename="{state.cluster.name}-ca.pem"',
+                "Cache-Control": "public, max-age=3600",
+            },
+        )
 
     @web.post("/sign-in")
     async def sign_in() -> Page:
