@@ -7,19 +7,15 @@ Read with curl, a client nobody here wrote; the browser side is in tests/test_we
 
 from __future__ import annotations
 
-import json
-import queue
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.web_events import EventStream, curl, signed_in
 from oz0.store.dburl import DatabaseUrl
 from oz0.web import live
 from tests.conftest import CliRunner
@@ -33,65 +29,6 @@ LIVE_BOUND = 5.0
 @pytest.fixture
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-def curl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["curl", "-sk", "--max-time", "10", *args], capture_output=True, text=True, check=False
-    )
-
-
-def signed_in(address: str, password: str, jar: Path) -> None:
-    base = f"https://{address}:8443"
-    answer = curl("-c", str(jar), "-o", "/dev/null", "-w", "%{http_code}", "-H",
-                  f"Origin: {base}", "-d", f"username=admin&password={password}",
-                  f"{base}/sign-in")  # fmt: skip
-    assert answer.stdout == "303", answer
-
-
-class EventStream:
-    """`curl -N` reading /ui/events; each event with the monotonic time it arrived."""
-
-    def __init__(self, url: str, jar: Path) -> None:
-        self.events: queue.Queue[tuple[float, str, dict[str, Any]]] = queue.Queue()
-        self.process = subprocess.Popen(
-            ["curl", "-skN", "--max-time", "120", "-b", str(jar), url],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        name = ""
-        for line in self.process.stdout:
-            if line.startswith("event: "):
-                name = line[7:].strip()
-            elif line.startswith("data: "):
-                self.events.put((time.monotonic(), name, json.loads(line[6:])))
-        self.events.put((time.monotonic(), "closed", {}))
-
-    def next(self, timeout: float) -> tuple[float, str, dict[str, Any]]:
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no event within {timeout} s") from None
-
-    def until(
-        self, wanted: Callable[[str, dict[str, Any]], bool], timeout: float
-    ) -> tuple[float, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            at, name, data = self.next(max(0.01, deadline - time.monotonic()))
-            if wanted(name, data):
-                return at, data
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        self.reader.join(timeout=5)
-        assert self.process.stdout is not None
-        self.process.stdout.close()
 
 
 @pytest.fixture
