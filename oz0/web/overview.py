@@ -1,15 +1,49 @@
-"""/overview: nodes by state and tenant, the servers up, the latest audit entries."""
+"""/overview: nodes by tenant and state (each count a link to that list), the servers up
+with their Temporal state, the latest audit entries."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from quart import Blueprint
 
 from oz0 import audit, nodes
 from oz0.server import membership
 from oz0.web.pages import Page, Pages
+
+RECENT = 12
+
+
+@dataclass
+class TenantCounts:
+    name: str
+    by_state: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    connected: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+
+def fleet_counts(conn: psycopg.Connection[Any]) -> list[TenantCounts]:
+    """Every tenant (those without nodes too), its nodes counted by state, and connected."""
+    rows = conn.execute(
+        "SELECT t.name, nodes.state, count(nodes.id),"
+        f" count(nodes.id) FILTER (WHERE {nodes.CONNECTED})"
+        " FROM tenants t LEFT JOIN nodes ON nodes.tenant = t.name"
+        " GROUP BY t.name, nodes.state ORDER BY t.name",
+        nodes.CONNECTED_PARAMS,
+    ).fetchall()
+    tenants: dict[str, TenantCounts] = {}
+    for tenant, state, count, connected in rows:
+        counts = tenants.setdefault(tenant, TenantCounts(tenant))
+        if state is not None:
+            counts.by_state[state] += count
+            counts.connected += connected
+    return list(tenants.values())
 
 
 def add(web: Blueprint, pages: Pages) -> None:
@@ -17,17 +51,20 @@ def add(web: Blueprint, pages: Pages) -> None:
     async def overview() -> Page:
         current = await pages.session()
 
-        def read(conn: Any) -> dict[str, Any]:
-            fleet = nodes.list_nodes(conn)
+        def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            tenants = fleet_counts(conn)
+            totals = TenantCounts("all")
+            for t in tenants:
+                for state, count in t.by_state.items():
+                    totals.by_state[state] += count
+                totals.connected += t.connected
             return {
-                "by_state": Counter(n.state for n in fleet),
-                "by_tenant": Counter(n.tenant for n in fleet),
-                "connected": sum(1 for n in fleet if n.connected),
-                "total": len(fleet),
+                "tenants": tenants,
+                "totals": totals,
+                "states": nodes.STATES,
                 "servers": membership.servers_up(conn),
-                "recent": audit.entries(conn, limit=10),
+                "recent": audit.entries(conn, limit=RECENT),
             }
 
-        return await pages.render(
-            "overview.html", current, **await pages.state.db.transaction(read)
-        )
+        facts = await pages.state.db.transaction(read)
+        return await pages.render("overview.html", current, **facts)
