@@ -380,6 +380,9 @@ def test_the_list_filters_searches_and_pages_in_the_url(
     page.goto(f"{BASE}/nodes?page=9")
     assert page.get_by_role("heading", name="No nodes on this page").is_visible()
 
+    for literal in ("%25", "_"):  # searched for as they are, not as patterns
+        page.goto(f"{BASE}/nodes?q={literal}")
+        assert listed() == [], literal
     page.goto(f"{BASE}/nodes?q=no-such-host")
     assert page.get_by_role("heading", name="No nodes match").is_visible()
     assert page.get_by_role("link", name="Clear the filters").get_attribute("href") == "/nodes"
@@ -421,6 +424,15 @@ def test_the_node_page_shows_every_field_and_the_jobs_that_ran_there(
     jobs = page.get_by_role("region", name="Jobs")
     assert jobs.get_by_role("link", name="backup").get_attribute("href") == f"/jobs/{job_id}"
     assert "pg_dump app" in jobs.inner_text() and "exit 0" in jobs.inner_text()
+    assert offered(page) == {"Unblock", "Delete", "Purge"}
     no_inline_code(page.content())
     page.screenshot(path=str(shots(tmp_path) / "node-with-jobs.png"), full_page=True)
+
+    # Blocked while pending: never accepted, so no control stream to purge it through.
+    never = add_node(conn, state="pending")
+    conn.execute("UPDATE nodes SET state = 'blocked', reason = 'x' WHERE id = %s", (never,))
+    page.goto(f"{BASE}/nodes/{never}")
+    assert offered(page) == {"Unblock", "Delete"}
+    page.goto(f"{BASE}/nodes/{never}/purge")
+    assert "cannot be purged now" in page.inner_text("main")
     assert page.goto(f"{BASE}/nodes/node-000000000000").status == 404
