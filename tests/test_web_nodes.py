@@ -188,15 +188,17 @@ def test_a_real_agent_accepted_blocked_unblocked_and_purged_from_its_page(
     assert dialog.is_visible() and "cannot be undone" in dialog.inner_text()
     assert dialog.evaluate("d => d.tagName === 'DIALOG' && d.open")
     confirm = dialog.get_by_role("button", name="Purge")
+    field = dialog.get_by_label("Type the node's ID")
     assert confirm.is_disabled()
+    field.fill(node_id)
     dialog.get_by_role("button", name="Cancel").click()
     assert not dialog.is_visible()
     assert state_of(conn, node_id) == "accepted"
     assert "node.purge" not in [a for _, _, a in actions_of(conn, node_id)]
 
     page.get_by_role("button", name="Purge").click()
-    field = dialog.get_by_label("Type the node's ID")
     assert field.input_value() == ""  # what was typed before Cancel went with it
+    assert confirm.is_disabled()
     for almost in (node_id[:-1], node_id + "0", node_id.upper(), " " + node_id):
         field.fill(almost)
         assert confirm.is_disabled(), almost
@@ -344,6 +346,7 @@ def test_the_list_filters_searches_and_pages_in_the_url(
     assert f"Showing 1–50 of {total}" in page.inner_text("main")
     first = page.locator("tr[data-node]").first
     assert "web-00" in first.inner_text() and "role=web" in first.inner_text()
+    no_inline_code(page.content())
     page.screenshot(path=str(where / "nodes.png"), full_page=True)
     page.get_by_role("link", name="Next →").click()
     page.wait_for_url(f"{BASE}/nodes?page=2")
