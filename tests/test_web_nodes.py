@@ -439,3 +439,13 @@ def test_the_node_page_shows_every_field_and_the_jobs_that_ran_there(
     page.goto(f"{BASE}/nodes/{never}/purge")
     assert "cannot be purged now" in page.inner_text("main")
     assert page.goto(f"{BASE}/nodes/node-000000000000").status == 404
+
+    stranger = add_node(conn, state="pending", hostname="stranger")
+    page.goto(f"{BASE}/nodes/{stranger}")
+    page.get_by_label("Reason for rejecting (optional)").fill("not one of ours")
+    page.get_by_role("button", name="Reject").click()
+    assert "Node rejected" in page.get_by_role("status").inner_text()
+    row = conn.execute("SELECT state, reason FROM nodes WHERE id = %s", (stranger,)).fetchone()
+    assert row == ("rejected", "not one of ours")
+    assert actions_of(conn, stranger) == [("ui", "admin", "node.reject")]
+    assert offered(page) == {"Delete"}
