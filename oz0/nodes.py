@@ -104,6 +104,8 @@ class Node:
     last_seen: dt.datetime | None
     joined_at: dt.datetime
     connected: bool
+    # Accepted once (it was issued a certificate): only such a node can be purged.
+    has_certificate: bool
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,7 +134,7 @@ CONNECTED = (
 CONNECTED_PARAMS = {"silent": SILENT_AFTER, "up": UP_WINDOW}
 _SELECT = (
     "SELECT id, state, tenant, labels, hostname, token_id, reason, server, last_seen,"
-    f" joined_at, {CONNECTED} AS connected FROM nodes"
+    f" joined_at, {CONNECTED} AS connected, certificate IS NOT NULL FROM nodes"
 )
 
 
@@ -154,17 +156,70 @@ def get_many(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[Node]:
     return [Node(*r) for r in rows]
 
 
-def list_nodes(
-    conn: psycopg.Connection[Any], *, state: str | None = None, tenant: str | None = None
-) -> list[Node]:
+LabelFilter = tuple[str, str | None]
+
+
+def parse_label_filter(text: str) -> LabelFilter:
+    """`KEY=VALUE` (a node with that label) or `KEY` (a node with any value for KEY)."""
+    key, equals, value = text.partition("=")
+    key = key.strip()
+    if not _LABEL_KEY.match(key):
+        raise NodeError(f"invalid label filter {text!r}: use KEY=VALUE or KEY, e.g. role=web")
+    return key, (value if equals else None)
+
+
+def _where(
+    state: str | None, tenant: str | None, label: LabelFilter | None, search: str | None
+) -> tuple[str, dict[str, Any]]:
     if state is not None and state not in STATES:
         raise NodeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+    key, value = label if label is not None else (None, None)
+    where = (
+        " WHERE (%(state)s::text IS NULL OR state = %(state)s)"
+        " AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)"
+        " AND (%(key)s::text IS NULL OR labels ? %(key)s)"
+        " AND (%(labels)s::jsonb IS NULL OR labels @> %(labels)s)"
+        # strpos, not LIKE: what is searched for is taken literally, `%` and `_` too.
+        " AND (%(search)s::text IS NULL OR strpos(lower(id), lower(%(search)s)) > 0"
+        "      OR strpos(lower(hostname), lower(%(search)s)) > 0)"
+    )
+    labels = Jsonb({key: value}) if key is not None and value is not None else None
+    params = {"state": state, "tenant": tenant, "key": key, "labels": labels, "search": search}
+    return where, params
+
+
+def list_nodes(
+    conn: psycopg.Connection[Any],
+    *,
+    state: str | None = None,
+    tenant: str | None = None,
+    label: LabelFilter | None = None,
+    search: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Node]:
+    """The nodes matching every filter given, oldest first; SEARCH is a case-insensitive
+    part of the ID or host name. LIMIT and OFFSET page through them (no LIMIT: all)."""
+    where, params = _where(state, tenant, label, search)
     rows = conn.execute(
-        _SELECT + " WHERE (%(state)s::text IS NULL OR state = %(state)s)"
-        " AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY joined_at, id",
-        {**CONNECTED_PARAMS, "state": state, "tenant": tenant},
+        _SELECT + where + " ORDER BY joined_at, id LIMIT %(limit)s OFFSET %(offset)s",
+        {**CONNECTED_PARAMS, **params, "limit": limit, "offset": offset},
     ).fetchall()
     return [Node(*r) for r in rows]
+
+
+def count_nodes(
+    conn: psycopg.Connection[Any],
+    *,
+    state: str | None = None,
+    tenant: str | None = None,
+    label: LabelFilter | None = None,
+    search: str | None = None,
+) -> int:
+    """How many nodes `list_nodes` with these filters lists, without a LIMIT."""
+    where, params = _where(state, tenant, label, search)
+    row = conn.execute("SELECT count(*) FROM nodes" + where, params).fetchone()
+    return int(row[0]) if row else 0
 
 
 @dataclass(frozen=True)
@@ -273,11 +328,36 @@ def _locked(conn: psycopg.Connection[Any], node_id: str) -> _Locked:
     return _Locked(str(row[0]), str(row[1] or ""), bool(row[2]))
 
 
+# The states each action is for; `allowed` reads it, and so do the functions below (whose
+# refusals say why) and the web UI (which shows a node only the actions it allows).
+ACTIONS_FROM: dict[str, tuple[str, ...]] = {
+    "accept": ("pending",),
+    "reject": ("pending",),
+    "block": ("pending", "accepted"),
+    "unblock": ("blocked",),
+    "delete": STATES,
+    "purge": ("accepted", "blocked"),
+}
+
+
+def allowed(action: str, state: str, *, has_certificate: bool) -> bool:
+    """Whether ACTION may be taken on a node in STATE; purge also needs a node that was
+    accepted once (its control stream is how it is told)."""
+    if action == "purge" and not has_certificate:
+        return False
+    return state in ACTIONS_FROM[action]
+
+
+def actions(node: Node) -> list[str]:
+    """The actions NODE allows now, in the order of ACTIONS_FROM."""
+    return [a for a in ACTIONS_FROM if allowed(a, node.state, has_certificate=node.has_certificate)]
+
+
 def accept(
     conn: psycopg.Connection[Any], ca: pki.CertificateAuthority, node_id: str, actor: audit.Actor
 ) -> Node:
     locked = _locked(conn, node_id)
-    if locked.state != "pending":
+    if not allowed("accept", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only pending nodes can be accepted")
     public_key = serialization.load_pem_public_key(locked.public_pem.encode())
     assert isinstance(public_key, ec.EllipticCurvePublicKey)
@@ -307,8 +387,9 @@ def reject(
     conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str | None
 ) -> Node:
     reason = _reason(reason)
-    state = _locked(conn, node_id).state
-    if state != "pending":
+    locked = _locked(conn, node_id)
+    state = locked.state
+    if not allowed("reject", state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {state}; only pending nodes can be rejected")
     conn.execute(
         "UPDATE nodes SET state = 'rejected', reason = %s WHERE id = %s", (reason, node_id)
@@ -395,10 +476,11 @@ def disconnected(conn: psycopg.Connection[Any], node_ids: list[str], server_id: 
 def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str) -> Node:
     """Shut a node out: every edge ends its stream, Temporal refuses it; it keeps its files."""
     checked = _reason(reason, required=True)
-    state = _locked(conn, node_id).state
+    locked = _locked(conn, node_id)
+    state = locked.state
     if state == "blocked":
         raise NodeError(f"node {node_id} is blocked already")
-    if state not in ("pending", "accepted"):
+    if not allowed("block", state, has_certificate=locked.has_certificate):
         raise NodeError(
             f"node {node_id} is {state}; only pending and accepted nodes can be blocked"
         )
@@ -412,7 +494,7 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
 def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
     """Let a blocked node back: accepted if it had been accepted, else pending again."""
     locked = _locked(conn, node_id)
-    if locked.state != "blocked":
+    if not allowed("unblock", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only blocked nodes can be unblocked")
     now = "accepted" if locked.has_certificate else "pending"
     conn.execute("UPDATE nodes SET state = %s, reason = NULL WHERE id = %s", (now, node_id))
@@ -439,7 +521,7 @@ def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> No
     state = locked.state
     if state == "purging":
         raise NodeError(f"node {node_id} is being purged already")
-    if state not in ("accepted", "blocked") or not locked.has_certificate:
+    if not allowed("purge", state, has_certificate=locked.has_certificate):
         raise NodeError(
             f"node {node_id} is {state} and has no control stream to be purged through;"
             " use node delete to forget it"

@@ -140,6 +140,29 @@ def _attempts(conn: Conn, job_ids: list[str]) -> dict[str, list[Attempt]]:
     return found
 
 
+@dataclass(frozen=True)
+class NodeAttempt:
+    """An attempt that ran (or runs) on a node, with what its job is."""
+
+    job_id: str
+    job_name: str | None
+    command: list[str]
+    job_state: str
+    attempt: Attempt
+
+
+def attempts_on_node(conn: Conn, node_id: str, limit: int = 50) -> list[NodeAttempt]:
+    """The newest LIMIT attempts placed on NODE_ID, newest first."""
+    columns = ", ".join(f"a.{c.strip()}" for c in _ATTEMPT_COLUMNS.split(","))
+    rows = conn.execute(
+        f"SELECT j.id, j.name, j.command, j.state, {columns} FROM job_attempts a"
+        " JOIN jobs j ON j.id = a.job_id WHERE a.node_id = %s"
+        " ORDER BY a.started_at DESC, a.job_id, a.number DESC LIMIT %s",
+        (node_id, max(1, min(limit, MAX_LIST))),
+    ).fetchall()
+    return [NodeAttempt(r[0], r[1], r[2], r[3], Attempt(*r[4:])) for r in rows]
+
+
 def get(conn: Conn, job_id: str) -> Job:
     row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
     if row is None:

@@ -14,12 +14,12 @@ from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0.server.api.common import ManagementState
 from oz0.store.outage import DATABASE_ERRORS
-from oz0.web import live, overview, sign_in
+from oz0.web import live, node_pages, overview, sign_in
 from oz0.web.headers import secure
 from oz0.web.pages import NotSignedIn, Pages, Refused
 
 # Each adds its pages; a new page is a new module added here.
-PAGE_MODULES = (sign_in, overview, live)
+PAGE_MODULES = (sign_in, overview, live, node_pages)
 
 
 def blueprint(state: ManagementState) -> Blueprint:

@@ -1,0 +1,249 @@
+"""/nodes (the fleet, filtered and paged in the URL), /nodes/<id> (one node: its fields,
+its audit history, its jobs and the actions its state allows), the actions' posts, and
+the pages that ask first when there is no JavaScript (/nodes/<id>/delete, .../purge).
+
+Each action calls the function of oz0.nodes the JSON API calls, with the session's actor;
+which actions a node offers is `nodes.actions`, the rule those functions check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+from quart import Blueprint, redirect, request
+from werkzeug.datastructures import MultiDict
+
+from oz0 import audit, nodes, tenants
+from oz0.jobs import store as jobs
+from oz0.server import membership
+from oz0.web import sessions
+from oz0.web.pages import NOTICES, Page, Pages, text_arg
+
+PAGE_SIZE = 50
+# Page numbers past this are read as this one (an OFFSET must stay a sane number).
+MAX_PAGE = 100_000
+# The newest audit entries and job attempts a node's page shows.
+HISTORY = 50
+
+NOTICES.update(
+    {
+        "node.accepted": "Node accepted: its agent picks up its certificate and starts work.",
+        "node.rejected": "Node rejected: the agent stops, saying so.",
+        "node.blocked": "Node blocked: its control stream ends on every server within two seconds.",
+        "node.unblocked": "Node unblocked: its agent is let in again within seconds.",
+        "node.deleted": "Node deleted. Its audit history stays in the audit log.",
+        "node.purging": (
+            "Purge ordered: on its next control stream the node deletes its data directory and"
+            " its binary, then the cluster forgets it."
+        ),
+    }
+)
+
+_DONE = {
+    "accept": "node.accepted",
+    "reject": "node.rejected",
+    "block": "node.blocked",
+    "unblock": "node.unblocked",
+    "delete": "node.deleted",
+    "purge": "node.purging",
+}
+Change = Callable[[psycopg.Connection[Any], audit.Actor, MultiDict[str, str]], object]
+
+
+def _page_number(text: str | None) -> int:
+    try:
+        number = int(text or "1")
+    except ValueError:
+        return 1
+    return max(1, min(number, MAX_PAGE))
+
+
+def add(web: Blueprint, pages: Pages) -> None:
+    db = pages.state.db
+    ca = pages.state.cluster.cluster_ca
+
+    @web.get("/nodes")
+    async def node_list() -> Page:
+        current = await pages.session()
+        args = request.args
+        # A filter form sends its blank fields too: the page's address keeps only the rest.
+        given = dict(args.items())
+        kept = {k: v.strip() for k, v in given.items() if v.strip()}
+        if kept != given:
+            return redirect(f"/nodes?{urlencode(kept)}" if kept else "/nodes", 303)
+        state, tenant = text_arg(args, "state"), text_arg(args, "tenant")
+        label, search = text_arg(args, "label"), text_arg(args, "q")
+        number = _page_number(args.get("page"))
+        filtered = any((state, tenant, label, search))
+
+        def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            facts: dict[str, Any] = {
+                "tenant_names": [t.name for t in tenants.list_tenants(conn)],
+                "edges": [f"{s.advertise}:7443" for s in membership.servers_up(conn)],
+                "fleet": [],
+                "total": 0,
+                "error": None,
+            }
+            try:
+                has = nodes.parse_label_filter(label) if label else None
+                facts["total"] = nodes.count_nodes(
+                    conn, state=state, tenant=tenant, label=has, search=search
+                )
+                facts["fleet"] = nodes.list_nodes(
+                    conn, state=state, tenant=tenant, label=has, search=search,
+                    limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE,
+                )  # fmt: skip
+            except nodes.NodeError as e:
+                facts["error"] = str(e)
+            return facts
+
+        facts = await db.transaction(read)
+        first = (number - 1) * PAGE_SIZE + 1
+        shown = len(facts["fleet"])
+        return await pages.render(
+            "nodes.html",
+            current,
+            400 if facts["error"] else 200,
+            **facts,
+            states=nodes.STATES,
+            wanted={"state": state, "tenant": tenant, "label": label, "q": search},
+            filtered=filtered,
+            first=first,
+            last=first + shown - 1,
+            newer=pages.query(page=number - 1 if number > 2 else None) if number > 1 else None,
+            older=pages.query(page=number + 1) if first + shown - 1 < facts["total"] else None,
+            first_page=pages.query(page=None),
+        )
+
+    async def node_page(
+        current: sessions.Session,
+        node_id: str,
+        status: int = 200,
+        error: str | None = None,
+        failed: tuple[str, MultiDict[str, str]] | None = None,
+    ) -> Page:
+        """The node's page; FAILED: the action refused and its form, to fill in again."""
+
+        def read(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+            try:
+                node = nodes.get(conn, node_id)
+            except nodes.NodeNotFound:
+                return None
+            return {
+                "node": node,
+                "actions": nodes.actions(node),
+                "history": audit.entries(conn, target=f"node:{node_id}", limit=HISTORY),
+                "attempts": jobs.attempts_on_node(conn, node_id, limit=HISTORY),
+            }
+
+        facts = await db.transaction(read) if nodes.is_node_id(node_id) else None
+        if facts is None:
+            return await pages.missing(current, f"node {node_id}")
+        action, form = failed or (None, MultiDict())
+        return await pages.render(
+            "node.html", current, status, **facts, error=error, history_limit=HISTORY,
+            failed=action, form=form,
+        )  # fmt: skip
+
+    @web.get("/nodes/<node_id>")
+    async def node_show(node_id: str) -> Page:
+        return await node_page(await pages.session(), node_id)
+
+    async def confirm_page(
+        current: sessions.Session, node_id: str, action: str, status: int = 200,
+        error: str | None = None,
+    ) -> Page:  # fmt: skip
+        def read(conn: psycopg.Connection[Any]) -> nodes.Node | None:
+            try:
+                return nodes.get(conn, node_id)
+            except nodes.NodeNotFound:
+                return None
+
+        node = await db.transaction(read) if nodes.is_node_id(node_id) else None
+        if node is None:
+            return await pages.missing(current, f"node {node_id}")
+        return await pages.render(
+            "node_confirm.html", current, status, node=node, action=action,
+            allowed=action in nodes.actions(node), error=error,
+        )  # fmt: skip
+
+    async def act(
+        node_id: str, action: str, change: Change, back: str | None = None,
+        posted: tuple[sessions.Session, MultiDict[str, str]] | None = None,
+    ) -> Page:  # fmt: skip
+        """Take ACTION on NODE_ID: back to BACK (the node's page) with its notice, or the
+        node's page again with the refusal, nothing changed."""
+        current, form = posted or await pages.posted()
+        if not nodes.is_node_id(node_id):
+            return await pages.missing(current, f"node {node_id}")
+        try:
+            await db.transaction(lambda conn: change(conn, current.actor, form))
+        except nodes.NodeNotFound:
+            return await pages.missing(current, f"node {node_id}")
+        except nodes.NodeError as e:
+            return await node_page(current, node_id, 409, str(e), (action, form))
+        return pages.done(back or f"/nodes/{node_id}", _DONE[action])
+
+    @web.post("/nodes/<node_id>/accept")
+    async def node_accept(node_id: str) -> Page:
+        return await act(
+            node_id, "accept", lambda conn, actor, _: nodes.accept(conn, ca, node_id, actor)
+        )
+
+    @web.post("/nodes/<node_id>/reject")
+    async def node_reject(node_id: str) -> Page:
+        return await act(
+            node_id,
+            "reject",
+            lambda conn, actor, form: nodes.reject(conn, node_id, actor, form.get("reason")),
+        )
+
+    @web.post("/nodes/<node_id>/block")
+    async def node_block(node_id: str) -> Page:
+        return await act(
+            node_id,
+            "block",
+            lambda conn, actor, form: nodes.block(conn, node_id, actor, form.get("reason", "")),
+        )
+
+    @web.post("/nodes/<node_id>/unblock")
+    async def node_unblock(node_id: str) -> Page:
+        return await act(
+            node_id, "unblock", lambda conn, actor, _: nodes.unblock(conn, node_id, actor)
+        )
+
+    @web.get("/nodes/<node_id>/delete")
+    async def node_delete_confirm(node_id: str) -> Page:
+        return await confirm_page(await pages.session(), node_id, "delete")
+
+    @web.post("/nodes/<node_id>/delete")
+    async def node_delete(node_id: str) -> Page:
+        return await act(
+            node_id, "delete", lambda conn, actor, _: nodes.delete(conn, node_id, actor),
+            back="/nodes",
+        )  # fmt: skip
+
+    @web.get("/nodes/<node_id>/purge")
+    async def node_purge_confirm(node_id: str) -> Page:
+        return await confirm_page(await pages.session(), node_id, "purge")
+
+    @web.post("/nodes/<node_id>/purge")
+    async def node_purge(node_id: str) -> Page:
+        # Checked here, not only by the page's script: a purge cannot be undone, so it
+        # needs the node's ID typed, exactly, whatever sent the form.
+        current, form = await pages.posted()
+        typed = form.get("confirm", "")
+        if typed != node_id:
+            why = (
+                f"Nothing was purged: what you typed is not this node's ID, {node_id}."
+                if typed
+                else f"Nothing was purged: type the node's ID, {node_id}, to confirm."
+            )
+            return await confirm_page(current, node_id, "purge", 400, why)
+        return await act(
+            node_id, "purge", lambda conn, actor, _: nodes.purge(conn, node_id, actor),
+            posted=(current, form),
+        )  # fmt: skip
