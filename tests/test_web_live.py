@@ -2,7 +2,8 @@
 (127.0.0.206 and .207) and a real agent: a change made through one server reaches a page
 open on the other, fed by the LISTEN hub, and a stream ends once its session has.
 
-Read with curl, a client nobody here wrote; the browser side is in tests/test_web_nodes.py.
+Read with curl, a client nobody here wrote, and shown in Debian's chromium: the node's page
+and the nodes list on the other server follow without being reloaded by anyone.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from playwright import sync_api as playwright
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
@@ -19,6 +22,9 @@ from fixtures.web_events import EventStream, curl, signed_in
 from oz0.store.dburl import DatabaseUrl
 from oz0.web import live
 from tests.conftest import CliRunner
+from tests.test_web_ui import browser, shots, sign_in
+
+__all__ = ["browser"]  # the fixture, from the UI's own tests
 
 StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.206", "127.0.0.207"
@@ -42,7 +48,7 @@ def streams() -> Iterator[list[EventStream]]:
 @pytest.mark.slow
 def test_a_change_through_one_server_reaches_a_page_on_the_other(
     cluster_files: ClusterFiles, start_server: StartServer, cli: CliRunner, tmp_path: Path,
-    streams: list[EventStream],
+    streams: list[EventStream], browser: Any,
 ) -> None:  # fmt: skip
     start_server(cluster_files, SERVER)
     start_server(cluster_files, SECOND)
@@ -63,10 +69,23 @@ def test_a_change_through_one_server_reaches_a_page_on_the_other(
 
         # What the page shows first, then nothing until something changes.
         _, name, first = stream.next(timeout=10)
+        first_server = first["server"]
         assert (name, first["id"], first["state"], first["connected"]) == (
             "node", node_id, "accepted", True,
         )  # fmt: skip
         assert stream.events.empty()
+
+        # The same node in a browser on the other server: its page, and the list.
+        context = browser.new_context(ignore_https_errors=True)
+        node_page, list_page = context.new_page(), context.new_page()
+        sign_in(node_page, SECOND, cluster_files.ui_password)
+        node_page.wait_for_url(f"https://{SECOND}:8443/overview")
+        node_page.goto(f"https://{SECOND}:8443/nodes/{node_id}")
+        list_page.goto(f"https://{SECOND}:8443/nodes")
+        row = list_page.locator(f'tr[data-node="{node_id}"]')
+        connection = row.locator('[data-field="connection"]')
+        assert connection.inner_text() == f"connected to {first_server}"
+        list_page.evaluate("window.notReloaded = true")
 
         started = time.monotonic()
         blocked = cli("node", "block", node_id, "--reason", "live test", env=cluster_files.cli_env)
@@ -76,6 +95,18 @@ def test_a_change_through_one_server_reaches_a_page_on_the_other(
         assert shown["reason"] == "live test"
         # The block ends the agent's stream: the connection shows gone too.
         stream.until(lambda n, d: n == "node" and not d["connected"], LIVE_BOUND)
+        # In the browser: the node's page reloaded itself (its Actions follow the state),
+        # the list changed in place.
+        unblock = node_page.get_by_role("button", name="Unblock")
+        unblock.wait_for(timeout=LIVE_BOUND * 1000)
+        assert node_page.locator('[data-field="state"]').first.inner_text() == "blocked"
+        cell = row.locator('[data-field="state"]')
+        playwright.expect(cell).to_have_text("blocked", timeout=LIVE_BOUND * 1000)
+        playwright.expect(row.locator('[data-field="connection"]')).to_have_text(
+            "disconnected", timeout=LIVE_BOUND * 1000
+        )
+        assert list_page.evaluate("window.notReloaded") is True
+        node_page.screenshot(path=str(shots(tmp_path) / "live-node-blocked.png"), full_page=True)
 
         # A node not on the page joining: the list is told to offer a reload.
         other = AgentProcess.joining(
@@ -83,6 +114,9 @@ def test_a_change_through_one_server_reaches_a_page_on_the_other(
         ).start()
         try:
             stream.until(lambda n, d: n == "others", 30)
+            playwright.expect(list_page.get_by_role("status")).to_contain_text(
+                "Other nodes joined or changed", timeout=LIVE_BOUND * 1000
+            )
         finally:
             other.stop()
 

@@ -69,6 +69,14 @@
     }
   }
 
+  // A form being sent (an action on this very node) is about to change the page: a reload
+  // now would cancel it, so the stream stops listening.
+  document.addEventListener("submit", (event) => {
+    if (!event.defaultPrevented) {
+      source.close();
+    }
+  });
+
   source.addEventListener("node", (event) => show(JSON.parse(event.data)));
   source.addEventListener("others", () => note("Other nodes joined or changed."));
   source.addEventListener("signed-out", () => {
