@@ -41,7 +41,8 @@ def add(web: Blueprint, pages: Pages) -> None:
         try:
             await tenants.create_with_namespace(state.db, state.temporal, name, current.actor)
         except tenants.TenantRefused as e:
-            return await tenants_page(current, e.status, str(e), name)
+            message = str(e)
+            return await tenants_page(current, e.status, message[:1].upper() + message[1:], name)
         return pages.done("/tenants", "tenant.created")
 
     @web.get("/servers")
