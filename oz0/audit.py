@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -62,7 +62,10 @@ class Filters:
     target: str | None = None
 
     def _params(self) -> dict[str, Any]:
-        kind, _, name = (self.actor or "").rpartition(":")
+        # `server:local:box` is kind server, name local:box; `local:box` is a bare name.
+        kind, _, name = (self.actor or "").partition(":")
+        if kind not in get_args(ActorKind):
+            kind, name = "", self.actor or ""
         return {
             "action": self.action,
             "target": self.target,

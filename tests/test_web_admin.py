@@ -20,11 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, passwords, ui_accounts
-from oz0.context import Context
 from oz0.web import sessions
 from tests.test_web_ui import browser, shots, sign_in
 
@@ -77,6 +75,15 @@ def signed_in(browser: Any, password: str) -> Any:
     sign_in(page, ADDRESS, password)
     page.wait_for_url(f"{BASE}/overview")
     return page
+
+
+def run_cli(files: ClusterFiles, *args: str) -> Any:
+    """`orchestrator-zero ARGS --json` as the cluster's admin, in a process of its own."""
+    done = subprocess.run(
+        cli_command(*args), env={**os.environ, **files.cli_env}, capture_output=True,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
 
 
 def add_node(conn: psycopg.Connection[Any], tenant: str, state: str) -> None:
@@ -156,6 +163,14 @@ def test_audit_filters_and_keyset_pages(
 
     page.goto(f"{BASE}/audit?actor=ui:bob")
     assert shown_ids(page) == [e.id for e in audit_rows(conn, actor="ui:bob")][:50]
+    # A name with a colon of its own: the kind is what precedes the first one.
+    with conn.transaction():
+        audit.record(conn, audit.Actor("server", "local:box"), "test.local", "ui:admin")
+    for actor in ("server:local:box", "local:box"):
+        page.goto(f"{BASE}/audit?actor={actor}")
+        assert page.locator("tbody tr[data-entry] td").nth(2).all_inner_texts() == ["test.local"]
+    page.goto(f"{BASE}/audit?actor=ui:local:box")
+    assert shown_ids(page) == []
     page.goto(f"{BASE}/audit?target=node:n-9")
     row = page.locator("tbody tr[data-entry]")
     assert row.count() == 1
@@ -173,13 +188,11 @@ def test_audit_filters_and_keyset_pages(
     page.goto(f"{BASE}/audit?action=no.such.action")
     assert page.get_by_text("No entries match these filters.").is_visible()
 
-    # The API takes the same actor filter and cursor.
+    # The API, and the CLI on it, take the same actor filter and cursor.
     files, _ = cluster
-    api = ApiClient(Context.load(files.context_dir))
-    newest = api.get("/api/v1/audit", {"actor": "ui:bob", "limit": 10})["entries"]
-    older = api.get("/api/v1/audit", {"actor": "ui:bob", "before": newest[-1]["id"], "limit": 10})[
-        "entries"
-    ]
+    newest = run_cli(files, "audit", "list", "--actor", "ui:bob", "--limit", "10", "--json")
+    older = run_cli(files, "audit", "list", "--actor", "ui:bob", "--limit", "10", "--json",
+                    "--before", str(newest[-1]["id"]))  # fmt: skip
     bob_ids = [e.id for e in audit_rows(conn, actor="ui:bob")]
     assert [e["id"] for e in newest + older] == bob_ids[:20]
 
@@ -199,11 +212,7 @@ def test_create_tenant_and_a_bad_name_refused(
     assert page.get_by_role("status").inner_text().startswith("Tenant created")
     assert page.locator("tr[data-tenant='blue-team']").is_visible()
 
-    listed = subprocess.run(
-        cli_command("tenant", "list", "--json"), env={**os.environ, **files.cli_env},
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    assert "blue-team" in [t["name"] for t in json.loads(listed.stdout)]
+    assert "blue-team" in [t["name"] for t in run_cli(files, "tenant", "list", "--json")]
     [made] = audit_rows(conn, action="tenant.create", target="tenant:blue-team")
     assert (made.actor_kind, made.actor) == ("ui", "admin")
 
@@ -318,6 +327,17 @@ def test_change_password(
     sign_in(old, ADDRESS, admin)
     assert old.get_by_role("alert").inner_text() == "Wrong username or password."
     signed_in(browser, "a-new-password-2")
+    page.goto(f"{BASE}/account")
+    assert page.locator("dl.fields dd").nth(2).inner_text() == "2 open, on every server"
+
+    # Wrong current passwords and failed sign-ins share the account's limit.
+    while failures(conn) < sessions.MAX_FAILURES_PER_ACCOUNT:
+        assert change(page, "wrong again", "a-new-password-4").status == 400
+    assert change(page, "a-new-password-2", "a-new-password-4").status == 429
+    assert page.get_by_role("alert").inner_text().startswith("Too many failed sign-ins")
+    stale = new_page(browser)
+    sign_in(stale, ADDRESS, "a-new-password-2")
+    assert stale.get_by_role("alert").inner_text().startswith("Too many failed sign-ins")
 
 
 def reset(files: ClusterFiles, account: str) -> subprocess.CompletedProcess[str]:

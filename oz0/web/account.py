@@ -25,18 +25,14 @@ def add(web: Blueprint, pages: Pages) -> None:
     async def account_page(
         current: sessions.Session, status: int = 200, error: str | None = None
     ) -> Page:
-        def read(conn: Any) -> int:
-            row = conn.execute(
-                "SELECT count(*) FROM ui_sessions WHERE username = %s", (current.username,)
-            ).fetchone()
-            return int(row[0])
-
+        username = current.username
+        signed_in = await state.db.transaction(lambda conn: sessions.count_open(conn, username))
         return await pages.render(
             "account.html",
             current,
             status,
             error=error,
-            signed_in=await state.db.transaction(read),
+            signed_in=signed_in,
             min_length=ui_accounts.MIN_PASSWORD,
             idle=int(sessions.IDLE.total_seconds() // 60),
             absolute=int(sessions.ABSOLUTE.total_seconds() // 3600),

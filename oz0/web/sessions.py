@@ -129,6 +129,17 @@ def current(conn: psycopg.Connection[Any], token: str | None) -> Session | None:
     return Session(row[0], row[1], row[2]) if row else None
 
 
+def count_open(conn: psycopg.Connection[Any], username: str) -> int:
+    """How many of USERNAME's sessions have not expired, on every server."""
+    row = conn.execute(
+        "SELECT count(*) FROM ui_sessions WHERE username = %(u)s"
+        " AND last_seen > now() - %(idle)s AND created_at > now() - %(absolute)s",
+        {"u": username, "idle": IDLE, "absolute": ABSOLUTE},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def end_others(conn: psycopg.Connection[Any], username: str, keep: str | None = None) -> int:
     """End USERNAME's sessions on every server but the one token KEEP names; how many."""
     return conn.execute(
