@@ -82,6 +82,13 @@ _WHERE = (
 )
 
 
+def cursor(raw: str | None) -> int | None:
+    """RAW as a `before` cursor (an entry id: ASCII digits that fit a bigint), else None."""
+    if raw and raw.isascii() and raw.isdigit() and len(raw) <= 18:
+        return int(raw)
+    return None
+
+
 def entries(
     conn: psycopg.Connection[Any],
     *,

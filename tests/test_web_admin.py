@@ -23,8 +23,9 @@ import pytest
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, passwords, ui_accounts
+from oz0.context import Context
 from oz0.web import sessions
-from tests.test_web_ui import browser, shots, sign_in
+from tests.test_web_ui import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, used by name
 
@@ -144,6 +145,9 @@ def test_audit_filters_and_keyset_pages(
     page.goto(f"{BASE}/audit?before={everything[50] + 1}")
     page.get_by_role("link", name="← Previous").click()
     assert page.url == f"{BASE}/audit" and shown_ids(page) == everything[:50]
+    for junk in ("x", "²", "-1", "9" * 40):  # not a cursor: the newest page
+        assert page.goto(f"{BASE}/audit?before={junk}").status == 200
+        assert shown_ids(page) == everything[:50]
 
     # Filters: action (offered from the actions seen), actor, target; they stay in the URL.
     page.goto(f"{BASE}/audit")
@@ -197,6 +201,12 @@ def test_audit_filters_and_keyset_pages(
                     "--before", str(newest[-1]["id"]))  # fmt: skip
     bob_ids = [e.id for e in audit_rows(conn, actor="ui:bob")]
     assert [e["id"] for e in newest + older] == bob_ids[:20]
+    ctx = Context.load(files.context_dir)
+    refused = curl("--cert", str(ctx.cert_path), "--key", str(ctx.key_path),
+                   f"{BASE}/api/v1/audit?before=%C2%B2")  # fmt: skip
+    assert json.loads(refused.stdout) == {
+        "error": "before must be an audit entry's id (a whole number)"
+    }
 
 
 def test_create_tenant_and_a_bad_name_refused(

@@ -39,11 +39,6 @@ def readable(details: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def cursor_arg(raw: str | None) -> int | None:
-    """`before`: an entry id; anything else is ignored (the newest page)."""
-    return int(raw) if raw and raw.isdigit() and len(raw) <= 18 else None
-
-
 def add(web: Blueprint, pages: Pages) -> None:
     @web.get("/audit")
     async def audit_log() -> Page:
@@ -53,7 +48,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             actor=text_arg(request.args, "actor"),
             target=text_arg(request.args, "target"),
         )
-        before = cursor_arg(request.args.get("before"))
+        before = audit.cursor(request.args.get("before"))  # junk: the newest page
 
         def read(conn: Any) -> tuple[list[audit.Entry], int | None, list[str]]:
             rows = audit.entries(

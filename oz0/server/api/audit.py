@@ -21,8 +21,8 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             raise ApiError(400, "limit must be a whole number") from None
         if not 1 <= limit <= MAX_AUDIT_LIMIT:
             raise ApiError(400, f"limit must be between 1 and {MAX_AUDIT_LIMIT}")
-        before = request.args.get("before")
-        if before is not None and not (before.isdigit() and len(before) <= 18):
+        before = audit.cursor(request.args.get("before"))
+        if before is None and "before" in request.args:
             raise ApiError(400, "before must be an audit entry's id (a whole number)")
         args = request.args
         rows = await state.db.transaction(
@@ -31,7 +31,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
                 action=args.get("action"),
                 actor=args.get("actor"),
                 target=args.get("target"),
-                before=int(before) if before is not None else None,
+                before=before,
                 limit=limit,
             )
         )
