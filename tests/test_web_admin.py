@@ -283,6 +283,14 @@ def test_servers_page_lists_every_server_up_or_down(
     assert gone[:4] == ["s-gone", "127.0.0.206", "down", "was serving"]
     assert page.get_by_text("1 of 2 up.").is_visible()
     page.screenshot(path=str(shots(tmp_path) / "servers.png"), full_page=True)
+
+    # None of these pages has inline script or style (the CSP would block it).
+    for path in ("/audit", "/tenants", "/servers", "/account"):
+        page.goto(f"{BASE}{path}")
+        html = page.content()
+        assert " style=" not in html and "<style" not in html and " onclick=" not in html
+        scripts = re.findall(r"<script([^>]*)>(.*?)</script>", html, re.S)
+        assert scripts and all('src="/ui/static/' in a and not body for a, body in scripts)
     conn.execute("DELETE FROM servers WHERE id = 's-gone'")
 
 
@@ -351,9 +359,12 @@ def test_change_password(
     assert stale.get_by_role("alert").inner_text().startswith("Too many failed sign-ins")
 
 
-def reset(files: ClusterFiles, account: str) -> subprocess.CompletedProcess[str]:
+def reset(
+    files: ClusterFiles, account: str, key: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    key = key or files.master_key
     return subprocess.run(
-        cli_command("server", "ui-password", account, "--master-key-file", str(files.master_key)),
+        cli_command("server", "ui-password", account, "--master-key-file", str(key)),
         env={**os.environ, "OZ0_DB": files.url.conninfo}, capture_output=True, text=True,
         timeout=60, check=False,
     )  # fmt: skip
@@ -364,6 +375,7 @@ def test_server_ui_password_resets_a_lost_one(
     conn: psycopg.Connection[Any],
     admin: str,
     browser: Any,
+    tmp_path: Path,
 ) -> None:
     files, _ = cluster
     page = signed_in(browser, admin)
@@ -394,6 +406,15 @@ def test_server_ui_password_resets_a_lost_one(
     assert unknown.stderr == "error: the cluster has no web UI account bob\n"
     assert conn.execute("SELECT username, password_hash FROM ui_accounts").fetchall() == stored
     assert len(audit_rows(conn)) == logged
+
+    # Another cluster's master key proves nothing: refused, nothing changed.
+    other_key = tmp_path / "other.key"
+    other_key.write_bytes(secrets.token_bytes(32))
+    other_key.chmod(0o600)
+    foreign = reset(files, "admin", other_key)
+    assert foreign.returncode == 1 and foreign.stdout == ""
+    assert foreign.stderr.startswith("error: ") and foreign.stderr.count("\n") == 1
+    assert conn.execute("SELECT username, password_hash FROM ui_accounts").fetchall() == stored
 
 
 def test_an_unknown_username_costs_one_scrypt_like_a_known_one(
