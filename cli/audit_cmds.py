@@ -18,7 +18,9 @@ app = App(name="audit", help="The audit log of every change.")
 def list_(
     *,
     action: str | None = None,
+    actor: str | None = None,
     target: str | None = None,
+    before: int | None = None,
     limit: int = 50,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -29,13 +31,18 @@ def list_(
     ----------
     action
         Only rows of this action, such as operator.renew.
+    actor
+        Only rows by this actor, such as ui:admin (or a bare name, of any kind).
     target
         Only rows about this target, such as operator:admin.
+    before
+        Only rows older than this entry ID (the next page: the last ID shown, with --json).
     limit
         At most this many rows.
     """
     data = ApiClient(select(context)).get(
-        "/api/v1/audit", {"action": action, "target": target, "limit": limit}
+        "/api/v1/audit",
+        {"action": action, "actor": actor, "target": target, "before": before, "limit": limit},
     )
     entries = data["entries"]
     if json:

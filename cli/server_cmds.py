@@ -13,7 +13,7 @@ from cyclopts import App, Parameter
 
 from cli.output import print_json
 from cli.params import JsonFlag
-from oz0 import cluster_init, devmode
+from oz0 import cluster_init, devmode, ui_accounts
 from oz0.context import config_home
 from oz0.errors import Oz0Error
 from oz0.nodes import MAX_PENDING
@@ -301,4 +301,46 @@ def issue(
             f"{issued.not_after}"
         )
         print(f"export OZ0_CONTEXT={issued.context.path}")
+    return 0
+
+
+@app.command(name="ui-password")
+def ui_password(
+    account: str,
+    *,
+    master_key_file: Path | None = None,
+    dev: DevFlag = False,
+    data_dir: DataDir = None,
+    json: JsonFlag = False,
+) -> int:
+    """Reset web UI account ACCOUNT's lost password: prints a new one, once, and ends the
+    account's sessions on every server.
+
+    Parameters
+    ----------
+    account
+        The web UI account, such as admin.
+    master_key_file
+        The cluster's master key file.
+    """
+    if dev:
+        if data_dir is None:
+            raise Oz0Error("--dev needs --data-dir DIR")
+        data_dir = data_dir.resolve()
+        warnings.filterwarnings("ignore", module="platformdirs")
+        with devmode.embedded_postgres(data_dir) as url:
+            password = ui_accounts.reset(
+                url, master_key_file=devmode.master_key_path(data_dir), username=account
+            )
+    else:
+        if master_key_file is None:
+            raise Oz0Error("server ui-password needs --master-key-file")
+        password = ui_accounts.reset(
+            DatabaseUrl.from_env(), master_key_file=master_key_file, username=account
+        )
+    if json:
+        print_json({"ui_account": account, "ui_password": password})
+    else:
+        print(f"web UI account {account}: new password {password}  (shown only now)")
+        print("its sessions have ended on every server; sign in again with it")
     return 0

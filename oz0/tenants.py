@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from oz0 import audit
 from oz0.errors import Oz0Error
+from oz0.store.pool import Database
+from oz0.temporal.namespaces import NamespaceTaken
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
-class TenantExists(Oz0Error):
+class TenantRefused(Oz0Error):
+    """A tenant that cannot be created; STATUS is the HTTP status the API answers with."""
+
+    status = 400
+
+
+class InvalidTenantName(TenantRefused):
     pass
+
+
+class TenantExists(TenantRefused):
+    status = 409
+
+
+class NamespaceUnavailable(TenantRefused):
+    status = 503
+
+
+class Namespaces(Protocol):
+    async def register_tenant_namespace(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -38,12 +61,12 @@ RESERVED_PREFIX = "temporal-"
 
 def check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise Oz0Error(
+        raise InvalidTenantName(
             f"invalid tenant name {name!r}: use 1 to 63 lowercase letters, digits and '-', "
             "starting with a letter or digit"
         )
     if name.startswith(RESERVED_PREFIX):
-        raise Oz0Error(
+        raise InvalidTenantName(
             f"tenant name {name!r} is reserved: names starting with {RESERVED_PREFIX!r} "
             "are Temporal's own namespaces"
         )
@@ -65,5 +88,35 @@ def create(conn: psycopg.Connection[Any], name: str, actor: audit.Actor) -> Tena
     return Tenant(*row)
 
 
+async def create_with_namespace(
+    db: Database, temporal: Namespaces, name: str, actor: audit.Actor
+) -> Tenant:
+    """A new tenant and its Temporal namespace, as the API and the web UI make it;
+    TenantRefused (with its HTTP status) if not, and then nothing is created."""
+    check_name(name)
+    if await db.transaction(lambda conn: exists(conn, name)):
+        raise TenantExists(f"tenant {name} already exists")
+    # The namespace first: registering is idempotent, so a failure after it leaves
+    # nothing a retry would trip over, while a tenant row without a namespace would.
+    try:
+        await temporal.register_tenant_namespace(name)
+    except NamespaceTaken as e:
+        raise TenantExists(str(e)) from None
+    except Exception as e:
+        log.warning("registering namespace %s failed: %r", name, e)
+        raise NamespaceUnavailable(f"could not register Temporal namespace {name}: {e}") from None
+    return await db.transaction(lambda conn: create(conn, name, actor))
+
+
 def list_tenants(conn: psycopg.Connection[Any]) -> list[Tenant]:
     return [Tenant(*r) for r in conn.execute("SELECT name, created_at FROM tenants ORDER BY name")]
+
+
+def node_counts(conn: psycopg.Connection[Any]) -> dict[str, dict[str, int]]:
+    """Per tenant, how many of its nodes are in each state (states without nodes absent)."""
+    counts: dict[str, dict[str, int]] = {}
+    for tenant, state, count in conn.execute(
+        "SELECT tenant, state, count(*) FROM nodes GROUP BY tenant, state"
+    ):
+        counts.setdefault(tenant, {})[state] = int(count)
+    return counts

@@ -51,6 +51,32 @@ def servers_up(conn: psycopg.Connection[Any], window: dt.timedelta = UP_WINDOW) 
     return [ServerRow(*r) for r in rows]
 
 
+@dataclass(frozen=True)
+class ServerStatus:
+    """A server's row as the Servers page shows it, up or not."""
+
+    id: str
+    advertise: str
+    version: str
+    started_at: dt.datetime
+    last_heartbeat: dt.datetime
+    temporal: str
+    up: bool
+
+
+def all_servers(
+    conn: psycopg.Connection[Any], window: dt.timedelta = UP_WINDOW
+) -> list[ServerStatus]:
+    """Every server row (rows of servers gone FORGET_AFTER ago are removed at a start),
+    up when its last heartbeat is younger than WINDOW: the same test as servers_up."""
+    rows = conn.execute(
+        "SELECT id, advertise, version, started_at, last_heartbeat, temporal_state,"
+        " last_heartbeat > now() - %s FROM servers ORDER BY advertise, id",
+        (window,),
+    ).fetchall()
+    return [ServerStatus(*r) for r in rows]
+
+
 async def run(
     db: Database,
     server_id: str,

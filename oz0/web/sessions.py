@@ -9,6 +9,7 @@ FAILURE_WINDOW: past the limits, sign-ins are refused without checking the passw
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import secrets
@@ -52,6 +53,18 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash no password matches, made once per process: an unknown username is checked
+    against it, so it costs the one scrypt a known one does (and reveals nothing by time)."""
+    return passwords.hash_password(secrets.token_urlsafe(16))
+
+
+def warm_up() -> None:
+    """Make the dummy hash now (at the server's start), not at the first unknown name."""
+    _dummy_hash()
+
+
 def _too_many_failures(conn: psycopg.Connection[Any], username: str, source: str) -> bool:
     row = conn.execute(
         "SELECT count(*) FILTER (WHERE username = %(u)s), count(*) FILTER (WHERE source = %(s)s)"
@@ -75,8 +88,7 @@ def check_password(
     row = conn.execute(
         "SELECT password_hash FROM ui_accounts WHERE username = %s", (username,)
     ).fetchone()
-    # An unknown account costs the same scrypt as a known one.
-    stored = row[0] if row else passwords.hash_password(secrets.token_urlsafe(16))
+    stored = row[0] if row else _dummy_hash()
     if passwords.verify(password[:MAX_PASSWORD], stored) and row is not None:
         return True
     conn.execute(
@@ -115,6 +127,25 @@ def current(conn: psycopg.Connection[Any], token: str | None) -> Session | None:
         {"t": _digest(token), "idle": IDLE, "absolute": ABSOLUTE},
     ).fetchone()
     return Session(row[0], row[1], row[2]) if row else None
+
+
+def count_open(conn: psycopg.Connection[Any], username: str) -> int:
+    """How many of USERNAME's sessions have not expired, on every server."""
+    row = conn.execute(
+        "SELECT count(*) FROM ui_sessions WHERE username = %(u)s"
+        " AND last_seen > now() - %(idle)s AND created_at > now() - %(absolute)s",
+        {"u": username, "idle": IDLE, "absolute": ABSOLUTE},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def end_others(conn: psycopg.Connection[Any], username: str, keep: str | None = None) -> int:
+    """End USERNAME's sessions on every server but the one token KEEP names; how many."""
+    return conn.execute(
+        "DELETE FROM ui_sessions WHERE username = %s AND token_sha256 <> %s",
+        (username, _digest(keep) if keep else ""),
+    ).rowcount
 
 
 def end(conn: psycopg.Connection[Any], token: str | None) -> None:

@@ -21,8 +21,18 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             raise ApiError(400, "limit must be a whole number") from None
         if not 1 <= limit <= MAX_AUDIT_LIMIT:
             raise ApiError(400, f"limit must be between 1 and {MAX_AUDIT_LIMIT}")
-        action, target = request.args.get("action"), request.args.get("target")
+        before = audit.cursor(request.args.get("before"))
+        if before is None and "before" in request.args:
+            raise ApiError(400, "before must be an audit entry's id (a whole number)")
+        args = request.args
         rows = await state.db.transaction(
-            lambda conn: audit.entries(conn, action=action, target=target, limit=limit)
+            lambda conn: audit.entries(
+                conn,
+                action=args.get("action"),
+                actor=args.get("actor"),
+                target=args.get("target"),
+                before=before,
+                limit=limit,
+            )
         )
         return jsonify({"entries": [r.to_json() for r in rows]})

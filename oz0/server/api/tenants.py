@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
 from oz0 import tenants
-from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
-from oz0.temporal.namespaces import NamespaceTaken
-
-log = logging.getLogger(__name__)
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
@@ -29,22 +23,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         if not isinstance(name, str):
             raise ApiError(400, "body must be a JSON object with a `name`")
         try:
-            tenants.check_name(name)
-        except Oz0Error as e:
-            raise ApiError(400, str(e)) from None
-        if await state.db.transaction(lambda conn: tenants.exists(conn, name)):
-            raise ApiError(409, f"tenant {name} already exists")
-        # The namespace first: registering is idempotent, so a failure after it leaves
-        # nothing a retry would trip over, while a tenant row without a namespace would.
-        try:
-            await state.temporal.register_tenant_namespace(name)
-        except NamespaceTaken as e:
-            raise ApiError(409, str(e)) from None
-        except Exception as e:
-            log.warning("registering namespace %s failed: %r", name, e)
-            raise ApiError(503, f"could not register Temporal namespace {name}: {e}") from None
-        try:
-            tenant = await state.db.transaction(lambda conn: tenants.create(conn, name, actor))
-        except tenants.TenantExists as e:
-            raise ApiError(409, str(e)) from None
+            tenant = await tenants.create_with_namespace(state.db, state.temporal, name, actor)
+        except tenants.TenantRefused as e:
+            raise ApiError(e.status, str(e)) from None
         return jsonify(tenant.to_json())

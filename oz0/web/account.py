@@ -1,0 +1,71 @@
+"""/account: the signed-in account, and Change password (the current one checked as a
+sign-in is, so a wrong one counts toward the same rate limit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, request
+
+from oz0 import ui_accounts
+from oz0.web import pages as pages_mod
+from oz0.web import sessions
+from oz0.web.pages import Page, Pages
+
+pages_mod.NOTICES["account.password_changed"] = (
+    "Password changed. Your other sessions have been signed out."
+)
+
+
+def add(web: Blueprint, pages: Pages) -> None:
+    state = pages.state
+    # The dummy hash an unknown username is checked against: made now, not at first use.
+    sessions.warm_up()
+
+    async def account_page(
+        current: sessions.Session, status: int = 200, error: str | None = None
+    ) -> Page:
+        username = current.username
+        signed_in = await state.db.transaction(lambda conn: sessions.count_open(conn, username))
+        return await pages.render(
+            "account.html",
+            current,
+            status,
+            error=error,
+            signed_in=signed_in,
+            min_length=ui_accounts.MIN_PASSWORD,
+            idle=int(sessions.IDLE.total_seconds() // 60),
+            absolute=int(sessions.ABSOLUTE.total_seconds() // 3600),
+        )
+
+    @web.get("/account")
+    async def account() -> Page:
+        return await account_page(await pages.session())
+
+    @web.post("/account/password")
+    async def change_password() -> Page:
+        current, form = await pages.posted()
+        try:
+            new = ui_accounts.check_new(form.get("new", ""), form.get("again", ""))
+        except ui_accounts.PasswordRefused as e:
+            return await account_page(current, 400, str(e))
+        given, where = form.get("current", ""), pages.source()
+        token = request.cookies.get(sessions.COOKIE)
+
+        def change(conn: Any) -> bool | None:
+            verdict = sessions.check_password(conn, current.username, given, where)
+            if verdict:
+                ui_accounts.set_password(
+                    conn, current.username, new, current.actor, "ui.password.changed",
+                    keep_session=token,
+                )  # fmt: skip
+            return verdict
+
+        verdict = await state.db.transaction(change)
+        if verdict is None:
+            return await account_page(
+                current, 429, "Too many failed sign-ins; wait a few minutes and try again."
+            )
+        if not verdict:
+            return await account_page(current, 400, "The current password is wrong.")
+        return pages.done("/account", "account.password_changed")
