@@ -13,12 +13,12 @@ from quart_trio import QuartTrio
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0.server.api.common import ManagementState
-from oz0.web import overview, sign_in
+from oz0.web import job_pages, overview, sign_in, token_pages
 from oz0.web.headers import secure
 from oz0.web.pages import NotSignedIn, Pages, Refused
 
 # Each adds its pages; a new page is a new module added here.
-PAGE_MODULES = (sign_in, overview)
+PAGE_MODULES = (sign_in, overview, token_pages, job_pages)
 
 
 def blueprint(state: ManagementState) -> Blueprint:
