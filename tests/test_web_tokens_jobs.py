@@ -410,6 +410,7 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
             ui.api.post(f"/api/v1/jobs/{job_id}/cancel", {})
 
 
+@pytest.mark.slow
 def test_the_pages_and_the_live_endpoint_need_a_session(ui: Ui) -> None:
     for path in ("/tokens", "/tokens/new", "/jobs", "/jobs/new", "/jobs/job-0123456789ab",
                  "/jobs/job-0123456789ab/live.json"):  # fmt: skip
