@@ -90,9 +90,24 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
 def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
     context = browser.new_context(ignore_https_errors=True, **options)
     page = context.new_page()
+    # Our scripts must run under the CSP: a violation would show in the console.
+    page.on("console", lambda m: _console.append(m.text))
     sign_in(page, SERVER, ui.files.ui_password)
     page.wait_for_url(f"{BASE}/overview")
     return page
+
+
+_console: list[str] = []
+
+
+def shot(page: Page, where: Path, name: str) -> None:
+    """A screenshot of PAGE, once it is checked to hold no inline script or style and the
+    browser to have refused nothing under the CSP."""
+    html = page.content()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), name
+    assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
+    assert not [m for m in _console if "Content Security Policy" in m], _console
+    page.screenshot(path=str(where / name), full_page=True)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -126,7 +141,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     page.get_by_label("Valid for").fill("2h")
     page.get_by_label("Labels").fill("team=data\nzone=eu-1\n")
     page.get_by_label("Description").fill("racks in Frankfurt")
-    page.screenshot(path=str(where / "token-create-form.png"), full_page=True)
+    shot(page, where, "token-create-form.png")
     page.get_by_role("button", name="Create token").click()
 
     heading = page.get_by_role("heading", name=re.compile(r"^Token tok-[0-9a-f]{12} created$"))
@@ -140,7 +155,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     copy = page.get_by_role("button", name="Copy join command")
     copy.click()
     assert page.evaluate("navigator.clipboard.readText()") == join
-    page.screenshot(path=str(where / "token-created.png"), full_page=True)
+    shot(page, where, "token-created.png")
 
     # Never again: not in the list, nor after a reload, nor in the audit log.
     page.get_by_role("link", name="Back to the tokens").click()
@@ -169,7 +184,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     page.reload()
     assert token_row(page, token_id).get_by_text("used up", exact=True).is_visible()
     assert token_row(page, token_id).get_by_role("button").count() == 0  # only live ones
-    page.screenshot(path=str(where / "tokens.png"), full_page=True)
+    shot(page, where, "tokens.png")
 
     # Revoke asks first, in a dialog; Cancel there changes nothing.
     token_id = ui.api.post("/api/v1/tokens", {"tenant": TEAM, "description": "spare"})["id"]
@@ -177,7 +192,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     token_row(page, token_id).get_by_role("button", name="Revoke…").click()
     dialog = page.get_by_role("dialog")
     assert token_id in dialog.inner_text()
-    page.screenshot(path=str(where / "token-revoke-dialog.png"), full_page=True)
+    shot(page, where, "token-revoke-dialog.png")
     dialog.get_by_role("button", name="Cancel").click()
     assert not dialog.is_visible()
     assert not _revoked(ui, token_id)
@@ -204,7 +219,7 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
     page.goto(f"{BASE}/tokens")
     token_row(page, token_id).get_by_role("button", name="Revoke…").click()
     page.wait_for_url(re.compile(rf"{re.escape(f'{BASE}/tokens/{token_id}/revoke')}\??$"))
-    page.screenshot(path=str(where / "token-revoke-confirm.png"), full_page=True)
+    shot(page, where, "token-revoke-confirm.png")
     assert not _revoked(ui, token_id)
     page.get_by_role("button", name="Revoke").click()
     page.wait_for_url(f"{BASE}/tokens?done=token.revoked")
@@ -229,7 +244,7 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
         assert page.get_by_label(field).input_value() == value  # the form keeps it
         assert page.get_by_label("Description").input_value() == "kept on error"
         if value == "1x":
-            page.screenshot(path=str(where / "token-create-error.png"), full_page=True)
+            shot(page, where, "token-create-error.png")
     assert len(ui.api.get("/api/v1/tokens")["tokens"]) == before
     assert "kept on error" not in ui.all_audit_text()
 
@@ -264,7 +279,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     where = shots(tmp_path)
     page = signed_in(browser, ui)
     page.goto(f"{BASE}/jobs/new")
-    page.screenshot(path=str(where / "job-run-form.png"), full_page=True)
+    shot(page, where, "job-run-form.png")
     job_id = run_from_form(
         page,
         "sh -c 'echo hello; sleep 1; echo oops >&2; printf \"caf\\303\\251 \\377\\n\"; exit 3'",
@@ -280,7 +295,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert page.locator("pre .stderr").first.inner_text().startswith("oops")
     assert "café \ufffd" in output.inner_text()  # UTF-8, the bad byte replaced
     assert page.get_by_role("button", name="Cancel job").count() == 0
-    page.screenshot(path=str(where / "job-ended-live.png"), full_page=True)
+    shot(page, where, "job-ended-live.png")
 
     # The page as the server renders it says the same, with the attempt and its node.
     page.reload()
@@ -294,7 +309,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert link.get_attribute("href") == f"/nodes/{ui.node_id}"
     # The environment's names are shown, its values (perhaps secrets) never.
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
-    page.screenshot(path=str(where / "job-ended.png"), full_page=True)
+    shot(page, where, "job-ended.png")
     [run] = ui.audit(f"job:{job_id}")
     assert run[:3] == ("ui", "admin", "job.run")
     assert json.loads(run[3])["command"][0] == "sh"
@@ -309,7 +324,7 @@ def test_cancel_from_the_job_page_stops_the_process(ui: Ui, browser: Any, tmp_pa
     pid_line.wait_for(timeout=60_000)
     pid = int(pid_line.inner_text().split()[1])
     assert job_state(page) == "running"
-    page.screenshot(path=str(where / "job-running.png"), full_page=True)
+    shot(page, where, "job-running.png")
     # Another page on the job, without JavaScript: its Cancel button stays once it ends.
     stale = signed_in(browser, ui, java_script_enabled=False)
     stale.goto(f"{BASE}/jobs/{job_id}")
@@ -359,7 +374,7 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         assert alerts.count() == 1 and alerts.inner_text().startswith(error), error
         assert page.get_by_label("Command").input_value() == fields["Command"]
         if not fields["Command"]:
-            page.screenshot(path=str(where / "job-run-form-error.png"), full_page=True)
+            shot(page, where, "job-run-form-error.png")
     assert len(ui.api.get("/api/v1/jobs")["jobs"]) == before
 
 
@@ -392,12 +407,12 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
         page.goto(f"{BASE}/jobs?state=succeeded")
         ids = page.locator("table.jobs tbody a.mono").all_inner_texts()
         assert done[0] in ids and done[1] not in ids
-        page.screenshot(path=str(where / "jobs-filtered.png"), full_page=True)
+        shot(page, where, "jobs-filtered.png")
 
         page.goto(f"{BASE}/jobs?tenant={IDLE}")
         first = page.locator("table.jobs tbody tr").count()
         assert first == 50
-        page.screenshot(path=str(where / "jobs.png"), full_page=True)
+        shot(page, where, "jobs.png")
         page.get_by_role("link", name="Next →").click()
         page.wait_for_url(f"{BASE}/jobs?tenant={IDLE}&page=2")
         rows = page.locator("table.jobs tbody tr")
