@@ -12,89 +12,16 @@ from typing import Any
 
 from cyclopts import CycloptsError, Token
 
-from oz0 import nodes
+from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
+
+__all__ = ["parse_duration", "parse_env", "parse_selector"]
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
-_NUMBER = r"\d+(?:\.\d+)?"
-_SECONDS = re.compile(_NUMBER)
-_UNITS = re.compile(
-    rf"(?:(?P<d>{_NUMBER})d)?(?:(?P<h>{_NUMBER})h)?(?:(?P<m>{_NUMBER})m)?(?:(?P<s>{_NUMBER})s)?"
-)
-_UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# The node sets these for every attempt; a job's own value would be overwritten.
-RESERVED_ENV = ("OZ0_JOB_ID", "OZ0_ATTEMPT", "OZ0_NODE_ID")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in TEXT: `90`, `90s`, `1.5s`, `5m`, `1h`, `1h30m`, `2d`; more than 0."""
-    cleaned = text.strip()
-    if _SECONDS.fullmatch(cleaned):
-        seconds = float(cleaned)
-    else:
-        match = _UNITS.fullmatch(cleaned)
-        if not cleaned or match is None:
-            raise ValueError(
-                f"invalid duration {text!r}: use seconds or a number with d, h, m or s,"
-                " such as 90, 90s, 5m, 1h or 1h30m"
-            )
-        seconds = sum(
-            float(part) * _UNIT_SECONDS[unit] for unit, part in match.groupdict().items() if part
-        )
-    if seconds <= 0:
-        raise ValueError(f"invalid duration {text!r}: it must be longer than 0s")
-    return seconds
 
 
 def duration(type_: Any, tokens: Sequence[Token]) -> float:
     """cyclopts converter for a DURATION option."""
     return parse_duration(tokens[0].value)
-
-
-def _split(pair: str, what: str, example: str) -> tuple[str, str]:
-    key, equals, value = pair.partition("=")
-    if not equals or not key:
-        raise ValueError(f"invalid {what} {pair!r}: use KEY=VALUE, such as {example}")
-    return key, value
-
-
-def parse_selector(pairs: Sequence[str]) -> dict[str, str]:
-    """Labels a node must have, from KEY=VALUE pairs; keys and values as node labels."""
-    selector: dict[str, str] = {}
-    for pair in pairs:
-        key, value = _split(pair, "selector", "role=web")
-        if key in selector:
-            raise ValueError(f"selector key {key} is given more than once")
-        try:
-            nodes.check_labels({key: value})
-        except nodes.NodeError as e:
-            raise ValueError(
-                f"invalid selector {pair!r}: {e} (a key is 1 to 63 lowercase letters, digits,"
-                " '.', '_', '/' or '-', starting and ending with a letter or digit; a value"
-                " at most 253 printable characters)"
-            ) from None
-        selector[key] = value
-    return selector
-
-
-def parse_env(pairs: Sequence[str]) -> dict[str, str]:
-    """Environment variables for the command, from NAME=VALUE pairs."""
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, value = _split(pair, "env", "LANG=C")
-        if not _ENV_NAME.fullmatch(name):
-            raise ValueError(
-                f"invalid env {pair!r}: a name is letters, digits and '_', not starting"
-                " with a digit"
-            )
-        if name in RESERVED_ENV:
-            raise ValueError(f"invalid env {pair!r}: the node sets {name} itself")
-        if "\0" in value:
-            raise ValueError(f"invalid env {pair!r}: a value cannot hold a NUL character")
-        if name in env:
-            raise ValueError(f"env {name} is given more than once")
-        env[name] = value
-    return env
 
 
 def selector_pairs(type_: Any, tokens: Sequence[Token]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 import urllib.parse
 from typing import Annotated, Any
 
@@ -13,7 +14,7 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 from oz0.errors import Oz0Error
-from oz0.tokens import TOKEN_ID
+from oz0.tokens import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, join_command, parse_label_pairs
 
 app = App(name="token", help="Join tokens: a node joining with one is accepted at once.")
 
@@ -27,24 +28,12 @@ LabelArgs = Annotated[
 ]
 
 
-def parse_labels(pairs: list[str]) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key:
-            raise Oz0Error(f"invalid label {pair!r}: use KEY=VALUE, such as team=data")
-        if key in labels:
-            raise Oz0Error(f"label {key} is given more than once")
-        labels[key] = value
-    return labels
-
-
 @app.command
 def create(
     *,
     tenant: str,
-    ttl: str = "24h",
-    max_uses: int = 1,
+    ttl: str = DEFAULT_TTL,
+    max_uses: int = DEFAULT_MAX_USES,
     label: LabelArgs = None,
     description: str = "",
     json: JsonFlag = False,
@@ -68,7 +57,7 @@ def create(
         "tenant": tenant,
         "ttl": ttl,
         "max_uses": max_uses,
-        "labels": parse_labels(label or []),
+        "labels": parse_label_pairs(label or []),
         "description": description,
     }
     token = ApiClient(ctx).post("/api/v1/tokens", body)
@@ -87,8 +76,7 @@ def create(
     print("This is the only time the token is shown: the cluster keeps only its hash.")
     print("A node joins with it, accepted at once (the token in its environment, never in")
     print("its arguments, which every user of the machine can read; or: --token-file PATH):")
-    print(f"    OZ0_JOIN_TOKEN={token['token']} oz0-node start --ca-hash {ctx.ca_hash} \\")
-    print("        --edge HOST:7443 --data-dir /var/lib/oz0-node")
+    print(textwrap.indent(join_command(token["token"], ctx.ca_hash), "    "))
     return 0
 
 

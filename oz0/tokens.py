@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,11 +30,15 @@ MAX_DESCRIPTION = 1000
 MAX_USES_LIMIT = 2**31 - 1
 # Far beyond any sensible token, and well inside what a timestamp can hold.
 MAX_TTL = dt.timedelta(days=36500)
+# What a token gets when its creator does not say.
+DEFAULT_TTL = "24h"
+DEFAULT_MAX_USES = 1
 _TTL = re.compile("^" + "".join(rf"(?:([0-9]{{1,12}}){unit})?" for unit in "dhms") + "$")
 # What a node's hostname may take up in an audit row; it comes from the node, unchecked.
 _MAX_AUDITED_HOSTNAME = 253
 
 RefusalReason = Literal["unknown", "revoked", "expired", "used_up"]
+TokenState = Literal["live", "revoked", "expired", "used_up"]
 _REFUSAL_MESSAGES: dict[RefusalReason, str] = {
     "unknown": "join token refused",
     "revoked": "join token revoked",
@@ -82,6 +87,17 @@ class JoinToken:
     revoked_at: dt.datetime | None
     created_at: dt.datetime
     created_by: str
+
+    def state(self, now: dt.datetime) -> TokenState:
+        """Whether a node presenting this token at NOW gets in, or why not (in the order
+        `consume` refuses)."""
+        if self.revoked:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        if self.max_uses > 0 and self.uses >= self.max_uses:
+            return "used_up"
+        return "live"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +148,19 @@ def parse_ttl(text: str) -> dt.timedelta | None:
     return dt.timedelta(seconds=total)
 
 
+def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """Labels from KEY=VALUE pairs, as `token create --label` and the web UI take them."""
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise Oz0Error(f"invalid label {pair!r}: use KEY=VALUE, such as team=data")
+        if key in labels:
+            raise Oz0Error(f"label {key} is given more than once")
+        labels[key] = value
+    return labels
+
+
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
         if not isinstance(key, str) or not LABEL_KEY.match(key):
@@ -152,12 +181,64 @@ def _check_description(description: str) -> str:
     return description
 
 
+_MAX_USES_TYPE = "max uses must be a whole number, 0 for unlimited"
+
+
 def _check_max_uses(max_uses: int) -> int:
     if max_uses < 0 or max_uses > MAX_USES_LIMIT:
         raise Oz0Error(
             f"invalid max uses {max_uses}: use 0 for unlimited or a number up to {MAX_USES_LIMIT}"
         )
     return max_uses
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """What a token is asked for with (the API's JSON body, the web UI's form), checked."""
+
+    tenant: str
+    ttl: dt.timedelta | None
+    max_uses: int
+    labels: dict[str, str]
+    description: str
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> TokenSpec:
+        """From `{"tenant", "ttl", "max_uses", "labels", "description"}`; all but the
+        tenant optional (DEFAULT_TTL, DEFAULT_MAX_USES). Oz0Error says what is wrong."""
+        tenant = body.get("tenant")
+        if not isinstance(tenant, str):
+            raise Oz0Error("a token needs a `tenant`")
+        ttl_text = body.get("ttl", DEFAULT_TTL)
+        if not isinstance(ttl_text, str):
+            raise Oz0Error("`ttl` must be a string such as 24h, or 0 for never")
+        max_uses = body.get("max_uses", DEFAULT_MAX_USES)
+        if not isinstance(max_uses, int) or isinstance(max_uses, bool):
+            raise Oz0Error(_MAX_USES_TYPE)
+        labels = body.get("labels", {})
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise Oz0Error("`labels` must be an object of strings")
+        description = body.get("description", "")
+        if not isinstance(description, str):
+            raise Oz0Error("`description` must be a string")
+        return cls(
+            tenant=tenant,
+            ttl=parse_ttl(ttl_text),
+            max_uses=_check_max_uses(max_uses),
+            labels=check_labels(dict(labels)),
+            description=_check_description(description),
+        )
+
+
+def join_command(token: str, ca_hash: str) -> str:
+    """The command a node joins with TOKEN, as `token create` and the web UI show it: the
+    token in the environment, never in the arguments (any user of the machine reads those)."""
+    return (
+        f"OZ0_JOIN_TOKEN={token} oz0-node start --ca-hash {ca_hash} \\\n"
+        "    --edge HOST:7443 --data-dir /var/lib/oz0-node"
+    )
 
 
 def _secret_hash(secret: str) -> bytes:
@@ -218,6 +299,20 @@ def create(
     return token, f"{token.id}.{secret}"
 
 
+def create_from(
+    conn: psycopg.Connection[Any], spec: TokenSpec, actor: audit.Actor
+) -> tuple[JoinToken, str]:
+    return create(
+        conn,
+        tenant=spec.tenant,
+        ttl=spec.ttl,
+        max_uses=spec.max_uses,
+        labels=spec.labels,
+        description=spec.description,
+        actor=actor,
+    )
+
+
 def list_tokens(conn: psycopg.Connection[Any]) -> list[JoinToken]:
     rows = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens ORDER BY created_at, id")
     return [_token(r) for r in rows]
@@ -265,21 +360,14 @@ def consume(conn: psycopg.Connection[Any], token_string: str) -> JoinToken:
         raise TokenRefused("unknown")
     presented = _secret_hash(secret)
     row = conn.execute(
-        "SELECT secret_sha256, revoked_at IS NOT NULL,"
-        " expires_at IS NOT NULL AND expires_at <= now(),"
-        " max_uses > 0 AND uses >= max_uses"
-        " FROM join_tokens WHERE id = %s FOR UPDATE",
+        f"SELECT secret_sha256, now(), {_COLUMNS} FROM join_tokens WHERE id = %s FOR UPDATE",
         (token_id,),
     ).fetchone()
     if row is None or not hmac.compare_digest(bytes(row[0]), presented):
         raise TokenRefused("unknown")
-    _, revoked, expired, used_up = row
-    if revoked:
-        raise TokenRefused("revoked", token_id)
-    if expired:
-        raise TokenRefused("expired", token_id)
-    if used_up:
-        raise TokenRefused("used_up", token_id)
+    state = _token(row[2:]).state(row[1])
+    if state != "live":
+        raise TokenRefused(state, token_id)
     updated = conn.execute(
         f"UPDATE join_tokens SET uses = uses + 1 WHERE id = %s RETURNING {_COLUMNS}",
         (token_id,),

@@ -171,16 +171,27 @@ def get(conn: Conn, job_id: str) -> Job:
 
 
 def list_jobs(
-    conn: Conn, *, tenant: str | None = None, state: str | None = None, limit: int = 100
+    conn: Conn,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
 ) -> list[Job]:
+    """The newest jobs first; OFFSET skips that many (the web UI's pages)."""
     if state is not None and state not in STATES:
         raise JobError(f"unknown job state {state!r}: one of {', '.join(STATES)}")
     rows = conn.execute(
         f"SELECT {_JOB_COLUMNS} FROM jobs"
         " WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)"
         "   AND (%(state)s::text IS NULL OR state = %(state)s)"
-        " ORDER BY created_at DESC, id LIMIT %(limit)s",
-        {"tenant": tenant, "state": state, "limit": max(1, min(limit, MAX_LIST))},
+        " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
+        {
+            "tenant": tenant,
+            "state": state,
+            "limit": max(1, min(limit, MAX_LIST)),
+            "offset": max(0, offset),
+        },
     ).fetchall()
     attempts = _attempts(conn, [r[0] for r in rows])
     return [dataclasses.replace(Job(*r), attempts=tuple(attempts[r[0]])) for r in rows]

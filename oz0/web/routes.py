@@ -14,12 +14,32 @@ from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0.server.api.common import ManagementState
 from oz0.store.outage import DATABASE_ERRORS
-from oz0.web import account, admin_pages, audit_pages, live, node_pages, overview, sign_in
+from oz0.web import (
+    account,
+    admin_pages,
+    audit_pages,
+    job_pages,
+    live,
+    node_pages,
+    overview,
+    sign_in,
+    token_pages,
+)
 from oz0.web.headers import secure
 from oz0.web.pages import NotSignedIn, Pages, Refused
 
 # Each adds its pages; a new page is a new module added here.
-PAGE_MODULES = (sign_in, overview, live, node_pages, audit_pages, admin_pages, account)
+PAGE_MODULES = (
+    sign_in,
+    overview,
+    live,
+    node_pages,
+    token_pages,
+    job_pages,
+    audit_pages,
+    admin_pages,
+    account,
+)
 
 
 def blueprint(state: ManagementState) -> Blueprint:

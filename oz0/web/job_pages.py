@@ -1,0 +1,294 @@
+"""/jobs: the list (filters and pages in the URL), a job with its attempts and output
+(jobs.js follows a running one through /jobs/<id>/live.json), cancelling one, and
+/jobs/new, the form that runs one.
+
+The form is read into the API's JSON body and checked by the same JobSpec.from_json; jobs
+are made and cancelled by the same oz0.jobs.store functions, with the actor `ui:<account>`,
+and the job sweeper is kicked as the API kicks it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from quart import Blueprint, Response, jsonify, request
+from werkzeug.datastructures import MultiDict
+
+from oz0 import nodes, tenants
+from oz0.jobs import store
+from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
+from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
+from oz0.web import paging
+from oz0.web.form_fields import form_lines, whole_number
+from oz0.web.pages import NOTICES, Page, Pages
+from oz0.web.sessions import Session
+
+# A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
+SHOWN_OUTPUT = 2 * 1024 * 1024
+# Chunks a poll of live.json answers at most; the next poll takes the rest.
+LIVE_CHUNKS = 500
+COMMAND_WIDTH = 60
+DEFAULT_QUEUE_TIMEOUT = "10m"
+# As the `m.when` macro shows a time.
+_WHEN = "%Y-%m-%d %H:%M:%S"
+
+NOTICES["job.started"] = "Job created; it runs on a matching node as soon as one is free."
+NOTICES["job.cancel"] = "Cancel requested: the job's processes are being stopped."
+
+
+@dataclass
+class Piece:
+    stream: str
+    data: bytearray
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass
+class AttemptOutput:
+    """One attempt's output as its page shows it: runs of one stream, in order."""
+
+    number: int
+    node: str
+    pieces: list[Piece] = field(default_factory=list)
+    truncated: bool = False
+
+    def add(self, stream: str, data: bytes) -> None:
+        # Consecutive chunks of a stream are joined before decoding, so a character
+        # split between two chunks is not shown as two replacement marks.
+        if self.pieces and self.pieces[-1].stream == stream:
+            self.pieces[-1].data += data
+        else:
+            self.pieces.append(Piece(stream, bytearray(data)))
+
+
+def command_text(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def short(text: str, width: int = COMMAND_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def when(at: dt.datetime | None) -> str | None:
+    return at.strftime(_WHEN) if at else None
+
+
+def job_nodes(job: store.Job) -> list[str]:
+    """The nodes the job ran on, in order, each once."""
+    return list(dict.fromkeys(a.node for a in job.attempts))
+
+
+def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
+    """The run form as the API's JSON body, checked by JobSpec.from_json; JobError or
+    ValueError with one line saying which field is wrong."""
+    command_line = form.get("command", "").strip()
+    if not command_line:
+        raise JobError("Command: give the program to run and its arguments, such as uptime")
+    try:
+        command = shlex.split(command_line)
+    except ValueError as e:
+        raise JobError(f"Command: {e} (quote as a shell would)") from None
+    body: dict[str, Any] = {
+        "tenant": form.get("tenant", nodes.DEFAULT_TENANT),
+        "command": command,
+        "selector": _field("Selector", parse_selector, form_lines(form.get("selector", ""))),
+        "all": form.get("all") == "on",
+        "retries": whole_number(form.get("retries", "0") or "0"),
+        "env": _field("Environment", parse_env, form_lines(form.get("env", ""))),
+        "name": form.get("name", "").strip() or None,
+        "queue_timeout": _field(
+            "Queue timeout", parse_duration, form.get("queue_timeout", "") or DEFAULT_QUEUE_TIMEOUT
+        ),
+    }
+    timeout = form.get("timeout", "").strip()
+    if timeout:
+        body["timeout"] = _field("Timeout", parse_duration, timeout)
+    return JobSpec.from_json(body)
+
+
+def _field(name: str, parse: Any, value: Any) -> Any:
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise JobError(f"{name}: {e}") from None
+
+
+def output_of(conn: store.Conn, job: store.Job) -> tuple[list[AttemptOutput], int, bool]:
+    """The job's output by attempt, the cursor after the last chunk read, and whether
+    SHOWN_OUTPUT cut it short."""
+    by_attempt = {
+        a.number: AttemptOutput(a.number, a.node, truncated=a.truncated) for a in job.attempts
+    }
+    cursor, size = 0, 0
+    while size < SHOWN_OUTPUT:
+        chunks = store.output_page(conn, job.id, after=cursor, limit=1000)
+        for c in chunks:
+            shown = by_attempt.setdefault(c.attempt, AttemptOutput(c.attempt, c.node))
+            shown.add(c.stream, c.data)
+            shown.truncated = shown.truncated or c.truncated
+            size += len(c.data)
+            cursor = c.cursor
+        if len(chunks) < 1000:
+            return sorted(by_attempt.values(), key=lambda a: a.number), cursor, False
+    return sorted(by_attempt.values(), key=lambda a: a.number), cursor, True
+
+
+def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str, Any]:
+    """What jobs.js updates a running job's page from."""
+    return {
+        "state": job.state,
+        "ended": job.ended,
+        "reason": job.reason,
+        "exit_code": job.exit_code,
+        "started": when(job.started_at),
+        "ended_at": when(job.ended_at),
+        "attempts": [
+            {
+                "number": a.number,
+                "node": a.node,
+                "state": a.state,
+                "exit_code": a.exit_code,
+                "started": when(a.started_at),
+                "ended": when(a.ended_at),
+                "ended_because": a.ended_because,
+                "truncated": a.truncated,
+            }
+            for a in job.attempts
+        ],
+        "chunks": [
+            {
+                "attempt": c.attempt,
+                "stream": c.stream,
+                "data": base64.b64encode(c.data).decode(),
+                "truncated": c.truncated,
+            }
+            for c in chunks
+        ],
+        "cursor": chunks[-1].cursor if chunks else after,
+    }
+
+
+def _args_filters() -> Iterator[tuple[str, str | None]]:
+    for name in ("state", "tenant"):
+        value = request.args.get(name, "").strip()
+        yield name, value[:200] or None
+
+
+def add(web: Blueprint, pages: Pages) -> None:
+    db = pages.state.db
+
+    async def tenant_names() -> list[str]:
+        return await db.transaction(lambda conn: [t.name for t in tenants.list_tenants(conn)])
+
+    @web.get("/jobs")
+    async def jobs_page() -> Page:
+        session = await pages.session()
+        filters = dict(_args_filters())
+        page = paging.page_number()
+        error = None
+        if filters["state"] is not None and filters["state"] not in STATES:
+            error = f"unknown job state {filters['state']!r}: one of {', '.join(STATES)}"
+            filters["state"] = None
+
+        def read(conn: store.Conn) -> list[store.Job]:
+            return store.list_jobs(
+                conn, tenant=filters["tenant"], state=filters["state"],
+                limit=paging.ROWS + 1, offset=(page - 1) * paging.ROWS,
+            )  # fmt: skip
+
+        found = await db.transaction(read)
+        newer, older = paging.links(pages, page, len(found) > paging.ROWS)
+        return await pages.render(
+            "jobs.html", session, 400 if error else 200, jobs=found[: paging.ROWS],
+            filters=filters, states=STATES, tenants=await tenant_names(), error=error,
+            newer=newer, older=older, command_text=command_text, short=short,
+            job_nodes=job_nodes,
+        )  # fmt: skip
+
+    async def run_form(
+        session: Session, form: MultiDict[str, str], status: int = 200, error: str | None = None
+    ) -> Page:
+        return await pages.render(
+            "job_new.html", session, status, form=form, error=error,
+            tenants=await tenant_names(), default_queue_timeout=DEFAULT_QUEUE_TIMEOUT,
+        )  # fmt: skip
+
+    @web.get("/jobs/new")
+    async def new_job() -> Page:
+        return await run_form(await pages.session(), MultiDict())
+
+    @web.post("/jobs")
+    async def run_job() -> Page:
+        session, form = await pages.posted()
+        try:
+            spec = spec_from_form(form)
+            job = await db.transaction(lambda conn: store.create(conn, spec, session.actor))
+        except JobError as e:
+            return await run_form(session, form, 400, str(e))
+        pages.state.kick_jobs()
+        return pages.done(f"/jobs/{job.id}", "job.started")
+
+    async def job_page(session: Session, job_id: str, status: int = 200, error: str = "") -> Page:
+        if not is_job_id(job_id):
+            return await pages.missing(session, f"job {job_id}")
+
+        def read(conn: store.Conn) -> tuple[store.Job, list[AttemptOutput], int, bool]:
+            # The job first: once it has ended, its output is complete.
+            job = store.get(conn, job_id)
+            return (job, *output_of(conn, job))
+
+        try:
+            job, output, cursor, cut = await db.transaction(read)
+        except JobNotFound:
+            return await pages.missing(session, f"job {job_id}")
+        return await pages.render(
+            "job.html", session, status, job=job, output=output, cursor=cursor, cut=cut,
+            error=error or None, command_text=command_text, shown_limit=SHOWN_OUTPUT,
+            output_cap=store.OUTPUT_CAP,
+        )  # fmt: skip
+
+    @web.get("/jobs/<job_id>")
+    async def job_show(job_id: str) -> Page:
+        return await job_page(await pages.session(), job_id)
+
+    @web.get("/jobs/<job_id>/live.json")
+    async def job_live(job_id: str) -> Page | tuple[Response, int]:
+        await pages.session()
+        if not is_job_id(job_id):
+            return jsonify({"error": f"no job {job_id}"}), 404
+        try:
+            after = max(0, int(request.args.get("after", "0")))
+        except ValueError:
+            return jsonify({"error": "after must be a whole number"}), 400
+
+        def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
+            job = store.get(conn, job_id)
+            return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
+
+        try:
+            job, chunks = await db.transaction(read)
+        except JobNotFound as e:
+            return jsonify({"error": str(e)}), 404
+        return jsonify(live_json(job, chunks, after)), 200
+
+    @web.post("/jobs/<job_id>/cancel")
+    async def job_cancel(job_id: str) -> Page:
+        session, _ = await pages.posted()
+        if not is_job_id(job_id):
+            return await pages.missing(session, f"job {job_id}")
+        try:
+            await db.transaction(lambda conn: store.request_cancel(conn, job_id, session.actor))
+        except JobNotFound:
+            return await pages.missing(session, f"job {job_id}")
+        except JobEnded as e:
+            return await job_page(session, job_id, 409, str(e))
+        pages.state.kick_jobs()
+        return pages.done(f"/jobs/{job_id}", "job.cancel")

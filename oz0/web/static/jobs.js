@@ -1,0 +1,142 @@
+// A running job's page follows the job: every second it asks /jobs/<id>/live.json for the
+// output after what it shows and for the job's state, and updates the page in place until
+// the job ends. Without this script the page has a Refresh link.
+"use strict";
+document.addEventListener("DOMContentLoaded", () => {
+  const root = document.getElementById("job");
+  if (!root) return;
+  const jobId = root.dataset.job;
+  let cursor = Number(root.dataset.cursor) || 0;
+  const decoders = new Map();
+  const MORE = 500; // live.json's most chunks an answer (job_pages.LIVE_CHUNKS)
+  const field = (name) => root.querySelector(`[data-field="${name}"]`);
+  const live = field("live");
+  const refresh = field("refresh");
+  if (!live || !refresh) return;
+  live.hidden = false;
+  refresh.hidden = true;
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function badge(state) {
+    const span = el("span", "state state-" + state, state);
+    span.dataset.field = "state";
+    return span;
+  }
+
+  function setText(name, value) {
+    const node = field(name);
+    if (node) node.textContent = value === null || value === undefined ? "—" : String(value);
+  }
+
+  function attemptBox(number, node) {
+    const output = field("output");
+    let box = output.querySelector(`[data-attempt="${number}"]`);
+    if (box) return box;
+    const none = field("no-output");
+    if (none) none.remove();
+    box = el("div", "attempt-output");
+    box.dataset.attempt = String(number);
+    const head = el("h3", "", "Attempt " + number + " ");
+    const where = el("span", "muted", "on ");
+    where.append(el("span", "mono", node || ""));
+    head.append(where);
+    const cut = el("p", "truncated", "Output past the cap was dropped.");
+    cut.dataset.field = "truncated";
+    cut.hidden = true;
+    box.append(head, el("pre"), cut);
+    output.append(box);
+    return box;
+  }
+
+  function append(chunk, nodes) {
+    const key = chunk.attempt + "/" + chunk.stream;
+    if (!decoders.has(key)) decoders.set(key, new TextDecoder("utf-8"));
+    const bytes = Uint8Array.from(atob(chunk.data), (c) => c.charCodeAt(0));
+    const text = decoders.get(key).decode(bytes, { stream: true });
+    const box = attemptBox(chunk.attempt, nodes.get(chunk.attempt));
+    const pre = box.querySelector("pre");
+    if (chunk.stream === "stderr") {
+      const span = el("span", "stderr", text);
+      span.title = "stderr";
+      pre.append(span);
+    } else {
+      pre.append(document.createTextNode(text));
+    }
+    if (chunk.truncated) box.querySelector("[data-field=truncated]").hidden = false;
+  }
+
+  function attemptsTable(attempts) {
+    const body = field("attempts");
+    if (!attempts.length) return;
+    body.replaceChildren(...attempts.map((a) => {
+      const row = el("tr");
+      const link = el("a", "mono", a.node);
+      link.href = "/nodes/" + encodeURIComponent(a.node);
+      const cells = [a.number, link, badge(a.state), a.exit_code ?? "—", a.started || "—",
+        a.ended || "—", a.ended_because || "—"];
+      for (const value of cells) {
+        const td = el("td");
+        if (value instanceof Node) td.append(value); else td.textContent = String(value);
+        row.append(td);
+      }
+      return row;
+    }));
+    for (const a of attempts) {
+      const box = attemptBox(a.number, a.node);
+      if (a.truncated) box.querySelector("[data-field=truncated]").hidden = false;
+    }
+  }
+
+  function show(data) {
+    field("job-state").replaceChildren(badge(data.state));
+    setText("state-text", data.state);
+    setText("reason", data.reason);
+    setText("exit-code", data.exit_code);
+    setText("started", data.started);
+    setText("ended", data.ended_at);
+    const nodes = new Map(data.attempts.map((a) => [a.number, a.node]));
+    attemptsTable(data.attempts);
+    for (const chunk of data.chunks) append(chunk, nodes);
+    cursor = data.cursor;
+  }
+
+  function stop(text) {
+    live.textContent = text;
+    refresh.hidden = false;
+  }
+
+  let failures = 0;
+  async function poll() {
+    let data;
+    try {
+      const answer = await fetch(`/jobs/${encodeURIComponent(jobId)}/live.json?after=${cursor}`, {
+        credentials: "same-origin", headers: { Accept: "application/json" }, redirect: "error",
+      });
+      if (!answer.ok) return stop("Live updates stopped (" + answer.status + "): refresh.");
+      data = await answer.json();
+    } catch (e) {
+      // A lost connection (try again: the server may be back) or a signed-out session.
+      failures += 1;
+      if (failures >= 5) return stop("Live updates stopped: refresh.");
+      setTimeout(poll, 3000);
+      return;
+    }
+    failures = 0;
+    show(data);
+    if (data.chunks.length >= MORE) return poll(); // a full answer: more is waiting
+    if (data.ended) {
+      const cancel = field("cancel");
+      if (cancel) cancel.remove();
+      live.hidden = true;
+      return;
+    }
+    setTimeout(poll, 1000);
+  }
+  setTimeout(poll, 1000);
+});
