@@ -25,7 +25,7 @@ from fixtures.postgres import fresh_database_url
 from oz0 import audit, passwords, ui_accounts
 from oz0.context import Context
 from oz0.web import sessions
-from tests.test_web_ui import browser, curl, shots, sign_in
+from tests.web_support import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, used by name
 

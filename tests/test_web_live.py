@@ -22,7 +22,7 @@ from fixtures.web_events import EventStream, curl, signed_in
 from oz0.store.dburl import DatabaseUrl
 from oz0.web import live
 from tests.conftest import CliRunner
-from tests.test_web_ui import browser, shots, sign_in
+from tests.web_support import browser, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, from the UI's own tests
 

@@ -26,7 +26,7 @@ from fixtures.postgres import fresh_database_url
 from oz0 import audit, tenants
 from oz0.web import node_pages
 from tests.conftest import CliRunner
-from tests.test_web_ui import browser, curl, shots, sign_in
+from tests.web_support import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, from the UI's own tests
 

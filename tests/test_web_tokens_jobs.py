@@ -27,7 +27,7 @@ from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import tokens
 from oz0.context import Context
-from tests.test_web_ui import browser, curl, shots, sign_in
+from tests.web_support import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, imported for the tests below
 

@@ -7,54 +7,28 @@ another), to be looked at, not committed.
 
 from __future__ import annotations
 
-import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from playwright import sync_api as playwright
 
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.web_events import curl
 from oz0.store.dburl import DatabaseUrl
 from oz0.web import sessions
 from oz0.web.headers import CONTENT_SECURITY_POLICY
+from tests.web_support import browser, shots, sign_in
+
+__all__ = ["browser"]  # the fixture, used by name
 
 StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.194", "127.0.0.195"
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM))
-        yield launched
-        launched.close()
-
-
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("OZ0_SCREENSHOTS", tmp_path / "screenshots"))
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
-def sign_in(page: object, address: str, password: str) -> None:
-    page.goto(f"https://{address}:8443/")  # type: ignore[attr-defined]
-    page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
-    page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
-    page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
-
-
-def curl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["curl", "-sk", "--max-time", "10", *args], capture_output=True, text=True, check=False
-    )
 
 
 @pytest.mark.slow
