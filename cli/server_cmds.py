@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -239,6 +241,17 @@ def _configure_logging() -> None:
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
+@contextlib.contextmanager
+def _dev_database(data_dir: Path | None) -> Iterator[tuple[DatabaseUrl, Path]]:
+    """The dev cluster's embedded PostgreSQL in DATA_DIR, running while in use."""
+    if data_dir is None:
+        raise Oz0Error("--dev needs --data-dir DIR")
+    data_dir = data_dir.resolve()
+    warnings.filterwarnings("ignore", module="platformdirs")
+    with devmode.embedded_postgres(data_dir) as url:
+        yield url, data_dir
+
+
 @operator_app.command
 def issue(
     name: str,
@@ -264,11 +277,7 @@ def issue(
         Server address a new context points at.
     """
     if dev:
-        if data_dir is None:
-            raise Oz0Error("--dev needs --data-dir DIR")
-        data_dir = data_dir.resolve()
-        warnings.filterwarnings("ignore", module="platformdirs")
-        with devmode.embedded_postgres(data_dir) as url:
+        with _dev_database(data_dir) as (url, data_dir):
             issued = issue_operator(
                 url,
                 master_key_file=devmode.master_key_path(data_dir),
@@ -324,11 +333,7 @@ def ui_password(
         The cluster's master key file.
     """
     if dev:
-        if data_dir is None:
-            raise Oz0Error("--dev needs --data-dir DIR")
-        data_dir = data_dir.resolve()
-        warnings.filterwarnings("ignore", module="platformdirs")
-        with devmode.embedded_postgres(data_dir) as url:
+        with _dev_database(data_dir) as (url, data_dir):
             password = ui_accounts.reset(
                 url, master_key_file=devmode.master_key_path(data_dir), username=account
             )

@@ -3,7 +3,6 @@ POST /api/v1/jobs/<id>/cancel."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -63,17 +62,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         job, chunks = await _do(state, read)
         return jsonify(
             {
-                "chunks": [
-                    {
-                        "cursor": c.cursor,
-                        "attempt": c.attempt,
-                        "node": c.node,
-                        "stream": c.stream,
-                        "data": base64.b64encode(c.data).decode(),
-                        "truncated": c.truncated,
-                    }
-                    for c in chunks
-                ],
+                "chunks": [c.to_json() for c in chunks],
                 "cursor": chunks[-1].cursor if chunks else after,
                 "ended": job.ended,
                 "job": job.to_json(),

@@ -6,6 +6,7 @@ by the API when it is asked for a job or a cancellation), each change in one tra
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
@@ -611,6 +612,17 @@ class Chunk:
     stream: str
     data: bytes
     truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """As the API and the web UI's job page send it: the bytes in base64."""
+        return {
+            "cursor": self.cursor,
+            "attempt": self.attempt,
+            "node": self.node,
+            "stream": self.stream,
+            "data": base64.b64encode(self.data).decode(),
+            "truncated": self.truncated,
+        }
 
 
 def output_page(

@@ -9,7 +9,6 @@ and the job sweeper is kicked as the API kicks it.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import shlex
 from collections.abc import Iterator
@@ -163,15 +162,7 @@ def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str
             }
             for a in job.attempts
         ],
-        "chunks": [
-            {
-                "attempt": c.attempt,
-                "stream": c.stream,
-                "data": base64.b64encode(c.data).decode(),
-                "truncated": c.truncated,
-            }
-            for c in chunks
-        ],
+        "chunks": [c.to_json() for c in chunks],
         "cursor": chunks[-1].cursor if chunks else after,
     }
 
