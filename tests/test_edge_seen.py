@@ -6,7 +6,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from oz0.server.edge.tracking import SeenTracker
+from oz0.server.edge.tracking import LEFT_SETTLE, SeenTracker
 
 
 class RecordingConnection:
@@ -27,7 +27,28 @@ class RecordingDatabase:
         work(self.conn)
 
 
-async def test_one_batch_per_heartbeat_and_an_ended_stream_is_not_marked_seen_again(
+async def test_heartbeats_alone_are_written_once_per_heartbeat_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    db = RecordingDatabase()
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        tracker.alive("node-a")
+        await trio.sleep(1)
+        tracker.alive("node-b")
+        await trio.sleep(5)
+        tracker.alive("node-a")
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    assert db.times == [5.0, 10.0]
+    assert db.conn.statements == [
+        ("UPDATE", ("server-1", ["node-a", "node-b"])),
+        ("UPDATE", ("server-1", ["node-a"])),
+    ]
+
+
+async def test_an_ended_stream_is_written_soon_and_not_marked_seen_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     db = RecordingDatabase()
@@ -39,12 +60,13 @@ async def test_one_batch_per_heartbeat_and_an_ended_stream_is_not_marked_seen_ag
         tracker.left("node-b")  # heard from, then its stream ended
         tracker.left("node-c")
         tracker.alive("node-c")  # ended, then reconnected here
-        await trio.sleep(5.5)
-        assert db.times == [5.0]
+        await trio.sleep(1)
+        # Not at the next heartbeat (5 s): the web UI shows a disconnection within 2 s.
+        assert db.times == [LEFT_SETTLE]
         await trio.sleep(10)
         nursery.cancel_scope.cancel()
     # Nothing new after the first batch: no further writes, not even at shutdown.
-    assert db.times == [5.0]
+    assert db.times == [LEFT_SETTLE]
     assert db.conn.statements == [
         ("UPDATE NULL", (["node-b"], "server-1")),
         ("UPDATE", ("server-1", ["node-a", "node-c"])),
