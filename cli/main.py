@@ -18,7 +18,7 @@ from cli import (
     token_cmds,
 )
 from oz0 import __version__
-from oz0.process import run_command
+from oz0_common.commands import run_command
 
 app = App(
     name="orchestrator-zero",

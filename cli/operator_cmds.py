@@ -9,7 +9,8 @@ from cli.client import ApiClient
 from cli.output import print_json
 from cli.params import ContextPath, JsonFlag
 from oz0 import pki
-from oz0.context import select, write_private
+from oz0.context import select
+from oz0_common.files import write_private
 
 app = App(name="operator", help="Your operator credentials.")
 

@@ -1,3 +1,3 @@
 """orchestrator-zero server."""
 
-__version__ = "0.1.0"
+from oz0_common import __version__ as __version__

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from oz0.errors import Oz0Error
+from oz0_common.files import write_private
 
 CONTEXT_FILE = "context.json"
 CA_FILE = "ca.crt"
@@ -29,21 +29,6 @@ class ContextError(Oz0Error):
 def config_home() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "orchestrator-zero"
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Replace PATH with DATA atomically; the file is 0600 from its first byte."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def server_address(advertise: str) -> str:

@@ -1,8 +1,7 @@
-"""Errors that reach a user as one clear line."""
+"""Errors that reach a user as one clear line: the server's own, besides the shared ones."""
 
-
-class Oz0Error(Exception):
-    """An error whose message is meant for the person at the keyboard."""
+from oz0_common.errors import Oz0Error as Oz0Error
+from oz0_common.errors import user_error_in as user_error_in
 
 
 class MasterKeyError(Oz0Error):
@@ -15,14 +14,3 @@ class WrongMasterKey(Oz0Error):
 
 class SchemaMismatch(Oz0Error):
     """The database schema is not the version this code expects."""
-
-
-def user_error_in(group: BaseExceptionGroup[BaseException]) -> Oz0Error | None:
-    """The first Oz0Error of GROUP when nothing else is in it: what a user should see."""
-    matched, rest = group.split(Oz0Error)
-    if matched is None or rest is not None:
-        return None
-    leaf: BaseException = matched
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return leaf if isinstance(leaf, Oz0Error) else None

@@ -9,24 +9,60 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import hashlib
 import ipaddress
 import logging
 import os
 import secrets
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from oz0.errors import MasterKeyError, Oz0Error, WrongMasterKey
+from oz0.errors import MasterKeyError, WrongMasterKey
+from oz0_common.certs import (
+    BACKDATE,
+    NODE_RENEW_AT,
+    Identity,
+    Role,
+    ca_hash,
+    cert_from_pem,
+    cert_to_pem,
+    identity_of,
+    issued_at,
+    key_from_pem,
+    key_to_pem,
+    make_csr,
+    new_private_key,
+    read_private,
+    renewal_point,
+    utcnow,
+)
+
+# The shared names, re-exported: the server's code says pki.X for these too.
+__all__ = [
+    "BACKDATE",
+    "NODE_RENEW_AT",
+    "Identity",
+    "Role",
+    "ca_hash",
+    "cert_from_pem",
+    "cert_to_pem",
+    "identity_of",
+    "issued_at",
+    "key_from_pem",
+    "key_to_pem",
+    "make_csr",
+    "new_private_key",
+    "read_private",
+    "renewal_point",
+    "utcnow",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +89,15 @@ CA_VALIDITY = dt.timedelta(days=3650)
 OPERATOR_VALIDITY = dt.timedelta(days=90)
 SERVER_VALIDITY = dt.timedelta(days=7)
 # Clocks of servers and operators drift; a certificate made a moment ago must still verify.
-_BACKDATE = dt.timedelta(minutes=5)
 
 # Node certificates: valid a year, renewed by the agent over its control stream once
 # NODE_RENEW_AT of that has passed; the edge grants a renewal from NODE_RENEW_EARLIEST on
 # (a node whose clock runs ahead is not refused, and no node renews over and over).
 NODE_VALIDITY = dt.timedelta(days=365)
-NODE_RENEW_AT = 2 / 3
 NODE_RENEW_EARLIEST = 1 / 2
 # A tuning option (docs/manage-nodes.md), for trying renewal out: seconds, at least 10.
 NODE_VALIDITY_ENV = "OZ0_NODE_CERT_VALIDITY"
 _MIN_NODE_VALIDITY = dt.timedelta(seconds=10)
-
-
-class Role(enum.StrEnum):
-    OPERATOR = "operator"
-    SERVER = "server"
-    NODE = "node"
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # --- master key --------------------------------------------------------------------------
@@ -95,25 +119,6 @@ def write_master_key(path: Path) -> bytes:
     finally:
         os.close(fd)
     return key
-
-
-def read_private(path: Path, what: str, error: type[Oz0Error], max_bytes: int = 1 << 16) -> bytes:
-    """Read a secret file, refusing one that group or others may read."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise error(f"{what} {path} not found") from None
-    except OSError as e:
-        raise error(f"cannot read {what} {path}: {e.strerror}") from None
-    try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & 0o077:
-            raise error(
-                f"{what} {path} is open to group or others (mode {mode:04o}); run: chmod 600 {path}"
-            )
-        return os.read(fd, max_bytes)
-    finally:
-        os.close(fd)
 
 
 def read_master_key(path: Path) -> bytes:
@@ -158,41 +163,6 @@ def unseal(
 # --- keys and certificates -----------------------------------------------------------------
 
 
-def new_private_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def key_from_pem(pem: bytes) -> ec.EllipticCurvePrivateKey:
-    key = serialization.load_pem_private_key(pem, password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ValueError("not an EC private key")
-    return key
-
-
-def cert_to_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def cert_from_pem(pem: bytes) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(pem)
-
-
-def ca_hash(cert: x509.Certificate) -> str:
-    """`sha256:` and the hex SHA-256 of the certificate's SubjectPublicKeyInfo (DER)."""
-    spki = cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return "sha256:" + hashlib.sha256(spki).hexdigest()
-
-
 def _name(common_name: str, role: str, cluster: str) -> x509.Name:
     return x509.Name(
         [
@@ -211,31 +181,6 @@ def subject_alt_names(names: Iterable[str]) -> list[x509.GeneralName]:
         except ValueError:
             out.append(x509.DNSName(name))
     return out
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a certificate says its holder is."""
-
-    role: str
-    name: str
-    cluster: str
-    serial: int
-    not_after: dt.datetime
-
-
-def identity_of(cert: x509.Certificate) -> Identity:
-    def attr(oid: x509.ObjectIdentifier) -> str:
-        values = cert.subject.get_attributes_for_oid(oid)
-        return str(values[0].value) if values else ""
-
-    return Identity(
-        role=attr(NameOID.ORGANIZATIONAL_UNIT_NAME),
-        name=attr(NameOID.COMMON_NAME),
-        cluster=attr(NameOID.ORGANIZATION_NAME),
-        serial=cert.serial_number,
-        not_after=cert.not_valid_after_utc,
-    )
 
 
 @dataclass(frozen=True)
@@ -271,7 +216,7 @@ class CertificateAuthority:
             .issuer_name(self.cert.subject)
             .public_key(public_key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
+            .not_valid_before(now - BACKDATE)
             .not_valid_after(min(now + validity, self.cert.not_valid_after_utc))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
@@ -314,7 +259,7 @@ def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> Certif
         .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -375,26 +320,6 @@ def node_validity() -> dt.timedelta:
         )
         return NODE_VALIDITY
     return validity
-
-
-def issued_at(cert: x509.Certificate) -> dt.datetime:
-    """When CERT was issued: its notBefore is backdated by _BACKDATE for clock drift."""
-    start = cert.not_valid_before_utc + _BACKDATE
-    return start if start <= cert.not_valid_after_utc else cert.not_valid_before_utc
-
-
-def renewal_point(cert: x509.Certificate, share: float) -> dt.datetime:
-    """The moment SHARE of CERT's validity (from its issue to its notAfter) has passed."""
-    start = issued_at(cert)
-    return start + (cert.not_valid_after_utc - start) * share
-
-
-def make_csr(key: ec.EllipticCurvePrivateKey, name: str) -> x509.CertificateSigningRequest:
-    return (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .sign(key, hashes.SHA256())
-    )
 
 
 def csr_public_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey:

@@ -8,14 +8,11 @@ command captured on one connection is worthless on any other.
 from __future__ import annotations
 
 import base64
-import json
 import secrets
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from oz0 import pki
+from oz0_common import purge_format
 
 
 @dataclass(frozen=True)
@@ -28,17 +25,14 @@ class PurgeCommand:
 def sign(
     ca: pki.CertificateAuthority, *, cluster: str, node_id: str, challenge: bytes
 ) -> PurgeCommand:
-    nonce = secrets.token_hex(16)
-    payload = {
-        "action": "purge",
-        "cluster": cluster,
-        "node_id": node_id,
-        "nonce": nonce,
-        "challenge": challenge.hex(),
-        "issued_at": pki.utcnow().isoformat(),
-    }
-    data = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    signature = ca.key.sign(data, ec.ECDSA(hashes.SHA256()))
+    nonce = secrets.token_hex(purge_format.NONCE_BYTES)
+    data = purge_format.encode(
+        purge_format.payload(
+            cluster=cluster, node_id=node_id, nonce=nonce, challenge=challenge,
+            issued_at=pki.utcnow().isoformat(),
+        )
+    )  # fmt: skip
+    signature = ca.key.sign(data, purge_format.signature_algorithm())
     return PurgeCommand(
         nonce, base64.b64encode(data).decode(), base64.b64encode(signature).decode()
     )

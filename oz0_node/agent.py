@@ -17,7 +17,8 @@ from pathlib import Path
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import pki, process
+from oz0_common import certs
+from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
@@ -67,7 +68,7 @@ async def run(
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
     runtime_factory: RuntimeFactory | None = None,
-    clock: renewal.WallClock = pki.utcnow,
+    clock: renewal.WallClock = certs.utcnow,
 ) -> purge.Purged:
     """Join if needed, then keep a control stream up; returns only once purged.
 

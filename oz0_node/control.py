@@ -22,7 +22,7 @@ from typing import NoReturn
 
 import trio
 
-from oz0 import pki
+from oz0_common import certs
 from oz0_node import purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeUnavailable, one_error
@@ -52,7 +52,7 @@ async def run(
     open_stream: OpenStream = open_tcp,
     rng: random.Random | None = None,
     runtimes: Runtimes | None = None,
-    clock: renewal.WallClock = pki.utcnow,
+    clock: renewal.WallClock = certs.utcnow,
 ) -> NoReturn:
     """Keep a control stream up, across every known edge, until cancelled or refused for good.
 

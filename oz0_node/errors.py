@@ -7,7 +7,7 @@ reconnect policy moves on to the next edge.
 
 from __future__ import annotations
 
-from oz0.errors import Oz0Error
+from oz0_common.errors import Oz0Error
 
 
 class AgentError(Oz0Error):

@@ -29,8 +29,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import pki
-from oz0.context import write_private
+from oz0_common import certs
+from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class IdentityDir:
         return self._load_or_create(self.key_path)
 
     def _load_or_create(self, path: Path) -> ec.EllipticCurvePrivateKey:
-        key = pki.new_private_key()
+        key = certs.new_private_key()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -159,7 +159,7 @@ class IdentityDir:
             raise AgentError(f"cannot create {path}: {e.strerror or e}") from None
         try:
             os.fchmod(fd, 0o600)
-            os.write(fd, pki.key_to_pem(key))
+            os.write(fd, certs.key_to_pem(key))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -167,9 +167,9 @@ class IdentityDir:
         return key
 
     def _read_key(self, path: Path) -> ec.EllipticCurvePrivateKey:
-        pem = pki.read_private(path, "node key", AgentError)
+        pem = certs.read_private(path, "node key", AgentError)
         try:
-            return pki.key_from_pem(pem)
+            return certs.key_from_pem(pem)
         except ValueError as e:
             raise AgentError(f"{path} is not a node key: {e}") from None
 
@@ -196,7 +196,7 @@ class IdentityDir:
 
     def install_renewal(self, cert: x509.Certificate) -> None:
         """Make CERT (for next_key) and next_key the node's certificate and key."""
-        self._write(self.next_cert_path, pki.cert_to_pem(cert))
+        self._write(self.next_cert_path, certs.cert_to_pem(cert))
         self.finish_renewal()
 
     def finish_renewal(self) -> None:
@@ -222,7 +222,7 @@ class IdentityDir:
 
     def load_certificate(self) -> x509.Certificate:
         try:
-            return pki.cert_from_pem(self.cert_path.read_bytes())
+            return certs.cert_from_pem(self.cert_path.read_bytes())
         except (OSError, ValueError) as e:
             raise AgentError(f"cannot use {self.cert_path}: {e}") from None
 
@@ -234,7 +234,7 @@ class IdentityDir:
     def load_ca_pem(self) -> bytes:
         try:
             pem = self.ca_path.read_bytes()
-            pki.cert_from_pem(pem)
+            certs.cert_from_pem(pem)
         except FileNotFoundError:
             raise AgentError(
                 f"{self.ca_path} is missing: the identity in {self.data_dir} is incomplete"
@@ -247,7 +247,7 @@ class IdentityDir:
         return self.cert_path.is_file()
 
     def save_certificate(self, cert: x509.Certificate) -> None:
-        self._write(self.cert_path, pki.cert_to_pem(cert))
+        self._write(self.cert_path, certs.cert_to_pem(cert))
 
     def _write(self, path: Path, data: bytes) -> None:
         try:

@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import pki
+from oz0_common import certs
 from oz0_node.errors import AgentError, EdgeUnavailable, ProtocolViolation
 from oz0_node.messages import Hello, Joined, Message, Refusal, kind, optional_text
 from oz0_node.node import Node
@@ -86,22 +86,22 @@ async def pin_ca(
 
 def check_pin(hello: Hello, expected_hash: str, address: str) -> PinnedCa:
     try:
-        ca = pki.cert_from_pem(hello.ca_pem.encode())
+        ca = certs.cert_from_pem(hello.ca_pem.encode())
     except ValueError:
         raise AgentError(f"edge {address} presented no readable CA certificate") from None
-    presented = pki.ca_hash(ca)
+    presented = certs.ca_hash(ca)
     if presented != expected_hash:
         raise AgentError(
             f"CA hash mismatch: edge {address} presented {presented}, expected {expected_hash}"
         )
-    cluster = pki.identity_of(ca).cluster
+    cluster = certs.identity_of(ca).cluster
     if hello.cluster != cluster:
         raise AgentError(
             f"edge {address} says it serves cluster {hello.cluster!r}, "
             f"but its CA is cluster {cluster!r}'s"
         )
     log.info("pinned the CA of cluster %s (%s) from edge %s", cluster, presented, address)
-    return PinnedCa(cluster=cluster, ca_hash=presented, ca_pem=pki.cert_to_pem(ca))
+    return PinnedCa(cluster=cluster, ca_hash=presented, ca_pem=certs.cert_to_pem(ca))
 
 
 # --- 2 and 3. join, then pick up --------------------------------------------------------
@@ -148,7 +148,7 @@ async def _join(
     conn: EdgeConnection, key: ec.EllipticCurvePrivateKey, request: JoinRequest
 ) -> Message:
     Hello.parse(await conn.receive(HELLO_TIMEOUT), conn.address)
-    csr = pki.make_csr(key, request.hostname or "node").public_bytes(serialization.Encoding.PEM)
+    csr = certs.make_csr(key, request.hostname or "node").public_bytes(serialization.Encoding.PEM)
     await conn.send(
         "join",
         csr=csr.decode(),
@@ -221,22 +221,22 @@ def check_certificate(
 ) -> x509.Certificate:
     """The node certificate the edge sent, if the pinned CA issued it to this key and node."""
     try:
-        cert = pki.cert_from_pem(pem.encode())
-        ca = pki.cert_from_pem(ca_pem)
+        cert = certs.cert_from_pem(pem.encode())
+        ca = certs.cert_from_pem(ca_pem)
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
         raise ProtocolViolation(
             f"edge {address} sent a certificate the cluster CA did not issue"
         ) from None
-    identity = pki.identity_of(cert)
+    identity = certs.identity_of(cert)
     ours = key.public_key().public_numbers()
     theirs = cert.public_key()
     if not isinstance(theirs, ec.EllipticCurvePublicKey) or theirs.public_numbers() != ours:
         raise ProtocolViolation(f"edge {address} sent a certificate for another key")
     if (identity.role, identity.name, identity.cluster) != (
-        pki.Role.NODE,
+        certs.Role.NODE,
         node_id,
-        pki.identity_of(ca).cluster,
+        certs.identity_of(ca).cluster,
     ):
         raise ProtocolViolation(
             f"edge {address} sent a certificate for {identity.role} {identity.name!r}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from oz0 import pki
+from oz0_common import certs
 from oz0_node.errors import AgentError
 
 ENV_VAR = "OZ0_JOIN_TOKEN"
@@ -36,7 +36,7 @@ def read(token_file: Path | None, token_argument: str | None) -> str | None:
         raise AgentError(f"give the join token once: --token-file or {ENV_VAR}, not both")
     if token_file is not None:
         path = token_file.expanduser().absolute()
-        raw = pki.read_private(path, "join token file", AgentError, MAX_TOKEN_FILE_BYTES + 1)
+        raw = certs.read_private(path, "join token file", AgentError, MAX_TOKEN_FILE_BYTES + 1)
         if len(raw) > MAX_TOKEN_FILE_BYTES:
             raise AgentError(f"join token file {path} is not a join token (too long)")
         try:

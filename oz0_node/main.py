@@ -21,8 +21,8 @@ from typing import Annotated
 import trio
 from cyclopts import App, Parameter
 
-from oz0 import __version__
-from oz0.process import run_command
+from oz0_common import __version__
+from oz0_common.commands import run_command
 from oz0_node import addresses, agent, join, join_token
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError

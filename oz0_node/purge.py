@@ -33,7 +33,6 @@ import collections
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -41,11 +40,10 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import pki
-from oz0.context import write_private
+from oz0_common import certs, purge_format
+from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
 from oz0_node.messages import Message
@@ -54,8 +52,6 @@ log = logging.getLogger(__name__)
 
 NONCES_FILE = "purge-nonces"
 MAX_NONCES = 1000
-
-_NONCE = re.compile(r"[0-9a-fA-F]{32}")
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ class PurgeMemory:
         except (OSError, ValueError) as e:
             log.warning("cannot read %s (%s); starting with no seen purge nonces", path, e)
             lines = []
-        return cls(path, [n.lower() for n in lines if _NONCE.fullmatch(n)])
+        return cls(path, [n.lower() for n in lines if purge_format.NONCE.fullmatch(n)])
 
     def __contains__(self, nonce: str) -> bool:
         return nonce.lower() in self._nonces
@@ -173,25 +169,27 @@ def verify(
     # Only to tell the edge which command this answers; nothing here is trusted yet.
     raw_nonce = fields.get("nonce") if fields is not None else None
     nonce = None
-    if isinstance(raw_nonce, str) and _NONCE.fullmatch(raw_nonce):
+    if isinstance(raw_nonce, str) and purge_format.NONCE.fullmatch(raw_nonce):
         nonce = raw_nonce.lower()
 
     try:
         ca_pem = identity.load_ca_pem()
     except AgentError as e:
         raise CommandRefused(f"no cluster CA to verify with: {e}", nonce) from None
-    if not _signed_by(pki.cert_from_pem(ca_pem), command_bytes, signature):
+    if not _signed_by(certs.cert_from_pem(ca_pem), command_bytes, signature):
         raise CommandRefused("signature does not verify with the cluster CA", nonce)
 
     if fields is None:
         raise CommandRefused("malformed command: not a JSON object", nonce)
     action = fields.get("action")
-    if action != "purge":
-        raise CommandRefused(f"malformed command: action is {action!r}, not 'purge'", nonce)
+    if action != purge_format.ACTION:
+        raise CommandRefused(
+            f"malformed command: action is {action!r}, not {purge_format.ACTION!r}", nonce
+        )
     if nonce is None:
         raise CommandRefused("malformed command: nonce is not 32 hex digits", nonce)
     texts = {}
-    for key in ("cluster", "node_id", "challenge"):
+    for key in purge_format.NAMED:
         value = fields.get(key)
         if not isinstance(value, str):
             raise CommandRefused(f"malformed command: no {key}", nonce)
@@ -238,7 +236,7 @@ def _signed_by(ca: x509.Certificate, data: bytes, signature: bytes) -> bool:
     if not isinstance(key, ec.EllipticCurvePublicKey):
         return False
     try:
-        key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        key.verify(signature, data, purge_format.signature_algorithm())
     except InvalidSignature:
         return False
     return True

@@ -26,7 +26,7 @@ import trio
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from oz0 import pki
+from oz0_common import certs
 from oz0_node import join, status
 from oz0_node.errors import AgentError, EdgeUnavailable, ProtocolViolation
 from oz0_node.messages import Joined, Message, Refusal, kind, text
@@ -52,7 +52,7 @@ class Renewed(EdgeUnavailable):
 
 def renew_from(cert: x509.Certificate) -> dt.datetime:
     """When the agent starts asking for a new certificate."""
-    return pki.renewal_point(cert, pki.NODE_RENEW_AT)
+    return certs.renewal_point(cert, certs.NODE_RENEW_AT)
 
 
 def check_not_expired(node: Node, now: dt.datetime) -> None:
@@ -85,7 +85,7 @@ async def request(stream: LiveStream, cert: x509.Certificate) -> None:
     node = stream.node
     assert node.record.node_id is not None  # a control stream needs the node's certificate
     key = node.identity.next_key()
-    csr = pki.make_csr(key, node.record.node_id).public_bytes(serialization.Encoding.PEM)
+    csr = certs.make_csr(key, node.record.node_id).public_bytes(serialization.Encoding.PEM)
     log.info(
         "asking edge %s for a new certificate of node %s (this one is valid until %s)",
         stream.conn.address,

@@ -35,7 +35,7 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
-from oz0 import __version__
+from oz0_common import __version__
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
 from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT

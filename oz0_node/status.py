@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from oz0 import pki
-from oz0.context import write_private
+from oz0_common import certs
+from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
 
@@ -84,12 +84,12 @@ def certificate_report(
     if not identity.has_certificate():
         return None
     cert = identity.load_certificate()
-    now = now or pki.utcnow()
+    now = now or certs.utcnow()
     not_after = cert.not_valid_after_utc
     expired = now >= not_after
     return {
         "not_after": not_after.isoformat(),
-        "renew_from": pki.renewal_point(cert, pki.NODE_RENEW_AT).isoformat(),
+        "renew_from": certs.renewal_point(cert, certs.NODE_RENEW_AT).isoformat(),
         "expired": expired,
         "advice": expired_message(node_name, identity.data_dir, not_after) if expired else None,
     }

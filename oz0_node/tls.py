@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from oz0 import pki
+from oz0_common import certs
 from oz0_node.errors import EdgeUnavailable
 
 
@@ -50,8 +50,8 @@ def check_edge_certificate(der: bytes | None, cluster: str, address: str) -> Non
     """Refuse a verified peer whose certificate is not a server's of CLUSTER."""
     if der is None:
         raise EdgeUnavailable(f"edge {address} presented no certificate")
-    identity = pki.identity_of(x509.load_der_x509_certificate(der))
-    if identity.role != pki.Role.SERVER or identity.cluster != cluster:
+    identity = certs.identity_of(x509.load_der_x509_certificate(der))
+    if identity.role != certs.Role.SERVER or identity.cluster != cluster:
         raise EdgeUnavailable(
             f"edge {address} presented a certificate of {identity.role or 'no role'} "
             f"{identity.name!r} in cluster {identity.cluster!r}, "

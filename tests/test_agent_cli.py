@@ -14,7 +14,7 @@ import pytest
 import trio
 from test_agent_fakes import GOOD_TOKEN, FakeCluster, serve_fake_edge
 
-from oz0.context import write_private
+from oz0_common.files import write_private
 from oz0_node import status
 from oz0_node.identity import IdentityDir, NodeRecord
 from oz0_node.main import run

@@ -34,7 +34,7 @@ from test_agent_fakes import (
 )
 
 from oz0 import pki
-from oz0.context import write_private
+from oz0_common.files import write_private
 from oz0_node import agent, commands, purge
 from oz0_node.errors import AgentError
 from oz0_node.main import console_script

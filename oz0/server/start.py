@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from oz0 import cluster as cluster_mod
-from oz0 import nodes, pki, process
+from oz0 import nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
@@ -30,6 +30,7 @@ from oz0.store.pool import open_database
 from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
 from oz0.temporal.supervisor import HostSettings
+from oz0_common import commands as process
 
 log = logging.getLogger(__name__)
 

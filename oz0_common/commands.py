@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 from cyclopts import App, CycloptsError
 
-from oz0.errors import Oz0Error, user_error_in
+from oz0_common.errors import Oz0Error, user_error_in
 
 log = logging.getLogger(__name__)
 
