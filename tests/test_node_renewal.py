@@ -473,5 +473,8 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
         listed = await cli_async(cli, "node", "show", node_id, "--json", env=cluster_env)
         assert listed.json()["connected"] is True
     log = process.log()
-    assert "reconnecting with it" in log and "installed the renewed node certificate" in log
+    assert "installed the renewed node certificate" in log
+    # Either `renewed` arrived on the stream, or the stream ended first (the edge closes a
+    # stream whose node's key changed) and the next connection picked the renewal up.
+    assert "reconnecting with it" in log or "completed a renewal; reconnecting" in log
     assert "Traceback" not in log
