@@ -24,7 +24,7 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, tenants
-from oz0.web import node_pages
+from oz0.web import paging
 from tests.conftest import CliRunner
 from tests.web_support import browser, curl, shots, sign_in
 
@@ -342,7 +342,7 @@ def test_the_list_filters_searches_and_pages_in_the_url(
         return [r.get_attribute("data-node") for r in page.locator("tr[data-node]").all()]
 
     page.goto(f"{BASE}/nodes")
-    assert listed() == web[: node_pages.PAGE_SIZE]
+    assert listed() == web[: paging.ROWS]
     assert f"Showing 1–50 of {total}" in page.inner_text("main")
     first = page.locator("tr[data-node]").first
     assert "web-00" in first.inner_text() and "role=web" in first.inner_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_j
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
-from oz0.web.pages import NOTICES, Page, Pages
+from oz0.web.pages import NOTICES, Page, Pages, text_arg
 from oz0.web.sessions import Session
 
 # A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
@@ -167,12 +166,6 @@ def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str
     }
 
 
-def _args_filters() -> Iterator[tuple[str, str | None]]:
-    for name in ("state", "tenant"):
-        value = request.args.get(name, "").strip()
-        yield name, value[:200] or None
-
-
 def add(web: Blueprint, pages: Pages) -> None:
     db = pages.state.db
 
@@ -182,7 +175,7 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.get("/jobs")
     async def jobs_page() -> Page:
         session = await pages.session()
-        filters = dict(_args_filters())
+        filters = {name: text_arg(request.args, name) for name in ("state", "tenant")}
         page = paging.page_number()
         error = None
         if filters["state"] is not None and filters["state"] not in STATES:

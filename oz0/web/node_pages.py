@@ -19,12 +19,9 @@ from werkzeug.datastructures import MultiDict
 from oz0 import audit, nodes, tenants
 from oz0.jobs import store as jobs
 from oz0.server import membership
-from oz0.web import sessions
+from oz0.web import paging, sessions
 from oz0.web.pages import NOTICES, Page, Pages, text_arg
 
-PAGE_SIZE = 50
-# Page numbers past this are read as this one (an OFFSET must stay a sane number).
-MAX_PAGE = 100_000
 # The newest audit entries and job attempts a node's page shows.
 HISTORY = 50
 
@@ -53,14 +50,6 @@ _DONE = {
 Change = Callable[[psycopg.Connection[Any], audit.Actor, MultiDict[str, str]], object]
 
 
-def _page_number(text: str | None) -> int:
-    try:
-        number = int(text or "1")
-    except ValueError:
-        return 1
-    return max(1, min(number, MAX_PAGE))
-
-
 def add(web: Blueprint, pages: Pages) -> None:
     db = pages.state.db
     ca = pages.state.cluster.cluster_ca
@@ -76,7 +65,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             return redirect(f"/nodes?{urlencode(kept)}" if kept else "/nodes", 303)
         state, tenant = text_arg(args, "state"), text_arg(args, "tenant")
         label, search = text_arg(args, "label"), text_arg(args, "q")
-        number = _page_number(args.get("page"))
+        number = paging.page_number()
         filtered = any((state, tenant, label, search))
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -94,15 +83,16 @@ def add(web: Blueprint, pages: Pages) -> None:
                 )
                 facts["fleet"] = nodes.list_nodes(
                     conn, state=state, tenant=tenant, label=has, search=search,
-                    limit=PAGE_SIZE, offset=(number - 1) * PAGE_SIZE,
+                    limit=paging.ROWS, offset=(number - 1) * paging.ROWS,
                 )  # fmt: skip
             except nodes.NodeError as e:
                 facts["error"] = str(e)
             return facts
 
         facts = await db.transaction(read)
-        first = (number - 1) * PAGE_SIZE + 1
+        first = (number - 1) * paging.ROWS + 1
         shown = len(facts["fleet"])
+        newer, older = paging.links(pages, number, first + shown - 1 < facts["total"])
         return await pages.render(
             "nodes.html",
             current,
@@ -113,8 +103,8 @@ def add(web: Blueprint, pages: Pages) -> None:
             filtered=filtered,
             first=first,
             last=first + shown - 1,
-            newer=pages.query(page=number - 1 if number > 2 else None) if number > 1 else None,
-            older=pages.query(page=number + 1) if first + shown - 1 < facts["total"] else None,
+            newer=newer,
+            older=older,
             first_page=pages.query(page=None),
         )
 
