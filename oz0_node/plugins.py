@@ -175,7 +175,13 @@ async def run_all(
     found = discover(settings.data_dir)
     if found:
         logs = logs_dir(settings.data_dir)
-        logs.mkdir(mode=0o700, exist_ok=True)
+        try:
+            logs.mkdir(mode=0o700, exist_ok=True)
+        except OSError as e:
+            # Plugins are the node owner's additions: never a reason to lose the stream.
+            log.warning("cannot create %s: %s; running no plugins", logs, e.strerror or e)
+            found = []
+    if found:
         log.info("starting %d plugin(s): %s", len(found), ", ".join(p.name for p in found))
     async with trio.open_nursery() as nursery:
         for plugin in found:
