@@ -16,6 +16,7 @@ from oz0_common.datadir import ENV_VAR, node_data_dir
 from oz0_node import identity, main, purge, service
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.jobs.attempt import AttemptSpec, attempt_env
 
 RECORD = NodeRecord(cluster="prod", ca_hash="sha256:" + "ab" * 32, node_id="node-00ff")
 
@@ -209,3 +210,13 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_tools_dir_comes_first_on_a_jobs_path_even_one_the_job_sets(tmp_path: Path) -> None:
+    tools = str(tmp_path / "node" / "tools")
+    spec = AttemptSpec(job_id="job-0123456789ab", attempt=1, command=("true",))
+    env = attempt_env(spec, "node-00ff", tmp_path / "node")
+    assert env["PATH"].split(os.pathsep)[0] == tools
+    assert env["PATH"].split(os.pathsep)[1:] == os.environ["PATH"].split(os.pathsep)
+    own = AttemptSpec(job_id="job-0123456789ab", attempt=1, command=("x",), env={"PATH": "/opt"})
+    assert attempt_env(own, "node-00ff", tmp_path / "node")["PATH"] == f"{tools}:/opt"
