@@ -207,7 +207,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     plugin.chmod(0o755)
 
     # Plugins start with the runtime: a block and an unblock make it start again.
-    assert cli("node", "block", node_id, env=cluster_env).code == 0
+    assert cli("node", "block", node_id, "--reason", "test", env=cluster_env).code == 0
     machine.wait_reported(lambda s: s.get("state") == "blocked")
     assert plugin_runs(machine) == []
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
@@ -217,7 +217,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert all(alive(pid) for pid in first)
 
     # A block stops it (SIGTERM: it says so), an unblock starts it again.
-    assert cli("node", "block", node_id, env=cluster_env).code == 0
+    assert cli("node", "block", node_id, "--reason", "test", env=cluster_env).code == 0
     wait_until(lambda: not any(alive(pid) for pid in first), "the plugin stopped", machine)
     log = (machine.data_dir / "logs" / "plugin-probe.log").read_text()
     assert f"got TERM {first[0]}" in log
