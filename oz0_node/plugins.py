@@ -44,7 +44,7 @@ STABLE_AFTER = 60.0
 MAX_LOG_BYTES = 10 << 20
 # While a group is given its grace, how often it is looked at.
 GONE_POLL = 0.05
-# After SIGKILL, how long the plugin itself may take to be reaped.
+# After SIGKILL, how long the plugin's group may take to be gone.
 REAP_TIMEOUT = 2.0
 
 
@@ -238,3 +238,6 @@ async def stop_group(process: PluginProcess) -> None:
     process.signal_group(signal.SIGKILL)
     with trio.move_on_after(REAP_TIMEOUT):
         await process.wait()
+        # A killed process lingers until the kernel has torn it down.
+        while process.group_alive():  # noqa: ASYNC110
+            await trio.sleep(GONE_POLL)

@@ -115,7 +115,7 @@ async def test_a_plugin_that_ran_long_enough_starts_again_from_the_first_delay(
         # Dies at once twice (delays 1, 2), then runs STABLE_AFTER, then dies at once.
         launcher = FakeLauncher(nursery, [0.0, 0.0, plugins.STABLE_AFTER, 0.0])
         nursery.start_soon(plugins.supervise, plugin, settings(tmp_path), launcher)
-        await trio.sleep(70)
+        await trio.sleep(69)  # not 70: the next start is then, and a tie has no order
         nursery.cancel_scope.cancel()
     stable_end = 3 + plugins.STABLE_AFTER
     # Back to RESTART_FIRST after the long run, then doubling again.
@@ -237,6 +237,29 @@ async def test_a_real_plugin_that_ignores_sigterm_is_killed_after_the_grace(
     pid = int(started.split()[1])
     assert not pid_alive(pid)
     assert 1.0 <= took < 5.0, f"stopped after {took:.2f} s"
+
+
+async def test_what_a_real_plugin_leaves_behind_is_killed_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plugins, "STOP_GRACE", 1.0)
+    data_dir = tmp_path / "node"
+    # The plugin itself ends at SIGTERM; the child it started ignores it.
+    one_plugin(
+        data_dir,
+        "leaves",
+        "sh -c \"trap '' TERM; while :; do sleep 0.1; done\" &\n"
+        'echo "child $!"\n'
+        "while :; do sleep 0.1; done",
+    )
+    log_path = data_dir / "logs" / "plugin-leaves.log"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(plugins.run_all, settings(data_dir))
+        started = await wait_for(log_path, "child ")
+        child = int(started.split()[1])
+        assert pid_alive(child)
+        nursery.cancel_scope.cancel()
+    assert not pid_alive(child)
 
 
 async def test_a_real_plugin_that_exits_is_started_again(tmp_path: Path) -> None:
