@@ -75,6 +75,7 @@ async def run(
     RUNTIME_FACTORY makes the node's runtime for each stream (tests pass fakes); CLOCK
     tells when the node certificate is due for renewal (tests run it on Trio's clock)."""
     identity = IdentityDir(options.data_dir)
+    identity.migrate_flat_layout()
     check_options(identity.load_record(), options)
     identity.ensure_data_dir()
     with identity.locked():
@@ -157,7 +158,9 @@ async def _carry_out_purge(
     remembered = node.record.launcher
     launcher = Path(remembered) if remembered is not None else options.default_launcher
     data_dir = node.identity.data_dir
+    made_above = node.identity.created_parents()
     purge.delete_data_dir(data_dir, command.node_id)
+    purge.remove_empty(made_above)
     deleted_launcher = purge.delete_launcher(launcher)
     log.info("node %s purged: deleted %s", command.node_id, data_dir)
     return purge.Purged(node_id=command.node_id, data_dir=data_dir, launcher=deleted_launcher)
@@ -165,8 +168,9 @@ async def _carry_out_purge(
 
 async def _stop_runtimes_and_plugins(runtimes: Runtimes) -> None:
     """The one place where a purge stops the node's runtimes and plugins, before their files
-    go, each within a time limit. The runtime of the stream that delivered the purge
-    stopped with that stream; this stops whatever still runs. The agent runs no plugins yet.
+    go, each within a time limit. The runtime and the plugins of the stream that delivered
+    the purge stopped with that stream (plugins run in its nursery, so none can outlive
+    it); this stops whatever runtime still runs.
     """
     await runtimes.stop_all()
 

@@ -6,24 +6,26 @@ both sides send a heartbeat every `heartbeat` seconds; three intervals without a
 from the edge mean the stream is dead. Messages on a live stream go to
 `commands.dispatch`. While a stream is up, the node's certificate is renewed when due
 (`renewal.py`; a renewal ends the stream, the next uses the new certificate) and the
-node's runtime runs (`runtime.py`), in
-the frontend and namespace the welcome names; it stops when the stream ends, whatever ends
-it. The runtime's job attempts send their output on the stream (`jobs.StreamLink`), whose
-acks `commands.dispatch` hands back to them. Whatever ends a stream, the reconnect policy
-picks the next edge.
+node's runtime runs (`runtime.py`), in the frontend and namespace the welcome names, and
+its plugins with it (`plugins.py`); both stop when the stream ends, whatever ends it. The
+runtime's job attempts send their output on the stream (`jobs.StreamLink`), whose acks
+`commands.dispatch` hands back to them. Whatever ends a stream, the reconnect policy picks
+the next edge.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import ssl
+from functools import partial
 from typing import NoReturn
 
 import trio
 
 from oz0_common import certs
-from oz0_node import purge, renewal
+from oz0_node import plugins, purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeUnavailable, one_error
 from oz0_node.jobs import StreamLink
@@ -162,6 +164,19 @@ async def _keep_runtime(
         identity=node.identity,
         output=link,
     )
+    async with trio.open_nursery() as nursery:
+        # Plugins run alongside the runtime: whatever ends this stream stops both.
+        nursery.start_soon(
+            partial(
+                plugins.run_all,
+                plugins.PluginSettings(node.identity.data_dir, settings.node_id, os.environ),
+                launch=runtimes.launch_plugin,
+            )
+        )
+        await _retry_runtime(node, settings, runtimes)
+
+
+async def _retry_runtime(node: Node, settings: RuntimeSettings, runtimes: Runtimes) -> NoReturn:
     delay = RUNTIME_RETRY_FIRST
     while True:
         try:

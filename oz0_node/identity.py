@@ -43,6 +43,9 @@ NEXT_CERT_FILE = "node.crt.next"
 CA_FILE = "ca.crt"
 RECORD_FILE = "node.json"
 LOCK_FILE = "agent.lock"
+CREATED_PARENTS_FILE = "created-parents"
+# What a flat layout (identity files directly in DIR) holds.
+IDENTITY_FILES = (KEY_FILE, CERT_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, CA_FILE, RECORD_FILE)
 
 # The node has pinned the CA but has no answer to its join yet.
 STATE_JOINING = "joining"
@@ -109,11 +112,62 @@ class IdentityDir:
         return self.root / RECORD_FILE
 
     def ensure_data_dir(self) -> None:
-        """Make DIR (0700) unless it exists."""
+        """Make DIR (0700) unless it exists; the directories above it that this makes are
+        listed in DIR/created-parents, so a purge can remove them too (when empty)."""
+        made: list[Path] = []
+        above = self.data_dir.parent
+        while not os.path.lexists(above):
+            made.append(above)
+            above = above.parent
+        existed = os.path.lexists(self.data_dir)
         try:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise AgentError(f"cannot create {self.data_dir}: {e.strerror or e}") from None
+        if made and not existed:
+            listed = json.dumps([str(p) for p in made], indent=2) + "\n"
+            self._write(self.data_dir / CREATED_PARENTS_FILE, listed.encode())
+
+    def created_parents(self) -> list[Path]:
+        """The directories above DIR that the agent made, deepest first; only DIR's own
+        ancestors count, whatever the file says."""
+        try:
+            raw = json.loads((self.data_dir / CREATED_PARENTS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        ancestors = set(self.data_dir.parents)
+        if not isinstance(raw, list):
+            return []
+        return [Path(p) for p in raw if isinstance(p, str) and Path(p) in ancestors]
+
+    def has_flat_layout(self) -> bool:
+        return (self.data_dir / RECORD_FILE).is_file() and not self.record_path.exists()
+
+    def migrate_flat_layout(self) -> None:
+        """Move identity files kept directly in DIR (a flat layout) into DIR/identity/.
+
+        Refuses, changing nothing, when DIR/identity/ holds a node record already."""
+        flat = [self.data_dir / name for name in IDENTITY_FILES]
+        present = [p for p in flat if p.is_file() and not p.is_symlink()]
+        if not any(p.name == RECORD_FILE for p in present):
+            return
+        if os.path.lexists(self.record_path):
+            raise AgentError(
+                f"{self.data_dir} holds a node identity both in it and in {self.root}; keep "
+                f"one: move {', '.join(p.name for p in present)} out of {self.data_dir}"
+            )
+        try:
+            with self.locked():
+                self.create()
+                # The record last: until it moves, the next start finds the flat layout again.
+                for path in sorted(present, key=lambda p: p.name == RECORD_FILE):
+                    path.replace(self.root / path.name)
+        except OSError as e:
+            raise AgentError(
+                f"cannot move the identity in {self.data_dir} into {self.root}: "
+                f"{e.strerror or e}; move {', '.join(IDENTITY_FILES)} there by hand"
+            ) from None
+        log.info("moved the node identity in %s into %s", self.data_dir, self.root)
 
     def create(self) -> None:
         """Make DIR (0700 when new) and DIR/identity (always 0700)."""

@@ -1,16 +1,21 @@
 """`oz0-node`: the agent a node machine runs.
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
-        [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] --data-dir DIR
+        [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] [--data-dir DIR]
     OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
-    oz0-node start --data-dir DIR            # resume from what DIR remembers
-    oz0-node status --data-dir DIR [--json]
+    oz0-node start [--data-dir DIR]          # resume from what DIR remembers
+    oz0-node status [--data-dir DIR] [--json]
+    oz0-node install-service [--data-dir DIR] [--binary PATH] [--unit-path PATH] [--force]
+
+DIR: --data-dir, else OZ0_NODE_DATA_DIR, else /var/lib/oz0-node (root) or
+~/.local/share/oz0-node (oz0_common.datadir).
 """
 
 from __future__ import annotations
 
 import json as json_module
 import logging
+import os
 import re
 import socket
 import sys
@@ -23,13 +28,21 @@ from cyclopts import App, Parameter
 
 from oz0_common import __version__
 from oz0_common.commands import run_command
-from oz0_node import addresses, agent, join, join_token
+from oz0_common.datadir import node_data_dir
+from oz0_node import addresses, agent, join, join_token, service
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
 
 app = App(name="oz0-node", help="The orchestrator-zero node agent.", version=__version__)
 
-DataDir = Annotated[Path, Parameter(name="--data-dir", help="The node's data directory.")]
+DataDir = Annotated[
+    Path | None,
+    Parameter(
+        name="--data-dir",
+        help="The node's data directory (default: OZ0_NODE_DATA_DIR, else "
+        "/var/lib/oz0-node for root, ~/.local/share/oz0-node for others).",
+    ),
+]
 Many = Parameter(consume_multiple=True)
 
 _CA_HASH = re.compile(r"sha256:[0-9a-f]{64}")
@@ -38,7 +51,7 @@ _CA_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 @app.command
 def start(
     *,
-    data_dir: DataDir,
+    data_dir: DataDir = None,
     edge: Annotated[tuple[str, ...], Many] = (),
     ca_hash: str | None = None,
     token_file: Path | None = None,
@@ -55,7 +68,8 @@ def start(
     Parameters
     ----------
     data_dir
-        Where the node keeps its identity; later starts need only this.
+        Where the node keeps all it has (identity, plugins, runtimes, tools, logs); later
+        starts need only this.
     edge
         Edge addresses HOST:PORT of the cluster's servers (comma-separated or repeated).
     ca_hash
@@ -78,7 +92,7 @@ def start(
     """
     secret = join_token.read(token_file, token)
     options = agent.StartOptions(
-        data_dir=data_dir.expanduser().absolute(),
+        data_dir=node_data_dir(data_dir),
         edges=addresses.parse_cli(edge),
         ca_hash=_parse_ca_hash(ca_hash),
         request=join.JoinRequest(
@@ -97,7 +111,7 @@ def start(
 @app.command
 def status(
     *,
-    data_dir: DataDir,
+    data_dir: DataDir = None,
     json: Annotated[bool, Parameter(name="--json", negative=(), help="Print JSON.")] = False,
 ) -> int:
     """Show the node's identity and whether its agent is connected.
@@ -107,7 +121,7 @@ def status(
     data_dir
         The node's data directory.
     """
-    report = status_mod.read(data_dir.expanduser().absolute())
+    report = status_mod.read(node_data_dir(data_dir))
     if json:
         print(json_module.dumps(report, indent=2))
         return 0
@@ -127,6 +141,48 @@ def status(
         else:
             until, due = cert["not_after"], cert["renew_from"]
             print(f"certificate: valid until {until}, renewal due from {due}")
+    return 0
+
+
+@app.command(name="install-service")
+def install_service(
+    *,
+    data_dir: DataDir = None,
+    binary: Path | None = None,
+    unit_path: Path | None = None,
+    force: Annotated[bool, Parameter(negative=())] = False,
+) -> int:
+    """Write the systemd unit that runs this agent (`systemctl enable --now oz0-node` next).
+
+    Parameters
+    ----------
+    binary
+        The agent's executable the unit starts (default: this `oz0-node`). A purge deletes
+        it, and the unit then never starts again.
+    unit_path
+        Where to write the unit (default: /etc/systemd/system/oz0-node.service for root,
+        ~/.config/systemd/user/oz0-node.service for others).
+    force
+        Replace an existing unit that differs.
+    """
+    program = binary.expanduser().absolute() if binary is not None else None
+    if program is None:
+        program = console_script(sys.argv[0])
+    if program is None:
+        raise AgentError("this agent was not started as `oz0-node`; give --binary PATH")
+    if not program.is_file() or not os.access(program, os.X_OK):
+        raise AgentError(f"--binary {program} is not an executable file")
+    euid = os.geteuid()
+    target = (
+        unit_path.expanduser().absolute()
+        if unit_path is not None
+        else service.default_unit_path(euid, Path.home())
+    )
+    directory = node_data_dir(data_dir)
+    service.install(target, service.unit_text(program, directory, system=euid == 0), force=force)
+    scope = "" if euid == 0 else " --user"
+    print(f"wrote {target}: runs {program} start --data-dir {directory}")
+    print(f"next: systemctl{scope} daemon-reload && systemctl{scope} enable --now oz0-node")
     return 0
 
 

@@ -21,8 +21,10 @@ before the agent answers `purged`, so a directory that would not be deleted refu
 purge (the operator sees the reason in the audit log, and the node's files stay), and again,
 re-reading the identity from disk, right before deleting; failing then, nothing is deleted
 and the agent stops with an error. Symbolic links inside the directory are removed, never
-followed. The launcher (the file that starts the agent) is deleted when it is a regular
-file or a symbolic link (the link itself); a directory or anything else is left alone.
+followed. The directories above the data directory that the agent made for it are
+removed too, each only if empty. The launcher (the file that starts the agent) is deleted
+when it is a regular file or a symbolic link (the link itself); a directory or anything
+else is left alone.
 """
 
 from __future__ import annotations
@@ -279,6 +281,18 @@ def delete_data_dir(data_dir: Path, node_id: str) -> None:
             f"node {node_id} was purged, but deleting {data_dir} failed: {e.strerror or e} "
             f"({e.filename or data_dir})"
         ) from None
+
+
+def remove_empty(directories: list[Path]) -> None:
+    """Remove each of DIRECTORIES (deepest first) the agent made above its data directory,
+    if it is empty now; never a link, never one with anything in it."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError as e:
+            log.info("left %s: %s", directory, e.strerror or e)
+            return
+        log.info("removed %s, which the agent had made", directory)
 
 
 def delete_launcher(launcher: Path | None) -> Path | None:

@@ -36,6 +36,7 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from oz0_common import __version__
+from oz0_node import plugins
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
 from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT
@@ -267,10 +268,16 @@ class NodeRuntime:
 
 
 class Runtimes:
-    """The runtimes the agent has started, so a purge can stop what still runs."""
+    """The runtimes the agent has started, so a purge can stop what still runs; and how
+    its plugins are started (tests pass fakes)."""
 
-    def __init__(self, factory: RuntimeFactory = NodeRuntime) -> None:
+    def __init__(
+        self,
+        factory: RuntimeFactory = NodeRuntime,
+        launch_plugin: plugins.Launch = plugins.launch_process,
+    ) -> None:
         self.factory = factory
+        self.launch_plugin = launch_plugin
         self.live: set[Runtime] = set()
 
     async def run(self, settings: RuntimeSettings, running: Callable[[], None]) -> None:

@@ -109,6 +109,11 @@ def read(data_dir: Path) -> dict[str, object]:
     """The status to show: the agent's report when there is one, else what node.json says."""
     identity = IdentityDir(data_dir)
     record = identity.load_record()
+    if record is None and identity.has_flat_layout():
+        raise AgentError(
+            f"{data_dir} holds a node identity in the old flat layout; run "
+            f"`oz0-node start --data-dir {data_dir}` once to move it into {identity.root}"
+        )
     if record is None:
         raise AgentError(f"{data_dir} holds no node identity")
     path = status_path(data_dir)

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from oz0_node import layout
 from oz0_node.jobs.link import OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
 from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
@@ -44,7 +45,7 @@ from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spaw
 log = logging.getLogger(__name__)
 
 ACTIVITY = "oz0.job.attempt"
-RUNTIMES_DIR = "runtimes"
+RUNTIMES_DIR = layout.RUNTIMES_DIR
 HEARTBEAT_EVERY = 1.0
 # Once the group is gone, how long its pipes may stay open (held by a process that left
 # the group with setsid) before the attempt stops reading them. Not shorter: on a loaded
@@ -228,15 +229,17 @@ def remove_tree(path: Path) -> None:
 # --- the attempt -----------------------------------------------------------------------
 
 
-def attempt_env(spec: AttemptSpec, node_id: str) -> dict[str, str]:
-    """The agent's environment, the job's on top, and the three OZ0_ names on top of that."""
-    return {
+def attempt_env(spec: AttemptSpec, node_id: str, data_dir: Path) -> dict[str, str]:
+    """The agent's environment, the job's on top, and the three OZ0_ names on top of that;
+    DIR/tools/ first on the PATH that results."""
+    env = {
         **os.environ,
         **spec.env,
         "OZ0_JOB_ID": spec.job_id,
         "OZ0_ATTEMPT": str(spec.attempt),
         "OZ0_NODE_ID": node_id,
     }
+    return layout.with_tools_on_path(env, data_dir)
 
 
 def _result(
@@ -279,7 +282,7 @@ async def run_attempt(
                 non_retryable=True,
             ) from None
         try:
-            return await _run(spec, workdir, node_id, link, running, heartbeat)
+            return await _run(spec, workdir, data_dir, node_id, link, running, heartbeat)
         finally:
             remove_tree(workdir)
     finally:
@@ -289,6 +292,7 @@ async def run_attempt(
 async def _run(
     spec: AttemptSpec,
     workdir: Path,
+    data_dir: Path,
     node_id: str,
     link: OutputLink,
     running: Running,
@@ -299,9 +303,8 @@ async def _run(
     beats = asyncio.create_task(_heartbeats(heartbeat))
     try:
         try:
-            child = await spawn(
-                spec.command, cwd=workdir, env=attempt_env(spec, node_id), on_output=relay.add
-            )
+            env = attempt_env(spec, node_id, data_dir)
+            child = await spawn(spec.command, cwd=workdir, env=env, on_output=relay.add)
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             why = e.strerror or str(e)

@@ -1,0 +1,76 @@
+"""`oz0-node install-service`: the systemd unit that runs the agent (docs/manage-nodes.md,
+"Run the agent under systemd").
+
+A purge ends the agent with status 0 after deleting its data directory and its binary, and
+the unit must then stay down for good. Two things see to that, and neither needs the agent
+to touch systemd (it deletes nothing outside what it unpacked, and needs no bus access):
+`Restart=on-failure` never restarts after status 0, and `ConditionPathExists=` on the
+binary makes every later start (a failed run's restart, the next boot) skip the unit
+instead of failing to execute a deleted file over and over. `KillMode=mixed` lets the
+agent stop its plugins and job attempts itself (SIGTERM to it alone); what is left when
+`TimeoutStopSec` runs out is killed by systemd.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oz0_common.files import write_private
+from oz0_node.errors import AgentError
+
+UNIT_NAME = "oz0-node.service"
+SYSTEM_UNIT = Path("/etc/systemd/system") / UNIT_NAME
+USER_UNIT = Path(".config", "systemd", "user") / UNIT_NAME  # under the user's home
+# More than the agent needs to stop its runtime (runtime.STOP_TIMEOUT, under 10 s) and
+# its plugins (plugins.STOP_GRACE and the reaping after it).
+STOP_TIMEOUT = 30
+RESTART_SEC = 5
+
+
+def default_unit_path(euid: int, home: Path) -> Path:
+    return SYSTEM_UNIT if euid == 0 else home / USER_UNIT
+
+
+def unit_text(binary: Path, data_dir: Path, *, system: bool) -> str:
+    for path in (binary, data_dir):
+        if any(c.isspace() or c in "\"'\\%$" for c in str(path)):
+            raise AgentError(f"{path}: a path for a systemd unit must have no spaces or quotes")
+    target = "multi-user.target" if system else "default.target"
+    return f"""\
+[Unit]
+Description=orchestrator-zero node agent (oz0-node)
+Wants=network-online.target
+After=network-online.target
+# A purge deletes the binary: from then on the unit is skipped, never retried.
+ConditionPathExists={binary}
+
+[Service]
+Type=exec
+ExecStart={binary} start --data-dir {data_dir}
+# Status 0 is a purge (or a clean stop): no restart.
+Restart=on-failure
+RestartSec={RESTART_SEC}
+KillMode=mixed
+TimeoutStopSec={STOP_TIMEOUT}
+
+[Install]
+WantedBy={target}
+"""
+
+
+def install(unit_path: Path, text: str, *, force: bool) -> None:
+    """Write TEXT to UNIT_PATH; an existing different unit only with FORCE."""
+    try:
+        current = unit_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        current = None
+    except OSError as e:
+        raise AgentError(f"cannot read {unit_path}: {e.strerror or e}") from None
+    if current is not None and current != text and not force:
+        raise AgentError(f"{unit_path} exists and differs; give --force to replace it")
+    try:
+        unit_path.parent.mkdir(parents=True, exist_ok=True)
+        write_private(unit_path, text.encode())
+        unit_path.chmod(0o644)  # systemd reads it; it holds no secret
+    except OSError as e:
+        raise AgentError(f"cannot write {unit_path}: {e.strerror or e}") from None
