@@ -32,7 +32,10 @@ def unpack_layer(archive: zipfile.ZipFile, root: Path, layer: str) -> Path:
     target = root / layer
     if target.is_dir():
         return target
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # DIR too is 0700 when new: it holds the node's keys (mkdir applies MODE to the last
+    # part only).
+    for directory in (root.parent.parent, root.parent, root):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = root / f".{layer}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     prefix = layer + "/"
