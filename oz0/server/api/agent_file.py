@@ -55,10 +55,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def agent_download() -> Response:
         path = agent_file()
         stat = _stat(path)
-        file = await trio.open_file(path, "rb")
 
         async def chunks() -> AsyncIterator[bytes]:
-            async with file:
+            # Opened here, so a client gone before the body starts leaves no file open.
+            async with await trio.open_file(path, "rb") as file:
                 while block := await file.read(CHUNK):
                     yield block
 
