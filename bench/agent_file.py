@@ -7,7 +7,8 @@ runs the file the way a fresh node does: `env -i PATH=/usr/bin:/bin HOME=<empty>
 stock /usr/bin/python3 through the file's `#!/usr/bin/env python3`. Measures `--help` with
 an empty data directory (unpacking included) and again with it unpacked; `start` with a
 token from launch to `status.json` saying accepted and connected, with an empty data
-directory (cold: unpack, join, runtime) and resuming (warm); then the agent's RSS after
+directory (cold: unpack, join, runtime; the --help runs had a data directory of their own)
+and resuming (warm); then the agent's RSS after
 --idle seconds connected, its runtime running. The same for `python -m oz0_node.main` from
 this virtual environment as the baseline. Prints one JSON document.
 """
@@ -90,7 +91,9 @@ def _measure(
         (machine / "home").mkdir(parents=True)
         data = machine / "node"
         log = machine / "agent.log"
-        bare_help = [*_bare(machine, **env, OZ0_NODE_DATA_DIR=str(data)), *program]
+        # Its own data directory: the start below finds nothing unpacked (cold).
+        help_data = machine / "help-node"
+        bare_help = [*_bare(machine, **env, OZ0_NODE_DATA_DIR=str(help_data)), *program]
         helps_cold.append(_timed_help(bare_help))
         helps_warm.append(_timed_help(bare_help))
         start = [*_bare(machine, **env, OZ0_JOIN_TOKEN=token), *program, "start", *join]
