@@ -63,6 +63,9 @@ def build_agent_file() -> None:
     print("building the agent file oz0-node", file=sys.stderr)
     done = subprocess.run([sys.executable, str(AGENT_DIR / "build.py"), "--out", str(out)])
     if done.returncode != 0:
+        # A file built from other sources is not one to serve (or test) in its place.
+        out.unlink(missing_ok=True)
+        stamp.unlink(missing_ok=True)
         print(
             "warning: the agent file was not built; servers answer 404 for /agent/oz0-node "
             "until `python3 -m nox -s agent` builds it (see docs/manage-nodes.md)",
