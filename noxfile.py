@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nox
 
@@ -17,6 +18,11 @@ def tests(session: nox.Session) -> None:
     """The whole suite: the Temporal host's Go tests, then pytest (PostgreSQL: see
     fixtures/postgres.py)."""
     session.install("-e", ".[test]")
+    # Installing built the agent file (setup.py); tests/test_agent_file.py uses that one
+    # rather than building its own.
+    built = Path("oz0/agent_file/bin/oz0-node")
+    if built.is_file():
+        session.env["OZ0_AGENT_FILE"] = str(built.absolute())
     if not session.posargs:
         with session.chdir("oz0/temporal/host"):
             session.run("go", "vet", "./...", external=True)
@@ -24,6 +30,12 @@ def tests(session: nox.Session) -> None:
     # Files run side by side on two workers (tests/conftest.py keeps those sharing
     # addresses); with arguments (`-- -k NAME`), in this process as given.
     session.run("pytest", *(session.posargs or ["-n", "2"]))
+
+
+@nox.session
+def agent(session: nox.Session) -> None:
+    """dist/oz0-node: the node agent as one file for this platform (oz0/agent_file/build.py)."""
+    session.run("python", "oz0/agent_file/build.py", "--out", "dist/oz0-node", *session.posargs)
 
 
 @nox.session

@@ -1,11 +1,12 @@
-"""Builds the Temporal host (Go) while the package is installed.
+"""Builds the Temporal host (Go) and the agent file while the package is installed.
 
-Servers need it; nodes install the same package without Go, so a missing Go toolchain
-only warns here, and `server start` then says how to build the host.
+Servers need both; a missing Go toolchain or a failed agent build only warns here, and
+`server start` then says how to build what is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -15,7 +16,11 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-HOST_DIR = Path(__file__).resolve().parent / "oz0" / "temporal" / "host"
+ROOT = Path(__file__).resolve().parent
+HOST_DIR = ROOT / "oz0" / "temporal" / "host"
+AGENT_DIR = ROOT / "oz0" / "agent_file"
+# What the agent file is made of; unchanged, a reinstall keeps the file it built before.
+AGENT_INPUTS = ("requirements/agent.txt", "oz0_node", "oz0_common", "oz0/agent_file")
 
 
 def build_temporal_host() -> None:
@@ -36,9 +41,44 @@ def build_temporal_host() -> None:
     subprocess.run(["bash", str(HOST_DIR / "build.sh")], check=True, env=env)
 
 
+def _agent_inputs_hash() -> str:
+    digest = hashlib.sha256(sys.version.encode())
+    for name in AGENT_INPUTS:
+        top = ROOT / name
+        files = [top] if top.is_file() else sorted(top.rglob("*.py")) + sorted(top.rglob("*.txt"))
+        for path in files:
+            if "bin" not in path.relative_to(ROOT).parts:
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_agent_file() -> None:
+    if os.environ.get("OZ0_SKIP_AGENT_FILE"):
+        return
+    out = AGENT_DIR / "bin" / "oz0-node"
+    stamp = out.with_name("oz0-node.inputs")
+    inputs = _agent_inputs_hash()
+    if out.is_file() and stamp.is_file() and stamp.read_text() == inputs:
+        return
+    print("building the agent file oz0-node", file=sys.stderr)
+    done = subprocess.run([sys.executable, str(AGENT_DIR / "build.py"), "--out", str(out)])
+    if done.returncode != 0:
+        # A file built from other sources is not one to serve (or test) in its place.
+        out.unlink(missing_ok=True)
+        stamp.unlink(missing_ok=True)
+        print(
+            "warning: the agent file was not built; servers answer 404 for /agent/oz0-node "
+            "until `python3 -m nox -s agent` builds it (see docs/manage-nodes.md)",
+            file=sys.stderr,
+        )
+        return
+    stamp.write_text(inputs)
+
+
 class BuildPyWithTemporalHost(build_py):
     def run(self) -> None:
         build_temporal_host()
+        build_agent_file()
         super().run()
 
 

@@ -8,7 +8,7 @@ starts it (the one-file bootstrap unpacks its Python into the same directory).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ENV_VAR = "OZ0_NODE_DATA_DIR"
@@ -35,3 +35,16 @@ def node_data_dir(
         home = env.get("HOME")
         chosen = (Path(home) if home else Path.home()) / USER_DEFAULT
     return chosen.expanduser().absolute()
+
+
+def data_dir_in_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Path:
+    """The data directory a command line names (`--data-dir DIR` or `--data-dir=DIR`; the
+    last wins, as the agent's parser takes it), else the default. The one-file bootstrap
+    needs it before anything is unpacked, so before the agent's parser exists."""
+    found: str | None = None
+    for i, arg in enumerate(argv):
+        if arg == "--data-dir" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--data-dir="):
+            found = arg.split("=", 1)[1]
+    return node_data_dir(found, environ=environ)

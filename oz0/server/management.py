@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
 from oz0.jobs import api as jobs_api
-from oz0.server.api import audit, cluster, nodes, operators, tenants, tokens
+from oz0.server.api import agent_file, audit, cluster, nodes, operators, tenants, tokens
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -44,7 +44,17 @@ DATABASE_UNAVAILABLE = (
 )
 
 # Each registers its routes; a new resource is a new module added here.
-API_MODULES = (cluster, operators, tenants, tokens, nodes, audit, jobs_api, web_routes)
+API_MODULES = (
+    cluster,
+    operators,
+    tenants,
+    tokens,
+    nodes,
+    audit,
+    jobs_api,
+    agent_file,
+    web_routes,
+)
 
 
 def create_app(state: ManagementState) -> QuartTrio:
