@@ -44,10 +44,17 @@ def expiry_warning(not_after: dt.datetime, now: dt.datetime) -> str | None:
 
 
 class ApiClient:
-    def __init__(self, context: Context, *, now: Callable[[], dt.datetime] = pki.utcnow) -> None:
+    def __init__(
+        self,
+        context: Context,
+        *,
+        now: Callable[[], dt.datetime] = pki.utcnow,
+        learn_servers: bool = True,
+    ) -> None:
         self.context = context
         self._now = now
-        self._refreshed = False
+        # Once per command at most; never for one whose certificate is void once it is done.
+        self._refreshed = not learn_servers
         try:
             cert = pki.cert_from_pem(context.cert_path.read_bytes())
         except (OSError, ValueError) as e:
