@@ -20,8 +20,9 @@ from oz0.errors import Oz0Error
 EXPIRY_WARNING = dt.timedelta(days=15)
 # Each read of an answer; a long-running call (a job's output page) answers within it.
 TIMEOUT = 15.0
-# Reaching one server (TCP and TLS): past it the next server of the context is tried.
-CONNECT_TIMEOUT = 5.0
+# Reaching one server (TCP and TLS; the server allows a handshake as long): past it the next
+# server of the context is tried.
+CONNECT_TIMEOUT = 10.0
 # The context's list of servers up is asked for again after this, or when one did not answer.
 REFRESH_AFTER = dt.timedelta(seconds=60)
 CLUSTER_PATH = "/api/v1/cluster"

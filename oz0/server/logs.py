@@ -74,9 +74,6 @@ def configure(*, verbose: bool = False, log_dir: Path | None = None) -> None:
     and Temporal's in our format. VERBOSE puts every line on the console.
     """
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter(FORMAT))
