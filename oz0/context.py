@@ -5,7 +5,8 @@ every file mode 0600 and the directory 0700.
 
 `servers` are the addresses the context was made with (or an operator wrote); `learned`
 are the servers that were up when the CLI last asked the cluster (`learned_at`). The CLI
-tries the learned ones first, then the others.
+tries the written ones first, so a context pointed at one server (by hand, by a test) talks
+to that one while it answers, then the learned ones.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class Context:
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        """The servers to try, in order: those last seen up, then the others."""
-        return self.learned + tuple(s for s in self.servers if s not in self.learned)
+        """The servers to try, in order: those written, then those last seen up."""
+        return self.servers + tuple(s for s in self.learned if s not in self.servers)
 
     def with_learned(self, servers: tuple[str, ...], now: dt.datetime) -> Context:
         return dataclasses.replace(self, learned=servers, learned_at=now)

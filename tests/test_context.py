@@ -130,7 +130,7 @@ def test_bad_server_addresses_are_refused(given: str) -> None:
         check_address(given)
 
 
-def test_learned_servers_are_kept_and_tried_first(config_home: Path) -> None:
+def test_learned_servers_are_kept_and_tried_after_the_written_ones(config_home: Path) -> None:
     context = make_context(config_home / "a", "a")
     assert Context.load(context.path).learned_at is None
     assert context.addresses == ("127.0.0.11:8443",)
@@ -139,9 +139,9 @@ def test_learned_servers_are_kept_and_tried_first(config_home: Path) -> None:
     loaded = Context.load(context.path)
     assert (loaded.learned, loaded.learned_at) == (("10.0.0.12:8443", "127.0.0.11:8443"), when)
     assert loaded.servers == ("127.0.0.11:8443",)
-    assert loaded.addresses == ("10.0.0.12:8443", "127.0.0.11:8443")
+    assert loaded.addresses == ("127.0.0.11:8443", "10.0.0.12:8443")
     loaded.with_learned(("10.0.0.13:8443",), when).save()
-    assert Context.load(context.path).addresses == ("10.0.0.13:8443", "127.0.0.11:8443")
+    assert Context.load(context.path).addresses == ("127.0.0.11:8443", "10.0.0.13:8443")
 
 
 def test_the_servers_up_are_read_from_the_cluster_answer() -> None:
