@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,20 +18,24 @@ NEXUS = (
 )
 
 
-@pytest.fixture
-def configure() -> Iterator[None]:
-    """Undo what logs.configure does to this process's logging."""
+@contextmanager
+def configured(**options: Any) -> Iterator[None]:
+    """logs.configure(**OPTIONS) as in a server's process, where nobody set up logging
+    before; what it did is undone at the end (pytest's own handlers come back)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     pool = logging.getLogger("psycopg.pool")
     pool_level = pool.level
-    yield
-    for handler in root.handlers:
-        if handler not in handlers:
+    root.handlers[:] = []
+    try:
+        logs.configure(**options)
+        yield
+    finally:
+        for handler in root.handlers:
             handler.close()
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    pool.setLevel(pool_level)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        pool.setLevel(pool_level)
 
 
 @pytest.mark.parametrize(
@@ -56,13 +62,12 @@ def emit_some() -> None:
     logs.host_line(NEXUS)
 
 
-@pytest.mark.usefixtures("configure")
 def test_with_a_log_directory_the_console_shows_only_our_warnings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logs.configure(log_dir=tmp_path / "logs")
-    emit_some()
-    console = capsys.readouterr().err.splitlines()
+    with configured(log_dir=tmp_path / "logs"):
+        emit_some()
+        console = capsys.readouterr().err.splitlines()
     assert [line.split(" ", 2)[2] for line in console] == [
         "WARNING oz0.server.edge: something to see"
     ]
@@ -78,14 +83,13 @@ def test_with_a_log_directory_the_console_shows_only_our_warnings(
         assert (tmp_path / "logs" / name).stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.usefixtures("configure")
 def test_verbose_shows_everything_on_the_console(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logs.configure(verbose=True, log_dir=tmp_path / "logs")
-    emit_some()
-    logging.getLogger("oz0.server.edge").debug("a detail")
-    console = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]
+    with configured(verbose=True, log_dir=tmp_path / "logs"):
+        emit_some()
+        logging.getLogger("oz0.server.edge").debug("a detail")
+        console = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]
     assert console == [
         "INFO oz0.server.edge: edge listening",
         "WARNING oz0.server.edge: something to see",
@@ -96,17 +100,24 @@ def test_verbose_shows_everything_on_the_console(
     assert (tmp_path / "logs" / "temporal.log").read_text() == NEXUS + "\n"
 
 
-@pytest.mark.usefixtures("configure")
 def test_without_a_log_directory_temporal_lines_come_in_our_format(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    logs.configure()
-    emit_some()
-    logging.getLogger("oz0.server.edge").debug("a detail")
-    console = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]
+    with configured():
+        emit_some()
+        logging.getLogger("oz0.server.edge").debug("a detail")
+        console = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]
     assert console == [
         "INFO oz0.server.edge: edge listening",
         "WARNING oz0.server.edge: something to see",
         "INFO pgserver: Running commandline: initdb",
         f"WARNING oz0.temporal.host: {NEXUS}",
     ]
+
+
+def test_logging_set_up_before_is_left_alone() -> None:
+    root = logging.getLogger()
+    before = list(root.handlers)
+    assert before, "pytest's own handlers"
+    logs.configure(verbose=True)
+    assert root.handlers == before

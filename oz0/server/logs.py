@@ -73,7 +73,16 @@ def configure(*, verbose: bool = False, log_dir: Path | None = None) -> None:
     directory holds the rest, Temporal's lines among them); without one, our INFO lines
     and Temporal's in our format. VERBOSE puts every line on the console.
     """
+    # platformdirs warns about XDG_RUNTIME_DIR when the embedded PostgreSQL is imported.
+    warnings.filterwarnings("ignore", module="platformdirs")
+    # The pool warns at every failed reconnection attempt; our loops say once per outage
+    # that the database is unavailable (oz0.store.outage), so only its errors matter.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     root = logging.getLogger()
+    if root.handlers:
+        # Like logging.basicConfig: whoever set up logging before us (a test runner
+        # calling the command in its own process) keeps it.
+        return
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter(FORMAT))
@@ -94,8 +103,3 @@ def configure(*, verbose: bool = False, log_dir: Path | None = None) -> None:
             # queue readers retrying while shards load): its file holds them.
             console.addFilter(_Only(TEMPORAL_LOGGER, keep=False))
     root.addHandler(console)
-    # platformdirs warns about XDG_RUNTIME_DIR when the embedded PostgreSQL is imported.
-    warnings.filterwarnings("ignore", module="platformdirs")
-    # The pool warns at every failed reconnection attempt; our loops say once per outage
-    # that the database is unavailable (oz0.store.outage), so only its errors matter.
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
