@@ -147,7 +147,10 @@ def server_backends(postgres: PrivatePostgres) -> int:
 
 
 _LEVEL = re.compile(r"^\S+ \S+ (WARNING|ERROR|CRITICAL) ")
-_TEMPORAL = re.compile(r'^\{"level":"(warn|error|dpanic|panic|fatal)".*?"msg":"([^"]*)"')
+_TEMPORAL = re.compile(
+    r"^(?:\S+ \S+ \w+ oz0\.temporal\.host: )?"  # the server's logging, around Temporal's JSON
+    r'\{"level":"(warn|error|dpanic|panic|fatal)".*?"msg":"([^"]*)"'
+)
 
 
 def log_slice(text: str) -> dict[str, Any]:

@@ -301,7 +301,7 @@ async def sample_membership(files: ClusterFiles, ages: list[float], stop: trio.E
         await trio.sleep(1.0)
 
 
-TEMPORAL_LEVEL = re.compile(r'^\{"level":"(\w+)"')
+TEMPORAL_LEVEL = re.compile(r'^(?:\S+ \S+ \w+ oz0\.temporal\.host: )?\{"level":"(\w+)"')
 _EXCEPTION_LINE = re.compile(
     r"^[\s|+]*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Closed|Timeout|Group)):"
 )

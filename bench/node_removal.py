@@ -699,7 +699,8 @@ def utc_stamp() -> str:
 
 
 _TEMPORAL_PROBLEM = re.compile(
-    r'^\{"level":"(warn|error|dpanic|panic|fatal)","ts":"([^"]+)","msg":"([^"]*)"'
+    r"^(?:\S+ \S+ \w+ oz0\.temporal\.host: )?"  # the server's logging, around Temporal's JSON
+    r'\{"level":"(warn|error|dpanic|panic|fatal)","ts":"([^"]+)","msg":"([^"]*)"'
 )
 
 

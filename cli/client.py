@@ -14,11 +14,18 @@ from typing import Any
 from cryptography import x509
 
 from oz0 import pki
-from oz0.context import Context
+from oz0.context import Context, ContextError, check_address
 from oz0.errors import Oz0Error
 
 EXPIRY_WARNING = dt.timedelta(days=15)
+# Each read of an answer; a long-running call (a job's output page) answers within it.
 TIMEOUT = 15.0
+# Reaching one server (TCP and TLS; the server allows a handshake as long): past it the next
+# server of the context is tried.
+CONNECT_TIMEOUT = 10.0
+# The context's list of servers up is asked for again after this, or when one did not answer.
+REFRESH_AFTER = dt.timedelta(seconds=60)
+CLUSTER_PATH = "/api/v1/cluster"
 
 
 class ApiError(Oz0Error):
@@ -38,8 +45,17 @@ def expiry_warning(not_after: dt.datetime, now: dt.datetime) -> str | None:
 
 
 class ApiClient:
-    def __init__(self, context: Context, *, now: Callable[[], dt.datetime] = pki.utcnow) -> None:
+    def __init__(
+        self,
+        context: Context,
+        *,
+        now: Callable[[], dt.datetime] = pki.utcnow,
+        learn_servers: bool = True,
+    ) -> None:
         self.context = context
+        self._now = now
+        # Once per command at most; never for one whose certificate is void once it is done.
+        self._refreshed = not learn_servers
         try:
             cert = pki.cert_from_pem(context.cert_path.read_bytes())
         except (OSError, ValueError) as e:
@@ -78,49 +94,121 @@ class ApiClient:
         it: once sent, a lost answer may hide a change that was made, and doing it again
         could make a second token or renew twice.
         """
-        failures = []
-        for server in self.context.servers:
-            sent = False
-            host, _, port = server.rpartition(":")
-            conn = http.client.HTTPSConnection(
-                host.strip("[]"), int(port), context=self._ssl, timeout=TIMEOUT
-            )
+        failures: list[str] = []
+        for server in self.context.addresses:
             try:
-                payload = json.dumps(body).encode() if body is not None else None
-                headers = {"Content-Type": "application/json"} if payload else {}
-                conn.connect()
-                _check_server_role(conn, self.context.cluster)
-                conn.request(method, path, body=payload, headers=headers)
-                sent = True
-                response = conn.getresponse()
-                data = response.read()
-            except ssl.SSLError as e:
-                failures.append(f"{server}: TLS refused ({e.reason or e})")
-                _unless_maybe_done(method, sent, failures)
+                status, decoded = self._exchange(server, method, path, body)
+            except _Unanswered as e:
+                failures.append(f"{server}: {e.reason}")
+                _unless_maybe_done(method, e.sent, failures)
                 continue
-            except http.client.RemoteDisconnected:
-                # With TLS 1.3 a refused client certificate shows only at the first read.
-                failures.append(
-                    f"{server}: closed the connection without answering "
-                    "(is the operator certificate from this cluster and still valid?)"
-                )
-                _unless_maybe_done(method, sent, failures)
-                continue
-            except (TimeoutError, OSError, http.client.HTTPException) as e:
-                failures.append(f"{server}: {getattr(e, 'strerror', None) or e}")
-                _unless_maybe_done(method, sent, failures)
-                continue
-            finally:
-                conn.close()
-            try:
-                decoded = json.loads(data) if data else {}
-            except ValueError:
-                raise ApiError(f"{server} answered HTTP {response.status} without JSON") from None
-            if response.status >= 400:
+            if status >= 400:
                 message = decoded.get("error") if isinstance(decoded, dict) else None
-                raise ApiError(message or f"{server} answered HTTP {response.status}")
+                raise ApiError(message or f"{server} answered HTTP {status}")
+            cluster = decoded if (method, path) == ("GET", CLUSTER_PATH) else None
+            self._refresh(server, stale=bool(failures), cluster=cluster)
             return decoded
         raise ApiError("no server of the context answered: " + "; ".join(failures))
+
+    def _exchange(
+        self, server: str, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[int, Any]:
+        """One request to SERVER: its status and decoded JSON, or _Unanswered."""
+        sent = False
+        host, _, port = server.rpartition(":")
+        conn = http.client.HTTPSConnection(
+            host.strip("[]"), int(port), context=self._ssl, timeout=CONNECT_TIMEOUT
+        )
+        try:
+            payload = json.dumps(body).encode() if body is not None else None
+            headers = {"Content-Type": "application/json"} if payload else {}
+            # A server that is down costs CONNECT_TIMEOUT at most (connection and TLS
+            # handshake); one that answers gets TIMEOUT for each read of its answer.
+            conn.connect()
+            conn.sock.settimeout(TIMEOUT)
+            _check_server_role(conn, self.context.cluster)
+            conn.request(method, path, body=payload, headers=headers)
+            sent = True
+            response = conn.getresponse()
+            data = response.read()
+        except ssl.SSLError as e:
+            raise _Unanswered(f"TLS refused ({e.reason or e})", sent) from None
+        except http.client.RemoteDisconnected:
+            # With TLS 1.3 a refused client certificate shows only at the first read.
+            raise _Unanswered(
+                "closed the connection without answering "
+                "(is the operator certificate from this cluster and still valid?)",
+                sent,
+            ) from None
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
+            raise _Unanswered(str(getattr(e, "strerror", None) or e), sent) from None
+        finally:
+            conn.close()
+        try:
+            return response.status, json.loads(data) if data else {}
+        except ValueError:
+            raise ApiError(f"{server} answered HTTP {response.status} without JSON") from None
+
+    def _refresh(self, server: str, *, stale: bool, cluster: Any) -> None:
+        """Learn the servers that are up from SERVER, which just answered, and keep them in
+        the context: when it has never learned them, when they are older than
+        REFRESH_AFTER, or when one of them did not answer (STALE). Best effort: a context
+        that cannot be updated still works with what it holds."""
+        if self._refreshed:
+            return
+        self._refreshed = True
+        now = self._now()
+        learned_at = self.context.learned_at
+        if not stale and learned_at is not None and now - REFRESH_AFTER < learned_at <= now:
+            return
+        if cluster is None:
+            try:
+                status, cluster = self._exchange(server, "GET", CLUSTER_PATH, None)
+            except (_Unanswered, ApiError):
+                return
+            if status != 200:
+                return
+        learned = servers_of(cluster)
+        if not learned:
+            return
+        try:
+            # Read again: another command may have rewritten the file meanwhile.
+            current = Context.load(self.context.path)
+            if current.cluster != self.context.cluster:
+                return
+            updated = current.with_learned(learned, now)
+            if updated.to_json() != current.to_json():
+                updated.save()
+        except (ContextError, OSError):
+            return
+        self.context = updated
+
+
+def servers_of(cluster: Any) -> tuple[str, ...]:
+    """The management addresses of the servers up, from GET /api/v1/cluster's answer."""
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("servers"), list):
+        return ()
+    found: list[str] = []
+    for row in cluster["servers"]:
+        advertise = row.get("advertise") if isinstance(row, dict) else None
+        if not isinstance(advertise, str):
+            continue
+        try:
+            address = check_address(advertise)
+        except ContextError:
+            continue
+        if address not in found:
+            found.append(address)
+    return tuple(found)
+
+
+class _Unanswered(Exception):
+    """A server gave no answer; SENT says whether it may have received the request."""
+
+    def __init__(self, reason: str, sent: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.sent = sent
 
 
 def _unless_maybe_done(method: str, sent: bool, failures: list[str]) -> None:

@@ -16,15 +16,18 @@ from cyclopts import App, Parameter
 from cli.output import print_json
 from cli.params import JsonFlag
 from oz0 import cluster_init, devmode, ui_accounts
-from oz0.context import config_home
+from oz0.context import check_address, config_home
 from oz0.errors import Oz0Error
 from oz0.nodes import MAX_PENDING
 from oz0.operator_issue import issue_operator
+from oz0.server import logs
 from oz0.server import start as server_start
 from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.store.dburl import DatabaseUrl
 
 app = App(name="server", help="Create, start and administer the cluster's servers.")
+log = logging.getLogger(__name__)
+
 operator_app = App(name="operator", help="Operator credentials made on a server's machine.")
 app.command(operator_app)
 
@@ -32,6 +35,14 @@ DevFlag = Annotated[
     bool, Parameter(name="--dev", negative=(), help="Use the embedded dev cluster in --data-dir.")
 ]
 DataDir = Annotated[Path | None, Parameter(name="--data-dir", help="Dev mode's directory.")]
+VerboseFlag = Annotated[
+    bool,
+    Parameter(
+        name="--verbose",
+        negative=(),
+        help="Print every log line on stderr, Temporal's and the embedded PostgreSQL's too.",
+    ),
+]
 
 
 def _progress(message: str) -> None:
@@ -45,6 +56,7 @@ def init(
     history_shards: int | None = None,
     master_key_out: Path | None = None,
     upgrade: bool = False,
+    advertise: str = "127.0.0.1",
     json: JsonFlag = False,
 ) -> int:
     """Create the cluster in the database named by $OZ0_DB (once), or upgrade its schema.
@@ -59,6 +71,8 @@ def init(
         Where to write the new master key (mode 0600). Back it up.
     upgrade
         Apply the schema migrations of a newer release to an existing cluster.
+    advertise
+        Address (HOST or HOST:PORT) of a server that the operator context points at.
     """
     url = DatabaseUrl.from_env()
     if upgrade:
@@ -80,12 +94,14 @@ def init(
     if missing:
         raise Oz0Error(f"server init needs {', '.join(missing)}")
     assert cluster_name and history_shards is not None and master_key_out
+    check_address(advertise)
     result = cluster_init.init_cluster(
         url,
         cluster_name=cluster_name,
         history_shards=history_shards,
         master_key_out=master_key_out,
         context_dir=config_home() / cluster_name,
+        advertise=advertise,
         progress=_progress,
     )
     if json:
@@ -120,6 +136,7 @@ def start(
     data_dir: DataDir = None,
     reconcile_every: float = RECONCILE_EVERY,
     max_pending_nodes: int = MAX_PENDING,
+    verbose: VerboseFlag = False,
 ) -> int:
     """Run this server's roles (management 8443, edge 7443) until SIGINT or SIGTERM.
 
@@ -144,13 +161,19 @@ def start(
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     if not 1 <= max_pending_nodes <= 1_000_000:
         raise Oz0Error(f"--max-pending-nodes must be 1 to 1000000, not {max_pending_nodes}")
-    _configure_logging()
     if dev:
         if data_dir is None:
             raise Oz0Error("--dev needs --data-dir DIR")
         return _start_dev(
-            data_dir, advertise or "127.0.0.1", san, listen, reconcile_every, max_pending_nodes
+            data_dir,
+            advertise or "127.0.0.1",
+            san,
+            listen,
+            reconcile_every,
+            max_pending_nodes,
+            verbose=verbose,
         )
+    logs.configure(verbose=verbose)
     if master_key_file is None or advertise is None:
         raise Oz0Error("server start needs --master-key-file and --advertise (or --dev --data-dir)")
     options = server_start.StartOptions(
@@ -174,13 +197,19 @@ def _start_dev(
     listen: str | None,
     reconcile_every: float,
     max_pending_nodes: int,
+    *,
+    verbose: bool,
 ) -> int:
     data_dir = data_dir.resolve()
     server_start.check_advertise(advertise)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_dir = devmode.log_dir(data_dir)
+    logs.configure(verbose=verbose, log_dir=log_dir)
     key_file = devmode.master_key_path(data_dir)
     with devmode.embedded_postgres(data_dir) as url:
         password = None
         if not key_file.exists():
+            _progress(f"creating the dev cluster in {data_dir} (first start only)")
             result = cluster_init.init_cluster(
                 url,
                 cluster_name=devmode.DEV_CLUSTER,
@@ -189,7 +218,7 @@ def _start_dev(
                 context_dir=devmode.context_dir(data_dir),
                 advertise=advertise,
                 visibility_sqlite=devmode.visibility_sqlite(data_dir),
-                progress=_progress,
+                progress=log.info,
             )
             password = result.ui_password
         options = server_start.StartOptions(
@@ -213,6 +242,7 @@ def _start_dev(
                     f"web UI account admin, password {password}  (shown only on this first start)"
                 )
             print(f"CA hash:   {running.cluster.ca_hash}")
+            print(f"logs:      {log_dir}  (--verbose prints them here)")
             print(f"export OZ0_CONTEXT={devmode.context_dir(data_dir) / 'context.json'}")
             sys.stdout.flush()
 
@@ -226,19 +256,6 @@ def _print_started(running: server_start.Running) -> None:
         f"management {running.management_url}, edge {running.edge_address}"
     )
     sys.stdout.flush()
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # platformdirs warns about XDG_RUNTIME_DIR when the embedded PostgreSQL is imported.
-    warnings.filterwarnings("ignore", module="platformdirs")
-    # The pool warns at every failed reconnection attempt; our loops say once per outage
-    # that the database is unavailable (oz0.store.outage), so only its errors matter.
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -276,6 +293,8 @@ def issue(
     advertise
         Server address a new context points at.
     """
+    if advertise is not None:
+        check_address(advertise)
     if dev:
         with _dev_database(data_dir) as (url, data_dir):
             issued = issue_operator(

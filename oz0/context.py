@@ -2,12 +2,21 @@
 
 A context directory holds `context.json`, `ca.crt`, `operator.crt` and `operator.key`,
 every file mode 0600 and the directory 0700.
+
+`servers` are the addresses the context was made with (or an operator wrote); `learned`
+are the servers that were up when the CLI last asked the cluster (`learned_at`). The CLI
+tries the written ones first, so a context pointed at one server (by hand, by a test) talks
+to that one while it answers, then the learned ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +48,31 @@ def server_address(advertise: str) -> str:
     return advertise if ":" in advertise else f"{advertise}:{MANAGEMENT_PORT}"
 
 
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\.?"
+)
+
+
+def check_address(address: str) -> str:
+    """HOST:PORT of a management API from an IP address or host name, with or without a
+    port; anything else is refused with one clear line."""
+    full = server_address(address)
+    host, _, port = full.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    good_host = _HOST_NAME.fullmatch(bare) is not None
+    try:
+        ipaddress.ip_address(bare)
+        good_host = True
+    except ValueError:
+        pass
+    if not good_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ContextError(
+            f"--advertise must be HOST or HOST:PORT of a server (an IP address or a name), "
+            f"not {address!r}"
+        )
+    return full
+
+
 @dataclass(frozen=True)
 class Context:
     directory: Path
@@ -46,6 +80,16 @@ class Context:
     operator: str
     servers: tuple[str, ...]
     ca_hash: str
+    learned: tuple[str, ...] = ()
+    learned_at: dt.datetime | None = None
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The servers to try, in order: those written, then those last seen up."""
+        return self.servers + tuple(s for s in self.learned if s not in self.servers)
+
+    def with_learned(self, servers: tuple[str, ...], now: dt.datetime) -> Context:
+        return dataclasses.replace(self, learned=servers, learned_at=now)
 
     @property
     def path(self) -> Path:
@@ -69,12 +113,15 @@ class Context:
             path = path / CONTEXT_FILE
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+            learned_at = raw.get("learned_at")
             return cls(
                 directory=path.parent,
                 cluster=str(raw["cluster"]),
                 operator=str(raw["operator"]),
                 servers=tuple(str(s) for s in raw["servers"]),
                 ca_hash=str(raw["ca_hash"]),
+                learned=tuple(str(s) for s in raw.get("learned", ())),
+                learned_at=dt.datetime.fromisoformat(learned_at) if learned_at else None,
             )
         except FileNotFoundError:
             raise ContextError(f"context {path} not found") from None
@@ -82,12 +129,16 @@ class Context:
             raise ContextError(f"context {path} is unreadable or malformed: {e}") from None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "cluster": self.cluster,
             "operator": self.operator,
             "servers": list(self.servers),
             "ca_hash": self.ca_hash,
         }
+        if self.learned_at is not None:
+            data["learned"] = list(self.learned)
+            data["learned_at"] = self.learned_at.isoformat()
+        return data
 
     def save(self) -> None:
         write_private(self.path, (json.dumps(self.to_json(), indent=2) + "\n").encode())

@@ -25,6 +25,11 @@ def context_dir(data_dir: Path) -> Path:
     return data_dir / "context"
 
 
+def log_dir(data_dir: Path) -> Path:
+    """The server's and its Temporal host's log files (see oz0.server.logs)."""
+    return data_dir / "logs"
+
+
 def visibility_sqlite(data_dir: Path) -> Path:
     """Temporal's visibility store in dev: the pgserver build lacks the btree_gin extension
     Temporal's PostgreSQL visibility schema needs."""

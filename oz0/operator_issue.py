@@ -49,6 +49,8 @@ def issue_operator(
             operator=name,
             servers=existing.servers if existing else (server_address(advertise or ""),),
             ca_hash=cluster.ca_hash,
+            learned=existing.learned if existing else (),
+            learned_at=existing.learned_at if existing else None,
         )
         key = pki.new_private_key()
         with conn.transaction():

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.client import ApiClient, expiry_warning
+from cli.client import ApiClient, expiry_warning, servers_of
 from oz0 import pki
-from oz0.context import Context, ContextError, select
+from oz0.context import Context, ContextError, check_address, select
 from oz0.errors import Oz0Error
 
 
@@ -108,3 +108,53 @@ def test_client_refuses_an_expired_certificate(config_home: Path) -> None:
     issued = pki.cert_from_pem(context.cert_path.read_bytes()).not_valid_after_utc
     with pytest.raises(Oz0Error, match=r"expired on .*server operator issue"):
         ApiClient(context, now=lambda: issued + dt.timedelta(seconds=1))
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("10.0.0.11", "10.0.0.11:8443"),
+        ("10.0.0.11:9443", "10.0.0.11:9443"),
+        ("lb.example.com", "lb.example.com:8443"),
+        ("fd00::11", "[fd00::11]:8443"),
+        ("[fd00::11]:9443", "[fd00::11]:9443"),
+    ],
+)
+def test_server_addresses_take_a_default_port(given: str, address: str) -> None:
+    assert check_address(given) == address
+
+
+@pytest.mark.parametrize("given", ["", "a b", "x:0", "x:65536", "x:port", "-x", "a..b", "[::1"])
+def test_bad_server_addresses_are_refused(given: str) -> None:
+    with pytest.raises(ContextError, match="must be HOST or HOST:PORT"):
+        check_address(given)
+
+
+def test_learned_servers_are_kept_and_tried_after_the_written_ones(config_home: Path) -> None:
+    context = make_context(config_home / "a", "a")
+    assert Context.load(context.path).learned_at is None
+    assert context.addresses == ("127.0.0.11:8443",)
+    when = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
+    context.with_learned(("10.0.0.12:8443", "127.0.0.11:8443"), when).save()
+    loaded = Context.load(context.path)
+    assert (loaded.learned, loaded.learned_at) == (("10.0.0.12:8443", "127.0.0.11:8443"), when)
+    assert loaded.servers == ("127.0.0.11:8443",)
+    assert loaded.addresses == ("127.0.0.11:8443", "10.0.0.12:8443")
+    loaded.with_learned(("10.0.0.13:8443",), when).save()
+    assert Context.load(context.path).addresses == ("127.0.0.11:8443", "10.0.0.13:8443")
+
+
+def test_the_servers_up_are_read_from_the_cluster_answer() -> None:
+    answer = {
+        "servers": [
+            {"advertise": "10.0.0.11"},
+            {"advertise": "fd00::12"},
+            {"advertise": "10.0.0.11"},
+            {"advertise": "not an address"},
+            {"advertise": 5},
+            "junk",
+        ]
+    }
+    assert servers_of(answer) == ("10.0.0.11:8443", "[fd00::12]:8443")
+    assert servers_of({"servers": "x"}) == ()
+    assert servers_of([]) == ()

@@ -8,6 +8,7 @@ import pytest
 
 from fixtures.postgres import admin_connection, database_exists, fresh_database_url, limited_role
 from oz0 import cluster_init, operators, passwords, pki
+from oz0.context import Context
 from oz0.errors import Oz0Error
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
@@ -207,3 +208,20 @@ def test_unsupported_postgresql_versions_are_named(num: int, shown: str) -> None
 @pytest.mark.parametrize("num", [130000, 150018, 160002])
 def test_supported_postgresql_versions_pass(num: int) -> None:
     assert databases.check_server_version(FakeVersionConnection(num, "x")) == num // 10000  # type: ignore[arg-type]
+
+
+def test_init_points_the_context_at_the_advertised_server(
+    cli: CliRunner, tmp_path: Path, pg_url: DatabaseUrl
+) -> None:
+    env = {"OZ0_DB": pg_url.conninfo}
+    bad = cli(*init_args(tmp_path), "--advertise", "10.0.0.11:99999", env=env)
+    assert (bad.code, bad.err) == (
+        1,
+        "error: --advertise must be HOST or HOST:PORT of a server (an IP address or a name), "
+        "not '10.0.0.11:99999'\n",
+    )
+    assert not (tmp_path / "master.key").exists()
+    assert not database_exists(pg_url.names.main)
+    result = cli(*init_args(tmp_path), "--advertise", "10.0.0.11", "--json", env=env)
+    assert result.code == 0, result.err
+    assert Context.load(Path(result.json()["context"])).servers == ("10.0.0.11:8443",)

@@ -18,12 +18,15 @@ from typing import Any
 import trio
 
 from oz0.errors import Oz0Error
+from oz0.server import logs
 from oz0.temporal.host import TemporalStores, host_binary
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0
 STOP_GRACE = 3.0
+# How long the last log lines of a host that exited may take to arrive.
+LOG_DRAIN = 1.0
 COMMAND_TIMEOUT = 10.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 # A host that served this long before dying starts again from the shortest backoff.
@@ -76,6 +79,7 @@ class _Host:
         self.serving = trio.Event()
         self.serving_info: dict[str, Any] = {}
         self.failure: str | None = None
+        self._log_buffer = b""
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -110,6 +114,23 @@ class _Host:
                 self._dispatch(line)
         for send in list(self._waiting.values()):
             send.close()
+
+    async def read_log(self) -> None:
+        """Pass Temporal's log lines (the host's stderr) to our logging until it closes.
+
+        Cancelling it loses nothing: a partial line waits in the buffer for the next call,
+        which `_stop` makes so the host never blocks on a full pipe while it stops.
+        """
+        assert self.process.stderr is not None
+        while chunk := await self.process.stderr.receive_some():
+            self._log_buffer += chunk
+            *lines, self._log_buffer = self._log_buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    logs.host_line(line.decode(errors="replace"))
+        if self._log_buffer.strip():
+            logs.host_line(self._log_buffer.decode(errors="replace"))
+        self._log_buffer = b""
 
     def _dispatch(self, line: bytes) -> None:
         try:
@@ -192,12 +213,14 @@ class Supervisor:
             [str(host_binary()), "serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         host = _Host(process)
         log.info("Temporal host started, pid %d", process.pid)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(host.read_messages)
+                nursery.start_soon(host.read_log)
                 await host.send(config)
                 with trio.move_on_after(READY_TIMEOUT):
                     async with trio.open_nursery() as waiting:
@@ -227,7 +250,7 @@ class Supervisor:
         finally:
             self._host = None
             with trio.CancelScope(shield=True):
-                await _stop(process)
+                await _stop(host)
 
 
 async def _cancel_when_exited(process: trio.Process, scope: trio.CancelScope) -> None:
@@ -235,13 +258,21 @@ async def _cancel_when_exited(process: trio.Process, scope: trio.CancelScope) ->
     scope.cancel()
 
 
-async def _stop(process: trio.Process) -> None:
-    """Close the host's stdin (its signal to stop), then kill it if it lingers."""
-    if process.stdin is not None:
-        await trio.aclose_forcefully(process.stdin)
-    with trio.move_on_after(STOP_GRACE):
-        await process.wait()
-        return
-    log.warning("Temporal host %d did not stop in %.0fs; killing it", process.pid, STOP_GRACE)
-    process.kill()
-    await process.wait()
+async def _stop(host: _Host) -> None:
+    """Close the host's stdin (its signal to stop), then kill it if it lingers; read its
+    log meanwhile, since it logs a lot while it stops."""
+    process = host.process
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(host.read_log)
+        if process.stdin is not None:
+            await trio.aclose_forcefully(process.stdin)
+        with trio.move_on_after(STOP_GRACE):
+            await process.wait()
+        if process.returncode is None:
+            log.warning(
+                "Temporal host %d did not stop in %.0fs; killing it", process.pid, STOP_GRACE
+            )
+            process.kill()
+            await process.wait()
+        # Its stderr ends with it; the deadline is for a descendant that kept it open.
+        nursery.cancel_scope.deadline = trio.current_time() + LOG_DRAIN
