@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import textwrap
 import urllib.parse
 from typing import Annotated, Any
 
@@ -14,7 +13,7 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 from oz0.errors import Oz0Error
-from oz0.tokens import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, join_command, parse_label_pairs
+from oz0.tokens import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, parse_label_pairs
 
 app = App(name="token", help="Join tokens: a node joining with one is accepted at once.")
 
@@ -74,9 +73,15 @@ def create(
     print(f"    {token['token']}")
     print()
     print("This is the only time the token is shown: the cluster keeps only its hash.")
-    print("A node joins with it, accepted at once (the token in its environment, never in")
-    print("its arguments, which every user of the machine can read; or: --token-file PATH):")
-    print(textwrap.indent(join_command(token["token"], ctx.ca_hash), "    "))
+    if token["agent_sha256"] is None:
+        print("A node joins with it, accepted at once, running an installed oz0-node (the")
+        print("servers have no agent file to serve; see docs/manage-nodes.md):")
+    else:
+        print("A node joins with it, accepted at once: paste this on the node (it needs curl")
+        print("and python3 >= 3.11; it downloads the agent into ./oz0-node, checks its SHA-256")
+        print("and keeps the token out of the agent's arguments):")
+    print()
+    print(token["join_command"])
     return 0
 
 

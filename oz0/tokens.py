@@ -232,15 +232,6 @@ class TokenSpec:
         )
 
 
-def join_command(token: str, ca_hash: str) -> str:
-    """The command a node joins with TOKEN, as `token create` and the web UI show it: the
-    token in the environment, never in the arguments (any user of the machine reads those)."""
-    return (
-        f"OZ0_JOIN_TOKEN={token} oz0-node start --ca-hash {ca_hash} \\\n"
-        "    --edge HOST:7443 --data-dir /var/lib/oz0-node"
-    )
-
-
 def _secret_hash(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 

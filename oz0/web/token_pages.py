@@ -15,6 +15,7 @@ from werkzeug.datastructures import MultiDict
 
 from oz0 import tenants, tokens
 from oz0.errors import Oz0Error
+from oz0.server import join_command
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
 from oz0.web.pages import NOTICES, Page, Pages
@@ -89,10 +90,16 @@ def add(web: Blueprint, pages: Pages) -> None:
             )
         except Oz0Error as e:
             return await create_form(session, form, 400, str(e))
+        state = pages.state
+        try:
+            join: join_command.JoinCommand | None = await join_command.for_token(
+                db, state.server_id, state.cluster.ca_hash, secret
+            )
+        except join_command.NoServerUp:
+            join = None
         # Shown in this answer only: the cluster keeps the secret's hash, no page has it again.
         return await pages.render(
-            "token_created.html", session, token=token, secret=secret,
-            join_command=tokens.join_command(secret, pages.state.cluster.ca_hash),
+            "token_created.html", session, token=token, secret=secret, join=join,
         )  # fmt: skip
 
     @web.get("/tokens/<token_id>/revoke")

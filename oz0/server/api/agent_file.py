@@ -3,7 +3,6 @@ holds no secret; the join command checks it against the SHA-256 it was given).""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -14,29 +13,12 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from oz0.agent_file import FILE_NAME, agent_file, missing_advice
+from oz0.agent_file.digest import served_sha256
 from oz0.server.api.common import ApiError, ManagementState
 
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
-
-
-class _Digests:
-    """The file's SHA-256, computed again only when the file changes."""
-
-    def __init__(self) -> None:
-        self._key: tuple[int, int, int] | None = None
-        self._hex = ""
-
-    def of(self, path: Path, stat: os.stat_result) -> str:
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if key != self._key:
-            digest = hashlib.sha256()
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-            self._key, self._hex = key, digest.hexdigest()
-        return self._hex
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -49,7 +31,6 @@ def _stat(path: Path) -> os.stat_result:
 def register(app: QuartTrio, state: ManagementState) -> None:
     if not agent_file().is_file():
         log.warning("%s; GET /agent/%s answers 404", missing_advice(agent_file()), FILE_NAME)
-    digests = _Digests()
 
     @app.get(f"/agent/{FILE_NAME}")
     async def agent_download() -> Response:
@@ -71,5 +52,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def agent_sha256() -> Response:
         path = agent_file()
         stat = _stat(path)
-        sha = await trio.to_thread.run_sync(digests.of, path, stat)
+        sha = await trio.to_thread.run_sync(served_sha256, stat)
+        if sha is None:
+            raise ApiError(404, missing_advice(path))
         return Response(f"{sha}  {FILE_NAME}\n", mimetype="text/plain")

@@ -7,6 +7,7 @@ from quart_trio import QuartTrio
 
 from oz0 import tokens
 from oz0.errors import Oz0Error
+from oz0.server import join_command
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
 
@@ -28,7 +29,20 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             )
         except Oz0Error as e:
             raise ApiError(400, str(e)) from None
-        return jsonify({**token.to_json(), "token": secret})
+        try:
+            join = await join_command.for_token(
+                state.db, state.server_id, state.cluster.ca_hash, secret
+            )
+        except join_command.NoServerUp as e:
+            raise ApiError(503, f"token {token.id} was created, but {e}") from None
+        return jsonify(
+            {
+                **token.to_json(),
+                "token": secret,
+                "join_command": join.text,
+                "agent_sha256": join.agent_sha256,
+            }
+        )
 
     @app.post("/api/v1/tokens/<token_id>/revoke")
     async def token_revoke(token_id: str) -> Response:

@@ -1,0 +1,136 @@
+"""The join command's shell text, run by a real `sh` with a fake `curl` first on PATH that
+stands in for servers that are down or serve another file (a real download, server and
+agent: tests/test_agent_file.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from oz0.server.join_command import render
+
+TOKEN = "tok-0123456789ab.s3cr3t-_AZ"
+CA_HASH = "sha256:" + "ab" * 32
+# The "agent": writes down its arguments and environment, then exits 5.
+AGENT = b"""#!/bin/sh
+printf '%s\\n' "$@" > agent-args
+env > agent-env
+exit 5
+"""
+AGENT_SHA = hashlib.sha256(AGENT).hexdigest()
+
+# Answers each URL as served.json says: a file's bytes, or a failure (curl's exit code 7:
+# could not connect). Writes only with -o, like curl -f.
+FAKE_CURL = """#!/usr/bin/python3
+import json, sys
+args = sys.argv[1:]
+with open("curl-calls", "a") as calls:
+    calls.write(json.dumps(args) + "\\n")
+served = json.load(open(sys.argv[0] + ".json"))
+answer = served.get(args[-1])
+if answer is None:
+    sys.exit(7)
+with open(args[args.index("-o") + 1], "wb") as out:
+    out.write(answer.encode("latin-1"))
+"""
+
+
+def run(
+    tmp_path: Path, command: str, served: dict[str, bytes], shell: str = "sh"
+) -> subprocess.CompletedProcess[str]:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "curl").write_text(FAKE_CURL)
+    (fake / "curl").chmod(0o755)
+    (fake / "curl.json").write_text(json.dumps({k: v.decode("latin-1") for k, v in served.items()}))
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return subprocess.run(
+        ["env", "-i", f"PATH={fake}:/usr/bin:/bin", "HOME=/nonexistent", shell, "-c", command],
+        cwd=work, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def url(host: str) -> str:
+    return f"https://{host}:8443/agent/oz0-node"
+
+
+def test_the_first_server_that_serves_the_file_is_used_and_the_token_stays_out_of_argv(
+    tmp_path: Path,
+) -> None:
+    command = render(TOKEN, CA_HASH, ["10.0.0.11", "10.0.0.12", "10.0.0.13"], AGENT_SHA)
+    done = run(tmp_path, command, {url("10.0.0.12"): AGENT, url("10.0.0.13"): AGENT})
+    work = tmp_path / "work"
+    # The agent's own exit status is the command's.
+    assert done.returncode == 5, done.stderr
+    assert sorted(p.name for p in work.iterdir()) == [
+        "agent-args", "agent-env", "curl-calls", "oz0-node",
+    ]  # fmt: skip
+    assert (work / "oz0-node").read_bytes() == AGENT
+    assert (work / "oz0-node").stat().st_mode & 0o777 == 0o755
+    assert (work / "agent-args").read_text().splitlines() == [
+        "start", "--ca-hash", CA_HASH,
+        "--edge", "10.0.0.11:7443", "--edge", "10.0.0.12:7443", "--edge", "10.0.0.13:7443",
+    ]  # fmt: skip
+    assert f"OZ0_JOIN_TOKEN={TOKEN}" in (work / "agent-env").read_text().splitlines()
+    calls = [json.loads(line) for line in (work / "curl-calls").read_text().splitlines()]
+    # The down server, then the next; the third is never asked.
+    assert [c[-1] for c in calls] == [url("10.0.0.11"), url("10.0.0.12")]
+    # -k: the SHA-256 check is what makes an unchecked TLS peer safe.
+    assert all("-fsSk" in c for c in calls)
+    assert not any(TOKEN in arg for c in calls for arg in c)
+
+
+def test_a_file_with_another_sha256_is_deleted_and_never_run(tmp_path: Path) -> None:
+    impostor = b"#!/bin/sh\ntouch ran\n"
+    command = render(TOKEN, CA_HASH, ["10.0.0.11", "10.0.0.12"], AGENT_SHA)
+    (tmp_path / "work").mkdir()
+    # What a user had there before stays as it was.
+    (tmp_path / "work" / "oz0-node").write_bytes(b"old")
+    done = run(tmp_path, command, {url("10.0.0.11"): impostor, url("10.0.0.12"): AGENT + b" "})
+    work = tmp_path / "work"
+    assert done.returncode != 0
+    assert done.stderr == (
+        f"oz0-node: no server gave the agent file with SHA-256 {AGENT_SHA} (tried 2)\n"
+    )
+    assert sorted(p.name for p in work.iterdir()) == ["curl-calls", "oz0-node"]
+    assert (work / "oz0-node").read_bytes() == b"old"
+
+
+def test_a_partial_file_left_from_before_is_not_run(tmp_path: Path) -> None:
+    command = render(TOKEN, CA_HASH, ["10.0.0.11"], AGENT_SHA)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "oz0-node.part").write_bytes(AGENT)
+    done = run(tmp_path, command, {})
+    assert done.returncode != 0
+    assert "no server gave the agent file" in done.stderr
+    assert not (tmp_path / "work" / "oz0-node.part").exists()
+    assert not (tmp_path / "work" / "agent-args").exists()
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_ipv6_addresses_are_bracketed_and_quoted_against_globbing(
+    tmp_path: Path, shell: str
+) -> None:
+    command = render(TOKEN, CA_HASH, ["fd00::11"], AGENT_SHA)
+    work = tmp_path / "work"
+    work.mkdir()
+    # Unquoted, `[fd00::11]` is a glob, and these paths would match it.
+    (work / "https:" / "f:8443" / "agent").mkdir(parents=True)
+    (work / "https:" / "f:8443" / "agent" / "oz0-node").write_text("")
+    (work / "1:7443").write_text("")
+    done = run(tmp_path, command, {url("[fd00::11]"): AGENT}, shell)
+    assert done.returncode == 5, done.stderr
+    args = (work / "agent-args").read_text().splitlines()
+    assert args[-2:] == ["--edge", "[fd00::11]:7443"]
+
+
+def test_without_an_agent_file_it_starts_an_installed_agent() -> None:
+    assert render(TOKEN, CA_HASH, ["10.0.0.11", "10.0.0.12"], None) == (
+        f"OZ0_JOIN_TOKEN={TOKEN} oz0-node start --ca-hash {CA_HASH}"
+        " --edge 10.0.0.11:7443 --edge 10.0.0.12:7443"
+    )
