@@ -121,6 +121,95 @@ def _measure(
     return result
 
 
+NOBODY = 65534
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _pasted(join_command: str, args: Any) -> dict[str, Any]:
+    """The join command `token create` prints, pasted as user nobody on a bare machine
+    (download, check, unpack, join, runtime up), to accepted and connected; the agent's
+    RSS after --idle seconds; then how long a start takes while pending (no token)."""
+    took, rss = [], 0.0
+    for run in range(args.runs):
+        machine = Path(tempfile.mkdtemp(prefix="bench-pasted-"))
+        try:
+            machine.chmod(0o755)
+            for name in ("home", "work"):
+                (machine / name).mkdir()
+                os.chown(machine / name, NOBODY, NOBODY)
+            data = machine / "home" / ".local" / "share" / "oz0-node"
+            paste = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                     *_bare(machine), "sh", "-c", join_command]  # fmt: skip
+            began = time.monotonic()
+            log = machine / "pasted.log"
+            with log.open("ab") as out:
+                shell = subprocess.Popen(
+                    paste, cwd=machine / "work", stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                )
+            _wait_connected(shell, data, log, began)
+            took.append(round(time.monotonic() - began, 2))
+            if run == args.runs - 1:
+                time.sleep(args.idle)
+                # setpriv and env exec, so the shell has their pid; the agent is its child.
+                (agent,) = _children(shell.pid)
+                rss = round(_rss_mib(agent), 1)
+            for pid in _children(shell.pid):
+                os.kill(pid, signal.SIGTERM)
+            shell.wait(30)
+        finally:
+            subprocess.run(["rm", "-rf", str(machine)], check=False)
+    return {
+        "pasted_to_connected_s": {"median": round(statistics.median(took), 2), "all": took},
+        "rss_connected_mib": rss,
+    }
+
+
+def _wait_connected(process: subprocess.Popen[bytes], data: Path, log: Path, began: float) -> None:
+    while True:
+        try:
+            status = json.loads((data / "status.json").read_text())
+        except (FileNotFoundError, ValueError, PermissionError):
+            status = {}
+        if status.get("state") == "accepted" and status.get("connected") is True:
+            return
+        if process.poll() is not None or time.monotonic() - began > CONNECT_BOUND:
+            process.kill()
+            raise RuntimeError(f"agent never connected:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def _pending_rss(program: list[str], root: Path, args: Any) -> float:
+    """A node waiting for an operator (no token: pending, no runtime): its RSS after --idle s."""
+    machine = root / "pending"
+    (machine / "home").mkdir(parents=True)
+    data = machine / "node"
+    join = ["--edge", f"{SERVER}:7443", "--ca-hash", args.ca_hash, "--data-dir", str(data)]
+    with (machine / "agent.log").open("ab") as out:
+        process = subprocess.Popen(
+            [*_bare(machine), *program, "start", *join],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        )  # fmt: skip
+    began = time.monotonic()
+    while True:
+        try:
+            status = json.loads((data / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            status = {}
+        if status.get("state") == "pending":
+            break
+        if process.poll() is not None or time.monotonic() - began > CONNECT_BOUND:
+            process.kill()
+            raise RuntimeError(f"never pending:\n{(machine / 'agent.log').read_text()}")
+        time.sleep(0.05)
+    time.sleep(args.idle)
+    rss = round(_rss_mib(process.pid), 1)
+    _stop(process)
+    return rss
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--file", type=Path, default=REPO / "dist" / "oz0-node")
@@ -157,6 +246,9 @@ def main() -> None:
                 _measure("file", [str(agent_file)], {}, root, join, token, args),
                 _measure("venv", venv, {"PYTHONPATH": str(REPO)}, root, join, token, args),
             ]
+            report["pasted"] = _pasted(json.loads(created.stdout)["join_command"], args)
+            args.ca_hash = files.ca_hash
+            report["file_pending_rss_mib"] = _pending_rss([str(agent_file)], root, args)
         finally:
             server.kill()
     print(json.dumps(report, indent=2))

@@ -8,17 +8,20 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from oz0.server import join_command
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
@@ -112,61 +115,127 @@ def test_help_runs_with_a_bare_python(agent_file: Path, tmp_path: Path, python: 
     assert (unpacked / "site-packages" / "oz0_node" / "main.py").is_file()
 
 
-def test_a_downloaded_file_joins_from_a_bare_machine(
+NOBODY = 65534
+
+
+def _owned_by_nobody() -> dict[str, str]:
+    """What user nobody has in the machine's temp directories: a file's SHA-256 or `dir`."""
+    found = {}
+    for top in ("/tmp", "/var/tmp", "/dev/shm"):
+        for root, dirs, files in os.walk(top, onerror=lambda e: None):
+            for name in dirs + files:
+                path = Path(root, name)
+                with contextlib.suppress(OSError):
+                    if path.lstat().st_uid == NOBODY:
+                        found[str(path)] = "dir" if path.is_dir() else _sha256(path)
+    return found
+
+
+def _nobody_processes(home: Path) -> list[int]:
+    """Live processes of user nobody whose environment has HOME (the agent and its children)."""
+    marker = f"HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            if not entry.name.isdigit() or entry.stat().st_uid != NOBODY:
+                continue
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            if state != b"Z" and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def _in_any_argv(secret: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and secret.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def bare_machine() -> Iterator[Path]:
+    """A machine's HOME and working directory for user nobody (the agent then takes the
+    default data directory of a user that is not root, under HOME; as root it would be the
+    machine's /var/lib/oz0-node), outside pytest's temp tree that nobody cannot enter."""
+    machine = Path(tempfile.mkdtemp(prefix="oz0-bare-machine-"))
+    machine.chmod(0o755)
+    for name in ("home", "work"):
+        (machine / name).mkdir()
+        os.chown(machine / name, NOBODY, NOBODY)
+    (machine / "home" / ".profile").write_text("# the user's own\n")
+    try:
+        yield machine
+    finally:
+        for pid in _nobody_processes(machine / "home"):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(machine, ignore_errors=True)
+
+
+def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_leaves_nothing(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     start_server: StartServer,
     agent_file: Path,
+    bare_machine: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OZ0_AGENT_FILE", str(agent_file))
     start_server(cluster_files, SERVER)
-    machine = _machine(tmp_path)
-    downloaded = machine / "bin" / "oz0-node"
-    downloaded.parent.mkdir()
-    base = f"https://{SERVER}:8443/agent/oz0-node"
-    # No sign-in: curl has no client certificate.
-    subprocess.run(["curl", "-ksSf", "-o", str(downloaded), base], check=True, timeout=60)
-    served_sha = subprocess.run(
-        ["curl", "-ksSf", f"{base}.sha256"], check=True, timeout=60, capture_output=True, text=True
-    ).stdout
-    assert served_sha == f"{_sha256(agent_file)}  oz0-node\n"
-    assert _sha256(downloaded) == _sha256(agent_file)
-    downloaded.chmod(0o755)
-
-    created = cli("token", "create", "--tenant", "default", "--json", env=cluster_files.cli_env)
+    env = cluster_files.cli_env
+    # --json gives the same command as the text does, and the file's SHA-256 in it.
+    created = cli("token", "create", "--tenant", "default", "--json", env=env)
     assert created.code == 0, created.err
-    data = machine / "node"
-    roots = (machine / "home", machine / "tmp", machine / "cwd", machine / "bin")
-    before = _snapshot(*roots)
-    env = _bare_env(machine, OZ0_JOIN_TOKEN=created.json()["token"])
-    log = tmp_path / "agent.log"
-    began = time.monotonic()
+    as_json = created.json()
+    assert as_json["agent_sha256"] == _sha256(agent_file)
+    assert as_json["join_command"] == join_command.render(
+        as_json["token"], cluster_files.ca_hash, [SERVER], _sha256(agent_file)
+    )
+    created = cli("token", "create", "--tenant", "default", env=env)
+    assert created.code == 0, created.err
+    printed = created.out.rstrip("\n").splitlines()
+    secret = printed[2].strip()
+    # The command is the last line, alone, as a user copies it.
+    assert printed[-2] == "" and secret in printed[-1] and f"{SERVER}:7443" in printed[-1]
+
+    home, work = bare_machine / "home", bare_machine / "work"
+    data = home / ".local" / "share" / "oz0-node"
+    before = {"home": _snapshot(home), "work": _snapshot(work), "tmp": _owned_by_nobody()}
+    log = tmp_path / "pasted.log"
     with log.open("w") as out:
-        agent = subprocess.Popen(
-            ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(downloaded), "start",
-             "--edge", f"{SERVER}:7443", "--ca-hash", cluster_files.ca_hash,
-             "--data-dir", str(data)],
-            cwd=machine / "cwd", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        pasted = subprocess.Popen(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+             "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "sh", "-c", printed[-1]],
+            cwd=work, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
         )  # fmt: skip
     try:
         status: dict[str, object] = {}
+        began = time.monotonic()
         while not (status.get("state") == "accepted" and status.get("connected") is True):
-            assert agent.poll() is None, log.read_text()
+            assert pasted.poll() is None, log.read_text()
             assert time.monotonic() - began < 90, f"never connected: {status}\n{log.read_text()}"
             time.sleep(0.2)
             with contextlib.suppress(FileNotFoundError, ValueError):
                 status = json.loads((data / "status.json").read_text())
-        shown = cli("node", "show", str(status["node_id"]), "--json", env=cluster_files.cli_env)
-        assert shown.json()["connected"] is True
+        node_id = str(status["node_id"])
+        shown = cli("node", "show", node_id, "--json", env=env)
+        assert shown.json()["state"] == "accepted" and shown.json()["connected"] is True
+        assert _in_any_argv(secret) == []
+        (unpacked,) = (data / "python").iterdir()
+        assert (unpacked / "site-packages" / "temporalio").is_dir()
+        assert (work / "oz0-node").read_bytes() == agent_file.read_bytes()
+
+        assert cli("node", "purge", node_id, "--yes", env=env).code == 0
+        assert pasted.wait(60) == 0, log.read_text()
     finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(30)
-    assert _snapshot(*roots) == before, log.read_text()
-    assert {p.name for p in data.iterdir()} >= {"identity", "python"}
-    (unpacked,) = (data / "python").iterdir()
-    assert (unpacked / "site-packages" / "temporalio").is_dir()
+        if pasted.poll() is None:
+            pasted.kill()
+    assert _nobody_processes(home) == []
+    after = {"home": _snapshot(home), "work": _snapshot(work), "tmp": _owned_by_nobody()}
+    assert after == before, log.read_text()
+    assert not data.exists() and not (work / "oz0-node").exists()
 
 
 def test_a_server_without_the_file_answers_404_and_warns(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import tokens
 from oz0.context import Context
+from oz0.server import join_command
 from tests.web_support import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, imported for the tests below
@@ -149,8 +151,13 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     secret = page.locator("#token-value").inner_text()
     join = page.locator("#join-command").inner_text()
     assert secret.startswith(f"{token_id}.")
-    # The same join command as `orchestrator-zero token create` prints.
-    assert join == tokens.join_command(secret, ui.files.ca_hash)
+    # The same join command as `orchestrator-zero token create` prints: this server's
+    # file, checked against the SHA-256 it serves.
+    served = subprocess.run(
+        ["curl", "-ksSf", f"{BASE}/agent/oz0-node.sha256"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.split()[0]  # fmt: skip
+    assert join == join_command.render(secret, ui.files.ca_hash, [SERVER], served)
     assert page.get_by_text("This is the only time the token is shown").is_visible()
     copy = page.get_by_role("button", name="Copy join command")
     copy.click()
