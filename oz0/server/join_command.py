@@ -86,9 +86,22 @@ def _servers(conn: psycopg.Connection[Any], own_id: str) -> list[str]:
     return [r.advertise for r in rows]
 
 
-async def for_token(db: Database, own_id: str, ca_hash: str, token: str) -> JoinCommand:
+@dataclass(frozen=True)
+class JoinOffer:
+    """What a join command names besides the token: the servers up, the file's SHA-256."""
+
+    servers: tuple[str, ...]
+    agent_sha256: str | None
+
+    def command(self, token: str, ca_hash: str) -> JoinCommand:
+        return JoinCommand(
+            render(token, ca_hash, self.servers, self.agent_sha256), self.agent_sha256
+        )
+
+
+async def offer(db: Database, own_id: str) -> JoinOffer:
+    """Read before the token is made, so a cluster that cannot say where to join makes none."""
     servers = await db.transaction(lambda conn: _servers(conn, own_id))
     if not servers:
         raise NoServerUp("no server is up (their heartbeats are stale): no join command to give")
-    sha = await trio.to_thread.run_sync(served_sha256)
-    return JoinCommand(render(token, ca_hash, servers, sha), sha)
+    return JoinOffer(tuple(servers), await trio.to_thread.run_sync(served_sha256))

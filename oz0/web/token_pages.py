@@ -85,18 +85,13 @@ def add(web: Blueprint, pages: Pages) -> None:
         session, form = await pages.posted()
         try:
             spec = spec_from_form(form)
+            where = await join_command.offer(db, pages.state.server_id)
             token, secret = await db.transaction(
                 lambda conn: tokens.create_from(conn, spec, session.actor)
             )
         except Oz0Error as e:
             return await create_form(session, form, 400, str(e))
-        state = pages.state
-        try:
-            join: join_command.JoinCommand | None = await join_command.for_token(
-                db, state.server_id, state.cluster.ca_hash, secret
-            )
-        except join_command.NoServerUp:
-            join = None
+        join = where.command(secret, pages.state.cluster.ca_hash)
         # Shown in this answer only: the cluster keeps the secret's hash, no page has it again.
         return await pages.render(
             "token_created.html", session, token=token, secret=secret, join=join,

@@ -24,17 +24,15 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         body = await json_object()
         try:
             spec = tokens.TokenSpec.from_json(body)
+            where = await join_command.offer(state.db, state.server_id)
             token, secret = await state.db.transaction(
                 lambda conn: tokens.create_from(conn, spec, actor)
             )
+        except join_command.NoServerUp as e:
+            raise ApiError(503, str(e)) from None
         except Oz0Error as e:
             raise ApiError(400, str(e)) from None
-        try:
-            join = await join_command.for_token(
-                state.db, state.server_id, state.cluster.ca_hash, secret
-            )
-        except join_command.NoServerUp as e:
-            raise ApiError(503, f"token {token.id} was created, but {e}") from None
+        join = where.command(secret, state.cluster.ca_hash)
         return jsonify(
             {
                 **token.to_json(),
