@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.snapshots import snapshot
 from oz0.server import join_command
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
@@ -67,10 +68,6 @@ def _machine(tmp_path: Path) -> Path:
     return machine
 
 
-def _snapshot(*roots: Path) -> dict[str, list[str]]:
-    return {str(r): sorted(str(p.relative_to(r)) for p in r.rglob("*")) for r in roots}
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -102,7 +99,7 @@ def _pythons() -> list[str]:
 def test_help_runs_with_a_bare_python(agent_file: Path, tmp_path: Path, python: str) -> None:
     machine = _machine(tmp_path)
     data = machine / "node"
-    before = _snapshot(machine / "home", machine / "tmp", machine / "cwd")
+    before = [snapshot(machine / d) for d in ("home", "tmp", "cwd")]
     done = subprocess.run(
         ["env", "-i", *(f"{k}={v}" for k, v in _bare_env(machine).items()),
          f"OZ0_NODE_DATA_DIR={data}", python, str(agent_file), "--help"],
@@ -110,7 +107,7 @@ def test_help_runs_with_a_bare_python(agent_file: Path, tmp_path: Path, python: 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "start" in done.stdout and "status" in done.stdout
-    assert _snapshot(machine / "home", machine / "tmp", machine / "cwd") == before
+    assert [snapshot(machine / d) for d in ("home", "tmp", "cwd")] == before
     (unpacked,) = (data / "python").iterdir()
     assert (unpacked / "site-packages" / "oz0_node" / "main.py").is_file()
 
@@ -202,7 +199,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
 
     home, work = bare_machine / "home", bare_machine / "work"
     data = home / ".local" / "share" / "oz0-node"
-    before = {"home": _snapshot(home), "work": _snapshot(work), "tmp": _owned_by_nobody()}
+    before = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
     log = tmp_path / "pasted.log"
     with log.open("w") as out:
         pasted = subprocess.Popen(
@@ -233,7 +230,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         if pasted.poll() is None:
             pasted.kill()
     assert _nobody_processes(home) == []
-    after = {"home": _snapshot(home), "work": _snapshot(work), "tmp": _owned_by_nobody()}
+    after = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
     assert after == before, log.read_text()
     assert not data.exists() and not (work / "oz0-node").exists()
 

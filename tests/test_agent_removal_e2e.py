@@ -7,7 +7,6 @@ The servers listen on 127.0.0.16 and 127.0.0.17 (default ports), the rogue edge 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import itertools
 import json
 import secrets
@@ -24,6 +23,7 @@ import trio
 from fixtures import edge_client, rogue_edge
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
 from oz0.store.dburl import DatabaseUrl
@@ -96,20 +96,6 @@ def logged_at(agent: AgentProcess, line: str, *, count: int, timeout: float) -> 
             return found
         assert time.monotonic() < deadline, f"{len(found)} times only:\n{agent.log()}"
         time.sleep(0.2)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every path under ROOT: a file's SHA-256, a link's target, or `dir`; links not followed."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_symlink():
-            found[name] = f"-> {path.readlink()}"
-        elif path.is_dir():
-            found[name] = "dir"
-        else:
-            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 def node_json(data_dir: Path) -> dict[str, Any]:

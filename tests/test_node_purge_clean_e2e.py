@@ -10,7 +10,6 @@ they were before the join, minus the launcher, and no process of the node behind
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.snapshots import snapshot
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
@@ -40,20 +40,6 @@ echo "started $$ child $!"
 trap 'echo "got TERM $$"; kill $!; exit 0' TERM
 while :; do sleep 0.1; done
 """
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every path under ROOT: a file's SHA-256, a link's target, or `dir`; links not followed."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_symlink():
-            found[name] = f"-> {path.readlink()}"
-        elif path.is_dir():
-            found[name] = "dir"
-        else:
-            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 @dataclass
