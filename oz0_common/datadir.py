@@ -7,6 +7,7 @@ starts it (the one-file bootstrap unpacks its Python into the same directory).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,3 +49,25 @@ def data_dir_in_argv(argv: Sequence[str], environ: Mapping[str, str] | None = No
         elif arg.startswith("--data-dir="):
             found = arg.split("=", 1)[1]
     return node_data_dir(found, environ=environ)
+
+
+CREATED_PARENTS_FILE = "created-parents"
+
+
+def make_data_dir(data_dir: Path) -> None:
+    """Make DATA_DIR (0700: it holds the node's keys) unless it exists; the directories
+    above it that this makes are listed in DATA_DIR/created-parents (0600), so a purge
+    removes them too, each only if empty. Whichever starts first makes it, the one-file
+    bootstrap or the agent: both call this. Raises OSError."""
+    made: list[Path] = []
+    above = data_dir.parent
+    while not os.path.lexists(above):
+        made.append(above)
+        above = above.parent
+    existed = os.path.lexists(data_dir)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if made and not existed:
+        listed = json.dumps([str(p) for p in made], indent=2) + "\n"
+        fd = os.open(data_dir / CREATED_PARENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(listed)

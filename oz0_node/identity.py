@@ -30,6 +30,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0_common import certs
+from oz0_common.datadir import CREATED_PARENTS_FILE, make_data_dir
 from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 
@@ -43,7 +44,6 @@ NEXT_CERT_FILE = "node.crt.next"
 CA_FILE = "ca.crt"
 RECORD_FILE = "node.json"
 LOCK_FILE = "agent.lock"
-CREATED_PARENTS_FILE = "created-parents"
 # What a flat layout (identity files directly in DIR) holds.
 IDENTITY_FILES = (KEY_FILE, CERT_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, CA_FILE, RECORD_FILE)
 
@@ -112,21 +112,12 @@ class IdentityDir:
         return self.root / RECORD_FILE
 
     def ensure_data_dir(self) -> None:
-        """Make DIR (0700) unless it exists; the directories above it that this makes are
-        listed in DIR/created-parents, so a purge can remove them too (when empty)."""
-        made: list[Path] = []
-        above = self.data_dir.parent
-        while not os.path.lexists(above):
-            made.append(above)
-            above = above.parent
-        existed = os.path.lexists(self.data_dir)
+        """Make DIR (0700) unless it exists, listing the directories made above it
+        (oz0_common.datadir.make_data_dir)."""
         try:
-            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_data_dir(self.data_dir)
         except OSError as e:
             raise AgentError(f"cannot create {self.data_dir}: {e.strerror or e}") from None
-        if made and not existed:
-            listed = json.dumps([str(p) for p in made], indent=2) + "\n"
-            self._write(self.data_dir / CREATED_PARENTS_FILE, listed.encode())
 
     def created_parents(self) -> list[Path]:
         """The directories above DIR that the agent made, deepest first; only DIR's own

@@ -201,12 +201,17 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
     data = home / ".local" / "share" / "oz0-node"
     before = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
     log = tmp_path / "pasted.log"
+    # Pasted: the shell reads the line from its input, as from a terminal (`sh -c LINE`
+    # would put the token in the shell's arguments, which a paste does not).
     with log.open("w") as out:
         pasted = subprocess.Popen(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-             "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "sh", "-c", printed[-1]],
-            cwd=work, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+             "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "sh"],
+            cwd=work, stdin=subprocess.PIPE, stdout=out, stderr=out, text=True,
         )  # fmt: skip
+    assert pasted.stdin is not None
+    pasted.stdin.write(printed[-1] + "\n")
+    pasted.stdin.close()
     try:
         status: dict[str, object] = {}
         began = time.monotonic()

@@ -32,9 +32,7 @@ def unpack_layer(archive: zipfile.ZipFile, root: Path, layer: str) -> Path:
     target = root / layer
     if target.is_dir():
         return target
-    # DIR too is 0700 when new: it holds the node's keys (mkdir applies MODE to the last
-    # part only).
-    for directory in (root.parent.parent, root.parent, root):
+    for directory in (root.parent, root):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = root / f".{layer}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -82,6 +80,8 @@ def prepare(archive_path: Path, argv: list[str]) -> list[Path]:
             )
         root = data_dir / "python" / manifest["hash"]
         try:
+            # Made here as the agent makes it, so a purge also removes the parents made.
+            _oz0_data_dir.make_data_dir(data_dir)
             layers = [unpack_layer(archive, root, COMMON_LAYER)]
             if tag in manifest["layers"]:
                 layers.append(unpack_layer(archive, root, tag))
