@@ -15,7 +15,16 @@ from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
 from oz0.jobs import api as jobs_api
-from oz0.server.api import agent_file, audit, cluster, nodes, operators, tenants, tokens
+from oz0.server.api import (
+    agent_file,
+    audit,
+    cluster,
+    health,
+    nodes,
+    operators,
+    tenants,
+    tokens,
+)
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -53,6 +62,7 @@ API_MODULES = (
     audit,
     jobs_api,
     agent_file,
+    health,
     web_routes,
 )
 
