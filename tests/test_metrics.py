@@ -28,7 +28,7 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import admin_url, fresh_database_url
 from oz0.server import loop_lag
-from oz0.server.metrics import NODE_COUNTS_MAX_AGE, NodeCounts
+from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
 from oz0.server.readiness import HEARTBEAT_STALE, Readiness
 from oz0.store.pool import open_database
 from tests.conftest import CliRunner
@@ -195,8 +195,10 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
 
     blocked = cli("node", "block", node_id, "--reason", "metrics", env=env)
     assert blocked.code == 0, blocked.err
-    after = eventually(lambda: (s := scrape()) and closed(s) == closed(before) + 1 and s)
-    assert streams(after) == streams(before)
+    after = eventually(
+        lambda: (s := scrape()) and closed(s) == closed(before) + 1
+        and streams(s) == streams(before) and s
+    )  # fmt: skip
     fast = sample(after, "oz0_edge_block_to_close_seconds_bucket", state="blocked", le="2.0")
     assert fast == closed(before) + 1, "a block closes its stream within 2 s"
     assert eventually(lambda: nodes(scrape(), "blocked") == nodes(before, "blocked") + 1)
@@ -219,6 +221,8 @@ def test_a_join_with_a_bad_token_counts_one_refusal_and_no_join(served: Served) 
 
     answer = trio.run(join)
     assert answer.get("code") == "token_refused", answer
+    # Scrapes within a second get the same text: the refusal shows in the next one.
+    assert eventually(lambda: counted() != before, timeout=5)
     assert counted() == (before[0] + 1, before[1])
 
 
@@ -229,12 +233,16 @@ def test_a_killed_temporal_host_counts_a_restart_and_the_server_is_unready_meanw
     os.kill(host, signal.SIGKILL)
     _, _, body = eventually(lambda: (a := curl("/readyz"))[0] == 503 and a, timeout=10)
     assert json.loads(body) == {"ready": False, "reasons": ["Temporal is restarting"]}
-    samples = scrape()
+    samples = eventually(
+        lambda: (s := scrape()) and sample(s, "oz0_temporal_host_restarts_total") == 1 and s,
+        timeout=5,
+    )
     assert sample(samples, "oz0_temporal_host_state", state="restarting") == 1
-    assert sample(samples, "oz0_temporal_host_restarts_total") == 1
     assert curl("/healthz")[0] == 200
     eventually(lambda: curl("/readyz")[0] == 200, timeout=60)
-    assert sample(scrape(), "oz0_temporal_host_state", state="serving") == 1
+    assert eventually(
+        lambda: sample(scrape(), "oz0_temporal_host_state", state="serving") == 1, timeout=5
+    )
 
 
 async def test_readiness_names_each_thing_that_is_not_ready() -> None:
@@ -299,3 +307,18 @@ async def test_the_event_loop_lag_is_how_late_a_sleeper_wakes(
         await trio.sleep(0.6)
         nursery.cancel_scope.cancel()
     assert lags == [0.0, 0.0, pytest.approx(0.3), 0.0]
+
+
+async def test_scrapes_within_a_second_get_the_same_text(
+    served: Served, autojump_clock: trio.testing.MockClock
+) -> None:
+    main = served.files.url.for_database(served.files.url.names.main)
+    async with open_database(main, min_size=0, max_size=1) as db:
+        metrics = ServerMetrics(db)
+        first = await metrics.exposition()
+        metrics.edge.join_refused("expired")
+        autojump_clock.jump(EXPOSITION_MAX_AGE - 0.1)
+        assert await metrics.exposition() == first
+        autojump_clock.jump(0.1)
+        text = (await metrics.exposition()).decode()
+    assert 'oz0_edge_join_refusals_total{reason="expired"} 1.0' in text

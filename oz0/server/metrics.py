@@ -5,7 +5,9 @@ tests) in one process keep theirs apart. Roles record events into it as they hap
 (`EdgeMetrics`, the event-loop lag); what is a state rather than an event (streams open,
 the pool, Temporal's host, the heartbeat's age) is read when scraped, by `_ReadAtScrape`,
 so recording it costs nothing between scrapes. Node counts come from PostgreSQL, at
-most once every NODE_COUNTS_MAX_AGE however often anyone scrapes.
+most once every NODE_COUNTS_MAX_AGE however often anyone scrapes; the text itself is
+made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the Trio thread),
+so a storm of scrapes costs little more than a storm of `/healthz`.
 
 No label holds an ID (of a node, a token, a server): only tenants, states and reasons,
 a few values each. The endpoint needs no sign-in.
@@ -25,6 +27,7 @@ from prometheus_client import (
     Histogram,
     Info,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,6 +43,7 @@ from oz0.temporal.supervisor import HOST_STATES, Supervisor
 log = logging.getLogger(__name__)
 
 NODE_COUNTS_MAX_AGE = 5.0
+EXPOSITION_MAX_AGE = 1.0
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -84,7 +88,13 @@ class ServerMetrics:
     """The registry of one server and what its roles record into it."""
 
     def __init__(self, db: Database) -> None:
+        # A `_created` series per counter and histogram is a tenth of the text and of its
+        # cost, and Prometheus needs none. (A setting of the library, for the process: the
+        # server is its one user there.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
+        self._text = b""
+        self._text_at: float | None = None
         self.db = db
         self.node_counts = NodeCounts(db)
         self.edge = EdgeMetrics(self.registry)
@@ -128,8 +138,11 @@ class ServerMetrics:
 
     async def exposition(self) -> bytes:
         """The text a scrape gets; called in the Trio thread (it reads Trio's state)."""
-        await self.node_counts.fresh()
-        return generate_latest(self.registry)
+        if self._text_at is None or trio.current_time() - self._text_at >= EXPOSITION_MAX_AGE:
+            await self.node_counts.fresh()
+            self._text = generate_latest(self.registry)
+            self._text_at = trio.current_time()
+        return self._text
 
 
 class _ReadAtScrape(Collector):

@@ -21,8 +21,9 @@ REFUSAL_REASONS = (
     "bad_request",
     "unavailable",
 )
-# The node's state that ended its stream; "deleted" when its row is gone.
-ENDED_BY = ("blocked", "rejected", "deleted", "other")
+# The node's state that ended its stream; "deleted" when its row is gone. (Only pending
+# nodes can be rejected, and they have no stream.)
+ENDED_BY = ("blocked", "deleted", "other")
 # From a few milliseconds (a notification) past the 2 s bound of a block.
 CLOSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
