@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from fixtures import edge_client
+from fixtures import edge_client, metrics
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import admin_url, fresh_database_url
@@ -60,33 +59,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             server.kill()
 
 
-def curl(path: str, *args: str) -> tuple[int, str, str]:
-    """GET PATH on the server without a client certificate: status, content type, body."""
-    done = subprocess.run(
-        ["curl", "-sk", "--max-time", "10", *args,
-         "--write-out", "\n%{http_code} %{content_type}", f"{BASE}{path}"],
-        capture_output=True, text=True, check=True, timeout=15,
-    )  # fmt: skip
-    body, _, status = done.stdout.rpartition("\n")
-    code, _, content_type = status.partition(" ")
-    return int(code), content_type, body
+def curl(path: str) -> tuple[int, str, str]:
+    return metrics.get(SERVER, path)
 
 
-def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of /metrics, keyed by its name and labels."""
-    code, content_type, body = curl("/metrics")
-    assert code == 200, body
-    assert content_type.startswith("text/plain"), content_type
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-    }
+def scrape() -> metrics.Samples:
+    return metrics.scrape(SERVER)
 
 
-def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
-           **labels: str) -> float | None:  # fmt: skip
-    return samples.get((name, frozenset(labels.items())))
+sample = metrics.value
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
@@ -314,11 +295,11 @@ async def test_scrapes_within_a_second_get_the_same_text(
 ) -> None:
     main = served.files.url.for_database(served.files.url.names.main)
     async with open_database(main, min_size=0, max_size=1) as db:
-        metrics = ServerMetrics(db)
-        first = await metrics.exposition()
-        metrics.edge.join_refused("expired")
+        recorded = ServerMetrics(db)
+        first = await recorded.exposition()
+        recorded.edge.join_refused("expired")
         autojump_clock.jump(EXPOSITION_MAX_AGE - 0.1)
-        assert await metrics.exposition() == first
+        assert await recorded.exposition() == first
         autojump_clock.jump(0.1)
-        text = (await metrics.exposition()).decode()
+        text = (await recorded.exposition()).decode()
     assert 'oz0_edge_join_refusals_total{reason="expired"} 1.0' in text
