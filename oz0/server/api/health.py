@@ -9,6 +9,10 @@ from quart_trio import QuartTrio
 
 from oz0.server.api.common import ManagementState
 
+# Paths whose answer says nothing of the database (/metrics shows the last node counts
+# while it is away).
+WITHOUT_DATABASE = ("/metrics", "/healthz")
+
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/metrics")
