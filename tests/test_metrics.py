@@ -26,6 +26,7 @@ from fixtures import edge_client, metrics
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import admin_url, fresh_database_url
+from oz0 import __version__
 from oz0.server import loop_lag
 from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
 from oz0.server.readiness import HEARTBEAT_STALE, Readiness
@@ -33,7 +34,6 @@ from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 SERVER, UNREACHABLE = "127.0.0.217", "127.0.0.218"
-BASE = f"https://{SERVER}:8443"
 EDGE = f"{SERVER}:7443"
 # Labels the server's own metrics may carry: none names a node, a token or a server.
 OUR_LABELS = {"tenant", "state", "reason", "version", "le"}
@@ -118,7 +118,7 @@ def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
     samples = eventually(
         lambda: (s := scrape()) and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0 and s
     )
-    assert sample(samples, "oz0_build_info", version="0.1.0") == 1
+    assert sample(samples, "oz0_build_info", version=__version__) == 1
     assert sample(samples, "oz0_temporal_host_state", state="serving") == 1
     assert sample(samples, "oz0_temporal_host_state", state="restarting") == 0
     assert sample(samples, "oz0_temporal_host_restarts_total") == 0
