@@ -8,14 +8,23 @@ from typing import Any
 
 import trio
 from cryptography import x509
-from quart import Response, jsonify
+from quart import Response, jsonify, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
 from oz0.jobs import api as jobs_api
-from oz0.server.api import agent_file, audit, cluster, nodes, operators, tenants, tokens
+from oz0.server.api import (
+    agent_file,
+    audit,
+    cluster,
+    health,
+    nodes,
+    operators,
+    tenants,
+    tokens,
+)
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -53,6 +62,7 @@ API_MODULES = (
     audit,
     jobs_api,
     agent_file,
+    health,
     web_routes,
 )
 
@@ -82,7 +92,8 @@ def create_app(state: ManagementState) -> QuartTrio:
 
     @app.after_request
     async def database_works(response: Response) -> Response:
-        if response.status_code < 500:
+        # Probes answer without the database: their success must not end an outage's log.
+        if response.status_code < 500 and request.path not in health.WITHOUT_DATABASE:
             outage.worked()
         return response
 

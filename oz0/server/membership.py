@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +84,12 @@ async def run(
     advertise: str,
     *,
     interval: float = HEARTBEAT_INTERVAL,
+    on_beat: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Heartbeat every INTERVAL; on the way out, remove the row so others see us gone now."""
+    """Heartbeat every INTERVAL; on the way out, remove the row so others see us gone now.
+
+    ON_BEAT is called after each heartbeat written (the first is the row's insert)."""
 
     def register(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
@@ -106,6 +110,7 @@ async def run(
         conn.execute("DELETE FROM servers WHERE id = %s", (server_id,))
 
     await db.transaction(register)
+    on_beat()
     task_status.started()
     outage = Outage("membership heartbeat", log)
     try:
@@ -119,6 +124,7 @@ async def run(
                 outage.failed(e)
                 continue
             outage.worked()
+            on_beat()
     finally:
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 2

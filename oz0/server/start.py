@@ -19,11 +19,13 @@ from oz0 import nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
-from oz0.server import edge, management, membership
+from oz0.server import edge, loop_lag, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.server.events import EventHub
+from oz0.server.metrics import ServerMetrics
+from oz0.server.readiness import Readiness
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
@@ -114,10 +116,15 @@ async def run_server(
         cluster_name=cluster.name,
     )
     async with open_database(conninfo) as db, trio.open_nursery() as nursery:
-        await nursery.start(membership.run, db, server_id, options.advertise)
+        metrics = ServerMetrics(db)
+        nursery.start_soon(loop_lag.watch, metrics.loop_lag)
+        await nursery.start(
+            partial(membership.run, db, server_id, options.advertise, on_beat=metrics.heartbeat)
+        )
         hub = EventHub(conninfo)
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
+        metrics.supervisor = temporal.supervisor
         jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id)
 
         async def reconnect_jobs() -> None:
@@ -130,11 +137,13 @@ async def run_server(
             cluster=cluster,
             server_id=server_id,
             temporal=temporal,
+            metrics=metrics,
+            readiness=Readiness(db, metrics.heartbeat_age, metrics.temporal_state),
             kick_jobs=jobs.kick,
             hub=hub,
         )
         await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
-        await nursery.start(
+        streaming = await nursery.start(
             partial(
                 edge.run,
                 db,
@@ -146,8 +155,10 @@ async def run_server(
                 advertise=options.advertise,
                 reconcile_every=options.reconcile_every,
                 max_pending=options.max_pending_nodes,
+                metrics=metrics.edge,
             )
         )
+        metrics.streams_open = lambda: len(streaming.streams)
         nursery.start_soon(certs.renew_forever)
         task_status.started(
             Running(

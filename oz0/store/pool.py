@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -45,6 +46,26 @@ class Database:
         """`transaction` for code that is already in a thread of its own (asyncio's, say)."""
         with self._pool.connection() as conn, conn.transaction():
             return work(conn)
+
+    def use(self) -> PoolUse:
+        """How the pool's connections are used right now (cheap: no query, no thread)."""
+        stats = self._pool.get_stats()
+        size = stats.get("pool_size", 0)
+        return PoolUse(
+            in_use=size - stats.get("pool_available", 0),
+            size=size,
+            max_size=stats.get("pool_max", 0),
+            waiting=stats.get("requests_waiting", 0),
+        )
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    in_use: int
+    size: int
+    max_size: int
+    # Queries waiting for a connection: above zero for long, the pool is too small.
+    waiting: int
 
 
 @asynccontextmanager

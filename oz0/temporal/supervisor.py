@@ -154,6 +154,8 @@ class _Host:
 
 
 StateListener = Callable[[str], Awaitable[None]]
+# What `Supervisor.state` can be.
+HOST_STATES = ("starting", "serving", "restarting")
 
 
 @dataclass
@@ -168,6 +170,8 @@ class Supervisor:
     on_state: StateListener
     state: str = "starting"
     served: bool = False
+    # Times the host stopped after serving once and was started again (the metrics show it).
+    restarts: int = 0
     _host: _Host | None = None
 
     @property
@@ -204,6 +208,7 @@ class Supervisor:
                 backoff = BACKOFF_FIRST
             log.error("Temporal host stopped (%s); restarting in %.0fs", reason, backoff)
             await self._set_state("restarting")
+            self.restarts += 1
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 

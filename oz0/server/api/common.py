@@ -13,6 +13,8 @@ from oz0 import audit, operators, pki
 from oz0.cluster import Cluster
 from oz0.server.events import EventHub
 from oz0.server.https import peer_cert_der
+from oz0.server.metrics import ServerMetrics
+from oz0.server.readiness import Readiness
 from oz0.store.pool import Database
 from oz0.temporal.role import Temporal
 
@@ -23,6 +25,8 @@ class ManagementState:
     cluster: Cluster
     server_id: str
     temporal: Temporal
+    metrics: ServerMetrics
+    readiness: Readiness
     # Tells this server's job sweeper to look now (a job was created or cancelled).
     kick_jobs: Callable[[], None] = lambda: None
     # This server's notifications, for the web UI's live updates (None: no live updates).

@@ -15,6 +15,7 @@ from oz0 import audit, nodes
 from oz0.cluster import Cluster
 from oz0.server.edge.directory import EdgeDirectory
 from oz0.server.edge.join_refusals import JoinRefusals
+from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -46,6 +47,7 @@ class Edge:
     # Shared by every connection's reads, so an outage is one log line, not one per node.
     outage: Outage = field(default_factory=lambda: Outage("the edge's database reads", log))
     max_pending: int = nodes.MAX_PENDING
+    metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
 
     @property
     def actor(self) -> audit.Actor:

@@ -155,6 +155,9 @@ async def _act_on_changes(
     the database is away, and the read is tried again until it answers.
     """
     await changed.wait()
+    # When the edge learned of the change that ends the stream (for its metrics): the
+    # wake just before the read that finds the node no longer accepted.
+    learned = trio.current_time()
     outage = Outage(f"re-reading the state of streamed node {node_id}", log)
     while True:
         with edge.hub.watch_node(node_id, wake_on_gap=False) as next_change:
@@ -166,10 +169,16 @@ async def _act_on_changes(
             if state != "accepted":
                 break
             await next_change.wait()
+            learned = trio.current_time()
     if state == "purging":
         await purge(edge, ws, node_id, key, challenge, next_answer)
     else:
         log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
-        await refuse(ws, node_id, state)
-        await close(ws, CLOSE_BLOCKED, state or "unknown")
+        try:
+            await refuse(ws, node_id, state)
+            await close(ws, CLOSE_BLOCKED, state or "unknown")
+        finally:
+            # Also when the node closed first (our close is then cancelled, see
+            # _receive_from_node): either way the stream has ended now.
+            edge.metrics.stream_ended(state, trio.current_time() - learned)
     scope.cancel()

@@ -12,7 +12,7 @@ import trio
 from trio_websocket import WebSocketConnection
 
 from oz0 import audit, node_strings, nodes, tokens
-from oz0.server.edge.common import Edge, receive_first, send
+from oz0.server.edge.common import DatabaseUnavailable, Edge, receive_first, send
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,13 @@ async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> N
 async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, Any]) -> None:
     csr, token = message.get("csr"), message.get("token")
     if not isinstance(csr, str) or not (token is None or isinstance(token, str)):
+        edge.metrics.join_refused("bad_request")
         await send(ws, "error", code="bad_request", message="join needs a PEM csr")
         return
     try:
         hostname, labels = node_strings.check_join(message)
     except node_strings.UntrustedString as e:
+        edge.metrics.join_refused("bad_request")
         await send(ws, "error", code="bad_request", message=str(e))
         return
 
@@ -73,7 +75,11 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
             # unique index made this one wait for it): this join is that node, and its
             # token use was rolled back with the failed insert.
             joined = await edge.transaction(add)
+    except DatabaseUnavailable:
+        edge.metrics.join_refused("unavailable")
+        raise
     except tokens.TokenRefused as e:
+        edge.metrics.join_refused(e.reason)
         await edge.join_refusals.refused(
             e.reason,
             partial(tokens.record_refusal, refusal=e, hostname=hostname, actor=edge.actor),
@@ -81,6 +87,7 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         await send(ws, "error", code="token_refused", message=str(e))
         return
     except nodes.TooManyPending as e:
+        edge.metrics.join_refused("pending_limit")
         details = {"reason": "pending_limit", "limit": e.limit, "hostname": hostname[:253]}
         await edge.join_refusals.refused(
             "pending_limit",
@@ -89,8 +96,10 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         await send(ws, "error", code="pending_limit", message=str(e))
         return
     except nodes.NodeError as e:
+        edge.metrics.join_refused("bad_request")
         await send(ws, "error", code="bad_request", message=str(e))
         return
+    edge.metrics.joined(joined.state)
     log.info("node %s joined (%s, tenant %s)", joined.node_id, joined.state, joined.tenant)
     await send(
         ws,

@@ -26,6 +26,7 @@ from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
 from oz0.server.edge.join import PICKUP_HOLD, serve_join
 from oz0.server.edge.join_refusals import JoinRefusals
+from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
 from oz0.server.tls import open_tls_listeners
@@ -53,6 +54,7 @@ async def run(
     advertise: str | None = None,
     reconcile_every: float = RECONCILE_EVERY,
     max_pending: int = nodes.MAX_PENDING,
+    metrics: EdgeMetrics | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     edge = Edge(
@@ -66,6 +68,7 @@ async def run(
         JoinRefusals(db, audit.Actor("server", server_id)),
         temporal=frontend_address(advertise) if advertise else None,
         max_pending=max_pending,
+        metrics=metrics or EdgeMetrics(),
     )
     admission = Admission(f"edge {host}:{port}")
     listeners = await open_tls_listeners(port, tls_context, host)

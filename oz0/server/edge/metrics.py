@@ -1,0 +1,69 @@
+"""What the edge counts for `/metrics`: joins, refused joins, how fast removed nodes' streams end.
+
+Recording is a counter increment or a histogram observation on a child made in advance,
+so a join or a block pays no label lookup.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# The node's state once its join was answered.
+JOINED_STATES = ("pending", "accepted")
+# Why a join was refused: the token's reasons (oz0.tokens.RefusalReason), too many nodes
+# waiting, a malformed join, the database unavailable.
+REFUSAL_REASONS = (
+    "unknown",
+    "revoked",
+    "expired",
+    "used_up",
+    "pending_limit",
+    "bad_request",
+    "unavailable",
+)
+# The node's state that ended its stream; "deleted" when its row is gone. (Only pending
+# nodes can be rejected, and they have no stream.)
+ENDED_BY = ("blocked", "deleted", "other")
+# From a few milliseconds (a notification) past the 2 s bound of a block.
+CLOSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class EdgeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # Without a registry of the server's, the edge counts into one nobody reads.
+        registry = registry if registry is not None else CollectorRegistry()
+        joins = Counter(
+            "oz0_edge_joins",
+            "Joins this server's edge answered with a node ID, by the node's state then.",
+            ["state"],
+            registry=registry,
+        )
+        refusals = Counter(
+            "oz0_edge_join_refusals",
+            "Joins this server's edge refused, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        closes = Histogram(
+            "oz0_edge_block_to_close_seconds",
+            "From this edge learning that a streamed node is no longer accepted (its"
+            " notification, or the re-read it made) to the node's stream closed.",
+            ["state"],
+            buckets=CLOSE_BUCKETS,
+            registry=registry,
+        )
+        self._joins = {state: joins.labels(state) for state in JOINED_STATES}
+        self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
+        self._closes = {state: closes.labels(state) for state in ENDED_BY}
+
+    def joined(self, state: str) -> None:
+        child = self._joins.get(state)
+        if child is not None:
+            child.inc()
+
+    def join_refused(self, reason: str) -> None:
+        self._refusals.get(reason, self._refusals["bad_request"]).inc()
+
+    def stream_ended(self, state: str | None, seconds: float) -> None:
+        key = "deleted" if state is None else state if state in self._closes else "other"
+        self._closes[key].observe(seconds)

@@ -1,0 +1,227 @@
+"""The server's Prometheus metrics (`GET /metrics` on 8443; docs/run-a-cluster.md lists them).
+
+One registry per server, never prometheus_client's global one, so several servers (or
+tests) in one process keep theirs apart. Roles record events into it as they happen
+(`EdgeMetrics`, the event-loop lag); what is a state rather than an event (streams open,
+the pool, Temporal's host, the heartbeat's age) is read when scraped, by `_ReadAtScrape`,
+so recording it costs nothing between scrapes. Node counts come from PostgreSQL, at
+most once every NODE_COUNTS_MAX_AGE however often anyone scrapes; the text itself is
+made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the Trio thread),
+so a storm of scrapes costs little more than a storm of `/healthz`.
+
+No label holds an ID (of a node, a token, a server): only tenants, states and reasons,
+a few values each. The endpoint needs no sign-in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+import trio
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.registry import Collector
+
+from oz0 import __version__, nodes
+from oz0.server.edge.metrics import EdgeMetrics
+from oz0.store.outage import DATABASE_ERRORS, Outage
+from oz0.store.pool import Database
+from oz0.temporal.supervisor import HOST_STATES, Supervisor
+
+log = logging.getLogger(__name__)
+
+NODE_COUNTS_MAX_AGE = 5.0
+EXPOSITION_MAX_AGE = 1.0
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def count_nodes(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
+    rows = conn.execute("SELECT tenant, state, count(*) FROM nodes GROUP BY tenant, state")
+    return {(str(tenant), str(state)): int(n) for tenant, state, n in rows}
+
+
+class NodeCounts:
+    """Nodes by tenant and state, read again only when the last read is MAX_AGE old.
+
+    Scrapes that arrive together share one read. A read that fails keeps the last
+    counts (their age tells how old) and is not tried again before MAX_AGE either, so a
+    database outage costs one failed read per MAX_AGE, not one per scrape.
+    """
+
+    def __init__(self, db: Database, max_age: float = NODE_COUNTS_MAX_AGE) -> None:
+        self._db = db
+        self._max_age = max_age
+        self._lock = trio.Lock()
+        self._tried_at: float | None = None
+        self.read_at: float | None = None
+        self.counts: dict[tuple[str, str], int] = {}
+        self._outage = Outage("counting nodes for the metrics", log)
+
+    async def fresh(self) -> dict[tuple[str, str], int]:
+        async with self._lock:
+            now = trio.current_time()
+            if self._tried_at is None or now - self._tried_at >= self._max_age:
+                self._tried_at = now
+                try:
+                    self.counts = await self._db.transaction(count_nodes)
+                except DATABASE_ERRORS as e:
+                    self._outage.failed(e)
+                else:
+                    self._outage.worked()
+                    self.read_at = now
+        return self.counts
+
+
+class ServerMetrics:
+    """The registry of one server and what its roles record into it."""
+
+    def __init__(self, db: Database) -> None:
+        # A `_created` series per counter and histogram is a tenth of the text and of its
+        # cost, and Prometheus needs none. (A setting of the library, for the process: the
+        # server is its one user there.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry()
+        self._text = b""
+        self._text_at: float | None = None
+        self.db = db
+        self.node_counts = NodeCounts(db)
+        self.edge = EdgeMetrics(self.registry)
+        # Set by the roles as they start; until then the scrape shows nothing of them.
+        self.streams_open: Callable[[], int] | None = None
+        self.supervisor: Supervisor | None = None
+        self._last_beat: float | None = None
+
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        Info("oz0_build", "The server's version.", registry=self.registry).info(
+            {"version": __version__}
+        )
+        self._lag = Histogram(
+            "oz0_event_loop_lag_seconds",
+            "How late the server's Trio thread woke a task that slept 0.5 s.",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self._last_lag = Gauge(
+            "oz0_event_loop_lag_last_seconds",
+            "The latest of oz0_event_loop_lag_seconds.",
+            registry=self.registry,
+        )
+        self.registry.register(_ReadAtScrape(self))
+
+    def loop_lag(self, seconds: float) -> None:
+        self._lag.observe(seconds)
+        self._last_lag.set(seconds)
+
+    def heartbeat(self) -> None:
+        """This server's membership row was written just now."""
+        self._last_beat = trio.current_time()
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since this server's membership row was last written; None before."""
+        return None if self._last_beat is None else trio.current_time() - self._last_beat
+
+    def temporal_state(self) -> str:
+        return self.supervisor.state if self.supervisor is not None else "starting"
+
+    async def exposition(self) -> bytes:
+        """The text a scrape gets; called in the Trio thread (it reads Trio's state)."""
+        if self._text_at is None or trio.current_time() - self._text_at >= EXPOSITION_MAX_AGE:
+            await self.node_counts.fresh()
+            self._text = generate_latest(self.registry)
+            self._text_at = trio.current_time()
+        return self._text
+
+
+class _ReadAtScrape(Collector):
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._metrics
+        yield from self._nodes()
+        if m.streams_open is not None:
+            yield _gauge(
+                "oz0_edge_streams_open",
+                "Control streams of nodes open on this server.",
+                m.streams_open(),
+            )
+        if m.supervisor is not None:
+            state = GaugeMetricFamily(
+                "oz0_temporal_host_state",
+                "1 for the state this server's Temporal host is in, 0 for the others.",
+                labels=["state"],
+            )
+            for name in HOST_STATES:
+                state.add_metric([name], 1.0 if m.supervisor.state == name else 0.0)
+            yield state
+            yield CounterMetricFamily(
+                "oz0_temporal_host_restarts",
+                "Times this server's Temporal host stopped after serving and was started again.",
+                value=m.supervisor.restarts,
+            )
+        use = m.db.use()
+        yield _gauge("oz0_db_pool_in_use", "Pooled database connections in use.", use.in_use)
+        yield _gauge("oz0_db_pool_size", "Database connections the pool holds.", use.size)
+        yield _gauge(
+            "oz0_db_pool_max_size", "Database connections the pool may hold.", use.max_size
+        )
+        yield _gauge(
+            "oz0_db_pool_waiting", "Queries waiting for a pooled database connection.", use.waiting
+        )
+        # Every query runs in one of Trio's worker threads, which are limited too.
+        limiter = trio.to_thread.current_default_thread_limiter()
+        yield _gauge(
+            "oz0_worker_threads_in_use",
+            "Trio worker threads running database queries and other blocking calls.",
+            limiter.borrowed_tokens,
+        )
+        yield _gauge(
+            "oz0_worker_threads_waiting",
+            "Calls waiting for a Trio worker thread.",
+            limiter.statistics().tasks_waiting,
+        )
+        age = m.heartbeat_age()
+        if age is not None:
+            yield _gauge(
+                "oz0_membership_heartbeat_age_seconds",
+                "Seconds since this server last wrote its membership row.",
+                age,
+            )
+
+    def _nodes(self) -> Iterable[Metric]:
+        counts = self._metrics.node_counts
+        if counts.read_at is None:
+            return
+        family = GaugeMetricFamily(
+            "oz0_nodes",
+            f"Nodes of the cluster by tenant and state, read at most every"
+            f" {NODE_COUNTS_MAX_AGE:g} s.",
+            labels=["tenant", "state"],
+        )
+        # Every state of every tenant seen, zeros too, so a series never vanishes.
+        for tenant in sorted({tenant for tenant, _ in counts.counts}):
+            for state in nodes.STATES:
+                family.add_metric([tenant, state], counts.counts.get((tenant, state), 0))
+        yield family
+        yield _gauge(
+            "oz0_nodes_age_seconds",
+            "How old the counts of oz0_nodes are.",
+            trio.current_time() - counts.read_at,
+        )
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)

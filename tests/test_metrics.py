@@ -1,0 +1,305 @@
+"""`/metrics`, `/healthz` and `/readyz` (127.0.0.217 and .218): one real server on .217 for
+the file, scraped with curl and no client certificate, parsed by prometheus_client's own
+parser; a real agent joins and is blocked, an edge client is refused, the Temporal host is
+killed. The readiness check, the node counts' cache and the event-loop lag are also
+driven directly, on Trio's mock clock where time matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
+
+from fixtures import edge_client, metrics
+from fixtures.agent import AgentProcess
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.postgres import admin_url, fresh_database_url
+from oz0 import __version__
+from oz0.server import loop_lag
+from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
+from oz0.server.readiness import HEARTBEAT_STALE, Readiness
+from oz0.store.pool import open_database
+from tests.conftest import CliRunner
+
+SERVER, UNREACHABLE = "127.0.0.217", "127.0.0.218"
+EDGE = f"{SERVER}:7443"
+# Labels the server's own metrics may carry: none names a node, a token or a server.
+OUR_LABELS = {"tenant", "state", "reason", "version", "le"}
+
+
+@dataclass(frozen=True)
+class Served:
+    files: ClusterFiles
+    server: ServerProcess
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One cluster and one server for the whole file (a server start costs seconds)."""
+    root = tmp_path_factory.mktemp("metrics")
+    with fresh_database_url() as url:
+        cluster = initialise(root, url, advertise=SERVER)
+        server = ServerProcess.for_cluster(cluster, SERVER, workdir=root / "server")
+        server.start()
+        try:
+            yield Served(cluster, server)
+        finally:
+            server.kill()
+
+
+def curl(path: str) -> tuple[int, str, str]:
+    return metrics.get(SERVER, path)
+
+
+def scrape() -> metrics.Samples:
+    return metrics.scrape(SERVER)
+
+
+sample = metrics.value
+
+
+def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """CHECK's first truthy answer within TIMEOUT (the node counts are cached 5 s)."""
+    deadline = time.monotonic() + timeout
+    while not (answer := check()):
+        assert time.monotonic() < deadline, f"not within {timeout} s"
+        time.sleep(0.3)
+    return answer
+
+
+def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
+    created = cli("token", "create", "--tenant", "default", "--json", env=env)
+    assert created.code == 0, created.err
+    value: dict[str, Any] = created.json()
+    return value
+
+
+def connected(status: dict[str, Any]) -> bool:
+    return status.get("state") == "accepted" and status.get("connected") is True
+
+
+def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_reasons(
+    served: Served,
+) -> None:
+    code, _, body = curl("/metrics")
+    assert code == 200, body
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    ours = {name for name in families if name.startswith("oz0_")}
+    assert {
+        "oz0_build_info", "oz0_nodes", "oz0_nodes_age_seconds", "oz0_edge_streams_open",
+        "oz0_edge_joins", "oz0_edge_join_refusals", "oz0_edge_block_to_close_seconds",
+        "oz0_temporal_host_state", "oz0_temporal_host_restarts", "oz0_db_pool_in_use",
+        "oz0_db_pool_size", "oz0_db_pool_max_size", "oz0_db_pool_waiting",
+        "oz0_worker_threads_in_use", "oz0_worker_threads_waiting",
+        "oz0_event_loop_lag_seconds", "oz0_event_loop_lag_last_seconds",
+        "oz0_membership_heartbeat_age_seconds",
+    } <= ours, sorted(ours)  # fmt: skip
+    for name in ours:
+        for s in families[name].samples:
+            assert set(s.labels) <= OUR_LABELS, (name, s.labels)
+    assert "process_resident_memory_bytes" in families
+
+
+def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
+    served: Served,
+) -> None:
+    samples = eventually(
+        lambda: (s := scrape()) and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0 and s
+    )
+    assert sample(samples, "oz0_build_info", version=__version__) == 1
+    assert sample(samples, "oz0_temporal_host_state", state="serving") == 1
+    assert sample(samples, "oz0_temporal_host_state", state="restarting") == 0
+    assert sample(samples, "oz0_temporal_host_restarts_total") == 0
+    in_use = sample(samples, "oz0_db_pool_in_use")
+    size = sample(samples, "oz0_db_pool_size")
+    assert in_use is not None and size is not None
+    assert 0 <= in_use <= size <= 8
+    assert sample(samples, "oz0_db_pool_max_size") == 8
+    assert sample(samples, "oz0_db_pool_waiting") == 0
+    age = sample(samples, "oz0_membership_heartbeat_age_seconds")
+    assert age is not None and 0 <= age < HEARTBEAT_STALE
+
+
+def test_healthz_and_readyz_answer_without_a_certificate(served: Served) -> None:
+    code, content_type, body = curl("/healthz")
+    assert (code, json.loads(body)) == (200, {"status": "serving"})
+    code, content_type, body = curl("/readyz")
+    assert (code, json.loads(body)) == (200, {"ready": True}), body
+    assert content_type == "application/json"
+
+
+def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    files = served.files
+    env = files.cli_env
+    before = scrape()
+
+    def joins(s: dict[Any, float]) -> float:
+        return sample(s, "oz0_edge_joins_total", state="accepted") or 0
+
+    def streams(s: dict[Any, float]) -> float:
+        return sample(s, "oz0_edge_streams_open") or 0
+
+    def nodes(s: dict[Any, float], state: str) -> float:
+        return sample(s, "oz0_nodes", tenant="default", state=state) or 0
+
+    def closed(s: dict[Any, float]) -> float:
+        return sample(s, "oz0_edge_block_to_close_seconds_count", state="blocked") or 0
+
+    created = token(cli, env)
+    agent = AgentProcess.joining(
+        tmp_path / "node", [EDGE], files.ca_hash, token=created["token"]
+    ).start()
+    agents.append(agent)
+    node_id = agent.wait_status(connected, timeout=30)["node_id"]
+    joined = eventually(
+        lambda: (s := scrape()) and nodes(s, "accepted") > nodes(before, "accepted") and s
+    )
+    assert joins(joined) == joins(before) + 1
+    assert streams(joined) == streams(before) + 1
+    _, _, body = curl("/metrics")
+    assert node_id not in body and created["id"] not in body
+    assert created["token"] not in body
+
+    blocked = cli("node", "block", node_id, "--reason", "metrics", env=env)
+    assert blocked.code == 0, blocked.err
+    after = eventually(
+        lambda: (s := scrape()) and closed(s) == closed(before) + 1
+        and streams(s) == streams(before) and s
+    )  # fmt: skip
+    fast = sample(after, "oz0_edge_block_to_close_seconds_bucket", state="blocked", le="2.0")
+    assert fast == closed(before) + 1, "a block closes its stream within 2 s"
+    assert eventually(lambda: nodes(scrape(), "blocked") == nodes(before, "blocked") + 1)
+
+
+def test_a_join_with_a_bad_token_counts_one_refusal_and_no_join(served: Served) -> None:
+    def counted() -> tuple[float, float]:
+        samples = scrape()
+        joins = sum(v for (name, _), v in samples.items() if name == "oz0_edge_joins_total")
+        refused = sample(samples, "oz0_edge_join_refusals_total", reason="unknown") or 0
+        return refused, joins
+
+    before = counted()
+
+    async def join() -> dict[str, Any]:
+        ca_pem, _ = await edge_client.fetch_ca(EDGE)
+        keys = edge_client.NodeKeys.new()
+        keys.ca_pem = ca_pem
+        return await edge_client.join(EDGE, keys, token="oz0_" + secrets.token_hex(16))
+
+    answer = trio.run(join)
+    assert answer.get("code") == "token_refused", answer
+    # Scrapes within a second get the same text: the refusal shows in the next one.
+    assert eventually(lambda: counted() != before, timeout=5)
+    assert counted() == (before[0] + 1, before[1])
+
+
+def test_a_killed_temporal_host_counts_a_restart_and_the_server_is_unready_meanwhile(
+    served: Served,
+) -> None:
+    (host,) = served.server.children()
+    os.kill(host, signal.SIGKILL)
+    _, _, body = eventually(lambda: (a := curl("/readyz"))[0] == 503 and a, timeout=10)
+    assert json.loads(body) == {"ready": False, "reasons": ["Temporal is restarting"]}
+    samples = eventually(
+        lambda: (s := scrape()) and sample(s, "oz0_temporal_host_restarts_total") == 1 and s,
+        timeout=5,
+    )
+    assert sample(samples, "oz0_temporal_host_state", state="restarting") == 1
+    assert curl("/healthz")[0] == 200
+    eventually(lambda: curl("/readyz")[0] == 200, timeout=60)
+    assert eventually(
+        lambda: sample(scrape(), "oz0_temporal_host_state", state="serving") == 1, timeout=5
+    )
+
+
+async def test_readiness_names_each_thing_that_is_not_ready() -> None:
+    # On the real clock: the database's answer comes from a worker thread, which a mock
+    # clock would not wait for before jumping to the check's deadline.
+    age: list[float | None] = [0.5]
+    state = ["serving"]
+    async with open_database(admin_url(), min_size=0, max_size=1) as db:
+        ready = Readiness(db, lambda: age[0], lambda: state[0])
+        assert await ready.why_not() == []
+        age[0], state[0] = HEARTBEAT_STALE + 0.1, "starting"
+        assert await ready.why_not() == [
+            "this server's membership heartbeat is not fresh",
+            "Temporal is starting",
+        ]
+        age[0] = None
+        assert "this server's membership heartbeat is not fresh" in await ready.why_not()
+    # Nothing listens on this address: the pool finds no connection.
+    unreachable = f"postgresql://postgres:x@{UNREACHABLE}:5432/postgres"
+    async with open_database(unreachable, min_size=0, max_size=1) as db:
+        ready = Readiness(db, lambda: 0.0, lambda: "serving")
+        assert await ready.why_not() == ["the database does not answer"]
+
+
+async def test_node_counts_are_read_again_only_once_they_are_old(
+    served: Served, autojump_clock: trio.testing.MockClock
+) -> None:
+    main = served.files.url.for_database(served.files.url.names.main)
+    node_id = "node-" + secrets.token_hex(6)
+    async with open_database(main, min_size=0, max_size=1) as db:
+        counts = NodeCounts(db)
+        first = dict(await counts.fresh())
+        with psycopg.connect(main, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO nodes (id, tenant, state, labels, hostname, public_key_sha256)"
+                " VALUES (%s, 'default', 'pending', '{}', '', %s)",
+                (node_id, secrets.token_hex(32)),
+            )
+            try:
+                assert await counts.fresh() == first
+                autojump_clock.jump(NODE_COUNTS_MAX_AGE - 0.1)
+                assert await counts.fresh() == first
+                autojump_clock.jump(0.1)
+                again = await counts.fresh()
+                assert (
+                    again.get(("default", "pending"), 0) == first.get(("default", "pending"), 0) + 1
+                )
+            finally:
+                conn.execute("DELETE FROM nodes WHERE id = %s", (node_id,))
+
+
+async def test_the_event_loop_lag_is_how_late_a_sleeper_wakes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lags: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop_lag.watch, lags.append)
+        await trio.sleep(1.2)
+        # A task that holds the thread for 0.6 s, from 1.2 s into the watch: the waking
+        # due at 1.5 s comes at 1.8 s.
+        autojump_clock.jump(0.6)
+        await trio.sleep(0.6)
+        nursery.cancel_scope.cancel()
+    assert lags == [0.0, 0.0, pytest.approx(0.3), 0.0]
+
+
+async def test_scrapes_within_a_second_get_the_same_text(
+    served: Served, autojump_clock: trio.testing.MockClock
+) -> None:
+    main = served.files.url.for_database(served.files.url.names.main)
+    async with open_database(main, min_size=0, max_size=1) as db:
+        recorded = ServerMetrics(db)
+        first = await recorded.exposition()
+        recorded.edge.join_refused("expired")
+        autojump_clock.jump(EXPOSITION_MAX_AGE - 0.1)
+        assert await recorded.exposition() == first
+        autojump_clock.jump(0.1)
+        text = (await recorded.exposition()).decode()
+    assert 'oz0_edge_join_refusals_total{reason="expired"} 1.0' in text
