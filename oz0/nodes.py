@@ -484,11 +484,15 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
         raise NodeError(
             f"node {node_id} is {state}; only pending and accepted nodes can be blocked"
         )
-    conn.execute(
-        "UPDATE nodes SET state = 'blocked', reason = %s WHERE id = %s", (checked, node_id)
+    return _changed(
+        conn,
+        node_id,
+        "state = 'blocked', reason = %(reason)s",
+        {"reason": checked},
+        actor,
+        "node.block",
+        {"reason": checked, "was": state},
     )
-    audit.record(conn, actor, "node.block", f"node:{node_id}", {"reason": checked, "was": state})
-    return get(conn, node_id)
 
 
 def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
@@ -497,9 +501,49 @@ def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> 
     if not allowed("unblock", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only blocked nodes can be unblocked")
     now = "accepted" if locked.has_certificate else "pending"
-    conn.execute("UPDATE nodes SET state = %s, reason = NULL WHERE id = %s", (now, node_id))
-    audit.record(conn, actor, "node.unblock", f"node:{node_id}", {"now": now})
-    return get(conn, node_id)
+    return _changed(
+        conn,
+        node_id,
+        "state = %(now)s, reason = NULL",
+        {"now": now},
+        actor,
+        "node.unblock",
+        {"now": now},
+    )
+
+
+def _changed(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    assignments: str,
+    params: dict[str, Any],
+    actor: audit.Actor,
+    action: str,
+    details: dict[str, Any],
+) -> Node:
+    """Update NODE_ID (SET ASSIGNMENTS), write its audit row and read it back, in one
+    statement: one round trip instead of three for a single block or unblock.
+
+    The CTE named `nodes` is the updated row, so _SELECT (and CONNECTED in it) reads the
+    node as it is now; inside the CTE itself `nodes` is still the table."""
+    row = conn.execute(
+        f"WITH nodes AS (UPDATE nodes SET {assignments} WHERE id = %(id)s RETURNING *),"
+        " logged AS (INSERT INTO audit_log (actor_kind, actor, action, target, details)"
+        " VALUES (%(actor_kind)s, %(actor)s, %(action)s, %(target)s, %(details)s)) " + _SELECT,
+        {
+            **CONNECTED_PARAMS,
+            **params,
+            "id": node_id,
+            "actor_kind": actor.kind,
+            "actor": actor.name,
+            "action": action,
+            "target": f"node:{node_id}",
+            "details": Jsonb(details),
+        },
+    ).fetchone()
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found")
+    return Node(*row)
 
 
 # --- many nodes at once ------------------------------------------------------------------
