@@ -23,8 +23,9 @@ from tests.conftest import CliRunner
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.220"
 EDGE = f"{SERVER}:7443"
-# A block ends every stream within two seconds (docs/manage-nodes.md); the agent then says so.
-BLOCKED_WITHIN = 5.0
+# A block ends every stream within two seconds (docs/manage-nodes.md); the agent then says
+# so. Generous: the suite runs two files at a time on two cores.
+BLOCKED_WITHIN = 10.0
 UNKNOWN = "node-000000000000"
 
 
@@ -63,7 +64,7 @@ def start_agents(
         ).start()
         agents.append(agent)
         started.append(agent)
-    return [(a, a.wait_status(connected, timeout=30)["node_id"]) for a in started]
+    return [(a, a.wait_status(connected, timeout=60)["node_id"]) for a in started]
 
 
 def audit_rows(cli: CliRunner, env: dict[str, str], action: str) -> list[dict[str, Any]]:
@@ -112,10 +113,9 @@ def test_many_ids_and_a_selector_block_every_stream_in_one_request_or_change_not
     took = time.monotonic() - began
     assert connected(web2.reported()), "a node not named was shut out"
     rows = audit_rows(cli, cluster_env, "node.block")
-    assert sorted((r["target"], r["actor"]["name"], r["details"]["reason"]) for r in rows) == [
-        (f"node:{id1}", "admin", "stolen rack"),
-        (f"node:{id3}", "admin", "stolen rack"),
-    ]
+    assert sorted((r["target"], r["actor"]["name"], r["details"]) for r in rows) == sorted(
+        (f"node:{n}", "admin", {"reason": "stolen rack", "was": "accepted"}) for n in (id1, id3)
+    )
 
     # A node already blocked fails the whole request, naming it; the other stays accepted.
     again = cli("node", "block", id2, id1, "--reason", "r", env=cluster_env)
@@ -152,7 +152,7 @@ def test_many_ids_and_a_selector_block_every_stream_in_one_request_or_change_not
     unblocks = audit_rows(cli, cluster_env, "node.unblock")
     assert sorted(r["target"] for r in unblocks) == sorted(f"node:{n}" for n in (id1, id2, id3))
     for agent in (web1, web2, db):
-        agent.wait_reported(connected, timeout=15)
+        agent.wait_reported(connected, timeout=30)
     print(f"two streams ended {took:.2f} s after the CLI started")
 
 

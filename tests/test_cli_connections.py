@@ -1,5 +1,5 @@
 """The CLI's client keeps a connection for a command's next request and resumes the TLS
-session on a new one, against a real server on 127.0.0.220."""
+session on a new one, against a real server on 127.0.0.222."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from oz0.context import Context
 from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
-SERVER = "127.0.0.220"
+SERVER = "127.0.0.222"
 
 
 @pytest.fixture
