@@ -15,6 +15,8 @@ from oz0.errors import Oz0Error
 
 app = App(name="node", help="The fleet's nodes.")
 
+SelectorArgs = Annotated[list[str] | None, Parameter(name="--selector", negative=())]
+
 
 def _labels(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -134,7 +136,7 @@ def _report(changed: list[dict[str, Any]], done: str, json: bool) -> None:
 def block(
     *node_ids: str,
     reason: str,
-    selector: list[str] | None = None,
+    selector: SelectorArgs = None,
     tenant: str | None = None,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -165,7 +167,7 @@ def block(
 @app.command
 def unblock(
     *node_ids: str,
-    selector: list[str] | None = None,
+    selector: SelectorArgs = None,
     tenant: str | None = None,
     json: JsonFlag = False,
     context: ContextPath = None,
