@@ -232,11 +232,13 @@ class Burst:
 
         async def work() -> dict[str, Any]:
             ids = [c.node.node_id for c in changes]
+            # Wall clock, to set against the servers' log lines (`ending its stream`).
+            requested_utc = dt.datetime.now(dt.UTC).isoformat()
             call: Call = await api.post("/api/v1/nodes/block", {"ids": ids, "reason": "bench"})
             for change in changes:
                 change.call = call
             await wait_until(partial(all_done, changes, block_seen), BURST_WAIT)
-            return split(changes)
+            return {**split(changes), "requested_utc": requested_utc}
 
         return await self.measured(f"multi_{len(nodes)}", 1, work)
 
