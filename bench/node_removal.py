@@ -17,7 +17,8 @@ real servers on 127.0.0.51, .52 and .53 (default ports), then from this one proc
    rotated so that they spread over the servers too;
 3. blocks B nodes, a third on each server, through the management API of 127.0.0.51 with
    the cluster context's operator credentials (cli.client.ApiClient, what `orchestrator-zero
-   node block` runs, in an operator process of its own, a new TLS connection per request):
+   node block` runs, in an operator process of its own; one client for the run, which since
+   issue 13 keeps its connections and resumes TLS sessions, see bench.block_burst):
    half one at a time (the next once the node's stream was refused or BLOCK_WAIT passed),
    half in concurrent bursts of K. For each, from just before the request, and from its
    answer, to the node's stream receiving `refused` code `blocked`;
@@ -411,10 +412,18 @@ class Api:
     @classmethod
     @asynccontextmanager
     async def running(
-        cls, files: ClusterFiles, server: str, concurrency: int
+        cls,
+        files: ClusterFiles,
+        server: str,
+        concurrency: int,
+        *,
+        module: str = "bench.node_removal",
+        extra: tuple[str, ...] = (),
     ) -> AsyncIterator[Api]:
-        command = [sys.executable, "-m", "bench.node_removal", "--operator"]
-        command += [str(files.context_path), server, str(concurrency)]
+        """The operator process: `python -m MODULE --operator CONTEXT SERVER CONCURRENCY
+        EXTRA...` (MODULE's own operator_process reads the requests)."""
+        command = [sys.executable, "-m", module, "--operator"]
+        command += [str(files.context_path), server, str(concurrency), *extra]
         process = await trio.lowlevel.open_process(
             command,
             stdin=subprocess.PIPE,

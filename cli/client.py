@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import http.client
 import json
+import select
 import ssl
 import sys
+import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +29,9 @@ CONNECT_TIMEOUT = 10.0
 # The context's list of servers up is asked for again after this, or when one did not answer.
 REFRESH_AFTER = dt.timedelta(seconds=60)
 CLUSTER_PATH = "/api/v1/cluster"
+# A connection that answered is used again for the command's next request (the server keeps
+# an idle one 10 s); one idle longer than this is closed rather than risked.
+KEEP_IDLE = 5.0
 
 
 class ApiError(Oz0Error):
@@ -76,6 +82,23 @@ class ApiClient:
         self._ssl = ssl.create_default_context(cafile=str(context.ca_path))
         self._ssl.check_hostname = False
         self._ssl.load_cert_chain(str(context.cert_path), str(context.key_path))
+        # Connections that answered and may be used again, and the TLS session each server
+        # gave last (a new connection to it resumes that session: no full handshake).
+        # Shared by the threads of one client (the benchmarks use several).
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[tuple[_Connection, float]]] = {}
+        self._sessions: dict[str, ssl.SSLSession] = {}
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn, _ in conns:
+                conn.close()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_idle"):
+            self.close()
 
     def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
         if query:
@@ -113,24 +136,46 @@ class ApiClient:
     def _exchange(
         self, server: str, method: str, path: str, body: dict[str, Any] | None
     ) -> tuple[int, Any]:
-        """One request to SERVER: its status and decoded JSON, or _Unanswered."""
+        """One request to SERVER: its status and decoded JSON, or _Unanswered.
+
+        On a connection kept from an earlier request if there is one; should that one fail,
+        the request goes on a new connection if it was not sent yet, or is a GET.
+        """
+        conn = self._take(server)
+        if conn is not None:
+            try:
+                return self._exchange_on(conn, server, method, path, body, fresh=False)
+            except _Unanswered as e:
+                if e.sent and method != "GET":
+                    raise
+        return self._exchange_on(self._new(server), server, method, path, body, fresh=True)
+
+    def _exchange_on(
+        self,
+        conn: _Connection,
+        server: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        fresh: bool,
+    ) -> tuple[int, Any]:
         sent = False
-        host, _, port = server.rpartition(":")
-        conn = http.client.HTTPSConnection(
-            host.strip("[]"), int(port), context=self._ssl, timeout=CONNECT_TIMEOUT
-        )
+        keep = False
         try:
             payload = json.dumps(body).encode() if body is not None else None
             headers = {"Content-Type": "application/json"} if payload else {}
-            # A server that is down costs CONNECT_TIMEOUT at most (connection and TLS
-            # handshake); one that answers gets TIMEOUT for each read of its answer.
-            conn.connect()
-            conn.sock.settimeout(TIMEOUT)
-            _check_server_role(conn, self.context.cluster)
+            if fresh:
+                # A server that is down costs CONNECT_TIMEOUT at most (connection and TLS
+                # handshake); one that answers gets TIMEOUT for each read of its answer.
+                conn.connect()
+                conn.sock.settimeout(TIMEOUT)
+                _check_server_role(conn, self.context.cluster)
             conn.request(method, path, body=payload, headers=headers)
             sent = True
             response = conn.getresponse()
             data = response.read()
+            keep = not response.will_close
         except ssl.SSLError as e:
             raise _Unanswered(f"TLS refused ({e.reason or e})", sent) from None
         except http.client.RemoteDisconnected:
@@ -143,11 +188,43 @@ class ApiClient:
         except (TimeoutError, OSError, http.client.HTTPException) as e:
             raise _Unanswered(str(getattr(e, "strerror", None) or e), sent) from None
         finally:
-            conn.close()
+            if keep:
+                self._give_back(server, conn)
+            else:
+                conn.close()
         try:
             return response.status, json.loads(data) if data else {}
         except ValueError:
             raise ApiError(f"{server} answered HTTP {response.status} without JSON") from None
+
+    def _new(self, server: str) -> _Connection:
+        host, _, port = server.rpartition(":")
+        with self._lock:
+            session = self._sessions.get(server)
+        return _Connection(
+            host.strip("[]"), int(port), self._ssl, timeout=CONNECT_TIMEOUT, session=session
+        )
+
+    def _take(self, server: str) -> _Connection | None:
+        """An idle connection to SERVER that is still open, if there is one."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                conns = self._idle.get(server)
+                if not conns:
+                    return None
+                conn, since = conns.pop()
+            if now - since < KEEP_IDLE and not _closed_by_peer(conn):
+                return conn
+            conn.close()
+
+    def _give_back(self, server: str, conn: _Connection) -> None:
+        sock = conn.sock
+        session = sock.session if isinstance(sock, ssl.SSLSocket) else None
+        with self._lock:
+            if session is not None:
+                self._sessions[server] = session
+            self._idle.setdefault(server, []).append((conn, time.monotonic()))
 
     def _refresh(self, server: str, *, stale: bool, cluster: Any) -> None:
         """Learn the servers that are up from SERVER, which just answered, and keep them in
@@ -200,6 +277,42 @@ def servers_of(cluster: Any) -> tuple[str, ...]:
         if address not in found:
             found.append(address)
     return tuple(found)
+
+
+class _Connection(http.client.HTTPSConnection):
+    """An HTTPS connection that offers a TLS session to resume (http.client has no way)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        *,
+        timeout: float,
+        session: ssl.SSLSession | None,
+    ) -> None:
+        super().__init__(host, port, context=context, timeout=timeout)
+        self._tls = context
+        self._session = session
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(
+            self.sock, server_hostname=self.host, session=self._session
+        )
+
+
+def _closed_by_peer(conn: _Connection) -> bool:
+    """Whether an idle connection has something to read: the server closed it (an idle
+    connection is sent nothing else)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class _Unanswered(Exception):

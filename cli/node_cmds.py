@@ -9,10 +9,13 @@ from cyclopts import App, Parameter
 from cli.client import ApiClient
 from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
+from oz0 import nodes, tokens
 from oz0.context import select
 from oz0.errors import Oz0Error
 
 app = App(name="node", help="The fleet's nodes.")
+
+SelectorArgs = Annotated[list[str] | None, Parameter(name="--selector", negative=())]
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -101,25 +104,90 @@ def reject(node_id: str, /, *, reason: str | None = None, context: ContextPath =
     return 0
 
 
+def _selection(
+    node_ids: tuple[str, ...], selector: list[str] | None, tenant: str | None
+) -> dict[str, Any]:
+    """The body naming the nodes: IDs, or labels every node must have (and a tenant)."""
+    if node_ids and selector:
+        raise Oz0Error("give node IDs or --selector, not both")
+    if node_ids:
+        if tenant is not None:
+            raise Oz0Error("--tenant goes with --selector, not with node IDs")
+        # Refused here rather than as a body too big for the API.
+        nodes.check_id_count(len(set(node_ids)))
+        return {"ids": list(node_ids)}
+    if not selector:
+        raise Oz0Error("name the nodes: one or more node IDs, or --selector KEY=VALUE")
+    labels = tokens.check_labels(tokens.parse_label_pairs(selector))
+    return {"selector": labels, "tenant": tenant}
+
+
+def _report(changed: list[dict[str, Any]], done: str, json: bool) -> None:
+    if json:
+        print_json(changed)
+    elif len(changed) == 1:
+        node = changed[0]
+        print(f"node {node['id']} {done}" + (f" ({node['state']})" if done == "unblocked" else ""))
+    else:
+        print(f"{len(changed)} nodes {done}: " + " ".join(n["id"] for n in changed))
+
+
 @app.command
-def block(node_id: str, /, *, reason: str, context: ContextPath = None) -> int:
-    """Shut a node out on every server within two seconds; it keeps its files.
+def block(
+    *node_ids: str,
+    reason: str,
+    selector: SelectorArgs = None,
+    tenant: str | None = None,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Shut nodes out on every server within two seconds; they keep their files.
+
+    All the nodes named, or matched, are blocked in one transaction, or none is: an unknown
+    ID, or a node that is neither pending nor accepted, changes nothing.
 
     Parameters
     ----------
+    node_ids
+        The nodes to block (at most 2,000).
     reason
         Why; kept in the audit log (not told to the node).
+    selector
+        KEY=VALUE: instead of IDs, every pending or accepted node with this label (repeat
+        for several labels, all required; at most 10,000 nodes).
+    tenant
+        With --selector: only nodes of this tenant.
     """
-    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/block", {"reason": reason})
-    print(f"node {node['id']} blocked")
+    body = {**_selection(node_ids, selector, tenant), "reason": reason}
+    changed = ApiClient(select(context)).post("/api/v1/nodes/block", body)["nodes"]
+    _report(changed, "blocked", json)
     return 0
 
 
 @app.command
-def unblock(node_id: str, /, *, context: ContextPath = None) -> int:
-    """Let a blocked node back in; it notices by itself within ten seconds."""
-    node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/unblock", {})
-    print(f"node {node['id']} unblocked ({node['state']})")
+def unblock(
+    *node_ids: str,
+    selector: SelectorArgs = None,
+    tenant: str | None = None,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Let blocked nodes back in; each notices by itself within ten seconds.
+
+    All in one transaction, or none (an unknown ID, or a node that is not blocked).
+
+    Parameters
+    ----------
+    node_ids
+        The nodes to unblock (at most 2,000).
+    selector
+        KEY=VALUE: instead of IDs, every blocked node with this label (repeat for several).
+    tenant
+        With --selector: only nodes of this tenant.
+    """
+    body = _selection(node_ids, selector, tenant)
+    changed = ApiClient(select(context)).post("/api/v1/nodes/unblock", body)["nodes"]
+    _report(changed, "unblocked", json)
     return 0
 
 

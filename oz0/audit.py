@@ -32,6 +32,23 @@ def record(
     )
 
 
+def record_many(
+    conn: psycopg.Connection[Any],
+    actor: Actor,
+    action: str,
+    rows: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """One row per (target, details) of ROWS, all by ACTOR doing ACTION, in one statement."""
+    if not rows:
+        return
+    conn.execute(
+        "INSERT INTO audit_log (actor_kind, actor, action, target, details)"
+        " SELECT %s, %s, %s, target, details FROM unnest(%s::text[], %s::jsonb[])"
+        " WITH ORDINALITY AS r(target, details, n) ORDER BY n",
+        (actor.kind, actor.name, action, [t for t, _ in rows], [Jsonb(d) for _, d in rows]),
+    )
+
+
 @dataclass(frozen=True)
 class Entry:
     id: int

@@ -484,11 +484,15 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
         raise NodeError(
             f"node {node_id} is {state}; only pending and accepted nodes can be blocked"
         )
-    conn.execute(
-        "UPDATE nodes SET state = 'blocked', reason = %s WHERE id = %s", (checked, node_id)
+    return _changed(
+        conn,
+        node_id,
+        "state = 'blocked', reason = %(reason)s",
+        {"reason": checked},
+        actor,
+        "node.block",
+        {"reason": checked, "was": state},
     )
-    audit.record(conn, actor, "node.block", f"node:{node_id}", {"reason": checked, "was": state})
-    return get(conn, node_id)
 
 
 def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
@@ -497,9 +501,196 @@ def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> 
     if not allowed("unblock", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only blocked nodes can be unblocked")
     now = "accepted" if locked.has_certificate else "pending"
-    conn.execute("UPDATE nodes SET state = %s, reason = NULL WHERE id = %s", (now, node_id))
-    audit.record(conn, actor, "node.unblock", f"node:{node_id}", {"now": now})
-    return get(conn, node_id)
+    return _changed(
+        conn,
+        node_id,
+        "state = %(now)s, reason = NULL",
+        {"now": now},
+        actor,
+        "node.unblock",
+        {"now": now},
+    )
+
+
+def _changed(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    assignments: str,
+    params: dict[str, Any],
+    actor: audit.Actor,
+    action: str,
+    details: dict[str, Any],
+) -> Node:
+    """Update NODE_ID (SET ASSIGNMENTS), write its audit row and read it back, in one
+    statement: one round trip instead of three for a single block or unblock.
+
+    The CTE named `nodes` is the updated row, so _SELECT (and CONNECTED in it) reads the
+    node as it is now; inside the CTE itself `nodes` is still the table."""
+    row = conn.execute(
+        f"WITH nodes AS (UPDATE nodes SET {assignments} WHERE id = %(id)s RETURNING *),"
+        " logged AS (INSERT INTO audit_log (actor_kind, actor, action, target, details)"
+        " VALUES (%(actor_kind)s, %(actor)s, %(action)s, %(target)s, %(details)s)) " + _SELECT,
+        {
+            **CONNECTED_PARAMS,
+            **params,
+            "id": node_id,
+            "actor_kind": actor.kind,
+            "actor": actor.name,
+            "action": action,
+            "target": f"node:{node_id}",
+            "details": Jsonb(details),
+        },
+    ).fetchone()
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found")
+    return Node(*row)
+
+
+# --- many nodes at once ------------------------------------------------------------------
+
+# Nodes one block or unblock request may change: named by ID (as many as fit well inside
+# the API's 64 KiB body), or matched by a selector. More is refused, nothing changed.
+MAX_IDS_PER_REQUEST = 2_000
+MAX_PER_REQUEST = 10_000
+
+
+class TooManyNodes(NodeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which nodes one request acts on: the IDs given, or those with every label of
+    SELECTOR (in TENANT if given) that the action applies to."""
+
+    ids: tuple[str, ...] = ()
+    selector: dict[str, str] | None = None
+    tenant: str | None = None
+
+    def describe(self) -> str:
+        assert self.selector is not None
+        pairs = ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
+        return pairs + (f" in tenant {self.tenant}" if self.tenant is not None else "")
+
+
+def check_id_count(count: int) -> None:
+    if count > MAX_IDS_PER_REQUEST:
+        raise TooManyNodes(
+            f"{count} nodes named; at most {MAX_IDS_PER_REQUEST} per request: split them up,"
+            f" or select them by label (up to {MAX_PER_REQUEST})"
+        )
+
+
+def select_ids(node_ids: list[str]) -> Selection:
+    if not node_ids:
+        raise NodeError("name at least one node ID")
+    unique = list(dict.fromkeys(check_node_id(n) for n in node_ids))
+    check_id_count(len(unique))
+    return Selection(ids=tuple(unique))
+
+
+def select_labels(selector: dict[str, str], tenant: str | None) -> Selection:
+    if not selector:
+        raise NodeError("a selector needs at least one KEY=VALUE label")
+    return Selection(selector=check_labels(selector), tenant=tenant)
+
+
+@dataclass(frozen=True)
+class _LockedRow:
+    id: str
+    state: str
+    has_certificate: bool
+
+
+def _lock_many(
+    conn: psycopg.Connection[Any], selection: Selection, action: str, what: str
+) -> list[_LockedRow]:
+    """The nodes of SELECTION, locked (in ID order, so that two requests that overlap wait
+    for each other rather than deadlock); each one allowed ACTION, or NodeError naming the
+    first that is not (WHAT says which states are)."""
+    if selection.selector is None:
+        rows = conn.execute(
+            "SELECT id, state, certificate IS NOT NULL FROM nodes WHERE id = ANY(%s)"
+            " ORDER BY id FOR UPDATE",
+            (list(selection.ids),),
+        ).fetchall()
+        found = {str(r[0]): _LockedRow(str(r[0]), str(r[1]), bool(r[2])) for r in rows}
+        missing = [n for n in selection.ids if n not in found]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise NodeNotFound(f"node {missing[0]} not found{more}; nothing was changed")
+        locked = [found[n] for n in selection.ids]
+        for row in locked:
+            if not allowed(action, row.state, has_certificate=row.has_certificate):
+                raise NodeError(f"node {row.id} is {row.state}; {what}; nothing was changed")
+        return locked
+    rows = conn.execute(
+        "SELECT id, state, certificate IS NOT NULL FROM nodes"
+        " WHERE labels @> %s AND state = ANY(%s) AND (%s::text IS NULL OR tenant = %s)"
+        " ORDER BY id LIMIT %s FOR UPDATE",
+        (
+            Jsonb(selection.selector),
+            list(ACTIONS_FROM[action]),
+            selection.tenant,
+            selection.tenant,
+            MAX_PER_REQUEST + 1,
+        ),
+    ).fetchall()
+    if not rows:
+        raise NodeNotFound(f"no node matches {selection.describe()}; {what}")
+    if len(rows) > MAX_PER_REQUEST:
+        raise TooManyNodes(
+            f"more than {MAX_PER_REQUEST} nodes match {selection.describe()}, the most one"
+            " request may change: narrow the selector; nothing was changed"
+        )
+    return [_LockedRow(str(r[0]), str(r[1]), bool(r[2])) for r in rows]
+
+
+def _in_order(conn: psycopg.Connection[Any], ids: list[str]) -> list[Node]:
+    by_id = {n.id: n for n in get_many(conn, ids)}
+    return [by_id[n] for n in ids]
+
+
+def block_many(
+    conn: psycopg.Connection[Any], selection: Selection, actor: audit.Actor, reason: str
+) -> list[Node]:
+    """Block every node of SELECTION in this one transaction, or none: one audit row each.
+
+    Each row's update notifies `oz0_nodes` (the trigger of migration 0006); PostgreSQL
+    delivers a transaction's notifications together at its commit, so every edge learns of
+    the whole burst in one read of its LISTEN connection.
+    """
+    checked = _reason(reason, required=True)
+    locked = _lock_many(conn, selection, "block", "only pending and accepted nodes can be blocked")
+    ids = [row.id for row in locked]
+    conn.execute(
+        "UPDATE nodes SET state = 'blocked', reason = %s WHERE id = ANY(%s)", (checked, ids)
+    )
+    audit.record_many(
+        conn,
+        actor,
+        "node.block",
+        [(f"node:{row.id}", {"reason": checked, "was": row.state}) for row in locked],
+    )
+    return _in_order(conn, ids)
+
+
+def unblock_many(
+    conn: psycopg.Connection[Any], selection: Selection, actor: audit.Actor
+) -> list[Node]:
+    """Unblock every node of SELECTION in this one transaction, or none (see block_many)."""
+    locked = _lock_many(conn, selection, "unblock", "only blocked nodes can be unblocked")
+    back = {row.id: "accepted" if row.has_certificate else "pending" for row in locked}
+    for now in ("accepted", "pending"):
+        ids = [node_id for node_id, state in back.items() if state == now]
+        if ids:
+            conn.execute(
+                "UPDATE nodes SET state = %s, reason = NULL WHERE id = ANY(%s)", (now, ids)
+            )
+    audit.record_many(
+        conn, actor, "node.unblock", [(f"node:{n}", {"now": now}) for n, now in back.items()]
+    )
+    return _in_order(conn, list(back))
 
 
 def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography import x509
@@ -11,6 +11,7 @@ from quart import request
 
 from oz0 import audit, operators, pki
 from oz0.cluster import Cluster
+from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.events import EventHub
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
@@ -31,6 +32,12 @@ class ManagementState:
     kick_jobs: Callable[[], None] = lambda: None
     # This server's notifications, for the web UI's live updates (None: no live updates).
     hub: EventHub | None = None
+    # Operator certificates found current a moment ago (see operator_cache).
+    operator_cache: OperatorCache = field(default_factory=OperatorCache)
+
+    def __post_init__(self) -> None:
+        if self.hub is not None:
+            self.operator_cache.attach(self.hub)
 
 
 class ApiError(Exception):
@@ -50,14 +57,21 @@ async def operator(state: ManagementState) -> audit.Actor:
     identity = pki.identity_of(x509.load_der_x509_certificate(der))
     if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
         raise ApiError(403, "this certificate does not belong to an operator of this cluster")
-    known = await state.db.transaction(lambda conn: operators.is_current(conn, identity))
-    if not known:
-        raise ApiError(
-            403,
-            f"operator {identity.name} is unknown or this certificate was replaced; "
-            "get new credentials with `orchestrator-zero server operator issue`",
-        )
+    cache = state.operator_cache
+    if not cache.current(identity):
+        version = cache.version(identity.name)
+        if not await state.db.transaction(lambda conn: operators.is_current(conn, identity)):
+            raise _unknown(identity)
+        cache.remember(identity, version)
     return audit.Actor("operator", identity.name)
+
+
+def _unknown(identity: pki.Identity) -> ApiError:
+    return ApiError(
+        403,
+        f"operator {identity.name} is unknown or this certificate was replaced; "
+        "get new credentials with `orchestrator-zero server operator issue`",
+    )
 
 
 async def json_object() -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """GET /api/v1/nodes[/<id>], POST /api/v1/nodes/<id>/accept, /reject, /block, /unblock,
-/purge, and DELETE /api/v1/nodes/<id>."""
+/purge, DELETE /api/v1/nodes/<id>, and POST /api/v1/nodes/block and /unblock for many
+nodes at once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import psycopg
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import nodes
+from oz0 import nodes, tokens
+from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
 
@@ -45,6 +47,24 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         if reason is not None and not isinstance(reason, str):
             raise ApiError(400, "reason must be text")
         return await _change(state, lambda conn: nodes.reject(conn, node_id, actor, reason))
+
+    @app.post("/api/v1/nodes/block")
+    async def nodes_block() -> Response:
+        actor = await operator(state)
+        body = await json_object()
+        reason = body.get("reason")
+        if not isinstance(reason, str):
+            raise ApiError(400, "a reason is required: say why, it goes to the audit log")
+        selection = _selection(body)
+        return await _change_many(
+            state, lambda conn: nodes.block_many(conn, selection, actor, reason)
+        )
+
+    @app.post("/api/v1/nodes/unblock")
+    async def nodes_unblock() -> Response:
+        actor = await operator(state)
+        selection = _selection(await json_object())
+        return await _change_many(state, lambda conn: nodes.unblock_many(conn, selection, actor))
 
     @app.post("/api/v1/nodes/<node_id>/block")
     async def node_block(node_id: str) -> Response:
@@ -82,3 +102,42 @@ async def _change(
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
     return jsonify(node.to_json())
+
+
+def _selection(body: dict[str, Any]) -> nodes.Selection:
+    """`{"ids": [ID, ...]}` or `{"selector": {KEY: VALUE, ...}, "tenant": T}` (tenant optional)."""
+    ids, selector, tenant = body.get("ids"), body.get("selector"), body.get("tenant")
+    if (ids is None) == (selector is None):
+        raise ApiError(400, "give either ids (a list of node IDs) or selector (labels), not both")
+    try:
+        if ids is not None:
+            if tenant is not None:
+                raise ApiError(400, "tenant goes with a selector, not with ids")
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise ApiError(400, "ids must be a list of node IDs")
+            return nodes.select_ids(ids)
+        if not isinstance(selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+        ):
+            raise ApiError(400, "selector must be an object of KEY: VALUE labels")
+        if tenant is not None and not isinstance(tenant, str):
+            raise ApiError(400, "tenant must be text")
+        return nodes.select_labels(tokens.check_labels(dict(selector)), tenant)
+    except (nodes.NodeError, Oz0Error) as e:
+        raise ApiError(400, str(e)) from None
+
+
+async def _change_many(
+    state: ManagementState, change: Callable[[psycopg.Connection[Any]], list[nodes.Node]]
+) -> Response:
+    """Many nodes changed in one transaction, or none: 404 if one is unknown or a selector
+    matches none, 409 if one's state forbids the change, 400 if there are too many."""
+    try:
+        changed = await state.db.transaction(change)
+    except nodes.NodeNotFound as e:
+        raise ApiError(404, str(e)) from None
+    except nodes.TooManyNodes as e:
+        raise ApiError(400, str(e)) from None
+    except nodes.NodeError as e:
+        raise ApiError(409, str(e)) from None
+    return jsonify({"nodes": [n.to_json() for n in changed]})

@@ -30,6 +30,8 @@ def register(app: QuartTrio, state: ManagementState) -> None:
                 action="operator.renew",
             )
         )
+        # Refused here at once, not only once the notification comes back.
+        state.operator_cache.forget(actor.name)
         return jsonify(
             {
                 "certificate": pki.cert_to_pem(cert).decode(),

@@ -1,0 +1,135 @@
+"""What one `node block` request costs the management API server (issue 13).
+
+    python -m bench.api_cost [--nodes N] [--rounds R] [--modes fresh,resume,keep]
+                             [--py-spy OUT]
+
+Starts a fresh test cluster (the suite's PostgreSQL) and one real server on 127.0.0.220,
+with N accepted nodes written straight into the database (no streams: only the API is
+measured). For each mode, R rounds of N concurrent requests from N threads of this process
+through cli.client.ApiClient: each node blocked (`POST /api/v1/nodes/<id>/block`), then
+each unblocked. Modes: `fresh` a new client per request (new connection, full TLS
+handshake, as separate CLI processes), `resume` one client that never keeps a connection
+(a new connection per request that resumes the TLS session), `keep` one client (its kept
+connections). Prints, per mode, the server's CPU per request (from /proc, the server's
+whole process), and the requests' latency. With --py-spy, records the server with py-spy
+(`py-spy record --format raw`) during the first mode into OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from bench.edge_load import cpu_seconds, machine_info, percentiles, source_version
+from cli import client as client_module
+from cli.client import ApiClient
+from fixtures.cluster import ServerProcess, initialise
+from fixtures.postgres import fresh_database_url
+from oz0.context import Context
+
+ADDRESS = "127.0.0.220"
+MODES = ("fresh", "resume", "keep")
+SETTLE = 3.0  # after start: the first membership and directory rounds
+PY_SPY_START = 2.0
+BODY = {"reason": "bench.api_cost"}
+
+
+def one_mode(context: Context, ids: list[str], rounds: int, mode: str, pid: int) -> dict[str, Any]:
+    shared = ApiClient(context, learn_servers=False)
+    keep_idle = client_module.KEEP_IDLE
+    if mode == "resume":
+        client_module.KEEP_IDLE = 0.0  # every connection closed after its answer
+    latencies: list[float] = []
+
+    def call(path: str, body: dict[str, Any]) -> None:
+        client = ApiClient(context, learn_servers=False) if mode == "fresh" else shared
+        began = time.monotonic()
+        client.post(path, body)
+        latencies.append(time.monotonic() - began)
+        if client is not shared:
+            client.close()
+
+    try:
+        cpu, began = cpu_seconds(pid), time.monotonic()
+        with ThreadPoolExecutor(len(ids)) as pool:
+            for _ in range(rounds):
+                list(pool.map(lambda i: call(f"/api/v1/nodes/{i}/block", BODY), ids))
+                list(pool.map(lambda i: call(f"/api/v1/nodes/{i}/unblock", {}), ids))
+        spent, wall = cpu_seconds(pid) - cpu, time.monotonic() - began
+    finally:
+        client_module.KEEP_IDLE = keep_idle
+        shared.close()
+    requests = len(latencies)
+    return {
+        "requests": requests,
+        "wall_s": round(wall, 2),
+        "server_cpu_ms_per_request": round(spent * 1000 / requests, 2),
+        "server_cpu_pct_of_one_core": round(spent / wall * 100, 1),
+        "latency_ms": percentiles(latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=50, help="concurrent requests")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
+    parser.add_argument("--py-spy", type=Path, help="record the server during the first mode")
+    args = parser.parse_args()
+    if any(m not in MODES for m in args.modes):
+        parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+    out: dict[str, Any] = {
+        "command": " ".join(["python -m bench.api_cost", *sys.argv[1:]]),
+        "machine": machine_info(),
+        "source": source_version(("oz0", "cli")),
+        "modes": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp, fresh_database_url() as url:
+        root = Path(tmp)
+        files = initialise(root, url, "cost", advertise=ADDRESS)
+        server = ServerProcess.for_cluster(files, ADDRESS, workdir=root / "server").start(120)
+        try:
+            with psycopg.connect(url.for_database(url.names.main), autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO nodes (id, tenant, state, labels)"
+                    " SELECT 'node-' || lpad(to_hex(i), 12, '0'), 'default', 'accepted', %s"
+                    " FROM generate_series(1, %s) AS i",
+                    (Jsonb({"bench": "api_cost"}), args.nodes),
+                )
+            ids = [f"node-{i:012x}" for i in range(1, args.nodes + 1)]
+            context = Context.load(files.context_path)
+            time.sleep(SETTLE)
+            for i, mode in enumerate(args.modes):
+                spy = None
+                if args.py_spy and i == 0:
+                    spy = subprocess.Popen(
+                        [
+                            *("py-spy", "record", "-p", str(server.pid), "-r", "250"),
+                            *("-f", "raw", "-o", str(args.py_spy), "--nonblocking"),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    time.sleep(PY_SPY_START)
+                out["modes"][mode] = one_mode(context, ids, args.rounds, mode, server.pid)
+                if spy is not None:
+                    spy.send_signal(2)
+                    spy.wait(30)
+                print(f"{mode}: {json.dumps(out['modes'][mode])}", file=sys.stderr)
+        finally:
+            server.kill()
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

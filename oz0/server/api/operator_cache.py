@@ -1,0 +1,81 @@
+"""Operator certificates the management API found current a moment ago.
+
+Without it every request reads the `operators` table before doing its work; a burst of
+requests from one operator then costs a database round trip each for the same answer.
+A certificate found current is taken again without a read for HOLD_FOR seconds, unless
+the operator changed meanwhile: the `oz0_operators` notification (sent in the same
+transaction as any renewal or re-issue, whichever server or `server operator issue` made
+it) forgets every entry of that operator at once, and a LISTEN gap forgets them all. So a
+replaced certificate is refused as soon as this server hears of the change, and never
+later than HOLD_FOR after it even if that notification is lost. Only acceptance is kept:
+a refusal is read again each time.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import trio
+
+from oz0 import pki
+from oz0.server.events import OPERATORS, EventHub
+from oz0.store.listen import Notification
+
+HOLD_FOR = 1.0
+# Expired entries are swept once there are more than this (one per operator certificate
+# seen within HOLD_FOR: a handful in practice).
+SWEEP_ABOVE = 1024
+
+Key = tuple[str, int]
+
+
+@dataclass
+class OperatorCache:
+    hold_for: float = HOLD_FOR
+    _until: dict[Key, float] = field(default_factory=dict)
+    # Bumped whenever an operator changes: a read that began before must not be kept.
+    _changes: collections.Counter[str] = field(default_factory=collections.Counter)
+    _all_changes: int = 0
+
+    def attach(self, hub: EventHub) -> None:
+        hub.subscribe(OPERATORS, self._notified)
+        hub.on_gap.append(self.forget_all)
+
+    def _notified(self, notification: Notification) -> None:
+        self.forget(notification.payload)
+
+    def current(self, identity: pki.Identity) -> bool:
+        """Whether IDENTITY's certificate was found current within the last HOLD_FOR s."""
+        key = (identity.name, identity.serial)
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if identity.not_after <= pki.utcnow():
+            return False  # the database's answer too, from that moment
+        if trio.current_time() >= until:
+            del self._until[key]
+            return False
+        return True
+
+    def version(self, name: str) -> tuple[int, int]:
+        """Take before reading the database about NAME; give to `remember`."""
+        return self._all_changes, self._changes[name]
+
+    def remember(self, identity: pki.Identity, version: tuple[int, int]) -> None:
+        """Keep IDENTITY as current, read so at VERSION, unless it changed since."""
+        if version != self.version(identity.name):
+            return
+        now = trio.current_time()
+        if len(self._until) >= SWEEP_ABOVE:
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        self._until[(identity.name, identity.serial)] = now + self.hold_for
+
+    def forget(self, name: str) -> None:
+        self._changes[name] += 1
+        for key in [k for k in self._until if k[0] == name]:
+            del self._until[key]
+
+    def forget_all(self) -> None:
+        self._all_changes += 1
+        self._until.clear()

@@ -1,0 +1,65 @@
+"""The CLI's client keeps a connection for a command's next request and resumes the TLS
+session on a new one, against a real server on 127.0.0.222."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cli import client as client_module
+from cli.client import ApiClient
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from oz0.context import Context
+from oz0.store.dburl import DatabaseUrl
+
+StartServer = Callable[..., ServerProcess]
+SERVER = "127.0.0.222"
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER)
+
+
+def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(
+    cluster_files: ClusterFiles, start_server: StartServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_server(cluster_files, SERVER)
+    handshakes: list[bool] = []  # for each new connection: whether it resumed a session
+    connect = client_module._Connection.connect
+
+    def counted(self: client_module._Connection) -> None:
+        connect(self)
+        assert isinstance(self.sock, ssl.SSLSocket)
+        handshakes.append(self.sock.session_reused)
+
+    monkeypatch.setattr(client_module._Connection, "connect", counted)
+    context = Context.load(cluster_files.context_path)
+    # Servers learned long ago: the command's request is followed by a refresh of them.
+    stale = dataclasses.replace(context, learned_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+    stale.save()
+    api = ApiClient(stale)
+    api.get("/api/v1/nodes")
+    assert Context.load(cluster_files.context_path).learned_at != stale.learned_at, "no refresh"
+    assert handshakes == [False], "the refresh did not reuse the request's connection"
+    api.post("/api/v1/tenants", {"name": "acme"})
+    assert handshakes == [False]
+
+    # A new connection (the last one closed) resumes the session: no full handshake.
+    api.close()
+    api.get("/api/v1/nodes")
+    assert handshakes == [False, True]
+
+    # One idle for longer than KEEP_IDLE is not risked: the next request goes on a new one.
+    server = f"{SERVER}:8443"
+    ((kept, since),) = api._idle[server]
+    api._idle[server] = [(kept, since - client_module.KEEP_IDLE)]
+    api.get("/api/v1/nodes")
+    assert handshakes == [False, True, True]
+    assert kept.sock is None, "the old connection was not closed"
+    api.close()
