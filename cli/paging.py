@@ -14,8 +14,9 @@ from cli.client import ApiClient
 from cli.output import terminal_safe
 from oz0.errors import Oz0Error
 
-# Rows a request asks for: the API's largest page of nodes (oz0.listing.MAX_LIMIT).
-PAGE_SIZE = 1000
+# Rows a request asks for: the API's default page of nodes (oz0.listing.DEFAULT_LIMIT).
+PAGE_SIZE = 500
+MAX_PAGE_SIZE = 1000
 
 LimitOption = Annotated[
     int | None, Parameter(name="--limit", help="At most this many rows in all (else every one).")
@@ -24,7 +25,7 @@ PageSizeOption = Annotated[
     int,
     Parameter(
         name="--page-size",
-        help=f"Rows asked for in each request, 1 to {PAGE_SIZE}: smaller shows the first sooner.",
+        help=f"Rows asked for in each request, 1 to {MAX_PAGE_SIZE}; fewer show sooner.",
     ),
 ]
 
@@ -32,8 +33,8 @@ PageSizeOption = Annotated[
 def check(limit: int | None, page_size: int) -> None:
     if limit is not None and limit < 1:
         raise Oz0Error("--limit must be a whole number of 1 or more")
-    if not 1 <= page_size <= PAGE_SIZE:
-        raise Oz0Error(f"--page-size must be a whole number from 1 to {PAGE_SIZE}")
+    if not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise Oz0Error(f"--page-size must be a whole number from 1 to {MAX_PAGE_SIZE}")
 
 
 def pages(

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
-from oz0 import audit, listing
+from oz0 import audit, listing, tenants
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -111,7 +111,8 @@ def matches(row: dict[str, Any], wanted: dict[str, str]) -> bool:
 def test_pages_list_every_node_once_with_nodes_joining_between_pages(
     cluster: ClusterFiles, conn: Conn, api: ApiClient, wanted: dict[str, str]
 ) -> None:
-    conn.execute("INSERT INTO tenants (name) VALUES ('acme') ON CONFLICT DO NOTHING")
+    if not tenants.exists(conn, "acme"):
+        api.post("/api/v1/tenants", {"name": "acme"})
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     kinds = [
         {"state": "accepted", "labels": {"role": "web", "zone": "a"}},
