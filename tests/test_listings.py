@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
-from oz0 import audit, listing, tenants
+from oz0 import audit, listing, nodes, tenants
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -281,3 +281,12 @@ def test_the_cli_follows_pages_and_limit_counts_every_row(
     ]:
         bad = cli(*args, env=env)
         assert (bad.code, bad.out, bad.err) == (1, "", f"error: {message}\n")
+
+
+def test_the_web_ui_count_stops_where_it_is_told(conn: Conn) -> None:
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i in range(12):
+        add_node(conn, base + dt.timedelta(seconds=i), state="pending" if i % 2 else "accepted")
+    assert nodes.count_nodes(conn) == 12
+    assert nodes.count_nodes(conn, most=5) == 5
+    assert nodes.count_nodes(conn, state="pending", most=100) == 6
