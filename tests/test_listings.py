@@ -87,7 +87,7 @@ FILTERS: list[dict[str, str]] = [
     {"label": "role=web"},
     {"label": "zone"},
     {"search": "WEB-"},
-    {"state": "accepted", "tenant": "default", "label": "role=db", "search": "b-0"},
+    {"state": "accepted", "tenant": "default", "label": "role=db", "search": "WEB-0"},
 ]
 
 
@@ -124,7 +124,12 @@ def test_pages_list_every_node_once_with_nodes_joining_between_pages(
     # Three nodes a second, so that pages end between nodes of one joined_at: the ID
     # breaks the tie, and a cursor without it would skip or repeat them.
     for i in range(90):
-        add_node(conn, base + dt.timedelta(seconds=i // 3), hostname=f"Web-{i:03d}", **kinds[i % 5])
+        add_node(
+            conn,
+            base + dt.timedelta(seconds=i // 3),
+            hostname=f"{'Web' if i % 2 else 'db'}-{i:03d}",
+            **kinds[i % 5],
+        )
     listed: list[dict[str, Any]] = []
     late: list[str] = []
     cursor: str | None = None
@@ -235,6 +240,7 @@ def test_the_cli_follows_pages_and_limit_counts_every_row(
     ] == [ids[1], ids[10]]
     # The JSON is print_json's, written a page at a time.
     one = cli("node", "list", "--json", env=env).out
+    assert one == json.dumps(json.loads(one), indent=2) + "\n"
     assert cli("node", "list", "--page-size", "2", "--json", env=env).out == one
     assert json_of("node", "list", "--label", "none", "--json") == []
     assert cli("node", "list", "--label", "none", "--json", env=env).out == "[]\n"
