@@ -275,6 +275,59 @@ def list_page(
     return found[:limit], cursor_after(found[limit - 1])
 
 
+def _iso(column: str) -> str:
+    """SQL giving COLUMN (a timestamptz) as datetime.isoformat() writes it: no fraction
+    when there are no microseconds, else six digits."""
+    return (
+        f"to_char({column}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN"
+        f" extract(microseconds FROM {column})::bigint %% 1000000 = 0 THEN ''"
+        f" ELSE to_char({column}, '.US') END || to_char({column}, 'TZH:TZM')"
+    )
+
+
+# What Node.to_json gives, as JSON text written by PostgreSQL, keys sorted as the API's
+# JSON encoder sorts them: a page of the API costs no Node, no dict and no encoding a row
+# in the server's one thread (about half its CPU time a page of 500 before).
+_PAGE_JSON = (
+    "SELECT json_build_object("
+    "'connected', connected, 'hostname', hostname, 'id', id,"
+    f" 'joined_at', {_iso('joined_at')},"
+    " 'labels', coalesce((SELECT json_object_agg(k, v ORDER BY k COLLATE \"C\")"
+    "   FROM jsonb_each(labels) AS l(k, v)), '{}'::json),"
+    f" 'last_seen', CASE WHEN last_seen IS NOT NULL THEN {_iso('last_seen')} END,"
+    " 'reason', reason, 'server', CASE WHEN connected THEN server END, 'state', state,"
+    " 'tenant', tenant, 'token_id', token_id)::text, joined_at, id"
+    f" FROM (SELECT nodes.*, {CONNECTED} AS connected FROM nodes"
+)
+
+
+def list_page_json(
+    conn: psycopg.Connection[Any],
+    *,
+    state: str | None = None,
+    tenant: str | None = None,
+    label: LabelFilter | None = None,
+    search: str | None = None,
+    limit: int = listing.DEFAULT_LIMIT,
+    after: str | None = None,
+) -> tuple[list[str], str | None]:
+    """`list_page`, each node as the JSON text of its to_json(), for the API."""
+    where, params = _where(state, tenant, label, search)
+    if after is not None:
+        params["after_at"], params["after_id"] = _listing_key(after)
+        where += " AND (joined_at, id) > (%(after_at)s, %(after_id)s)"
+    rows = conn.execute(
+        _PAGE_JSON + where + " ORDER BY joined_at, id LIMIT %(limit)s) AS page"
+        " ORDER BY joined_at, id",
+        {**CONNECTED_PARAMS, **params, "limit": limit + 1},
+    ).fetchall()
+    if len(rows) <= limit:
+        return [r[0] for r in rows], None
+    _, joined_at, node_id = rows[limit - 1]
+    last = listing.encode({"joined_at": joined_at.isoformat(), "id": node_id})
+    return [r[0] for r in rows[:limit]], last
+
+
 def count_nodes(
     conn: psycopg.Connection[Any],
     *,

@@ -296,3 +296,34 @@ def test_the_web_ui_count_stops_where_it_is_told(conn: Conn) -> None:
     assert nodes.count_nodes(conn) == 12
     assert nodes.count_nodes(conn, most=5) == 5
     assert nodes.count_nodes(conn, state="pending", most=100) == 6
+
+
+def test_the_api_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) -> None:
+    server = conn.execute("SELECT id FROM servers").fetchone()
+    assert server is not None
+    whole = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+    made = [
+        add_node(conn, whole, labels={"zone": "b", "os": "linux", "arch": "x86_64"}),
+        add_node(conn, whole + dt.timedelta(microseconds=1), state="blocked", hostname="h-1"),
+        add_node(conn, whole + dt.timedelta(seconds=1, microseconds=470_000), state="pending"),
+    ]
+    conn.execute(
+        "UPDATE nodes SET server = %s, last_seen = now(), reason = %s WHERE id = %s",
+        (server[0], 'said "no"\\\n\t\x1b ü', made[0]),
+    )
+    conn.execute(
+        "UPDATE nodes SET server = %s, last_seen = now() - interval '1 hour', token_id = NULL"
+        " WHERE id = %s",
+        (server[0], made[1]),
+    )
+    texts, cursor = nodes.list_page_json(conn, limit=2)
+    objects, expected_cursor = nodes.list_page(conn, limit=2)
+    assert cursor == expected_cursor
+    texts += nodes.list_page_json(conn, limit=2, after=cursor)[0]
+    every = nodes.list_nodes(conn)
+    assert [n.id for n in every] == made and [o.id for o in objects] == made[:2]
+    for text, node in zip(texts, every, strict=True):
+        decoded = json.loads(text)
+        assert decoded == node.to_json()
+        assert list(decoded) == sorted(decoded) and list(decoded["labels"]) == sorted(node.labels)
+    assert json.loads(texts[0])["connected"] is True and json.loads(texts[1])["server"] is None
