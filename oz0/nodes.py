@@ -169,11 +169,15 @@ def parse_label_filter(text: str) -> LabelFilter:
 
 
 def _where(
-    state: str | None, tenant: str | None, label: LabelFilter | None, search: str | None
+    state: str | None,
+    tenant: str | None,
+    label: LabelFilter | None,
+    search: str | None,
+    after: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The WHERE clause of these filters, naming only those given: a condition written as
     `(%(x)s IS NULL OR ...)` would keep a prepared statement's generic plan off the
-    indexes of migration 0012."""
+    indexes of migration 0012. AFTER (a cursor): only the nodes listed after it."""
     if state is not None and state not in STATES:
         raise NodeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
     conditions = ["TRUE"]
@@ -200,12 +204,20 @@ def _where(
             "(strpos(id, lower(%(search)s)) > 0 OR strpos(hostname_lower, lower(%(search)s)) > 0)"
         )
         params["search"] = search
+    if after is not None:
+        # A row comparison: the listing indexes read from this key on, in order.
+        params["after_at"], params["after_id"] = _listing_key(after)
+        conditions.append("(joined_at, id) > (%(after_at)s, %(after_id)s)")
     return " WHERE " + " AND ".join(conditions), params
 
 
 def cursor_after(node: Node) -> str:
     """The cursor of the page after one ending with NODE: its place in the listing order."""
-    return listing.encode({"joined_at": node.joined_at.isoformat(), "id": node.id})
+    return _cursor(node.joined_at, node.id)
+
+
+def _cursor(joined_at: dt.datetime, node_id: str) -> str:
+    return listing.encode({"joined_at": joined_at.isoformat(), "id": node_id})
 
 
 def _listing_key(cursor: str) -> tuple[dt.datetime, str]:
@@ -236,10 +248,7 @@ def list_nodes(
     is a case-insensitive part of the ID or host name. AFTER (a cursor, `cursor_after`)
     starts after that node; LIMIT and OFFSET page through them (no LIMIT: all). Raises
     listing.BadPaging for a malformed cursor."""
-    where, params = _where(state, tenant, label, search)
-    if after is not None:
-        params["after_at"], params["after_id"] = _listing_key(after)
-        where += " AND (joined_at, id) > (%(after_at)s, %(after_id)s)"
+    where, params = _where(state, tenant, label, search, after)
     order = " ORDER BY joined_at, id"
     if offset:
         # The rows skipped are read as IDs only (from the listing indexes where they
@@ -312,10 +321,7 @@ def list_page_json(
     after: str | None = None,
 ) -> tuple[list[str], str | None]:
     """`list_page`, each node as the JSON text of its to_json(), for the API."""
-    where, params = _where(state, tenant, label, search)
-    if after is not None:
-        params["after_at"], params["after_id"] = _listing_key(after)
-        where += " AND (joined_at, id) > (%(after_at)s, %(after_id)s)"
+    where, params = _where(state, tenant, label, search, after)
     rows = conn.execute(
         _PAGE_JSON + where + " ORDER BY joined_at, id LIMIT %(limit)s) AS page"
         " ORDER BY joined_at, id",
@@ -324,8 +330,7 @@ def list_page_json(
     if len(rows) <= limit:
         return [r[0] for r in rows], None
     _, joined_at, node_id = rows[limit - 1]
-    last = listing.encode({"joined_at": joined_at.isoformat(), "id": node_id})
-    return [r[0] for r in rows[:limit]], last
+    return [r[0] for r in rows[:limit]], _cursor(joined_at, node_id)
 
 
 def count_nodes(
