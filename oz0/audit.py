@@ -137,6 +137,36 @@ def entries_page(
     return rows[:limit], cursor_after(rows[limit - 1])
 
 
+# What Entry.to_json gives, as JSON text written by PostgreSQL with the keys of every
+# object sorted as the API's encoder sorts them (oz0_sorted_json, migration 0012, for a
+# nested value; a flat one is sorted here, without a function call a key).
+_PAGE_JSON = (
+    "SELECT json_build_object('action', action,"
+    " 'actor', json_build_object('kind', actor_kind, 'name', actor),"
+    " 'details', coalesce((SELECT json_object_agg(k, CASE WHEN jsonb_typeof(v) IN"
+    "   ('object', 'array') THEN oz0_sorted_json(v) ELSE v::json END ORDER BY k COLLATE \"C\")"
+    "   FROM jsonb_each(details) AS d (k, v)), '{}'::json),"
+    f" 'id', id, 'target', target, 'time', {listing.iso_sql('at')})::text, id"
+    " FROM audit_log"
+)
+
+
+def entries_page_json(
+    conn: psycopg.Connection[Any], filters: Filters, *, before: int | None, limit: int
+) -> tuple[list[str], str | None]:
+    """`entries_page`, each entry as the JSON text of its to_json(), for the API."""
+    where, params = filters.where()
+    if before is not None:
+        where += " AND id < %(before)s"
+    rows = conn.execute(
+        _PAGE_JSON + where + " ORDER BY id DESC LIMIT %(limit)s",
+        {**params, "before": before, "limit": limit + 1},
+    ).fetchall()
+    if len(rows) <= limit:
+        return [r[0] for r in rows], None
+    return [r[0] for r in rows[:limit]], listing.encode({"id": rows[limit - 1][1]})
+
+
 def newer_page(
     conn: psycopg.Connection[Any], filters: Filters, newest_shown: int, limit: int
 ) -> int | None:

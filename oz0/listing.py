@@ -60,3 +60,13 @@ def decode(raw: str, fields: dict[str, type]) -> dict[str, Any]:
         if not isinstance(key[name], kind) or isinstance(key[name], bool):
             raise refused
     return key
+
+
+def iso_sql(column: str) -> str:
+    """SQL giving COLUMN (a timestamptz) as datetime.isoformat() writes it: no fraction
+    when there are no microseconds, else six digits (for JSON written by PostgreSQL)."""
+    return (
+        f"to_char({column}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN"
+        f" extract(microseconds FROM {column})::bigint %% 1000000 = 0 THEN ''"
+        f" ELSE to_char({column}, '.US') END || to_char({column}, 'TZH:TZM')"
+    )

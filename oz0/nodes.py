@@ -284,26 +284,16 @@ def list_page(
     return found[:limit], cursor_after(found[limit - 1])
 
 
-def _iso(column: str) -> str:
-    """SQL giving COLUMN (a timestamptz) as datetime.isoformat() writes it: no fraction
-    when there are no microseconds, else six digits."""
-    return (
-        f"to_char({column}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN"
-        f" extract(microseconds FROM {column})::bigint %% 1000000 = 0 THEN ''"
-        f" ELSE to_char({column}, '.US') END || to_char({column}, 'TZH:TZM')"
-    )
-
-
 # What Node.to_json gives, as JSON text written by PostgreSQL, keys sorted as the API's
 # JSON encoder sorts them: a page of the API costs no Node, no dict and no encoding a row
 # in the server's one thread (about half its CPU time a page of 500 before).
 _PAGE_JSON = (
     "SELECT json_build_object("
     "'connected', connected, 'hostname', hostname, 'id', id,"
-    f" 'joined_at', {_iso('joined_at')},"
+    f" 'joined_at', {listing.iso_sql('joined_at')},"
     " 'labels', coalesce((SELECT json_object_agg(k, v ORDER BY k COLLATE \"C\")"
     "   FROM jsonb_each(labels) AS l(k, v)), '{}'::json),"
-    f" 'last_seen', CASE WHEN last_seen IS NOT NULL THEN {_iso('last_seen')} END,"
+    f" 'last_seen', CASE WHEN last_seen IS NOT NULL THEN {listing.iso_sql('last_seen')} END,"
     " 'reason', reason, 'server', CASE WHEN connected THEN server END, 'state', state,"
     " 'tenant', tenant, 'token_id', token_id)::text, joined_at, id"
     f" FROM (SELECT nodes.*, {CONNECTED} AS connected FROM nodes"

@@ -327,3 +327,36 @@ def test_the_api_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) ->
         assert decoded == node.to_json()
         assert list(decoded) == sorted(decoded) and list(decoded["labels"]) == sorted(node.labels)
     assert json.loads(texts[0])["connected"] is True and json.loads(texts[1])["server"] is None
+
+
+def test_the_api_audit_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) -> None:
+    details: list[dict[str, Any]] = [
+        {},
+        {"summary": True, "count": 3, "reasons": {"unknown": 2, "revoked": 1, "expired": 0}},
+        {"zz": [{"yy": 1, "b": None}, "x", 1.5], "a": 'said "no"\n\x1b ü', "mm": {}},
+    ]
+    with conn.transaction():
+        for d in details:
+            audit.record(conn, audit.Actor("ui", "json-check"), "test.json", "t:json", d)
+        conn.execute(
+            "UPDATE audit_log SET at = date_trunc('second', at) WHERE details = %s", (Jsonb({}),)
+        )
+    filters = audit.Filters(actor="ui:json-check")
+    texts, cursor = audit.entries_page_json(conn, filters, before=None, limit=2)
+    entries, expected_cursor = audit.entries_page(conn, filters, before=None, limit=2)
+    assert cursor == expected_cursor
+    texts += audit.entries_page_json(conn, filters, before=audit.before_of(cursor), limit=2)[0]
+    every = audit.entries(conn, actor="ui:json-check")
+    assert len(every) == 3 and [e.id for e in entries] == [e.id for e in every[:2]]
+
+    def sorted_keys(value: Any) -> bool:
+        if isinstance(value, dict):
+            return list(value) == sorted(value) and all(sorted_keys(v) for v in value.values())
+        if isinstance(value, list):
+            return all(sorted_keys(v) for v in value)
+        return True
+
+    for text, entry in zip(texts, every, strict=True):
+        decoded = json.loads(text)
+        assert decoded == entry.to_json()
+        assert sorted_keys(decoded)

@@ -14,3 +14,18 @@ CREATE INDEX nodes_labels ON nodes USING gin (labels);
 -- index for substrings, pg_trgm's, is not there on every PostgreSQL we run on: the
 -- embedded one of dev mode lacks the extension.)
 ALTER TABLE nodes ADD COLUMN hostname_lower text GENERATED ALWAYS AS (lower(hostname)) STORED;
+
+-- A page of the audit log is JSON written by PostgreSQL (oz0.audit.entries_page_json),
+-- as the API's encoder writes it: the keys of every object sorted (jsonb keeps them in
+-- its own order, shortest first).
+CREATE FUNCTION oz0_sorted_json(value jsonb) RETURNS json LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(value) = 'object' THEN
+        RETURN coalesce((SELECT json_object_agg(k, oz0_sorted_json(v) ORDER BY k COLLATE "C")
+                         FROM jsonb_each(value) AS e (k, v)), '{}'::json);
+    ELSIF jsonb_typeof(value) = 'array' THEN
+        RETURN coalesce((SELECT json_agg(oz0_sorted_json(v) ORDER BY n)
+                         FROM jsonb_array_elements(value) WITH ORDINALITY AS e (v, n)), '[]'::json);
+    END IF;
+    RETURN value::json;
+END $$;
