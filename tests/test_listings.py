@@ -332,8 +332,9 @@ def test_the_api_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) ->
 def test_the_api_audit_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) -> None:
     details: list[dict[str, Any]] = [
         {},
-        {"summary": True, "count": 3, "reasons": {"unknown": 2, "revoked": 1, "expired": 0}},
-        {"zz": [{"yy": 1, "b": None}, "x", 1.5], "a": 'said "no"\n\x1b ü', "mm": {}},
+        {"summary": True, "count": 3, "reasons": {"unknown": 2, "zz": 1, "expired": 0}},
+        # jsonb keeps the keys of an object shortest first: these sort otherwise.
+        {"zz": [{"yy": 1, "b": None}, "x", 1.5], "a": 'said "no"\n\x1b ü', "bbb": {}, "c": 1},
     ]
     with conn.transaction():
         for d in details:
