@@ -26,6 +26,10 @@ class BadPaging(Oz0Error):
     pass
 
 
+def malformed() -> BadPaging:
+    return BadPaging("malformed cursor: pass the next_cursor of the previous page unchanged")
+
+
 def limit_of(raw: str | None, default: int = DEFAULT_LIMIT, most: int = MAX_LIMIT) -> int:
     """RAW (the `limit` argument) as a page size from 1 to MOST; DEFAULT when absent."""
     if raw is None:
@@ -45,7 +49,7 @@ def encode(key: dict[str, Any]) -> str:
 
 def decode(raw: str, fields: dict[str, type]) -> dict[str, Any]:
     """The key in cursor RAW, which must hold exactly FIELDS with values of those types."""
-    refused = BadPaging("malformed cursor: pass the next_cursor of the previous page unchanged")
+    refused = malformed()
     if not raw or len(raw) > _MAX_CURSOR or not raw.isascii():
         raise refused
     try:

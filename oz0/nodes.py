@@ -227,9 +227,7 @@ def _listing_key(cursor: str) -> tuple[dt.datetime, str]:
     except ValueError:
         joined_at = None
     if joined_at is None or joined_at.tzinfo is None:
-        raise listing.BadPaging(
-            "malformed cursor: pass the next_cursor of the previous page unchanged"
-        )
+        raise listing.malformed()
     return joined_at, key["id"]
 
 
