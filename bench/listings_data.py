@@ -36,7 +36,8 @@ def node_id(i: int) -> str:
 
 
 def fill_nodes(conn: psycopg.Connection[Any], count: int, server: str | None = None) -> None:
-    """COUNT nodes; the accepted ones connected through SERVER (a servers row) if given."""
+    """COUNT nodes; the accepted ones connected through SERVER (a servers row) if given,
+    for an hour."""
     conn.execute(
         "INSERT INTO tenants (name) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
         (TENANTS,),
@@ -52,7 +53,9 @@ def fill_nodes(conn: psycopg.Connection[Any], count: int, server: str | None = N
         "  'host-' || lpad(i::text, 5, '0') || '.example',"
         "  md5(i::text),"
         f"  CASE WHEN {_STATE} = 'accepted' THEN %(server)s::text END,"
-        f"  CASE WHEN {_STATE} = 'accepted' THEN now() END,"
+        # An hour ahead: shown connected for the whole run (while their server is up), as
+        # agents' heartbeats would keep them, without a writer that disturbs the pages.
+        f"  CASE WHEN {_STATE} = 'accepted' THEN now() + interval '1 hour' END,"
         "  now() - (%(count)s - i) * interval '1 second'"
         " FROM generate_series(0, %(count)s - 1) AS i",
         {"roles": ROLES, "server": server, "count": count},
