@@ -7,7 +7,7 @@ import json as jsonlib
 from cyclopts import App
 
 from cli.client import ApiClient
-from cli.output import print_json, print_table
+from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, print_pages
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 
@@ -21,11 +21,13 @@ def list_(
     actor: str | None = None,
     target: str | None = None,
     before: int | None = None,
-    limit: int = 50,
+    limit: LimitOption = None,
+    page_size: PageSizeOption = PAGE_SIZE,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
-    """The newest audit rows, newest first.
+    """The audit rows, newest first, every one unless --limit says how many. Pages are
+    fetched one after another and printed as they come.
 
     Parameters
     ----------
@@ -36,29 +38,24 @@ def list_(
     target
         Only rows about this target, such as operator:admin.
     before
-        Only rows older than this entry ID (the next page: the last ID shown, with --json).
-    limit
-        At most this many rows.
+        Only rows older than this entry ID (such as the last ID shown, with --json).
     """
-    data = ApiClient(select(context)).get(
-        "/api/v1/audit",
-        {"action": action, "actor": actor, "target": target, "before": before, "limit": limit},
-    )
-    entries = data["entries"]
-    if json:
-        print_json(entries)
-        return 0
-    print_table(
-        ["TIME", "ACTOR", "ACTION", "TARGET", "DETAILS"],
-        [
-            [
-                e["time"],
-                f"{e['actor']['kind']}:{e['actor']['name']}",
-                e["action"],
-                e["target"],
-                jsonlib.dumps(e["details"], sort_keys=True) if e["details"] else "",
-            ]
-            for e in entries
+    check(limit, page_size)
+    query = {"action": action, "actor": actor, "target": target}
+    found = pages(
+        ApiClient(select(context)), "/api/v1/audit", query, "entries", limit=limit,
+        page_size=page_size, start={"before": before},
+    )  # fmt: skip
+    print_pages(
+        found,
+        json_output=json,
+        headers=["TIME", "ACTOR", "ACTION", "TARGET", "DETAILS"],
+        cells=lambda e: [
+            e["time"],
+            f"{e['actor']['kind']}:{e['actor']['name']}",
+            e["action"],
+            e["target"],
+            jsonlib.dumps(e["details"], sort_keys=True) if e["details"] else "",
         ],
     )
     return 0

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import ApiClient
-from cli.output import print_fields, print_json, print_table
+from cli.output import print_fields, print_json
+from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, print_pages
 from cli.params import ContextPath, JsonFlag
 from oz0 import nodes, tokens
 from oz0.context import select
@@ -31,10 +32,15 @@ def list_(
     *,
     state: str | None = None,
     tenant: str | None = None,
+    label: str | None = None,
+    search: str | None = None,
+    limit: LimitOption = None,
+    page_size: PageSizeOption = PAGE_SIZE,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
-    """Every node, or those in one state or tenant.
+    """Every node, oldest first, or those matching every filter given. Pages are
+    fetched one after another and printed as they come.
 
     Parameters
     ----------
@@ -42,18 +48,24 @@ def list_(
         pending, accepted, rejected, blocked or purging.
     tenant
         Only nodes of this tenant.
+    label
+        KEY=VALUE: nodes with that label; KEY: nodes with any value for KEY.
+    search
+        Nodes whose ID or host name holds this text (any case, taken literally).
     """
-    found = ApiClient(select(context)).get("/api/v1/nodes", {"state": state, "tenant": tenant})
-    rows = found["nodes"]
-    if json:
-        print_json(rows)
-        return 0
-    print_table(
-        ["ID", "STATE", "TENANT", "CONNECTED", "LAST SEEN", "HOSTNAME", "LABELS"],
-        [
-            [n["id"], n["state"], n["tenant"], _connection(n), n["last_seen"] or "never",
-             n["hostname"], _labels(n["labels"])]
-            for n in rows
+    check(limit, page_size)
+    query = {"state": state, "tenant": tenant, "label": label, "search": search}
+    found = pages(
+        ApiClient(select(context)), "/api/v1/nodes", query, "nodes", limit=limit,
+        page_size=page_size,
+    )  # fmt: skip
+    print_pages(
+        found,
+        json_output=json,
+        headers=["ID", "STATE", "TENANT", "CONNECTED", "LAST SEEN", "HOSTNAME", "LABELS"],
+        cells=lambda n: [
+            n["id"], n["state"], n["tenant"], _connection(n), n["last_seen"] or "never",
+            n["hostname"], _labels(n["labels"]),
         ],
     )  # fmt: skip
     return 0

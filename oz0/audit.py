@@ -9,6 +9,8 @@ from typing import Any, Literal, get_args
 import psycopg
 from psycopg.types.json import Jsonb
 
+from oz0 import listing
+
 ActorKind = Literal["operator", "node", "server", "ui"]
 
 
@@ -83,20 +85,20 @@ class Filters:
         kind, _, name = (self.actor or "").partition(":")
         if kind not in get_args(ActorKind):
             kind, name = "", self.actor or ""
-        return {
+        given = {
             "action": self.action,
             "target": self.target,
             "actor_kind": kind or None,
             "actor": name or None,
         }
+        return {k: v for k, v in given.items() if v is not None}
 
-
-_WHERE = (
-    " WHERE (%(action)s::text IS NULL OR action = %(action)s)"
-    "   AND (%(target)s::text IS NULL OR target = %(target)s)"
-    "   AND (%(actor_kind)s::text IS NULL OR actor_kind = %(actor_kind)s)"
-    "   AND (%(actor)s::text IS NULL OR actor = %(actor)s)"
-)
+    def where(self) -> tuple[str, dict[str, Any]]:
+        """The WHERE clause naming only the filters given, and its parameters: each is
+        then an index condition ((action, id), (target, id), (actor, id)), also in a
+        prepared statement's generic plan, which `(%(x)s IS NULL OR ...)` would defeat."""
+        params = self._params()
+        return " WHERE " + " AND ".join(["TRUE", *(f"{k} = %({k})s" for k in params)]), params
 
 
 def cursor(raw: str | None) -> int | None:
@@ -104,6 +106,16 @@ def cursor(raw: str | None) -> int | None:
     if raw and raw.isascii() and raw.isdigit() and len(raw) <= 18:
         return int(raw)
     return None
+
+
+def cursor_after(entry: Entry) -> str:
+    """The opaque cursor of the page after one ending with ENTRY (what the API gives)."""
+    return listing.encode({"id": entry.id})
+
+
+def before_of(cursor: str) -> int:
+    """The `before` id in an opaque cursor; listing.BadPaging if it is not one of ours."""
+    return int(listing.decode(cursor, {"id": int})["id"])
 
 
 def entries(
@@ -117,14 +129,59 @@ def entries(
 ) -> list[Entry]:
     """The newest LIMIT rows older than id BEFORE (keyset paging), newest first, filtered
     by exact ACTION, ACTOR (`ui:admin`, or `admin` of any kind) and TARGET."""
+    where, params = Filters(action, actor, target).where()
+    if before is not None:
+        where += " AND id < %(before)s"
     rows = conn.execute(
         "SELECT id, at, actor_kind, actor, action, target, details FROM audit_log"
-        + _WHERE
-        + " AND (%(before)s::bigint IS NULL OR id < %(before)s)"
-        " ORDER BY id DESC LIMIT %(limit)s",
-        {**Filters(action, actor, target)._params(), "before": before, "limit": limit},
+        + where
+        + " ORDER BY id DESC LIMIT %(limit)s",
+        {**params, "before": before, "limit": limit},
     ).fetchall()
     return [Entry(*row) for row in rows]
+
+
+def entries_page(
+    conn: psycopg.Connection[Any], filters: Filters, *, before: int | None, limit: int
+) -> tuple[list[Entry], str | None]:
+    """One page of `entries` and the cursor of the next one (None: this is the last)."""
+    rows = entries(
+        conn, action=filters.action, actor=filters.actor, target=filters.target,
+        before=before, limit=limit + 1,
+    )  # fmt: skip
+    if len(rows) <= limit:
+        return rows, None
+    return rows[:limit], cursor_after(rows[limit - 1])
+
+
+# What Entry.to_json gives, as JSON text written by PostgreSQL with the keys of every
+# object sorted as the API's encoder sorts them (oz0_sorted_json, migration 0012, for a
+# nested value; a flat one is sorted here, without a function call a key).
+_PAGE_JSON = (
+    "SELECT json_build_object('action', action,"
+    " 'actor', json_build_object('kind', actor_kind, 'name', actor),"
+    " 'details', coalesce((SELECT json_object_agg(k, CASE WHEN jsonb_typeof(v) IN"
+    "   ('object', 'array') THEN oz0_sorted_json(v) ELSE v::json END ORDER BY k COLLATE \"C\")"
+    "   FROM jsonb_each(details) AS d (k, v)), '{}'::json),"
+    f" 'id', id, 'target', target, 'time', {listing.iso_sql('at')})::text, id"
+    " FROM audit_log"
+)
+
+
+def entries_page_json(
+    conn: psycopg.Connection[Any], filters: Filters, *, before: int | None, limit: int
+) -> tuple[list[str], str | None]:
+    """`entries_page`, each entry as the JSON text of its to_json(), for the API."""
+    where, params = filters.where()
+    if before is not None:
+        where += " AND id < %(before)s"
+    rows = conn.execute(
+        _PAGE_JSON + where + " ORDER BY id DESC LIMIT %(limit)s",
+        {**params, "before": before, "limit": limit + 1},
+    ).fetchall()
+    if len(rows) <= limit:
+        return [r[0] for r in rows], None
+    return [r[0] for r in rows[:limit]], listing.encode({"id": rows[limit - 1][1]})
 
 
 def newer_page(
@@ -132,9 +189,10 @@ def newer_page(
 ) -> int | None:
     """The `before` cursor of the page of LIMIT rows just newer than id NEWEST_SHOWN: None
     when there are none, 0 when that page is the first one (no cursor needed)."""
+    where, params = filters.where()
     rows = conn.execute(
-        "SELECT id FROM audit_log" + _WHERE + " AND id > %(after)s ORDER BY id LIMIT %(n)s",
-        {**filters._params(), "after": newest_shown, "n": limit + 1},
+        "SELECT id FROM audit_log" + where + " AND id > %(after)s ORDER BY id LIMIT %(n)s",
+        {**params, "after": newest_shown, "n": limit + 1},
     ).fetchall()
     if not rows:
         return None

@@ -24,6 +24,9 @@ from oz0.web.pages import NOTICES, Page, Pages, text_arg
 
 # The newest audit entries and job attempts a node's page shows.
 HISTORY = 50
+# The fleet page counts the matching nodes up to this many, then says "10,000+": a count
+# reads every row it counts, and a page of a large fleet must stay cheap.
+COUNT_UP_TO = 10_000
 
 NOTICES.update(
     {
@@ -78,12 +81,14 @@ def add(web: Blueprint, pages: Pages) -> None:
             }
             try:
                 has = nodes.parse_label_filter(label) if label else None
-                facts["total"] = nodes.count_nodes(
-                    conn, state=state, tenant=tenant, label=has, search=search
-                )
+                counted = nodes.count_nodes(
+                    conn, state=state, tenant=tenant, label=has, search=search,
+                    most=COUNT_UP_TO + 1,
+                )  # fmt: skip
+                facts["total"] = f"{COUNT_UP_TO:,}+" if counted > COUNT_UP_TO else counted
                 facts["fleet"] = nodes.list_nodes(
                     conn, state=state, tenant=tenant, label=has, search=search,
-                    limit=paging.ROWS, offset=(number - 1) * paging.ROWS,
+                    limit=paging.ROWS + 1, offset=(number - 1) * paging.ROWS,
                 )  # fmt: skip
             except nodes.NodeError as e:
                 facts["error"] = str(e)
@@ -91,8 +96,10 @@ def add(web: Blueprint, pages: Pages) -> None:
 
         facts = await db.transaction(read)
         first = (number - 1) * paging.ROWS + 1
+        more = len(facts["fleet"]) > paging.ROWS
+        facts["fleet"] = facts["fleet"][: paging.ROWS]
         shown = len(facts["fleet"])
-        newer, older = paging.links(pages, number, first + shown - 1 < facts["total"])
+        newer, older = paging.links(pages, number, more)
         return await pages.render(
             "nodes.html",
             current,

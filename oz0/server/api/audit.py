@@ -1,13 +1,17 @@
-"""GET /api/v1/audit"""
+"""GET /api/v1/audit: newest first, paged like GET /api/v1/nodes (`limit`, an opaque
+`cursor`, `next_cursor` in the answer); `before=ID` (older than that entry) still works."""
 
 from __future__ import annotations
 
-from quart import Response, jsonify, request
+import json
+
+from quart import Response, request
 from quart_trio import QuartTrio
 
-from oz0 import audit
+from oz0 import audit, listing
 from oz0.server.api.common import ApiError, ManagementState, operator
 
+DEFAULT_AUDIT_LIMIT = 100
 MAX_AUDIT_LIMIT = 10_000
 
 
@@ -15,24 +19,23 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/audit")
     async def audit_list() -> Response:
         await operator(state)
-        try:
-            limit = int(request.args.get("limit", "100"))
-        except ValueError:
-            raise ApiError(400, "limit must be a whole number") from None
-        if not 1 <= limit <= MAX_AUDIT_LIMIT:
-            raise ApiError(400, f"limit must be between 1 and {MAX_AUDIT_LIMIT}")
-        before = audit.cursor(request.args.get("before"))
-        if before is None and "before" in request.args:
-            raise ApiError(400, "before must be an audit entry's id (a whole number)")
         args = request.args
-        rows = await state.db.transaction(
-            lambda conn: audit.entries(
-                conn,
-                action=args.get("action"),
-                actor=args.get("actor"),
-                target=args.get("target"),
-                before=before,
-                limit=limit,
-            )
+        try:
+            limit = listing.limit_of(args.get("limit"), DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT)
+            given = args.get("cursor")
+            before = audit.before_of(given) if given is not None else None
+        except listing.BadPaging as e:
+            raise ApiError(400, str(e)) from None
+        if "before" in args:
+            if given is not None:
+                raise ApiError(400, "give cursor or before, not both")
+            before = audit.cursor(args.get("before"))
+            if before is None:
+                raise ApiError(400, "before must be an audit entry's id (a whole number)")
+        filters = audit.Filters(args.get("action"), args.get("actor"), args.get("target"))
+        rows, next_cursor = await state.db.transaction(
+            lambda conn: audit.entries_page_json(conn, filters, before=before, limit=limit)
         )
-        return jsonify({"entries": [r.to_json() for r in rows]})
+        # The entries come as JSON text already (see audit.entries_page_json).
+        body = '{"entries":[' + ",".join(rows) + '],"next_cursor":' + json.dumps(next_cursor) + "}"
+        return Response(body, content_type="application/json")

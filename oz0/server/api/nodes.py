@@ -1,9 +1,11 @@
-"""GET /api/v1/nodes[/<id>], POST /api/v1/nodes/<id>/accept, /reject, /block, /unblock,
+"""GET /api/v1/nodes (paged: limit, cursor; filters state, tenant, label, search),
+GET /api/v1/nodes/<id>, POST /api/v1/nodes/<id>/accept, /reject, /block, /unblock,
 /purge, DELETE /api/v1/nodes/<id>, and POST /api/v1/nodes/block and /unblock for many
 nodes at once."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +13,7 @@ import psycopg
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import nodes, tokens
+from oz0 import listing, nodes, tokens
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
@@ -19,15 +21,25 @@ from oz0.server.api.common import ApiError, ManagementState, json_object, operat
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/nodes")
     async def node_list() -> Response:
+        """A page of nodes, oldest first: `limit` rows at most (listing.DEFAULT_LIMIT,
+        up to listing.MAX_LIMIT) after `cursor`, with the cursor of the next page."""
         await operator(state)
-        wanted_state, tenant = request.args.get("state"), request.args.get("tenant")
+        args = request.args
+        label = args.get("label")
         try:
-            rows = await state.db.transaction(
-                lambda conn: nodes.list_nodes(conn, state=wanted_state, tenant=tenant)
-            )
-        except nodes.NodeError as e:
+            limit = listing.limit_of(args.get("limit"))
+            has = nodes.parse_label_filter(label) if label is not None else None
+            rows, next_cursor = await state.db.transaction(
+                lambda conn: nodes.list_page_json(
+                    conn, state=args.get("state"), tenant=args.get("tenant"), label=has,
+                    search=args.get("search"), limit=limit, after=args.get("cursor"),
+                )
+            )  # fmt: skip
+        except (nodes.NodeError, listing.BadPaging) as e:
             raise ApiError(400, str(e)) from None
-        return jsonify({"nodes": [n.to_json() for n in rows]})
+        # The nodes come as JSON text already (see nodes.list_page_json).
+        body = '{"next_cursor":' + json.dumps(next_cursor) + ',"nodes":[' + ",".join(rows) + "]}"
+        return Response(body, content_type="application/json")
 
     @app.get("/api/v1/nodes/<node_id>")
     async def node_show(node_id: str) -> Response:

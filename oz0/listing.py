@@ -1,0 +1,76 @@
+"""Keyset paging of the API's lists: the `limit` asked for and the opaque `cursor`.
+
+A cursor is the sort key of the last row of a page, as base64url (no padding) of a small
+JSON object; the next page is the rows after that key. A row inserted or removed between
+two pages does not move any other row across the boundary (as an OFFSET would), so every
+row present throughout is listed exactly once.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from oz0.errors import Oz0Error
+
+# Rows in a page of nodes when the caller names no limit, and the most it may ask for.
+DEFAULT_LIMIT = 500
+MAX_LIMIT = 1000
+# A cursor longer than this is not one of ours (ours are well under 200 characters).
+_MAX_CURSOR = 512
+
+
+class BadPaging(Oz0Error):
+    pass
+
+
+def malformed() -> BadPaging:
+    return BadPaging("malformed cursor: pass the next_cursor of the previous page unchanged")
+
+
+def limit_of(raw: str | None, default: int = DEFAULT_LIMIT, most: int = MAX_LIMIT) -> int:
+    """RAW (the `limit` argument) as a page size from 1 to MOST; DEFAULT when absent."""
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise BadPaging(f"limit must be a whole number from 1 to {most}")
+    limit = int(raw)
+    if not 1 <= limit <= most:
+        raise BadPaging(f"limit must be a whole number from 1 to {most}")
+    return limit
+
+
+def encode(key: dict[str, Any]) -> str:
+    data = json.dumps(key, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def decode(raw: str, fields: dict[str, type]) -> dict[str, Any]:
+    """The key in cursor RAW, which must hold exactly FIELDS with values of those types."""
+    refused = malformed()
+    if not raw or len(raw) > _MAX_CURSOR or not raw.isascii():
+        raise refused
+    try:
+        padded = raw + "=" * (-len(raw) % 4)
+        key = json.loads(base64.b64decode(padded, altchars=b"-_", validate=True))
+    except (binascii.Error, ValueError):
+        raise refused from None
+    if not isinstance(key, dict) or set(key) != set(fields):
+        raise refused
+    for name, kind in fields.items():
+        # bool is an int to isinstance; no cursor of ours holds one.
+        if not isinstance(key[name], kind) or isinstance(key[name], bool):
+            raise refused
+    return key
+
+
+def iso_sql(column: str) -> str:
+    """SQL giving COLUMN (a timestamptz) as datetime.isoformat() writes it: no fraction
+    when there are no microseconds, else six digits (for JSON written by PostgreSQL)."""
+    return (
+        f"to_char({column}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN"
+        f" extract(microseconds FROM {column})::bigint %% 1000000 = 0 THEN ''"
+        f" ELSE to_char({column}, '.US') END || to_char({column}, 'TZH:TZM')"
+    )
