@@ -313,5 +313,5 @@ def test_malformed_and_mutated_messages_get_clear_refusals(
     assert audit.json() == [], "unsolicited purge refusals are not audited"
     growth = rss(server.pid) - rss_before
     assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth / 2**20:.0f} MiB"
-    log = server.stderr()
+    log = server.own_log()
     assert "Traceback" not in log and " ERROR " not in log, log[-5000:]

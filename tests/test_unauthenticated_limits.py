@@ -60,7 +60,7 @@ def source(i: int, per_address: int = 50) -> str:
 
 
 def no_errors(server: ServerProcess) -> None:
-    log = server.stderr()
+    log = server.own_log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
 
 
