@@ -156,12 +156,11 @@ def bare_machine() -> Iterator[Path]:
     """A machine's HOME and working directory for user nobody (the agent then takes the
     default data directory of a user that is not root, under HOME; as root it would be the
     machine's /var/lib/oz0-node), outside pytest's temp tree that nobody cannot enter."""
-    machine = Path(tempfile.mkdtemp(prefix="oz0-bare-machine-"))
+    machine = Path(tempfile.mkdtemp(prefix="oz0-bare-machine-"))  # HOME stays empty
     machine.chmod(0o755)
     for name in ("home", "work"):
         (machine / name).mkdir()
         os.chown(machine / name, NOBODY, NOBODY)
-    (machine / "home" / ".profile").write_text("# the user's own\n")
     try:
         yield machine
     finally:
