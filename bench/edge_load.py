@@ -48,7 +48,7 @@ from typing import Any
 
 import psycopg
 import trio
-from trio_websocket import WebSocketConnection, open_websocket
+from trio_websocket import WebSocketConnection, wrap_client_stream
 
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
@@ -345,21 +345,34 @@ async def watch_server(server: ServerProcess, phase: list[str]) -> None:
             raise ServerExited(f"server exited with code {code} at {when} during {phase[0]}")
 
 
+def source_address(index: int) -> str:
+    """The loopback address node INDEX connects from: nodes are distinct machines, and the
+    edge admits at most 64 unauthenticated connections per source address."""
+    return f"127.3.{index // 250}.{index % 250 + 1}"
+
+
 @asynccontextmanager
 async def open_edge(
-    path: str, ctx: ssl.SSLContext, edge: str = EDGE
+    path: str, ctx: ssl.SSLContext, edge: str = EDGE, source: str | None = None
 ) -> AsyncIterator[tuple[WebSocketConnection, dict[str, Any]]]:
-    """Like fixtures.edge_client.connect, with this benchmark's bounds."""
+    """Like fixtures.edge_client.connect, with this benchmark's bounds, from SOURCE."""
     host, _, port = edge.rpartition(":")
-    async with open_websocket(
-        host,
-        int(port),
-        path,
-        use_ssl=ctx,
-        connect_timeout=CONNECT_TIMEOUT,
-        disconnect_timeout=DISCONNECT_TIMEOUT,
-    ) as ws:
-        yield ws, await answer(ws)
+    stream: trio.SSLStream[trio.SocketStream] | None = None
+    try:
+        with trio.fail_after(CONNECT_TIMEOUT):
+            tcp = await trio.open_tcp_stream(host, int(port), local_address=source)
+            stream = trio.SSLStream(tcp, ctx, server_hostname=host)
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                ws = await wrap_client_stream(nursery, stream, host, path)
+            try:
+                yield ws, await answer(ws)
+            finally:
+                with trio.move_on_after(DISCONNECT_TIMEOUT):
+                    await ws.aclose()
+    finally:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
 
 
 async def answer(ws: WebSocketConnection) -> dict[str, Any]:
@@ -392,7 +405,7 @@ async def join_one(
 ) -> None:
     began = time.perf_counter()
     try:
-        async with open_edge("/join", ctx, edge) as (ws, _hello):
+        async with open_edge("/join", ctx, edge, source_address(index)) as (ws, _hello):
             await edge_client.send(
                 ws,
                 "join",
@@ -617,7 +630,7 @@ async def control_stream(
     # own connect_timeout fires, trio-websocket 0.12.2 still waits for its reader task.
     with trio.CancelScope(deadline=began + CONNECT_TIMEOUT + 2 * ANSWER_TIMEOUT) as bound:
         try:
-            async with open_edge("/control", node.ctx) as (ws, _hello):
+            async with open_edge("/control", node.ctx, EDGE, source_address(index)) as (ws, _hello):
                 phase = streams.enter(phase, "welcome")
                 first = await answer(ws)
                 if first.get("type") != "welcome":
