@@ -2,9 +2,10 @@
 
     python -m bench.edge_load [--nodes N] [--idle SECONDS] [--join-concurrency C]
                               [--ramp-batch B] [--server-log PATH] [--no-gc-freeze]
+                              [--address IP]
 
 Starts a fresh test cluster (the suite's PostgreSQL, see fixtures/postgres.py) and ONE
-real server on 127.0.0.41, then from this one process:
+real server on 127.0.0.41 (or --address), then from this one process:
 
 1. creates a join token (tenant default, unlimited uses, no expiry) through the data layer;
 2. makes N P-256 keys and certificate requests (not timed), then joins the N nodes through
@@ -721,7 +722,7 @@ async def measure(
     ours: dict[str, int | str] = {"server": server.pid, "generator": "self"}
     cpu = CpuWindow(ours).start()
     results, wall, timed_out = await join_all(
-        nodes, token, ca_pem, args.join_concurrency, time_limit=max(300.0, n * 0.2)
+        nodes, token, ca_pem, args.join_concurrency, time_limit=max(300.0, n * 0.2), edges=(EDGE,)
     )
     ok = len(results.latencies)
     out["join"] = {
@@ -906,12 +907,14 @@ async def measure(
 
 
 def main() -> None:
+    global ADDRESS, EDGE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--join-concurrency", type=int, default=16)
     parser.add_argument("--ramp-batch", type=int, default=200)
     parser.add_argument("--server-log", type=Path, help="keep a copy of the server's stderr")
+    parser.add_argument("--address", default=ADDRESS, help="the server's loopback address")
     parser.add_argument(
         "--no-gc-freeze",
         dest="gc_freeze",
@@ -919,6 +922,7 @@ def main() -> None:
         help="do not move this process's long-lived objects out of garbage collection",
     )
     args = parser.parse_args()
+    ADDRESS, EDGE = args.address, f"{args.address}:{PORT}"
     if args.nodes < 1 or args.join_concurrency < 1 or args.ramp_batch < 1 or args.idle < 0:
         parser.error("--nodes, --join-concurrency and --ramp-batch must be positive")
 

@@ -51,6 +51,29 @@ def record_many(
     )
 
 
+def record_each(
+    conn: psycopg.Connection[Any],
+    action: str,
+    rows: list[tuple[Actor, str, dict[str, Any]]],
+) -> None:
+    """One row per (actor, target, details) of ROWS, each doing ACTION, in one statement."""
+    if not rows:
+        return
+    conn.execute(
+        "INSERT INTO audit_log (actor_kind, actor, action, target, details)"
+        " SELECT kind, name, %s, target, details"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::jsonb[])"
+        " WITH ORDINALITY AS r(kind, name, target, details, n) ORDER BY n",
+        (
+            action,
+            [a.kind for a, _, _ in rows],
+            [a.name for a, _, _ in rows],
+            [t for _, t, _ in rows],
+            [Jsonb(d) for _, _, d in rows],
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class Entry:
     id: int

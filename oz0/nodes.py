@@ -348,7 +348,7 @@ class Joined:
     certificate: str | None
 
 
-def _issue(
+def issue_certificate(
     ca: pki.CertificateAuthority, node_id: str, public_key: ec.EllipticCurvePublicKey
 ) -> str:
     cert = ca.issue(public_key, name=node_id, role=pki.Role.NODE, validity=pki.node_validity())
@@ -378,7 +378,7 @@ def join(
     state = "accepted" if accepted else "pending"
     tenant = token_tenant if accepted and token_tenant else DEFAULT_TENANT
     merged = {**(token_labels or {}), **labels}
-    certificate = _issue(ca, node_id, public_key) if accepted else None
+    certificate = issue_certificate(ca, node_id, public_key) if accepted else None
     conn.execute(
         "INSERT INTO nodes (id, tenant, state, labels, hostname, token_id, public_key,"
         " public_key_sha256, certificate) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -481,7 +481,7 @@ def accept(
     assert isinstance(public_key, ec.EllipticCurvePublicKey)
     conn.execute(
         "UPDATE nodes SET state = 'accepted', reason = NULL, certificate = %s WHERE id = %s",
-        (_issue(ca, node_id, public_key), node_id),
+        (issue_certificate(ca, node_id, public_key), node_id),
     )
     audit.record(conn, actor, "node.accept", f"node:{node_id}")
     return get(conn, node_id)

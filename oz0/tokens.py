@@ -7,6 +7,7 @@ inside the caller's transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -365,6 +366,65 @@ def consume(conn: psycopg.Connection[Any], token_string: str) -> JoinToken:
     ).fetchone()
     assert updated is not None
     return _token(updated)
+
+
+class Ledger:
+    """The tokens a batch of joins presents, locked until the caller's transaction ends,
+    and the uses the batch counts on them: each join is admitted or refused exactly as
+    `consume` one after another would, and `write` adds every use in one statement."""
+
+    def __init__(self, rows: dict[str, tuple[bytes, dt.datetime, JoinToken]]) -> None:
+        self._rows = rows
+        self._taken: dict[str, int] = {}
+
+    @classmethod
+    def lock(cls, conn: psycopg.Connection[Any], token_strings: Iterable[str]) -> Ledger:
+        """Lock the tokens TOKEN_STRINGS name (in ID order, so that two servers' batches
+        cannot deadlock on each other)."""
+        ids = sorted({parsed[0] for s in token_strings if (parsed := _parse(s)) is not None})
+        rows = conn.execute(
+            f"SELECT secret_sha256, now(), {_COLUMNS} FROM join_tokens WHERE id = ANY(%s)"
+            " ORDER BY id FOR UPDATE",
+            (ids,),
+        ).fetchall()
+        return cls({str(r[2]): (bytes(r[0]), r[1], _token(r[2:])) for r in rows})
+
+    def admits(self, token_string: str) -> JoinToken:
+        """The token TOKEN_STRING names, as it would be after one more use; TokenRefused
+        if it lets no more nodes in. Counts nothing: `take` does."""
+        parsed = _parse(token_string)
+        found = self._rows.get(parsed[0]) if parsed is not None else None
+        if parsed is None or found is None or not hmac.compare_digest(found[0], parsed[1]):
+            raise TokenRefused("unknown")
+        _, now, token = found
+        taken = self._taken.get(token.id, 0)
+        state = dataclasses.replace(token, uses=token.uses + taken).state(now)
+        if state != "live":
+            raise TokenRefused(state, token.id)
+        return dataclasses.replace(token, uses=token.uses + taken + 1)
+
+    def take(self, token: JoinToken) -> None:
+        """Count one use of TOKEN (as `admits` returned it)."""
+        self._taken[token.id] = self._taken.get(token.id, 0) + 1
+
+    def write(self, conn: psycopg.Connection[Any]) -> None:
+        """Add the uses taken to the tokens, in one statement."""
+        if not self._taken:
+            return
+        ids = sorted(self._taken)
+        conn.execute(
+            "UPDATE join_tokens AS t SET uses = t.uses + u.taken"
+            " FROM unnest(%s::text[], %s::int[]) AS u(id, taken) WHERE t.id = u.id",
+            (ids, [self._taken[i] for i in ids]),
+        )
+
+
+def _parse(token_string: str) -> tuple[str, bytes] | None:
+    """The ID and the secret's hash of a token string, None if it is not one."""
+    token_id, dot, secret = token_string.strip().partition(".")
+    if not dot or not secret or not TOKEN_ID.match(token_id):
+        return None
+    return token_id, _secret_hash(secret)
 
 
 def record_refusal(

@@ -6,6 +6,7 @@ optional at the handshake and required by `/control`.
 
 - `listener`: TLS, the websocket upgrade and the greeting; one task per connection.
 - `join`: `/join`, joining and picking a certificate up.
+- `join_batch`: joins with a token, written many to a transaction.
 - `join_refusals`: refused joins in the audit log, at a bounded rate.
 - `control`: `/control`, the node's stream while it is accepted.
 - `purge`: the signed purge command on a control stream.

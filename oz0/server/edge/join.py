@@ -11,7 +11,7 @@ import psycopg.errors
 import trio
 from trio_websocket import WebSocketConnection
 
-from oz0 import audit, node_strings, nodes, tokens
+from oz0 import audit, joins, node_strings, nodes, tokens
 from oz0.server.edge.common import DatabaseUnavailable, Edge, receive_first, send
 
 log = logging.getLogger(__name__)
@@ -50,31 +50,22 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
         again = nodes.rejoin(conn, csr)
         if again is not None:
             return again
-        if token:
-            used = tokens.consume(conn, token)
-            return nodes.join(
-                conn,
-                edge.cluster.cluster_ca,
-                csr_pem=csr,
-                labels=labels,
-                hostname=hostname,
-                token_id=used.id,
-                token_tenant=used.tenant,
-                token_labels=used.labels,
-            )
         nodes.check_room_for_pending(conn, edge.max_pending)
         return nodes.join(
             conn, edge.cluster.cluster_ca, csr_pem=csr, labels=labels, hostname=hostname
         )
 
     try:
-        try:
-            joined = await edge.transaction(add)
-        except psycopg.errors.UniqueViolation:
-            # The same key joined through another connection and committed first (the
-            # unique index made this one wait for it): this join is that node, and its
-            # token use was rolled back with the failed insert.
-            joined = await edge.transaction(add)
+        if token:
+            # Written with the joins that arrive with it (join_batch), counted exactly.
+            joined = await edge.joins.join(joins.TokenJoin(csr, token, labels, hostname))
+        else:
+            try:
+                joined = await edge.transaction(add)
+            except psycopg.errors.UniqueViolation:
+                # The same key joined through another connection and committed first (the
+                # unique index made this one wait for it): this join is that node.
+                joined = await edge.transaction(add)
     except DatabaseUnavailable:
         edge.metrics.join_refused("unavailable")
         raise

@@ -77,6 +77,7 @@ async def run(
         await nursery.start(edge.seen.run)
         await nursery.start(edge.streams.run)
         await nursery.start(edge.join_refusals.run)
+        await nursery.start(edge.joins.run)
         await nursery.start(
             partial(trio.serve_listeners, partial(_admit, edge, admission), listeners)
         )

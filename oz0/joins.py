@@ -1,0 +1,165 @@
+"""Joins with a token, many in one transaction: what the edge's join batcher writes.
+
+A batch costs one lock of each token it presents, one statement each for the known keys,
+the uses, the new nodes and their audit rows, and one commit, whatever its size. Each
+join in it ends as it would have alone, in the order given: a key that is a node already
+gets that node, a token admits exactly as many nodes as it has uses left, the rest are
+refused with the reason `tokens.consume` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from psycopg.types.json import Jsonb
+
+from oz0 import audit, nodes, pki, tokens
+from oz0.errors import Oz0Error
+
+
+@dataclass(frozen=True)
+class TokenJoin:
+    """One join message that presents a token (already checked by oz0.node_strings)."""
+
+    csr_pem: str
+    token: str
+    labels: dict[str, str]
+    hostname: str
+
+
+# What became of one join: its node, or why not (tokens.TokenRefused, nodes.NodeError);
+# None: its key is joining earlier in the same batch, so it waits for the next batch,
+# where it finds that node.
+Outcome = nodes.Joined | Oz0Error | None
+
+
+@dataclass(frozen=True)
+class _New:
+    index: int
+    node_id: str
+    key: ec.EllipticCurvePublicKey
+    sha256: str
+    token: tokens.JoinToken
+    labels: dict[str, str]
+    hostname: str
+
+
+def join_many(
+    conn: psycopg.Connection[Any], ca: pki.CertificateAuthority, requests: Sequence[TokenJoin]
+) -> list[Outcome]:
+    """Join REQUESTS in the caller's transaction; what became of each, in their order.
+
+    Keys that two joins race to add make psycopg.errors.UniqueViolation at the insert (the
+    other transaction committed first): the caller runs the batch again, which then finds
+    those nodes as known keys.
+    """
+    outcomes: list[Outcome] = [None] * len(requests)
+    keys: dict[int, tuple[ec.EllipticCurvePublicKey, str]] = {}
+    batch_keys: set[str] = set()
+    for i, request in enumerate(requests):
+        try:
+            key = pki.csr_public_key(request.csr_pem.encode())
+        except ValueError as e:
+            outcomes[i] = nodes.NodeError(f"bad certificate request: {e}")
+            continue
+        sha256 = nodes.public_key_sha256(key)
+        if sha256 not in batch_keys:
+            batch_keys.add(sha256)
+            keys[i] = (key, sha256)
+    if not keys:
+        return outcomes
+
+    known = {
+        str(row[0]): row[1:]
+        for row in conn.execute(
+            "SELECT public_key_sha256, id, state, tenant, certificate FROM nodes"
+            " WHERE public_key_sha256 = ANY(%s)",
+            ([sha256 for _, sha256 in keys.values()],),
+        )
+    }
+    joining: list[int] = []
+    for i, (_, sha256) in keys.items():
+        if sha256 in known:
+            outcomes[i] = _rejoined(*known[sha256])
+        else:
+            joining.append(i)
+    if not joining:
+        return outcomes
+
+    ledger = tokens.Ledger.lock(conn, (requests[i].token for i in joining))
+    new: list[_New] = []
+    for i in joining:
+        request = requests[i]
+        try:
+            token = ledger.admits(request.token)
+            labels = nodes.check_labels(request.labels)
+        except Oz0Error as e:
+            outcomes[i] = e
+            continue
+        ledger.take(token)
+        key, sha256 = keys[i]
+        hostname = request.hostname[:253] if isinstance(request.hostname, str) else ""
+        merged = {**token.labels, **labels}
+        new.append(_New(i, nodes.new_node_id(), key, sha256, token, merged, hostname))
+    if not new:
+        return outcomes
+
+    certificates = [nodes.issue_certificate(ca, n.node_id, n.key) for n in new]
+    ledger.write(conn)
+    conn.execute(
+        "INSERT INTO nodes (id, tenant, state, labels, hostname, token_id, public_key,"
+        " public_key_sha256, certificate)"
+        " SELECT id, tenant, 'accepted', labels, hostname, token_id, public_key,"
+        " public_key_sha256, certificate FROM unnest(%s::text[], %s::text[], %s::jsonb[],"
+        " %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
+        " AS r(id, tenant, labels, hostname, token_id, public_key, public_key_sha256,"
+        " certificate)",
+        (
+            [n.node_id for n in new],
+            [n.token.tenant for n in new],
+            [Jsonb(n.labels) for n in new],
+            [n.hostname for n in new],
+            [n.token.id for n in new],
+            [_public_pem(n.key) for n in new],
+            [n.sha256 for n in new],
+            certificates,
+        ),
+    )
+    audit.record_each(
+        conn,
+        "node.join",
+        [
+            (
+                audit.Actor("node", n.node_id),
+                f"node:{n.node_id}",
+                {
+                    "state": "accepted",
+                    "tenant": n.token.tenant,
+                    "token_id": n.token.id,
+                    "hostname": n.hostname,
+                },
+            )
+            for n in new
+        ],
+    )
+    for n, certificate in zip(new, certificates, strict=True):
+        outcomes[n.index] = nodes.Joined(n.node_id, "accepted", n.token.tenant, certificate)
+    return outcomes
+
+
+def _rejoined(node_id: str, state: str, tenant: str, certificate: str | None) -> Outcome:
+    # As nodes.rejoin answers.
+    if state not in ("pending", "accepted"):
+        return nodes.NodeError(f"this key belongs to node {node_id}, which is {state}")
+    return nodes.Joined(str(node_id), str(state), str(tenant), certificate)
+
+
+def _public_pem(key: ec.EllipticCurvePublicKey) -> str:
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
