@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import psycopg
@@ -26,11 +27,12 @@ class Cluster:
     cluster_ca: pki.CertificateAuthority
     internode_ca: pki.CertificateAuthority
 
-    @property
+    # Worked out once: the edge greets every connection with them.
+    @cached_property
     def ca_hash(self) -> str:
         return pki.ca_hash(self.cluster_ca.cert)
 
-    @property
+    @cached_property
     def ca_pem(self) -> bytes:
         return pki.cert_to_pem(self.cluster_ca.cert)
 

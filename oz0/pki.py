@@ -15,6 +15,7 @@ import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from cryptography import x509
@@ -188,9 +189,14 @@ class CertificateAuthority:
     cert: x509.Certificate
     key: ec.EllipticCurvePrivateKey
 
-    @property
+    # Worked out once, not for each certificate issued (a join is one).
+    @cached_property
     def cluster(self) -> str:
         return identity_of(self.cert).cluster
+
+    @cached_property
+    def _authority_key_identifier(self) -> x509.AuthorityKeyIdentifier:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key())
 
     def issue(
         self,
@@ -234,10 +240,7 @@ class CertificateAuthority:
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
+            .add_extension(self._authority_key_identifier, critical=False)
         )
         alt_names = subject_alt_names(sans)
         if alt_names:
