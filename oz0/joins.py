@@ -91,25 +91,32 @@ def join_many(
     if not joining:
         return outcomes
 
-    ledger = tokens.Ledger.lock(conn, (requests[i].token for i in joining))
+    # The certificates are signed before the tokens are locked, for the joins an unlocked
+    # read admits: the lock is then held for the statements and the commit only.
+    strings = [requests[i].token for i in joining]
+    signed = {
+        n.index: (n, nodes.issue_certificate(ca, n.node_id, n.key))
+        for n in _admitted(tokens.Ledger.lock(conn, strings, lock=False), requests, joining, keys)
+        if not isinstance(n, Oz0Error)
+    }
+    ledger = tokens.Ledger.lock(conn, strings)
     new: list[_New] = []
-    for i in joining:
-        request = requests[i]
-        try:
-            token = ledger.admits(request.token)
-            labels = nodes.check_labels(request.labels)
-        except Oz0Error as e:
-            outcomes[i] = e
+    certificates: list[str] = []
+    for i, admitted in zip(joining, _admitted(ledger, requests, joining, keys), strict=True):
+        if isinstance(admitted, Oz0Error):
+            outcomes[i] = admitted
             continue
-        ledger.take(token)
-        key, sha256 = keys[i]
-        hostname = request.hostname[:253] if isinstance(request.hostname, str) else ""
-        merged = {**token.labels, **labels}
-        new.append(_New(i, nodes.new_node_id(), key, sha256, token, merged, hostname))
+        if i in signed:
+            n, certificate = signed[i]
+        else:
+            # Admitted under the lock, so by the read before too (see Ledger.lock); signed
+            # now all the same should that ever not hold.
+            n, certificate = admitted, nodes.issue_certificate(ca, admitted.node_id, admitted.key)
+        new.append(n)
+        certificates.append(certificate)
     if not new:
         return outcomes
 
-    certificates = [nodes.issue_certificate(ca, n.node_id, n.key) for n in new]
     ledger.write(conn)
     conn.execute(
         "INSERT INTO nodes (id, tenant, state, labels, hostname, token_id, public_key,"
@@ -150,6 +157,31 @@ def join_many(
     for n, certificate in zip(new, certificates, strict=True):
         outcomes[n.index] = nodes.Joined(n.node_id, "accepted", n.token.tenant, certificate)
     return outcomes
+
+
+def _admitted(
+    ledger: tokens.Ledger,
+    requests: Sequence[TokenJoin],
+    joining: list[int],
+    keys: dict[int, tuple[ec.EllipticCurvePublicKey, str]],
+) -> list[_New | Oz0Error]:
+    """For each join of JOINING, in order, its new node or why LEDGER refuses it; the uses
+    are counted in LEDGER."""
+    out: list[_New | Oz0Error] = []
+    for i in joining:
+        request = requests[i]
+        try:
+            token = ledger.admits(request.token)
+            labels = nodes.check_labels(request.labels)
+        except Oz0Error as e:
+            out.append(e)
+            continue
+        ledger.take(token)
+        key, sha256 = keys[i]
+        hostname = request.hostname[:253] if isinstance(request.hostname, str) else ""
+        merged = {**token.labels, **labels}
+        out.append(_New(i, nodes.new_node_id(), key, sha256, token, merged, hostname))
+    return out
 
 
 def _rejoined(node_id: str, state: str, tenant: str, certificate: str | None) -> Outcome:

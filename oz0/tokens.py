@@ -378,13 +378,17 @@ class Ledger:
         self._taken: dict[str, int] = {}
 
     @classmethod
-    def lock(cls, conn: psycopg.Connection[Any], token_strings: Iterable[str]) -> Ledger:
+    def lock(
+        cls, conn: psycopg.Connection[Any], token_strings: Iterable[str], *, lock: bool = True
+    ) -> Ledger:
         """Lock the tokens TOKEN_STRINGS name (in ID order, so that two servers' batches
-        cannot deadlock on each other)."""
+        cannot deadlock on each other). With LOCK false, only read them: a token's uses
+        only grow and it is only ever revoked, so what a locked ledger admits later in the
+        same transaction is a part of what this one admits."""
         ids = sorted({parsed[0] for s in token_strings if (parsed := _parse(s)) is not None})
         rows = conn.execute(
             f"SELECT secret_sha256, now(), {_COLUMNS} FROM join_tokens WHERE id = ANY(%s)"
-            " ORDER BY id FOR UPDATE",
+            + (" ORDER BY id FOR UPDATE" if lock else ""),
             (ids,),
         ).fetchall()
         return cls({str(r[2]): (bytes(r[0]), r[1], _token(r[2:])) for r in rows})
