@@ -76,6 +76,7 @@ async def run(
         await nursery.start(edge.directory.run)
         await nursery.start(edge.seen.run)
         await nursery.start(edge.streams.run)
+        await nursery.start(edge.heartbeats.run)
         await nursery.start(edge.join_refusals.run)
         await nursery.start(
             partial(trio.serve_listeners, partial(_admit, edge, admission), listeners)
