@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -90,7 +91,7 @@ class Slot:
             self.admission._give_back(self.address)
 
 
-def peer_address(stream: trio.SSLStream[trio.SocketStream]) -> str:
+def peer_address(stream: trio.SSLStream[Any]) -> str:
     """The source address of an accepted TLS connection (its port left out)."""
     try:
         peer = stream.transport_stream.socket.getpeername()

@@ -19,7 +19,7 @@ from oz0 import nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
-from oz0.server import edge, loop_lag, management, membership
+from oz0.server import edge, gc_tuning, loop_lag, management, membership
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
@@ -160,6 +160,7 @@ async def run_server(
         )
         metrics.streams_open = lambda: len(streaming.streams)
         nursery.start_soon(certs.renew_forever)
+        gc_tuning.freeze_start_up()
         task_status.started(
             Running(
                 server_id=server_id,

@@ -53,3 +53,11 @@ async def open_tls_listeners(
         )
     except OSError as e:
         raise Oz0Error(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+async def open_tcp_listeners(port: int, host: str) -> list[trio.SocketListener]:
+    """Bind HOST:PORT for connections the caller wraps in TLS itself."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:
+        raise Oz0Error(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

@@ -14,6 +14,7 @@ from trio_websocket import WebSocketConnection
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
 from oz0.server.edge.directory import EdgeDirectory
+from oz0.server.edge.heartbeats import Heartbeats
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
@@ -49,10 +50,12 @@ class Edge:
     outage: Outage = field(default_factory=lambda: Outage("the edge's database reads", log))
     max_pending: int = nodes.MAX_PENDING
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
+    heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)
 
     def __post_init__(self) -> None:
+        self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
 
     @property

@@ -17,6 +17,7 @@ from oz0 import nodes, pki
 from oz0.jobs import output as job_output
 from oz0.server.edge import renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
+from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.store.outage import Outage, until_it_works
 
@@ -45,6 +46,7 @@ async def serve_control(
         edge.seen.alive(node_id)
         await edge.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
         edge.streams.opened(node_id)
+        beat: Beat | None = None
         try:
             await send(
                 ws,
@@ -58,9 +60,9 @@ async def serve_control(
             )
             answers_in, answers_out = trio.open_memory_channel[dict[str, Any]](4)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_heartbeats_and_edges, edge, ws)
+                beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
                 nursery.start_soon(
-                    _receive_from_node, edge, ws, node_id, key, answers_in, nursery.cancel_scope
+                    _receive_from_node, edge, ws, beat, key, answers_in, nursery.cancel_scope
                 )
                 nursery.start_soon(
                     _act_on_changes,
@@ -73,7 +75,11 @@ async def serve_control(
                     challenge,
                     nursery.cancel_scope,
                 )
+            if beat.silent:
+                log.warning("node %s silent for three heartbeats; closed its stream", node_id)
         finally:
+            if beat is not None:
+                edge.heartbeats.remove(beat)
             edge.streams.closed(node_id)
             edge.seen.left(node_id)
 
@@ -93,36 +99,27 @@ def _node_of(
     return identity.name, key
 
 
-async def _heartbeats_and_edges(edge: Edge, ws: WebSocketConnection) -> None:
-    known = list(edge.directory.edges)
-    while True:
-        with trio.move_on_after(nodes.HEARTBEAT):
-            await edge.directory.changed.wait()
-        if edge.directory.edges != known:
-            known = list(edge.directory.edges)
-            await send(ws, "edges", edges=known)
-        else:
-            await send(ws, "heartbeat")
-
-
 async def _receive_from_node(
     edge: Edge,
     ws: WebSocketConnection,
-    node_id: str,
+    beat: Beat,
     key: ec.EllipticCurvePublicKey,
     answers: trio.MemorySendChannel[dict[str, Any]],
     scope: trio.CancelScope,
 ) -> None:
-    """Anything from the node is a sign of life; silence for three heartbeats ends it.
+    """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
 
     Answers to a purge command go to whoever sent it, who alone records them; a `renew`
     is answered (renew.py); a job's output is stored and acknowledged (jobs/output.py).
     """
+    node_id = beat.node_id
     try:
         while True:
-            with trio.fail_after(3 * nodes.HEARTBEAT):
-                raw = await ws.get_message()
+            raw = await ws.get_message()
+            beat.heard = trio.current_time()
             edge.seen.alive(node_id)
+            if raw in HEARTBEATS:
+                continue
             message = decode(raw)
             if message.get("type") in PURGE_ANSWERS:
                 with contextlib.suppress(trio.WouldBlock):
@@ -131,8 +128,6 @@ async def _receive_from_node(
                 await renew.answer(edge, ws, node_id, key, message)
             elif message.get("type") == job_output.OUTPUT:
                 await job_output.receive(edge, ws, node_id, message)
-    except trio.TooSlowError:
-        log.warning("node %s silent for three heartbeats; closing its stream", node_id)
     except ConnectionClosed:
         pass
     scope.cancel()

@@ -14,6 +14,7 @@ from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_strea
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
 from oz0.server.admission import Admission, peer_address
+from oz0.server.edge import handshake_turns
 from oz0.server.edge.common import (
     FIRST_MESSAGE_TIMEOUT,
     MAX_MESSAGE_SIZE,
@@ -24,12 +25,13 @@ from oz0.server.edge.common import (
 )
 from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
+from oz0.server.edge.handshake_turns import HandshakeStream
 from oz0.server.edge.join import PICKUP_HOLD, serve_join
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.events import EventHub
-from oz0.server.tls import open_tls_listeners
+from oz0.server.tls import open_tcp_listeners
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
@@ -71,39 +73,52 @@ async def run(
         metrics=metrics or EdgeMetrics(),
     )
     admission = Admission(f"edge {host}:{port}")
-    listeners = await open_tls_listeners(port, tls_context, host)
+    turns = trio.Semaphore(handshake_turns.TURNS)
+    listeners = await open_tcp_listeners(port, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(edge.directory.run)
         await nursery.start(edge.seen.run)
         await nursery.start(edge.streams.run)
+        await nursery.start(edge.heartbeats.run)
         await nursery.start(edge.join_refusals.run)
         await nursery.start(edge.joins.run)
         await nursery.start(
-            partial(trio.serve_listeners, partial(_admit, edge, admission), listeners)
+            partial(
+                trio.serve_listeners,
+                partial(_admit, edge, admission, tls_context, turns),
+                listeners,
+            )
         )
         task_status.started(edge)
 
 
 async def _admit(
-    edge: Edge, admission: Admission, stream: trio.SSLStream[trio.SocketStream]
+    edge: Edge,
+    admission: Admission,
+    tls_context: ssl.SSLContext,
+    turns: trio.Semaphore,
+    tcp: trio.SocketStream,
 ) -> None:
+    stream = trio.SSLStream(HandshakeStream(tcp, turns), tls_context, server_side=True)
     slot = admission.admit(peer_address(stream))
     if slot is None:
-        await trio.aclose_forcefully(stream)
+        await trio.aclose_forcefully(tcp)
         return
     try:
         await _handle(edge, stream, slot.release)
     finally:
+        stream.transport_stream.handshake_done()
         slot.release()
 
 
 async def _handle(
-    edge: Edge, stream: trio.SSLStream[trio.SocketStream], authenticated: Callable[[], None]
+    edge: Edge, stream: trio.SSLStream[HandshakeStream], authenticated: Callable[[], None]
 ) -> None:
     """One connection; AUTHENTICATED is called once it has proven who it is."""
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             await stream.do_handshake()
+        stream.transport_stream.handshake_done()
         peer_der = stream.getpeercert(binary_form=True)
         async with trio.open_nursery() as nursery:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
