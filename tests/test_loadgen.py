@@ -16,7 +16,7 @@ import trio
 
 from bench import loadgen
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from oz0 import audit, context, nodes, tokens
+from oz0 import audit, context, nodes, pki, tokens
 from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
@@ -81,6 +81,13 @@ async def test_generator_joins_holds_and_sees_a_block(
     out = tmp_path / "nodes"
     token = create_token(cluster_files)
 
+    # An edge whose certificate another CA issued is not one to join through.
+    foreign = tmp_path / "foreign-ca.pem"
+    foreign.write_bytes(pki.cert_to_pem(pki.new_ca(cluster_files.name, "cluster").cert))
+    refused = await loadgen.join(EDGE, foreign, token, tmp_path / "none", nodes=2)
+    assert refused["joined"] == 0
+    assert refused["errors"] == {"tls:certificate": 2}
+
     joined = await loadgen.join(
         EDGE, ca_file, token, out, nodes=NODES, concurrency=8, labels={"role": "load"}
     )
@@ -138,6 +145,8 @@ async def test_generator_joins_holds_and_sees_a_block(
         assert {(e["node"], e["code"], e["retrying"]) for e in refusals} == {
             (victim, "blocked", True)
         }
+        # Asked again at the agent's pace for refusals: 2 to 4 s later, never sooner.
+        assert refusals[1]["t"] - refusals[0]["t"] >= 2.0
         assert stats["streams_alive"] == NODES - 1
         assert stats["welcomed_total"] == NODES
         await wait_for(lambda: connected_nodes(cluster_files) == ids - {victim}, BLOCKED_WITHIN)
