@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,10 +110,11 @@ func runHold(args []string) error {
 	caPath := fs.String("ca", "", "the cluster CA certificate (PEM)")
 	dir := fs.String("nodes-dir", "", "the directory `join --out` wrote")
 	limit := fs.Int("limit", 0, "hold only the first N nodes (0: all)")
-	ramp := fs.Int("ramp-batch", 50, "streams opened at a time; the next batch starts when each is welcomed or failed")
+	ramp := fs.Int("ramp-batch", 50, "streams opened at a time; the next batch starts when each has been welcomed or refused")
 	duration := fs.Float64("duration", 0, "seconds to hold after the ramp (0: until SIGTERM)")
 	statsEvery := fs.Float64("stats-every", 10, "seconds between stats lines")
 	quiet := fs.Bool("quiet-events", false, "print only the stats and summary lines")
+	heapProfile := fs.String("heap-profile", "", "write a heap profile (pprof) here when stopping, before the streams close")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -140,13 +142,11 @@ func runHold(args []string) error {
 	}
 	opts := holdOptions{edges: edges, sources: sources, quiet: *quiet}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	signalled, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if *duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, seconds(*duration))
-		defer cancel()
-	}
+	// --duration counts from the end of the ramp.
+	ctx, cancel := context.WithCancel(signalled)
+	defer cancel()
 	k := &counters{
 		refused: map[string]int{}, failed: map[string]int{}, ended: map[string]int{},
 		live: map[*stream]struct{}{},
@@ -185,7 +185,13 @@ func runHold(args []string) error {
 		settled.Wait()
 	}
 	progress("ramp done: %d welcomed", k.welcomed.Load())
+	if *duration > 0 {
+		time.AfterFunc(seconds(*duration), cancel)
+	}
 	<-ctx.Done()
+	if *heapProfile != "" {
+		writeHeapProfile(*heapProfile)
+	}
 	k.liveMu.Lock()
 	open := len(k.live)
 	k.liveMu.Unlock()
@@ -203,6 +209,18 @@ func runHold(args []string) error {
 	summary["stop_timed_out"] = timedOut
 	stdout.line(summary)
 	return nil
+}
+
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		runtime.GC() // the profile shows what is live
+		err = pprof.WriteHeapProfile(f)
+		_ = f.Close()
+	}
+	if err != nil {
+		progress("cannot write the heap profile: %s", err)
+	}
 }
 
 func readNodes(path string, limit int, roots *x509.CertPool, edges []string) ([]*holdNode, error) {
@@ -290,15 +308,18 @@ const (
 )
 
 // runNode keeps NODE's stream up until CTX ends or the node is refused for good. SETTLED
-// is called once its first attempt is welcomed or has failed.
+// is called once, when the node has had an answer (welcome or refusal) or we stop: a ramp
+// that waits for it goes at the edge's pace, however often attempts fail before that.
 func runNode(ctx context.Context, n *holdNode, index int, o holdOptions, k *counters, settled func()) {
 	policy := reconnect{next: index % len(n.edges)}
 	source := ""
 	if len(o.sources) > 0 {
 		source = o.sources[index%len(o.sources)]
 	}
-	first := true
-	for {
+	var once sync.Once
+	settle := func() { once.Do(settled) }
+	defer settle()
+	for attempts := 0; ; attempts++ {
 		if delay := policy.nextDelay(); delay > 0 {
 			timer := time.NewTimer(delay)
 			select {
@@ -308,27 +329,16 @@ func runNode(ctx context.Context, n *holdNode, index int, o holdOptions, k *coun
 			}
 		}
 		if ctx.Err() != nil {
-			if first {
-				settled()
-			}
 			return
 		}
 		edge := policy.take(n.edges)
-		if !first {
+		if attempts > 0 {
 			k.reconnects.Add(1)
 		}
-		result := attempt(ctx, n, edge, source, o, k, &policy, func() {
-			if first {
-				first = false
-				settled()
-			}
-		})
-		if first {
-			first = false
-			settled()
-		}
+		result := attempt(ctx, n, edge, source, o, k, &policy, settle)
 		switch result {
 		case refusedRetry:
+			settle()
 			policy.sameEdgeAgain(true)
 		case refusedFinal, stopped:
 			return
