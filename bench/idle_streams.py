@@ -46,6 +46,7 @@ ADDRESS = "127.0.0.223"
 EDGE = f"{ADDRESS}:7443"
 # All streams up within this, or the run says so and measures what is up.
 RAMP_TIMEOUT = 600.0
+RAMP_STALLED = 60.0
 
 
 async def measure(
@@ -71,14 +72,22 @@ async def measure(
         began = time.monotonic()
         cpu = CpuWindow(ours).start()
         latest: dict[str, Any] = {}
+        best, grew = 0, time.monotonic()
         with trio.move_on_after(RAMP_TIMEOUT):
             async for event in held:
                 latest = event
                 log(f"ramp: {event['streams_alive']} alive, {event['connecting']} connecting")
                 if event["streams_alive"] >= joined:
                     break
+                if event["streams_alive"] > best:
+                    best, grew = event["streams_alive"], time.monotonic()
+                elif time.monotonic() - grew > RAMP_STALLED:
+                    log(f"ramp: no more streams up in {RAMP_STALLED} s; measuring what is up")
+                    break
         out["ramp"] = {
             "s": round(time.monotonic() - began, 1),
+            "welcomed": latest.get("welcomed_total"),
+            "reconnects": latest.get("reconnects"),
             "alive": latest.get("streams_alive"),
             "failed": latest.get("failed"),
             "cpu_pct": cpu.stop(),
