@@ -1,7 +1,8 @@
 """Idle control streams held by the Go load generator: what they cost a server, and it.
 
     python -m bench.idle_streams [--nodes N] [--idle SECONDS] [--join-concurrency C]
-                                 [--ramp-batch B] [--server-log PATH]
+                                 [--ramp-batch B] [--server-log PATH] [--heap-profile PATH]
+                                 [--gomaxprocs N]
 
 Starts a fresh test cluster and ONE real server on 127.0.0.223 (as bench.edge_load does on
 .41), then with `oz0-loadgen` (bench/loadgen/): joins N nodes with a token, C at a time
@@ -67,7 +68,10 @@ async def measure(
     await trio.sleep(2)  # let the join burst settle before the baseline
     server_rss_before = rss_mib(server.pid)
     extra = ["--quiet-events", "--stats-every", "5", "--ramp-batch", str(args.ramp_batch)]
-    async with loadgen.hold([EDGE], ca_file, nodes_dir, extra=extra) as held:
+    if args.heap_profile:
+        extra += ["--heap-profile", str(args.heap_profile)]
+    env = {"GOMAXPROCS": str(args.gomaxprocs)} if args.gomaxprocs else {}
+    async with loadgen.hold([EDGE], ca_file, nodes_dir, extra=extra, env=env) as held:
         ours["generator"] = held.process.pid
         began = time.monotonic()
         cpu = CpuWindow(ours).start()
@@ -135,6 +139,8 @@ def main() -> None:
     parser.add_argument("--join-concurrency", type=int, default=32)
     parser.add_argument("--ramp-batch", type=int, default=50)
     parser.add_argument("--server-log", type=Path, help="keep a copy of the server's stderr")
+    parser.add_argument("--heap-profile", type=Path, help="the generator's heap profile (pprof)")
+    parser.add_argument("--gomaxprocs", type=int, help="GOMAXPROCS of the generator")
     args = parser.parse_args()
     if args.nodes < 1 or args.join_concurrency < 1 or args.ramp_batch < 1 or args.idle < 0:
         parser.error("--nodes, --join-concurrency and --ramp-batch must be positive")

@@ -120,13 +120,20 @@ class Held:
 
 @asynccontextmanager
 async def hold(
-    edges: Sequence[str], ca_file: Path, nodes_dir: Path, *, extra: Sequence[str] = ()
+    edges: Sequence[str],
+    ca_file: Path,
+    nodes_dir: Path,
+    *,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Held]:
-    """Run `oz0-loadgen hold` for the nodes in NODES_DIR; stopped (SIGTERM) on exit, and
-    killed if it does not end within STOP_TIMEOUT."""
+    """Run `oz0-loadgen hold` for the nodes in NODES_DIR (ENV added to its environment,
+    e.g. GOMAXPROCS); stopped (SIGTERM) on exit, killed if it does not end in STOP_TIMEOUT."""
     args = [str(BINARY), "hold", *_edges(edges), "--ca", str(ca_file)]
     args += ["--nodes-dir", str(nodes_dir), *extra]
-    process = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE)
+    process = await trio.lowlevel.open_process(
+        args, stdout=subprocess.PIPE, env={**os.environ, **(env or {})}
+    )
     held = Held(process)
     try:
         yield held

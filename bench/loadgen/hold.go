@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
@@ -185,6 +186,9 @@ func runHold(args []string) error {
 		settled.Wait()
 	}
 	progress("ramp done: %d welcomed", k.welcomed.Load())
+	// The handshakes' garbage is not what an idle stream costs: give it back now rather
+	// than when the scavenger gets to it, so RSS shows the streams.
+	debug.FreeOSMemory()
 	if *duration > 0 {
 		time.AfterFunc(seconds(*duration), cancel)
 	}
@@ -264,6 +268,8 @@ func statsLine(k *counters, kind string, cpuPct, began float64) map[string]any {
 	}
 	k.liveMu.Unlock()
 	refused, failed, ended := k.snapshot()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
 	line := map[string]any{
 		"event":            kind,
 		"t":                monotonic(),
@@ -281,6 +287,8 @@ func statsLine(k *counters, kind string, cpuPct, began float64) map[string]any {
 		"max_gap_s_window": round2(time.Duration(k.gapWindow.Swap(0)).Seconds()),
 		"max_gap_s":        round2(time.Duration(k.gapOverall.Load()).Seconds()),
 		"rss_mib":          rssMiB(),
+		"go_heap_mib":      round1(float64(mem.HeapInuse) / (1 << 20)),
+		"go_stacks_mib":    round1(float64(mem.StackInuse) / (1 << 20)),
 		"cpu_pct":          cpuPct,
 		"goroutines":       runtime.NumGoroutine(),
 	}
