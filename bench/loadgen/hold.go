@@ -42,9 +42,9 @@ const (
 var heartbeatMessage = []byte(`{"type":"heartbeat"}`)
 
 type holdOptions struct {
-	edges   []string
-	sources []string
-	quiet   bool
+	edges []string
+	from  *sources
+	quiet bool
 }
 
 // counters are shared by every stream; maps under mu, the rest atomic.
@@ -105,9 +105,10 @@ type stream struct {
 
 func runHold(args []string) error {
 	fs := flag.NewFlagSet("hold", flag.ContinueOnError)
-	var edges, sources listFlag
+	var edges listFlag
+	var from sources
+	from.register(fs)
 	fs.Var(&edges, "edge", "an edge, HOST:PORT, repeatable; node i starts on edge i mod count")
-	fs.Var(&sources, "source", "local address to connect from, repeatable (round robin by node)")
 	caPath := fs.String("ca", "", "the cluster CA certificate (PEM)")
 	dir := fs.String("nodes-dir", "", "the directory `join --out` wrote")
 	limit := fs.Int("limit", 0, "hold only the first N nodes (0: all)")
@@ -127,7 +128,7 @@ func runHold(args []string) error {
 			return err
 		}
 	}
-	if err := checkSources(sources); err != nil {
+	if err := from.check(); err != nil {
 		return err
 	}
 	if *limit < 0 || *ramp < 1 || *duration < 0 || *statsEvery <= 0 {
@@ -141,7 +142,10 @@ func runHold(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := holdOptions{edges: edges, sources: sources, quiet: *quiet}
+	if err := from.checkCount(len(nodes)); err != nil {
+		return err
+	}
+	opts := holdOptions{edges: edges, from: &from, quiet: *quiet}
 
 	signalled, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -320,10 +324,7 @@ const (
 // that waits for it goes at the edge's pace, however often attempts fail before that.
 func runNode(ctx context.Context, n *holdNode, index int, o holdOptions, k *counters, settled func()) {
 	policy := reconnect{next: index % len(n.edges)}
-	source := ""
-	if len(o.sources) > 0 {
-		source = o.sources[index%len(o.sources)]
-	}
+	source := o.from.of(index)
 	var once sync.Once
 	settle := func() { once.Do(settled) }
 	defer settle()

@@ -77,9 +77,10 @@ func runJoin(args []string) error {
 	concurrency := fs.Int("concurrency", 16, "joins in flight (the edge admits 64 unauthenticated connections per source address)")
 	outDir := fs.String("out", "", "directory for nodes.jsonl (0600, appended)")
 	prefix := fs.String("hostname-prefix", "loadgen-", "each node's hostname is PREFIX + its index")
-	var labels, sources listFlag
+	var labels listFlag
 	fs.Var(&labels, "label", "KEY=VALUE, repeatable: the nodes' own labels")
-	fs.Var(&sources, "source", "local address to connect from, repeatable (round robin)")
+	var from sources
+	from.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -89,11 +90,14 @@ func runJoin(args []string) error {
 	if err := checkEdge(*edge); err != nil {
 		return err
 	}
-	if err := checkSources(sources); err != nil {
+	if err := from.check(); err != nil {
 		return err
 	}
 	if *n < 1 || *concurrency < 1 {
 		return usageError{"--nodes and --concurrency must be at least 1"}
+	}
+	if err := from.checkCount(*n); err != nil {
+		return err
 	}
 	labelMap := map[string]string{}
 	for _, l := range labels {
@@ -160,10 +164,7 @@ func runJoin(args []string) error {
 				if i >= *n {
 					return
 				}
-				source := ""
-				if len(sources) > 0 {
-					source = sources[i%len(sources)]
-				}
+				source := from.of(i)
 				req := joinRequest{"join", candidates[i].csrPEM, token, labelMap, fmt.Sprintf("%s%d", *prefix, i)}
 				t0 := time.Now()
 				record, kind := joinOne(*edge, cfg, source, &req)

@@ -95,13 +95,50 @@ func checkEdge(edge string) error {
 	return nil
 }
 
-func checkSources(sources []string) error {
-	for _, s := range sources {
-		if net.ParseIP(s) == nil {
-			return usageError{fmt.Sprintf("--source %q is not an IP address", s)}
+// sources says where node i connects from: --source addresses in turn, or with
+// --source-per-node A.B its own A.B.(i/250).(i%250+1), as bench.edge_load does (the edge
+// admits 64 unauthenticated connections per source address; nodes are distinct machines).
+type sources struct {
+	list   listFlag
+	prefix string
+}
+
+func (s *sources) register(fs *flag.FlagSet) {
+	fs.Var(&s.list, "source", "local address to connect from, repeatable (round robin by node)")
+	fs.StringVar(&s.prefix, "source-per-node", "", "A.B: node i connects from A.B.(i/250).(i%250+1) (loopback: 127.x)")
+}
+
+func (s *sources) check() error {
+	for _, a := range s.list {
+		if net.ParseIP(a) == nil {
+			return usageError{fmt.Sprintf("--source %q is not an IP address", a)}
 		}
 	}
+	if s.prefix != "" && net.ParseIP(s.prefix+".0.1").To4() == nil {
+		return usageError{fmt.Sprintf("--source-per-node %q is not A.B", s.prefix)}
+	}
+	if s.prefix != "" && len(s.list) > 0 {
+		return usageError{"give --source or --source-per-node, not both"}
+	}
 	return nil
+}
+
+// checkCount: --source-per-node names at most 256 * 250 addresses.
+func (s *sources) checkCount(n int) error {
+	if s.prefix != "" && n > 256*250 {
+		return usageError{"--source-per-node gives at most 64000 nodes an address"}
+	}
+	return nil
+}
+
+func (s *sources) of(i int) string {
+	switch {
+	case s.prefix != "":
+		return fmt.Sprintf("%s.%d.%d", s.prefix, i/250, i%250+1)
+	case len(s.list) > 0:
+		return s.list[i%len(s.list)]
+	}
+	return ""
 }
 
 // monotonic is CLOCK_MONOTONIC in seconds: Python's time.monotonic() on Linux.
