@@ -15,8 +15,8 @@ PACKAGES = ["oz0", "oz0_node", "cli"]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite: the Temporal host's Go tests, then pytest (PostgreSQL: see
-    fixtures/postgres.py)."""
+    """The whole suite: the Go tests (Temporal host, load generator), then pytest
+    (PostgreSQL: see fixtures/postgres.py)."""
     session.install("-e", ".[test]")
     # Installing built the agent file (setup.py); tests/test_agent_file.py uses that one
     # rather than building its own.
@@ -27,6 +27,12 @@ def tests(session: nox.Session) -> None:
         with session.chdir("oz0/temporal/host"):
             session.run("go", "vet", "./...", external=True)
             session.run("go", "test", "./...", external=True)
+        with session.chdir("bench/loadgen"):
+            session.run("go", "vet", "./...", external=True)
+            session.run("go", "test", "./...", external=True)
+    # The load generator of the benchmarks and tests/test_loadgen.py (not installed with
+    # the package); quick when it is up to date.
+    session.run("bash", "bench/loadgen/build.sh", external=True)
     # Files run side by side on two workers (tests/conftest.py keeps those sharing
     # addresses); with arguments (`-- -k NAME`), in this process as given.
     session.run("pytest", *(session.posargs or ["-n", "2"]))

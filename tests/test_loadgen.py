@@ -1,0 +1,192 @@
+"""The Go load generator (bench/loadgen/) against a real server on 127.0.0.223: it joins
+nodes through `/join`, holds their control streams as agents do, and sees a block."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from bench import loadgen
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from oz0 import audit, context, nodes, pki, tokens
+from oz0.store.dburl import DatabaseUrl
+
+StartServer = Callable[..., ServerProcess]
+SERVER = "127.0.0.223"
+EDGE = f"{SERVER}:7443"
+NODES = 20
+# Generous: the suite runs two files at a time on two cores.
+WELCOMED_WITHIN = 60.0
+BLOCKED_WITHIN = 15.0
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER)
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return loadgen.build()
+
+
+def connect(files: ClusterFiles) -> psycopg.Connection[Any]:
+    return psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True)
+
+
+def create_token(files: ClusterFiles) -> str:
+    with connect(files) as conn, conn.transaction():
+        _, token = tokens.create(
+            conn,
+            tenant="default",
+            ttl=None,
+            max_uses=0,
+            labels={"from": "token"},
+            description="test_loadgen",
+            actor=audit.Actor("operator", "test"),
+        )
+    return token
+
+
+def connected_nodes(files: ClusterFiles) -> set[str]:
+    """The nodes `node list` shows connected: a server recorded and seen lately."""
+    with connect(files) as conn:
+        rows = conn.execute(
+            "SELECT id FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
+            " AND last_seen > now() - interval '15 seconds'"
+        ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+async def wait_for(check: Callable[[], bool], within: float) -> None:
+    with trio.fail_after(within):
+        # The database is polled: nothing to wait on in this process.
+        while not await trio.to_thread.run_sync(check):  # noqa: ASYNC110
+            await trio.sleep(0.5)
+
+
+async def test_generator_joins_holds_and_sees_a_block(
+    binary: Path, cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
+) -> None:
+    start_server(cluster_files, SERVER)
+    ca_file = cluster_files.context_dir / context.CA_FILE
+    out = tmp_path / "nodes"
+    token = create_token(cluster_files)
+
+    # An edge whose certificate another CA issued is not one to join through.
+    foreign = tmp_path / "foreign-ca.pem"
+    foreign.write_bytes(pki.cert_to_pem(pki.new_ca(cluster_files.name, "cluster").cert))
+    refused = await loadgen.join(EDGE, foreign, token, tmp_path / "none", nodes=2)
+    assert refused["joined"] == 0
+    assert refused["errors"] == {"tls:certificate": 2}
+
+    joined = await loadgen.join(
+        EDGE, ca_file, token, out, nodes=NODES, concurrency=8, labels={"role": "load"}
+    )
+    assert joined["joined"] == NODES, joined
+    assert joined["errors"] == {}
+    assert joined["latency_ms"]["p50"] > 0
+    nodes_file = out / "nodes.jsonl"
+    assert stat.S_IMODE(nodes_file.stat().st_mode) == 0o600
+    assert token not in nodes_file.read_text()
+    with connect(cluster_files) as conn:
+        rows = conn.execute("SELECT id, state, labels, hostname FROM nodes").fetchall()
+    ids = {str(r[0]) for r in rows}
+    assert len(ids) == NODES
+    assert {r[1] for r in rows} == {"accepted"}
+    assert all(r[2] == {"from": "token", "role": "load"} for r in rows)
+    assert {r[3] for r in rows} == {f"loadgen-{i}" for i in range(NODES)}
+
+    async with loadgen.hold([EDGE], ca_file, out, extra=["--stats-every", "1"]) as held:
+        welcomed: dict[str, dict[str, Any]] = {}
+        with trio.fail_after(WELCOMED_WITHIN):
+            async for event in held:
+                if event["event"] == "welcome":
+                    welcomed[event["node"]] = event
+                if len(welcomed) == NODES:
+                    break
+        assert set(welcomed) == ids
+        assert {e["edge"] for e in welcomed.values()} == {EDGE}
+        assert abs(next(iter(welcomed.values()))["t"] - time.monotonic()) < WELCOMED_WITHIN
+        await wait_for(lambda: connected_nodes(cluster_files) == ids, WELCOMED_WITHIN)
+        # Held as agents hold them: every stream heartbeats, and hears the edge's.
+        with trio.fail_after(WELCOMED_WITHIN):
+            async for event in held:
+                if event["event"] == "stats" and event["heartbeats_sent"] >= NODES:
+                    break
+        assert event["streams_alive"] == NODES
+        assert 0 < event["max_gap_s"] < 3 * 5
+        assert event["ended"] == {} and event["failed"] == {}
+
+        # Blocked through the data layer: the edge refuses the node's stream, the
+        # generator says so and keeps asking, as the agent does.
+        victim = sorted(ids)[0]
+        with connect(cluster_files) as conn, conn.transaction():
+            nodes.block(conn, victim, audit.Actor("operator", "test"), "test_loadgen")
+        refusals: list[dict[str, Any]] = []
+        stats: dict[str, Any] = {}
+        with trio.fail_after(BLOCKED_WITHIN):
+            async for event in held:
+                if event["event"] == "refused":
+                    refusals.append(event)
+                if event["event"] == "stats":
+                    stats = event
+                # A second refusal: it asked again (2-4 s later) and was refused again.
+                if len(refusals) >= 2 and stats.get("refused", {}).get("blocked", 0) >= 2:
+                    break
+        assert {(e["node"], e["code"], e["retrying"]) for e in refusals} == {
+            (victim, "blocked", True)
+        }
+        # Asked again at the agent's pace for refusals: 2 to 4 s later, never sooner.
+        assert refusals[1]["t"] - refusals[0]["t"] >= 2.0
+        assert stats["streams_alive"] == NODES - 1
+        assert stats["welcomed_total"] == NODES
+        await wait_for(lambda: connected_nodes(cluster_files) == ids - {victim}, BLOCKED_WITHIN)
+        summary = await held.stop()
+
+    assert held.process.returncode == 0
+    assert summary is not None
+    assert summary["ended"].get("stopped") == NODES - 1
+    assert summary["stop_timed_out"] is False
+    assert summary["refused"]["blocked"] >= 2
+
+
+async def test_bad_input_is_one_line_and_no_token_on_the_command_line(
+    binary: Path, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    env = {k: v for k, v in os.environ.items() if k != "OZ0_JOIN_TOKEN"}
+    base = [str(binary), "join", "--edge", EDGE, "--ca", str(ca), "--out", str(tmp_path / "o")]
+    cases = [
+        ([*base, "--nodes", "1"], "set OZ0_JOIN_TOKEN"),
+        ([*base, "--nodes", "0"], "--nodes and --concurrency must be at least 1"),
+        ([str(binary), "join", "--edge", "nowhere", "--ca", str(ca)], "join needs"),
+        (
+            [str(binary), "hold", "--edge", "x:99999", "--ca", str(ca), "--nodes-dir", "d"],
+            "bad port",
+        ),
+        ([str(binary), "fly"], "unknown command"),
+    ]
+    for args, expected in cases:
+        done = await trio.run_process(args, env=env, capture_stderr=True, check=False)
+        lines = done.stderr.decode().splitlines()
+        assert done.returncode == 2, (args, lines)
+        assert len(lines) == 1 and expected in lines[0], (args, lines)
+    done = await trio.run_process(
+        [*base, "--nodes", "1"],
+        env={**env, "OZ0_JOIN_TOKEN": "t"},
+        capture_stderr=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "holds no PEM certificate" in done.stderr.decode()
+    assert not (tmp_path / "o").exists()
