@@ -28,7 +28,9 @@ MISSED_HEARTBEATS = 3
 # Heartbeats go out at most this late.
 TICK = 0.25
 # Sends in flight at once: a peer that does not read holds one sender until SEND_TIMEOUT.
-SENDERS = 8
+# Trio resumes a task once per pass over the ready tasks, so each sender sends about one
+# heartbeat per pass: with 10,000 streams some 500 fall due in a tick.
+SENDERS = 1024
 SEND_TIMEOUT = 10.0
 HEARTBEAT_MESSAGE = json.dumps({"type": "heartbeat"})
 # What nodes send as a heartbeat, recognised without decoding any JSON.

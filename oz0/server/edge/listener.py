@@ -13,6 +13,7 @@ from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_strea
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
+from oz0.server import accept_bursts
 from oz0.server.admission import Admission, peer_address
 from oz0.server.edge import handshake_turns
 from oz0.server.edge.common import (
@@ -82,13 +83,8 @@ async def run(
         await nursery.start(edge.heartbeats.run)
         await nursery.start(edge.join_refusals.run)
         await nursery.start(edge.joins.run)
-        await nursery.start(
-            partial(
-                trio.serve_listeners,
-                partial(_admit, edge, admission, tls_context, turns),
-                listeners,
-            )
-        )
+        admit = partial(_admit, edge, admission, tls_context, turns)
+        await nursery.start(partial(accept_bursts.serve, admit, listeners))
         task_status.started(edge)
 
 
