@@ -160,7 +160,7 @@ async def run_server(
         )
         metrics.streams_open = lambda: len(streaming.streams)
         nursery.start_soon(certs.renew_forever)
-        gc_tuning.freeze_start_up()
+        gc_tuning.tune_after_start_up()
         task_status.started(
             Running(
                 server_id=server_id,
