@@ -68,6 +68,9 @@ async def measure(
     await trio.sleep(2)  # let the join burst settle before the baseline
     server_rss_before = rss_mib(server.pid)
     extra = ["--quiet-events", "--stats-every", "5", "--ramp-batch", str(args.ramp_batch)]
+    # Each node from an address of its own, as distinct machines: the edge admits 64
+    # unauthenticated connections per address, and a ramp has more in flight.
+    extra += ["--source-per-node", "127.5"]
     if args.heap_profile:
         extra += ["--heap-profile", str(args.heap_profile)]
     env = {"GOMAXPROCS": str(args.gomaxprocs)} if args.gomaxprocs else {}
