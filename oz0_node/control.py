@@ -81,6 +81,7 @@ async def run(
             policy.same_edge_again()
         except EdgeUnavailable as e:
             log.warning("%s; reconnecting", e)
+            policy.elsewhere()
 
 
 async def _one_stream(

@@ -1,7 +1,8 @@
 """When and where to try next: exponential backoff with full jitter across every known edge.
 
 Each attempt goes to the next edge in turn, unless the last one answered and is asked
-again (`same_edge_again`: a refusal is an answer, and any edge would give the same). The
+again (`same_edge_again`: a refusal is an answer, and any edge would give the same), or
+could not be reached or was lost (`elsewhere`: then one of the others, at random). The
 first attempt of a policy is immediate; after that the wait before attempt n (n = attempts
 since the last reset) is uniform in [0, min(CAP, BASE * 2**n)]: 0.2 s, 0.4 s, ... never
 more than 5 s. A stream that stayed up STABLE_AFTER seconds resets the count. Time is
@@ -91,6 +92,14 @@ class Reconnect:
         stream, and the next one is wanted at once)."""
         self._next -= 1
         self._refused = refused
+
+    def elsewhere(self) -> None:
+        """The last edge could not be reached or its stream was lost: the next attempt goes
+        to one of the other edges at random. Every agent of a server that died then
+        spreads over the survivors, instead of all of them moving to the one after it."""
+        others = len(self._edges()) - 1
+        if others > 1:
+            self._next += self._rng.randrange(others)
 
     def reset(self) -> None:
         """Things work again: the next wait is back to the shortest."""

@@ -102,3 +102,31 @@ async def test_an_edge_that_refused_is_asked_again_every_two_to_four_seconds(
     before = trio.current_time()
     assert await policy.next_edge() == "b:2"
     assert trio.current_time() - before <= 5.0
+
+
+async def test_agents_that_lose_one_edge_spread_over_the_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A server dies: its agents must not all move to the edge after it in the list."""
+    edges = ["a:1", "b:2", "c:3", "d:4"]
+    went_to = []
+    for seed in range(200):
+        policy = Reconnect(lambda: edges, rng=random.Random(seed))
+        assert [await policy.next_edge() for _ in range(3)] == ["a:1", "b:2", "c:3"]
+        policy.elsewhere()  # c:3 went away
+        went_to.append(await policy.next_edge())
+    counts = {edge: went_to.count(edge) for edge in edges}
+    assert counts["c:3"] == 0
+    assert all(40 <= counts[e] <= 95 for e in ("a:1", "b:2", "d:4")), counts
+
+
+async def test_with_two_edges_elsewhere_is_the_other_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1", "b:2"], rng=random.Random(1))
+    assert await policy.next_edge() == "a:1"
+    for _ in range(5):
+        policy.elsewhere()
+        assert await policy.next_edge() == "b:2"
+        policy.elsewhere()
+        assert await policy.next_edge() == "a:1"

@@ -346,6 +346,8 @@ func runNode(ctx context.Context, n *holdNode, index int, o holdOptions, k *coun
 		}
 		result := attempt(ctx, n, edge, source, o, k, &policy, settle)
 		switch result {
+		case failedAttempt, ended:
+			policy.elsewhere(len(n.edges))
 		case refusedRetry:
 			settle()
 			policy.sameEdgeAgain(true)

@@ -57,6 +57,14 @@ func (r *reconnect) sameEdgeAgain(refused bool) {
 	r.refused = refused
 }
 
+// elsewhere: the last edge could not be reached or its stream was lost; the next attempt
+// goes to one of the others at random, as the agent's Reconnect.elsewhere does.
+func (r *reconnect) elsewhere(edges int) {
+	if others := edges - 1; others > 1 {
+		r.next += rand.IntN(others)
+	}
+}
+
 func (r *reconnect) streamUp() { r.upSince = time.Now() }
 
 func (r *reconnect) streamDown() {
