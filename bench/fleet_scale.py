@@ -73,7 +73,7 @@ API = ADDRESSES[0]
 KILLED = ADDRESSES[2]
 # The nodes' own addresses: 250 per /24 of 127.4.0.0/16.
 SOURCES = [f"127.4.{i // 250}.{i % 250 + 1}" for i in range(2000)]
-RAMP_TIMEOUT = 900.0
+RAMP_TIMEOUT = 300.0
 BLOCK_TIMEOUT = 10.0
 STORM_TIMEOUT = 180.0
 UNBLOCK_TIMEOUT = 60.0
@@ -317,12 +317,17 @@ async def storm(
         await trio.sleep(max(0.0, args.storm_blocks + 2 - (reconnected_at - killed_at)))
         stop.set()
         nursery.cancel_scope.cancel()
-    welcomes = sorted(fleet.welcomed_at[n] - killed_at for n in orphans if n in fleet.welcomed_at)
+    welcomes = sorted(
+        fleet.welcomed_at[n] - killed_at
+        for n in orphans
+        if fleet.welcomed_at.get(n, 0.0) > killed_at
+    )
     spread = Counter(fleet.edge_of.get(n, "not connected") for n in orphans)
     survivor_ages = [a.get(s, 0.0) for a in ages for s in survivors]
     out["storm"] = {
         "orphans": len(orphans),
         "all_reconnected": back,
+        "reconnected": len(welcomes),
         "reconnected_within_s": round(reconnected_at - killed_at, 1) if back else None,
         "welcome_after_kill_s": {
             q: round(welcomes[min(len(welcomes) - 1, int(p * len(welcomes)))], 2)
