@@ -21,14 +21,18 @@ from oz0.server.edge.heartbeats import HEARTBEAT_MESSAGE, Beat, Heartbeats
 
 @dataclass
 class FakeStream:
-    """What was sent to one stream, and when; BLOCKED streams never finish a send."""
+    """What was sent to one stream, and when; BLOCKED streams never finish a send, BROKEN
+    ones fail as nothing else does."""
 
     sent: list[tuple[float, str]] = field(default_factory=list)
     blocked: bool = False
+    broken: bool = False
 
     async def send_message(self, message: str) -> None:
         if self.blocked:
             await trio.sleep_forever()
+        if self.broken:
+            raise RuntimeError("a stream failing in an unforeseen way")
         self.sent.append((trio.current_time(), message))
 
     def kinds(self) -> list[str]:
@@ -177,3 +181,18 @@ def test_the_agents_heartbeat_is_recognised_without_decoding(text: str) -> None:
 
     assert text in HEARTBEATS
     assert encode("heartbeat") in HEARTBEATS
+
+
+async def test_a_stream_that_fails_oddly_is_closed_and_the_others_go_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        heartbeats, _ = await started(nursery, senders=1)
+        broken_scope, fine_scope = trio.CancelScope(), trio.CancelScope()
+        nursery.start_soon(talking_stream, heartbeats, FakeStream(broken=True), broken_scope)
+        fine = FakeStream()
+        nursery.start_soon(talking_stream, heartbeats, fine, fine_scope)
+        await trio.sleep(30)
+        nursery.cancel_scope.cancel()
+    assert broken_scope.cancel_called and not fine_scope.cancel_called
+    assert len(fine.sent) >= 5

@@ -135,6 +135,11 @@ class Heartbeats:
             except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                 # The stream is ending; its reader sees that and ends it.
                 beat.scope.cancel()
+            except Exception:
+                # One stream's failure must not end every stream's heartbeats.
+                log.exception("sending to node %s failed; closing its stream", beat.node_id)
+                beat.removed = True
+                beat.scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # Unbounded, yet never more than one entry per stream per interval or change.
