@@ -23,6 +23,8 @@ BURST = 64
 # What trio.serve_listeners also sleeps through: out of file descriptors or memory.
 CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 CAPACITY_SLEEP = 0.1
+# A connection that went away before it was accepted (trio's listener skips these too).
+GONE_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 Handler = Callable[[trio.SocketStream], Awaitable[object]]
 
@@ -68,7 +70,7 @@ async def _accept_forever(
                     except (BlockingIOError, InterruptedError):
                         break
                     except OSError as e:
-                        if e.errno in CAPACITY_ERRNOS or e.errno == errno.ECONNABORTED:
+                        if e.errno in CAPACITY_ERRNOS or e.errno in GONE_ERRNOS:
                             break
                         raise
                     stream = trio.SocketStream(trio.socket.from_stdlib_socket(accepted))
