@@ -47,12 +47,11 @@ def next_edges(current: list[str], up: set[str], lingering: set[str], own: str |
 
 @dataclass
 class EdgeDirectory:
-    """The edges of the servers that are up, and an event for each change of them."""
+    """The edges of the servers that are up (edge.heartbeats tells streams of a change)."""
 
     db: Database
     own: str | None = None
     edges: list[str] = field(default_factory=list)
-    changed: trio.Event = field(default_factory=trio.Event)
     # Until then nobody leaves the list: right after a database outage every server's
     # heartbeat is old, and those of the others are not written again yet.
     keep_until: float = -math.inf
@@ -72,8 +71,6 @@ class EdgeDirectory:
         edges = next_edges(self.edges, up, lingering, self.own)
         if edges != self.edges:
             self.edges = edges
-            self.changed.set()
-            self.changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.refresh()
