@@ -15,7 +15,6 @@ from oz0 import audit, nodes
 from oz0.cluster import Cluster
 from oz0.server import accept_bursts
 from oz0.server.admission import Admission, peer_address
-from oz0.server.edge import handshake_turns
 from oz0.server.edge.common import (
     FIRST_MESSAGE_TIMEOUT,
     MAX_MESSAGE_SIZE,
@@ -26,7 +25,7 @@ from oz0.server.edge.common import (
 )
 from oz0.server.edge.control import serve_control
 from oz0.server.edge.directory import EDGE_PORT, EdgeDirectory, edge_address, frontend_address
-from oz0.server.edge.handshake_turns import HandshakeStream
+from oz0.server.edge.handshake_turns import HandshakeStream, Turns
 from oz0.server.edge.join import PICKUP_HOLD, serve_join
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
@@ -74,7 +73,7 @@ async def run(
         metrics=metrics or EdgeMetrics(),
     )
     admission = Admission(f"edge {host}:{port}")
-    turns = trio.Semaphore(handshake_turns.TURNS)
+    turns = Turns(f"edge {host}:{port}", on_busy=edge.metrics.connection_shed)
     listeners = await open_tcp_listeners(port, host)
     async with trio.open_nursery() as nursery:
         await nursery.start(edge.directory.run)
@@ -92,7 +91,7 @@ async def _admit(
     edge: Edge,
     admission: Admission,
     tls_context: ssl.SSLContext,
-    turns: trio.Semaphore,
+    turns: Turns,
     tcp: trio.SocketStream,
 ) -> None:
     stream = trio.SSLStream(HandshakeStream(tcp, turns), tls_context, server_side=True)

@@ -52,6 +52,12 @@ class EdgeMetrics:
             buckets=CLOSE_BUCKETS,
             registry=registry,
         )
+        self._shed = Counter(
+            "oz0_edge_connections_shed",
+            "New connections this server's edge closed before their TLS handshake, as their turn"
+            " had not come to them within 2 s (see handshake_turns): too busy then.",
+            registry=registry,
+        )
         self._joins = {state: joins.labels(state) for state in JOINED_STATES}
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._closes = {state: closes.labels(state) for state in ENDED_BY}
@@ -60,6 +66,9 @@ class EdgeMetrics:
         child = self._joins.get(state)
         if child is not None:
             child.inc()
+
+    def connection_shed(self) -> None:
+        self._shed.inc()
 
     def join_refused(self, reason: str) -> None:
         self._refusals.get(reason, self._refusals["bad_request"]).inc()
