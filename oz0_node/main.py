@@ -29,7 +29,7 @@ from cyclopts import App, Parameter
 from oz0_common import __version__
 from oz0_common.commands import run_command
 from oz0_common.datadir import node_data_dir
-from oz0_node import addresses, agent, join, join_token, service
+from oz0_node import addresses, join_token, service
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
 
@@ -90,6 +90,10 @@ def start(
     verbose
         Log debug messages too.
     """
+    # Here, not at the top: `status` and `--help` need not load the runtime (Temporal's
+    # SDK, websockets), which takes most of a second.
+    from oz0_node import agent, join
+
     secret = join_token.read(token_file, token)
     options = agent.StartOptions(
         data_dir=node_data_dir(data_dir),

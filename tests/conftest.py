@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from cli.main import run
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.agent import AgentProcess, stop_all
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise, kill_all
 from fixtures.postgres import fresh_database_url
 from oz0.store.dburl import DatabaseUrl
 
@@ -101,8 +101,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         return server.start()
 
     yield start
-    for server in started:
-        server.kill()
+    kill_all(started)
 
 
 @pytest.fixture
@@ -110,5 +109,4 @@ def agents() -> Iterator[list[AgentProcess]]:
     """Real agents a test starts (append them); stopped at its end."""
     started: list[AgentProcess] = []
     yield started
-    for agent in started:
-        agent.stop()
+    stop_all(started)

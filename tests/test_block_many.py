@@ -64,7 +64,7 @@ def start_agents(
         ).start()
         agents.append(agent)
         started.append(agent)
-    return [(a, a.wait_status(connected, timeout=60)["node_id"]) for a in started]
+    return [(a, a.wait_reported(connected, timeout=60)["node_id"]) for a in started]
 
 
 def audit_rows(cli: CliRunner, env: dict[str, str], action: str) -> list[dict[str, Any]]:

@@ -126,13 +126,14 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
         assert row is not None
         return row[0]  # type: ignore[no-any-return]
 
-    wait_until("every agent connected", lambda: len(connected_ids()) == AGENTS + 2, 120)
-    ids = [a.wait_status(lambda s: bool(s.get("node_id")), 10)["node_id"] for a in agents]
+    # Printed at the end: the in-process CLI captures stdout meanwhile.
+    measured: list[str] = []
+    took = wait_until("every agent connected", lambda: len(connected_ids()) == AGENTS + 2, 120)
+    measured.append(f"{AGENTS + 2} agents started and connected in {took:.1f} s")
+    ids = [a.wait_reported(lambda s: bool(s.get("node_id")), 10)["node_id"] for a in agents]
     by_server = {n["server"] for n in listed()}
     assert len(by_server) == 2, "both servers carry streams"
     kept = ids[:AGENTS]
-    # Printed at the end: the in-process CLI captures stdout meanwhile.
-    measured: list[str] = []
 
     for phase, blocked_before, blocked_after in (
         ("restart", AGENTS, AGENTS + 1),
