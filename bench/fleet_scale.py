@@ -2,6 +2,7 @@
 server SIGKILLed while its nodes reconnect to the others.
 
     python -m bench.fleet_scale [--nodes N] [--blocks B] [--storm-blocks S]
+                                [--burst K] [--burst-rounds R]
                                 [--join-concurrency C] [--server-logs DIR] [--no-storm]
 
 Starts a fresh test cluster (the suite's PostgreSQL) and three real servers on 127.0.0.226,
@@ -11,7 +12,11 @@ loopback address of its own range (127.4.x.y) as distinct machines would. Then:
 
 1. joins N nodes with a token, a third through each edge, and holds their control streams,
    node i starting on edge i % 3;
-2. **fan-out** (goal 6): B blocks, one at a time, of nodes chosen at random over the three
+2. with --burst K, **bursts** (goal 2): R rounds of K concurrent single blocks of nodes
+   chosen at random, through one kept client with K connections to 127.0.0.226's API,
+   each request to its node's `refused`; each round unblocked in one request before the
+   next; then, with B > 0,
+   **fan-out** (goal 6): B blocks, one at a time, of nodes chosen at random over the three
    servers, each through 127.0.0.226's API (`POST /api/v1/nodes/ID/block`, one kept
    client, as `node block ID` sends it): from just before the request to the generator's
    `refused` `blocked` for that node (both stamped with CLOCK_MONOTONIC), and the servers'
@@ -33,8 +38,10 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import math
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +84,7 @@ RAMP_TIMEOUT = 300.0
 BLOCK_TIMEOUT = 10.0
 STORM_TIMEOUT = 180.0
 UNBLOCK_TIMEOUT = 60.0
+TARGET_BURST_P99 = 0.2
 TARGET_FAN_OUT_P99 = 0.1
 TARGET_STORM_RECONNECT = 30.0
 TARGET_STORM_HEARTBEAT_AGE = 3.0
@@ -188,6 +196,7 @@ def block_histograms(addresses: tuple[str, ...]) -> dict[str, Any]:
                 samples, "oz0_edge_block_to_close_seconds_bucket", state="blocked", le="0.1"
             ),
             "streams_open": metrics.value(samples, "oz0_edge_streams_open"),
+            "connections_shed": metrics.value(samples, "oz0_edge_connections_shed_total"),
         }
     return found
 
@@ -276,6 +285,105 @@ async def fan_out(
     out["fan_out"] = section
 
 
+async def burst_round(operator: Operator, fleet: Fleet, chosen: list[str]) -> list[dict[str, Any]]:
+    """CHOSEN blocked at once, then unblocked in one request and welcomed again."""
+    edges = {node: fleet.edge_of.get(node) for node in chosen}
+    done: list[dict[str, Any]] = []
+
+    async def one(node: str) -> None:
+        done.append(await block_once(operator, fleet, node) | {"edge": edges[node]})
+
+    async with trio.open_nursery() as nursery:
+        for node in chosen:
+            nursery.start_soon(one, node)
+    await unblock_all(operator, fleet, chosen)
+    return done
+
+
+async def unblock_all(operator: Operator, fleet: Fleet, chosen: list[str]) -> None:
+    """CHOSEN unblocked in one request, and welcomed again."""
+    requested = time.monotonic()
+    await operator.post("/api/v1/nodes/unblock", {"ids": chosen})
+    await fleet.until(
+        lambda: all(fleet.welcomed_at.get(n, 0) > requested for n in chosen), UNBLOCK_TIMEOUT
+    )
+
+
+def curl_blocks(context: Context, nodes: list[str]) -> dict[str, float]:
+    """NODES blocked by one `curl --parallel` (all requests at once, each on a connection of
+    its own with a full TLS handshake, as separate `node block` processes would, but from a
+    client that costs this machine little); each node's request time in seconds."""
+    command = ["curl", "--silent", "--parallel", "--parallel-immediate"]
+    command += ["--parallel-max", str(len(nodes)), "--max-time", "30"]
+    command += ["--cacert", str(context.ca_path), "--cert", str(context.cert_path)]
+    command += ["--key", str(context.key_path), "-H", "Content-Type: application/json"]
+    command += ["-d", json.dumps({"reason": "bench.fleet_scale"})]
+    command += ["--write-out", "%{url_effective} %{http_code} %{time_total}\\n"]
+    for node in nodes:
+        # One -o per URL: curl pairs them in order.
+        command += ["-o", "/dev/null", f"https://{API}:{MANAGEMENT_PORT}/api/v1/nodes/{node}/block"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    times: dict[str, float] = {}
+    for line in done.stdout.splitlines():
+        url, code, seconds = line.split()
+        if code.startswith("2"):
+            times[url.rsplit("/", 2)[-2]] = float(seconds)
+    return times
+
+
+async def curl_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[dict[str, Any]]:
+    edges = {node: fleet.edge_of.get(node) for node in chosen}
+    before = {node: fleet.refused_at.get(node) for node in chosen}
+    requested = time.monotonic()
+    times = await trio.to_thread.run_sync(curl_blocks, context, chosen)
+    await fleet.until(
+        lambda: all(fleet.refused_at.get(n) != before[n] for n in chosen), BLOCK_TIMEOUT
+    )
+    return [
+        {
+            "node": node,
+            "edge": edges[node],
+            "api_s": times.get(node, math.inf),
+            "refused_s": fleet.refused_at[node] - requested
+            if fleet.refused_at.get(node) != before[node]
+            else None,
+        }
+        for node in chosen
+    ]
+
+
+async def bursts(
+    args: argparse.Namespace,
+    client: ApiClient,
+    context: Context,
+    fleet: Fleet,
+    out: dict[str, Any],
+) -> None:
+    """Goal 2: rounds of K concurrent single blocks, each round once the last was refused
+    and unblocked again, through one kept client with K connections (or one curl)."""
+    operator = Operator(client, trio.CapacityLimiter(args.burst))
+    rng = random.Random(args.seed + 2)
+    results: list[dict[str, Any]] = []
+    for round_ in range(args.burst_rounds):
+        chosen = rng.sample(sorted(fleet.edge_of), min(args.burst, len(fleet.edge_of)))
+        if args.burst_client == "curl":
+            done = await curl_round(context, fleet, chosen)
+            await unblock_all(operator, fleet, chosen)
+        else:
+            done = await burst_round(operator, fleet, chosen)
+        results += done
+        log(f"burst {round_ + 1}/{args.burst_rounds}: {json.dumps(summary(done))}")
+        await trio.sleep(2)
+    section = summary(results)
+    section["burst"] = args.burst
+    section["client"] = args.burst_client
+    section["rounds"] = args.burst_rounds
+    section["by_edge"] = {
+        edge: summary([r for r in results if r["edge"] == edge]) for edge in EDGES
+    }
+    out["bursts"] = section
+
+
 async def storm(
     args: argparse.Namespace,
     files: ClusterFiles,
@@ -344,6 +452,7 @@ async def storm(
         "blocks_meanwhile": summary(blocks),
         "blocks_over_2s": sum((b["refused_s"] or 1e9) > 2.0 for b in blocks),
         "survivors_rss_mib": {a: rss_mib(servers[a].pid) for a in survivors},
+        "survivors_metrics": await trio.to_thread.run_sync(block_histograms, tuple(survivors)),
     }
 
 
@@ -390,8 +499,12 @@ async def measure(
                 "generator_stats": fleet.stats,
             }
             log(f"idle: {json.dumps(out['idle'])}")
-            await fan_out(args, operator, fleet, out)
-            log(f"fan-out: {json.dumps(out['fan_out'])[:600]}")
+            if args.burst:
+                await bursts(args, operator.client, context, fleet, out)
+                log(f"bursts: {json.dumps(out['bursts'])[:600]}")
+            if args.blocks:
+                await fan_out(args, operator, fleet, out)
+                log(f"fan-out: {json.dumps(out['fan_out'])[:600]}")
             if not args.no_storm:
                 await trio.sleep(5)
                 await storm(args, files, servers, operator, fleet, out)
@@ -405,6 +518,9 @@ async def measure(
 
 def targets(out: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
+    if "bursts" in out:
+        p99 = out["bursts"]["request_to_refused_ms"]["p99"]
+        found["burst_p99_under_200ms"] = p99 is not None and p99 < TARGET_BURST_P99 * 1000
     if "fan_out" in out:
         p99 = out["fan_out"]["request_to_refused_ms"]["p99"]
         found["fan_out_p99_under_100ms"] = p99 is not None and p99 < TARGET_FAN_OUT_P99 * 1000
@@ -422,6 +538,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--blocks", type=int, default=200, help="fan-out blocks, one at a time")
+    parser.add_argument("--burst", type=int, default=0, help="concurrent blocks per burst")
+    parser.add_argument("--burst-rounds", type=int, default=5)
+    parser.add_argument("--burst-client", choices=("kept", "curl"), default="kept")
     parser.add_argument("--storm-blocks", type=int, default=20, help="blocks during the storm")
     parser.add_argument("--join-concurrency", type=int, default=16, help="per edge")
     parser.add_argument("--ramp-batch", type=int, default=300)
