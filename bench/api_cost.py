@@ -1,6 +1,6 @@
 """What one `node block` request costs the management API server (issue 13).
 
-    python -m bench.api_cost [--nodes N] [--rounds R] [--modes fresh,resume,keep]
+    python -m bench.api_cost [--nodes N] [--rounds R] [--modes fresh,resume,keep,curl]
                              [--py-spy OUT]
 
 Starts a fresh test cluster (the suite's PostgreSQL) and one real server on 127.0.0.220,
@@ -10,9 +10,12 @@ through cli.client.ApiClient: each node blocked (`POST /api/v1/nodes/<id>/block`
 each unblocked. Modes: `fresh` a new client per request (new connection, full TLS
 handshake, as separate CLI processes), `resume` one client that never keeps a connection
 (a new connection per request that resumes the TLS session), `keep` one client (its kept
-connections). Prints, per mode, the server's CPU per request (from /proc, the server's
-whole process), and the requests' latency. With --py-spy, records the server with py-spy
-(`py-spy record --format raw`) during the first mode into OUT.
+connections), `curl` one `curl --parallel` per round of blocks and one of unblocks (a new
+connection and full TLS handshake per request, from a client that costs the machine
+little; also when each request's TLS handshake was done). Prints, per mode, the server's
+CPU per request (from /proc, the server's whole process), and the requests' latency.
+With --py-spy, records the server with py-spy (`py-spy record --format raw`) during the
+first mode into OUT.
 """
 
 from __future__ import annotations
@@ -38,13 +41,48 @@ from fixtures.postgres import fresh_database_url
 from oz0.context import Context
 
 ADDRESS = "127.0.0.220"
-MODES = ("fresh", "resume", "keep")
+MODES = ("fresh", "resume", "keep", "curl")
 SETTLE = 3.0  # after start: the first membership and directory rounds
 PY_SPY_START = 2.0
 BODY = {"reason": "bench.api_cost"}
 
 
+def curl_round(context: Context, ids: list[str], action: str) -> list[tuple[float, float]]:
+    """One `curl --parallel` requesting ACTION for every node of IDS at once; each request's
+    (TLS handshake done, answer complete) in seconds from its start."""
+    command = ["curl", "--silent", "--parallel", "--parallel-immediate"]
+    command += ["--parallel-max", str(len(ids)), "--max-time", "60", "--fail"]
+    command += ["--cacert", str(context.ca_path), "--cert", str(context.cert_path)]
+    command += ["--key", str(context.key_path), "-H", "Content-Type: application/json"]
+    body = BODY if action == "block" else {}
+    command += ["-d", json.dumps(body), "--write-out", "%{time_appconnect} %{time_total}\\n"]
+    for i in ids:
+        # One -o per URL: curl pairs them in order.
+        command += ["-o", "/dev/null", f"https://{ADDRESS}:8443/api/v1/nodes/{i}/{action}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=True)
+    return [(float(a), float(b)) for a, b in (line.split() for line in done.stdout.splitlines())]
+
+
+def curl_mode(context: Context, ids: list[str], rounds: int, pid: int) -> dict[str, Any]:
+    timings: list[tuple[float, float]] = []
+    cpu, began = cpu_seconds(pid), time.monotonic()
+    for _ in range(rounds):
+        for action in ("block", "unblock"):
+            timings += curl_round(context, ids, action)
+    spent, wall = cpu_seconds(pid) - cpu, time.monotonic() - began
+    return {
+        "requests": len(timings),
+        "wall_s": round(wall, 2),
+        "server_cpu_ms_per_request": round(spent * 1000 / len(timings), 2),
+        "server_cpu_pct_of_one_core": round(spent / wall * 100, 1),
+        "latency_ms": percentiles([total for _, total in timings]),
+        "tls_done_ms": percentiles([tls for tls, _ in timings]),
+    }
+
+
 def one_mode(context: Context, ids: list[str], rounds: int, mode: str, pid: int) -> dict[str, Any]:
+    if mode == "curl":
+        return curl_mode(context, ids, rounds, pid)
     shared = ApiClient(context, learn_servers=False)
     keep_idle = client_module.KEEP_IDLE
     if mode == "resume":
