@@ -7,11 +7,14 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
-import trio
 from cyclopts import App, CycloptsError
 
 from oz0_common.errors import Oz0Error, user_error_in
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,10 @@ async def run_until_signalled(start: Callable[[trio.Nursery], Awaitable[None]]) 
     A user error raised inside (an Oz0Error alone in its exception group) comes out as
     itself, so the command prints one line for it.
     """
+    # Here, not at the top: run_command also serves commands that need no event loop
+    # (`oz0-node status`, `--help`), which should not pay for importing Trio.
+    import trio
+
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as root:

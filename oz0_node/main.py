@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
-import trio
 from cyclopts import App, Parameter
 
 from oz0_common import __version__
@@ -92,6 +91,8 @@ def start(
     """
     # Here, not at the top: `status` and `--help` need not load the runtime (Temporal's
     # SDK, websockets), which takes most of a second.
+    import trio
+
     from oz0_node import agent, join
 
     secret = join_token.read(token_file, token)
