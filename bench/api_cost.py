@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from bench import curl
 from bench.edge_load import cpu_seconds, machine_info, percentiles, source_version
 from cli import client as client_module
 from cli.client import ApiClient
@@ -50,17 +51,12 @@ BODY = {"reason": "bench.api_cost"}
 def curl_round(context: Context, ids: list[str], action: str) -> list[tuple[float, float]]:
     """One `curl --parallel` requesting ACTION for every node of IDS at once; each request's
     (TLS handshake done, answer complete) in seconds from its start."""
-    command = ["curl", "--silent", "--parallel", "--parallel-immediate"]
-    command += ["--parallel-max", str(len(ids)), "--max-time", "60", "--fail"]
-    command += ["--cacert", str(context.ca_path), "--cert", str(context.cert_path)]
-    command += ["--key", str(context.key_path), "-H", "Content-Type: application/json"]
+    urls = [f"https://{ADDRESS}:8443/api/v1/nodes/{i}/{action}" for i in ids]
     body = BODY if action == "block" else {}
-    command += ["-d", json.dumps(body), "--write-out", "%{time_appconnect} %{time_total}\\n"]
-    for i in ids:
-        # One -o per URL: curl pairs them in order.
-        command += ["-o", "/dev/null", f"https://{ADDRESS}:8443/api/v1/nodes/{i}/{action}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=True)
-    return [(float(a), float(b)) for a, b in (line.split() for line in done.stdout.splitlines())]
+    fields = curl.parallel_posts(
+        context, urls, body, "%{time_appconnect} %{time_total}", max_time=60, fail=True
+    )
+    return [(float(tls), float(total)) for tls, total in fields]
 
 
 def curl_mode(context: Context, ids: list[str], rounds: int, pid: int) -> dict[str, Any]:

@@ -41,7 +41,6 @@ import json
 import math
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ from typing import Any
 import psycopg
 import trio
 
-from bench import loadgen
+from bench import curl, loadgen
 from bench.edge_load import (
     SERVER_START_TIMEOUT,
     CpuWindow,
@@ -313,22 +312,20 @@ def curl_blocks(context: Context, nodes: list[str]) -> dict[str, float]:
     """NODES blocked by one `curl --parallel` (all requests at once, each on a connection of
     its own with a full TLS handshake, as separate `node block` processes would, but from a
     client that costs this machine little); each node's request time in seconds."""
-    command = ["curl", "--silent", "--parallel", "--parallel-immediate"]
-    command += ["--parallel-max", str(len(nodes)), "--max-time", "30"]
-    command += ["--cacert", str(context.ca_path), "--cert", str(context.cert_path)]
-    command += ["--key", str(context.key_path), "-H", "Content-Type: application/json"]
-    command += ["-d", json.dumps({"reason": "bench.fleet_scale"})]
-    command += ["--write-out", "%{url_effective} %{http_code} %{time_total}\\n"]
-    for node in nodes:
-        # One -o per URL: curl pairs them in order.
-        command += ["-o", "/dev/null", f"https://{API}:{MANAGEMENT_PORT}/api/v1/nodes/{node}/block"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    times: dict[str, float] = {}
-    for line in done.stdout.splitlines():
-        url, code, seconds = line.split()
-        if code.startswith("2"):
-            times[url.rsplit("/", 2)[-2]] = float(seconds)
-    return times
+    urls = [f"https://{API}:{MANAGEMENT_PORT}/api/v1/nodes/{node}/block" for node in nodes]
+    fields = curl.parallel_posts(
+        context,
+        urls,
+        {"reason": "bench.fleet_scale"},
+        "%{url_effective} %{http_code} %{time_total}",
+        max_time=30,
+        fail=False,
+    )
+    return {
+        url.rsplit("/", 2)[-2]: float(seconds)
+        for url, code, seconds in fields
+        if code.startswith("2")
+    }
 
 
 async def curl_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[dict[str, Any]]:
