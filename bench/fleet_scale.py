@@ -350,11 +350,7 @@ async def curl_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[
 
 
 async def bursts(
-    args: argparse.Namespace,
-    client: ApiClient,
-    context: Context,
-    fleet: Fleet,
-    out: dict[str, Any],
+    args: argparse.Namespace, client: ApiClient, fleet: Fleet, out: dict[str, Any]
 ) -> None:
     """Goal 2: rounds of K concurrent single blocks, each round once the last was refused
     and unblocked again, through one kept client with K connections (or one curl)."""
@@ -364,7 +360,7 @@ async def bursts(
     for round_ in range(args.burst_rounds):
         chosen = rng.sample(sorted(fleet.edge_of), min(args.burst, len(fleet.edge_of)))
         if args.burst_client == "curl":
-            done = await curl_round(context, fleet, chosen)
+            done = await curl_round(client.context, fleet, chosen)
             await unblock_all(operator, fleet, chosen)
         else:
             done = await burst_round(operator, fleet, chosen)
@@ -497,7 +493,7 @@ async def measure(
             }
             log(f"idle: {json.dumps(out['idle'])}")
             if args.burst:
-                await bursts(args, operator.client, context, fleet, out)
+                await bursts(args, operator.client, fleet, out)
                 log(f"bursts: {json.dumps(out['bursts'])[:600]}")
             if args.blocks:
                 await fan_out(args, operator, fleet, out)
