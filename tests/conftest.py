@@ -29,26 +29,49 @@ class CliResult:
 CliRunner = Callable[..., CliResult]
 
 # Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
-# files side by side on two workers (`-n 2`); the files that share 127.0.0.11-.18 (the
-# default cluster's address among them) are one scope, run one test at a time.
-_SHARED_ADDRESSES = re.compile(r"127\.0\.0\.1[1-8]\b")
-SHARED_SCOPE = "addresses 127.0.0.11-.18"
+# files side by side on two workers (`-n 2`). Files naming one same 127.0.0.x address (the
+# default cluster's 127.0.0.11 among them) are one scope, run one test at a time; the
+# rest, a scope each. 127.0.0.1 (the suite's PostgreSQL) joins nothing.
+_ADDRESS = re.compile(r"\b127\.0\.0\.(\d{1,3})\b")
+_SHARED_BY_ALL = frozenset({"1"})
+
+
+def address_scopes(texts: dict[str, str]) -> dict[str, str]:
+    """Each file's scope: the files whose addresses overlap, directly or through others,
+    share the scope of the first of them (by name)."""
+    parent = {file: file for file in texts}
+
+    def root(file: str) -> str:
+        while parent[file] != file:
+            parent[file] = parent[parent[file]]
+            file = parent[file]
+        return file
+
+    owner: dict[str, str] = {}
+    for file in sorted(texts):
+        for address in set(_ADDRESS.findall(texts[file])) - _SHARED_BY_ALL:
+            if address in owner:
+                a, b = sorted((root(owner[address]), root(file)))
+                parent[b] = a
+            else:
+                owner[address] = file
+    return {file: root(file) for file in texts}
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    shares: dict[str, bool] = {}
+    tests = config.rootpath / "tests"
+    scopes = address_scopes(
+        {f"tests/{p.name}": p.read_text(encoding="utf-8") for p in tests.glob("test_*.py")}
+    )
 
     class ByAddresses(LoadScopeScheduling):  # type: ignore[misc]
-        """One scope a test file, or one for all the files sharing addresses."""
+        """One scope a test file, or one for the files sharing addresses."""
 
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            if file not in shares:
-                text = (config.rootpath / file).read_text(encoding="utf-8")
-                shares[file] = _SHARED_ADDRESSES.search(text) is not None
-            return SHARED_SCOPE if shares[file] else file
+            return scopes.get(file, file)
 
     return ByAddresses(config, log)
 

@@ -42,7 +42,7 @@ IDENTITY_FILES = ("identity/node.key", "identity/node.crt", "identity/ca.crt")
 
 @pytest.fixture
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    """The cluster, with an admin context that names our server's API (not 127.0.0.11's)."""
+    """The cluster, with an admin context that names our server's API (not the default one)."""
     return initialise(tmp_path, pg_url, advertise=SERVER_A)
 
 

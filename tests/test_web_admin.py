@@ -267,7 +267,7 @@ def test_servers_page_lists_every_server_up_or_down(
     # A server that stopped beating a minute ago (its row is kept for a day).
     conn.execute(
         "INSERT INTO servers (id, advertise, version, started_at, last_heartbeat, temporal_state)"
-        " VALUES ('s-gone', '127.0.0.206', '0.0.1', now() - interval '1 hour',"
+        " VALUES ('s-gone', '127.0.0.254', '0.0.1', now() - interval '1 hour',"
         " now() - interval '1 minute', 'serving')"
         " ON CONFLICT (id) DO NOTHING"
     )
@@ -280,7 +280,7 @@ def test_servers_page_lists_every_server_up_or_down(
     assert cells[2] == "up" and cells[3] == "serving"
     assert ours.get_attribute("aria-current") == "true"
     gone = page.locator("tr[data-server='s-gone']").locator("td").all_inner_texts()
-    assert gone[:4] == ["s-gone", "127.0.0.206", "down", "was serving"]
+    assert gone[:4] == ["s-gone", "127.0.0.254", "down", "was serving"]
     assert page.get_by_text("1 of 2 up.").is_visible()
     page.screenshot(path=str(shots(tmp_path) / "servers.png"), full_page=True)
 

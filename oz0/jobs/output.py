@@ -15,11 +15,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from trio_websocket import WebSocketConnection
-
 from oz0.jobs import store
 from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +71,7 @@ def _whole(value: object, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**31
 
 
-async def receive(
-    edge: Edge, ws: WebSocketConnection, node_id: str, message: dict[str, Any]
-) -> None:
+async def receive(edge: Edge, ws: Wire, node_id: str, message: dict[str, Any]) -> None:
     """Store one chunk NODE_ID sent and answer it."""
     try:
         chunk = OutputChunk.parse(message)

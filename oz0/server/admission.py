@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
@@ -91,10 +90,10 @@ class Slot:
             self.admission._give_back(self.address)
 
 
-def peer_address(stream: trio.SSLStream[Any]) -> str:
-    """The source address of an accepted TLS connection (its port left out)."""
+def peer_address(stream: trio.SocketStream) -> str:
+    """The source address of an accepted connection (its port left out)."""
     try:
-        peer = stream.transport_stream.socket.getpeername()
+        peer = stream.socket.getpeername()
     except OSError:
         # Gone before we looked: counted under one name, and closed soon enough.
         return "unknown"

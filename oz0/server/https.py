@@ -135,7 +135,7 @@ async def serve_https(
     lifespan = Lifespan(wrapper, config, lifespan_state)
 
     async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
-        slot = admission.admit(peer_address(stream))
+        slot = admission.admit(peer_address(stream.transport_stream))
         if slot is None:
             await trio.aclose_forcefully(stream)
             return

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
-from trio_websocket import WebSocketConnection
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
@@ -19,6 +18,7 @@ from oz0.server.edge.join_batch import JoinBatcher
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
+from oz0.server.edge.wire import Wire
 from oz0.server.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
@@ -81,7 +81,7 @@ class DatabaseUnavailable(Exception):
     message = "the cluster's database is unavailable; try again shortly"
 
 
-async def send(ws: WebSocketConnection, kind: str, **fields: Any) -> None:
+async def send(ws: Wire, kind: str, **fields: Any) -> None:
     await ws.send_message(json.dumps({"type": kind, **fields}))
 
 
@@ -99,13 +99,13 @@ def decode(raw: str | bytes) -> dict[str, Any]:
     return message
 
 
-async def receive_first(ws: WebSocketConnection) -> dict[str, Any]:
+async def receive_first(ws: Wire) -> dict[str, Any]:
     with trio.fail_after(FIRST_MESSAGE_TIMEOUT):
         raw = await ws.get_message()
     return decode(raw)
 
 
-async def close(ws: WebSocketConnection, code: int = 1000, reason: str | None = None) -> None:
+async def close(ws: Wire, code: int = 1000, reason: str | None = None) -> None:
     """Close with a close frame, waiting at most CLOSE_TIMEOUT for the peer's answer.
 
     trio-websocket's `aclose` waits for the peer's own close frame, which a peer may never
@@ -117,6 +117,6 @@ async def close(ws: WebSocketConnection, code: int = 1000, reason: str | None = 
         log.debug("a peer did not answer our close frame in %g s", CLOSE_TIMEOUT)
 
 
-async def refuse(ws: WebSocketConnection, node_id: str, state: str | None) -> None:
+async def refuse(ws: Wire, node_id: str, state: str | None) -> None:
     code = state or "unknown"
     await send(ws, "refused", code=code, message=f"node {node_id} is {code}")

@@ -11,7 +11,6 @@ from typing import Any
 import trio
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes, pki
 from oz0.jobs import output as job_output
@@ -19,14 +18,13 @@ from oz0.server.edge import renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
+from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
 
 
-async def serve_control(
-    edge: Edge, ws: WebSocketConnection, peer_der: bytes | None, challenge: bytes
-) -> None:
+async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge: bytes) -> None:
     node_id, key = _node_of(peer_der, edge.cluster.name)
     if node_id is None or key is None:
         await send(
@@ -101,7 +99,7 @@ def _node_of(
 
 async def _receive_from_node(
     edge: Edge,
-    ws: WebSocketConnection,
+    ws: Wire,
     beat: Beat,
     key: ec.EllipticCurvePublicKey,
     answers: trio.MemorySendChannel[dict[str, Any]],
@@ -128,14 +126,14 @@ async def _receive_from_node(
                 await renew.answer(edge, ws, node_id, key, message)
             elif message.get("type") == job_output.OUTPUT:
                 await job_output.receive(edge, ws, node_id, message)
-    except ConnectionClosed:
+    except Closed:
         pass
     scope.cancel()
 
 
 async def _act_on_changes(
     edge: Edge,
-    ws: WebSocketConnection,
+    ws: Wire,
     node_id: str,
     key: ec.EllipticCurvePublicKey,
     changed: trio.Event,

@@ -5,8 +5,10 @@ instead when the servers that are up changed, and ends a stream that heard nothi
 its node for three intervals. A task per stream sleeping between heartbeats, and a timer
 around each read, cost every stream a timer and a cancelled sleep per interval: at 10,000
 streams on the one Trio thread that was a large share of the server's time. Here one task
-looks at every stream each TICK, hands the heartbeats that are due to a few sender tasks
-and cancels the streams that went silent; reads have no timer of their own.
+looks at every stream each TICK, sends the heartbeats that are due straight into their
+sockets (wire.py: no await while a socket takes them) and cancels the streams that went
+silent; reads have no timer of their own. Only a stream whose socket is full is handed to
+a few drain tasks, which close it if its peer has not read within SEND_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -16,38 +18,51 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from oz0 import nodes
+from oz0.server.edge.wire import Closed, text_frame
 
 log = logging.getLogger(__name__)
 
 MISSED_HEARTBEATS = 3
 # Heartbeats go out at most this late.
 TICK = 0.25
-# Sends in flight at once: a peer that does not read holds one sender until SEND_TIMEOUT.
-# Trio resumes a task once per pass over the ready tasks, so each sender sends about one
-# heartbeat per pass: with 10,000 streams some 500 fall due in a tick.
-SENDERS = 1024
+# Streams waiting at once for their socket to take what was sent: a peer that does not read
+# holds a drain task until SEND_TIMEOUT.
+SENDERS = 64
 SEND_TIMEOUT = 10.0
 HEARTBEAT_MESSAGE = json.dumps({"type": "heartbeat"})
+HEARTBEAT_FRAME = text_frame(HEARTBEAT_MESSAGE)
 # What nodes send as a heartbeat, recognised without decoding any JSON.
 HEARTBEATS = frozenset({HEARTBEAT_MESSAGE, '{"type":"heartbeat"}'})
+
+
+class Outbox(Protocol):
+    """How the scheduler sends to a stream (a Wire)."""
+
+    def send_now(self, text: str) -> bool: ...
+
+    def send_frame_now(self, frame: bytes) -> bool: ...
+
+    async def drain(self) -> None: ...
 
 
 @dataclass(eq=False)
 class Beat:
     """One stream as the scheduler sees it; `heard` is set by the stream's reader."""
 
-    ws: WebSocketConnection
+    ws: Outbox
     node_id: str
     scope: trio.CancelScope
     heard: float
     edges: list[str]
     removed: bool = False
     silent: bool = False
+    # Handed to a drain task, not back from it yet.
+    draining: bool = False
 
 
 @dataclass
@@ -79,7 +94,7 @@ class Heartbeats:
     def _schedule(self, beat: Beat, when: float) -> None:
         self._slots.setdefault(self._slot(when), []).append(beat)
 
-    def add(self, ws: WebSocketConnection, node_id: str, scope: trio.CancelScope) -> Beat:
+    def add(self, ws: Outbox, node_id: str, scope: trio.CancelScope) -> Beat:
         """Start the heartbeats of a stream just welcomed; SCOPE is cancelled if it goes
         silent. The caller removes it when the stream ends."""
         now = trio.current_time()
@@ -94,13 +109,12 @@ class Heartbeats:
 
     def sweep(self, now: float) -> None:
         """Send the heartbeats due by NOW (or `edges` to every stream if they changed)."""
-        assert self._due is not None
         edges = self.edges()
         if edges != self._known_edges:
             self._known_edges = list(edges)
-            for beat in self._beats:
+            for beat in list(self._beats):
                 if beat.edges != edges:
-                    self._due.send_nowait(beat)
+                    self._send(beat, edges)
         last = self._slot(now)
         first = last if self._next_slot is None else self._next_slot
         silent_after = MISSED_HEARTBEATS * self.interval
@@ -112,43 +126,59 @@ class Heartbeats:
                     beat.silent = True
                     beat.scope.cancel()
                     continue
-                self._due.send_nowait(beat)
+                self._send(beat, edges)
                 self._schedule(beat, now + self.interval)
         self._next_slot = last + 1
 
-    async def _send(self, due: trio.MemoryReceiveChannel[Beat]) -> None:
+    def _send(self, beat: Beat, edges: list[str]) -> None:
+        """A heartbeat, or the edges if BEAT has not had these, without waiting."""
+        assert self._due is not None
+        try:
+            if beat.edges != edges:
+                beat.edges = list(edges)
+                sent = beat.ws.send_now(json.dumps({"type": "edges", "edges": edges}))
+            else:
+                sent = beat.ws.send_frame_now(HEARTBEAT_FRAME)
+        except (Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+            # The stream is ending; its reader sees that and ends it.
+            beat.scope.cancel()
+            return
+        except Exception:
+            # One stream's failure must not end every stream's heartbeats.
+            log.exception("sending to node %s failed; closing its stream", beat.node_id)
+            beat.removed = True
+            beat.scope.cancel()
+            return
+        if not sent and not beat.draining:
+            beat.draining = True
+            self._due.send_nowait(beat)
+
+    async def _drain(self, due: trio.MemoryReceiveChannel[Beat]) -> None:
         async for beat in due:
-            if beat.removed:
-                continue
-            edges = self.edges()
             try:
                 with trio.move_on_after(self.send_timeout) as waiting:
-                    if beat.edges != edges:
-                        beat.edges = list(edges)
-                        await beat.ws.send_message(json.dumps({"type": "edges", "edges": edges}))
-                    else:
-                        await beat.ws.send_message(HEARTBEAT_MESSAGE)
-                if waiting.cancelled_caught:
+                    await beat.ws.drain()
+                if waiting.cancelled_caught and not beat.removed:
                     log.warning("node %s does not read its stream; closing it", beat.node_id)
                     beat.removed = True
                     beat.scope.cancel()
-            except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-                # The stream is ending; its reader sees that and ends it.
+            except (Closed, trio.BrokenResourceError, trio.ClosedResourceError):
                 beat.scope.cancel()
             except Exception:
-                # One stream's failure must not end every stream's heartbeats.
                 log.exception("sending to node %s failed; closing its stream", beat.node_id)
                 beat.removed = True
                 beat.scope.cancel()
+            finally:
+                beat.draining = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # Unbounded, yet never more than one entry per stream per interval or change.
+        # Unbounded, yet never more than one entry per stream at a time (`draining`).
         send, receive = trio.open_memory_channel[Beat](math.inf)
         self._due = send
         self._known_edges = list(self.edges())
         async with trio.open_nursery() as nursery:
             for _ in range(self.senders):
-                nursery.start_soon(self._send, receive)
+                nursery.start_soon(self._drain, receive)
             task_status.started()
             while True:
                 await trio.sleep(self.tick)

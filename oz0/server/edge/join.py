@@ -9,17 +9,17 @@ from typing import Any
 import psycopg
 import psycopg.errors
 import trio
-from trio_websocket import WebSocketConnection
 
 from oz0 import audit, joins, node_strings, nodes, tokens
 from oz0.server.edge.common import DatabaseUnavailable, Edge, receive_first, send
+from oz0.server.edge.wire import Wire
 
 log = logging.getLogger(__name__)
 
 PICKUP_HOLD = 30.0
 
 
-async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> None:
+async def serve_join(edge: Edge, ws: Wire, challenge: bytes) -> None:
     try:
         message = await receive_first(ws)
     except ValueError as e:
@@ -33,7 +33,7 @@ async def serve_join(edge: Edge, ws: WebSocketConnection, challenge: bytes) -> N
         await send(ws, "error", code="bad_request", message="expected a join or pickup message")
 
 
-async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, Any]) -> None:
+async def _answer_join(edge: Edge, ws: Wire, message: dict[str, Any]) -> None:
     csr, token = message.get("csr"), message.get("token")
     if not isinstance(csr, str) or not (token is None or isinstance(token, str)):
         edge.metrics.join_refused("bad_request")
@@ -103,9 +103,7 @@ async def _answer_join(edge: Edge, ws: WebSocketConnection, message: dict[str, A
     )
 
 
-async def _answer_pickup(
-    edge: Edge, ws: WebSocketConnection, message: dict[str, Any], challenge: bytes
-) -> None:
+async def _answer_pickup(edge: Edge, ws: Wire, message: dict[str, Any], challenge: bytes) -> None:
     node_id, signature = message.get("node_id"), message.get("signature")
     if (
         not isinstance(node_id, str)

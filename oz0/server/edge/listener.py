@@ -1,4 +1,4 @@
-"""The edge's listener: TLS, the websocket upgrade and the greeting, per connection."""
+"""The edge's listener: TLS, the websocket upgrade and the greeting, per connection (wire.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable
 from functools import partial
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, wrap_server_stream
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
@@ -30,6 +29,7 @@ from oz0.server.edge.join import PICKUP_HOLD, serve_join
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
+from oz0.server.edge.wire import Closed, Wire, tls_handshake
 from oz0.server.events import EventHub
 from oz0.server.tls import open_tcp_listeners
 from oz0.store.pool import Database
@@ -94,75 +94,75 @@ async def _admit(
     turns: Turns,
     tcp: trio.SocketStream,
 ) -> None:
-    stream = trio.SSLStream(HandshakeStream(tcp, turns), tls_context, server_side=True)
-    slot = admission.admit(peer_address(stream))
+    slot = admission.admit(peer_address(tcp))
     if slot is None:
         await trio.aclose_forcefully(tcp)
         return
+    transport = HandshakeStream(tcp, turns)
     try:
-        await _handle(edge, stream, slot.release)
+        await _handle(edge, transport, tls_context, slot.release)
     finally:
-        stream.transport_stream.handshake_done()
+        transport.handshake_done()
         slot.release()
 
 
 async def _handle(
-    edge: Edge, stream: trio.SSLStream[HandshakeStream], authenticated: Callable[[], None]
+    edge: Edge,
+    transport: HandshakeStream,
+    tls_context: ssl.SSLContext,
+    authenticated: Callable[[], None],
 ) -> None:
     """One connection; AUTHENTICATED is called once it has proven who it is."""
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
-            await stream.do_handshake()
-        stream.transport_stream.handshake_done()
-        peer_der = stream.getpeercert(binary_form=True)
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                request: WebSocketRequest = await wrap_server_stream(
-                    nursery, stream, max_message_size=MAX_MESSAGE_SIZE
-                )
-                if request.path not in ("/join", "/control"):
-                    await request.reject(404)
-                    return
-                ws = await request.accept()
-            challenge = secrets.token_bytes(32)
-            with trio.fail_after(SEND_TIMEOUT):
-                await send(
-                    ws,
-                    "hello",
-                    cluster=edge.cluster.name,
-                    ca_hash=edge.cluster.ca_hash,
-                    ca_pem=edge.cluster.ca_pem.decode(),
-                    challenge=challenge.hex(),
-                )
-            try:
-                if request.path == "/join":
-                    with trio.fail_after(JOIN_TIMEOUT):
-                        await serve_join(edge, ws, challenge)
-                elif peer_der is None:
-                    with trio.fail_after(SEND_TIMEOUT):
-                        await serve_control(edge, ws, peer_der, challenge)
-                else:
-                    # TLS verified a certificate of the cluster CA: no longer a stranger.
-                    authenticated()
-                    await serve_control(edge, ws, peer_der, challenge)
-            except DatabaseUnavailable as e:
-                kind = "error" if request.path == "/join" else "refused"
+            tls = await tls_handshake(transport, tls_context)
+        transport.handshake_done()
+        ws = Wire(transport.inner, *tls, max_message_size=MAX_MESSAGE_SIZE)
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            path = await ws.accept(PATHS)
+        if path is None:
+            return
+        peer_der = ws.peer_certificate()
+        challenge = secrets.token_bytes(32)
+        with trio.fail_after(SEND_TIMEOUT):
+            await send(
+                ws,
+                "hello",
+                cluster=edge.cluster.name,
+                ca_hash=edge.cluster.ca_hash,
+                ca_pem=edge.cluster.ca_pem.decode(),
+                challenge=challenge.hex(),
+            )
+        try:
+            if path == "/join":
+                with trio.fail_after(JOIN_TIMEOUT):
+                    await serve_join(edge, ws, challenge)
+            elif peer_der is None:
                 with trio.fail_after(SEND_TIMEOUT):
-                    await send(ws, kind, code=e.code, message=e.message)
-            await close(ws)
+                    await serve_control(edge, ws, peer_der, challenge)
+            else:
+                # TLS verified a certificate of the cluster CA: no longer a stranger.
+                authenticated()
+                await serve_control(edge, ws, peer_der, challenge)
+        except DatabaseUnavailable as e:
+            kind = "error" if path == "/join" else "refused"
+            with trio.fail_after(SEND_TIMEOUT):
+                await send(ws, kind, code=e.code, message=e.message)
+        await close(ws)
     except* _CONNECTION_ENDED as group:
         log.debug("edge connection ended: %r", group.exceptions[0])
     except* Exception as group:
         # One node's connection must never take the edge down with it.
         log.error("edge connection failed", exc_info=group)
     finally:
-        await trio.aclose_forcefully(stream)
+        await trio.aclose_forcefully(transport)
 
 
+PATHS = frozenset({"/join", "/control"})
 _CONNECTION_ENDED = (
     trio.BrokenResourceError,
     trio.ClosedResourceError,
     trio.TooSlowError,
-    ConnectionClosed,
+    Closed,
     ssl.SSLError,
 )

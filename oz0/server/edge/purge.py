@@ -9,11 +9,11 @@ from typing import Any
 
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec
-from trio_websocket import WebSocketConnection
 
 from oz0 import nodes, purge_command
 from oz0.server.edge import common
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, refuse, send
+from oz0.server.edge.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ async def record_refusal(edge: Edge, node_id: str, answer: dict[str, Any], nonce
     )
 
 
-async def next_answer(edge: Edge, ws: WebSocketConnection, node_id: str) -> dict[str, Any]:
+async def next_answer(edge: Edge, ws: Wire, node_id: str) -> dict[str, Any]:
     """The node's next answer to a purge command, read on a stream not welcomed."""
     while True:
         message = decode(await ws.get_message())
@@ -61,7 +61,7 @@ async def next_answer(edge: Edge, ws: WebSocketConnection, node_id: str) -> dict
 
 async def purge(
     edge: Edge,
-    ws: WebSocketConnection,
+    ws: Wire,
     node_id: str,
     key: ec.EllipticCurvePublicKey,
     challenge: bytes,

@@ -20,11 +20,11 @@ from typing import Any
 import psycopg
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from trio_websocket import WebSocketConnection
 
 from oz0 import audit, nodes, pki
 from oz0.errors import Oz0Error
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class RenewRefused(Oz0Error):
 
 async def answer(
     edge: Edge,
-    ws: WebSocketConnection,
+    ws: Wire,
     node_id: str,
     key: ec.EllipticCurvePublicKey,
     message: dict[str, Any],
