@@ -166,10 +166,8 @@ async def test_what_is_not_an_upgrade_gets_400_and_ends() -> None:
         assert (await client.receive_some(100)).startswith(b"HTTP/1.1 4")
 
 
-async def test_a_peer_that_does_not_read_fills_the_socket_then_drain_waits_until_aborted() -> (
-    None
-):
-    async with connected() as (wire, client, nursery):
+async def test_a_peer_that_does_not_read_fills_the_socket_then_drain_waits_until_aborted() -> None:
+    async with connected() as (wire, _client, nursery):
         frame = text_frame("z" * 60_000)
         sends = 0
         while wire.send_frame_now(frame):

@@ -257,7 +257,8 @@ class Wire:
             if isinstance(event, TextMessage):
                 self._messages.append("".join(p for p in parts if isinstance(p, str)))
             else:
-                self._messages.append(b"".join(p for p in parts if isinstance(p, bytes | bytearray)))
+                data = b"".join(p for p in parts if isinstance(p, bytes | bytearray))
+                self._messages.append(data)
 
     def _events(self) -> list[object]:
         try:
