@@ -108,8 +108,8 @@ async def receive_first(ws: Wire) -> dict[str, Any]:
 async def close(ws: Wire, code: int = 1000, reason: str | None = None) -> None:
     """Close with a close frame, waiting at most CLOSE_TIMEOUT for the peer's answer.
 
-    trio-websocket's `aclose` waits for the peer's own close frame, which a peer may never
-    send; cancelled, it still closes the stream under it.
+    `Wire.aclose` waits for the peer's own close frame, which a peer may never send;
+    cancelled, it still closes the socket under it.
     """
     with trio.move_on_after(CLOSE_TIMEOUT) as waiting:
         await ws.aclose(code, reason)
