@@ -15,7 +15,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from fixtures import edge_client, strangers
+from fixtures import edge_client, metrics, strangers
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
@@ -147,6 +147,10 @@ async def test_one_address_over_its_cap_is_closed_at_once_another_still_gets_in(
     # Counted and logged at a bounded rate: one line per listener for the whole burst.
     reports = re.findall(r"closed (\d+) unauthenticated connection", server.stderr())
     assert reports == ["1", "1"], server.stderr()[-2000:]
+    # And every one of them counted for /metrics, by listener.
+    samples = metrics.scrape(SERVER)
+    assert metrics.value(samples, "oz0_edge_connections_over_limit_total") == extra
+    assert metrics.value(samples, "oz0_management_connections_over_limit_total") == extra
     no_errors(server)
 
 

@@ -3,15 +3,17 @@
 Anyone can open a TCP connection, so what an unauthenticated peer can hold is bounded:
 each listener admits at most `MAX_PER_ADDRESS` such connections from one source address
 and `MAX_TOTAL` in all. One over the cap is closed at once, before its TLS handshake costs
-anything. Refusals are counted and logged at most once per `LOG_EVERY` seconds, so a
-flood cannot fill the log. A connection that authenticates (a certificate of the cluster
-on a control stream, an operator's certificate on 8443) gives its place back.
+anything. Refusals are counted (`on_refused` tells `/metrics` of each) and logged at most
+once per `LOG_EVERY` seconds, so a flood cannot fill the log. A connection that
+authenticates (a certificate of the cluster on a control stream, an operator's certificate
+on 8443) gives its place back.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -31,6 +33,7 @@ class Admission:
     per_address: int = MAX_PER_ADDRESS
     total: int = MAX_TOTAL
     log_every: float = LOG_EVERY
+    on_refused: Callable[[], None] = lambda: None
     refused: int = 0
     _by_address: dict[str, int] = field(default_factory=dict)
     _held: int = 0
@@ -60,6 +63,7 @@ class Admission:
 
     def _refuse(self, address: str) -> None:
         self.refused += 1
+        self.on_refused()
         self._unlogged += 1
         now = trio.current_time()
         if now - self._logged_at >= self.log_every:

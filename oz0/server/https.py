@@ -112,12 +112,14 @@ async def serve_https(
     port: int,
     *,
     authenticated: Callable[[bytes | None], bool] = lambda _: False,
+    on_refused: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve APP on HOST:PORT until cancelled; started once the port is bound.
 
     A connection whose client certificate AUTHENTICATED accepts stops counting against
-    the limits on unauthenticated ones.
+    the limits on unauthenticated ones; ON_REFUSED is called for each connection closed
+    at once over those limits.
     """
     config = Config()
     # Also the wait for the first request's headers: hypercorn's idle timer runs from
@@ -128,7 +130,7 @@ async def serve_https(
     config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
     config.graceful_timeout = 2
     config.accesslog = None
-    admission = Admission(f"management {host}:{port}")
+    admission = Admission(f"management {host}:{port}", on_refused=on_refused)
     wrapper = ASGIWrapper(app)
     context = WorkerContext(None)
     lifespan_state: dict[str, Any] = {}

@@ -138,5 +138,6 @@ async def run(
         host,
         port,
         authenticated=operator_certificate,
+        on_refused=state.metrics.management_over_limit.inc,
         task_status=task_status,
     )

@@ -23,6 +23,7 @@ import psycopg
 import trio
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     Gauge,
     Histogram,
     Info,
@@ -107,6 +108,12 @@ class ServerMetrics:
         GCCollector(registry=self.registry)
         Info("oz0_build", "The server's version.", registry=self.registry).info(
             {"version": __version__}
+        )
+        self.management_over_limit = Counter(
+            "oz0_management_connections_over_limit",
+            "New connections this server's management API closed at once, before TLS, as"
+            " their source address already held 64 unauthenticated ones or the API 2,048.",
+            registry=self.registry,
         )
         self._lag = Histogram(
             "oz0_event_loop_lag_seconds",

@@ -72,7 +72,7 @@ async def run(
         max_pending=max_pending,
         metrics=metrics or EdgeMetrics(),
     )
-    admission = Admission(f"edge {host}:{port}")
+    admission = Admission(f"edge {host}:{port}", on_refused=edge.metrics.connection_over_limit)
     turns = Turns(f"edge {host}:{port}", on_busy=edge.metrics.connection_shed)
     listeners = await open_tcp_listeners(port, host)
     async with trio.open_nursery() as nursery:

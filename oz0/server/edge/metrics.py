@@ -58,6 +58,12 @@ class EdgeMetrics:
             " had not come to them within 2 s (see handshake_turns): too busy then.",
             registry=registry,
         )
+        self._over_limit = Counter(
+            "oz0_edge_connections_over_limit",
+            "New connections this server's edge closed at once, before TLS, as their source"
+            " address already held 64 unauthenticated ones or the edge 2,048 (see admission).",
+            registry=registry,
+        )
         self._joins = {state: joins.labels(state) for state in JOINED_STATES}
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._closes = {state: closes.labels(state) for state in ENDED_BY}
@@ -69,6 +75,9 @@ class EdgeMetrics:
 
     def connection_shed(self) -> None:
         self._shed.inc()
+
+    def connection_over_limit(self) -> None:
+        self._over_limit.inc()
 
     def join_refused(self, reason: str) -> None:
         self._refusals.get(reason, self._refusals["bad_request"]).inc()
