@@ -406,7 +406,8 @@ async def storm(
                 continue
             node = rng.choice(sorted(candidates))
             edge = fleet.edge_of.get(node)
-            blocks.append(await block_once(operator, fleet, node) | {"edge": edge})
+            at = round(time.monotonic() - killed_at, 2)
+            blocks.append(await block_once(operator, fleet, node) | {"edge": edge, "at_s": at})
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sample_ages, files, ages, stop)
@@ -444,6 +445,8 @@ async def storm(
         },
         "blocks_meanwhile": summary(blocks),
         "blocks_over_2s": sum((b["refused_s"] or 1e9) > 2.0 for b in blocks),
+        # When (seconds after the kill) and where the slow ones were.
+        "slow_blocks": [b for b in blocks if (b["refused_s"] or 1e9) > 0.5],
         "survivors_rss_mib": {a: rss_mib(servers[a].pid) for a in survivors},
         "survivors_metrics": await trio.to_thread.run_sync(block_histograms, tuple(survivors)),
     }

@@ -115,11 +115,20 @@ async def run_server(
         bind=host,
         cluster_name=cluster.name,
     )
-    async with open_database(conninfo) as db, trio.open_nursery() as nursery:
+    async with (
+        open_database(conninfo) as db,
+        # The membership heartbeat has a connection and a thread of its own: behind the
+        # queries of thousands of nodes reconnecting at once, it would age past the limit
+        # the other servers judge this one by.
+        open_database(
+            conninfo, min_size=1, max_size=1, name="oz0-membership", own_threads=True
+        ) as beats,
+        trio.open_nursery() as nursery,
+    ):
         metrics = ServerMetrics(db)
         nursery.start_soon(loop_lag.watch, metrics.loop_lag)
         await nursery.start(
-            partial(membership.run, db, server_id, options.advertise, on_beat=metrics.heartbeat)
+            partial(membership.run, beats, server_id, options.advertise, on_beat=metrics.heartbeat)
         )
         hub = EventHub(conninfo)
         await nursery.start(hub.run_forever)

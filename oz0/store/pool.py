@@ -35,12 +35,23 @@ CONNECTION_KWARGS: dict[str, Any] = {
 
 
 class Database:
-    def __init__(self, pool: ConnectionPool[Conn]) -> None:
+    def __init__(
+        self, pool: ConnectionPool[Conn], limiter: trio.CapacityLimiter | None = None
+    ) -> None:
         self._pool = pool
+        # None: Trio's default worker threads, shared with every other blocking call.
+        self._limiter = limiter
+
+    def sharing(self, threads: int) -> Database:
+        """The same pool, for callers whose queries may take at most THREADS of its
+        connections at a time: a crowd of them cannot make everyone else's queries wait."""
+        return Database(self._pool, trio.CapacityLimiter(threads))
 
     async def transaction(self, work: Callable[[Conn], T]) -> T:
         """Run WORK(conn) in one transaction, committed when it returns."""
-        return await trio.to_thread.run_sync(self.transaction_in_thread, work)
+        return await trio.to_thread.run_sync(
+            self.transaction_in_thread, work, limiter=self._limiter
+        )
 
     def transaction_in_thread(self, work: Callable[[Conn], T]) -> T:
         """`transaction` for code that is already in a thread of its own (asyncio's, say)."""
@@ -70,15 +81,22 @@ class PoolUse:
 
 @asynccontextmanager
 async def open_database(
-    conninfo: str, *, min_size: int = 2, max_size: int = 8
+    conninfo: str,
+    *,
+    min_size: int = 2,
+    max_size: int = 8,
+    name: str = "oz0",
+    own_threads: bool = False,
 ) -> AsyncIterator[Database]:
+    """A pool of MIN_SIZE to MAX_SIZE connections; with OWN_THREADS its queries run in
+    MAX_SIZE worker threads of its own, so they never queue behind other blocking calls."""
     pool: ConnectionPool[Conn] = ConnectionPool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
         open=False,
         timeout=WAIT_FOR_CONNECTION,
-        name="oz0",
+        name=name,
         kwargs=CONNECTION_KWARGS,
         # A connection broken by a restart is found before use, not by the query given it.
         check=ConnectionPool.check_connection,
@@ -89,7 +107,7 @@ async def open_database(
     )
     await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=10.0))
     try:
-        yield Database(pool)
+        yield Database(pool, trio.CapacityLimiter(max_size) if own_threads else None)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lambda: pool.close(timeout=2.0))

@@ -35,6 +35,7 @@ CLOSE_BLOCKED = 4403
 
 @dataclass
 class Edge:
+    # The edge's share of the pool (listener.EDGE_QUERIES connections at a time).
     db: Database
     cluster: Cluster
     server_id: str
@@ -50,6 +51,9 @@ class Edge:
     outage: Outage = field(default_factory=lambda: Outage("the edge's database reads", log))
     max_pending: int = nodes.MAX_PENDING
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
+    # For the re-read of a node that changed, which a block waits on: not queued behind
+    # the share's crowd. None: `db`.
+    prompt_db: Database | None = None
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)
@@ -57,6 +61,10 @@ class Edge:
     def __post_init__(self) -> None:
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
+
+    @property
+    def prompt(self) -> Database:
+        return self.prompt_db if self.prompt_db is not None else self.db
 
     @property
     def actor(self) -> audit.Actor:

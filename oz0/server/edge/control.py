@@ -33,7 +33,9 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
         return
     # The reconcile loop covers this stream after a LISTEN gap (see StreamReconciler).
     with edge.hub.watch_node(node_id, wake_on_gap=False) as changed:
-        node = await edge.transaction(lambda conn: nodes.control_state(conn, node_id, key))
+        node = await edge.transaction(
+            lambda conn: nodes.control_connect(conn, node_id, key, edge.server_id)
+        )
         state = node.state if node is not None else None
         if state == "purging":
             await purge(edge, ws, node_id, key, challenge, partial(next_answer, edge, ws, node_id))
@@ -42,7 +44,6 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
             await refuse(ws, node_id, state)
             return
         edge.seen.alive(node_id)
-        await edge.transaction(lambda conn: nodes.connected(conn, node_id, edge.server_id))
         edge.streams.opened(node_id)
         beat: Beat | None = None
         try:
@@ -156,7 +157,9 @@ async def _act_on_changes(
         with edge.hub.watch_node(node_id, wake_on_gap=False) as next_change:
             node = await until_it_works(
                 outage,
-                partial(edge.db.transaction, lambda conn: nodes.control_state(conn, node_id, key)),
+                partial(
+                    edge.prompt.transaction, lambda conn: nodes.control_state(conn, node_id, key)
+                ),
             )
             state = node.state if node is not None else None
             if state != "accepted":

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 # TLS, then the websocket upgrade: each within this.
 HANDSHAKE_TIMEOUT = 10.0
+EDGE_QUERIES = 4
 # Sending to a peer that does not read (the greeting, a refusal) gives up after this.
 SEND_TIMEOUT = 10.0
 # A whole /join conversation: the first message, a pickup held open, the answer.
@@ -59,6 +60,10 @@ async def run(
     metrics: EdgeMetrics | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    # Thousands of nodes reconnecting at once (a server lost) query the database once
+    # each; they get half the pool, so operators' requests, the re-reads that end blocked
+    # nodes' streams and the rest of the server do not queue behind them.
+    pool, db = db, db.sharing(EDGE_QUERIES)
     edge = Edge(
         db,
         cluster,
@@ -71,6 +76,7 @@ async def run(
         temporal=frontend_address(advertise) if advertise else None,
         max_pending=max_pending,
         metrics=metrics or EdgeMetrics(),
+        prompt_db=pool,
     )
     admission = Admission(f"edge {host}:{port}", on_refused=edge.metrics.connection_over_limit)
     turns = Turns(f"edge {host}:{port}", on_busy=edge.metrics.connection_shed)
