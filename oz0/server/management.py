@@ -132,12 +132,15 @@ async def run(
         identity = pki.identity_of(x509.load_der_x509_certificate(der))
         return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
 
-    await serve_https(
-        create_app(state),
-        tls_context,
-        host,
-        port,
-        authenticated=operator_certificate,
-        on_refused=state.metrics.management_over_limit.inc,
-        task_status=task_status,
-    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(state.node_changes.serve)
+        await serve_https(
+            create_app(state),
+            tls_context,
+            host,
+            port,
+            authenticated=operator_certificate,
+            on_refused=state.metrics.management_over_limit.inc,
+            task_status=task_status,
+        )
+        nursery.cancel_scope.cancel()

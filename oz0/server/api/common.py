@@ -9,13 +9,14 @@ from typing import Any
 from cryptography import x509
 from quart import request
 
-from oz0 import audit, operators, pki
+from oz0 import audit, nodes, operators, pki
 from oz0.cluster import Cluster
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.events import EventHub
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
 from oz0.server.readiness import Readiness
+from oz0.store.batches import Batches
 from oz0.store.pool import Database
 from oz0.temporal.role import Temporal
 
@@ -34,8 +35,12 @@ class ManagementState:
     hub: EventHub | None = None
     # Operator certificates found current a moment ago (see operator_cache).
     operator_cache: OperatorCache = field(default_factory=OperatorCache)
+    # Single-node blocks and unblocks that arrive together share a transaction (served by
+    # management.run; until then each has its own).
+    node_changes: Batches = field(init=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "node_changes", Batches(self.db, (nodes.NodeError,)))
         if self.hub is not None:
             self.operator_cache.attach(self.hub)
 

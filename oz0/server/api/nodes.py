@@ -84,12 +84,14 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = (await json_object()).get("reason")
         if not isinstance(reason, str):
             raise ApiError(400, "a reason is required: say why, it goes to the audit log")
-        return await _change(state, lambda conn: nodes.block(conn, node_id, actor, reason))
+        return await _change(
+            state, lambda conn: nodes.block(conn, node_id, actor, reason), batched=True
+        )
 
     @app.post("/api/v1/nodes/<node_id>/unblock")
     async def node_unblock(node_id: str) -> Response:
         actor = await operator(state)
-        return await _change(state, lambda conn: nodes.unblock(conn, node_id, actor))
+        return await _change(state, lambda conn: nodes.unblock(conn, node_id, actor), batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/purge")
     async def node_purge(node_id: str) -> Response:
@@ -103,12 +105,19 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
 
 async def _change(
-    state: ManagementState, change: Callable[[psycopg.Connection[Any]], nodes.Node]
+    state: ManagementState,
+    change: Callable[[psycopg.Connection[Any]], nodes.Node],
+    *,
+    batched: bool = False,
 ) -> Response:
     """One node read or changed in one transaction: 404 if unknown, 409 if its state forbids
-    the change."""
+    the change. BATCHED: the transaction may be shared with other such changes
+    (`state.node_changes`); CHANGE must then refuse before it writes."""
     try:
-        node = await state.db.transaction(change)
+        if batched:
+            node = await state.node_changes.run(change)
+        else:
+            node = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
     except nodes.NodeError as e:

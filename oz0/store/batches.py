@@ -1,0 +1,115 @@
+"""Small changes that arrive together, written in one transaction.
+
+Fifty operators' `node block` requests at once are fifty transactions: fifty worker
+thread hand-offs, pool check-outs and commits, each waiting its turn on the server's one
+thread. A `Batches` runs them in one task instead: while it writes one batch, the changes
+that arrive wait and make the next (at most MAX_BATCH). A lone change is written at once,
+with no window to wait for company.
+
+A change may refuse (raise one of the REFUSALS given, e.g. NodeError) only before it
+writes anything, so a refusal leaves the batch's transaction as it was and the others go
+on. Any other error aborts the transaction: each change of that batch is then written
+again in a transaction of its own, so one change's failure (a deadlock between two
+servers' batches, say) is its own and not its neighbours'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from oz0.store.pool import Conn, Database
+
+T = TypeVar("T")
+
+MAX_BATCH = 64
+# Changes waiting for a batch, beyond which a new one waits to be queued.
+QUEUE = 1024
+
+
+@dataclass(eq=False)
+class _Waiting(Generic[T]):
+    work: Callable[[Conn], T]
+    done: trio.Event = field(default_factory=trio.Event)
+    result: T | None = None
+    failed: BaseException | None = None
+
+    def finish(self, result: T | None = None, failed: BaseException | None = None) -> None:
+        self.result, self.failed = result, failed
+        self.done.set()
+
+
+class Batches:
+    def __init__(
+        self,
+        db: Database,
+        refusals: tuple[type[Exception], ...],
+        *,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._db = db
+        self._refusals = refusals
+        self._max_batch = max_batch
+        self._send, self._receive = trio.open_memory_channel[_Waiting[Any]](QUEUE)
+        self._running = False
+
+    async def run(self, work: Callable[[Conn], T]) -> T:
+        """WORK(conn)'s result, written with the changes that came with it; raises what
+        WORK raised, or what its transaction did. Until `serve` runs, a transaction of
+        its own."""
+        if not self._running:
+            return await self._db.transaction(work)
+        waiting = _Waiting(work)
+        await self._send.send(waiting)
+        await waiting.done.wait()
+        if waiting.failed is not None:
+            raise waiting.failed
+        return waiting.result  # type: ignore[return-value]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._running = True
+        try:
+            task_status.started()
+            while True:
+                batch = [await self._receive.receive()]
+                while len(batch) < self._max_batch:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await self._write(batch)
+        finally:
+            self._running = False
+
+    async def _write(self, batch: list[_Waiting[Any]]) -> None:
+        refusals = self._refusals
+
+        def together(conn: Conn) -> list[tuple[Any, BaseException | None]]:
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for w in batch:
+                try:
+                    outcomes.append((w.work(conn), None))
+                except refusals as e:
+                    outcomes.append((None, e))
+            return outcomes
+
+        try:
+            outcomes = await self._db.transaction(together)
+        except Exception as e:
+            if len(batch) == 1:
+                batch[0].finish(failed=e)
+                return
+            for w in batch:
+                await self._alone(w)
+            return
+        for w, (result, failed) in zip(batch, outcomes, strict=True):
+            w.finish(result, failed)
+
+    async def _alone(self, w: _Waiting[Any]) -> None:
+        try:
+            w.finish(await self._db.transaction(w.work))
+        except Exception as e:
+            w.finish(failed=e)

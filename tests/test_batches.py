@@ -1,0 +1,114 @@
+"""oz0.store.batches against the real PostgreSQL of the suite: changes that arrive while a
+batch is written share the next transaction; a refusal is that change's alone; a change
+that breaks its transaction is written again alone so its neighbours still are."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+
+import psycopg
+import psycopg.errors
+import pytest
+import trio
+
+from fixtures.postgres import admin_url
+from oz0.store.batches import Batches
+from oz0.store.pool import Conn, Database, open_database
+
+
+class Refused(Exception):
+    pass
+
+
+@pytest.fixture
+async def table() -> AsyncIterator[str]:
+    name = "oz0_batches_" + secrets.token_hex(4)
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (k text PRIMARY KEY)")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {name}")
+
+
+def insert(table: str, key: str, refuse: bool = False) -> Callable[[Conn], int]:
+    """Write KEY (refusing first if REFUSE); the transaction's ID."""
+
+    def work(conn: Conn) -> int:
+        if refuse:
+            raise Refused(key)
+        conn.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
+        row = conn.execute("SELECT txid_current()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    return work
+
+
+def keys(table: str) -> set[str]:
+    with psycopg.connect(admin_url()) as conn:
+        return {str(r[0]) for r in conn.execute(f"SELECT k FROM {table}")}
+
+
+async def run_all(db: Database, works: list[Callable[[Conn], int]]) -> list[object]:
+    """Every work through one served Batches, all at once: each one's result or error."""
+    batches = Batches(db, (Refused,))
+    outcomes: list[object] = [None] * len(works)
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await batches.run(works[i])
+        except Exception as e:
+            outcomes[i] = e
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batches.serve)
+        async with trio.open_nursery() as requests:
+            for i in range(len(works)):
+                requests.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    return outcomes
+
+
+async def test_changes_that_arrive_together_share_a_transaction(table: str) -> None:
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        outcomes = await run_all(db, [insert(table, f"k{i}") for i in range(40)])
+    assert all(isinstance(o, int) for o in outcomes), outcomes
+    # Those queued before the writer looked make its first batch, the rest the next one.
+    assert len(set(outcomes)) <= 2
+    assert keys(table) == {f"k{i}" for i in range(40)}
+
+
+async def test_a_refusal_is_that_changes_alone(table: str) -> None:
+    works = [insert(table, f"k{i}", refuse=i % 3 == 0) for i in range(12)]
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        outcomes = await run_all(db, works)
+    refused = [i for i, o in enumerate(outcomes) if isinstance(o, Refused)]
+    assert refused == [0, 3, 6, 9]
+    assert keys(table) == {f"k{i}" for i in range(12) if i % 3}
+    assert len({o for o in outcomes if isinstance(o, int)}) <= 2
+
+
+async def test_a_change_that_breaks_the_transaction_fails_alone(table: str) -> None:
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {table} (k) VALUES ('taken')")
+    works = [insert(table, f"k{i}") for i in range(6)]
+    works[4] = insert(table, "taken")
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        outcomes = await run_all(db, works)
+    assert isinstance(outcomes[4], psycopg.errors.UniqueViolation)
+    assert all(isinstance(o, int) for i, o in enumerate(outcomes) if i != 4), outcomes
+    assert keys(table) == {"taken", *(f"k{i}" for i in range(6) if i != 4)}
+
+
+async def test_before_it_is_served_each_change_has_its_own_transaction(table: str) -> None:
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        batches = Batches(db, (Refused,))
+        first = await batches.run(insert(table, "a"))
+        second = await batches.run(insert(table, "b"))
+        with pytest.raises(Refused):
+            await batches.run(insert(table, "c", refuse=True))
+    assert first != second
+    assert keys(table) == {"a", "b"}
