@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -22,6 +22,31 @@ from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
+
+# Answers to purge commands kept for the purge to read; older ones give way to newer.
+ANSWERS_KEPT = 4
+
+
+class PurgeAnswers:
+    """A node's latest answers to purge commands, for the purge waiting on one.
+
+    Answers the node sent unasked (before any command, or naming another) give way to
+    newer ones, so the answer to the command sent always reaches the purge however many
+    came before it; a bounded queue that refused the newest would lose exactly that one.
+    """
+
+    def __init__(self) -> None:
+        self._kept: collections.deque[dict[str, Any]] = collections.deque(maxlen=ANSWERS_KEPT)
+        self._arrived = trio.lowlevel.ParkingLot()
+
+    def offer(self, answer: dict[str, Any]) -> None:
+        self._kept.append(answer)
+        self._arrived.unpark_all()
+
+    async def next(self) -> dict[str, Any]:
+        while not self._kept:
+            await self._arrived.park()
+        return self._kept.popleft()
 
 
 async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge: bytes) -> None:
@@ -57,11 +82,11 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                 temporal=edge.temporal,
                 tenant=node.tenant,
             )
-            answers_in, answers_out = trio.open_memory_channel[dict[str, Any]](4)
+            answers = PurgeAnswers()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
                 nursery.start_soon(
-                    _receive_from_node, edge, ws, beat, key, answers_in, nursery.cancel_scope
+                    _receive_from_node, edge, ws, beat, key, answers, nursery.cancel_scope
                 )
                 nursery.start_soon(
                     _act_on_changes,
@@ -70,7 +95,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     node_id,
                     key,
                     changed,
-                    partial(answers_out.receive),
+                    answers.next,
                     challenge,
                     nursery.cancel_scope,
                 )
@@ -103,7 +128,7 @@ async def _receive_from_node(
     ws: Wire,
     beat: Beat,
     key: ec.EllipticCurvePublicKey,
-    answers: trio.MemorySendChannel[dict[str, Any]],
+    answers: PurgeAnswers,
     scope: trio.CancelScope,
 ) -> None:
     """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
@@ -121,8 +146,7 @@ async def _receive_from_node(
                 continue
             message = decode(raw)
             if message.get("type") in PURGE_ANSWERS:
-                with contextlib.suppress(trio.WouldBlock):
-                    answers.send_nowait(message)
+                answers.offer(message)
             elif message.get("type") == renew.RENEW:
                 await renew.answer(edge, ws, node_id, key, message)
             elif message.get("type") == job_output.OUTPUT:
