@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from fixtures import edge_client
+from fixtures import edge_client, strangers
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
 from oz0 import pki
@@ -279,3 +279,50 @@ async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
     # The node's word, kept as one bounded line.
     assert history[1]["details"]["reason"] == "testing a refusal?" + "x" * 482
     assert history[1]["details"]["nonce"] == nonces[0]
+
+
+async def test_a_blocked_node_is_shown_gone_before_it_answers_our_close_frame(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+) -> None:
+    """A node that does not answer the edge's close frame keeps its socket a while (up to
+    CLOSE_TIMEOUT); it is shown disconnected as soon as the edge ends its stream, not after
+    (measured without it: 2.3-5.3 s after the close frame; with it: about 0.35 s)."""
+    start_server(cluster_files, "127.0.0.11")
+    keys = await accepted_node(cli, cluster_files, cluster_env)
+    host, port = EDGE_A.split(":")
+    ctx = edge_client.verified_context(keys.ca_pem, keys)
+    stream = await strangers.open_tls(host, int(port), "127.0.0.1", ctx)
+    deaf = strangers.DeafWebsocket(stream, host, "/control")
+    main = cluster_files.url.for_database(cluster_files.url.names.main)
+
+    def server_of_node() -> str | None:
+        with psycopg.connect(main) as conn:
+            row = conn.execute("SELECT server FROM nodes WHERE id = %s", (keys.node_id,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    try:
+        with trio.fail_after(10):
+            await deaf.open()
+            types = [json.loads(await deaf.next_text() or "{}")["type"] for _ in range(2)]
+        assert types == ["hello", "welcome"]
+        assert await trio.to_thread.run_sync(server_of_node) is not None
+        blocked = await cli_async(
+            cli, "node", "block", keys.node_id, "--reason", "deaf", env=cluster_env
+        )
+        assert blocked.code == 0, blocked.err
+        with trio.fail_after(10):
+            while (text := await deaf.next_text()) and json.loads(text)["type"] == "heartbeat":
+                pass
+            assert text is not None and json.loads(text)["code"] == "blocked"
+            assert await deaf.next_text() is None, "the edge's close frame, left unanswered"
+        ended = trio.current_time()
+        for _ in range(100):
+            if await trio.to_thread.run_sync(server_of_node) is None:
+                break
+            await trio.sleep(0.05)
+        assert trio.current_time() - ended < 1.5
+    finally:
+        await trio.aclose_forcefully(stream)

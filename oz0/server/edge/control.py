@@ -83,10 +83,12 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                 tenant=node.tenant,
             )
             answers = PurgeAnswers()
+            # Set once this edge ends the stream: from then on the node is shown gone.
+            ending = trio.Event()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
                 nursery.start_soon(
-                    _receive_from_node, edge, ws, beat, key, answers, nursery.cancel_scope
+                    _receive_from_node, edge, ws, beat, key, answers, ending, nursery.cancel_scope
                 )
                 nursery.start_soon(
                     _act_on_changes,
@@ -97,6 +99,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     changed,
                     answers.next,
                     challenge,
+                    ending,
                     nursery.cancel_scope,
                 )
             if beat.silent:
@@ -129,6 +132,7 @@ async def _receive_from_node(
     beat: Beat,
     key: ec.EllipticCurvePublicKey,
     answers: PurgeAnswers,
+    ending: trio.Event,
     scope: trio.CancelScope,
 ) -> None:
     """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
@@ -141,7 +145,8 @@ async def _receive_from_node(
         while True:
             raw = await ws.get_message()
             beat.heard = trio.current_time()
-            edge.seen.alive(node_id)
+            if not ending.is_set():
+                edge.seen.alive(node_id)
             if raw in HEARTBEATS:
                 continue
             message = decode(raw)
@@ -164,6 +169,7 @@ async def _act_on_changes(
     changed: trio.Event,
     next_answer: Callable[[], Awaitable[dict[str, Any]]],
     challenge: bytes,
+    ending: trio.Event,
     scope: trio.CancelScope,
 ) -> None:
     """End the stream when the node stops being accepted, purging it first if it is purging.
@@ -194,6 +200,10 @@ async def _act_on_changes(
         await purge(edge, ws, node_id, key, challenge, next_answer)
     else:
         log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
+        # Shown gone now, not once the close handshake is over: a node slow to answer our
+        # close frame holds it up to CLOSE_TIMEOUT.
+        ending.set()
+        edge.seen.left(node_id)
         try:
             await refuse(ws, node_id, state)
             await close(ws, CLOSE_BLOCKED, state or "unknown")
