@@ -31,6 +31,7 @@ FIRST_MESSAGE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
 MAX_MESSAGE_SIZE = 64 * 1024
 CLOSE_BLOCKED = 4403
+HANDSHAKE_THREADS = 4
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Edge:
     # For the re-read of a node that changed, which a block waits on: not queued behind
     # the share's crowd. None: `db`.
     prompt_db: Database | None = None
+    # Worker threads for the TLS handshakes' cryptography (wire.tls_handshake).
+    handshake_threads: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(HANDSHAKE_THREADS)
+    )
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)

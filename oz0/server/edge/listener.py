@@ -121,7 +121,7 @@ async def _handle(
     """One connection; AUTHENTICATED is called once it has proven who it is."""
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
-            tls = await tls_handshake(transport, tls_context)
+            tls = await tls_handshake(transport, tls_context, threads=edge.handshake_threads)
         transport.handshake_done()
         ws = Wire(transport.inner, *tls, max_message_size=MAX_MESSAGE_SIZE)
         with trio.fail_after(HANDSHAKE_TIMEOUT):
