@@ -61,6 +61,8 @@ async def test_trio_serve_listeners_takes_one_per_pass_which_is_why() -> None:
 
 
 async def test_bursts_are_bounded_and_the_rest_come_next() -> None:
-    seen = await accepted_at_passes(partial(accept_bursts.serve, burst=5), 20)
-    assert len(seen) == 20
-    assert max(seen) - min(seen) >= 3, seen
+    # Eight bursts of 5, one a pass: seven passes apart, give or take the pass or two that
+    # Trio's shuffled run order moves a task by (one burst of all is 2 at most, above).
+    seen = await accepted_at_passes(partial(accept_bursts.serve, burst=5), 40)
+    assert len(seen) == 40
+    assert max(seen) - min(seen) >= 5, seen
