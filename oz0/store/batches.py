@@ -24,10 +24,24 @@ import trio
 from oz0.store.pool import Conn, Database
 
 T = TypeVar("T")
+W = TypeVar("W")
 
 MAX_BATCH = 64
 # Changes waiting for a batch, beyond which a new one waits to be queued.
 QUEUE = 1024
+
+
+async def next_batch(
+    receive: trio.MemoryReceiveChannel[W], max_batch: int, first: list[W] | None = None
+) -> list[W]:
+    """FIRST if given, else the next to arrive; then what waits already, MAX_BATCH at most."""
+    batch = first or [await receive.receive()]
+    while len(batch) < max_batch:
+        try:
+            batch.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return batch
 
 
 @dataclass(eq=False)
@@ -74,13 +88,7 @@ class Batches:
         try:
             task_status.started()
             while True:
-                batch = [await self._receive.receive()]
-                while len(batch) < self._max_batch:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                await self._write(batch)
+                await self._write(await next_batch(self._receive, self._max_batch))
         finally:
             self._running = False
 

@@ -17,6 +17,7 @@ import psycopg.errors
 import trio
 
 from oz0 import joins, nodes, pki
+from oz0.store.batches import next_batch
 from oz0.store.pool import Conn
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,7 @@ class JoinBatcher:
         task_status.started()
         again: list[_Waiting] = []
         while True:
-            batch = again or [await self._receive.receive()]
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            again = await self._write(batch)
+            again = await self._write(await next_batch(self._receive, self._max_batch, again))
 
     async def _write(self, batch: list[_Waiting]) -> list[_Waiting]:
         """Write BATCH and tell each join what became of it; the joins to try again."""
