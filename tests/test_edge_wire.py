@@ -4,6 +4,7 @@ trio-websocket's client (the node agent's) over a real socket pair and real TLS.
 from __future__ import annotations
 
 import ssl
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -191,3 +192,24 @@ async def test_a_peer_that_does_not_read_fills_the_socket_then_drain_waits_until
         assert len(ended) == 1
         with pytest.raises(Closed):
             wire.send_now("after the abort")
+
+
+async def handshake_thread(threads: trio.CapacityLimiter | None) -> int:
+    """The thread that read the client's hello in a handshake with THREADS (the server's
+    SNI callback runs in the step that does)."""
+    server_ctx, client_ctx = contexts()
+    ran_in: list[int] = []
+    server_ctx.sni_callback = lambda *_: ran_in.append(threading.get_ident())  # type: ignore[assignment,return-value]
+    left, right = trio.socket.socketpair()
+    client = trio.SSLStream(trio.SocketStream(right), client_ctx, server_hostname="edge.test")
+    with trio.fail_after(20), left, right:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.do_handshake)
+            await tls_handshake(trio.SocketStream(left), server_ctx, threads=threads)
+    assert len(ran_in) == 1
+    return ran_in[0]
+
+
+async def test_with_threads_the_handshakes_cryptography_runs_off_the_trio_thread() -> None:
+    assert await handshake_thread(None) == threading.get_ident()
+    assert await handshake_thread(trio.CapacityLimiter(1)) != threading.get_ident()
