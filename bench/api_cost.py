@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -59,18 +60,26 @@ def curl_round(context: Context, ids: list[str], action: str) -> list[tuple[floa
     return [(float(tls), float(total)) for tls, total in fields]
 
 
+def children_cpu_seconds() -> float:
+    """CPU of this process's children that have ended (the curls)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def curl_mode(context: Context, ids: list[str], rounds: int, pid: int) -> dict[str, Any]:
     timings: list[tuple[float, float]] = []
-    cpu, began = cpu_seconds(pid), time.monotonic()
+    cpu, began, client = cpu_seconds(pid), time.monotonic(), children_cpu_seconds()
     for _ in range(rounds):
         for action in ("block", "unblock"):
             timings += curl_round(context, ids, action)
     spent, wall = cpu_seconds(pid) - cpu, time.monotonic() - began
+    client = children_cpu_seconds() - client
     return {
         "requests": len(timings),
         "wall_s": round(wall, 2),
         "server_cpu_ms_per_request": round(spent * 1000 / len(timings), 2),
         "server_cpu_pct_of_one_core": round(spent / wall * 100, 1),
+        "curl_cpu_ms_per_request": round(client * 1000 / len(timings), 2),
         "latency_ms": percentiles([total for _, total in timings]),
         "tls_done_ms": percentiles([tls for tls, _ in timings]),
     }
@@ -148,7 +157,7 @@ def main() -> None:
                 if args.py_spy and i == 0:
                     spy = subprocess.Popen(
                         [
-                            *("py-spy", "record", "-p", str(server.pid), "-r", "250"),
+                            *("py-spy", "record", "-p", str(server.pid), "-r", "250", "--threads"),
                             *("-f", "raw", "-o", str(args.py_spy), "--nonblocking"),
                         ],
                         stdout=subprocess.DEVNULL,
