@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import hashlib
 import os
 import stat
@@ -114,6 +115,13 @@ def identity_of(cert: x509.Certificate) -> Identity:
         serial=cert.serial_number,
         not_after=cert.not_valid_after_utc,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def identity_of_der(der: bytes) -> Identity:
+    """`identity_of` a certificate in DER; the same bytes are parsed once (an operator's
+    kept connection sends its certificate's requests one after another)."""
+    return identity_of(x509.load_der_x509_certificate(der))
 
 
 def issued_at(cert: x509.Certificate) -> dt.datetime:

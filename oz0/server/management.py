@@ -7,7 +7,6 @@ import ssl
 from typing import Any
 
 import trio
-from cryptography import x509
 from quart import Response, jsonify, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
@@ -129,7 +128,7 @@ async def run(
     def operator_certificate(der: bytes | None) -> bool:
         if der is None:
             return False
-        identity = pki.identity_of(x509.load_der_x509_certificate(der))
+        identity = pki.identity_of_der(der)
         return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
 
     async with trio.open_nursery() as nursery:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography import x509
 from quart import request
 
 from oz0 import audit, nodes, operators, pki
@@ -59,7 +58,7 @@ async def operator(state: ManagementState) -> audit.Actor:
     der = peer_cert_der(request.scope)
     if der is None:
         raise ApiError(401, "an operator client certificate is required")
-    identity = pki.identity_of(x509.load_der_x509_certificate(der))
+    identity = pki.identity_of_der(der)
     if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
         raise ApiError(403, "this certificate does not belong to an operator of this cluster")
     cache = state.operator_cache
