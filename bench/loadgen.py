@@ -6,8 +6,11 @@
         async for event in held:                    # one dict per JSON line
             ...
         # leaving the block sends SIGTERM; held.summary is the final line
+    answers, summary = posts(ca, cert, key, urls, {"reason": "x"}, timeout=30)
+                                                    # synchronous: one POST per URL at once
 
-Events carry `t`, CLOCK_MONOTONIC seconds: compare them with `time.monotonic()`.
+Events carry `t`, answers `start`, `tls_done` and `end`: CLOCK_MONOTONIC seconds, compare
+them with `time.monotonic()`.
 """
 
 from __future__ import annotations
@@ -80,6 +83,47 @@ async def join(
         raise LoadgenError(f"oz0-loadgen join failed with exit status {done.returncode}")
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def posts(
+    ca_file: Path,
+    cert_file: Path,
+    key_file: Path,
+    urls: Sequence[str],
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    source: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """POST BODY to every one of URLS at once with `oz0-loadgen posts`, each on a connection
+    of its own with a full TLS handshake and the client certificate CERT_FILE (KEY_FILE), as
+    that many separate CLI processes would. Each request's line, in the order they ended
+    (`url`, `status`, 0 with `error` when it failed, and CLOCK_MONOTONIC stamps `start`,
+    `tls_done`, `end`), and the summary (`requests`, `ok`, `latency_ms`, `tls_ms`, `cpu_s`:
+    the generator's CPU from the requests' release to the last answer). Synchronous: call it
+    from a thread in a Trio program. TIMEOUT bounds each request."""
+    args = [str(BINARY), "posts", "--ca", str(ca_file), "--cert", str(cert_file)]
+    args += ["--key", str(key_file), "--body", json.dumps(body), "--timeout", f"{timeout:g}"]
+    if source is not None:
+        args += ["--source", source]
+    for url in urls:
+        args += ["--url", url]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout + STOP_TIMEOUT)
+    if done.returncode != 0:
+        raise LoadgenError(
+            f"oz0-loadgen posts failed with exit status {done.returncode}: {done.stderr.strip()}"
+        )
+    answers: list[dict[str, Any]] = []
+    summary: dict[str, Any] | None = None
+    for line in done.stdout.splitlines():
+        parsed: dict[str, Any] = json.loads(line)
+        if parsed.get("summary"):
+            summary = parsed
+        else:
+            answers.append(parsed)
+    if summary is None:
+        raise LoadgenError("oz0-loadgen posts printed no summary")
+    return answers, summary
 
 
 @dataclass

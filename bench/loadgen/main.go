@@ -1,7 +1,9 @@
-// oz0-loadgen: many simulated nodes on the real edge protocol, cheaply, for benchmarks.
+// oz0-loadgen: many simulated nodes on the real edge protocol, cheaply, for benchmarks;
+// and many API requests at once, each with a full TLS handshake.
 //
 //	oz0-loadgen join --edge HOST:PORT --ca CA.pem --nodes N --concurrency C --out DIR ...
 //	oz0-loadgen hold --edge HOST:PORT [--edge ...] --ca CA.pem --nodes-dir DIR ...
+//	oz0-loadgen posts --ca CA.pem --cert OPERATOR.crt --key OPERATOR.key --url URL ...
 //
 // Results are JSON on stdout, progress on stderr; a bad argument is one line on stderr
 // and exit status 2. The join token comes only from OZ0_JOIN_TOKEN.
@@ -24,7 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const usage = `usage: oz0-loadgen join|hold [options]   (oz0-loadgen COMMAND -h lists them)`
+const usage = `usage: oz0-loadgen join|hold|posts [options]   (oz0-loadgen COMMAND -h lists them)`
 
 // usageError is bad input: one line, exit status 2.
 type usageError struct{ msg string }
@@ -41,6 +43,8 @@ func main() {
 		err = runJoin(os.Args[2:])
 	case "hold":
 		err = runHold(os.Args[2:])
+	case "posts":
+		err = runPosts(os.Args[2:])
 	default:
 		err = usageError{fmt.Sprintf("unknown command %q; %s", os.Args[1], usage)}
 	}
