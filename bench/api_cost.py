@@ -1,21 +1,26 @@
 """What one `node block` request costs the management API server (issue 13).
 
-    python -m bench.api_cost [--nodes N] [--rounds R] [--modes fresh,resume,keep,curl]
-                             [--py-spy OUT]
+    python -m bench.api_cost [--nodes N] [--rounds R] [--modes fresh,resume,keep,curl,go]
+                             [--address 127.0.0.X] [--py-spy OUT]
 
-Starts a fresh test cluster (the suite's PostgreSQL) and one real server on 127.0.0.220,
-with N accepted nodes written straight into the database (no streams: only the API is
-measured). For each mode, R rounds of N concurrent requests from N threads of this process
-through cli.client.ApiClient: each node blocked (`POST /api/v1/nodes/<id>/block`), then
-each unblocked. Modes: `fresh` a new client per request (new connection, full TLS
-handshake, as separate CLI processes), `resume` one client that never keeps a connection
-(a new connection per request that resumes the TLS session), `keep` one client (its kept
-connections), `curl` one `curl --parallel` per round of blocks and one of unblocks (a new
-connection and full TLS handshake per request, from a client that costs the machine
-little; also when each request's TLS handshake was done). Prints, per mode, the server's
-CPU per request (from /proc, the server's whole process), and the requests' latency.
-With --py-spy, records the server with py-spy (`py-spy record --format raw`) during the
-first mode into OUT.
+Starts a fresh test cluster (the suite's PostgreSQL) and one real server on 127.0.0.220
+(or --address, so that two runs can go side by side), with N accepted nodes written
+straight into the database (no streams: only the API is measured). For each mode, R rounds
+of N concurrent requests from N threads of this process through cli.client.ApiClient: each
+node blocked (`POST /api/v1/nodes/<id>/block`), then each unblocked. Modes: `fresh` a new
+client per request (new connection, full TLS handshake, as separate CLI processes),
+`resume` one client that never keeps a connection (a new connection per request that
+resumes the TLS session), `keep` one client (its kept connections), `curl` one `curl
+--parallel` per round of blocks and one of unblocks (a new connection and full TLS
+handshake per request; also when each request's TLS handshake was done), `go` the same
+from one `oz0-loadgen posts` (bench/loadgen/, built here) per round: a client that costs
+the machine far less than curl does (1.0-1.2 ms of CPU a request against curl's 3-4 ms with
+OpenSSL 3 here). Prints, per mode, the server's CPU per request (from /proc, the server's
+whole process), and the requests' latency; for `curl` and `go` also the client's CPU per
+request (curl: its whole processes; go: the generator's from the requests' release to the
+last answer, and `client_process_cpu_ms_per_request` its whole processes, start and
+certificates included). With --py-spy, records the server with py-spy (`py-spy record
+--format raw`) during the first mode into OUT.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench import curl
+from bench import curl, loadgen
 from bench.edge_load import cpu_seconds, machine_info, percentiles, source_version
 from cli import client as client_module
 from cli.client import ApiClient
@@ -43,16 +48,18 @@ from fixtures.postgres import fresh_database_url
 from oz0.context import Context
 
 ADDRESS = "127.0.0.220"
-MODES = ("fresh", "resume", "keep", "curl")
+MODES = ("fresh", "resume", "keep", "curl", "go")
 SETTLE = 3.0  # after start: the first membership and directory rounds
 PY_SPY_START = 2.0
 BODY = {"reason": "bench.api_cost"}
 
 
-def curl_round(context: Context, ids: list[str], action: str) -> list[tuple[float, float]]:
+def curl_round(
+    context: Context, address: str, ids: list[str], action: str
+) -> list[tuple[float, float]]:
     """One `curl --parallel` requesting ACTION for every node of IDS at once; each request's
     (TLS handshake done, answer complete) in seconds from its start."""
-    urls = [f"https://{ADDRESS}:8443/api/v1/nodes/{i}/{action}" for i in ids]
+    urls = [f"https://{address}:8443/api/v1/nodes/{i}/{action}" for i in ids]
     body = BODY if action == "block" else {}
     fields = curl.parallel_posts(
         context, urls, body, "%{time_appconnect} %{time_total}", max_time=60, fail=True
@@ -66,12 +73,14 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def curl_mode(context: Context, ids: list[str], rounds: int, pid: int) -> dict[str, Any]:
+def curl_mode(
+    context: Context, address: str, ids: list[str], rounds: int, pid: int
+) -> dict[str, Any]:
     timings: list[tuple[float, float]] = []
     cpu, began, client = cpu_seconds(pid), time.monotonic(), children_cpu_seconds()
     for _ in range(rounds):
         for action in ("block", "unblock"):
-            timings += curl_round(context, ids, action)
+            timings += curl_round(context, address, ids, action)
     spent, wall = cpu_seconds(pid) - cpu, time.monotonic() - began
     client = children_cpu_seconds() - client
     return {
@@ -85,9 +94,54 @@ def curl_mode(context: Context, ids: list[str], rounds: int, pid: int) -> dict[s
     }
 
 
-def one_mode(context: Context, ids: list[str], rounds: int, mode: str, pid: int) -> dict[str, Any]:
+def go_round(
+    context: Context, address: str, ids: list[str], action: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One `oz0-loadgen posts` requesting ACTION for every node of IDS at once: each
+    request's line and the generator's summary; any failed request raises."""
+    urls = [f"https://{address}:8443/api/v1/nodes/{i}/{action}" for i in ids]
+    body = BODY if action == "block" else {}
+    answers, summary = loadgen.posts(
+        context.ca_path, context.cert_path, context.key_path, urls, body, timeout=60
+    )
+    if summary["ok"] != len(urls):
+        failed = [a for a in answers if not 200 <= a["status"] < 300]
+        raise RuntimeError(f"{len(failed)} of {len(urls)} {action}s failed: {failed[:3]}")
+    return answers, summary
+
+
+def go_mode(
+    context: Context, address: str, ids: list[str], rounds: int, pid: int
+) -> dict[str, Any]:
+    answers: list[dict[str, Any]] = []
+    generator_cpu = 0.0
+    cpu, began, client = cpu_seconds(pid), time.monotonic(), children_cpu_seconds()
+    for _ in range(rounds):
+        for action in ("block", "unblock"):
+            done, summary = go_round(context, address, ids, action)
+            answers += done
+            generator_cpu += float(summary["cpu_s"])
+    spent, wall = cpu_seconds(pid) - cpu, time.monotonic() - began
+    client = children_cpu_seconds() - client
+    return {
+        "requests": len(answers),
+        "wall_s": round(wall, 2),
+        "server_cpu_ms_per_request": round(spent * 1000 / len(answers), 2),
+        "server_cpu_pct_of_one_core": round(spent / wall * 100, 1),
+        "client_cpu_ms_per_request": round(generator_cpu * 1000 / len(answers), 2),
+        "client_process_cpu_ms_per_request": round(client * 1000 / len(answers), 2),
+        "latency_ms": percentiles([a["end"] - a["start"] for a in answers]),
+        "tls_done_ms": percentiles([a["tls_done"] - a["start"] for a in answers]),
+    }
+
+
+def one_mode(
+    context: Context, address: str, ids: list[str], rounds: int, mode: str, pid: int
+) -> dict[str, Any]:
     if mode == "curl":
-        return curl_mode(context, ids, rounds, pid)
+        return curl_mode(context, address, ids, rounds, pid)
+    if mode == "go":
+        return go_mode(context, address, ids, rounds, pid)
     shared = ApiClient(context, learn_servers=False)
     keep_idle = client_module.KEEP_IDLE
     if mode == "resume":
@@ -127,6 +181,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=50, help="concurrent requests")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
+    parser.add_argument(
+        "--address", default=ADDRESS, help=f"the server's loopback address (default {ADDRESS})"
+    )
     parser.add_argument("--py-spy", type=Path, help="record the server during the first mode")
     args = parser.parse_args()
     if any(m not in MODES for m in args.modes):
@@ -139,8 +196,11 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp, fresh_database_url() as url:
         root = Path(tmp)
-        files = initialise(root, url, "cost", advertise=ADDRESS)
-        server = ServerProcess.for_cluster(files, ADDRESS, workdir=root / "server").start(120)
+        if "go" in args.modes:
+            loadgen.build()
+        files = initialise(root, url, "cost", advertise=args.address)
+        server = ServerProcess.for_cluster(files, args.address, workdir=root / "server")
+        server.start(120)
         try:
             with psycopg.connect(url.for_database(url.names.main), autocommit=True) as conn:
                 conn.execute(
@@ -164,7 +224,9 @@ def main() -> None:
                         stderr=subprocess.DEVNULL,
                     )
                     time.sleep(PY_SPY_START)
-                out["modes"][mode] = one_mode(context, ids, args.rounds, mode, server.pid)
+                out["modes"][mode] = one_mode(
+                    context, args.address, ids, args.rounds, mode, server.pid
+                )
                 if spy is not None:
                     spy.send_signal(2)
                     spy.wait(30)
