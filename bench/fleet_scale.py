@@ -2,7 +2,7 @@
 server SIGKILLed while its nodes reconnect to the others.
 
     python -m bench.fleet_scale [--nodes N] [--blocks B] [--storm-blocks S]
-                                [--burst K] [--burst-rounds R]
+                                [--burst K] [--burst-rounds R] [--burst-client kept|curl|go]
                                 [--join-concurrency C] [--server-logs DIR] [--no-storm]
 
 Starts a fresh test cluster (the suite's PostgreSQL) and three real servers on 127.0.0.226,
@@ -13,9 +13,12 @@ loopback address of its own range (127.4.x.y) as distinct machines would. Then:
 1. joins N nodes with a token, a third through each edge, and holds their control streams,
    node i starting on edge i % 3;
 2. with --burst K, **bursts** (goal 2): R rounds of K concurrent single blocks of nodes
-   chosen at random, through one kept client with K connections to 127.0.0.226's API,
-   each request to its node's `refused`; each round unblocked in one request before the
-   next; then, with B > 0,
+   chosen at random, through one kept client with K connections to 127.0.0.226's API
+   (`--burst-client kept`), or one `curl --parallel` (`curl`) or `oz0-loadgen posts`
+   (`go`) per round, a new connection and full TLS handshake per request as K `node
+   block` processes would; each request to its node's `refused` (with `go`, from that
+   request's own start as the generator stamps it; with `curl`, from just before curl
+   starts); each round unblocked in one request before the next; then, with B > 0,
    **fan-out** (goal 6): B blocks, one at a time, of nodes chosen at random over the three
    servers, each through 127.0.0.226's API (`POST /api/v1/nodes/ID/block`, one kept
    client, as `node block ID` sends it): from just before the request to the generator's
@@ -368,18 +371,58 @@ async def curl_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[
     ]
 
 
+async def go_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[dict[str, Any]]:
+    """CHOSEN blocked by one `oz0-loadgen posts` (all requests at once, each on a connection
+    of its own with a full TLS handshake, from a client that costs this machine little);
+    each request's time and its node's `refused` from that request's own start, both
+    stamped with CLOCK_MONOTONIC as the held nodes' events are."""
+    edges = {node: fleet.edge_of.get(node) for node in chosen}
+    before = {node: fleet.refused_at.get(node) for node in chosen}
+    urls = {f"https://{API}:{MANAGEMENT_PORT}/api/v1/nodes/{node}/block": node for node in chosen}
+    answers, _ = await trio.to_thread.run_sync(
+        lambda: loadgen.posts(
+            context.ca_path,
+            context.cert_path,
+            context.key_path,
+            list(urls),
+            {"reason": "bench.fleet_scale"},
+            timeout=30,
+        )
+    )
+    started = {urls[a["url"]]: a for a in answers}
+    await fleet.until(
+        lambda: all(fleet.refused_at.get(n) != before[n] for n in chosen), BLOCK_TIMEOUT
+    )
+    results = []
+    for node in chosen:
+        answer = started[node]
+        ok = 200 <= answer["status"] < 300
+        refused = fleet.refused_at.get(node)
+        results.append(
+            {
+                "node": node,
+                "edge": edges[node],
+                "api_s": answer["end"] - answer["start"] if ok else math.inf,
+                "refused_s": refused - answer["start"] if refused != before[node] else None,
+            }
+        )
+    return results
+
+
 async def bursts(
     args: argparse.Namespace, client: ApiClient, fleet: Fleet, out: dict[str, Any]
 ) -> None:
     """Goal 2: rounds of K concurrent single blocks, each round once the last was refused
-    and unblocked again, through one kept client with K connections (or one curl)."""
+    and unblocked again, through one kept client with K connections (or one curl, or one
+    oz0-loadgen posts)."""
     operator = Operator(client, trio.CapacityLimiter(args.burst))
     rng = random.Random(args.seed + 2)
     results: list[dict[str, Any]] = []
     for round_ in range(args.burst_rounds):
         chosen = rng.sample(sorted(fleet.edge_of), min(args.burst, len(fleet.edge_of)))
-        if args.burst_client == "curl":
-            done = await curl_round(client.context, fleet, chosen)
+        if args.burst_client in ("curl", "go"):
+            client_round = curl_round if args.burst_client == "curl" else go_round
+            done = await client_round(client.context, fleet, chosen)
             await unblock_all(operator, fleet, chosen)
         else:
             done = await burst_round(operator, fleet, chosen)
@@ -554,7 +597,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=200, help="fan-out blocks, one at a time")
     parser.add_argument("--burst", type=int, default=0, help="concurrent blocks per burst")
     parser.add_argument("--burst-rounds", type=int, default=5)
-    parser.add_argument("--burst-client", choices=("kept", "curl"), default="kept")
+    parser.add_argument("--burst-client", choices=("kept", "curl", "go"), default="kept")
     parser.add_argument("--storm-blocks", type=int, default=20, help="blocks during the storm")
     parser.add_argument("--join-concurrency", type=int, default=16, help="per edge")
     parser.add_argument("--ramp-batch", type=int, default=300)
