@@ -18,8 +18,7 @@ from trio_websocket import (
 )
 
 from oz0.server.certificates import ServerCertificates
-from oz0.server.edge.wire import Closed, Wire, text_frame
-from oz0.server.tls_stream import tls_handshake
+from oz0.server.edge.wire import Closed, Wire, text_frame, tls_handshake
 from tests.test_certificates import in_memory_cluster
 
 PATHS = frozenset({"/control"})

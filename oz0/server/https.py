@@ -1,11 +1,10 @@
 """Serve an ASGI app over our own TLS listener, handing the app the peer's certificate.
 
 Hypercorn puts nothing about the client certificate into the ASGI scope, so each
-connection is handshaken here (its cryptography in worker threads, `tls_stream`), its
-certificate read, and the connection then given to hypercorn's `TCPServer` as a
-`TlsStream`, with an app wrapper that adds the certificate to every scope as
-`scope["extensions"]["oz0.peer_cert_der"]` (bytes or None). hypercorn is pinned for this
-reason.
+connection is handshaken here, its certificate read from the `trio.SSLStream`, and the
+connection then given to hypercorn's `TCPServer` with an app wrapper that adds the
+certificate to every scope as `scope["extensions"]["oz0.peer_cert_der"]` (bytes or None).
+hypercorn is pinned for this reason.
 
 Connections that have not authenticated are admitted within limits (`oz0.server.admission`)
 and bounded in time: the TLS handshake, the wait for a request's headers, each read and
@@ -30,8 +29,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from oz0.server.admission import Admission, peer_address
-from oz0.server.tls import open_tcp_listeners
-from oz0.server.tls_stream import TlsStream, tls_handshake
+from oz0.server.tls import open_tls_listeners
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +40,6 @@ REQUEST_TIMEOUT = 10
 SEND_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
 MAX_HEADERS_SIZE = 16 * 1024
-# Worker threads for the handshakes' cryptography: a burst of new connections (50 CLI
-# commands at once) is handshaken on the machine's other cores too.
-HANDSHAKE_THREADS = 2
 
 
 class _BoundedStream(trio.abc.Stream):
@@ -54,7 +49,7 @@ class _BoundedStream(trio.abc.Stream):
     hypercorn handles by closing it.
     """
 
-    def __init__(self, inner: TlsStream) -> None:
+    def __init__(self, inner: trio.SSLStream[trio.SocketStream]) -> None:
         self._inner = inner
 
     @property
@@ -141,21 +136,19 @@ async def serve_https(
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapper, config, lifespan_state)
 
-    threads = trio.CapacityLimiter(HANDSHAKE_THREADS)
-
-    async def handle(tcp: trio.SocketStream) -> None:
-        slot = admission.admit(peer_address(tcp))
+    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        slot = admission.admit(peer_address(stream.transport_stream))
         if slot is None:
-            await trio.aclose_forcefully(tcp)
+            await trio.aclose_forcefully(stream)
             return
         try:
             try:
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
-                    stream = TlsStream(tcp, *await tls_handshake(tcp, ssl_context, threads=threads))
-            except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.TooSlowError) as e:
+                    await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError) as e:
                 # Foreign or expired client certificates end here, refused by the handshake.
                 log.debug("TLS handshake from a client failed: %r", e)
-                await trio.aclose_forcefully(tcp)
+                await trio.aclose_forcefully(stream)
                 return
             der = stream.getpeercert(binary_form=True)
             if authenticated(der):
@@ -174,7 +167,7 @@ async def serve_https(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners = await open_tcp_listeners(port, host)
+        listeners = await open_tls_listeners(port, ssl_context, host, https_compatible=True)
         async with trio.open_nursery() as server_nursery:
             await server_nursery.start(partial(trio.serve_listeners, handle, listeners))
             task_status.started()

@@ -43,6 +43,18 @@ def server_context(
     return ctx
 
 
+async def open_tls_listeners(
+    port: int, ssl_context: ssl.SSLContext, host: str, *, https_compatible: bool = False
+) -> list[trio.SSLListener[trio.SocketStream]]:
+    """Bind HOST:PORT, or fail with one line saying which address could not be had."""
+    try:
+        return await trio.open_ssl_over_tcp_listeners(
+            port, ssl_context, host=host, https_compatible=https_compatible
+        )
+    except OSError as e:
+        raise Oz0Error(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 async def open_tcp_listeners(port: int, host: str) -> list[trio.SocketListener]:
     """Bind HOST:PORT for connections the caller wraps in TLS itself."""
     try:

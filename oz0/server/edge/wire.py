@@ -66,6 +66,44 @@ def text_frame(text: str) -> bytes:
     return head + payload
 
 
+async def tls_handshake(
+    transport: trio.abc.Stream,
+    context: ssl.SSLContext,
+    *,
+    threads: trio.CapacityLimiter | None = None,
+) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]:
+    """The server side of a TLS handshake over TRANSPORT; its object and BIOs (in, out).
+
+    The handshake goes through TRANSPORT's reads and writes (the edge meters them, see
+    handshake_turns.py); what comes after goes straight to the socket (Wire). With
+    THREADS, each step on the peer's bytes (its cryptography, about a millisecond, done
+    without the interpreter's lock) runs in one of those worker threads, off the thread
+    every stream shares.
+    """
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_side=True)
+    while True:
+        try:
+            if threads is not None and incoming.pending:
+                await trio.to_thread.run_sync(tls.do_handshake, limiter=threads)
+            else:
+                tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            pending = outgoing.read()
+            if pending:
+                await transport.send_all(pending)
+            received = await transport.receive_some(READ_SIZE)
+            if received:
+                incoming.write(received)
+            else:
+                incoming.write_eof()
+    pending = outgoing.read()
+    if pending:
+        await transport.send_all(pending)
+    return tls, incoming, outgoing
+
+
 class Wire:
     """A websocket over TLS on the socket of SOCKET_STREAM, its TLS handshake done.
 
