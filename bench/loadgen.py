@@ -8,6 +8,7 @@
         # leaving the block sends SIGTERM; held.summary is the final line
     answers, summary = posts(ca, cert, key, urls, {"reason": "x"}, timeout=30)
                                                     # synchronous: one POST per URL at once
+                                                    # (keep=True: on connections made first)
 
 Events carry `t`, answers `start`, `tls_done` and `end`: CLOCK_MONOTONIC seconds, compare
 them with `time.monotonic()`.
@@ -94,21 +95,30 @@ def posts(
     *,
     timeout: float,
     source: str | None = None,
+    keep: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """POST BODY to every one of URLS at once with `oz0-loadgen posts`, each on a connection
     of its own with a full TLS handshake and the client certificate CERT_FILE (KEY_FILE), as
-    that many separate CLI processes would. Each request's line, in the order they ended
-    (`url`, `status`, 0 with `error` when it failed, and CLOCK_MONOTONIC stamps `start`,
-    `tls_done`, `end`), and the summary (`requests`, `ok`, `latency_ms`, `tls_ms`, `cpu_s`:
-    the generator's CPU from the requests' release to the last answer). Synchronous: call it
-    from a thread in a Trio program. TIMEOUT bounds each request."""
+    that many separate CLI processes would. With KEEP (`--keep`), every connection is opened
+    and its handshake done first, not timed, and the requests released together on them once
+    all are ready, as a client that keeps its connections (one request each here). Each
+    request's line, in the order they ended (`url`, `status`, 0 with `error` when it failed,
+    and CLOCK_MONOTONIC stamps `start`, `tls_done`, `end`; with KEEP `start` is the release
+    and `tls_done` the same), and the summary (`keep`, `requests`, `ok`, `latency_ms`,
+    `tls_ms`: None with KEEP, `warm_s`: the connections' making with KEEP, `cpu_s`: the
+    generator's CPU from the requests' release to the last answer). Synchronous: call it
+    from a thread in a Trio program. TIMEOUT bounds each request (with KEEP also the
+    connections' making, before the release)."""
     args = [str(BINARY), "posts", "--ca", str(ca_file), "--cert", str(cert_file)]
     args += ["--key", str(key_file), "--body", json.dumps(body), "--timeout", f"{timeout:g}"]
     if source is not None:
         args += ["--source", source]
+    if keep:
+        args.append("--keep")
     for url in urls:
         args += ["--url", url]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout + STOP_TIMEOUT)
+    bound = timeout * (2 if keep else 1) + STOP_TIMEOUT
+    done = subprocess.run(args, capture_output=True, text=True, timeout=bound)
     if done.returncode != 0:
         raise LoadgenError(
             f"oz0-loadgen posts failed with exit status {done.returncode}: {done.stderr.strip()}"

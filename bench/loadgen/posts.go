@@ -3,6 +3,8 @@ package main
 // `posts`: many POSTs to the management API at once, each on a TCP connection of its own
 // with a full TLS 1.3 handshake and the operator's client certificate, as that many
 // separate CLI processes would send them, from a client that costs the machine little.
+// With --keep every connection is opened and its handshake done first (not timed), then
+// the requests are released together on them, as a client that keeps its connections.
 
 import (
 	"bufio"
@@ -53,6 +55,7 @@ func runPosts(args []string) error {
 	urlsFile := fs.String("urls-file", "", "file of URLs, one a line (blank lines ignored)")
 	timeout := fs.Float64("timeout", 30, "seconds each request may take, connect to answer")
 	source := fs.String("source", "", "local address to connect from")
+	keep := fs.Bool("keep", false, "open every connection and finish its TLS handshake first (not timed), then release the requests on them")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -69,7 +72,7 @@ func runPosts(args []string) error {
 		}
 	}
 	// Everything parsed and built before the requests are released: only they are timed.
-	posts, err := preparePosts(*caPath, *certPath, *keyPath, *body, urls)
+	posts, err := preparePosts(*caPath, *certPath, *keyPath, *body, urls, *keep)
 	if err != nil {
 		return err
 	}
@@ -82,29 +85,13 @@ func runPosts(args []string) error {
 	var (
 		mu      sync.Mutex
 		results []postResult
-		ready   sync.WaitGroup
-		done    sync.WaitGroup
 	)
-	release := make(chan struct{})
-	for _, p := range posts {
-		ready.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-release
-			r := postOnce(p, local, deadline)
-			stdout.line(r)
-			mu.Lock()
-			results = append(results, r)
-			mu.Unlock()
-		}()
-	}
-	ready.Wait()
-	cpu := cpuSeconds()
-	close(release)
-	done.Wait()
-	spent := cpuSeconds() - cpu
+	warm, spent := sendPosts(posts, local, deadline, *keep, func(r postResult) {
+		stdout.line(r)
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
 
 	var latencies, handshakes []float64
 	ok := 0
@@ -126,21 +113,75 @@ func runPosts(args []string) error {
 			handshakes = append(handshakes, *r.TLSDone-r.Start)
 		}
 	}
-	stdout.line(map[string]any{
+	summary := map[string]any{
 		"summary":    true,
+		"keep":       *keep,
 		"requests":   len(results),
 		"ok":         ok,
 		"errors":     errs,
 		"latency_ms": percentiles(latencies),
 		"tls_ms":     percentiles(handshakes),
+		"warm_s":     nil,
 		"cpu_s":      round4(spent),
-	})
+	}
+	if *keep {
+		// The handshakes were done before the release: not measured.
+		summary["tls_ms"] = nil
+		summary["warm_s"] = round4(warm)
+	}
+	stdout.line(summary)
 	return nil
 }
 
+// sendPosts releases every request of POSTS together, from LOCAL, each within TIMEOUT,
+// and calls REPORT (from any goroutine) with each one's line as it ends. With KEEP, every
+// connection is first opened and its handshake done, all by one deadline TIMEOUT away (a
+// connection that fails is reported then); the requests are released once all are ready.
+// The warm-up's seconds (0 without KEEP), and this process's CPU seconds from the release
+// to the last answer.
+func sendPosts(posts []post, local net.Addr, timeout time.Duration, keep bool, report func(postResult)) (warm, cpu float64) {
+	var ready, done sync.WaitGroup
+	warmStart := monotonic()
+	warmCtx, warmCancel := context.WithTimeout(context.Background(), timeout)
+	defer warmCancel()
+	release := make(chan struct{})
+	for _, p := range posts {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			var conn *tls.Conn
+			if keep {
+				var failed *postResult
+				if conn, failed = warmUp(warmCtx, p, local); failed != nil {
+					report(*failed) // nothing to release
+					ready.Done()
+					return
+				}
+				defer conn.Close()
+			}
+			ready.Done()
+			<-release
+			if conn != nil {
+				report(postOn(conn, p, timeout))
+			} else {
+				report(postOnce(p, local, timeout))
+			}
+		}()
+	}
+	ready.Wait()
+	if keep {
+		warm = monotonic() - warmStart
+	}
+	began := cpuSeconds()
+	close(release)
+	done.Wait()
+	return warm, cpuSeconds() - began
+}
+
 // preparePosts loads the CA, the client certificate and its key, and makes each URL's
-// request and TLS configuration (one per host name).
-func preparePosts(caPath, certPath, keyPath, body string, urls []string) ([]post, error) {
+// request (KEEP: without `Connection: close`) and TLS configuration (one per host name).
+func preparePosts(caPath, certPath, keyPath, body string, urls []string, keep bool) ([]post, error) {
 	roots, err := loadCA(caPath)
 	if err != nil {
 		return nil, usageError{err.Error()}
@@ -162,7 +203,7 @@ func preparePosts(caPath, certPath, keyPath, body string, urls []string) ([]post
 			cfg = postsTLSConfig(roots, &cert, u.Hostname())
 			configs[u.Hostname()] = cfg
 		}
-		posts[i] = post{raw, hostPort(u), cfg, httpRequest(u, body)}
+		posts[i] = post{raw, hostPort(u), cfg, httpRequest(u, body, !keep)}
 	}
 	return posts, nil
 }
@@ -228,12 +269,16 @@ func hostPort(u *url.URL) string {
 	return net.JoinHostPort(u.Hostname(), port)
 }
 
-// httpRequest is the whole request for U, written by hand: one write, no keep-alive.
-func httpRequest(u *url.URL, body string) []byte {
+// httpRequest is the whole request for U, written by hand: one write; with ASKCLOSE it asks
+// for no keep-alive (`Connection: close`), without it is what a kept connection sends.
+func httpRequest(u *url.URL, body string, askClose bool) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: %s\r\n", u.RequestURI(), u.Host)
 	fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
-	b.WriteString("Connection: close\r\nUser-Agent: oz0-loadgen\r\n\r\n")
+	if askClose {
+		b.WriteString("Connection: close\r\n")
+	}
+	b.WriteString("User-Agent: oz0-loadgen\r\n\r\n")
 	b.WriteString(body)
 	return []byte(b.String())
 }
@@ -296,44 +341,94 @@ func postsTLSConfig(roots *x509.CertPool, cert *tls.Certificate, serverName stri
 // the whole answer, all within TIMEOUT.
 func postOnce(p post, local net.Addr, timeout time.Duration) postResult {
 	r := postResult{URL: p.raw, Start: monotonic()}
-	fail := func(stage string, err error) postResult {
-		r.End = monotonic()
-		r.Status = 0
-		kind := errorKind(&stageError{stage, err})
-		r.Error = kind + " " + err.Error()
-		return r
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	tc, err := dialTLS(ctx, p, local)
+	if err != nil {
+		return r.failed(err)
+	}
+	defer tc.Close()
+	at := monotonic()
+	r.TLSDone = &at
+	return exchange(tc, p, r, false)
+}
+
+// warmUp opens P's connection from LOCAL and finishes its TLS handshake by CTX's
+// deadline, for --keep; if it cannot, the failed request's line (from this call's start).
+func warmUp(ctx context.Context, p post, local net.Addr) (*tls.Conn, *postResult) {
+	r := postResult{URL: p.raw, Start: monotonic()}
+	tc, err := dialTLS(ctx, p, local)
+	if err != nil {
+		r = r.failed(err)
+		return nil, &r
+	}
+	return tc, nil
+}
+
+// postOn sends P on TC, a connection warmUp made, and reads the answer by its length, all
+// within TIMEOUT from now: the request's start. The handshake was done by then.
+func postOn(tc *tls.Conn, p post, timeout time.Duration) postResult {
+	start := monotonic()
+	r := postResult{URL: p.raw, Start: start, TLSDone: &start}
+	_ = tc.SetDeadline(time.Now().Add(timeout))
+	return exchange(tc, p, r, true)
+}
+
+// dialTLS connects to P's address from LOCAL and does the TLS handshake, by CTX's
+// deadline, which also bounds the connection's later reads and writes.
+func dialTLS(ctx context.Context, p post, local net.Addr) (*tls.Conn, error) {
 	d := net.Dialer{LocalAddr: local}
 	raw, err := d.DialContext(ctx, "tcp", p.address)
 	if err != nil {
-		return fail("connect", err)
+		return nil, &stageError{"connect", err}
 	}
-	defer raw.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = raw.SetDeadline(dl)
 	}
 	tc := tls.Client(raw, p.tls)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return fail("tls", err)
+		_ = raw.Close()
+		return nil, &stageError{"tls", err}
 	}
-	at := monotonic()
-	r.TLSDone = &at
+	return tc, nil
+}
+
+// exchange writes P's request on TC and reads the whole answer, completing R. On a KEPT
+// connection (no `Connection: close` asked) the answer must say its length (Content-Length
+// or chunks): the connection is not read to its end.
+func exchange(tc *tls.Conn, p post, r postResult, kept bool) postResult {
 	if _, err := tc.Write(p.request); err != nil {
-		return fail("send", err)
+		return r.failed(&stageError{"send", err})
 	}
 	resp, err := http.ReadResponse(bufio.NewReaderSize(tc, 4096), nil)
 	if err != nil {
-		return fail("answer", err)
+		return r.failed(&stageError{"answer", err})
+	}
+	if kept && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 {
+		// Nothing would end its body but the server's idle timer.
+		_ = resp.Body.Close()
+		return r.failed(&stageError{"answer", errors.New("a kept connection's answer without a length")})
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	if err != nil {
-		return fail("answer", err)
+		return r.failed(&stageError{"answer", err})
 	}
 	r.Status = resp.StatusCode
 	r.End = monotonic()
+	return r
+}
+
+// failed is R ended now by ERR (a *stageError).
+func (r postResult) failed(err error) postResult {
+	r.End = monotonic()
+	r.Status = 0
+	cause := err
+	var se *stageError
+	if errors.As(err, &se) {
+		cause = se.err
+	}
+	r.Error = errorKind(err) + " " + cause.Error()
 	return r
 }
 

@@ -61,12 +61,17 @@ func TestURLsMustBeHTTPS(t *testing.T) {
 
 func TestRequestIsOneHTTP11PostThatClosesTheConnection(t *testing.T) {
 	u, _ := checkURL("https://127.0.0.1:8443/api/v1/nodes/n/block?x=1")
-	got := string(httpRequest(u, `{"reason": "r"}`))
+	got := string(httpRequest(u, `{"reason": "r"}`, true))
 	want := "POST /api/v1/nodes/n/block?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8443\r\n" +
 		"Content-Type: application/json\r\nContent-Length: 15\r\n" +
 		"Connection: close\r\nUser-Agent: oz0-loadgen\r\n\r\n{\"reason\": \"r\"}"
 	if got != want {
 		t.Fatalf("request\n%q\nwant\n%q", got, want)
+	}
+	// --keep: the same without asking the server to close.
+	got = string(httpRequest(u, `{"reason": "r"}`, false))
+	if want = strings.Replace(want, "Connection: close\r\n", "", 1); got != want {
+		t.Fatalf("kept request\n%q\nwant\n%q", got, want)
 	}
 }
 
@@ -208,7 +213,7 @@ func TestPostsAreFullHandshakesWithTheClientCertificate(t *testing.T) {
 	url := fmt.Sprintf("https://127.0.0.1:%d/api/v1/nodes/n/block", port)
 
 	for _, key := range []string{pki.pkcs8, pki.sec1} {
-		posts, err := preparePosts(pki.ca, pki.cert, key, `{"reason": "r"}`, []string{url, url})
+		posts, err := preparePosts(pki.ca, pki.cert, key, `{"reason": "r"}`, []string{url, url}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +231,7 @@ func TestPostsAreFullHandshakesWithTheClientCertificate(t *testing.T) {
 
 	// Another host name than the certificate's IP address: refused.
 	other := fmt.Sprintf("https://localhost:%d/a", port)
-	posts, err := preparePosts(pki.ca, pki.cert, pki.pkcs8, "{}", []string{other})
+	posts, err := preparePosts(pki.ca, pki.cert, pki.pkcs8, "{}", []string{other}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,5 +242,125 @@ func TestPostsAreFullHandshakesWithTheClientCertificate(t *testing.T) {
 	server.Close()
 	if r := postOnce(posts[0], nil, 5*time.Second); r.Status != 0 || r.TLSDone != nil || !strings.HasPrefix(r.Error, "connect:") {
 		t.Fatalf("nothing listening: %+v", r)
+	}
+}
+
+// With --keep every connection's handshake is done before any request is sent; then each
+// connection carries exactly one request, kept alive on the wire, and the client closes it.
+func TestKeptPostsAreReleasedOnWarmConnections(t *testing.T) {
+	pki := newTestPKI(t)
+	const n = 8
+	var (
+		mu         sync.Mutex
+		handshakes []float64          // CLOCK_MONOTONIC, as each ClientHello arrived
+		requests   []float64          // as each request arrived
+		perConn    = map[string]int{} // requests by the client's address
+		idle       = map[string]bool{}
+		closed     = map[string]bool{}
+		asked      []bool // the requests' Connection: close
+	)
+	server := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		mu.Lock()
+		requests = append(requests, monotonic())
+		perConn[r.RemoteAddr]++
+		asked = append(asked, r.Close)
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	server.Config.ConnState = func(c net.Conn, state http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch state {
+		case http.StateIdle: // answered, kept for another request
+			idle[c.RemoteAddr().String()] = true
+		case http.StateClosed:
+			closed[c.RemoteAddr().String()] = true
+		}
+	}
+	base := &tls.Config{
+		Certificates: []tls.Certificate{pki.server},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pki.clients,
+	}
+	server.TLS = &tls.Config{
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			mu.Lock()
+			handshakes = append(handshakes, monotonic())
+			mu.Unlock()
+			return base, nil
+		},
+	}
+	server.StartTLS()
+	defer server.Close()
+	port := server.Listener.Addr().(*net.TCPAddr).Port
+	// And one URL where nothing listens: its connection fails in the warm-up, the rest go on.
+	nothing, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := fmt.Sprintf("https://%s/a", nothing.Addr())
+	_ = nothing.Close()
+
+	urls := []string{refused}
+	for i := range n {
+		urls = append(urls, fmt.Sprintf("https://127.0.0.1:%d/api/v1/nodes/n%d/block", port, i))
+	}
+	posts, err := preparePosts(pki.ca, pki.cert, pki.pkcs8, "{}", urls, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var results []postResult
+	warm, _ := sendPosts(posts, nil, 5*time.Second, true, func(r postResult) {
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(results) != n+1 || warm <= 0 {
+		t.Fatalf("%d results after %.3f s of warm-up: %+v", len(results), warm, results)
+	}
+	if r := results[0]; r.URL != refused || r.Status != 0 || r.TLSDone != nil ||
+		!strings.HasPrefix(r.Error, "connect:ECONNREFUSED ") {
+		t.Fatalf("the connection that could not be opened, first: %+v", r)
+	}
+	released := results[1].Start
+	for _, r := range results[1:] {
+		if r.Status != http.StatusAccepted || r.Error != "" || r.TLSDone == nil ||
+			*r.TLSDone != r.Start || r.End < r.Start {
+			t.Fatalf("a kept request: %+v", r)
+		}
+		released = min(released, r.Start)
+	}
+	if len(handshakes) != n || len(requests) != n || len(perConn) != n {
+		t.Fatalf("%d handshakes, %d requests on %d connections; want %d of each",
+			len(handshakes), len(requests), len(perConn), n)
+	}
+	for addr, count := range perConn {
+		if count != 1 {
+			t.Fatalf("connection %s carried %d requests", addr, count)
+		}
+	}
+	if slices.Contains(asked, true) {
+		t.Fatalf("a kept request asked for Connection: close (%v)", asked)
+	}
+	// Every handshake before the first request's release; every request after it.
+	if last := slices.Max(handshakes); last > released || slices.Min(requests) < released {
+		t.Fatalf("last handshake at %.6f, release at %.6f, first request at %.6f",
+			last, released, slices.Min(requests))
+	}
+	// The server kept each connection after its answer, and then saw the client close it.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(closed) < n && time.Now().Before(deadline) {
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+	}
+	for addr := range perConn {
+		if !idle[addr] || !closed[addr] {
+			t.Fatalf("connection %s: kept alive %v, closed %v", addr, idle[addr], closed[addr])
+		}
 	}
 }
