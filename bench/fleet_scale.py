@@ -2,7 +2,8 @@
 server SIGKILLed while its nodes reconnect to the others.
 
     python -m bench.fleet_scale [--nodes N] [--blocks B] [--storm-blocks S]
-                                [--burst K] [--burst-rounds R] [--burst-client kept|curl|go]
+                                [--burst K] [--burst-rounds R]
+                                [--burst-client kept|curl|go|go-keep]
                                 [--join-concurrency C] [--server-logs DIR] [--no-storm]
 
 Starts a fresh test cluster (the suite's PostgreSQL) and three real servers on 127.0.0.226,
@@ -16,9 +17,12 @@ loopback address of its own range (127.4.x.y) as distinct machines would. Then:
    chosen at random, through one kept client with K connections to 127.0.0.226's API
    (`--burst-client kept`), or one `curl --parallel` (`curl`) or `oz0-loadgen posts`
    (`go`) per round, a new connection and full TLS handshake per request as K `node
-   block` processes would; each request to its node's `refused` (with `go`, from that
-   request's own start as the generator stamps it; with `curl`, from just before curl
-   starts); each round unblocked in one request before the next; then, with B > 0,
+   block` processes would, or with `go-keep` one `oz0-loadgen posts --keep` per round: its
+   K connections made first (not timed), then the requests released together on them, as
+   the kept client sends them without its cost to this machine; each request to its node's
+   `refused` (with `go` and `go-keep`, from that request's own start as the generator stamps
+   it, for `go-keep` its release; with `curl`, from just before curl starts); each round
+   unblocked in one request before the next; then, with B > 0,
    **fan-out** (goal 6): B blocks, one at a time, of nodes chosen at random over the three
    servers, each through 127.0.0.226's API (`POST /api/v1/nodes/ID/block`, one kept
    client, as `node block ID` sends it): from just before the request to the generator's
@@ -371,11 +375,14 @@ async def curl_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[
     ]
 
 
-async def go_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[dict[str, Any]]:
+async def go_round(
+    context: Context, fleet: Fleet, chosen: list[str], *, keep: bool = False
+) -> list[dict[str, Any]]:
     """CHOSEN blocked by one `oz0-loadgen posts` (all requests at once, each on a connection
-    of its own with a full TLS handshake, from a client that costs this machine little);
-    each request's time and its node's `refused` from that request's own start, both
-    stamped with CLOCK_MONOTONIC as the held nodes' events are."""
+    of its own with a full TLS handshake, from a client that costs this machine little;
+    KEEP: `--keep`, the connections made first and the requests released on them); each
+    request's time and its node's `refused` from that request's own start, both stamped
+    with CLOCK_MONOTONIC as the held nodes' events are."""
     edges = {node: fleet.edge_of.get(node) for node in chosen}
     before = {node: fleet.refused_at.get(node) for node in chosen}
     urls = {f"https://{API}:{MANAGEMENT_PORT}/api/v1/nodes/{node}/block": node for node in chosen}
@@ -387,6 +394,7 @@ async def go_round(context: Context, fleet: Fleet, chosen: list[str]) -> list[di
             list(urls),
             {"reason": "bench.fleet_scale"},
             timeout=30,
+            keep=keep,
         )
     )
     started = {urls[a["url"]]: a for a in answers}
@@ -414,15 +422,18 @@ async def bursts(
 ) -> None:
     """Goal 2: rounds of K concurrent single blocks, each round once the last was refused
     and unblocked again, through one kept client with K connections (or one curl, or one
-    oz0-loadgen posts)."""
+    oz0-loadgen posts, with or without --keep)."""
     operator = Operator(client, trio.CapacityLimiter(args.burst))
     rng = random.Random(args.seed + 2)
     results: list[dict[str, Any]] = []
     for round_ in range(args.burst_rounds):
         chosen = rng.sample(sorted(fleet.edge_of), min(args.burst, len(fleet.edge_of)))
-        if args.burst_client in ("curl", "go"):
-            client_round = curl_round if args.burst_client == "curl" else go_round
-            done = await client_round(client.context, fleet, chosen)
+        if args.burst_client == "curl":
+            done = await curl_round(client.context, fleet, chosen)
+            await unblock_all(operator, fleet, chosen)
+        elif args.burst_client in ("go", "go-keep"):
+            keep = args.burst_client == "go-keep"
+            done = await go_round(client.context, fleet, chosen, keep=keep)
             await unblock_all(operator, fleet, chosen)
         else:
             done = await burst_round(operator, fleet, chosen)
@@ -597,7 +608,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=200, help="fan-out blocks, one at a time")
     parser.add_argument("--burst", type=int, default=0, help="concurrent blocks per burst")
     parser.add_argument("--burst-rounds", type=int, default=5)
-    parser.add_argument("--burst-client", choices=("kept", "curl", "go"), default="kept")
+    parser.add_argument("--burst-client", choices=("kept", "curl", "go", "go-keep"), default="kept")
     parser.add_argument("--storm-blocks", type=int, default=20, help="blocks during the storm")
     parser.add_argument("--join-concurrency", type=int, default=16, help="per edge")
     parser.add_argument("--ramp-batch", type=int, default=300)
