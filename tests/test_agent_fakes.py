@@ -226,6 +226,7 @@ class FakeEdge:
             pki.cert_to_pem(cert),
             pki.key_to_pem(key),
             client_certs=ssl.CERT_OPTIONAL,
+            tickets=0,
         )
         # Tests replace these to script an edge; the defaults behave like the real one.
         self.on_join: Handler = self.default_join

@@ -40,7 +40,7 @@ async def test_certificates_are_renewed_daily_in_the_live_tls_context(
 ) -> None:
     cluster = in_memory_cluster()
     certs = ServerCertificates(cluster, "server-1", sans=("127.0.0.11", "edge.example.com"))
-    ctx = certs.server_context(ssl.CERT_OPTIONAL)
+    ctx = certs.server_context(ssl.CERT_OPTIONAL, tickets=0)
     first = await served_certificate(ctx, cluster.ca_pem)
     identity = pki.identity_of(first)
     assert (identity.role, identity.name) == ("server", "server-1")

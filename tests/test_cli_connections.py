@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import ssl
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,3 +64,29 @@ def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(
     assert handshakes == [False, True, True]
     assert kept.sock is None, "the old connection was not closed"
     api.close()
+
+
+def session_tickets(address: str, ca: Path, request: bytes) -> int:
+    """How many TLS session tickets `openssl s_client` receives from ADDRESS when it
+    sends REQUEST (to which the listener answers and closes)."""
+    done = subprocess.run(
+        ["openssl", "s_client", "-connect", address, "-CAfile", str(ca), "-ign_eof"],
+        input=request,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert b"Verify return code: 0 (ok)" in done.stdout, done.stdout.decode(errors="replace")
+    return done.stdout.count(b"Post-Handshake New Session Ticket arrived")
+
+
+def test_the_api_gives_one_session_ticket_and_the_edge_none(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    """The CLI resumes the last session it was given; node agents never resume, so the edge
+    spends nothing on tickets."""
+    start_server(cluster_files, SERVER)
+    ca = Context.load(cluster_files.context_path).ca_path
+    get = b"GET /healthz HTTP/1.0\r\n\r\n"
+    assert session_tickets(f"{SERVER}:8443", ca, get) == 1
+    assert session_tickets(f"{SERVER}:7443", ca, get) == 0

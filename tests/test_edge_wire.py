@@ -30,7 +30,7 @@ def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server = ServerCertificates(cluster, "server-1", sans=("edge.test",))
     client = ssl.create_default_context(cadata=cluster.ca_pem.decode())
     client.check_hostname = False
-    return server.server_context(ssl.CERT_OPTIONAL), client
+    return server.server_context(ssl.CERT_OPTIONAL, tickets=0), client
 
 
 async def server_wire(tcp: trio.SocketStream, context: ssl.SSLContext) -> Wire:

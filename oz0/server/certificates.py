@@ -64,10 +64,14 @@ class ServerCertificates:
         for ctx in self.contexts:
             tls.load_chain(ctx, self.cert_pem, self.key_pem)
 
-    def server_context(self, client_certs: ssl.VerifyMode) -> ssl.SSLContext:
+    def server_context(self, client_certs: ssl.VerifyMode, *, tickets: int) -> ssl.SSLContext:
         """A TLS context for a listener of this server, kept current on renewal."""
         ctx = tls.server_context(
-            self.cluster.ca_pem, self.cert_pem, self.key_pem, client_certs=client_certs
+            self.cluster.ca_pem,
+            self.cert_pem,
+            self.key_pem,
+            client_certs=client_certs,
+            tickets=tickets,
         )
         self.contexts.append(ctx)
         return ctx

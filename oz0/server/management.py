@@ -33,6 +33,8 @@ from oz0.web.headers import secure
 log = logging.getLogger(__name__)
 
 MANAGEMENT_PORT = 8443
+# The CLI resumes its last session on a new connection (cli/client.py): one ticket does.
+TLS_TICKETS = 1
 MAX_BODY_SIZE = 64 * 1024
 BODY_TIMEOUT = 10
 

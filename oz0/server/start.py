@@ -151,7 +151,8 @@ async def run_server(
             kick_jobs=jobs.kick,
             hub=hub,
         )
-        await nursery.start(management.run, state, certs.server_context(ssl.CERT_OPTIONAL), host)
+        management_tls = certs.server_context(ssl.CERT_OPTIONAL, tickets=management.TLS_TICKETS)
+        await nursery.start(management.run, state, management_tls, host)
         streaming = await nursery.start(
             partial(
                 edge.run,
@@ -159,7 +160,7 @@ async def run_server(
                 cluster,
                 server_id,
                 hub,
-                certs.server_context(ssl.CERT_OPTIONAL),
+                certs.server_context(ssl.CERT_OPTIONAL, tickets=edge.TLS_TICKETS),
                 host,
                 advertise=options.advertise,
                 reconcile_every=options.reconcile_every,

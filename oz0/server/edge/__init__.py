@@ -15,8 +15,8 @@ optional at the handshake and required by `/control`.
 - `tracking`: what the edge records about its streams, and the reconcile loop.
 """
 
-from oz0.server.edge.common import Edge
+from oz0.server.edge.common import TLS_TICKETS, Edge
 from oz0.server.edge.directory import EDGE_PORT, edge_address
 from oz0.server.edge.listener import run
 
-__all__ = ["EDGE_PORT", "Edge", "edge_address", "run"]
+__all__ = ["EDGE_PORT", "TLS_TICKETS", "Edge", "edge_address", "run"]

@@ -32,6 +32,8 @@ CLOSE_TIMEOUT = 5.0
 MAX_MESSAGE_SIZE = 64 * 1024
 CLOSE_BLOCKED = 4403
 HANDSHAKE_THREADS = 4
+# Node agents never resume a TLS session: tickets would only cost each handshake.
+TLS_TICKETS = 0
 
 
 @dataclass
