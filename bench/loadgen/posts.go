@@ -32,6 +32,7 @@ type post struct {
 	address string // HOST:PORT to connect to
 	tls     *tls.Config
 	request []byte // the whole HTTP/1.1 request
+	warm    []byte // with --keep, the request that warms the connection up (GET /healthz)
 }
 
 // postResult is one output line.
@@ -203,7 +204,7 @@ func preparePosts(caPath, certPath, keyPath, body string, urls []string, keep bo
 			cfg = postsTLSConfig(roots, &cert, u.Hostname())
 			configs[u.Hostname()] = cfg
 		}
-		posts[i] = post{raw, hostPort(u), cfg, httpRequest(u, body, !keep)}
+		posts[i] = post{raw, hostPort(u), cfg, httpRequest(u, body, !keep), warmRequest(u)}
 	}
 	return posts, nil
 }
@@ -283,6 +284,14 @@ func httpRequest(u *url.URL, body string, askClose bool) []byte {
 	return []byte(b.String())
 }
 
+// warmRequest is what --keep sends on a connection before the release: a request the
+// server answers without its database, so that the connection is one a client has kept
+// (its TLS handshake done on both sides: in TLS 1.3 the client is done before the server
+// has checked its certificate) and costs the measured requests nothing.
+func warmRequest(u *url.URL) []byte {
+	return []byte(fmt.Sprintf("GET /healthz HTTP/1.1\r\nHost: %s\r\nUser-Agent: oz0-loadgen\r\n\r\n", u.Host))
+}
+
 // postsTLSConfig: TLS 1.3 only, the server's certificate verified against ROOTS for
 // SERVERNAME (an IP address is checked against the certificate's IP SANs), CERT always
 // offered, and never a resumed session: every connection is a full handshake. One key
@@ -353,14 +362,22 @@ func postOnce(p post, local net.Addr, timeout time.Duration) postResult {
 	return exchange(tc, p, r, false)
 }
 
-// warmUp opens P's connection from LOCAL and finishes its TLS handshake by CTX's
-// deadline, for --keep; if it cannot, the failed request's line (from this call's start).
+// warmUp opens P's connection from LOCAL, finishes its TLS handshake and has a first
+// request (warmRequest) answered on it by CTX's deadline, for --keep; if it cannot, the failed request's line (from this call's start).
 func warmUp(ctx context.Context, p post, local net.Addr) (*tls.Conn, *postResult) {
 	r := postResult{URL: p.raw, Start: monotonic()}
 	tc, err := dialTLS(ctx, p, local)
 	if err != nil {
 		r = r.failed(err)
 		return nil, &r
+	}
+	warmed := exchange(tc, post{raw: p.raw, request: p.warm}, r, true)
+	if warmed.Status < 200 || warmed.Status > 299 {
+		_ = tc.Close()
+		if warmed.Error == "" {
+			warmed = warmed.failed(&stageError{"warm", fmt.Errorf("GET /healthz answered %d", warmed.Status)})
+		}
+		return nil, &warmed
 	}
 	return tc, nil
 }

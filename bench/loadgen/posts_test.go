@@ -253,7 +253,8 @@ func TestKeptPostsAreReleasedOnWarmConnections(t *testing.T) {
 	var (
 		mu         sync.Mutex
 		handshakes []float64          // CLOCK_MONOTONIC, as each ClientHello arrived
-		requests   []float64          // as each request arrived
+		requests   []float64          // as each POST arrived
+		warms      []float64          // as each warm-up GET /healthz arrived
 		perConn    = map[string]int{} // requests by the client's address
 		idle       = map[string]bool{}
 		closed     = map[string]bool{}
@@ -262,7 +263,11 @@ func TestKeptPostsAreReleasedOnWarmConnections(t *testing.T) {
 	server := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		mu.Lock()
-		requests = append(requests, monotonic())
+		if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+			warms = append(warms, monotonic())
+		} else {
+			requests = append(requests, monotonic())
+		}
 		perConn[r.RemoteAddr]++
 		asked = append(asked, r.Close)
 		mu.Unlock()
@@ -334,21 +339,22 @@ func TestKeptPostsAreReleasedOnWarmConnections(t *testing.T) {
 		}
 		released = min(released, r.Start)
 	}
-	if len(handshakes) != n || len(requests) != n || len(perConn) != n {
-		t.Fatalf("%d handshakes, %d requests on %d connections; want %d of each",
-			len(handshakes), len(requests), len(perConn), n)
+	if len(handshakes) != n || len(warms) != n || len(requests) != n || len(perConn) != n {
+		t.Fatalf("%d handshakes, %d warm-ups and %d requests on %d connections; want %d of each",
+			len(handshakes), len(warms), len(requests), len(perConn), n)
 	}
 	for addr, count := range perConn {
-		if count != 1 {
-			t.Fatalf("connection %s carried %d requests", addr, count)
+		if count != 2 {
+			t.Fatalf("connection %s carried %d requests, not its warm-up and its POST", addr, count)
 		}
 	}
 	if slices.Contains(asked, true) {
 		t.Fatalf("a kept request asked for Connection: close (%v)", asked)
 	}
-	// Every handshake before the first request's release; every request after it.
-	if last := slices.Max(handshakes); last > released || slices.Min(requests) < released {
-		t.Fatalf("last handshake at %.6f, release at %.6f, first request at %.6f",
+	// Every handshake and warm-up before the first request's release; every POST after it.
+	last := max(slices.Max(handshakes), slices.Max(warms))
+	if last > released || slices.Min(requests) < released {
+		t.Fatalf("last handshake or warm-up at %.6f, release at %.6f, first request at %.6f",
 			last, released, slices.Min(requests))
 	}
 	// The server kept each connection after its answer, and then saw the client close it.
