@@ -835,6 +835,108 @@ def unblock_many(
     return _in_order(conn, list(back))
 
 
+# --- single-node blocks and unblocks that arrive together ---------------------------------
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One request's block (with its REASON) or unblock of one node. Called, it is written
+    as `block` or `unblock` would; `write_changes` writes many in a few statements."""
+
+    action: str  # "block" or "unblock"
+    node_id: str
+    actor: audit.Actor
+    reason: str | None = None
+
+    def __call__(self, conn: psycopg.Connection[Any]) -> Node:
+        if self.action == "block":
+            return block(conn, self.node_id, self.actor, self.reason or "")
+        return unblock(conn, self.node_id, self.actor)
+
+
+def write_changes(
+    conn: psycopg.Connection[Any], changes: list[NodeChange]
+) -> list[tuple[Node | None, NodeError | None]]:
+    """Each of CHANGES as if written one after another in this transaction, in five
+    statements whatever their number (a lock, an update, the audit rows of each action, a
+    read back) instead of two each: its node as it is now, or the NodeError `block` or
+    `unblock` would have raised for it (nothing written for that one).
+
+    Fifty `node block` requests at once took 35-70 ms of the server in two statements
+    each, half of it the interpreter's, which the requests being parsed need too. A node
+    changed twice here (a block and an unblock) answers both with its state at the end.
+    """
+    outcomes: list[tuple[Node | None, NodeError | None]] = [(None, None)] * len(changes)
+    wanted: list[tuple[int, NodeChange, str | None]] = []
+    for i, change in enumerate(changes):
+        try:
+            check_node_id(change.node_id)
+            reason = _reason(change.reason, required=True) if change.action == "block" else None
+        except NodeError as e:
+            outcomes[i] = (None, e)
+            continue
+        wanted.append((i, change, reason))
+    rows = conn.execute(
+        "SELECT id, state, certificate IS NOT NULL FROM nodes WHERE id = ANY(%s)"
+        " ORDER BY id FOR UPDATE",
+        (sorted({change.node_id for _, change, _ in wanted}),),
+    ).fetchall()
+    now: dict[str, tuple[str, bool]] = {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+    updated: dict[str, tuple[str, str | None]] = {}
+    logged: dict[str, list[tuple[audit.Actor, str, dict[str, Any]]]] = {"block": [], "unblock": []}
+    done: list[tuple[int, str]] = []
+    for i, change, reason in wanted:
+        node_id = change.node_id
+        if node_id not in now:
+            outcomes[i] = (None, NodeNotFound(f"node {node_id} not found"))
+            continue
+        state, has_certificate = now[node_id]
+        if change.action == "block":
+            if state == "blocked":
+                outcomes[i] = (None, NodeError(f"node {node_id} is blocked already"))
+                continue
+            if not allowed("block", state, has_certificate=has_certificate):
+                outcomes[i] = (
+                    None,
+                    NodeError(
+                        f"node {node_id} is {state}; only pending and accepted nodes can be blocked"
+                    ),
+                )
+                continue
+            updated[node_id] = ("blocked", reason)
+            details: dict[str, Any] = {"reason": reason, "was": state}
+        else:
+            if not allowed("unblock", state, has_certificate=has_certificate):
+                outcomes[i] = (
+                    None,
+                    NodeError(f"node {node_id} is {state}; only blocked nodes can be unblocked"),
+                )
+                continue
+            back = "accepted" if has_certificate else "pending"
+            updated[node_id] = (back, None)
+            details = {"now": back}
+        now[node_id] = (updated[node_id][0], has_certificate)
+        logged[change.action].append((change.actor, f"node:{node_id}", details))
+        done.append((i, node_id))
+    if updated:
+        conn.execute(
+            "UPDATE nodes SET state = u.state, reason = u.reason"
+            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(id, state, reason)"
+            " WHERE nodes.id = u.id",
+            (
+                list(updated),
+                [state for state, _ in updated.values()],
+                [reason for _, reason in updated.values()],
+            ),
+        )
+        for action, audit_rows in logged.items():
+            audit.record_each(conn, f"node.{action}", audit_rows)
+        by_id = {n.id: n for n in get_many(conn, list(updated))}
+        for i, node_id in done:
+            outcomes[i] = (by_id[node_id], None)
+    return outcomes
+
+
 def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
     """Forget a node; its audit history stays and its key may join again as a new node.
 

@@ -8,14 +8,16 @@ with no window to wait for company.
 
 A change may refuse (raise one of the REFUSALS given, e.g. NodeError) only before it
 writes anything, so a refusal leaves the batch's transaction as it was and the others go
-on. Any other error aborts the transaction: each change of that batch is then written
-again in a transaction of its own, so one change's failure (a deadlock between two
-servers' batches, say) is its own and not its neighbours'.
+on. A batch is written by TOGETHER if given (e.g. `nodes.write_changes`, a few statements
+for the whole batch), else each change in turn. Any other error aborts the transaction:
+each change of that batch is then written again in a transaction of its own, so one
+change's failure (a deadlock between two servers' batches, say) is its own and not its
+neighbours'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +27,8 @@ from oz0.store.pool import Conn, Database
 
 T = TypeVar("T")
 W = TypeVar("W")
+# A batch's changes in, each one's (result, refusal) out.
+Together = Callable[[Conn, list[Any]], Sequence[tuple[Any, BaseException | None]]]
 
 MAX_BATCH = 64
 # Changes waiting for a batch, beyond which a new one waits to be queued.
@@ -63,10 +67,12 @@ class Batches:
         refusals: tuple[type[Exception], ...],
         *,
         max_batch: int = MAX_BATCH,
+        together: Together | None = None,
     ) -> None:
         self._db = db
         self._refusals = refusals
         self._max_batch = max_batch
+        self._together = together
         self._send, self._receive = trio.open_memory_channel[_Waiting[Any]](QUEUE)
         self._running = False
 
@@ -93,9 +99,11 @@ class Batches:
             self._running = False
 
     async def _write(self, batch: list[_Waiting[Any]]) -> None:
-        refusals = self._refusals
+        refusals, write_together = self._refusals, self._together
 
         def together(conn: Conn) -> list[tuple[Any, BaseException | None]]:
+            if write_together is not None:
+                return list(write_together(conn, [w.work for w in batch]))
             outcomes: list[tuple[Any, BaseException | None]] = []
             for w in batch:
                 try:

@@ -39,7 +39,8 @@ class ManagementState:
     node_changes: Batches = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "node_changes", Batches(self.db, (nodes.NodeError,)))
+        changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)
+        object.__setattr__(self, "node_changes", changes)
         if self.hub is not None:
             self.operator_cache.attach(self.hub)
 

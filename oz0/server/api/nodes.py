@@ -84,14 +84,13 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = (await json_object()).get("reason")
         if not isinstance(reason, str):
             raise ApiError(400, "a reason is required: say why, it goes to the audit log")
-        return await _change(
-            state, lambda conn: nodes.block(conn, node_id, actor, reason), batched=True
-        )
+        change = nodes.NodeChange("block", node_id, actor, reason)
+        return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/unblock")
     async def node_unblock(node_id: str) -> Response:
         actor = await operator(state)
-        return await _change(state, lambda conn: nodes.unblock(conn, node_id, actor), batched=True)
+        return await _change(state, nodes.NodeChange("unblock", node_id, actor), batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/purge")
     async def node_purge(node_id: str) -> Response:
@@ -112,7 +111,8 @@ async def _change(
 ) -> Response:
     """One node read or changed in one transaction: 404 if unknown, 409 if its state forbids
     the change. BATCHED: the transaction may be shared with other such changes
-    (`state.node_changes`); CHANGE must then refuse before it writes."""
+    (`state.node_changes`, which writes them with nodes.write_changes); CHANGE must then be
+    a nodes.NodeChange."""
     try:
         if batched:
             node = await state.node_changes.run(change)
