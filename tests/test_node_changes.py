@@ -131,7 +131,7 @@ def test_random_batches_end_as_one_by_one(cluster_files: ClusterFiles) -> None:
     for round_ in range(6):
         ids = [node_id(1000 * round_ + i) for i in range(40)]
         states = {nid: rng.choice(STATES) for nid in ids}
-        named = rng.sample(ids, 30) + [node_id(1000 * round_ + 999)]  # and one unknown
+        named = [*rng.sample(ids, 30), node_id(1000 * round_ + 999)]  # and one unknown
         changes = [
             nodes.NodeChange(
                 rng.choice(("block", "unblock")), nid, rng.choice((ADA, BOB)), f"r{round_}"
