@@ -597,9 +597,19 @@ def _id_list(node_ids: list[str]) -> str:
     return ",".join(node_ids)
 
 
+# The rows of an edge's many-node writes, locked in ID order first. Every write that
+# locks several nodes' rows takes them in ID order (the API's too: write_changes,
+# _lock_many), so two of them wait for each other instead of deadlocking; in the order of a
+# scan of the table, a burst of blocks and an edge's round of `seen` deadlocked, and the
+# one PostgreSQL chose to fail was an operator's request as often as the edge's.
+_IN_ID_ORDER = (
+    "id IN (SELECT id FROM nodes WHERE id = ANY(string_to_array(%s, ',')) ORDER BY id FOR UPDATE)"
+)
+
+
 def seen(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> None:
     conn.execute(
-        "UPDATE nodes SET server = %s, last_seen = now() WHERE id = ANY(string_to_array(%s, ','))",
+        "UPDATE nodes SET server = %s, last_seen = now() WHERE " + _IN_ID_ORDER,
         (server_id, _id_list(node_ids)),
     )
 
@@ -607,9 +617,23 @@ def seen(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> 
 def disconnected(conn: psycopg.Connection[Any], node_ids: list[str], server_id: str) -> None:
     """Clear the nodes' server, unless they have since connected to another one."""
     conn.execute(
-        "UPDATE nodes SET server = NULL WHERE id = ANY(string_to_array(%s, ',')) AND server = %s",
+        "UPDATE nodes SET server = NULL WHERE " + _IN_ID_ORDER + " AND server = %s",
         (_id_list(node_ids), server_id),
     )
+
+
+def streams_recorded(
+    conn: psycopg.Connection[Any], seen_ids: list[str], gone_ids: list[str], server_id: str
+) -> None:
+    """An edge's round: the streams of GONE_IDS ended, those of SEEN_IDS heard from; the
+    rows of both locked together in ID order first (one after the other, each in order,
+    would still cross a batch of blocks)."""
+    if seen_ids and gone_ids:
+        conn.execute("SELECT 1 FROM nodes WHERE " + _IN_ID_ORDER, (_id_list(seen_ids + gone_ids),))
+    if gone_ids:
+        disconnected(conn, gone_ids, server_id)
+    if seen_ids:
+        seen(conn, seen_ids, server_id)
 
 
 # --- shutting nodes out and removing them ---------------------------------------------

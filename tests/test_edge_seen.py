@@ -74,6 +74,8 @@ async def test_an_ended_stream_is_written_soon_and_not_marked_seen_again(
     # Nothing new after the first batch: no further writes, not even at shutdown.
     assert db.times == [LEFT_SETTLE]
     assert db.conn.statements == [
+        # Both sets' rows locked together in ID order first (tests/test_lock_order.py).
+        ("SELECT", (["node-a", "node-c", "node-b"],)),
         ("UPDATE NULL", (["node-b"], "server-1")),
         ("UPDATE", ("server-1", ["node-a", "node-c"])),
     ]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
 import trio
 
 from oz0 import nodes
@@ -50,14 +48,10 @@ class SeenTracker:
         seen, self.pending = sorted(self.pending), set()
         gone, self.gone = sorted(self.gone), set()
 
-        def write(conn: psycopg.Connection[Any]) -> None:
-            if gone:
-                nodes.disconnected(conn, gone, self.server_id)
-            if seen:
-                nodes.seen(conn, seen, self.server_id)
-
         try:
-            await self.db.transaction(write)
+            await self.db.transaction(
+                lambda conn: nodes.streams_recorded(conn, seen, gone, self.server_id)
+            )
         except DATABASE_ERRORS as e:
             # Kept for the next flush: a node whose stream ended during an outage must not
             # stay shown connected here once the database is back.
