@@ -345,7 +345,12 @@ async def test_one_key_joining_many_times_at_once_is_one_node_using_its_token_on
     results = []
 
     async def delete() -> None:
-        results.append(await cli_async(cli, "node", "delete", node_id, env=cluster_env))
+        # --context: the runs share this process's environment, which each one sets and
+        # restores as it starts and ends; the flag does not race.
+        context = str(cluster_files.context_path)
+        results.append(
+            await cli_async(cli, "node", "delete", node_id, "--context", context, env=cluster_env)
+        )
 
     async with trio.open_nursery() as nursery:
         for _ in range(4):

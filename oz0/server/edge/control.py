@@ -108,7 +108,10 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
             if beat is not None:
                 edge.heartbeats.remove(beat)
             edge.streams.closed(node_id)
-            edge.seen.left(node_id)
+            if not edge.streams.count(node_id):
+                # Not while the node's newer stream is open here (it reconnected, with a
+                # renewed certificate say, before this one was over): it is connected.
+                edge.seen.left(node_id)
 
 
 def _node_of(
@@ -203,7 +206,8 @@ async def _act_on_changes(
         # Shown gone now, not once the close handshake is over: a node slow to answer our
         # close frame holds it up to CLOSE_TIMEOUT.
         ending.set()
-        edge.seen.left(node_id)
+        if edge.streams.count(node_id) <= 1:  # this stream only
+            edge.seen.left(node_id)
         try:
             await refuse(ws, node_id, state)
             await close(ws, CLOSE_BLOCKED, state or "unknown")

@@ -107,6 +107,11 @@ class StreamReconciler:
     def opened(self, node_id: str) -> None:
         self.open[node_id] += 1
 
+    def count(self, node_id: str) -> int:
+        """How many of the node's streams are open here (two while a reconnected node's old
+        stream is still closing)."""
+        return self.open.get(node_id, 0)
+
     def closed(self, node_id: str) -> None:
         self.open[node_id] -= 1
         if self.open[node_id] <= 0:
