@@ -3,8 +3,10 @@ trio-websocket's client (the node agent's) over a real socket pair and real TLS.
 
 from __future__ import annotations
 
+import gc
 import ssl
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -213,3 +215,39 @@ async def handshake_thread(threads: trio.CapacityLimiter | None) -> int:
 async def test_with_threads_the_handshakes_cryptography_runs_off_the_trio_thread() -> None:
     assert await handshake_thread(None) == threading.get_ident()
     assert await handshake_thread(trio.CapacityLimiter(1)) != threading.get_ident()
+
+
+async def test_a_handshake_in_threads_leaves_no_cycle_for_the_garbage_collector() -> None:
+    # A wait for the peer raised in a worker thread came back with a traceback through
+    # the thread's frames, holding the handshake's objects in a cycle.
+    server_ctx, client_ctx = contexts()
+    left, right = trio.socket.socketpair()
+    client = trio.SSLStream(trio.SocketStream(right), client_ctx, server_hostname="edge.test")
+    gc.collect()
+    gc.disable()
+    try:
+        with trio.fail_after(20), left, right:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client.do_handshake)
+                tls, _, _ = await tls_handshake(
+                    trio.SocketStream(left), server_ctx, threads=trio.CapacityLimiter(2)
+                )
+        done = weakref.ref(tls)
+        del tls, _
+        assert done() is None, "the handshake's SSLObject waits for the garbage collector"
+    finally:
+        gc.enable()
+
+
+async def test_the_end_kept_by_a_wire_is_never_raised_itself() -> None:
+    # Raised, it would carry a traceback through the Wire's own frames: a cycle.
+    async with connected() as (wire, client, nursery):
+        nursery.start_soon(client.aclose, 4000, "bye")
+        for _ in range(2):
+            with pytest.raises(Closed) as raised:
+                await wire.get_message()
+            assert (raised.value.code, raised.value.reason) == (4000, "bye")
+        with pytest.raises(Closed):
+            wire.send_now("too late")
+        assert wire.closed is not None and wire.closed is not raised.value
+        assert wire.closed.__traceback__ is None
