@@ -100,6 +100,18 @@ class _WithPeerCert:
         await self._inner(scope, receive, send, sync_spawn, call_soon)
 
 
+def _unlink(connection: TCPServer) -> None:
+    """Break the reference cycles of a finished connection (its server, protocol, streams
+    and TLS objects point at each other), so that it is freed now and not by the cyclic
+    garbage collector: about 60 objects a connection, collected in one pause of 40-100 ms
+    that lands in the middle of a burst of requests."""
+    protocol = vars(connection).pop("protocol", None)
+    inner = vars(protocol).pop("protocol", None) if protocol is not None else None
+    for held in (connection, protocol, inner):
+        if held is not None:
+            vars(held).clear()
+
+
 def peer_cert_der(scope: Any) -> bytes | None:
     value = (scope.get("extensions") or {}).get(PEER_CERT_KEY)
     return value if isinstance(value, bytes) else None
@@ -160,9 +172,15 @@ async def serve_https(
                 ConnectionState(lifespan_state.copy()),
                 _BoundedStream(stream),  # type: ignore[arg-type]
             )
-            await connection.run()
+            try:
+                await connection.run()
+            finally:
+                _unlink(connection)
         finally:
             slot.release()
+            await trio.aclose_forcefully(stream)
+            # trio.SSLStream holds a bound method of its own (the handshake, run once).
+            vars(stream).pop("_handshook", None)
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
