@@ -99,6 +99,91 @@ async def test_an_expired_certificate_is_never_taken_from_the_cache(
     assert not cache.current(expiring)
 
 
+class Reads:
+    """A database read of whether an operator is current, taking DELAY seconds."""
+
+    def __init__(self, answers: list[bool | Exception], delay: float = 0.01) -> None:
+        self.answers = answers
+        self.delay = delay
+        self.count = 0
+
+    async def __call__(self) -> bool:
+        self.count += 1
+        await trio.sleep(self.delay)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def confirm_all(cache: OperatorCache, who: pki.Identity, read: Reads, n: int) -> list[object]:
+    """N confirmations of WHO arriving together; each one's answer or exception."""
+    outcomes: list[object] = [None] * n
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await cache.confirmed(who, read)
+        except Exception as e:
+            outcomes[i] = e
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    return outcomes
+
+
+async def test_requests_that_arrive_together_share_one_read(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cache, _ = attached()
+    alice = identity()
+    read = Reads([True])
+    assert await confirm_all(cache, alice, read, 50) == [True] * 50
+    assert read.count == 1
+    assert cache.current(alice), "the shared answer is kept too"
+    refusing = Reads([False, False])
+    bob = identity(name="bob")
+    assert await confirm_all(cache, bob, refusing, 20) == [False] * 20
+    assert refusing.count == 1
+    assert not cache.current(bob), "a refusal is not kept"
+    assert await cache.confirmed(bob, refusing) is False
+    assert refusing.count == 2, "a refusal is read again by the next to ask"
+
+
+async def test_a_read_crossed_by_a_change_is_not_shared(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cache, hub = attached()
+    alice = identity()
+    read = Reads([True, False, False], delay=1.0)
+    outcomes: list[bool] = []
+
+    async def ask() -> None:
+        outcomes.append(await cache.confirmed(alice, read))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)  # reads: True, as the database was when it began
+        await trio.sleep(0.5)
+        hub._dispatch(Notification(OPERATORS, "alice"))  # her certificate was replaced
+        nursery.start_soon(ask)
+        nursery.start_soon(ask)
+    assert read.count == 3, "those who asked after the change read again"
+    assert sorted(outcomes) == [False, False, True]
+    assert not cache.current(alice)
+
+
+async def test_a_failed_read_fails_its_caller_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cache, _ = attached()
+    alice = identity()
+    read = Reads([OSError("database down"), True, True])
+    outcomes = await confirm_all(cache, alice, read, 3)
+    assert sum(isinstance(o, OSError) for o in outcomes) == 1, outcomes
+    assert outcomes.count(True) == 2, "the others read for themselves"
+    assert read.count == 3
+
+
 @pytest.fixture
 def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
     return initialise(tmp_path, pg_url, advertise=SERVER)

@@ -62,12 +62,10 @@ async def operator(state: ManagementState) -> audit.Actor:
     identity = pki.identity_of_der(der)
     if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
         raise ApiError(403, "this certificate does not belong to an operator of this cluster")
-    cache = state.operator_cache
-    if not cache.current(identity):
-        version = cache.version(identity.name)
-        if not await state.db.transaction(lambda conn: operators.is_current(conn, identity)):
-            raise _unknown(identity)
-        cache.remember(identity, version)
+    if not await state.operator_cache.confirmed(
+        identity, lambda: state.db.transaction(lambda conn: operators.is_current(conn, identity))
+    ):
+        raise _unknown(identity)
     return audit.Actor("operator", identity.name)
 
 

@@ -9,11 +9,16 @@ it) forgets every entry of that operator at once, and a LISTEN gap forgets them 
 replaced certificate is refused as soon as this server hears of the change, and never
 later than HOLD_FOR after it even if that notification is lost. Only acceptance is kept:
 a refusal is read again each time.
+
+The requests of a burst arrive together, all after the last one's HOLD_FOR ran out: they
+share one read (`confirmed`) instead of each making its own (50 reads in worker threads,
+which spread a burst of 50 blocks over 45-80 ms more before the first was written).
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -30,6 +35,13 @@ SWEEP_ABOVE = 1024
 Key = tuple[str, int]
 
 
+@dataclass(eq=False)
+class _Read:
+    version: tuple[int, int]
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: bool | None = None  # None: the read failed or was cancelled
+
+
 @dataclass
 class OperatorCache:
     hold_for: float = HOLD_FOR
@@ -37,6 +49,7 @@ class OperatorCache:
     # Bumped whenever an operator changes: a read that began before must not be kept.
     _changes: collections.Counter[str] = field(default_factory=collections.Counter)
     _all_changes: int = 0
+    _reading: dict[Key, _Read] = field(default_factory=dict)
 
     def attach(self, hub: EventHub) -> None:
         hub.subscribe(OPERATORS, self._notified)
@@ -57,6 +70,30 @@ class OperatorCache:
             del self._until[key]
             return False
         return True
+
+    async def confirmed(self, identity: pki.Identity, read: Callable[[], Awaitable[bool]]) -> bool:
+        """Whether IDENTITY's certificate is current: from the cache, else from READ (the
+        database's answer), one READ for all who ask while it runs. An answer from a read
+        that the operator's change crossed is not shared: the one who asked later reads
+        again. A failed read fails only its caller (the others read for themselves)."""
+        if self.current(identity):
+            return True
+        key = (identity.name, identity.serial)
+        running = self._reading.get(key)
+        if running is not None:
+            await running.done.wait()
+            if running.answer is not None and running.version == self.version(identity.name):
+                return running.answer
+            return await read()
+        mine = self._reading[key] = _Read(self.version(identity.name))
+        try:
+            answer = mine.answer = await read()
+        finally:
+            del self._reading[key]
+            mine.done.set()
+        if answer:
+            self.remember(identity, mine.version)
+        return answer
 
     def version(self, name: str) -> tuple[int, int]:
         """Take before reading the database about NAME; give to `remember`."""
