@@ -52,12 +52,18 @@ def keys(table: str) -> set[str]:
         return {str(r[0]) for r in conn.execute(f"SELECT k FROM {table}")}
 
 
-async def run_all(db: Database, works: list[Callable[[Conn], int]]) -> list[object]:
-    """Every work through one served Batches, all at once: each one's result or error."""
+async def run_all(
+    db: Database, works: list[Callable[[Conn], int]], *, turns: int = 1
+) -> list[object]:
+    """Every work through one served Batches, all at once: each one's result or error.
+    TURNS: the works arrive over that many turns of the event loop, as requests parsed
+    one after another do."""
     batches = Batches(db, (Refused,))
     outcomes: list[object] = [None] * len(works)
 
     async def one(i: int) -> None:
+        for _ in range(i % turns):
+            await trio.lowlevel.checkpoint()
         try:
             outcomes[i] = await batches.run(works[i])
         except Exception as e:
@@ -78,6 +84,16 @@ async def test_changes_that_arrive_together_share_a_transaction(table: str) -> N
     assert all(isinstance(o, int) for o in outcomes), outcomes
     # Those queued before the writer looked make its first batch, the rest the next one.
     assert len(set(outcomes)) <= 2
+    assert keys(table) == {f"k{i}" for i in range(40)}
+
+
+async def test_a_burst_that_arrives_over_several_turns_of_the_loop_makes_one_batch(
+    table: str,
+) -> None:
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        outcomes = await run_all(db, [insert(table, f"k{i}") for i in range(40)], turns=6)
+    assert all(isinstance(o, int) for o in outcomes), outcomes
+    assert len(set(outcomes)) == 1, "the first to arrive did not wait for the others"
     assert keys(table) == {f"k{i}" for i in range(40)}
 
 
