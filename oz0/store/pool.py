@@ -6,6 +6,7 @@ connection; the Trio task waits for it without blocking the event loop.
 
 from __future__ import annotations
 
+import select
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +33,23 @@ CONNECTION_KWARGS: dict[str, Any] = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
 }
+
+
+def check_if_spoken_to(conn: Conn) -> None:
+    """Before the pool lends CONN: raise if it is broken, so that the pool replaces it.
+
+    An idle connection the database has ended (a restart, an administrator's kill) has
+    something to read, the server's last words or the end of the stream: only then is it
+    asked with a round trip. Asking every time cost each transaction a round trip, and
+    under load a wait for the interpreter's lock in its worker thread after it. A network
+    that vanished without a word is the keepalives' to find (CONNECTION_KWARGS)."""
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    # poll, not select: a server with thousands of streams has descriptors above 1024.
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    if poller.poll(0):
+        ConnectionPool.check_connection(conn)
 
 
 class Database:
@@ -99,7 +117,7 @@ async def open_database(
         name=name,
         kwargs=CONNECTION_KWARGS,
         # A connection broken by a restart is found before use, not by the query given it.
-        check=ConnectionPool.check_connection,
+        check=check_if_spoken_to,
         # The pool's own reconnect backoff doubles without a cap below this; given up
         # early, the next query starts a fresh attempt, so after an outage of any length
         # the pool is back within about a second of the database.

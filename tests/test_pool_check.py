@@ -1,0 +1,42 @@
+"""Before the pool lends a connection (oz0/store/pool.py, `check_if_spoken_to`): one that
+the database ended is replaced before use, a healthy idle one is lent without a round trip.
+Against the real PostgreSQL of the suite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from psycopg_pool import ConnectionPool
+
+from fixtures.postgres import admin_url
+from oz0.store.pool import Conn, open_database
+
+
+def backend(conn: Conn) -> int:
+    return conn.info.backend_pid
+
+
+async def test_an_ended_connection_is_replaced_and_a_healthy_one_is_not_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+    real = ConnectionPool.check_connection
+
+    def counted(conn: Any) -> None:
+        asked.append(conn.info.backend_pid)
+        real(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    async with open_database(admin_url(), min_size=1, max_size=1) as db:
+        first = await db.transaction(backend)
+        assert await db.transaction(backend) == first
+        assert asked == [], "a healthy idle connection was asked with a round trip"
+        with psycopg.connect(admin_url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+        await trio.sleep(0.5)  # the server's last words reach the socket
+        replaced = await db.transaction(backend)
+    assert replaced != first
+    assert asked == [first], "the ended connection was not asked before use"
