@@ -178,8 +178,10 @@ async def serve_https(
                 _unlink(connection)
         finally:
             slot.release()
+            # Closed here, not only by trio.serve_listeners after us, so that the bound
+            # method trio.SSLStream holds of itself (its handshake, run once) can be
+            # dropped: a closed SSLStream never runs it again.
             await trio.aclose_forcefully(stream)
-            # trio.SSLStream holds a bound method of its own (the handshake, run once).
             vars(stream).pop("_handshook", None)
 
     async with trio.open_nursery() as lifespan_nursery:
