@@ -5,6 +5,7 @@ that breaks its transaction is written again alone so its neighbours still are."
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import AsyncIterator, Callable
 
 import psycopg
@@ -128,3 +129,39 @@ async def test_before_it_is_served_each_change_has_its_own_transaction(table: st
             await batches.run(insert(table, "c", refuse=True))
     assert first != second
     assert keys(table) == {"a", "b"}
+
+
+async def test_a_change_that_comes_while_a_batch_is_written_does_not_wait_for_it(
+    table: str,
+) -> None:
+    writing, release = threading.Event(), threading.Event()
+
+    def slow(conn: Conn) -> int:
+        writing.set()
+        # The first batch holds its transaction open until the second has committed.
+        if not release.wait(timeout=10):
+            raise TimeoutError("the second change was not written while the first batch was")
+        return insert(table, "first")(conn)
+
+    async with open_database(admin_url(), min_size=1, max_size=2) as db:
+        batches = Batches(db, (Refused,))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(batches.serve)
+            first: list[int] = []
+            first_done = trio.Event()
+
+            async def run_first() -> None:
+                first.append(await batches.run(slow))
+                first_done.set()
+
+            nursery.start_soon(run_first)
+            assert await trio.to_thread.run_sync(writing.wait, 10)
+            with trio.fail_after(5):
+                second = await batches.run(insert(table, "second"))
+            assert keys(table) == {"second"}
+            release.set()
+            with trio.fail_after(10):
+                await first_done.wait()
+            nursery.cancel_scope.cancel()
+    assert first[0] != second
+    assert keys(table) == {"first", "second"}
