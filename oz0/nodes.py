@@ -568,6 +568,40 @@ def control_state(
     return ControlState(str(row[0]), str(row[1])) if row else None
 
 
+@dataclass(frozen=True)
+class ControlStateRead:
+    """A control stream's re-read of its node (`control_state`); `control_states` reads many
+    in one statement."""
+
+    node_id: str
+    key: ec.EllipticCurvePublicKey
+
+    def __call__(self, conn: psycopg.Connection[Any]) -> ControlState | None:
+        return control_state(conn, self.node_id, self.key)
+
+
+def control_states(
+    conn: psycopg.Connection[Any], reads: list[ControlStateRead]
+) -> list[tuple[ControlState | None, None]]:
+    """Each of READS as `control_state` would answer it, in one statement.
+
+    A burst of blocks wakes the streams of its nodes at once: fifteen of them on one server,
+    each reading its node in a transaction of its own through the pool, were refused 50-140
+    ms after they woke.
+    """
+    rows = conn.execute(
+        "SELECT id, public_key_sha256, state, tenant FROM nodes WHERE id = ANY(%s)",
+        (sorted({read.node_id for read in reads}),),
+    ).fetchall()
+    by_id = {str(r[0]): (r[1], ControlState(str(r[2]), str(r[3]))) for r in rows}
+    answers: list[tuple[ControlState | None, None]] = []
+    for read in reads:
+        found = by_id.get(read.node_id)
+        same_key = found is not None and found[0] == public_key_sha256(read.key)
+        answers.append((found[1] if found is not None and same_key else None, None))
+    return answers
+
+
 def control_connect(
     conn: psycopg.Connection[Any], node_id: str, key: ec.EllipticCurvePublicKey, server_id: str
 ) -> ControlState | None:

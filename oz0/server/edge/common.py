@@ -20,6 +20,7 @@ from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Wire
 from oz0.server.events import EventHub
+from oz0.store.batches import Batches
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
 
@@ -34,6 +35,9 @@ CLOSE_BLOCKED = 4403
 HANDSHAKE_THREADS = 4
 # Node agents never resume a TLS session: tickets would only cost each handshake.
 TLS_TICKETS = 0
+# Streams whose nodes changed together (a selector's block of hundreds) read them back in
+# statements of at most this many nodes.
+STATE_READS = 256
 
 
 @dataclass
@@ -64,10 +68,16 @@ class Edge:
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)
+    # Re-reads of changed nodes (nodes.ControlStateRead) that come together share one
+    # statement, on `prompt`; its `serve` is started with the edge.
+    state_reads: Batches = field(init=False)
 
     def __post_init__(self) -> None:
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
+        self.state_reads = Batches(
+            self.prompt, (), max_batch=STATE_READS, together=nodes.control_states
+        )
 
     @property
     def prompt(self) -> Database:

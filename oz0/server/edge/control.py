@@ -190,9 +190,7 @@ async def _act_on_changes(
         with edge.hub.watch_node(node_id, wake_on_gap=False) as next_change:
             node = await until_it_works(
                 outage,
-                partial(
-                    edge.prompt.transaction, lambda conn: nodes.control_state(conn, node_id, key)
-                ),
+                partial(edge.state_reads.run, nodes.ControlStateRead(node_id, key)),
             )
             state = node.state if node is not None else None
             if state != "accepted":

@@ -88,6 +88,7 @@ async def run(
         await nursery.start(edge.heartbeats.run)
         await nursery.start(edge.join_refusals.run)
         await nursery.start(edge.joins.run)
+        await nursery.start(edge.state_reads.serve)
         admit = partial(_admit, edge, admission, tls_context, turns)
         await nursery.start(partial(accept_bursts.serve, admit, listeners))
         task_status.started(edge)
