@@ -7,15 +7,20 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn, TypeVar, cast
 
 import psycopg
 import psycopg.errors
 import pytest
 import trio
+import trio.testing
 
+import oz0.store.batches
 from fixtures.postgres import admin_url
-from oz0.store.batches import Batches
+from oz0.store.batches import GATHER, QUIET, Batches
 from oz0.store.pool import Conn, Database, open_database
+
+T = TypeVar("T")
 
 
 class Refused(Exception):
@@ -165,3 +170,38 @@ async def test_a_change_that_comes_while_a_batch_is_written_does_not_wait_for_it
             nursery.cancel_scope.cancel()
     assert first[0] != second
     assert keys(table) == {"first", "second"}
+
+
+class _Recorded:
+    """A database that writes nothing and notes the (mock) time of each transaction."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    async def transaction(self, work: Callable[[Conn], T]) -> T:
+        self.at.append(trio.current_time())
+        return work(cast(Conn, None))
+
+
+async def test_a_lone_change_on_a_busy_server_waits_only_while_changes_keep_coming(
+    mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = _Recorded()
+    batches = Batches(cast(Database, db), (Refused,))
+    # Other tasks always runnable, as on a server with thousands of streams.
+    monkeypatch.setattr(oz0.store.batches, "_others_runnable", lambda: True)
+
+    async def busy() -> NoReturn:
+        while True:
+            mock_clock.jump(0.0002)
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batches.serve)
+        nursery.start_soon(busy)
+        sent = trio.current_time()
+        await batches.run(lambda conn: 1)
+        nursery.cancel_scope.cancel()
+    assert len(db.at) == 1
+    waited = db.at[0] - sent
+    assert QUIET <= waited < GATHER / 2, f"written {waited * 1000:.1f} ms after it came"

@@ -4,12 +4,12 @@ Fifty operators' `node block` requests at once are fifty transactions: fifty wor
 thread hand-offs, pool check-outs and commits, each waiting its turn on the server's one
 thread. A `Batches` runs them in one task instead: while it writes one batch, the changes
 that arrive wait and make the next (at most MAX_BATCH). The first change of a batch waits
-only while other tasks of the server can run (at most GATHER): the rest of its burst, being
-parsed on the same thread, then comes with it; on a quiet server it is written at once, as
-is a whole batch waiting. WRITERS batches may be written at once: one gathers while the
-others write, so the last requests of a burst, parsed just after its batch was taken, are
-not left waiting for that batch's commit (100-140 ms with one writer, while three servers
-fan out the first batch).
+only while other tasks of the server can run and changes keep coming (GATHER at most): the
+rest of its burst, being parsed on the same thread, then comes with it; on a quiet server
+it is written at once, as is a whole batch waiting. WRITERS batches may be written at
+once: one gathers while the others write, so the last requests of a burst, parsed just
+after its batch was taken, are not left waiting for that batch's commit (100-140 ms with
+one writer, while three servers fan out the first batch).
 
 A change may refuse (raise one of the REFUSALS given, e.g. NodeError) only before it
 writes anything, so a refusal leaves the batch's transaction as it was and the others go
@@ -39,8 +39,11 @@ MAX_BATCH = 64
 # Batches written at once: one more than the one a burst makes, for its stragglers.
 WRITERS = 2
 # The longest a batch's first change waits for the server's other runnable tasks (requests
-# being parsed that will join it) before the batch is written.
+# being parsed that will join it) before the batch is written...
 GATHER = 0.01
+# ...and how long without a change arriving ends that wait: on a server busy with thousands
+# of streams some task is nearly always runnable, and a lone block waited all of GATHER.
+QUIET = 0.002
 # Changes waiting for a batch, beyond which a new one waits to be queued.
 QUEUE = 1024
 
@@ -58,8 +61,13 @@ async def next_batch(
     return batch
 
 
-async def _while_others_run(longest: float) -> None:
-    """Yield to the other runnable tasks until none is, or for LONGEST seconds.
+def _others_runnable() -> bool:
+    return trio.lowlevel.current_statistics().tasks_runnable > 0
+
+
+async def _while_others_run(receive: trio.MemoryReceiveChannel[Any], longest: float) -> None:
+    """Yield to the other runnable tasks until none is, until no change has come to RECEIVE
+    for QUIET seconds, or for LONGEST seconds.
 
     A burst's requests reach the batcher one by one over tens of milliseconds, each parsed
     in turn on this thread. Written at once, the first of them makes a batch of its own
@@ -67,13 +75,24 @@ async def _while_others_run(longest: float) -> None:
     while the others are parsed (25-36 ms for a few changes, 10 ms for fifty on a quiet
     server), and the rest wait for it. Once nothing else is runnable, they are all here.
     """
+    queued, since = receive.statistics().current_buffer_used, trio.current_time()
+
+    async def others_run() -> bool:
+        nonlocal queued, since
+        while _others_runnable():
+            await trio.lowlevel.checkpoint()
+            now = receive.statistics().current_buffer_used
+            if now != queued:
+                queued, since = now, trio.current_time()
+            elif trio.current_time() - since > QUIET:
+                return False
+        return True
+
     with trio.move_on_after(longest):
-        while trio.lowlevel.current_statistics().tasks_runnable:
+        if await others_run():
+            # The requests whose bytes arrived meanwhile are found by the next turn's poll.
             await trio.lowlevel.checkpoint()
-        # The requests whose bytes arrived meanwhile are found by the next turn's poll.
-        await trio.lowlevel.checkpoint()
-        while trio.lowlevel.current_statistics().tasks_runnable:
-            await trio.lowlevel.checkpoint()
+            await others_run()
 
 
 @dataclass(eq=False)
@@ -137,7 +156,7 @@ class Batches:
                 first = await self._receive.receive()
                 if self._receive.statistics().current_buffer_used < self._max_batch - 1:
                     # The rest of its burst may be on its way.
-                    await _while_others_run(GATHER)
+                    await _while_others_run(self._receive, GATHER)
                 batch = await next_batch(self._receive, self._max_batch, [first])
             await self._write(batch)
 
