@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import pytest
 import trio
 from psycopg_pool import ConnectionPool
@@ -40,3 +41,40 @@ async def test_an_ended_connection_is_replaced_and_a_healthy_one_is_not_asked(
         replaced = await db.transaction(backend)
     assert replaced != first
     assert asked == [first], "the ended connection was not asked before use"
+
+
+async def test_a_connection_ended_while_its_work_runs_is_replaced_and_the_work_run_again() -> None:
+    """Ended before its commit, so nothing of it was written: as if lent just after the
+    database ended it, before it could say so."""
+    ran: list[int] = []
+
+    def dies_the_first_time(conn: Conn) -> int:
+        ran.append(conn.info.backend_pid)
+        if len(ran) == 1:
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return conn.info.backend_pid
+
+    async with open_database(admin_url(), min_size=1, max_size=1) as db:
+        answered = await db.transaction(dies_the_first_time)
+    assert len(ran) == 2 and ran[0] != ran[1] == answered
+
+
+async def test_a_work_whose_connection_ends_twice_fails_and_other_errors_are_not_retried() -> None:
+    ran: list[str] = []
+
+    def always_dies(conn: Conn) -> None:
+        ran.append("dies")
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    def fails(conn: Conn) -> None:
+        ran.append("fails")
+        conn.execute("SELECT 1 / 0")
+
+    async with open_database(admin_url(), min_size=1, max_size=1) as db:
+        with pytest.raises(psycopg.OperationalError):
+            await db.transaction(always_dies)
+        assert ran == ["dies", "dies"]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await db.transaction(fails)
+        assert ran == ["dies", "dies", "fails"]
+        assert await db.transaction(backend) > 0  # and the pool is whole

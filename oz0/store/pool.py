@@ -72,9 +72,30 @@ class Database:
         )
 
     def transaction_in_thread(self, work: Callable[[Conn], T]) -> T:
-        """`transaction` for code that is already in a thread of its own (asyncio's, say)."""
+        """`transaction` for code that is already in a thread of its own (asyncio's, say).
+
+        A connection the database ended while WORK ran (before its commit, so nothing of it
+        was written) is replaced and WORK run once more: the pool asks an idle connection
+        with a round trip only once the database has spoken on it (check_if_spoken_to), and
+        one ended a moment before it was lent has not yet said so.
+        """
+        try:
+            return self._transaction_once(work)
+        except _LostBeforeCommit:
+            pass
+        try:
+            return self._transaction_once(work)
+        except _LostBeforeCommit as again:
+            raise again.error from None
+
+    def _transaction_once(self, work: Callable[[Conn], T]) -> T:
         with self._pool.connection() as conn, conn.transaction():
-            return work(conn)
+            try:
+                return work(conn)
+            except psycopg.OperationalError as e:
+                if conn.broken:
+                    raise _LostBeforeCommit(e) from e
+                raise
 
     def use(self) -> PoolUse:
         """How the pool's connections are used right now (cheap: no query, no thread)."""
@@ -86,6 +107,12 @@ class Database:
             max_size=stats.get("pool_max", 0),
             waiting=stats.get("requests_waiting", 0),
         )
+
+
+class _LostBeforeCommit(Exception):
+    def __init__(self, error: psycopg.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True)
