@@ -597,8 +597,10 @@ def control_states(
     answers: list[tuple[ControlState | None, None]] = []
     for read in reads:
         found = by_id.get(read.node_id)
-        same_key = found is not None and found[0] == public_key_sha256(read.key)
-        answers.append((found[1] if found is not None and same_key else None, None))
+        if found is not None and found[0] == public_key_sha256(read.key):
+            answers.append((found[1], None))
+        else:
+            answers.append((None, None))
     return answers
 
 

@@ -15,8 +15,7 @@ from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles
 from oz0 import nodes
-from oz0.server.edge.common import STATE_READS
-from oz0.store.batches import Batches
+from oz0.server.edge.common import state_reads
 from oz0.store.pool import open_database
 
 
@@ -81,7 +80,7 @@ async def test_streams_that_wake_together_share_one_read(
             return await real(work)
 
         monkeypatch.setattr(db, "transaction", counted)
-        reads = Batches(db, (), max_batch=STATE_READS, together=nodes.control_states)
+        reads = state_reads(db)
         answers: dict[str, nodes.ControlState | None] = {}
 
         async def stream(node_id: str, key: ec.EllipticCurvePublicKey) -> None:

@@ -40,6 +40,12 @@ TLS_TICKETS = 0
 STATE_READS = 256
 
 
+def state_reads(db: Database) -> Batches:
+    """Control streams' re-reads of their nodes (nodes.ControlStateRead) that come together,
+    answered in one statement each batch."""
+    return Batches(db, (), max_batch=STATE_READS, together=nodes.control_states)
+
+
 @dataclass
 class Edge:
     # The edge's share of the pool (listener.EDGE_QUERIES connections at a time).
@@ -75,9 +81,7 @@ class Edge:
     def __post_init__(self) -> None:
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
-        self.state_reads = Batches(
-            self.prompt, (), max_batch=STATE_READS, together=nodes.control_states
-        )
+        self.state_reads = state_reads(self.prompt)
 
     @property
     def prompt(self) -> Database:
