@@ -551,6 +551,8 @@ class ControlState:
 
     state: str
     tenant: str
+    # Whose news is newer (oz0/server/events.py, NodeNews).
+    revision: int
 
 
 def control_state(
@@ -562,10 +564,10 @@ def control_state(
     ID someone else now holds is refused.
     """
     row = conn.execute(
-        "SELECT state, tenant FROM nodes WHERE id = %s AND public_key_sha256 = %s",
+        "SELECT state, tenant, revision FROM nodes WHERE id = %s AND public_key_sha256 = %s",
         (node_id, public_key_sha256(key)),
     ).fetchone()
-    return ControlState(str(row[0]), str(row[1])) if row else None
+    return ControlState(str(row[0]), str(row[1]), int(row[2])) if row else None
 
 
 @dataclass(frozen=True)
@@ -590,10 +592,10 @@ def control_states(
     ms after they woke.
     """
     rows = conn.execute(
-        "SELECT id, public_key_sha256, state, tenant FROM nodes WHERE id = ANY(%s)",
+        "SELECT id, public_key_sha256, state, tenant, revision FROM nodes WHERE id = ANY(%s)",
         (sorted({read.node_id for read in reads}),),
     ).fetchall()
-    by_id = {str(r[0]): (r[1], ControlState(str(r[2]), str(r[3]))) for r in rows}
+    by_id = {str(r[0]): (r[1], ControlState(str(r[2]), str(r[3]), int(r[4]))) for r in rows}
     answers: list[tuple[ControlState | None, None]] = []
     for read in reads:
         found = by_id.get(read.node_id)
@@ -612,11 +614,12 @@ def control_connect(
     lost."""
     row = conn.execute(
         "UPDATE nodes SET server = %s, last_seen = now()"
-        " WHERE id = %s AND public_key_sha256 = %s AND state = 'accepted' RETURNING tenant",
+        " WHERE id = %s AND public_key_sha256 = %s AND state = 'accepted'"
+        " RETURNING tenant, revision",
         (server_id, node_id, public_key_sha256(key)),
     ).fetchone()
     if row is not None:
-        return ControlState("accepted", str(row[0]))
+        return ControlState("accepted", str(row[0]), int(row[1]))
     return control_state(conn, node_id, key)
 
 

@@ -60,8 +60,10 @@ def test_many_read_in_one_statement_as_each_alone(cluster_files: ClusterFiles) -
         alone = [read(conn) for read in reads]
     assert [answer for answer, _ in together] == alone
     assert [failed for _, failed in together] == [None] * len(reads)
-    assert alone[0] == nodes.ControlState("blocked", "tenant-0")
-    assert alone[1] == nodes.ControlState("accepted", "tenant-1")
+    first, second = alone[0], alone[1]
+    assert first is not None and (first.state, first.tenant) == ("blocked", "tenant-0")
+    assert second is not None and (second.state, second.tenant) == ("accepted", "tenant-1")
+    assert first.revision < second.revision  # seeded one after the other
     assert alone[-3:-1] == [None, None]
 
 

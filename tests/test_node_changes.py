@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles
 from oz0 import audit, nodes
+from oz0.server.events import NodeNews
 
 ADA = audit.Actor("operator", "ada")
 BOB = audit.Actor("operator", "bob")
@@ -179,5 +180,35 @@ def test_each_blocked_node_is_notified_once(cluster_files: ClusterFiles, count: 
         nodes.write_changes(conn, [nodes.NodeChange("block", n, ADA, "quiet") for n in ids])
         conn.commit()
         heard = [n.payload for n in listener.notifies(timeout=5, stop_after=count)]
+        rows = conn.execute("SELECT id, revision FROM nodes WHERE id = ANY(%s)", (ids,)).fetchall()
     assert len(heard) == count
-    assert all(any(n in payload for payload in heard) for n in ids)
+    # Each says the node's new state and revision (migration 0013), for an edge to act on.
+    news = {n.node_id: n for n in (NodeNews.parse(payload)[1] for payload in heard) if n}
+    assert sorted(news) == ids
+    assert {n.state for n in news.values()} == {"blocked"}
+    assert {n.node_id: n.revision for n in news.values()} == dict(rows)
+
+
+def test_a_key_and_a_deletion_are_news_with_the_revision_they_end(
+    cluster_files: ClusterFiles,
+) -> None:
+    url = main_db(cluster_files)
+    nid = node_id(7)
+    with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url) as conn:
+        seed(conn, {nid: "pending"})
+        conn.commit()
+        listener.execute("LISTEN oz0_nodes")
+        conn.execute(
+            "UPDATE nodes SET public_key_sha256 = 'ab12', state = 'accepted' WHERE id = %s",
+            (nid,),
+        )
+        conn.commit()
+        (accepted_at,) = conn.execute("SELECT revision FROM nodes WHERE id = %s", (nid,)).fetchone()
+        nodes.delete(conn, nid, ADA)
+        conn.commit()
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+    parsed = [NodeNews.parse(payload) for payload in heard]
+    assert parsed == [
+        (nid, NodeNews(nid, "accepted", "ab12", accepted_at)),
+        (nid, NodeNews(nid, "deleted", "ab12", accepted_at)),
+    ]

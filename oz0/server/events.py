@@ -28,65 +28,118 @@ RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]
 _LISTEN_ERRORS: tuple[type[Exception], ...] = (ListenConnectionLost, *DATABASE_ERRORS)
+DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class NodeNews:
+    """A node's row as a notification on `oz0_nodes` tells it (migration 0013): its state
+    (`deleted` once gone), its key's SHA-256 (None before it has one) and revision."""
+
+    node_id: str
+    state: str
+    key_sha256: str | None
+    revision: int
+
+    @classmethod
+    def parse(cls, payload: str) -> tuple[str, NodeNews | None]:
+        """The node ID of PAYLOAD and its news; None for a payload of the ID alone."""
+        parts = payload.split(" ")
+        if len(parts) != 4 or not parts[3].isdigit():
+            return payload, None
+        node_id, state, key, revision = parts
+        return node_id, cls(node_id, state, None if key == "-" else key, int(revision))
+
+    def newer_than(self, revision: int) -> bool:
+        """Whether this is news to whoever read the node at REVISION: revisions of one node
+        rise in the order of its commits, and a deletion keeps the revision it ended."""
+        return self.revision > revision or (self.state == DELETED and self.revision == revision)
+
+    def state_for(self, key_sha256: str) -> str | None:
+        """The state as a stream opened with KEY_SHA256 sees it: None once the node is
+        gone, or holds another key (its ID now someone else's)."""
+        if self.state == DELETED or self.key_sha256 != key_sha256:
+            return None
+        return self.state
+
+
+class NodeWatch:
+    """Woken at each notification about one node (with its news, when the notification
+    carried it), a wake for it, or (unless deaf to them) a LISTEN gap; until unwatched."""
+
+    def __init__(self, *, wake_on_gap: bool) -> None:
+        self.wake_on_gap = wake_on_gap
+        self._woken = trio.Event()
+        self._news: NodeNews | None = None
+
+    def wake(self, news: NodeNews | None) -> None:
+        # A wake without news since the last wait leaves the watcher nothing to trust but
+        # a read of its own.
+        first = not self._woken.is_set()
+        self._news = news if first or self._news is not None else None
+        self._woken.set()
+
+    async def wait(self) -> NodeNews | None:
+        """Until woken since the last wait; the latest news, or None when some wake since
+        carried none (a read tells what changed)."""
+        await self._woken.wait()
+        self._woken = trio.Event()
+        news, self._news = self._news, None
+        return news
 
 
 @dataclass
 class EventHub:
     conninfo: str
     _subscribers: dict[str, list[Subscriber]] = field(default_factory=lambda: defaultdict(list))
-    _node_waiters: dict[str, list[trio.Event]] = field(default_factory=lambda: defaultdict(list))
-    _deaf_to_gaps: set[trio.Event] = field(default_factory=set)
+    _node_watches: dict[str, list[NodeWatch]] = field(default_factory=lambda: defaultdict(list))
     on_gap: list[Callable[[], None]] = field(default_factory=list)
 
     def subscribe(self, channel: str, subscriber: Subscriber) -> None:
         self._subscribers[channel].append(subscriber)
 
     @contextmanager
-    def watch_node(self, node_id: str, *, wake_on_gap: bool = True) -> Iterator[trio.Event]:
-        """An event set at the next notification about NODE_ID, or a wake for it, or (with
-        WAKE_ON_GAP) once listening again after a LISTEN gap.
+    def watch_node(self, node_id: str, *, wake_on_gap: bool = True) -> Iterator[NodeWatch]:
+        """A watch of NODE_ID, woken at every notification about it until the block ends.
 
         Watch before reading the node, so a change between the read and the wait is seen.
         Watchers covered by a reconcile of their own (control streams) pass
         WAKE_ON_GAP=False, so a gap does not make thousands of them read at once.
         """
-        event = trio.Event()
-        self._node_waiters[node_id].append(event)
-        if not wake_on_gap:
-            self._deaf_to_gaps.add(event)
+        watch = NodeWatch(wake_on_gap=wake_on_gap)
+        self._node_watches[node_id].append(watch)
         try:
-            yield event
+            yield watch
         finally:
-            self._deaf_to_gaps.discard(event)
-            waiters = self._node_waiters.get(node_id)
-            if waiters is not None and event in waiters:
-                waiters.remove(event)
-                if not waiters:
-                    del self._node_waiters[node_id]
+            watches = self._node_watches.get(node_id)
+            if watches is not None:
+                watches.remove(watch)
+                if not watches:
+                    del self._node_watches[node_id]
 
-    def wake(self, node_id: str) -> None:
+    def wake(self, node_id: str, news: NodeNews | None = None) -> None:
         """Wake whoever watches NODE_ID, as a notification about it would."""
-        for event in self._node_waiters.pop(node_id, ()):
-            event.set()
+        for watch in self._node_watches.get(node_id, ()):
+            watch.wake(news)
 
     def _dispatch(self, notification: Notification) -> None:
+        news = None
+        if notification.channel == NODES:
+            # Subscribers hear of the node by its ID; its watchers also get the news.
+            node_id, news = NodeNews.parse(notification.payload)
+            notification = Notification(NODES, node_id)
         for subscriber in self._subscribers.get(notification.channel, ()):
             subscriber(notification)
         if notification.channel == NODES:
-            self.wake(notification.payload)
+            self.wake(notification.payload, news)
 
     def _gap(self) -> None:
         for callback in self.on_gap:
             callback()
-        for node_id, waiters in list(self._node_waiters.items()):
-            deaf = [event for event in waiters if event in self._deaf_to_gaps]
-            for event in waiters:
-                if event not in self._deaf_to_gaps:
-                    event.set()
-            if deaf:
-                self._node_waiters[node_id] = deaf
-            else:
-                del self._node_waiters[node_id]
+        for watches in self._node_watches.values():
+            for watch in watches:
+                if watch.wake_on_gap:
+                    watch.wake(None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; started once every LISTEN is registered."""

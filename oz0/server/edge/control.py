@@ -19,6 +19,7 @@ from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
+from oz0.server.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     node_id,
                     key,
                     changed,
+                    node.revision,
                     answers.next,
                     challenge,
                     ending,
@@ -169,7 +171,8 @@ async def _act_on_changes(
     ws: Wire,
     node_id: str,
     key: ec.EllipticCurvePublicKey,
-    changed: trio.Event,
+    changed: NodeWatch,
+    revision: int,
     next_answer: Callable[[], Awaitable[dict[str, Any]]],
     challenge: bytes,
     ending: trio.Event,
@@ -177,26 +180,30 @@ async def _act_on_changes(
 ) -> None:
     """End the stream when the node stops being accepted, purging it first if it is purging.
 
-    Woken by a notification about the node, or by the reconcile loop if one was lost. A
-    database that cannot be read leaves the stream as it is: the node keeps working while
-    the database is away, and the read is tried again until it answers.
+    Woken by a notification about the node, whose news (its state, key and revision) says
+    what changed since the node was read at REVISION; by the reconcile loop if one was
+    lost, or a notification without news, after which the node is read back. A database
+    that cannot be read leaves the stream as it is: the node keeps working while the
+    database is away, and the read is tried again until it answers.
     """
-    await changed.wait()
-    # When the edge learned of the change that ends the stream (for its metrics): the
-    # wake just before the read that finds the node no longer accepted.
-    learned = trio.current_time()
+    key_sha256 = nodes.public_key_sha256(key)
     outage = Outage(f"re-reading the state of streamed node {node_id}", log)
-    while True:
-        with edge.hub.watch_node(node_id, wake_on_gap=False) as next_change:
+    state: str | None = "accepted"
+    while state == "accepted":
+        news = await changed.wait()
+        # When the edge learned of the change that ends the stream (for its metrics).
+        learned = trio.current_time()
+        if news is None:
+            edge.metrics.node_reread()
             node = await until_it_works(
                 outage,
                 partial(edge.state_reads.run, nodes.ControlStateRead(node_id, key)),
             )
             state = node.state if node is not None else None
-            if state != "accepted":
-                break
-            await next_change.wait()
-            learned = trio.current_time()
+            if node is not None:
+                revision = node.revision
+        elif news.newer_than(revision):
+            state, revision = news.state_for(key_sha256), news.revision
     if state == "purging":
         await purge(edge, ws, node_id, key, challenge, next_answer)
     else:

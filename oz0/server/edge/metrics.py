@@ -64,6 +64,13 @@ class EdgeMetrics:
             " address already held 64 unauthenticated ones or the edge 2,048 (see admission).",
             registry=registry,
         )
+        self._rereads = Counter(
+            "oz0_edge_node_rereads",
+            "Streamed nodes this server's edge read back, as what woke their streams did not"
+            " say their state: a lost notification found by the reconcile, say. A block"
+            " reaches the edge with the node's new state and needs no read.",
+            registry=registry,
+        )
         self._joins = {state: joins.labels(state) for state in JOINED_STATES}
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._closes = {state: closes.labels(state) for state in ENDED_BY}
@@ -78,6 +85,9 @@ class EdgeMetrics:
 
     def connection_over_limit(self) -> None:
         self._over_limit.inc()
+
+    def node_reread(self) -> None:
+        self._rereads.inc()
 
     def join_refused(self, reason: str) -> None:
         self._refusals.get(reason, self._refusals["bad_request"]).inc()
