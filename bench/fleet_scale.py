@@ -222,6 +222,8 @@ def block_histograms(addresses: tuple[str, ...]) -> dict[str, Any]:
             ),
             "streams_open": metrics.value(samples, "oz0_edge_streams_open"),
             "connections_shed": metrics.value(samples, "oz0_edge_connections_shed_total"),
+            # Streams woken without the node's news, that read it back (a reconcile's find).
+            "node_rereads": metrics.value(samples, "oz0_edge_node_rereads_total"),
         }
     return found
 
