@@ -551,7 +551,7 @@ class ControlState:
 
     state: str
     tenant: str
-    # Whose news is newer (oz0/server/events.py, NodeNews).
+    # Notifications of a lower revision are older than this read (oz0/server/events.py).
     revision: int
 
 
