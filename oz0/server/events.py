@@ -79,6 +79,10 @@ class NodeWatch:
         self._news = news if first or self._news is not None else None
         self._woken.set()
 
+    def is_set(self) -> bool:
+        """Whether woken since the last wait."""
+        return self._woken.is_set()
+
     async def wait(self) -> NodeNews | None:
         """Until woken since the last wait; the latest news, or None when some wake since
         carried none (a read tells what changed)."""

@@ -86,10 +86,21 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
             answers = PurgeAnswers()
             # Set once this edge ends the stream: from then on the node is shown gone.
             ending = trio.Event()
+            # Held while a renewal is answered: its new key ends this stream (opened with
+            # the old certificate), but only once the node has the new one.
+            renewing = trio.Lock()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
                 nursery.start_soon(
-                    _receive_from_node, edge, ws, beat, key, answers, ending, nursery.cancel_scope
+                    _receive_from_node,
+                    edge,
+                    ws,
+                    beat,
+                    key,
+                    answers,
+                    ending,
+                    renewing,
+                    nursery.cancel_scope,
                 )
                 nursery.start_soon(
                     _act_on_changes,
@@ -102,6 +113,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     answers.next,
                     challenge,
                     ending,
+                    renewing,
                     nursery.cancel_scope,
                 )
             if beat.silent:
@@ -138,6 +150,7 @@ async def _receive_from_node(
     key: ec.EllipticCurvePublicKey,
     answers: PurgeAnswers,
     ending: trio.Event,
+    renewing: trio.Lock,
     scope: trio.CancelScope,
 ) -> None:
     """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
@@ -158,7 +171,8 @@ async def _receive_from_node(
             if message.get("type") in PURGE_ANSWERS:
                 answers.offer(message)
             elif message.get("type") == renew.RENEW:
-                await renew.answer(edge, ws, node_id, key, message)
+                async with renewing:
+                    await renew.answer(edge, ws, node_id, key, message)
             elif message.get("type") == job_output.OUTPUT:
                 await job_output.receive(edge, ws, node_id, message)
     except Closed:
@@ -176,6 +190,7 @@ async def _act_on_changes(
     next_answer: Callable[[], Awaitable[dict[str, Any]]],
     challenge: bytes,
     ending: trio.Event,
+    renewing: trio.Lock,
     scope: trio.CancelScope,
 ) -> None:
     """End the stream when the node stops being accepted, purging it first if it is purging.
@@ -207,6 +222,10 @@ async def _act_on_changes(
     if state == "purging":
         await purge(edge, ws, node_id, key, challenge, next_answer)
     else:
+        # A renewal answered on this stream notifies its new key before the answer is
+        # sent: the node gets its new certificate before this stream ends.
+        async with renewing:
+            pass
         log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
         # Shown gone now, not once the close handshake is over: a node slow to answer our
         # close frame holds it up to CLOSE_TIMEOUT.
