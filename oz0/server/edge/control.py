@@ -201,7 +201,6 @@ async def _act_on_changes(
     that cannot be read leaves the stream as it is: the node keeps working while the
     database is away, and the read is tried again until it answers.
     """
-    key_sha256 = nodes.public_key_sha256(key)
     outage = Outage(f"re-reading the state of streamed node {node_id}", log)
     state: str | None = "accepted"
     while state == "accepted":
@@ -218,7 +217,8 @@ async def _act_on_changes(
             if node is not None:
                 revision = node.revision
         elif news.newer_than(revision):
-            state, revision = news.state_for(key_sha256), news.revision
+            # The key's hash only now: thousands of streams open at once in a storm.
+            state, revision = news.state_for(nodes.public_key_sha256(key)), news.revision
     if state == "purging":
         await purge(edge, ws, node_id, key, challenge, next_answer)
     else:
