@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,10 @@ def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
     ).start()
     agents.append(agent)
     on_a = agent.wait_status(connected, timeout=30)
-    node_json = json.loads((tmp_path / "node" / "identity" / "node.json").read_text())
-    assert EDGE_B in node_json["edges"]
+    # A may not have seen B's first heartbeat when it welcomed the agent; then B comes in
+    # an `edges` message (A reads the servers up every 2 s).
+    known = _wait_known_edges(tmp_path / "node", EDGE_B, timeout=15)
+    assert EDGE_B in known
 
     server_a.stop(signal.SIGTERM)
     on_b = agent.wait_status(lambda s: connected(s) and s["server"] != on_a["server"], timeout=30)
@@ -145,6 +148,17 @@ def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
         env={**cluster_env, "OZ0_CONTEXT": str(_context_for_b(cluster_files))},
     ).json()
     assert [s["id"] for s in info["servers"]] == [on_b["server"]]
+
+
+def _wait_known_edges(data_dir: Path, edge: str, timeout: float) -> list[str]:
+    """The edges in DATA_DIR's node.json once EDGE is among them (or at TIMEOUT)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        edges = json.loads((data_dir / "identity" / "node.json").read_text())["edges"]
+        assert isinstance(edges, list)
+        if edge in edges or time.monotonic() > deadline:
+            return edges
+        time.sleep(0.2)
 
 
 def _context_for_b(files: ClusterFiles) -> Path:
