@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"sync"
 
@@ -341,8 +342,8 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	if !tracked || authorization.IsHealthCheckAPI(info.FullMethod) {
 		return handler(ctx, req)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	a.mu.Lock()
 	// Temporal's authorizer ran before this interceptor, outside this lock: a block or a
 	// renewal that landed in between cancelled nothing, so look again now that the call is
@@ -356,7 +357,7 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	if a.calls[who] == nil {
 		a.calls[who] = map[uint64]context.CancelFunc{}
 	}
-	a.calls[who][key] = cancel
+	a.calls[who][key] = func() { cancel(errAccessWithdrawn) }
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
@@ -372,8 +373,18 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	if who.role == "node" {
 		a.noteTaskTokens(who, req, resp, err)
 	}
+	// Cut short because its caller lost access: Temporal reports whatever the cut
+	// interrupted ("context canceled", a cancelled SQL statement, as UNAVAILABLE, which a
+	// client retries); the caller is told what happened instead. A call that still
+	// finished keeps its answer.
+	if err != nil && errors.Is(context.Cause(ctx), errAccessWithdrawn) {
+		return nil, serviceerror.NewPermissionDenied(authorization.RequestUnauthorized, "access was withdrawn during the call")
+	}
 	return resp, err
 }
+
+// errAccessWithdrawn is the cause a call is cancelled with when its caller loses access.
+var errAccessWithdrawn = errors.New("access was withdrawn")
 
 // stillAllowedLocked re-checks what can change between Temporal's authorizer and now.
 // a.mu must be held.

@@ -793,11 +793,16 @@ func (c *inflight) wait(t *testing.T) error {
 	}
 }
 
-// expectCancelled checks the call was cut and returned context.Canceled.
+// expectCancelled checks the call was cut, its handler saw its context end, and its caller
+// was told PermissionDenied (not the context.Canceled the handler returned).
 func (c *inflight) expectCancelled(t *testing.T) {
 	t.Helper()
-	if err := c.wait(t); !errors.Is(err, context.Canceled) {
-		t.Fatalf("call returned %v, want context.Canceled", err)
+	err := c.wait(t)
+	if !errors.Is(c.ctx.Err(), context.Canceled) {
+		t.Fatalf("handler context = %v, want cancelled", c.ctx.Err())
+	}
+	if !isPermissionDenied(err) {
+		t.Fatalf("call returned %v, want PermissionDenied", err)
 	}
 }
 
@@ -921,6 +926,52 @@ func TestInterceptorKeepsCallWhileNodeKeepsAccess(t *testing.T) {
 				t.Fatalf("tracked calls after the call returned = %d, want 0", got)
 			}
 		})
+	}
+}
+
+func TestInterceptorReportsOnlyItsOwnCutsAsWithdrawn(t *testing.T) {
+	pki := newTestPKI(t)
+	n1 := pki.role(t, "node", "n1")
+	accepted := func() *authz {
+		return newAuthz(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "accepted"}}))
+	}
+
+	// The caller hung up: its own cancellation comes back as it was.
+	table := accepted()
+	parent, cancelParent := context.WithCancel(context.Background())
+	call := startCall(t, table, pki.peerCtx(t, parent, n1))
+	cancelParent()
+	if err := call.wait(t); !errors.Is(err, context.Canceled) || isPermissionDenied(err) {
+		t.Fatalf("caller's own cancel returned %v, want context.Canceled", err)
+	}
+
+	// A handler that finishes despite the cut keeps its answer.
+	table = accepted()
+	ctx := pki.peerCtx(t, context.Background(), n1)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		resp, err := table.interceptor(ctx, "req", pollInfo, func(hctx context.Context, _ any) (any, error) {
+			close(started)
+			<-hctx.Done()
+			return "task", nil
+		})
+		if err == nil && resp != "task" {
+			err = fmt.Errorf("response %v, want task", resp)
+		}
+		done <- err
+	}()
+	<-started
+	if n := table.update(keyed(map[string]*NodeEntry{"n1": {Tenant: "acme", State: "blocked"}}), false); n != 1 {
+		t.Fatalf("update cancelled %d calls, want 1", n)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("finished call returned %v, want its answer", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("call still in flight")
 	}
 }
 
@@ -1117,8 +1168,8 @@ func TestUpdateCountsEachCancelledCallOnce(t *testing.T) {
 	close(release)
 	select {
 	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("call returned %v, want context.Canceled", err)
+		if !isPermissionDenied(err) {
+			t.Fatalf("call returned %v, want PermissionDenied", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("call still in flight")
