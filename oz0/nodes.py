@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing, pki
 from oz0.errors import Oz0Error
-from oz0.server.membership import UP_WINDOW
+from oz0.membership import UP_WINDOW
 
 STATES = ("pending", "accepted", "rejected", "blocked", "purging")
 HEARTBEAT = 5.0
@@ -551,7 +551,7 @@ class ControlState:
 
     state: str
     tenant: str
-    # Notifications of a lower revision are older than this read (oz0/server/events.py).
+    # Notifications of a lower revision are older than this read (oz0/store/events.py).
     revision: int
 
 

@@ -13,7 +13,6 @@ import psycopg
 from oz0 import audit
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
-from oz0.temporal.namespaces import NamespaceTaken
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,9 @@ class NamespaceUnavailable(TenantRefused):
 
 
 class Namespaces(Protocol):
-    async def register_tenant_namespace(self, name: str) -> None: ...
+    async def register_tenant_namespace(self, name: str) -> None:
+        """Registers the namespace NAME, or finds it registered by us before; TenantExists
+        if Temporal has one of that name that is not ours."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ async def create_with_namespace(
     # nothing a retry would trip over, while a tenant row without a namespace would.
     try:
         await temporal.register_tenant_namespace(name)
-    except NamespaceTaken as e:
-        raise TenantExists(str(e)) from None
+    except TenantExists:
+        raise
     except Exception as e:
         log.warning("registering namespace %s failed: %r", name, e)
         raise NamespaceUnavailable(f"could not register Temporal namespace {name}: {e}") from None

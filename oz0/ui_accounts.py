@@ -14,7 +14,7 @@ from oz0 import cluster as cluster_mod
 from oz0.errors import Oz0Error
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
-from oz0.web import sessions
+from oz0 import ui_sessions as sessions
 
 MIN_PASSWORD = 12
 

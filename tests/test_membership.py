@@ -7,7 +7,7 @@ import psycopg
 import trio
 import trio.testing
 
-from oz0.server import membership
+from oz0 import membership
 
 
 class FlakyDatabase:

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles
 from oz0 import audit, nodes
-from oz0.server.events import NodeNews
+from oz0.store.events import NodeNews
 
 ADA = audit.Actor("operator", "ada")
 BOB = audit.Actor("operator", "bob")

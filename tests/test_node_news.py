@@ -1,4 +1,4 @@
-"""What a server's edge makes of the notifications about nodes (oz0/server/events.py): the
+"""What a server's edge makes of the notifications about nodes (oz0/store/events.py): the
 news each carries (migration 0013), whether it is newer than what a stream read, and what
 a watch of one node hears between its waits."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from oz0.server.events import NODES, EventHub, NodeNews
+from oz0.store.events import NODES, EventHub, NodeNews
 from oz0.store.listen import Notification
 
 NODE = "node-00000000002a"

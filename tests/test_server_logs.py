@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from oz0.server import logs
+from oz0.temporal import host_logs
 
 NEXUS = (
     '{"level":"warn","ts":"2026-12-01T11:52:29.123Z","msg":"HTTP API port has not been set.'
@@ -51,7 +52,7 @@ def configured(**options: Any) -> Iterator[None]:
     ],
 )
 def test_temporal_levels_become_ours(line: str, level: int) -> None:
-    assert logs.level_of(line) == level
+    assert host_logs.level_of(line) == level
 
 
 def emit_some() -> None:
@@ -59,7 +60,7 @@ def emit_some() -> None:
     ours.info("edge listening")
     ours.warning("something to see")
     logging.getLogger("pgserver").info("Running commandline: initdb")
-    logs.host_line(NEXUS)
+    host_logs.host_line(NEXUS)
 
 
 def test_with_a_log_directory_the_console_shows_only_our_warnings(

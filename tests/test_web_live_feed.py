@@ -13,7 +13,7 @@ import pytest
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import nodes
-from oz0.server.events import NODE_LINKS, NODES, OPERATORS, EventHub
+from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
 from oz0.web.live import Feed, Stream
 

@@ -34,7 +34,7 @@ from temporalio.worker import Worker
 from oz0.jobs import store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
-from oz0.server.events import NODES, EventHub
+from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database

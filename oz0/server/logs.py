@@ -1,54 +1,22 @@
 """Where a server's log lines go: the console, and with a log directory its files.
 
-The Temporal host writes Temporal's own JSON log lines on its stderr; the supervisor hands
-each one to `host_line`, which logs it on TEMPORAL_LOGGER at Temporal's level.
+Temporal's own lines come through oz0.temporal.host_logs on TEMPORAL_LOGGER; with a log
+directory they go to a file of their own.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
-TEMPORAL_LOGGER = "oz0.temporal.host"
+from oz0.temporal.host_logs import TEMPORAL_LOGGER
+
 SERVER_LOG = "server.log"
 TEMPORAL_LOG = "temporal.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-_host_log = logging.getLogger(TEMPORAL_LOGGER)
-
-# zap's levels (Temporal's logger); a Go panic's lines are not JSON and count as errors.
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "dpanic": logging.ERROR,
-    "panic": logging.CRITICAL,
-    "fatal": logging.CRITICAL,
-}
-
-
-def level_of(line: str) -> int:
-    """Temporal's level for one of its log lines, as a logging level."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return logging.ERROR
-    return (
-        _LEVELS.get(str(record.get("level")), logging.WARNING)
-        if isinstance(record, dict)
-        else logging.ERROR
-    )
-
-
-def host_line(line: str) -> None:
-    # The JSON line stays whole: it is one line already, and tools parse its fields.
-    _host_log.log(level_of(line), "%s", line)
-
 
 class _Only(logging.Filter):
     def __init__(self, name: str, *, keep: bool) -> None:

@@ -13,12 +13,12 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
-from oz0.jobs import api as jobs_api
 from oz0.server.api import (
     agent_file,
     audit,
     cluster,
     health,
+    jobs,
     nodes,
     operators,
     tenants,
@@ -61,7 +61,7 @@ API_MODULES = (
     tokens,
     nodes,
     audit,
-    jobs_api,
+    jobs,
     agent_file,
     health,
     web_routes,

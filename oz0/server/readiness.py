@@ -19,7 +19,7 @@ from oz0.store.pool import Database
 
 DATABASE_CHECK_EVERY = 1.0
 DATABASE_TIMEOUT = 2.0
-# Three heartbeats missed (oz0.server.membership beats every second): others soon stop
+# Three heartbeats missed (oz0.membership beats every second): others soon stop
 # counting this server as up (after membership.UP_WINDOW).
 HEARTBEAT_STALE = 3.0
 

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import trio
 
-from oz0.server.events import NODES, EventHub
+from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database

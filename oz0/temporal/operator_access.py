@@ -16,7 +16,7 @@ from functools import partial
 import trio
 
 from oz0 import operators
-from oz0.server.events import OPERATORS, EventHub
+from oz0.store.events import OPERATORS, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database

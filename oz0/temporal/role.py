@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import trio
 
-from oz0.server.certificates import ServerCertificates
-from oz0.server.events import EventHub
+from oz0 import tenants
+from oz0.cluster import Cluster
+from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal import namespaces
@@ -22,12 +24,24 @@ from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, S
 log = logging.getLogger(__name__)
 
 
+class Certificates(Protocol):
+    """What this role needs of its server's certificates (oz0.server.certificates holds
+    them; the server layer sits above this one, so the role names only what it uses)."""
+
+    cluster: Cluster
+    cert_pem: bytes
+    key_pem: bytes
+    on_renew: list[Callable[[], Awaitable[None]]]
+
+    def temporal_tls(self) -> dict[str, str]: ...
+
+
 @dataclass(frozen=True)
 class Temporal:
     """What other roles use: the supervisor (commands to the host) and the frontend."""
 
     supervisor: Supervisor
-    certs: ServerCertificates
+    certs: Certificates
     advertise: str
 
     @property
@@ -44,8 +58,11 @@ class Temporal:
         return await namespaces.ensure(self.frontend, names)
 
     async def register_tenant_namespace(self, name: str) -> None:
-        """The namespace of a new tenant; NamespaceTaken if Temporal has one not ours."""
-        await namespaces.register_for_tenant(self.frontend, name)
+        """The namespace of a new tenant; TenantExists if Temporal has one not ours."""
+        try:
+            await namespaces.register_for_tenant(self.frontend, name)
+        except namespaces.NamespaceTaken as e:
+            raise tenants.TenantExists(str(e)) from None
 
 
 @dataclass
@@ -99,7 +116,7 @@ async def run(
     db: Database,
     hub: EventHub,
     settings: HostSettings,
-    certs: ServerCertificates,
+    certs: Certificates,
     server_id: str,
     *,
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,

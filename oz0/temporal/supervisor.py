@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from oz0.errors import Oz0Error
-from oz0.server import logs
+from oz0.temporal import host_logs
 from oz0.temporal.host import TemporalStores, host_binary
 
 log = logging.getLogger(__name__)
@@ -127,9 +127,9 @@ class _Host:
             *lines, self._log_buffer = self._log_buffer.split(b"\n")
             for line in lines:
                 if line.strip():
-                    logs.host_line(line.decode(errors="replace"))
+                    host_logs.host_line(line.decode(errors="replace"))
         if self._log_buffer.strip():
-            logs.host_line(self._log_buffer.decode(errors="replace"))
+            host_logs.host_line(self._log_buffer.decode(errors="replace"))
         self._log_buffer = b""
 
     def _dispatch(self, line: bytes) -> None:

@@ -11,7 +11,7 @@ import psycopg
 from quart import Blueprint
 
 from oz0 import audit, nodes
-from oz0.server import membership
+from oz0 import membership
 from oz0.web.pages import Page, Pages
 
 RECENT = 12

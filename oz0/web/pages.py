@@ -17,7 +17,7 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0.server.api.common import ManagementState
-from oz0.web import sessions
+from oz0 import ui_sessions as sessions
 
 Page = Response | WerkzeugResponse | str | tuple[str, int]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, redirect, request
 
-from oz0.web import sessions
+from oz0 import ui_sessions as sessions
 from oz0.web.pages import Page, Pages, Refused
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0.server import membership
+from oz0 import membership
 from oz0.server.api.common import ManagementState, operator
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import trio
 
 from oz0 import pki
-from oz0.server.events import OPERATORS, EventHub
+from oz0.store.events import OPERATORS, EventHub
 from oz0.store.listen import Notification
 
 HOLD_FOR = 1.0

@@ -13,13 +13,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.jobs import output as job_output
+from oz0.server.edge import job_output
 from oz0.server.edge import renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
-from oz0.server.events import NodeWatch
+from oz0.store.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ async def _receive_from_node(
     """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
 
     Answers to a purge command go to whoever sent it, who alone records them; a `renew`
-    is answered (renew.py); a job's output is stored and acknowledged (jobs/output.py).
+    is answered (renew.py); a job's output is stored and acknowledged (job_output.py).
     """
     node_id = beat.node_id
     try:

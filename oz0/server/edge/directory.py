@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import trio
 
-from oz0.server import membership
+from oz0 import membership
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal.host import FRONTEND_PORT

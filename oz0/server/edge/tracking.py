@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import trio
 
 from oz0 import nodes
-from oz0.server.events import EventHub
+from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 
