@@ -11,10 +11,10 @@ import psycopg
 
 from oz0 import audit, passwords, pki
 from oz0 import cluster as cluster_mod
+from oz0 import ui_sessions as sessions
 from oz0.errors import Oz0Error
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
-from oz0 import ui_sessions as sessions
 
 MIN_PASSWORD = 12
 

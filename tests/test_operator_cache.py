@@ -18,8 +18,8 @@ from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from oz0 import pki
 from oz0.context import Context
 from oz0.server.api.operator_cache import HOLD_FOR, OperatorCache
-from oz0.store.events import NODES, OPERATORS, EventHub
 from oz0.store.dburl import DatabaseUrl
+from oz0.store.events import NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
 from tests.conftest import CliRunner
 

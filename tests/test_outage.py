@@ -13,10 +13,10 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from oz0.membership import UP_WINDOW
 from oz0.server.edge.directory import DIRECTORY_EVERY, EdgeDirectory
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.store.events import EventHub
-from oz0.membership import UP_WINDOW
 from oz0.store.outage import MAX_RETRY, Outage, until_it_works
 from oz0.store.pool import Database
 from oz0.temporal.node_access import NodeAccessSync

@@ -57,8 +57,8 @@ from fixtures.temporal import (
     set_node,
 )
 from oz0 import nodes, pki
-from oz0.store.events import EventHub
 from oz0.store.dburl import DatabaseUrl
+from oz0.store.events import EventHub
 from oz0.store.pool import Database, open_database
 from oz0.temporal import node_access, operator_access
 from oz0.temporal.node_access import NodeAccessSync

@@ -23,8 +23,8 @@ import pytest
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, passwords, ui_accounts
-from oz0.context import Context
 from oz0 import ui_sessions as sessions
+from oz0.context import Context
 from tests.web_support import browser, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, used by name

@@ -15,8 +15,8 @@ import pytest
 
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.web_events import curl
-from oz0.store.dburl import DatabaseUrl
 from oz0 import ui_sessions as sessions
+from oz0.store.dburl import DatabaseUrl
 from oz0.web.headers import CONTENT_SECURITY_POLICY
 from tests.web_support import browser, shots, sign_in
 

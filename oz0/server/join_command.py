@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 import trio
 
+from oz0 import membership
 from oz0.agent_file import FILE_NAME
 from oz0.agent_file.digest import served_sha256
 from oz0.errors import Oz0Error
-from oz0 import membership
 from oz0.server.edge.directory import edge_address
 from oz0.store.pool import Database
 

@@ -18,6 +18,7 @@ SERVER_LOG = "server.log"
 TEMPORAL_LOG = "temporal.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+
 class _Only(logging.Filter):
     def __init__(self, name: str, *, keep: bool) -> None:
         super().__init__()

@@ -15,20 +15,19 @@ from pathlib import Path
 import trio
 
 from oz0 import cluster as cluster_mod
-from oz0 import nodes, pki
+from oz0 import membership, nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
-from oz0 import membership
 from oz0.server import edge, gc_tuning, loop_lag, management
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
-from oz0.store.events import EventHub
 from oz0.server.metrics import ServerMetrics
 from oz0.server.readiness import Readiness
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
+from oz0.store.events import EventHub
 from oz0.store.pool import open_database
 from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary

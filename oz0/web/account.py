@@ -8,8 +8,8 @@ from typing import Any
 from quart import Blueprint, request
 
 from oz0 import ui_accounts
-from oz0.web import pages as pages_mod
 from oz0 import ui_sessions as sessions
+from oz0.web import pages as pages_mod
 from oz0.web.pages import Page, Pages
 
 pages_mod.NOTICES["account.password_changed"] = (

@@ -7,11 +7,10 @@ from typing import Any
 
 from quart import Blueprint
 
-from oz0 import nodes, tenants
-from oz0 import membership
+from oz0 import membership, nodes, tenants
+from oz0.ui_sessions import Session
 from oz0.web import pages as pages_mod
 from oz0.web.pages import Page, Pages
-from oz0.ui_sessions import Session
 
 pages_mod.NOTICES["tenant.created"] = "Tenant created, with its Temporal namespace."
 

@@ -21,10 +21,10 @@ from oz0 import nodes, tenants
 from oz0.jobs import store
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
+from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
 from oz0.web.pages import NOTICES, Page, Pages, text_arg
-from oz0.ui_sessions import Session
 
 # A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
 SHOWN_OUTPUT = 2 * 1024 * 1024

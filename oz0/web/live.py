@@ -22,10 +22,10 @@ import trio
 from quart import Blueprint, Response, request
 
 from oz0 import nodes
+from oz0 import ui_sessions as sessions
 from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
-from oz0 import ui_sessions as sessions
 from oz0.web.pages import Page, Pages
 
 log = logging.getLogger(__name__)

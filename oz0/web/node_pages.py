@@ -16,10 +16,9 @@ import psycopg
 from quart import Blueprint, redirect, request
 from werkzeug.datastructures import MultiDict
 
-from oz0 import audit, nodes, tenants
-from oz0.jobs import store as jobs
-from oz0 import membership
+from oz0 import audit, membership, nodes, tenants
 from oz0 import ui_sessions as sessions
+from oz0.jobs import store as jobs
 from oz0.web import paging
 from oz0.web.pages import NOTICES, Page, Pages, text_arg
 

@@ -10,8 +10,7 @@ from typing import Any
 import psycopg
 from quart import Blueprint
 
-from oz0 import audit, nodes
-from oz0 import membership
+from oz0 import audit, membership, nodes
 from oz0.web.pages import Page, Pages
 
 RECENT = 12

@@ -16,8 +16,8 @@ from quart import Response, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
-from oz0.server.api.common import ManagementState
 from oz0 import ui_sessions as sessions
+from oz0.server.api.common import ManagementState
 
 Page = Response | WerkzeugResponse | str | tuple[str, int]
 

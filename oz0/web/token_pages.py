@@ -16,10 +16,10 @@ from werkzeug.datastructures import MultiDict
 from oz0 import tenants, tokens
 from oz0.errors import Oz0Error
 from oz0.server import join_command
+from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
 from oz0.web.pages import NOTICES, Page, Pages
-from oz0.ui_sessions import Session
 
 # What the list and the confirm page call a token's state.
 STATE_NAMES: dict[tokens.TokenState, str] = {

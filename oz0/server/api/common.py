@@ -11,11 +11,11 @@ from quart import request
 from oz0 import audit, nodes, operators, pki
 from oz0.cluster import Cluster
 from oz0.server.api.operator_cache import OperatorCache
-from oz0.store.events import EventHub
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
 from oz0.server.readiness import Readiness
 from oz0.store.batches import Batches
+from oz0.store.events import EventHub
 from oz0.store.pool import Database
 from oz0.temporal.role import Temporal
 

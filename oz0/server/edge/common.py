@@ -19,8 +19,8 @@ from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Wire
-from oz0.store.events import EventHub
 from oz0.store.batches import Batches
+from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
 

@@ -13,8 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.server.edge import job_output
-from oz0.server.edge import renew
+from oz0.server.edge import job_output, renew
 from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge

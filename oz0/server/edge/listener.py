@@ -30,8 +30,8 @@ from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Closed, Wire, tls_handshake
-from oz0.store.events import EventHub
 from oz0.server.tls import open_tcp_listeners
+from oz0.store.events import EventHub
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
