@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EdgeSession,
     FakeCluster,
     FakeNet,
@@ -19,7 +20,6 @@ from test_agent_fakes import (
     read_json,
     run_agent,
 )
-
 from oz0_node import agent
 from oz0_node.errors import AgentError
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EXPIRED_TOKEN,
     GOOD_TOKEN,
     FakeCluster,
@@ -18,7 +19,6 @@ from test_agent_fakes import (
     options,
     read_json,
 )
-
 from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import AgentError

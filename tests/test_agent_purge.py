@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EdgeSession,
     FakeCluster,
     FakeNet,
@@ -32,7 +33,6 @@ from test_agent_fakes import (
     run_agent,
     serve_fake_edge,
 )
-
 from oz0 import pki
 from oz0_common.files import write_private
 from oz0_node import agent, commands, purge

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop, read_json
 
+from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop, read_json
 from oz0 import pki
 from oz0_node import agent, runtime
 from oz0_node.errors import ProtocolViolation

@@ -25,12 +25,12 @@ import trio
 import trio.testing
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.edge_client import NodeKeys
+from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from oz0 import audit, cluster, nodes, pki
 from oz0.server.edge import renew as edge_renew
 from oz0.store.dburl import DatabaseUrl
