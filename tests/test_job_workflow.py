@@ -33,6 +33,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from fixtures.cluster import ServerProcess, initialise
+from fixtures.polling import asyncio_until
 from fixtures.postgres import fresh_database_url
 from fixtures.temporal import Credentials, operator_credentials, run_async
 from oz0.jobs import workflow as wf
@@ -157,7 +158,12 @@ class Fleet:
         return next(a for a in self.attempts if a.number == number)
 
     async def started(self, number: int) -> Attempt:
-        await until(lambda: any(a.number == number for a in self.attempts), f"attempt {number}")
+        await asyncio_until(
+            lambda: any(a.number == number for a in self.attempts),
+            SEEN_BOUND,
+            f"attempt {number}",
+            step=0.05,
+        )
         return self.attempt(number)
 
     # The database steps: the names and signatures of oz0.jobs.activities.
@@ -211,7 +217,9 @@ class Fleet:
             raise RuntimeError("the database is unavailable")
         if self.finish_waits_for_nodes:
             with contextlib.suppress(AssertionError):
-                await until(self._nodes_done, "the nodes done with their attempts", FINISH_WAIT)
+                await asyncio_until(
+                    self._nodes_done, FINISH_WAIT, "the nodes done with their attempts", step=0.05
+                )
             self.running_at_finish = [a.number for a in self.attempts if not a.answered.is_set()]
         self.finished.append(finish)
 
@@ -303,14 +311,6 @@ def _result(code: int) -> Result:
         "truncated": False,
         "output_complete": True,
     }
-
-
-async def until(condition: Callable[[], bool], what: str, bound: float = SEEN_BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {bound} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 # --- running a job -------------------------------------------------------------------------
@@ -667,7 +667,9 @@ def test_cancelling_a_queued_job(operator: Credentials) -> None:
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(lambda: len(fleet.places) >= 1, "a placement")
+            await asyncio_until(
+                lambda: len(fleet.places) >= 1, SEEN_BOUND, "a placement", step=0.05
+            )
             await j.handle.cancel()
             assert await j.result() == "cancelled"
         assert fleet.attempts == [] and fleet.ends == []
@@ -703,7 +705,12 @@ def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(lambda: fleet.finish_tries >= 1, "the first try to record the end")
+            await asyncio_until(
+                lambda: fleet.finish_tries >= 1,
+                SEEN_BOUND,
+                "the first try to record the end",
+                step=0.05,
+            )
             await j.handle.cancel()  # too late: the job has ended
             assert await j.result() == "succeeded"
         assert fleet.finish_tries == 3
@@ -751,7 +758,7 @@ def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stay
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(all_started, "every node's part started")
+            await asyncio_until(all_started, SEEN_BOUND, "every node's part started", step=0.05)
             await j.remove(2, "node blocked")
             assert await j.result() == "lost"
         assert fleet.attempt(2).cancelled.is_set() and fleet.running_at_finish == []

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.polling import wait_until
 from fixtures.snapshots import snapshot
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
@@ -150,13 +151,6 @@ def plugin_runs(machine: Machine) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("started ")]
 
 
-def wait_until(check: Callable[[], bool], what: str, machine: Machine) -> None:
-    deadline = time.monotonic() + BOUND
-    while not check():
-        assert time.monotonic() < deadline, f"never: {what}\n{machine.log.read_text()}"
-        time.sleep(0.1)
-
-
 def pids_of(run: str) -> list[int]:
     _, pid, _, child = run.split()
     return [int(pid), int(child)]
@@ -198,17 +192,35 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert plugin_runs(machine) == []
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
     machine.wait_reported(running)
-    wait_until(lambda: len(plugin_runs(machine)) == 1, "the plugin started", machine)
+    wait_until(
+        lambda: len(plugin_runs(machine)) == 1,
+        BOUND,
+        "the plugin started",
+        step=0.1,
+        detail=machine.log.read_text,
+    )
     first = pids_of(plugin_runs(machine)[0])
     assert all(alive(pid) for pid in first)
 
     # A block stops it (SIGTERM: it says so), an unblock starts it again.
     assert cli("node", "block", node_id, "--reason", "test", env=cluster_env).code == 0
-    wait_until(lambda: not any(alive(pid) for pid in first), "the plugin stopped", machine)
+    wait_until(
+        lambda: not any(alive(pid) for pid in first),
+        BOUND,
+        "the plugin stopped",
+        step=0.1,
+        detail=machine.log.read_text,
+    )
     log = (machine.data_dir / "logs" / "plugin-probe.log").read_text()
     assert f"got TERM {first[0]}" in log
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
-    wait_until(lambda: len(plugin_runs(machine)) == 2, "the plugin started again", machine)
+    wait_until(
+        lambda: len(plugin_runs(machine)) == 2,
+        BOUND,
+        "the plugin started again",
+        step=0.1,
+        detail=machine.log.read_text,
+    )
 
     # SIGTERM to the agent stops it and its plugin; a start resumes both.
     second = pids_of(plugin_runs(machine)[1])
@@ -217,7 +229,13 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert not any(alive(pid) for pid in second)
     assert node_processes(machine.data_dir) == []
     agent = machine.start()
-    wait_until(lambda: len(plugin_runs(machine)) == 3, "the plugin started on resume", machine)
+    wait_until(
+        lambda: len(plugin_runs(machine)) == 3,
+        BOUND,
+        "the plugin started on resume",
+        step=0.1,
+        detail=machine.log.read_text,
+    )
     third = pids_of(plugin_runs(machine)[2])
 
     # The purge: everything stopped, the data directory and the launcher gone, no more.

@@ -13,8 +13,7 @@ import json
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.polling import wait_until
 from fixtures.postgres import fresh_database_url
 from oz0 import tokens
 from oz0.context import Context
@@ -110,14 +110,6 @@ def shot(page: Page, where: Path, name: str) -> None:
     assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
     assert not [m for m in _console if "Content Security Policy" in m], _console
     page.screenshot(path=str(where / name), full_page=True)
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.2)
 
 
 def token_row(page: Page, token_id: str) -> Any:
