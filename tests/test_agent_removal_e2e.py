@@ -22,28 +22,22 @@ import trio
 
 from fixtures import edge_client, rogue_edge
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async, pinned_keys
 
 StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.16", "127.0.0.17"
+ADVERTISE = SERVER_A  # what cluster_files (tests/conftest.py) advertises
 EDGE_A = f"{SERVER_A}:7443"
 ROGUE = "127.0.0.18:7443"
 # How long the agent waits at most between attempts (docs/node-protocol.md, "Block").
 MAX_BACKOFF = 5.0
 # The identity files a node never rewrites; node.json changes with the node's state.
 IDENTITY_FILES = ("identity/node.key", "identity/node.crt", "identity/ca.crt")
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    """The cluster, with an admin context that names our server's API (not the default one)."""
-    return initialise(tmp_path, pg_url, advertise=SERVER_A)
 
 
 def token(cli: CliRunner, env: dict[str, str]) -> str:

@@ -14,17 +14,12 @@ import pytest
 
 from cli import client as client_module
 from cli.client import ApiClient
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0.context import Context
-from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.222"
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 
 
 def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(

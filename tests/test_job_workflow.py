@@ -16,9 +16,8 @@ import contextlib
 import datetime as dt
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,14 +31,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from fixtures.cluster import ServerProcess, initialise
+from fixtures.cluster import Served
 from fixtures.polling import asyncio_until
-from fixtures.postgres import fresh_database_url
 from fixtures.temporal import Credentials, operator_credentials, run_async
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
 
 SERVER = "127.0.0.196"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 TEMPORAL = f"{SERVER}:7233"
 NAMESPACE = "wf-tests"
 # Generous bounds for a loaded 2-core machine; each is a deadline, never a measurement.
@@ -59,20 +58,12 @@ Behaviour = Callable[["Attempt"], Awaitable[Result]]
 
 
 @pytest.fixture(scope="module")
-def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Credentials]:
-    """One real server (what `start_server` does, kept for the whole module) and our own
-    namespace in its Temporal; the operator's credentials (Temporal's admin)."""
-    root: Path = tmp_path_factory.mktemp("job-workflow")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        try:
-            server.start()
-            creds = operator_credentials(files)
-            run_async(lambda: _register_namespace(creds))
-            yield creds
-        finally:
-            server.kill()
+def operator(served: Served) -> Credentials:
+    """Our own namespace in the module's one server's Temporal; the operator's credentials
+    (Temporal's admin)."""
+    creds = operator_credentials(served.files)
+    run_async(lambda: _register_namespace(creds))
+    return creds
 
 
 async def _register_namespace(creds: Credentials) -> None:

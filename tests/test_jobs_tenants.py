@@ -31,22 +31,17 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, initialise
+from fixtures.cluster import ClusterFiles
 from fixtures.temporal import run_async
 from oz0 import pki
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 from tests.test_jobs_e2e import StartServer, started_pid, wait_job
 
 SERVER = "127.0.0.193"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE, FRONTEND = f"{SERVER}:7443", f"{SERVER}:7233"
 # A call Temporal lets through would long-poll for a minute: refused ones answer at once.
 REFUSED_WITHIN = 5.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def token(cli: CliRunner, files: ClusterFiles, tenant: str) -> str:

@@ -17,27 +17,19 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from cli.client import ApiClient
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, Served
 from oz0 import audit, listing, nodes, tenants
 from oz0.context import Context
 from tests.conftest import CliRunner
 
 ADDRESS = "127.0.0.219"
+ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)
 Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    root = tmp_path_factory.mktemp("listings")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=ADDRESS)
-        server = ServerProcess.for_cluster(files, ADDRESS, workdir=root / "server")
-        server.start()
-        try:
-            yield files
-        finally:
-            server.kill()
+def cluster(served: Served) -> ClusterFiles:
+    return served.files
 
 
 @pytest.fixture

@@ -15,23 +15,18 @@ import pytest
 import trio
 
 from bench import loadgen
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.polling import trio_until
 from oz0 import audit, context, nodes, pki, tokens
-from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.223"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 NODES = 20
 # Generous: the suite runs two files at a time on two cores.
 WELCOMED_WITHIN = 60.0
 BLOCKED_WITHIN = 15.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 @pytest.fixture(scope="module")

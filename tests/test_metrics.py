@@ -10,8 +10,6 @@ import json
 import os
 import secrets
 import signal
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fixtures import edge_client, metrics
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import Served
 from fixtures.polling import wait_until
-from fixtures.postgres import admin_url, fresh_database_url
+from fixtures.postgres import admin_url
 from oz0 import __version__
 from oz0.server import loop_lag
 from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
@@ -34,33 +32,14 @@ from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 SERVER, UNREACHABLE = "127.0.0.217", "127.0.0.218"
+# The module's one server (`served`, tests/conftest.py), with the edge's reconcile backstop
+# once a minute: a block's stream is then ended by its notification alone, which the count
+# of read-backs shows.
+ADVERTISE = SERVER
+SERVER_ARGS = ("--reconcile-every", "60")
 EDGE = f"{SERVER}:7443"
 # Labels the server's own metrics may carry: none names a node, a token or a server.
 OUR_LABELS = {"tenant", "state", "reason", "version", "le"}
-
-
-@dataclass(frozen=True)
-class Served:
-    files: ClusterFiles
-    server: ServerProcess
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One cluster and one server for the whole file (a server start costs seconds)."""
-    root = tmp_path_factory.mktemp("metrics")
-    with fresh_database_url() as url:
-        cluster = initialise(root, url, advertise=SERVER)
-        # The edge's reconcile backstop once a minute: a block's stream is then ended by
-        # its notification alone, which the count of read-backs shows.
-        server = ServerProcess.for_cluster(
-            cluster, SERVER, workdir=root / "server", extra=("--reconcile-every", "60")
-        )
-        server.start()
-        try:
-            yield Served(cluster, server)
-        finally:
-            server.kill()
 
 
 def curl(path: str) -> tuple[int, str, str]:

@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess
 from fixtures.polling import wait_until
 from fixtures.snapshots import snapshot
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.213"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 # Generous: a loaded machine, a Temporal worker to start.
 BOUND = 45.0
@@ -116,11 +116,6 @@ def machine(tmp_path: Path) -> Iterator[Machine]:
     yield found
     for pid in node_processes(found.data_dir):
         os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def node_processes(data_dir: Path) -> list[int]:

@@ -28,13 +28,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, initialise
+from fixtures.cluster import ClusterFiles
 from fixtures.edge_client import NodeKeys
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from fixtures.polling import trio_until
 from oz0 import audit, cluster, nodes, pki
 from oz0.server.edge import renew as edge_renew
-from oz0.store.dburl import DatabaseUrl
 from oz0_node import agent, status
 from oz0_node import main as node_main
 from oz0_node.errors import AgentError
@@ -43,6 +42,7 @@ from tests.conftest import CliRunner
 from tests.test_edge import StartServer, cli_async
 
 SERVER = "127.0.0.92"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 YEAR = dt.timedelta(days=365)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -130,11 +130,6 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
 
 
 # --- the edge's transaction ------------------------------------------------------------
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 @pytest.fixture

@@ -71,17 +71,13 @@ from tests.test_temporal import access, eventually
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
 SERVER = "127.0.0.71"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 FRONTEND = f"{SERVER}:7233"
 # The product's promise for a renewed-away operator certificate.
 RENEWAL_BOUND = 2.0
 UNAUTHORIZED = "Error: failed listing namespaces: Request unauthorized.\n"
 # How long work on a queue waits for a worker, to show that none takes it.
 UNTAKEN = 5.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def temporal_cli(*args: str, credentials: Path, ca: Path) -> subprocess.CompletedProcess[str]:

@@ -23,9 +23,8 @@ import pytest
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, Served
 from fixtures.polling import wait_until
-from fixtures.postgres import fresh_database_url
 from oz0 import tokens
 from oz0.context import Context
 from oz0.server import join_command
@@ -34,6 +33,7 @@ from tests.web_support import browser, curl, shots, sign_in
 __all__ = ["browser"]  # the fixture, imported for the tests below
 
 SERVER = "127.0.0.203"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 BASE = f"https://{SERVER}:8443"
 EDGE = f"{SERVER}:7443"
 TEAM = "edge-team"  # the tenant of the UI's tokens, so their agents run none of the jobs
@@ -67,26 +67,20 @@ class Ui:
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    """One cluster, server and agent (tenant default) for the file's tests."""
-    root = tmp_path_factory.mktemp("web-tokens-jobs")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        agent: AgentProcess | None = None
-        try:
-            server.start()
-            api = ApiClient(Context.load(files.context_path))
-            for tenant in (TEAM, IDLE):
-                api.post("/api/v1/tenants", {"name": tenant})
-            token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
-            agent = AgentProcess.joining(root / "node", [EDGE], files.ca_hash, token=token).start()
-            status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
-            yield Ui(files, api, status["node_id"])
-        finally:
-            if agent is not None:
-                agent.stop()
-            server.kill()
+def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    """The module's one cluster and server, and an agent (tenant default), for its tests."""
+    files = served.files
+    api = ApiClient(Context.load(files.context_path))
+    for tenant in (TEAM, IDLE):
+        api.post("/api/v1/tenants", {"name": tenant})
+    token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
+    node = tmp_path_factory.mktemp("web-tokens-jobs") / "node"
+    agent = AgentProcess.joining(node, [EDGE], files.ca_hash, token=token).start()
+    try:
+        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
+        yield Ui(files, api, status["node_id"])
+    finally:
+        agent.stop()
 
 
 def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
