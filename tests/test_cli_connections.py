@@ -26,7 +26,7 @@ def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(
     cluster_files: ClusterFiles, start_server: StartServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     start_server(cluster_files, SERVER)
-    handshakes: list[bool] = []  # for each new connection: whether it resumed a session
+    handshakes: list[bool | None] = []  # for each new connection: whether it resumed a session
     connect = client_module._Connection.connect
 
     def counted(self: client_module._Connection) -> None:

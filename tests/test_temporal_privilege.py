@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -45,6 +46,7 @@ from trio_websocket import WebSocketConnection
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
+from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
     connect,
@@ -66,7 +68,7 @@ from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
-from tests.test_temporal import access, eventually
+from tests.test_temporal import access
 
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
@@ -264,9 +266,13 @@ def accepted_nodes(files: ClusterFiles, count: int) -> list[tuple[str, Credentia
         creds = issue(files, pki.Role.NODE, node_id)
         set_node(files, node_id, "default", "accepted", creds)
         nodes.append((node_id, creds))
-    for _, creds in nodes:  # the node table reaches the host within a second or so
-        eventually(lambda creds=creds: access(FRONTEND, "default", creds) == "allowed")
+    for node_id, creds in nodes:  # the node table reaches the host within a second or so
+        wait_until(partial(allowed_in_default, creds), 15, f"node {node_id} allowed in default")
     return nodes
+
+
+def allowed_in_default(creds: Credentials) -> bool:
+    return access(FRONTEND, "default", creds) == "allowed"
 
 
 @pytest.mark.slow

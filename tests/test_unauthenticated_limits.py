@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,7 @@ async def test_big_and_deep_messages_are_refused_clearly(
         await ws.send_message(json.dumps({"type": "join", "csr": "x" * 70_000}))
         with trio.fail_after(10), pytest.raises(ConnectionClosed) as closed:
             await ws.get_message()
+        assert closed.value.reason is not None
         assert closed.value.reason.code == 1009  # message too big
 
     # A node's live control stream shrugs both off and goes on.
@@ -217,7 +219,7 @@ async def test_big_and_deep_messages_are_refused_clearly(
         ("{" + " " * 70_000 + "}", 413, "Request Entity Too Large"),
     ):
         code, answer_body = await trio.to_thread.run_sync(
-            lambda body=body: curl_post(files, "/api/v1/tokens", body)
+            partial(curl_post, files, "/api/v1/tokens", body)
         )
         assert code == status and said in answer_body["error"], (code, answer_body)
     no_errors(server)

@@ -421,7 +421,7 @@ def test_an_unknown_username_costs_one_scrypt_like_a_known_one(
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(passwords.hashlib, "scrypt", counted)
+    monkeypatch.setattr("oz0.passwords.hashlib.scrypt", counted)
     for username in ("nobody", "admin", "nobody-else"):
         calls.clear()
         with conn.transaction():

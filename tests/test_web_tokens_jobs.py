@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,10 @@ def shot(page: Page, where: Path, name: str) -> None:
     assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
     assert not [m for m in _console if "Content Security Policy" in m], _console
     page.screenshot(path=str(where / name), full_page=True)
+
+
+def ended(ui: Ui, job_id: str) -> bool:
+    return ui.api.get(f"/api/v1/jobs/{job_id}")["ended_at"] is not None
 
 
 def token_row(page: Page, token_id: str) -> Any:
@@ -385,11 +390,7 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
     ]
     try:
         for job_id in done.values():
-            wait_until(
-                lambda j=job_id: ui.api.get(f"/api/v1/jobs/{j}")["ended_at"] is not None,
-                60,
-                f"{job_id} ended",
-            )
+            wait_until(partial(ended, ui, job_id), 60, f"{job_id} ended")
         page = signed_in(browser, ui)
         page.get_by_role("link", name="Jobs").click()
         page.get_by_label("State").select_option("failed")
