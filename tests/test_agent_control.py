@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
@@ -14,8 +13,8 @@ import trio.testing
 
 from fixtures.fake_edges import (
     EdgeSession,
-    FakeCluster,
     FakeNet,
+    fake_net,
     join_and_stop,
     read_json,
     run_agent,
@@ -25,11 +24,8 @@ from oz0_node.errors import AgentError
 
 
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge("edge-a:7443")
-    cluster.add_edge("edge-b:7443")
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 def _heartbeats_from_node(net: FakeNet) -> list[float]:

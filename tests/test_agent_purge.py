@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from fixtures.fake_edges import (
     EdgeSession,
     FakeCluster,
     FakeNet,
+    fake_net,
     join_and_stop,
     read_json,
     run_agent,
@@ -46,10 +47,8 @@ OTHER_NODE = "node-ffffffffffff"
 
 
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge(EDGE)
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, EDGE)
 
 
 def _command(event_detail: dict[str, str]) -> dict[str, Any]:
