@@ -146,6 +146,16 @@ def plugin_runs(machine: Machine) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("started ")]
 
 
+def wait_plugin_runs(machine: Machine, count: int, what: str) -> None:
+    wait_until(
+        lambda: len(plugin_runs(machine)) == count,
+        BOUND,
+        what,
+        step=0.1,
+        detail=machine.log.read_text,
+    )
+
+
 def pids_of(run: str) -> list[int]:
     _, pid, _, child = run.split()
     return [int(pid), int(child)]
@@ -187,13 +197,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert plugin_runs(machine) == []
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
     machine.wait_reported(running)
-    wait_until(
-        lambda: len(plugin_runs(machine)) == 1,
-        BOUND,
-        "the plugin started",
-        step=0.1,
-        detail=machine.log.read_text,
-    )
+    wait_plugin_runs(machine, 1, "the plugin started")
     first = pids_of(plugin_runs(machine)[0])
     assert all(alive(pid) for pid in first)
 
@@ -209,13 +213,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     log = (machine.data_dir / "logs" / "plugin-probe.log").read_text()
     assert f"got TERM {first[0]}" in log
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
-    wait_until(
-        lambda: len(plugin_runs(machine)) == 2,
-        BOUND,
-        "the plugin started again",
-        step=0.1,
-        detail=machine.log.read_text,
-    )
+    wait_plugin_runs(machine, 2, "the plugin started again")
 
     # SIGTERM to the agent stops it and its plugin; a start resumes both.
     second = pids_of(plugin_runs(machine)[1])
@@ -224,13 +222,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert not any(alive(pid) for pid in second)
     assert node_processes(machine.data_dir) == []
     agent = machine.start()
-    wait_until(
-        lambda: len(plugin_runs(machine)) == 3,
-        BOUND,
-        "the plugin started on resume",
-        step=0.1,
-        detail=machine.log.read_text,
-    )
+    wait_plugin_runs(machine, 3, "the plugin started on resume")
     third = pids_of(plugin_runs(machine)[2])
 
     # The purge: everything stopped, the data directory and the launcher gone, no more.
