@@ -36,6 +36,14 @@ class CliResult:
 
 CliRunner = Callable[..., CliResult]
 
+
+def create_token(cli: CliRunner, env: dict[str, str], *extra: str, tenant: str = "default") -> str:
+    """A join token made by `token create` (EXTRA: its options) as ENV's operator."""
+    created = cli("token", "create", "--tenant", tenant, "--json", *extra, env=env)
+    assert created.code == 0, created.err
+    return str(created.json()["token"])
+
+
 # Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
 # files side by side on two workers (`-n 2`). Files naming one same 127.0.0.x address (the
 # default cluster's 127.0.0.11 among them) are one scope, run one test at a time; the

@@ -21,12 +21,12 @@ import pytest
 import trio
 
 from fixtures import edge_client, rogue_edge
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 from tests.test_edge import cli_async, pinned_keys
 
 StartServer = Callable[..., ServerProcess]
@@ -40,16 +40,6 @@ MAX_BACKOFF = 5.0
 IDENTITY_FILES = ("identity/node.key", "identity/node.crt", "identity/ca.crt")
 
 
-def token(cli: CliRunner, env: dict[str, str]) -> str:
-    created = cli("token", "create", "--tenant", "default", "--json", env=env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
-
-
 def joined_agent(
     cli: CliRunner,
     files: ClusterFiles,
@@ -61,7 +51,7 @@ def joined_agent(
 ) -> tuple[AgentProcess, dict[str, Any]]:
     """An agent joined with a token through server A's edge, connected; and its status."""
     agent = AgentProcess.joining(
-        data_dir, [EDGE_A], files.ca_hash, token=token(cli, env), launcher=launcher
+        data_dir, [EDGE_A], files.ca_hash, token=create_token(cli, env), launcher=launcher
     ).start()
     agents.append(agent)
     return agent, agent.wait_status(connected, timeout=30)

@@ -13,7 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from cli.client import ApiClient, ApiError
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, blocked, connected
 from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import nodes
 from oz0.context import Context
@@ -27,14 +27,6 @@ EDGE = f"{SERVER}:7443"
 # so. Generous: the suite runs two files at a time on two cores.
 BLOCKED_WITHIN = 10.0
 UNKNOWN = "node-000000000000"
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
-
-
-def blocked(status: dict[str, Any]) -> bool:
-    return status.get("state") == "blocked" and status.get("connected") is False
 
 
 def start_agents(

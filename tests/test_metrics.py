@@ -20,7 +20,7 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from fixtures import edge_client, metrics
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import Served
 from fixtures.polling import wait_until
 from fixtures.postgres import admin_url
@@ -62,10 +62,6 @@ def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
     assert created.code == 0, created.err
     value: dict[str, Any] = created.json()
     return value
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_reasons(

@@ -17,12 +17,12 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from fixtures import edge_client, metrics, strangers
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
 from oz0.server.admission import MAX_PER_ADDRESS
 from oz0.store.dburl import DatabaseUrl
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.81"
@@ -39,16 +39,6 @@ def files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
 @pytest.fixture
 def env(files: ClusterFiles) -> dict[str, str]:
     return files.cli_env
-
-
-def token(cli: CliRunner, env: dict[str, str]) -> str:
-    created = cli("token", "create", "--tenant", "default", "--json", env=env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def streams_up(agent: AgentProcess) -> int:
@@ -76,11 +66,11 @@ async def test_silent_clients_are_closed_within_15_s_while_nodes_stay_and_join(
     strangers.raise_open_file_limit()
     server = start_server(files, SERVER)
     staying = AgentProcess.joining(
-        tmp_path / "staying", [EDGE], files.ca_hash, token=token(cli, env)
+        tmp_path / "staying", [EDGE], files.ca_hash, token=create_token(cli, env)
     ).start()
     agents.append(staying)
     before = await trio.to_thread.run_sync(staying.wait_status, connected, 30)
-    arriving_token = token(cli, env)
+    arriving_token = create_token(cli, env)
 
     ctx = strangers.unverified()
     open_for: list[float] = []
@@ -204,7 +194,7 @@ async def test_big_and_deep_messages_are_refused_clearly(
     # A node's live control stream shrugs both off and goes on.
     keys = NodeKeys.new()
     keys.ca_pem, _ = await edge_client.fetch_ca(EDGE)
-    joined = await edge_client.join(EDGE, keys, token=token(cli, env))
+    joined = await edge_client.join(EDGE, keys, token=create_token(cli, env))
     assert joined["state"] == "accepted"
     async with edge_client.control(EDGE, keys) as (ws, welcome):
         assert welcome["type"] == "welcome"
