@@ -11,7 +11,15 @@ import pytest
 
 from cli.main import run
 from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise, kill_all
+from fixtures.cluster import (
+    DEFAULT_ADVERTISE,
+    ClusterFiles,
+    Served,
+    ServerProcess,
+    initialise,
+    kill_all,
+    serving,
+)
 from fixtures.postgres import fresh_database_url
 from oz0.store.dburl import DatabaseUrl
 
@@ -27,6 +35,14 @@ class CliResult:
 
 
 CliRunner = Callable[..., CliResult]
+
+
+def create_token(cli: CliRunner, env: dict[str, str], *extra: str, tenant: str = "default") -> str:
+    """A join token made by `token create` (EXTRA: its options) as ENV's operator."""
+    created = cli("token", "create", "--tenant", tenant, "--json", *extra, env=env)
+    assert created.code == 0, created.err
+    return str(created.json()["token"])
+
 
 # Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
 # files side by side on two workers (`-n 2`). Files naming one same 127.0.0.x address (the
@@ -83,8 +99,26 @@ def pg_url() -> Iterator[DatabaseUrl]:
 
 
 @pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url)
+def cluster_files(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_url: DatabaseUrl
+) -> ClusterFiles:
+    """A cluster initialised in the test's own database. Its context names the API at the
+    test module's `ADVERTISE` address where the module sets one (its own server: the
+    README's table), else at the default cluster's 127.0.0.11."""
+    advertise = getattr(request.module, "ADVERTISE", DEFAULT_ADVERTISE)
+    return initialise(tmp_path, pg_url, advertise=advertise)
+
+
+@pytest.fixture(scope="module")
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """One cluster and one server for the whole module (a server start costs seconds), at
+    the module's `ADVERTISE` address, started with its `SERVER_ARGS` if it has any."""
+    module = request.module
+    root = tmp_path_factory.mktemp(module.__name__.rpartition(".")[2])
+    with serving(root, module.ADVERTISE, getattr(module, "SERVER_ARGS", ())) as one:
+        yield one
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_agent_fakes import GOOD_TOKEN, FakeCluster, serve_fake_edge
 
+from fixtures.fake_edges import GOOD_TOKEN, FakeCluster, serve_fake_edge
 from oz0_common.files import write_private
 from oz0_node import status
 from oz0_node.identity import IdentityDir, NodeRecord

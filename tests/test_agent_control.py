@@ -4,32 +4,28 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EdgeSession,
-    FakeCluster,
     FakeNet,
+    fake_net,
     join_and_stop,
     read_json,
     run_agent,
 )
-
 from oz0_node import agent
 from oz0_node.errors import AgentError
 
 
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge("edge-a:7443")
-    cluster.add_edge("edge-b:7443")
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 def _heartbeats_from_node(net: FakeNet) -> list[float]:

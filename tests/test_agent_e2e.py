@@ -7,26 +7,15 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import ClusterFiles, ServerProcess
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 
 StartServer = Callable[..., ServerProcess]
 EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
-
-
-def token(cli: CliRunner, env: dict[str, str], *extra: str) -> str:
-    created = cli("token", "create", "--tenant", "default", "--json", *extra, env=env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def test_an_agent_joins_with_a_token_and_connects(
@@ -42,7 +31,7 @@ def test_an_agent_joins_with_a_token_and_connects(
         tmp_path / "node",
         [EDGE_A],
         cluster_files.ca_hash,
-        token=token(cli, cluster_env),
+        token=create_token(cli, cluster_env),
         labels={"os": "linux"},
     ).start()
     agents.append(agent)
@@ -130,7 +119,7 @@ def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
     start_server(cluster_files, "127.0.0.12")
     # Told only about A: it learns B from the edge.
     agent = AgentProcess.joining(
-        tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=token(cli, cluster_env)
+        tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=create_token(cli, cluster_env)
     ).start()
     agents.append(agent)
     on_a = agent.wait_status(connected, timeout=30)

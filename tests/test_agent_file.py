@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess
 from fixtures.snapshots import snapshot
 from oz0.server import join_command
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 pytestmark = pytest.mark.slow
 
 StartServer = Callable[..., ServerProcess]
 SERVER, BARE_SERVER = "127.0.0.211", "127.0.0.212"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 STOCK_PYTHON = "/usr/bin/python3"
 SERVER_ONLY = ("psycopg", "psycopg_binary", "psycopg_pool", "pgserver", "quart", "quart_trio",
                "hypercorn", "jinja2", "oz0", "cli")  # fmt: skip
@@ -48,11 +48,6 @@ def agent_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=900,
     )
     return out
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def _bare_env(machine: Path, **extra: str) -> dict[str, str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import GOOD_TOKEN, FakeCluster, FakeNet, join_and_stop, options, read_json
 
+from fixtures.fake_edges import GOOD_TOKEN, FakeCluster, FakeNet, join_and_stop, options, read_json
 from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import AgentError

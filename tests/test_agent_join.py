@@ -3,38 +3,30 @@
 from __future__ import annotations
 
 import itertools
-import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EXPIRED_TOKEN,
     GOOD_TOKEN,
     FakeCluster,
     FakeNet,
+    LongestWait,
+    fake_net,
     options,
     read_json,
 )
-
 from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import AgentError
 
 
-class LongestWait(random.Random):
-    def uniform(self, a: float, b: float) -> float:
-        return b
-
-
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge("edge-a:7443")
-    cluster.add_edge("edge-b:7443")
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 def _start(nursery: trio.Nursery, net: FakeNet, opts: agent.StartOptions) -> None:

@@ -16,23 +16,24 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import (
+
+from fixtures.fake_edges import (
     EdgeSession,
     FakeCluster,
     FakeNet,
+    fake_net,
     join_and_stop,
     read_json,
     run_agent,
     serve_fake_edge,
 )
-
 from oz0 import pki
 from oz0_common.files import write_private
 from oz0_node import agent, commands, purge
@@ -46,10 +47,8 @@ OTHER_NODE = "node-ffffffffffff"
 
 
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge(EDGE)
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, EDGE)
 
 
 def _command(event_detail: dict[str, str]) -> dict[str, Any]:

@@ -9,14 +9,8 @@ import pytest
 import trio
 import trio.testing
 
+from fixtures.fake_edges import LongestWait
 from oz0_node.reconnect import Reconnect
-
-
-class LongestWait(random.Random):
-    """Jitter that always picks the upper bound, so waits are exact."""
-
-    def uniform(self, a: float, b: float) -> float:
-        return b
 
 
 async def _attempts(policy: Reconnect, count: int) -> list[tuple[str, float]]:

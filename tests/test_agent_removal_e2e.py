@@ -21,39 +21,23 @@ import pytest
 import trio
 
 from fixtures import edge_client, rogue_edge
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.agent import AgentProcess, connected
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
-from oz0.store.dburl import DatabaseUrl
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 from tests.test_edge import cli_async, pinned_keys
 
 StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.16", "127.0.0.17"
+ADVERTISE = SERVER_A  # what cluster_files (tests/conftest.py) advertises
 EDGE_A = f"{SERVER_A}:7443"
 ROGUE = "127.0.0.18:7443"
 # How long the agent waits at most between attempts (docs/node-protocol.md, "Block").
 MAX_BACKOFF = 5.0
 # The identity files a node never rewrites; node.json changes with the node's state.
 IDENTITY_FILES = ("identity/node.key", "identity/node.crt", "identity/ca.crt")
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    """The cluster, with an admin context that names our server's API (not the default one)."""
-    return initialise(tmp_path, pg_url, advertise=SERVER_A)
-
-
-def token(cli: CliRunner, env: dict[str, str]) -> str:
-    created = cli("token", "create", "--tenant", "default", "--json", env=env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def joined_agent(
@@ -67,7 +51,7 @@ def joined_agent(
 ) -> tuple[AgentProcess, dict[str, Any]]:
     """An agent joined with a token through server A's edge, connected; and its status."""
     agent = AgentProcess.joining(
-        data_dir, [EDGE_A], files.ca_hash, token=token(cli, env), launcher=launcher
+        data_dir, [EDGE_A], files.ca_hash, token=create_token(cli, env), launcher=launcher
     ).start()
     agents.append(agent)
     return agent, agent.wait_status(connected, timeout=30)

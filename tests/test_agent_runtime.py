@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop, read_json
 
+from fixtures.fake_edges import (
+    FakeNet,
+    LongestWait,
+    fake_net,
+    join_and_stop,
+    read_json,
+)
 from oz0 import pki
 from oz0_node import agent, runtime
 from oz0_node.errors import ProtocolViolation
@@ -25,10 +31,8 @@ TEMPORAL = "edge-a:7233"
 
 
 @pytest.fixture
-async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
-    cluster = FakeCluster()
-    cluster.add_edge("edge-a:7443")
-    yield FakeNet(cluster, nursery)
+async def net(nursery: trio.Nursery) -> FakeNet:
+    return fake_net(nursery, "edge-a:7443")
 
 
 @dataclass

@@ -24,14 +24,14 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import Credentials, operator_credentials, run_async
-from oz0.store.dburl import DatabaseUrl
 from oz0_node import runtime
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.61"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE, TEMPORAL = f"{SERVER}:7443", f"{SERVER}:7233"
 # The product's promises: a block within two seconds, an unblock noticed within ten.
 BLOCK_BOUND, UNBLOCK_BOUND = 2.0, 10.0
@@ -79,11 +79,6 @@ async def describe_node(creds: Credentials, node_id: str, wait_for_worker: float
             task_queue=queue,
             execution_timeout=dt.timedelta(seconds=wait_for_worker + 30),
         )
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def rss_kib(pid: int) -> int:

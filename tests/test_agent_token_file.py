@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_agent_fakes import GOOD_TOKEN, FakeCluster, serve_fake_edge
 
+from fixtures.fake_edges import GOOD_TOKEN, FakeCluster, serve_fake_edge
 from oz0_common.files import write_private
 from oz0_node import join_token
 from oz0_node.errors import AgentError

@@ -13,33 +13,20 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from cli.client import ApiClient, ApiError
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.agent import AgentProcess, blocked, connected
+from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import nodes
 from oz0.context import Context
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.220"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 # A block ends every stream within two seconds (docs/manage-nodes.md); the agent then says
 # so. Generous: the suite runs two files at a time on two cores.
 BLOCKED_WITHIN = 10.0
 UNKNOWN = "node-000000000000"
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
-
-
-def blocked(status: dict[str, Any]) -> bool:
-    return status.get("state") == "blocked" and status.get("connected") is False
 
 
 def start_agents(

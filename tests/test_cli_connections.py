@@ -14,24 +14,19 @@ import pytest
 
 from cli import client as client_module
 from cli.client import ApiClient
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0.context import Context
-from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.222"
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 
 
 def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(
     cluster_files: ClusterFiles, start_server: StartServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     start_server(cluster_files, SERVER)
-    handshakes: list[bool] = []  # for each new connection: whether it resumed a session
+    handshakes: list[bool | None] = []  # for each new connection: whether it resumed a session
     connect = client_module._Connection.connect
 
     def counted(self: client_module._Connection) -> None:

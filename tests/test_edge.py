@@ -294,7 +294,7 @@ async def test_twenty_concurrent_joins_on_a_five_use_token_make_exactly_five_nod
     async with trio.open_nursery() as nursery:
         for _ in range(20):
             nursery.start_soon(one)
-    kinds = sorted(a.get("state") or a.get("message") for a in answers)
+    kinds = sorted(str(a.get("state") or a.get("message")) for a in answers)
     assert kinds == ["accepted"] * 5 + ["join token used up"] * 15
     nodes = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
     assert len(nodes) == 5

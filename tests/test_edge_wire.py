@@ -98,7 +98,7 @@ async def test_a_message_over_the_limit_closes_with_1009() -> None:
         assert closed.value.code == 1009
         with pytest.raises(ConnectionClosed) as seen:
             await client.get_message()
-        assert seen.value.reason.code == 1009
+        assert seen.value.reason is not None and seen.value.reason.code == 1009
 
 
 async def test_the_peers_close_ends_reads_after_what_came_before_it() -> None:
@@ -128,6 +128,7 @@ async def test_our_close_reaches_the_peer_with_its_code_while_another_task_reads
         nursery.start_soon(wire.aclose, 4403, "blocked")
         with pytest.raises(ConnectionClosed) as seen:
             await client.get_message()
+        assert seen.value.reason is not None
         assert (seen.value.reason.code, seen.value.reason.reason) == (4403, "blocked")
         await trio.testing.wait_all_tasks_blocked()
         assert len(read) == 1 and wire.closed is not None
@@ -201,7 +202,7 @@ async def handshake_thread(threads: trio.CapacityLimiter | None) -> int:
     SNI callback runs in the step that does)."""
     server_ctx, client_ctx = contexts()
     ran_in: list[int] = []
-    server_ctx.sni_callback = lambda *_: ran_in.append(threading.get_ident())  # type: ignore[assignment,return-value]
+    server_ctx.sni_callback = lambda *_: ran_in.append(threading.get_ident())
     left, right = trio.socket.socketpair()
     client = trio.SSLStream(trio.SocketStream(right), client_ctx, server_hostname="edge.test")
     with trio.fail_after(20), left, right:

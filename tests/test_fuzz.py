@@ -211,6 +211,7 @@ async def one_join_message(ca_pem: bytes, message: str | bytes) -> dict[str, Any
             await ws.send_message(message)
             return await edge_client.receive(ws)
         except ConnectionClosed as e:
+            assert e.reason is not None
             if len(message) > MAX_MESSAGE_SIZE:
                 # Closed while we were still sending: our side may see only the reset.
                 assert e.reason.code in (1009, 1006), e.reason

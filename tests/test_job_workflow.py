@@ -16,9 +16,8 @@ import contextlib
 import datetime as dt
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,13 +31,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from fixtures.cluster import ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import Served
+from fixtures.polling import asyncio_until
 from fixtures.temporal import Credentials, operator_credentials, run_async
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
 
 SERVER = "127.0.0.196"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 TEMPORAL = f"{SERVER}:7233"
 NAMESPACE = "wf-tests"
 # Generous bounds for a loaded 2-core machine; each is a deadline, never a measurement.
@@ -58,20 +58,12 @@ Behaviour = Callable[["Attempt"], Awaitable[Result]]
 
 
 @pytest.fixture(scope="module")
-def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Credentials]:
-    """One real server (what `start_server` does, kept for the whole module) and our own
-    namespace in its Temporal; the operator's credentials (Temporal's admin)."""
-    root: Path = tmp_path_factory.mktemp("job-workflow")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        try:
-            server.start()
-            creds = operator_credentials(files)
-            run_async(lambda: _register_namespace(creds))
-            yield creds
-        finally:
-            server.kill()
+def operator(served: Served) -> Credentials:
+    """Our own namespace in the module's one server's Temporal; the operator's credentials
+    (Temporal's admin)."""
+    creds = operator_credentials(served.files)
+    run_async(lambda: _register_namespace(creds))
+    return creds
 
 
 async def _register_namespace(creds: Credentials) -> None:
@@ -157,7 +149,12 @@ class Fleet:
         return next(a for a in self.attempts if a.number == number)
 
     async def started(self, number: int) -> Attempt:
-        await until(lambda: any(a.number == number for a in self.attempts), f"attempt {number}")
+        await asyncio_until(
+            lambda: any(a.number == number for a in self.attempts),
+            SEEN_BOUND,
+            f"attempt {number}",
+            step=0.05,
+        )
         return self.attempt(number)
 
     # The database steps: the names and signatures of oz0.jobs.activities.
@@ -211,7 +208,9 @@ class Fleet:
             raise RuntimeError("the database is unavailable")
         if self.finish_waits_for_nodes:
             with contextlib.suppress(AssertionError):
-                await until(self._nodes_done, "the nodes done with their attempts", FINISH_WAIT)
+                await asyncio_until(
+                    self._nodes_done, FINISH_WAIT, "the nodes done with their attempts", step=0.05
+                )
             self.running_at_finish = [a.number for a in self.attempts if not a.answered.is_set()]
         self.finished.append(finish)
 
@@ -303,14 +302,6 @@ def _result(code: int) -> Result:
         "truncated": False,
         "output_complete": True,
     }
-
-
-async def until(condition: Callable[[], bool], what: str, bound: float = SEEN_BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {bound} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 # --- running a job -------------------------------------------------------------------------
@@ -667,7 +658,9 @@ def test_cancelling_a_queued_job(operator: Credentials) -> None:
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(lambda: len(fleet.places) >= 1, "a placement")
+            await asyncio_until(
+                lambda: len(fleet.places) >= 1, SEEN_BOUND, "a placement", step=0.05
+            )
             await j.handle.cancel()
             assert await j.result() == "cancelled"
         assert fleet.attempts == [] and fleet.ends == []
@@ -703,7 +696,12 @@ def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(lambda: fleet.finish_tries >= 1, "the first try to record the end")
+            await asyncio_until(
+                lambda: fleet.finish_tries >= 1,
+                SEEN_BOUND,
+                "the first try to record the end",
+                step=0.05,
+            )
             await j.handle.cancel()  # too late: the job has ended
             assert await j.result() == "succeeded"
         assert fleet.finish_tries == 3
@@ -751,7 +749,7 @@ def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stay
 
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
-            await until(all_started, "every node's part started")
+            await asyncio_until(all_started, SEEN_BOUND, "every node's part started", step=0.05)
             await j.remove(2, "node blocked")
             assert await j.result() == "lost"
         assert fleet.attempt(2).cancelled.is_set() and fleet.running_at_finish == []

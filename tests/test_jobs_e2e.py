@@ -23,24 +23,19 @@ from temporalio.client import Client
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import operator_credentials, run_async
 from oz0.context import Context
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.191", "127.0.0.192"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 # Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
 MOVE_BOUND = 10.0
 SILENCE_BOUND = 40.0  # heartbeat timeout (10 s) + the node's stream and a new placement
 GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def join_agents(

@@ -31,35 +31,27 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, initialise
+from fixtures.cluster import ClusterFiles
 from fixtures.temporal import run_async
 from oz0 import pki
-from oz0.store.dburl import DatabaseUrl
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 from tests.test_jobs_e2e import StartServer, started_pid, wait_job
 
 SERVER = "127.0.0.193"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE, FRONTEND = f"{SERVER}:7443", f"{SERVER}:7233"
 # A call Temporal lets through would long-poll for a minute: refused ones answer at once.
 REFUSED_WITHIN = 5.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-def token(cli: CliRunner, files: ClusterFiles, tenant: str) -> str:
-    created = cli("token", "create", "--tenant", tenant, "--json", env=files.cli_env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
 
 
 def agent_in(
     cli: CliRunner, files: ClusterFiles, tmp_path: Path, tenant: str, agents: list[AgentProcess]
 ) -> str:
     agent = AgentProcess.joining(
-        tmp_path / f"node-{tenant}", [EDGE], files.ca_hash, token=token(cli, files, tenant)
+        tmp_path / f"node-{tenant}",
+        [EDGE],
+        files.ca_hash,
+        token=create_token(cli, files.cli_env, tenant=tenant),
     ).start()
     agents.append(agent)
     return str(agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"])
@@ -151,7 +143,9 @@ def test_a_node_cannot_see_or_touch_another_tenants_jobs(
 
     keys = edge_client.NodeKeys.new()
     keys.ca_pem, _ = trio.run(edge_client.fetch_ca, EDGE)
-    joined = trio.run(lambda: edge_client.join(EDGE, keys, token=token(cli, files, "acme")))
+    joined = trio.run(
+        lambda: edge_client.join(EDGE, keys, token=create_token(cli, files.cli_env, tenant="acme"))
+    )
     assert joined["state"] == "accepted", joined
     forged = base64.b64encode(b"rm -rf / # from acme").decode()
     acks = trio.run(

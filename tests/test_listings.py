@@ -10,34 +10,34 @@ import secrets
 import ssl
 import urllib.parse
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
 from cli.client import ApiClient
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, Served
 from oz0 import audit, listing, nodes, tenants
 from oz0.context import Context
 from tests.conftest import CliRunner
 
 ADDRESS = "127.0.0.219"
+ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)
 Conn = psycopg.Connection[Any]
 
 
+class NodeKind(TypedDict, total=False):
+    """What `add_node` may be told of a node besides when it joined."""
+
+    state: str
+    tenant: str
+    labels: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    root = tmp_path_factory.mktemp("listings")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=ADDRESS)
-        server = ServerProcess.for_cluster(files, ADDRESS, workdir=root / "server")
-        server.start()
-        try:
-            yield files
-        finally:
-            server.kill()
+def cluster(served: Served) -> ClusterFiles:
+    return served.files
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_pages_list_every_node_once_with_nodes_joining_between_pages(
     if not tenants.exists(conn, "acme"):
         api.post("/api/v1/tenants", {"name": "acme"})
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    kinds = [
+    kinds: list[NodeKind] = [
         {"state": "accepted", "labels": {"role": "web", "zone": "a"}},
         {"state": "pending", "labels": {"role": "db"}},
         {"state": "accepted", "tenant": "acme", "labels": {"zone": "b"}},
@@ -205,7 +205,10 @@ def test_audit_pages_list_every_entry_once_newest_first(
         for i in range(30):
             audit.record(conn, audit.Actor("operator", f"pager{i % 2}"), "test.page", f"t:{i}")
     wanted = {"action": "test.page", "actor": "operator:pager1"}
-    expected = [e.id for e in audit.entries(conn, **wanted, limit=1000)]
+    expected = [
+        e.id
+        for e in audit.entries(conn, action=wanted["action"], actor=wanted["actor"], limit=1000)
+    ]
     assert len(expected) == 15
     listed: list[int] = []
     cursor: str | None = None
@@ -346,6 +349,7 @@ def test_the_api_audit_page_written_by_postgresql_is_what_to_json_gives(conn: Co
     texts, cursor = audit.entries_page_json(conn, filters, before=None, limit=2)
     entries, expected_cursor = audit.entries_page(conn, filters, before=None, limit=2)
     assert cursor == expected_cursor
+    assert cursor is not None
     texts += audit.entries_page_json(conn, filters, before=audit.before_of(cursor), limit=2)[0]
     every = audit.entries(conn, actor="ui:json-check")
     assert len(every) == 3 and [e.id for e in entries] == [e.id for e in every[:2]]

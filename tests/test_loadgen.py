@@ -15,22 +15,18 @@ import pytest
 import trio
 
 from bench import loadgen
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.polling import trio_until
 from oz0 import audit, context, nodes, pki, tokens
-from oz0.store.dburl import DatabaseUrl
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.223"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 NODES = 20
 # Generous: the suite runs two files at a time on two cores.
 WELCOMED_WITHIN = 60.0
 BLOCKED_WITHIN = 15.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +60,6 @@ def connected_nodes(files: ClusterFiles) -> set[str]:
             " AND last_seen > now() - interval '15 seconds'"
         ).fetchall()
     return {str(r[0]) for r in rows}
-
-
-async def wait_for(check: Callable[[], bool], within: float) -> None:
-    with trio.fail_after(within):
-        # The database is polled: nothing to wait on in this process.
-        while not await trio.to_thread.run_sync(check):  # noqa: ASYNC110
-            await trio.sleep(0.5)
 
 
 async def test_generator_joins_holds_and_sees_a_block(
@@ -116,7 +105,14 @@ async def test_generator_joins_holds_and_sees_a_block(
         assert set(welcomed) == ids
         assert {e["edge"] for e in welcomed.values()} == {EDGE}
         assert abs(next(iter(welcomed.values()))["t"] - time.monotonic()) < WELCOMED_WITHIN
-        await wait_for(lambda: connected_nodes(cluster_files) == ids, WELCOMED_WITHIN)
+        # The database is polled (in a thread: a query blocks): nothing announces it here.
+        await trio_until(
+            lambda: connected_nodes(cluster_files) == ids,
+            WELCOMED_WITHIN,
+            "every generated node connected, as the database says",
+            step=0.5,
+            in_thread=True,
+        )
         # Held as agents hold them: every stream heartbeats, and hears the edge's.
         with trio.fail_after(WELCOMED_WITHIN):
             async for event in held:
@@ -149,7 +145,13 @@ async def test_generator_joins_holds_and_sees_a_block(
         assert refusals[1]["t"] - refusals[0]["t"] >= 2.0
         assert stats["streams_alive"] == NODES - 1
         assert stats["welcomed_total"] == NODES
-        await wait_for(lambda: connected_nodes(cluster_files) == ids - {victim}, BLOCKED_WITHIN)
+        await trio_until(
+            lambda: connected_nodes(cluster_files) == ids - {victim},
+            BLOCKED_WITHIN,
+            "every node but the blocked one connected, as the database says",
+            step=0.5,
+            in_thread=True,
+        )
         summary = await held.stop()
 
     assert held.process.returncode == 0

@@ -10,9 +10,6 @@ import json
 import os
 import secrets
 import signal
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +20,10 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from fixtures import edge_client, metrics
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import admin_url, fresh_database_url
+from fixtures.agent import AgentProcess, connected
+from fixtures.cluster import Served
+from fixtures.polling import wait_until
+from fixtures.postgres import admin_url
 from oz0 import __version__
 from oz0.server import loop_lag
 from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
@@ -34,33 +32,14 @@ from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 SERVER, UNREACHABLE = "127.0.0.217", "127.0.0.218"
+# The module's one server (`served`, tests/conftest.py), with the edge's reconcile backstop
+# once a minute: a block's stream is then ended by its notification alone, which the count
+# of read-backs shows.
+ADVERTISE = SERVER
+SERVER_ARGS = ("--reconcile-every", "60")
 EDGE = f"{SERVER}:7443"
 # Labels the server's own metrics may carry: none names a node, a token or a server.
 OUR_LABELS = {"tenant", "state", "reason", "version", "le"}
-
-
-@dataclass(frozen=True)
-class Served:
-    files: ClusterFiles
-    server: ServerProcess
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One cluster and one server for the whole file (a server start costs seconds)."""
-    root = tmp_path_factory.mktemp("metrics")
-    with fresh_database_url() as url:
-        cluster = initialise(root, url, advertise=SERVER)
-        # The edge's reconcile backstop once a minute: a block's stream is then ended by
-        # its notification alone, which the count of read-backs shows.
-        server = ServerProcess.for_cluster(
-            cluster, SERVER, workdir=root / "server", extra=("--reconcile-every", "60")
-        )
-        server.start()
-        try:
-            yield Served(cluster, server)
-        finally:
-            server.kill()
 
 
 def curl(path: str) -> tuple[int, str, str]:
@@ -74,13 +53,8 @@ def scrape() -> metrics.Samples:
 sample = metrics.value
 
 
-def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """CHECK's first truthy answer within TIMEOUT (the node counts are cached 5 s)."""
-    deadline = time.monotonic() + timeout
-    while not (answer := check()):
-        assert time.monotonic() < deadline, f"not within {timeout} s"
-        time.sleep(0.3)
-    return answer
+# How long a scrape may lag what happened (the node counts are cached 5 s).
+SCRAPE_BOUND = 20.0
 
 
 def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
@@ -88,10 +62,6 @@ def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
     assert created.code == 0, created.err
     value: dict[str, Any] = created.json()
     return value
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_reasons(
@@ -119,8 +89,11 @@ def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_re
 def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
     served: Served,
 ) -> None:
-    samples = eventually(
-        lambda: (s := scrape()) and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0 and s
+    samples = wait_until(
+        lambda: (s := scrape()) and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0 and s,
+        SCRAPE_BOUND,
+        "a scrape with the event loop's lag measured",
+        step=0.3,
     )
     assert sample(samples, "oz0_build_info", version=__version__) == 1
     assert sample(samples, "oz0_temporal_host_state", state="serving") == 1
@@ -172,8 +145,11 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
     ).start()
     agents.append(agent)
     node_id = agent.wait_status(connected, timeout=30)["node_id"]
-    joined = eventually(
-        lambda: (s := scrape()) and nodes(s, "accepted") > nodes(before, "accepted") and s
+    joined = wait_until(
+        lambda: (s := scrape()) and nodes(s, "accepted") > nodes(before, "accepted") and s,
+        SCRAPE_BOUND,
+        "a scrape counting one more accepted node",
+        step=0.3,
     )
     assert joins(joined) == joins(before) + 1
     assert streams(joined) == streams(before) + 1
@@ -183,15 +159,21 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
 
     blocked = cli("node", "block", node_id, "--reason", "metrics", env=env)
     assert blocked.code == 0, blocked.err
-    after = eventually(
+    after = wait_until(
         lambda: (s := scrape()) and closed(s) == closed(before) + 1
-        and streams(s) == streams(before) and s
+        and streams(s) == streams(before) and s,
+        SCRAPE_BOUND, "a scrape with the blocked node's stream closed", step=0.3,
     )  # fmt: skip
     fast = sample(after, "oz0_edge_block_to_close_seconds_bucket", state="blocked", le="2.0")
     assert fast == closed(before) + 1, "a block closes its stream within 2 s"
     # The notification said the node is blocked now (migration 0013): no read back.
     assert rereads(after) == rereads(before)
-    assert eventually(lambda: nodes(scrape(), "blocked") == nodes(before, "blocked") + 1)
+    assert wait_until(
+        lambda: nodes(scrape(), "blocked") == nodes(before, "blocked") + 1,
+        SCRAPE_BOUND,
+        "a scrape counting one more blocked node",
+        step=0.3,
+    )
 
 
 def test_a_join_with_a_bad_token_counts_one_refusal_and_no_join(served: Served) -> None:
@@ -212,7 +194,7 @@ def test_a_join_with_a_bad_token_counts_one_refusal_and_no_join(served: Served) 
     answer = trio.run(join)
     assert answer.get("code") == "token_refused", answer
     # Scrapes within a second get the same text: the refusal shows in the next one.
-    assert eventually(lambda: counted() != before, timeout=5)
+    assert wait_until(lambda: counted() != before, 5, "a scrape with the refusal", step=0.3)
     assert counted() == (before[0] + 1, before[1])
 
 
@@ -221,17 +203,24 @@ def test_a_killed_temporal_host_counts_a_restart_and_the_server_is_unready_meanw
 ) -> None:
     (host,) = served.server.children()
     os.kill(host, signal.SIGKILL)
-    _, _, body = eventually(lambda: (a := curl("/readyz"))[0] == 503 and a, timeout=10)
+    _, _, body = wait_until(
+        lambda: (a := curl("/readyz"))[0] == 503 and a, 10, "/readyz answering 503", step=0.3
+    )
     assert json.loads(body) == {"ready": False, "reasons": ["Temporal is restarting"]}
-    samples = eventually(
+    samples = wait_until(
         lambda: (s := scrape()) and sample(s, "oz0_temporal_host_restarts_total") == 1 and s,
-        timeout=5,
+        5,
+        "a scrape counting the Temporal host's restart",
+        step=0.3,
     )
     assert sample(samples, "oz0_temporal_host_state", state="restarting") == 1
     assert curl("/healthz")[0] == 200
-    eventually(lambda: curl("/readyz")[0] == 200, timeout=60)
-    assert eventually(
-        lambda: sample(scrape(), "oz0_temporal_host_state", state="serving") == 1, timeout=5
+    wait_until(lambda: curl("/readyz")[0] == 200, 60, "/readyz answering 200 again", step=0.3)
+    assert wait_until(
+        lambda: sample(scrape(), "oz0_temporal_host_state", state="serving") == 1,
+        5,
+        "a scrape with the Temporal host serving",
+        step=0.3,
     )
 
 

@@ -203,7 +203,9 @@ def test_a_key_and_a_deletion_are_news_with_the_revision_they_end(
             (nid,),
         )
         conn.commit()
-        (accepted_at,) = conn.execute("SELECT revision FROM nodes WHERE id = %s", (nid,)).fetchone()
+        row = conn.execute("SELECT revision FROM nodes WHERE id = %s", (nid,)).fetchone()
+        assert row is not None
+        (accepted_at,) = row
         nodes.delete(conn, nid, ADA)
         conn.commit()
         heard = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]

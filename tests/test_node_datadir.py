@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from oz0_common.datadir import ENV_VAR, node_data_dir
+from oz0_common.datadir import CREATED_PARENTS_FILE, ENV_VAR, node_data_dir
 from oz0_node import identity, main, purge, service
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
@@ -144,7 +144,7 @@ def test_a_made_parent_that_someone_filled_is_kept_and_a_forged_list_is_ignored(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     ids.ensure_data_dir()
-    (data_dir / identity.CREATED_PARENTS_FILE).write_text(json.dumps([str(elsewhere)]))
+    (data_dir / CREATED_PARENTS_FILE).write_text(json.dumps([str(elsewhere)]))
     assert ids.created_parents() == []
 
 
@@ -152,7 +152,7 @@ def test_an_existing_data_dir_records_no_parents(tmp_path: Path) -> None:
     data_dir = tmp_path / "x" / "node"
     data_dir.mkdir(parents=True)
     IdentityDir(data_dir).ensure_data_dir()
-    assert not (data_dir / identity.CREATED_PARENTS_FILE).exists()
+    assert not (data_dir / CREATED_PARENTS_FILE).exists()
 
 
 def agent_binary(tmp_path: Path) -> Path:

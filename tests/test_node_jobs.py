@@ -29,8 +29,8 @@ import trio.testing
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
-from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop
 
+from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from oz0_node import agent
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.identity import IdentityDir

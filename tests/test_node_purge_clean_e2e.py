@@ -23,13 +23,14 @@ from typing import Any
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.polling import wait_until
 from fixtures.snapshots import snapshot
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.213"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 # Generous: a loaded machine, a Temporal worker to start.
 BOUND = 45.0
@@ -117,11 +118,6 @@ def machine(tmp_path: Path) -> Iterator[Machine]:
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
 def node_processes(data_dir: Path) -> list[int]:
     """Live processes the node started, or the agent itself: their environment names
     DATA_DIR (the agent's through OZ0_NODE_DATA_DIR, its plugins' and jobs' after it)."""
@@ -150,11 +146,14 @@ def plugin_runs(machine: Machine) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("started ")]
 
 
-def wait_until(check: Callable[[], bool], what: str, machine: Machine) -> None:
-    deadline = time.monotonic() + BOUND
-    while not check():
-        assert time.monotonic() < deadline, f"never: {what}\n{machine.log.read_text()}"
-        time.sleep(0.1)
+def wait_plugin_runs(machine: Machine, count: int, what: str) -> None:
+    wait_until(
+        lambda: len(plugin_runs(machine)) == count,
+        BOUND,
+        what,
+        step=0.1,
+        detail=machine.log.read_text,
+    )
 
 
 def pids_of(run: str) -> list[int]:
@@ -198,17 +197,23 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert plugin_runs(machine) == []
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
     machine.wait_reported(running)
-    wait_until(lambda: len(plugin_runs(machine)) == 1, "the plugin started", machine)
+    wait_plugin_runs(machine, 1, "the plugin started")
     first = pids_of(plugin_runs(machine)[0])
     assert all(alive(pid) for pid in first)
 
     # A block stops it (SIGTERM: it says so), an unblock starts it again.
     assert cli("node", "block", node_id, "--reason", "test", env=cluster_env).code == 0
-    wait_until(lambda: not any(alive(pid) for pid in first), "the plugin stopped", machine)
+    wait_until(
+        lambda: not any(alive(pid) for pid in first),
+        BOUND,
+        "the plugin stopped",
+        step=0.1,
+        detail=machine.log.read_text,
+    )
     log = (machine.data_dir / "logs" / "plugin-probe.log").read_text()
     assert f"got TERM {first[0]}" in log
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
-    wait_until(lambda: len(plugin_runs(machine)) == 2, "the plugin started again", machine)
+    wait_plugin_runs(machine, 2, "the plugin started again")
 
     # SIGTERM to the agent stops it and its plugin; a start resumes both.
     second = pids_of(plugin_runs(machine)[1])
@@ -217,7 +222,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     assert not any(alive(pid) for pid in second)
     assert node_processes(machine.data_dir) == []
     agent = machine.start()
-    wait_until(lambda: len(plugin_runs(machine)) == 3, "the plugin started on resume", machine)
+    wait_plugin_runs(machine, 3, "the plugin started on resume")
     third = pids_of(plugin_runs(machine)[2])
 
     # The purge: everything stopped, the data directory and the launcher gone, no more.

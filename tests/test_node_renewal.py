@@ -25,15 +25,15 @@ import trio
 import trio.testing
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from test_agent_fakes import FakeCluster, FakeNet, LongestWait, join_and_stop
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, initialise
+from fixtures.cluster import ClusterFiles
 from fixtures.edge_client import NodeKeys
+from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
+from fixtures.polling import trio_until
 from oz0 import audit, cluster, nodes, pki
 from oz0.server.edge import renew as edge_renew
-from oz0.store.dburl import DatabaseUrl
 from oz0_node import agent, status
 from oz0_node import main as node_main
 from oz0_node.errors import AgentError
@@ -42,6 +42,7 @@ from tests.conftest import CliRunner
 from tests.test_edge import StartServer, cli_async
 
 SERVER = "127.0.0.92"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 YEAR = dt.timedelta(days=365)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -129,11 +130,6 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
 
 
 # --- the edge's transaction ------------------------------------------------------------
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 @pytest.fixture
@@ -409,10 +405,9 @@ def test_an_installation_a_crash_interrupted_is_completed_at_start(
 # --- end to end ------------------------------------------------------------------------
 
 
-async def _until(predicate: Callable[[], bool]) -> None:
-    """Poll what another process writes (status.json, its files): there is no event."""
-    while not predicate():  # noqa: ASYNC110
-        await trio.sleep(0.2)
+# What the agent process writes (status.json, its files) is polled: there is no event.
+# Each wait is bounded by the whole scenario's 120 s.
+SCENARIO_BOUND = 120
 
 
 async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
@@ -434,8 +429,12 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
     ).start()
     agents.append(process)
     identity = IdentityDir(process.data_dir)
-    with trio.fail_after(120):
-        await _until(lambda: process.reported().get("runtime") == "running")
+    with trio.fail_after(SCENARIO_BOUND):
+        await trio_until(
+            lambda: process.reported().get("runtime") == "running",
+            SCENARIO_BOUND,
+            "the agent's runtime running",
+        )
         node_id = str(process.reported()["node_id"])
         first_pem = identity.cert_path.read_bytes()
         first = pki.cert_from_pem(first_pem)
@@ -443,7 +442,11 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
         assert first.not_valid_after_utc - pki.issued_at(first) == dt.timedelta(seconds=30)
 
         # Renewed at 20 s: a new key and certificate, which the cluster holds too.
-        await _until(lambda: identity.cert_path.read_bytes() != first_pem)
+        await trio_until(
+            lambda: identity.cert_path.read_bytes() != first_pem,
+            SCENARIO_BOUND,
+            "a renewed certificate on disk",
+        )
         renewed_at = time.monotonic()
         second_pem = identity.cert_path.read_bytes()
         second = pki.cert_from_pem(second_pem)
@@ -461,12 +464,18 @@ async def test_a_real_agent_renews_and_reconnects_with_the_new_certificate(
         assert {e["target"] for e in shown.json()} == {f"node:{node_id}"}
 
         # Reconnected with the new one, and its runtime runs again (restarted with the stream).
-        await _until(lambda: process.log().count("node runtime working on") >= 2)
-        await _until(
+        await trio_until(
+            lambda: process.log().count("node runtime working on") >= 2,
+            SCENARIO_BOUND,
+            "the runtime working a second time",
+        )
+        await trio_until(
             lambda: (
                 bool(process.reported().get("connected"))
                 and process.reported().get("runtime") == "running"
-            )
+            ),
+            SCENARIO_BOUND,
+            "the agent connected again with its runtime running",
         )
         assert time.monotonic() - renewed_at < 15
         assert process.log().count("control stream up") >= 2

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,13 +17,13 @@ from hypothesis import strategies as st
 
 from cli.output import print_table, terminal_safe
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, initialise
+from fixtures.cluster import ClusterFiles
 from oz0 import node_strings
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 from tests.test_edge import StartServer, cli_async, pinned_keys
 
 SERVER = "127.0.0.91"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 # Categories a terminal may act on or that hide or reorder text.
 UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
@@ -127,11 +126,6 @@ def test_bad_labels_are_refused(labels: object) -> None:
 
 
 # --- a real server -------------------------------------------------------------------
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def _count(files: ClusterFiles, sql: str) -> int:

@@ -14,17 +14,17 @@ import pytest
 import trio
 
 from cli.client import ApiClient, ApiError
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import pki
 from oz0.context import Context
 from oz0.server.api.operator_cache import HOLD_FOR, OperatorCache
-from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.221"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 
 
 def identity(name: str = "alice", serial: int = 7, days: float = 30) -> pki.Identity:
@@ -182,11 +182,6 @@ async def test_a_failed_read_fails_its_caller_only(
     assert sum(isinstance(o, OSError) for o in outcomes) == 1, outcomes
     assert outcomes.count(True) == 2, "the others read for themselves"
     assert read.count == 3
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def test_a_reissued_operator_s_old_certificate_is_refused_at_once_though_it_was_cached(

@@ -158,6 +158,6 @@ def test_csr_with_a_bad_signature_or_another_curve_is_refused() -> None:
 
     good = pki.make_csr(pki.new_private_key(), "admin").public_bytes(serialization.Encoding.PEM)
     assert isinstance(pki.csr_public_key(good), ec.EllipticCurvePublicKey)
-    p384 = pki.make_csr(ec.generate_private_key(ec.SECP384R1()), "admin")  # type: ignore[arg-type]
+    p384 = pki.make_csr(ec.generate_private_key(ec.SECP384R1()), "admin")
     with pytest.raises(ValueError, match="P-256"):
         pki.csr_public_key(p384.public_bytes(serialization.Encoding.PEM))

@@ -7,11 +7,11 @@ PostgreSQL of the suite."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from fixtures.polling import trio_until
 from fixtures.postgres import admin_url
 from oz0.store.pool import Conn, open_database
 
@@ -28,15 +28,6 @@ def held_until(release: threading.Event) -> Any:
     return work
 
 
-async def until(check: Callable[[], bool], what: str) -> None:
-    """Poll CHECK: the pool and Trio's limiter announce nothing to wait on."""
-    for _ in range(200):
-        if check():
-            return
-        await trio.sleep(0.05)
-    raise AssertionError(f"not within 10 s: {what}")
-
-
 def answer(conn: Conn) -> int:
     row = conn.execute("SELECT 2").fetchone()
     assert row is not None
@@ -51,7 +42,10 @@ async def test_a_crowd_sharing_the_pool_leaves_the_rest_of_it_to_others() -> Non
             async with trio.open_nursery() as nursery:
                 for _ in range(CROWD):
                     nursery.start_soon(crowd.transaction, held_until(release))
-                await until(lambda: db.use().in_use >= SHARE, "the crowd holds its share")
+                # Polled: the pool and Trio's limiter announce nothing to wait on.
+                await trio_until(
+                    lambda: db.use().in_use >= SHARE, 10, "the crowd holds its share", step=0.05
+                )
                 await trio.sleep(0.3)
                 # The crowd holds its share and no more, however many of it wait...
                 assert db.use().in_use == SHARE
@@ -72,8 +66,11 @@ async def test_a_database_with_its_own_threads_does_not_wait_for_the_shared_ones
                 # Every one of Trio's shared worker threads busy, more calls waiting.
                 for _ in range(int(limiter.total_tokens) + 5):
                     nursery.start_soon(trio.to_thread.run_sync, release.wait, 20)
-                await until(
-                    lambda: limiter.borrowed_tokens >= limiter.total_tokens, "all threads busy"
+                await trio_until(
+                    lambda: limiter.borrowed_tokens >= limiter.total_tokens,
+                    10,
+                    "all threads busy",
+                    step=0.05,
                 )
                 with trio.fail_after(3):
                     assert await own.transaction(answer) == 2

@@ -8,7 +8,6 @@ import signal
 import socket
 import ssl
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
+from fixtures.polling import seconds_until, wait_until
 from fixtures.tls import assert_refused_at_tls
 from oz0 import cluster, operators, pki
 from oz0.audit import Actor
@@ -30,15 +30,6 @@ def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:
     result = cli("cluster", "info", "--json", env=env)
     assert result.code == 0, result.err
     return sorted(s["advertise"] for s in result.json()["servers"])
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.2) -> float:
-    began = time.monotonic()
-    while not predicate():
-        if time.monotonic() - began > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(step)
-    return time.monotonic() - began
 
 
 def load_cluster(files: ClusterFiles) -> cluster.Cluster:
@@ -85,7 +76,7 @@ def test_two_servers_show_in_cluster_info_and_a_stopped_one_leaves(
     took = second.stop(signal.SIGTERM)
     assert took < 5.0, f"SIGTERM shutdown took {took:.2f}s"
     assert second.wait(0) == 0
-    wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], timeout=5)
+    wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], 5, "only 127.0.0.11 up")
 
 
 @pytest.mark.slow
@@ -99,7 +90,9 @@ def test_a_killed_server_drops_out_when_its_heartbeat_ages(
     victim = start_server(cluster_files, "127.0.0.13")
     assert servers_up(cli, cluster_env) == ["127.0.0.11", "127.0.0.13"]
     victim.stop(signal.SIGKILL)
-    waited = wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], timeout=15)
+    waited = seconds_until(
+        lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], 15, "only 127.0.0.11 up"
+    )
     assert waited < 10
 
 

@@ -26,6 +26,7 @@ import trio
 from fixtures import edge_client, private_postgres
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.polling import seconds_until, wait_until
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
 from tests.conftest import CliRunner
@@ -61,16 +62,6 @@ def outage_cluster(
     files = initialise(tmp_path, url, advertise=ADDRESSES[0])
     env = files.cli_env
     return files, env
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float) -> float:
-    """Seconds until CHECK holds, polled every 0.2 s; fails after TIMEOUT."""
-    began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.2)
-    return time.monotonic() - began
 
 
 async def join_without_token(edge: str) -> dict[str, Any]:
@@ -128,7 +119,7 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
 
     # Printed at the end: the in-process CLI captures stdout meanwhile.
     measured: list[str] = []
-    took = wait_until("every agent connected", lambda: len(connected_ids()) == AGENTS + 2, 120)
+    took = seconds_until(lambda: len(connected_ids()) == AGENTS + 2, 120, "every agent connected")
     measured.append(f"{AGENTS + 2} agents started and connected in {took:.1f} s")
     ids = [a.wait_reported(lambda s: bool(s.get("node_id")), 10)["node_id"] for a in agents]
     by_server = {n["server"] for n in listed()}
@@ -166,18 +157,18 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
             assert server.process is not None and server.process.poll() is None, (
                 f"a server exited after the database {phase}:\n{server.stderr()}"
             )
-        took = wait_until(
-            f"all {AGENTS} nodes connected and heard from after the {phase}",
+        took = seconds_until(
             partial(all_heard_from, since=back),
             RECONNECT_BOUND,
+            f"all {AGENTS} nodes connected and heard from after the {phase}",
         )
         measured.append(f"{phase}: {AGENTS} nodes shown connected {took:.1f} s after it")
         if blocked_before is not None:
             blocked_agent = agents[blocked_before]
             wait_until(
-                "the block committed before the restart ended its stream",
                 partial(stream_down, blocked_agent),
                 10,
+                "the block committed before the restart ended its stream",
             )
         if blocked_after is not None:
             node = ids[blocked_after]
@@ -187,9 +178,7 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
             result = cli("node", "block", node, "--reason", "after", env=env)
             assert result.code == 0, result.err
             wait_until(
-                "a block after the restart closed the stream",
-                partial(stream_down, target),
-                10,
+                partial(stream_down, target), 10, "a block after the restart closed the stream"
             )
             closed = time.monotonic() - issued
             measured.append(f"{phase}: a later block closed the stream in {closed:.2f} s")
@@ -245,12 +234,12 @@ def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
         return {s["advertise"]: s["id"] for s in info["servers"]}
 
     wait_until(
-        "every agent connected to the first server",
         lambda: (
             len(nodes()) == 6
             and all(n["connected"] and n["server"] == servers().get(ADDRESSES[0]) for n in nodes())
         ),
         90,
+        "every agent connected to the first server",
     )
     ids = servers()
     # One machine frozen at the same moment: it cannot move, so only its silence shows.
@@ -261,20 +250,20 @@ def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
     try:
         victim.stop(signal.SIGKILL)
         killed = time.monotonic()
-        left = wait_until(
-            "the killed server left cluster info", lambda: ADDRESSES[0] not in servers(), 15
+        left = seconds_until(
+            lambda: ADDRESSES[0] not in servers(), 15, "the killed server left cluster info"
         )
         shown = {n["id"]: n for n in nodes()}
         assert shown[frozen_id]["connected"] is False, "not shown connected to a dead server"
         assert not [n for n in shown.values() if n["server"] == ids[ADDRESSES[0]]]
         wait_until(
-            "every other node connected to the survivor",
             lambda: all(
                 n["connected"] and n["server"] == ids[ADDRESSES[1]]
                 for n in nodes()
                 if n["id"] != frozen_id
             ),
             30,
+            "every other node connected to the survivor",
         )
         moved = time.monotonic() - killed
     finally:

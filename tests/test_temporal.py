@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +10,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
+from fixtures.polling import seconds_until, wait_until
 from fixtures.temporal import (
     Credentials,
     connect,
@@ -50,6 +50,12 @@ def describe_namespace(address: str, namespace: str, creds: Credentials) -> str:
     return run_async(work)
 
 
+def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> float:
+    """Seconds until PREDICATE holds: `fixtures.polling.seconds_until` under the name that
+    tests/test_block_fanout.py imports from here."""
+    return seconds_until(predicate, timeout, "the predicate (tests/test_block_fanout.py)")
+
+
 def access(address: str, namespace: str, creds: Credentials) -> str:
     """allowed or denied. A call the host cut short because its node lost access is denied
     too: whatever the cut interrupted in Temporal (its namespace lookup's SQL, a context)
@@ -70,14 +76,6 @@ def allowed(address: str, namespace: str, creds: Credentials) -> bool:
     return access(address, namespace, creds) == "allowed"
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> float:
-    began = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - began < timeout, f"not within {timeout}s"
-        time.sleep(0.2)
-    return time.monotonic() - began
-
-
 @pytest.mark.slow
 def test_two_servers_form_one_temporal_cluster(
     cluster_files: ClusterFiles, start_server: StartServer
@@ -85,7 +83,11 @@ def test_two_servers_form_one_temporal_cluster(
     start_server(cluster_files, "127.0.0.11")
     start_server(cluster_files, "127.0.0.12")
     creds = operator_credentials(cluster_files)
-    eventually(lambda: allowed(A, "default", creds) and allowed(B, "default", creds))
+    wait_until(
+        lambda: allowed(A, "default", creds) and allowed(B, "default", creds),
+        15,
+        "the operator allowed in default on both servers",
+    )
     assert run_async(lambda: roundtrip(A, B, "default", creds)) == "HELLO!"
 
 
@@ -105,7 +107,7 @@ def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
     set_node(cluster_files, default_node, "default", "accepted", default)
     set_node(cluster_files, pending_node, "default", "pending")
 
-    eventually(lambda: allowed(A, "acme", acme))
+    wait_until(lambda: allowed(A, "acme", acme), 15, "the acme node allowed in acme")
     assert refused(A, "default", acme)
     assert allowed(A, "default", default)
     assert refused(A, "acme", default)
@@ -115,12 +117,18 @@ def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
     # A change of state reaches the host and is acknowledged: refused, then allowed again.
     for state in ("rejected", "blocked", "purging"):
         set_node(cluster_files, default_node, "default", state)
-        eventually(lambda: refused(A, "default", default), timeout=10)
+        wait_until(
+            lambda: refused(A, "default", default),
+            10,
+            f"the default node refused in default ({state})",
+        )
         set_node(cluster_files, default_node, "default", "accepted")
-        eventually(lambda: allowed(A, "default", default), timeout=10)
+        wait_until(
+            lambda: allowed(A, "default", default), 10, "the default node allowed in default again"
+        )
     # A deleted node is unknown again.
     delete_node(cluster_files, default_node)
-    eventually(lambda: refused(A, "default", default), timeout=10)
+    wait_until(lambda: refused(A, "default", default), 10, "the deleted node refused")
 
 
 def test_a_certificate_from_a_foreign_ca_fails_the_handshake(
@@ -154,8 +162,8 @@ def test_a_killed_host_is_restarted_and_serves_again(
         )
 
     os.kill(host, signal.SIGKILL)
-    eventually(lambda: temporal_state() == "restarting", timeout=5)
-    eventually(lambda: temporal_state() == "serving", timeout=60)
+    wait_until(lambda: temporal_state() == "restarting", 5, "Temporal restarting")
+    wait_until(lambda: temporal_state() == "serving", 60, "Temporal serving again")
     (restarted,) = server.children()
     assert restarted != host
     assert count_workflows(A, "default", operator) == 0

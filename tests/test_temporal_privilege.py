@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -45,6 +46,7 @@ from trio_websocket import WebSocketConnection
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
+from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
     connect,
@@ -66,22 +68,18 @@ from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
-from tests.test_temporal import access, eventually
+from tests.test_temporal import access
 
 StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
 SERVER = "127.0.0.71"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 FRONTEND = f"{SERVER}:7233"
 # The product's promise for a renewed-away operator certificate.
 RENEWAL_BOUND = 2.0
 UNAUTHORIZED = "Error: failed listing namespaces: Request unauthorized.\n"
 # How long work on a queue waits for a worker, to show that none takes it.
 UNTAKEN = 5.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
 
 
 def temporal_cli(*args: str, credentials: Path, ca: Path) -> subprocess.CompletedProcess[str]:
@@ -268,9 +266,13 @@ def accepted_nodes(files: ClusterFiles, count: int) -> list[tuple[str, Credentia
         creds = issue(files, pki.Role.NODE, node_id)
         set_node(files, node_id, "default", "accepted", creds)
         nodes.append((node_id, creds))
-    for _, creds in nodes:  # the node table reaches the host within a second or so
-        eventually(lambda creds=creds: access(FRONTEND, "default", creds) == "allowed")
+    for node_id, creds in nodes:  # the node table reaches the host within a second or so
+        wait_until(partial(allowed_in_default, creds), 15, f"node {node_id} allowed in default")
     return nodes
+
+
+def allowed_in_default(creds: Credentials) -> bool:
+    return access(FRONTEND, "default", creds) == "allowed"
 
 
 @pytest.mark.slow

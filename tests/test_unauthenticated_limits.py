@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +17,18 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from fixtures import edge_client, metrics, strangers
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.agent import AgentProcess, connected
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
 from oz0.server.admission import MAX_PER_ADDRESS
-from oz0.store.dburl import DatabaseUrl
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, create_token
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.81"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
 EDGE_PORT, MANAGEMENT_PORT = 7443, 8443
 SILENT_ON_EDGE, SILENT_ON_MANAGEMENT = 500, 100
-
-
-@pytest.fixture
-def files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-@pytest.fixture
-def env(files: ClusterFiles) -> dict[str, str]:
-    return files.cli_env
-
-
-def token(cli: CliRunner, env: dict[str, str]) -> str:
-    created = cli("token", "create", "--tenant", "default", "--json", env=env)
-    assert created.code == 0, created.err
-    return str(created.json()["token"])
-
-
-def connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def streams_up(agent: AgentProcess) -> int:
@@ -66,20 +47,20 @@ def no_errors(server: ServerProcess) -> None:
 
 async def test_silent_clients_are_closed_within_15_s_while_nodes_stay_and_join(
     cli: CliRunner,
-    files: ClusterFiles,
-    env: dict[str, str],
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
     start_server: StartServer,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
     strangers.raise_open_file_limit()
-    server = start_server(files, SERVER)
+    server = start_server(cluster_files, SERVER)
     staying = AgentProcess.joining(
-        tmp_path / "staying", [EDGE], files.ca_hash, token=token(cli, env)
+        tmp_path / "staying", [EDGE], cluster_files.ca_hash, token=create_token(cli, cluster_env)
     ).start()
     agents.append(staying)
     before = await trio.to_thread.run_sync(staying.wait_status, connected, 30)
-    arriving_token = token(cli, env)
+    arriving_token = create_token(cli, cluster_env)
 
     ctx = strangers.unverified()
     open_for: list[float] = []
@@ -105,7 +86,7 @@ async def test_silent_clients_are_closed_within_15_s_while_nodes_stay_and_join(
                 await handshaken.acquire()
             # Every stranger holds its connection now: a new node must still get in.
             arriving = AgentProcess.joining(
-                tmp_path / "arriving", [EDGE], files.ca_hash, token=arriving_token
+                tmp_path / "arriving", [EDGE], cluster_files.ca_hash, token=arriving_token
             ).start()
             agents.append(arriving)
     assert len(open_for) == SILENT_ON_EDGE + SILENT_ON_MANAGEMENT
@@ -119,10 +100,10 @@ async def test_silent_clients_are_closed_within_15_s_while_nodes_stay_and_join(
 
 
 async def test_one_address_over_its_cap_is_closed_at_once_another_still_gets_in(
-    files: ClusterFiles, start_server: StartServer
+    cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
     strangers.raise_open_file_limit()
-    server = start_server(files, SERVER)
+    server = start_server(cluster_files, SERVER)
     ctx = strangers.unverified()
     greedy, other = "127.0.0.90", "127.0.0.91"
     extra = 10
@@ -155,9 +136,9 @@ async def test_one_address_over_its_cap_is_closed_at_once_another_still_gets_in(
 
 
 async def test_a_peer_that_never_answers_our_close_frame_is_cut_off_within_5_s(
-    files: ClusterFiles, start_server: StartServer
+    cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
-    server = start_server(files, SERVER)
+    server = start_server(cluster_files, SERVER)
     stream = await strangers.open_tls(SERVER, EDGE_PORT, "127.0.0.92", strangers.unverified())
     deaf = strangers.DeafWebsocket(stream, SERVER, "/join")
     with trio.fail_after(10):
@@ -179,9 +160,12 @@ async def test_a_peer_that_never_answers_our_close_frame_is_cut_off_within_5_s(
 
 
 async def test_big_and_deep_messages_are_refused_clearly(
-    files: ClusterFiles, env: dict[str, str], cli: CliRunner, start_server: StartServer
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    cli: CliRunner,
+    start_server: StartServer,
 ) -> None:
-    server = start_server(files, SERVER)
+    server = start_server(cluster_files, SERVER)
     ctx = strangers.unverified()
     deep = "[" * 30_000 + "]" * 30_000
     async with strangers.websocket(SERVER, EDGE_PORT, "127.0.0.93", "/join", ctx) as (ws, _):
@@ -197,12 +181,13 @@ async def test_big_and_deep_messages_are_refused_clearly(
         await ws.send_message(json.dumps({"type": "join", "csr": "x" * 70_000}))
         with trio.fail_after(10), pytest.raises(ConnectionClosed) as closed:
             await ws.get_message()
+        assert closed.value.reason is not None
         assert closed.value.reason.code == 1009  # message too big
 
     # A node's live control stream shrugs both off and goes on.
     keys = NodeKeys.new()
     keys.ca_pem, _ = await edge_client.fetch_ca(EDGE)
-    joined = await edge_client.join(EDGE, keys, token=token(cli, env))
+    joined = await edge_client.join(EDGE, keys, token=create_token(cli, cluster_env))
     assert joined["state"] == "accepted"
     async with edge_client.control(EDGE, keys) as (ws, welcome):
         assert welcome["type"] == "welcome"
@@ -217,7 +202,7 @@ async def test_big_and_deep_messages_are_refused_clearly(
         ("{" + " " * 70_000 + "}", 413, "Request Entity Too Large"),
     ):
         code, answer_body = await trio.to_thread.run_sync(
-            lambda body=body: curl_post(files, "/api/v1/tokens", body)
+            partial(curl_post, cluster_files, "/api/v1/tokens", body)
         )
         assert code == status and said in answer_body["error"], (code, answer_body)
     no_errors(server)

@@ -20,8 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, ServerProcess, cli_command, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, Served, cli_command
 from oz0 import audit, passwords, ui_accounts
 from oz0 import ui_sessions as sessions
 from oz0.context import Context
@@ -30,22 +29,16 @@ from tests.web_support import browser, curl, shots, sign_in
 __all__ = ["browser"]  # the fixture, used by name
 
 ADDRESS = "127.0.0.205"
+ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)
 BASE = f"https://{ADDRESS}:8443"
 PASSWORD = "the-test-password-1"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterFiles, str]]:
-    """One cluster and one server for the file; yields the files and the server's ID."""
-    root = tmp_path_factory.mktemp("web-admin")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=ADDRESS)
-        server = ServerProcess.for_cluster(files, ADDRESS, workdir=root / "server").start()
-        try:
-            up = next(line for line in server.stdout_lines if " is up: " in line)
-            yield files, up.split()[1]
-        finally:
-            server.kill()
+def cluster(served: Served) -> tuple[ClusterFiles, str]:
+    """The module's one cluster and server: the files and the server's ID."""
+    up = next(line for line in served.server.stdout_lines if " is up: " in line)
+    return served.files, up.split()[1]
 
 
 @pytest.fixture
@@ -428,7 +421,7 @@ def test_an_unknown_username_costs_one_scrypt_like_a_known_one(
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(passwords.hashlib, "scrypt", counted)
+    monkeypatch.setattr("oz0.passwords.hashlib.scrypt", counted)
     for username in ("nobody", "admin", "nobody-else"):
         calls.clear()
         with conn.transaction():

@@ -21,8 +21,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, Served
 from oz0 import audit, tenants
 from oz0.web import paging
 from tests.conftest import CliRunner
@@ -31,23 +30,15 @@ from tests.web_support import browser, curl, shots, sign_in
 __all__ = ["browser"]  # the fixture, from the UI's own tests
 
 SERVER = "127.0.0.201"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 BASE = f"https://{SERVER}:8443"
 EDGE = f"{SERVER}:7443"
 Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    """One cluster and one server for the whole file (a server start costs seconds)."""
-    root = tmp_path_factory.mktemp("web-nodes")
-    with fresh_database_url() as url:
-        cluster = initialise(root, url, advertise=SERVER)
-        server = ServerProcess.for_cluster(cluster, SERVER, workdir=root / "server")
-        server.start()
-        try:
-            yield cluster
-        finally:
-            server.kill()
+def files(served: Served) -> ClusterFiles:
+    return served.files
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import json
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,8 @@ import pytest
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, Served
+from fixtures.polling import wait_until
 from oz0 import tokens
 from oz0.context import Context
 from oz0.server import join_command
@@ -34,6 +34,7 @@ from tests.web_support import browser, curl, shots, sign_in
 __all__ = ["browser"]  # the fixture, imported for the tests below
 
 SERVER = "127.0.0.203"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 BASE = f"https://{SERVER}:8443"
 EDGE = f"{SERVER}:7443"
 TEAM = "edge-team"  # the tenant of the UI's tokens, so their agents run none of the jobs
@@ -67,26 +68,20 @@ class Ui:
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    """One cluster, server and agent (tenant default) for the file's tests."""
-    root = tmp_path_factory.mktemp("web-tokens-jobs")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        agent: AgentProcess | None = None
-        try:
-            server.start()
-            api = ApiClient(Context.load(files.context_path))
-            for tenant in (TEAM, IDLE):
-                api.post("/api/v1/tenants", {"name": tenant})
-            token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
-            agent = AgentProcess.joining(root / "node", [EDGE], files.ca_hash, token=token).start()
-            status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
-            yield Ui(files, api, status["node_id"])
-        finally:
-            if agent is not None:
-                agent.stop()
-            server.kill()
+def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    """The module's one cluster and server, and an agent (tenant default), for its tests."""
+    files = served.files
+    api = ApiClient(Context.load(files.context_path))
+    for tenant in (TEAM, IDLE):
+        api.post("/api/v1/tenants", {"name": tenant})
+    token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
+    node = tmp_path_factory.mktemp("web-tokens-jobs") / "node"
+    agent = AgentProcess.joining(node, [EDGE], files.ca_hash, token=token).start()
+    try:
+        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
+        yield Ui(files, api, status["node_id"])
+    finally:
+        agent.stop()
 
 
 def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
@@ -112,12 +107,8 @@ def shot(page: Page, where: Path, name: str) -> None:
     page.screenshot(path=str(where / name), full_page=True)
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.2)
+def ended(ui: Ui, job_id: str) -> bool:
+    return ui.api.get(f"/api/v1/jobs/{job_id}")["ended_at"] is not None
 
 
 def token_row(page: Page, token_id: str) -> Any:
@@ -399,11 +390,7 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
     ]
     try:
         for job_id in done.values():
-            wait_until(
-                lambda j=job_id: ui.api.get(f"/api/v1/jobs/{j}")["ended_at"] is not None,
-                60,
-                f"{job_id} ended",
-            )
+            wait_until(partial(ended, ui, job_id), 60, f"{job_id} ended")
         page = signed_in(browser, ui)
         page.get_by_role("link", name="Jobs").click()
         page.get_by_label("State").select_option("failed")
