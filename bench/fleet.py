@@ -30,6 +30,7 @@ from bench.runner import (
     wait_until_servers,
 )
 from fixtures import edge_client
+from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import (
     Fleet,
     Heartbeats,
@@ -71,6 +72,18 @@ class FleetRun:
     @property
     def out(self) -> dict[str, Any]:
         return self.bench.out
+
+    @property
+    def files(self) -> ClusterFiles:
+        return self.bench.files
+
+    @property
+    def servers(self) -> dict[str, ServerProcess]:
+        return self.bench.servers
+
+    @property
+    def edges(self) -> list[str]:
+        return self.bench.edges
 
     def begin(self, name: str) -> None:
         self.bench.phase[0] = name

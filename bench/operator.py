@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from typing import Any
 
 import trio
 
+from bench.measure import percentiles
 from bench.runner import wait_until
 from cli.client import ApiClient
 from fixtures.cluster import REPO, ClusterFiles
@@ -224,6 +226,52 @@ async def send_one_after_another(
     """Each request as soon as the previous one was answered, not waiting for effects."""
     for change in changes:
         change.call = await api.post(path.format(node_id=change.node.node_id), body)
+
+
+def summary(changes: list[Change], effect: Effect, slow: float) -> dict[str, Any]:
+    """Latencies from each request, and from its answer, to its effect; API call times."""
+    from_request, from_answer, api, errors = [], [], [], Counter[str]()
+    missing = []
+    for change in changes:
+        call = change.call
+        if call is None:
+            errors["not sent"] += 1
+            continue
+        api.append(call.answered - call.requested)
+        if call.error is not None:
+            errors[call.error.split(":")[0]] += 1
+            continue
+        seen = effect(change)
+        if seen is None:
+            missing.append(change.node.node_id)
+            continue
+        from_request.append(seen - call.requested)
+        from_answer.append(seen - call.answered)
+    return {
+        "n": len(changes),
+        "seen": len(from_request),
+        "not_seen": len(missing),
+        "not_seen_nodes": missing[:10],
+        "api_errors": dict(errors),
+        "request_to_effect_ms": percentiles(from_request),
+        "answer_to_effect_ms": percentiles(from_answer),
+        "api_call_ms": percentiles(api),
+        f"over_{slow:g}s": sum(t > slow for t in from_request),
+    }
+
+
+def split_summary(
+    changes: list[Change], effect: Effect, slow: float, api_address: str
+) -> dict[str, Any]:
+    """summary() of all CHANGES, and of those whose node streamed to the API's server
+    (API_ADDRESS) and to the others apart."""
+    on_api = [c for c in changes if c.on_server(api_address)]
+    elsewhere = [c for c in changes if not c.on_server(api_address)]
+    return {
+        "all": summary(changes, effect, slow),
+        "node_on_api_server": summary(on_api, effect, slow),
+        "node_on_other_servers": summary(elsewhere, effect, slow),
+    }
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from bench.fleet import FleetRun, by_edge
 from bench.measure import cpu_seconds, rss_mib, utc_stamp
 from bench.operator import Api, Call
 from bench.runner import POLL, Bench, Scenario, log, wait_until
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles
 from fixtures.edge_client import Fleet, SimNode, lost_and_failed
 from fixtures.private_postgres import PrivatePostgres
 from oz0.context import MANAGEMENT_PORT
@@ -233,18 +233,6 @@ class RestartRun(FleetRun):
     blocked: set[int] = field(default_factory=set)
 
     @property
-    def files(self) -> ClusterFiles:
-        return self.bench.files
-
-    @property
-    def servers(self) -> dict[str, ServerProcess]:
-        return self.bench.servers
-
-    @property
-    def edges(self) -> list[str]:
-        return self.bench.edges
-
-    @property
     def postgres(self) -> PrivatePostgres:
         assert self.bench.postgres is not None
         return self.bench.postgres
@@ -289,11 +277,7 @@ class RestartRun(FleetRun):
                 "streams_alive": fleet.streams.alive(),
                 "nodes_without_stream": sum(n.edge is None for n in live),
                 "whole_run": lost_and_failed(fleet.nodes),
-                "heartbeat_gaps": {
-                    "over_6s": fleet.streams.gaps_over_6s,
-                    "over_10s": fleet.streams.gaps_over_10s,
-                    "max_s": round(fleet.streams.max_gap, 2),
-                },
+                "heartbeat_gaps": fleet.streams.gap_summary(),
                 "edges_messages": dict(fleet.streams.edges),
             }
             log(f"end: {json.dumps(self.out['end'])}")

@@ -250,12 +250,7 @@ async def measure(bench: Bench, streams: Streams, gc_pauses: GcPauses) -> None:
             },
             "heartbeats_sent": streams.heartbeats_sent,
             "heartbeat_send_errors": dict(streams.heartbeat_errors),
-            "heartbeat_gaps": {
-                "count": streams.gaps,
-                "over_6s": streams.gaps_over_6s,
-                "over_10s": streams.gaps_over_10s,
-                "max_s": round(streams.max_gap, 2),
-            },
+            "heartbeat_gaps": streams.gap_summary(),
         }
         log(f"idle: {json.dumps(out['idle'])}")
 

@@ -52,11 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import trio
 
 from bench import curl, loadgen
-from bench.measure import CpuWindow, percentiles, rss_mib
+from bench.measure import CpuWindow, percentiles, rss_mib, servers_up
 from bench.runner import Bench, Scenario, create_token, log
 from cli.client import ApiClient
 from fixtures import metrics
@@ -138,18 +137,9 @@ async def read_events(held: loadgen.Held, fleet: Fleet) -> None:
         fleet.take(event)
 
 
-def heartbeat_ages(files: ClusterFiles) -> dict[str, float]:
-    """Seconds since each server's last membership heartbeat, by advertised address."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT advertise, extract(epoch FROM now() - last_heartbeat)::float FROM servers"
-        ).fetchall()
-    return {str(r[0]): float(r[1]) for r in rows}
-
-
 async def sample_ages(files: ClusterFiles, into: list[dict[str, float]], stop: trio.Event) -> None:
     while not stop.is_set():
-        into.append(await trio.to_thread.run_sync(heartbeat_ages, files))
+        into.append(await trio.to_thread.run_sync(servers_up, files))
         await trio.sleep(0.25)
 
 

@@ -59,12 +59,13 @@ from bench.measure import (
 from bench.operator import (
     Api,
     Change,
-    Effect,
     all_done,
     block_seen,
     change_nodes,
     forgotten_seen,
     send_one_after_another,
+    split_summary,
+    summary,
     welcome_seen,
 )
 from bench.runner import Bench, Scenario, log, wait_until
@@ -97,48 +98,6 @@ POLL = 0.01
 
 
 # --- the operator's changes --------------------------------------------------------------
-
-
-def summary(changes: list[Change], effect: Effect, slow: float) -> dict[str, Any]:
-    """Latencies from each request, and from its answer, to its effect; API call times."""
-    from_request, from_answer, api, errors = [], [], [], Counter[str]()
-    missing = []
-    for change in changes:
-        call = change.call
-        if call is None:
-            errors["not sent"] += 1
-            continue
-        api.append(call.answered - call.requested)
-        if call.error is not None:
-            errors[call.error.split(":")[0]] += 1
-            continue
-        seen = effect(change)
-        if seen is None:
-            missing.append(change.node.node_id)
-            continue
-        from_request.append(seen - call.requested)
-        from_answer.append(seen - call.answered)
-    return {
-        "n": len(changes),
-        "seen": len(from_request),
-        "not_seen": len(missing),
-        "not_seen_nodes": missing[:10],
-        "api_errors": dict(errors),
-        "request_to_effect_ms": percentiles(from_request),
-        "answer_to_effect_ms": percentiles(from_answer),
-        "api_call_ms": percentiles(api),
-        f"over_{slow:g}s": sum(t > slow for t in from_request),
-    }
-
-
-def split_summary(changes: list[Change], effect: Effect, slow: float) -> dict[str, Any]:
-    on_api = [c for c in changes if c.on_server(API_ADDRESS)]
-    elsewhere = [c for c in changes if not c.on_server(API_ADDRESS)]
-    return {
-        "all": summary(changes, effect, slow),
-        "node_on_api_server": summary(on_api, effect, slow),
-        "node_on_other_servers": summary(elsewhere, effect, slow),
-    }
 
 
 # --- real agents -------------------------------------------------------------------------
@@ -214,10 +173,6 @@ class Run(FleetRun):
 
     agents: list[Agent] = field(default_factory=list)
 
-    @property
-    def files(self) -> ClusterFiles:
-        return self.bench.files
-
     async def measure(self) -> None:
         fleet, token, ca_pem = await self.fleet()
         self.out["phases_utc"] = [utc_stamp(), None]
@@ -280,7 +235,7 @@ class Run(FleetRun):
             self.begin(name)
             with trio.move_on_after(PHASE_LIMIT) as bounded:
                 await change_nodes(api, group, path, body, block_seen, burst=size, wait=wait)
-            section = split_summary(group, block_seen, BLOCK_DOCUMENTED)
+            section = split_summary(group, block_seen, BLOCK_DOCUMENTED, API_ADDRESS)
             self.end(name, {**section, "timed_out": bounded.cancelled_caught})
 
         # Blocked long enough for the nodes' retries to reach the 5 s cap.
@@ -348,8 +303,12 @@ class Run(FleetRun):
         self.end(
             "purge",
             {
-                "one_at_a_time": split_summary(purges[:half], forgotten_seen, BLOCK_DOCUMENTED),
-                "bursts": split_summary(purges[half:], forgotten_seen, BLOCK_DOCUMENTED),
+                "one_at_a_time": split_summary(
+                    purges[:half], forgotten_seen, BLOCK_DOCUMENTED, API_ADDRESS
+                ),
+                "bursts": split_summary(
+                    purges[half:], forgotten_seen, BLOCK_DOCUMENTED, API_ADDRESS
+                ),
                 "breakdown_ms": purge_breakdown(purges),
                 "purge_refusals": [r for c in purges for r in c.node.purge_refusals][:10],
                 "purged_nodes_still_in_db": len(left),
@@ -405,12 +364,7 @@ class Run(FleetRun):
             "messages_received": dict(streams.received),
             "heartbeats_sent": streams.heartbeats_sent,
             "heartbeat_send_errors": dict(streams.heartbeat_errors),
-            "heartbeat_gaps": {
-                "count": streams.gaps,
-                "over_6s": streams.gaps_over_6s,
-                "over_10s": streams.gaps_over_10s,
-                "max_s": round(streams.max_gap, 2),
-            },
+            "heartbeat_gaps": streams.gap_summary(),
             "server_membership_age_s": {
                 address: {"max": round(max(a), 1), "over_5s": sum(x > 5 for x in a)}
                 for address, a in ages.items()
