@@ -174,7 +174,7 @@ func progress(format string, args ...any) {
 		fmt.Sprintf(format, args...))
 }
 
-// percentiles of VALUES (seconds) in milliseconds, as bench/edge_load.py computes them.
+// percentiles of VALUES (seconds) in milliseconds, as bench/measure.py computes them.
 func percentiles(values []float64) map[string]any {
 	if len(values) == 0 {
 		return map[string]any{"p50": nil, "p90": nil, "p99": nil, "max": nil}

@@ -1,6 +1,6 @@
 package main
 
-// What this process costs: resident memory and CPU, read the way bench/edge_load.py reads
+// What this process costs: resident memory and CPU, read the way bench/measure.py reads
 // its own (VmRSS; user + system time of all threads).
 
 import (

@@ -1,0 +1,5 @@
+"""python -m bench SCENARIO [options]: see bench/runner.py."""
+
+from bench.runner import main
+
+main()

@@ -1,0 +1,806 @@
+"""Jobs on real agents: dispatch latency, throughput, moves after a block, output (issue 10).
+
+    python -m bench.jobs [--nodes N] [--dispatch D] [--submitters K] [--throughput M]
+                         [--blocks B] [--output-jobs O] [--server-logs DIR]
+
+The runner (bench/runner.py) starts a fresh test cluster and three real servers on
+127.0.0.197, .198 and .199 (default ports); then N real agents
+(`python -m oz0_node.main start`, fixtures/agent.py) joined with one unlimited token
+(accepted at once), agent i given edge i % 3 first. Every request goes through the
+management API with the cluster context's operator (cli.client.ApiClient, what
+`orchestrator-zero job ...` runs: a new TLS connection per request); a submitter thread
+talks to one server, submitter i to server i % 3. Commands print their own start time
+(`date +%s.%N`, run without a shell); this process, the agents and their commands share
+the machine's one wall clock, so the times compare directly.
+
+1. dispatch: D jobs `date +%s.%N`, one at a time, then D more from K submitters at once
+   (each submits, waits for its job's end, submits the next): from the request being sent
+   to the printed start time, read from GET /api/v1/jobs/<id>/output;
+2. temporal: for the jobs of (1), the workflow histories (operator credentials, a server's
+   7233): the node activity `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled
+   → ActivityTaskStarted), the workflow's start → that activity's scheduling (the job
+   workflow's own steps), and the rest of the path (created → workflow started, Temporal's
+   start → the printed start);
+3. throughput: M jobs `true` from K submitters as fast as the API takes them, then until
+   every one has ended: completed jobs per second from the rows' created_at / ended_at, and
+   the CPU of each server, Temporal host, this cluster's PostgreSQL backends and the agents
+   (from /proc) over the phase;
+4. block: B jobs `sh -c 'date +%s.%N; exec sleep 30'`; once attempt 1 has printed, its
+   node is blocked; from the block request's answer to attempt 2's printed start time;
+   then the job is cancelled and the node unblocked;
+5. output: O jobs printing a time stamp every 0.2 s for 5 s, read by a poller every 0.1 s:
+   from each printed time to the poll that first returned it.
+
+Each figure is p50 / p90 / p99 / max in ms and its count. Every wait has a bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import math
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+from bench import runner
+from bench.measure import CpuWindow, cpu_seconds, percentiles, rss_mib, utc_stamp
+from bench.runner import Scenario, create_token, log, wait_until_servers
+from cli.client import ApiClient
+from fixtures.agent import AgentProcess
+from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.temporal import operator_credentials
+from oz0.context import MANAGEMENT_PORT, Context
+from oz0.jobs.workflow import NODE_ACTIVITY
+
+ADDRESSES = ("127.0.0.197", "127.0.0.198", "127.0.0.199")
+EDGES = [f"{address}:7443" for address in ADDRESSES]
+API_SERVERS = [f"{address}:{MANAGEMENT_PORT}" for address in ADDRESSES]
+TEMPORAL = f"{ADDRESSES[0]}:7233"
+
+# What issue 10 asks for.
+DISPATCH_GOAL_P99 = 0.5
+MOVE_GOAL_P99 = 2.0
+
+PRINT_START = ["date", "+%s.%N"]
+SLEEPER = ["sh", "-c", "date +%s.%N; exec sleep 30"]
+TICKER = ["sh", "-c", "for i in $(seq 25); do date +%s.%N; sleep 0.2; done"]
+
+# Bounds, so that a cluster that stops answering cannot keep the run going.
+AGENTS_UP_TIMEOUT = 300.0
+JOB_TIMEOUT = 60.0
+THROUGHPUT_TIMEOUT = 300.0
+MOVE_TIMEOUT = 30.0
+RECONNECT_TIMEOUT = 60.0
+GROUPS = {"server": "servers", "host": "temporal_hosts", "agent": "agents"}
+POLL_JOB = 0.2  # a waiting submitter's poll; the latencies come from printed times
+POLL_MOVE = 0.05
+POLL_OUTPUT = 0.1
+
+
+class Failed(Exception):
+    """A job or a request did not do what the benchmark needs."""
+
+
+# --- the operator ------------------------------------------------------------------------
+
+
+class Operator:
+    """One ApiClient per thread, each on one server (by the thread's submitter number)."""
+
+    def __init__(self, files: ClusterFiles) -> None:
+        self.context = Context.load(files.context_path)
+        self.local = threading.local()
+
+    def client(self, server: int = 0) -> ApiClient:
+        clients: dict[int, ApiClient] | None = getattr(self.local, "clients", None)
+        if clients is None:
+            clients = self.local.clients = {}
+        if server not in clients:
+            only = API_SERVERS[server % len(API_SERVERS)]
+            clients[server] = ApiClient(dataclasses.replace(self.context, servers=(only,)))
+        return clients[server]
+
+
+def submit(client: ApiClient, command: list[str]) -> tuple[str, float, float]:
+    """(the job's ID, when the request was sent, when it was answered), wall clock."""
+    sent = time.time()
+    job = client.post("/api/v1/jobs", {"tenant": "default", "command": command})
+    return str(job["id"]), sent, time.time()
+
+
+def chunks_of(page: dict[str, Any]) -> list[tuple[int, str, bytes]]:
+    return [
+        (int(c["attempt"]), str(c["stream"]), base64.b64decode(c["data"])) for c in page["chunks"]
+    ]
+
+
+def printed_times(data: bytes) -> list[float]:
+    return [float(line) for line in data.split() if line]
+
+
+def wait_ended(client: ApiClient, job_id: str, timeout: float) -> dict[str, Any]:
+    """The job's output page (all its output) once it has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        page: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}/output")
+        if page["ended"]:
+            rest: dict[str, Any] = client.get(
+                f"/api/v1/jobs/{job_id}/output", {"after": page["cursor"] or 0}
+            )
+            page["chunks"] += rest["chunks"]
+            return page
+        if time.monotonic() > deadline:
+            raise Failed(f"job {job_id} did not end within {timeout} s: {page['job']['state']}")
+        time.sleep(POLL_JOB)
+
+
+@dataclass
+class Dispatch:
+    job_id: str
+    sent: float
+    answered: float
+    printed: float
+    node: str
+    created_at: float
+
+
+def dispatch_one(client: ApiClient) -> Dispatch:
+    job_id, sent, answered = submit(client, PRINT_START)
+    page = wait_ended(client, job_id, JOB_TIMEOUT)
+    job = page["job"]
+    out = b"".join(d for n, s, d in chunks_of(page) if s == "stdout" and n == 1)
+    if job["state"] != "succeeded" or not out:
+        attempts = [(a["node"], a["output_bytes"], a["ended_because"]) for a in job["attempts"]]
+        raise Failed(
+            f"job {job_id} ended {job['state']} ({job['reason']}), output {out!r},"
+            f" attempts {attempts}"
+        )
+    return Dispatch(
+        job_id,
+        sent,
+        answered,
+        printed_times(out)[0],
+        str(job["attempts"][0]["node"]),
+        dt.datetime.fromisoformat(job["created_at"]).timestamp(),
+    )
+
+
+def dispatches(operator: Operator, count: int, submitters: int) -> list[Dispatch | str]:
+    """COUNT jobs over SUBMITTERS threads, each job after the last one of its thread ended;
+    a Dispatch per job, or the error that stopped it."""
+
+    def one_thread(index: int, jobs: int) -> list[Dispatch | str]:
+        client = operator.client(index)
+        done: list[Dispatch | str] = []
+        for _ in range(jobs):
+            try:
+                done.append(dispatch_one(client))
+            except Exception as e:
+                done.append(f"{type(e).__name__}: {e}"[:300])
+        return done
+
+    shares = [count // submitters + (i < count % submitters) for i in range(submitters)]
+    with ThreadPoolExecutor(submitters) as pool:
+        results = list(pool.map(one_thread, range(submitters), shares))
+    return [d for r in results for d in r]
+
+
+def dispatch_summary(results: list[Dispatch | str]) -> dict[str, Any]:
+    ok = [d for d in results if isinstance(d, Dispatch)]
+    latencies = [d.printed - d.sent for d in ok]
+    return {
+        "jobs": len(results),
+        "measured": len(ok),
+        "errors": dict(Counter(e.split(":")[0] for e in results if isinstance(e, str))),
+        "first_errors": [e for e in results if isinstance(e, str)][:3],
+        "request_to_started_ms": percentiles(latencies),
+        "api_call_ms": percentiles([d.answered - d.sent for d in ok]),
+        "answer_to_started_ms": percentiles([d.printed - d.answered for d in ok]),
+        f"over_{DISPATCH_GOAL_P99 * 1000:g}ms": sum(t > DISPATCH_GOAL_P99 for t in latencies),
+        "nodes_used": len({d.node for d in ok}),
+    }
+
+
+# --- Temporal's view -----------------------------------------------------------------------
+
+
+def event_time(event: HistoryEvent) -> float:
+    return event.event_time.ToDatetime(dt.UTC).timestamp()
+
+
+@dataclass
+class History:
+    """What one job workflow's history says, in wall-clock seconds."""
+
+    workflow_started: float
+    first_task_wait: float | None  # first workflow task: scheduled → started
+    node_scheduled: float | None
+    node_started: float | None
+    steps: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
+    # Each activity's run time: started → completed (or failed), by activity type.
+    runs: dict[str, list[float]] = field(default_factory=dict)
+
+
+def parse_history(events: list[HistoryEvent]) -> History:
+    started = event_time(events[0])
+    scheduled: dict[int, tuple[str, float]] = {}
+    began: dict[int, float] = {}
+    first_task_wait = None
+    task_scheduled: float | None = None
+    history = History(started, None, None, None)
+    for event in events:
+        if event.HasField("workflow_task_scheduled_event_attributes") and task_scheduled is None:
+            task_scheduled = event_time(event)
+        elif event.HasField("workflow_task_started_event_attributes") and first_task_wait is None:
+            first_task_wait = event_time(event) - (task_scheduled or started)
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = (name, event_time(event))
+            if name == NODE_ACTIVITY and history.node_scheduled is None:
+                history.node_scheduled = event_time(event)
+        elif event.HasField("activity_task_started_event_attributes"):
+            attributes = event.activity_task_started_event_attributes
+            name, at = scheduled[attributes.scheduled_event_id]
+            history.steps.setdefault(name, []).append((at, event_time(event)))
+            if name == NODE_ACTIVITY and history.node_started is None:
+                history.node_started = event_time(event)
+            began[attributes.scheduled_event_id] = event_time(event)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes.scheduled_event_id
+            if done in began:
+                name = scheduled[done][0]
+                history.runs.setdefault(name, []).append(event_time(event) - began[done])
+    history.first_task_wait = first_task_wait
+    return history
+
+
+async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
+    client = await Client.connect(
+        TEMPORAL, namespace="default", tls=operator_credentials(files).tls()
+    )
+    found = {}
+    for job_id in job_ids:
+        history = await asyncio.wait_for(
+            client.get_workflow_handle(job_id).fetch_history(), JOB_TIMEOUT
+        )
+        found[job_id] = parse_history(list(history.events))
+    return found
+
+
+def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dict[str, Any]:
+    """The path of a dispatch, piece by piece, with Temporal's own figures in the middle."""
+    pieces: dict[str, list[float]] = {
+        "request_to_created": [],
+        "created_to_workflow_started": [],
+        "workflow_started_to_first_workflow_task": [],
+        "workflow_started_to_node_activity_scheduled": [],
+        "node_activity_schedule_to_start": [],
+        "node_activity_started_to_printed": [],
+    }
+    steps: dict[str, list[float]] = {}
+    runs: dict[str, list[float]] = {}
+    for job in jobs:
+        h = histories.get(job.job_id)
+        if h is None or h.node_scheduled is None or h.node_started is None:
+            continue
+        pieces["request_to_created"].append(job.created_at - job.sent)
+        pieces["created_to_workflow_started"].append(h.workflow_started - job.created_at)
+        if h.first_task_wait is not None:
+            pieces["workflow_started_to_first_workflow_task"].append(h.first_task_wait)
+        pieces["workflow_started_to_node_activity_scheduled"].append(
+            h.node_scheduled - h.workflow_started
+        )
+        pieces["node_activity_schedule_to_start"].append(h.node_started - h.node_scheduled)
+        pieces["node_activity_started_to_printed"].append(job.printed - h.node_started)
+        for name, times in h.steps.items():
+            if name != NODE_ACTIVITY:
+                steps.setdefault(name, []).extend(b - a for a, b in times if b is not None)
+        for name, took in h.runs.items():
+            runs.setdefault(name, []).extend(took)
+    return {
+        "jobs": len(pieces["node_activity_schedule_to_start"]),
+        **{f"{k}_ms": percentiles(v) for k, v in pieces.items()},
+        "server_steps_schedule_to_start_ms": {k: percentiles(v) for k, v in steps.items()},
+        "activity_run_ms": {k: percentiles(v) for k, v in runs.items()},
+    }
+
+
+# --- CPU and memory --------------------------------------------------------------------------
+
+
+def backend_states(files: ClusterFiles) -> Counter[str]:
+    """This cluster's PostgreSQL backends by database, state and wait event, now."""
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT datname, state, coalesce(wait_event_type || ':' || wait_event, '-')"
+            " FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
+            (list(files.url.names.all()),),
+        ).fetchall()
+    return Counter(f"{r[0]} {r[1]} {r[2]}" for r in rows)
+
+
+@contextlib.contextmanager
+def sampling_backends(files: ClusterFiles, into: dict[str, Any]) -> Iterator[None]:
+    """Every second while inside: the backends' states; INTO gets the mean and peak of each."""
+    stop = threading.Event()
+    samples: list[Counter[str]] = []
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            with contextlib.suppress(psycopg.Error):
+                samples.append(backend_states(files))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+        keys = sorted({k for c in samples for k in c})
+        into["samples"] = len(samples)
+        into["mean_and_peak"] = {
+            k: [round(sum(c[k] for c in samples) / len(samples), 1), max(c[k] for c in samples)]
+            for k in keys
+        }
+
+
+def cluster_backends(files: ClusterFiles) -> list[int]:
+    """The PostgreSQL backends of this cluster's databases (the servers' and the hosts')."""
+    names = list(files.url.names.all())
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
+            (names,),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+@dataclass
+class Jobs:
+    args: argparse.Namespace
+    files: ClusterFiles
+    servers: dict[str, ServerProcess]
+    agents: list[AgentProcess]
+    out: dict[str, Any]
+    phases: dict[str, Any] = field(default_factory=dict)
+    window: CpuWindow | None = None
+    began: float = 0.0
+
+    def pids(self) -> dict[str, int | str]:
+        found: dict[str, int | str] = {"bench": "self"}
+        for address, server in self.servers.items():
+            found[f"server {address}"] = server.pid
+            for pid in server.started_children:
+                found[f"host {address}"] = pid
+        for i, agent in enumerate(self.agents):
+            if agent.process is not None:
+                found[f"agent {i}"] = agent.process.pid
+        for pid in cluster_backends(self.files):
+            found[f"postgres {pid}"] = pid
+        return found
+
+    def begin(self, name: str) -> None:
+        log(f"{name} ...")
+        self.began = time.monotonic()
+        self.window = CpuWindow(self.pids()).start()
+
+    def end(self, name: str, section: dict[str, Any]) -> None:
+        assert self.window is not None
+        cpu = self.window.stop()
+        grouped: dict[str, float] = {}
+        each: dict[str, float] = {}
+        for key, value in cpu.items():
+            if math.isnan(value):
+                continue
+            kind = key.split()[0]
+            if kind in ("server", "host"):
+                each[key] = value
+            group = GROUPS.get(kind, kind)
+            grouped[group] = grouped.get(group, 0.0) + value
+        agent_cpu = [v for k, v in cpu.items() if k.startswith("agent ") and not math.isnan(v)]
+        self.phases[name] = {
+            **section,
+            "s": round(time.monotonic() - self.began, 1),
+            "cpu_pct_of_one_core": {
+                **{k: round(v, 1) for k, v in grouped.items()},
+                "each": each,
+                "busiest_agent": max(agent_cpu, default=None),
+            },
+        }
+        log(f"{name}: {json.dumps(self.phases[name])}")
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def start_agents(self, root: Path) -> None:
+        token = create_token(self.files, "bench.jobs")
+        base = root / "agents"
+        base.mkdir()
+        self.begin("agents_start")
+        for i in range(self.args.nodes):
+            edges = EDGES[i % 3 :] + EDGES[: i % 3]
+            agent = AgentProcess.joining(base / f"node-{i}", edges, self.files.ca_hash, token=token)
+            self.agents.append(agent.start())
+        began = time.monotonic()
+        deadline = began + AGENTS_UP_TIMEOUT
+        while time.monotonic() < deadline:
+            running = sum(a.reported().get("runtime") == "running" for a in self.agents)
+            if running == len(self.agents):
+                break
+            time.sleep(1.0)
+        reports = [a.reported() for a in self.agents]
+        running = sum(r.get("runtime") == "running" for r in reports)
+        # Started inside the window: their CPU since they started, start-up and join.
+        spent = [cpu_seconds(a.process.pid) for a in self.agents if a.process is not None]
+        self.end(
+            "agents_start",
+            {
+                "agents": len(self.agents),
+                "running": running,
+                "up_s": round(time.monotonic() - began, 1),
+                "agent_cpu_s": {
+                    "mean": round(sum(spent) / len(spent), 2),
+                    "total": round(sum(spent), 1),
+                },
+                "servers": dict(Counter(str(r.get("server")) for r in reports)),
+            },
+        )
+        if running < len(self.agents):
+            dead = [a for a in self.agents if not a.running()]
+            tail = dead[0].log()[-1500:] if dead else self.agents[0].log()[-1500:]
+            raise Failed(f"only {running} of {len(self.agents)} agents are running:\n{tail}")
+
+    def idle(self) -> None:
+        """The fleet idle: each kind of process's CPU, and the agents' memory."""
+        self.begin("idle")
+        time.sleep(self.args.idle)
+        rss = [rss_mib(a.process.pid) for a in self.agents if a.process is not None]
+        self.end(
+            "idle",
+            {
+                "agent_rss_mib": {
+                    "mean": round(sum(rss) / len(rss), 1),
+                    "max": max(rss),
+                    "total": round(sum(rss)),
+                },
+                "server_rss_mib": {a: rss_mib(s.pid) for a, s in self.servers.items()},
+                "host_rss_mib": {
+                    a: rss_mib(p) for a, s in self.servers.items() for p in s.started_children
+                },
+            },
+        )
+
+    # --- the phases ----------------------------------------------------------------------
+
+    def dispatch(self, operator: Operator) -> list[Dispatch]:
+        measured: list[Dispatch] = []
+        for name, submitters in (
+            ("dispatch_sequential", 1),
+            ("dispatch_concurrent", self.args.submitters),
+        ):
+            self.begin(name)
+            results = dispatches(operator, self.args.dispatch, submitters)
+            self.end(name, {"submitters": submitters, **dispatch_summary(results)})
+            measured += [d for d in results if isinstance(d, Dispatch)]
+        return measured
+
+    def temporal(self, measured: list[Dispatch]) -> None:
+        self.begin("temporal")
+        sequential = measured[: self.args.dispatch]
+        histories = asyncio.run(fetch_histories(self.files, [d.job_id for d in measured]))
+        self.end(
+            "temporal",
+            {
+                "sequential": temporal_summary(sequential, histories),
+                "concurrent": temporal_summary(measured[len(sequential) :], histories),
+            },
+        )
+
+    def throughput(self, operator: Operator) -> None:
+        count, submitters = self.args.throughput, self.args.submitters
+        self.begin("throughput")
+        ids: list[str] = []
+        errors: Counter[str] = Counter()
+        lock = threading.Lock()
+
+        def one_thread(index: int, jobs: int) -> None:
+            client = operator.client(index)
+            for _ in range(jobs):
+                try:
+                    job_id, _, _ = submit(client, ["true"])
+                except Exception as e:
+                    with lock:
+                        errors[type(e).__name__] += 1
+                    continue
+                with lock:
+                    ids.append(job_id)
+
+        began = time.monotonic()
+        shares = [count // submitters + (i < count % submitters) for i in range(submitters)]
+        backends: dict[str, Any] = {}
+        with sampling_backends(self.files, backends):
+            with ThreadPoolExecutor(submitters) as pool:
+                list(pool.map(one_thread, range(submitters), shares))
+            submitted_s = time.monotonic() - began
+            deadline = began + THROUGHPUT_TIMEOUT
+            rows: list[tuple[str, float, float | None]] = []
+            while time.monotonic() < deadline:
+                rows = job_rows(self.files, ids)
+                if all(r[2] is not None for r in rows):
+                    break
+                time.sleep(0.5)
+        ended = sorted(e for _, _, e in rows if e is not None)
+        created = sorted(c for _, c, _ in rows)
+        states = Counter(s for s in job_states(self.files, ids))
+        section: dict[str, Any] = {
+            "jobs": count,
+            "submitters": submitters,
+            "submitted": len(ids),
+            "submit_errors": dict(errors),
+            "submitted_per_s": round(len(ids) / submitted_s, 1),
+            "ended": len(ended),
+            "states": dict(states),
+            "postgres_backends": backends,
+        }
+        if len(ended) >= 10:
+            first, last = created[0], ended[-1]
+            # The middle 80 % of completions: neither the ramp nor the tail.
+            low, high = ended[len(ended) // 10], ended[len(ended) * 9 // 10]
+            section |= {
+                "first_created_to_last_ended_s": round(last - first, 2),
+                "completed_per_s": round(len(ended) / (last - first), 1),
+                "completed_per_s_middle_80pct": round(
+                    (len(ended) * 9 // 10 - len(ended) // 10) / (high - low), 1
+                ),
+                "created_to_ended_ms": percentiles([e - c for _, c, e in rows if e is not None]),
+            }
+        self.end("throughput", section)
+
+    def block(self, operator: Operator) -> None:
+        client = operator.client(0)
+        self.begin("block")
+        moves: list[dict[str, Any]] = []
+        for _ in range(self.args.blocks):
+            try:
+                moves.append(self.move_one(client))
+            except Exception as e:
+                moves.append({"error": f"{type(e).__name__}: {e}"[:300]})
+        ok = [m for m in moves if "error" not in m]
+        answer_to = [m["answer_to_started"] for m in ok]
+        self.end(
+            "block",
+            {
+                "jobs": len(moves),
+                "measured": len(ok),
+                "errors": [m["error"] for m in moves if "error" in m][:5],
+                "block_answer_to_attempt_2_started_ms": percentiles(answer_to),
+                "block_request_to_attempt_2_started_ms": percentiles(
+                    [m["request_to_started"] for m in ok]
+                ),
+                "block_api_call_ms": percentiles([m["api_call"] for m in ok]),
+                f"over_{MOVE_GOAL_P99:g}s": sum(t > MOVE_GOAL_P99 for t in answer_to),
+                "attempt_1_ended_because": dict(Counter(m["because"] for m in ok)),
+                "attempt_2_on_another_node": sum(m["other_node"] for m in ok),
+                "agents_connected_at_end": self.wait_reconnected(),
+            },
+        )
+
+    def move_one(self, client: ApiClient) -> dict[str, Any]:
+        job_id, _, _ = submit(client, SLEEPER)
+        path = f"/api/v1/jobs/{job_id}/output"
+        first = wait_printed(client, path, 1, JOB_TIMEOUT)
+        job = client.get(f"/api/v1/jobs/{job_id}")
+        node = str(job["attempts"][0]["node"])
+        requested = time.time()
+        client.post(f"/api/v1/nodes/{node}/block", {"reason": "bench.jobs"})
+        answered = time.time()
+        try:
+            second = wait_printed(client, path, 2, MOVE_TIMEOUT, POLL_MOVE)
+        finally:
+            with contextlib.suppress(Exception):
+                client.post(f"/api/v1/jobs/{job_id}/cancel", {})
+            client.post(f"/api/v1/nodes/{node}/unblock", {})
+        job = client.get(f"/api/v1/jobs/{job_id}")
+        del first
+        return {
+            "job": job_id,
+            "answer_to_started": second - answered,
+            "request_to_started": second - requested,
+            "api_call": answered - requested,
+            "because": job["attempts"][0]["ended_because"],
+            "other_node": job["attempts"][1]["node"] != node,
+        }
+
+    def wait_reconnected(self) -> int:
+        deadline = time.monotonic() + RECONNECT_TIMEOUT
+        while True:
+            running = sum(int(a.reported().get("runtime") == "running") for a in self.agents)
+            if running == len(self.agents) or time.monotonic() > deadline:
+                return running
+            time.sleep(0.5)
+
+    def output(self, operator: Operator) -> None:
+        client = operator.client(0)
+        self.begin("output")
+        latencies: list[float] = []
+        errors = []
+        for _ in range(self.args.output_jobs):
+            try:
+                latencies += follow_output(client)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}"[:300])
+        self.end(
+            "output",
+            {
+                "jobs": self.args.output_jobs,
+                "lines": len(latencies),
+                "errors": errors,
+                "printed_to_seen_ms": percentiles(latencies),
+            },
+        )
+
+
+def wait_printed(
+    client: ApiClient, path: str, attempt: int, timeout: float, poll: float = POLL_JOB
+) -> float:
+    """The first time stamp ATTEMPT of the job printed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        page = client.get(path, {"attempt": attempt})
+        data = b"".join(d for _, s, d in chunks_of(page) if s == "stdout")
+        if data.strip():
+            return printed_times(data)[0]
+        if page["ended"]:
+            raise Failed(f"{path}: ended without attempt {attempt}: {page['job']['reason']}")
+        if time.monotonic() > deadline:
+            raise Failed(f"{path}: attempt {attempt} printed nothing within {timeout} s")
+        time.sleep(poll)
+
+
+def follow_output(client: ApiClient) -> list[float]:
+    """Run TICKER and poll its output every POLL_OUTPUT: each line's printed → seen."""
+    job_id, _, _ = submit(client, TICKER)
+    path = f"/api/v1/jobs/{job_id}/output"
+    cursor, pending, seen = 0, b"", []
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        page = client.get(path, {"after": cursor})
+        at = time.time()
+        for _, stream, data in chunks_of(page):
+            if stream != "stdout":
+                continue
+            *lines, pending = (pending + data).split(b"\n")
+            seen += [at - float(line) for line in lines if line]
+        cursor = page["cursor"] or cursor
+        if page["ended"] and not page["chunks"]:
+            if len(seen) < 25:
+                raise Failed(f"job {job_id}: {len(seen)} of 25 lines ({page['job']['state']})")
+            return seen
+        time.sleep(POLL_OUTPUT)
+    raise Failed(f"job {job_id} did not end within {JOB_TIMEOUT} s")
+
+
+def job_rows(files: ClusterFiles, ids: list[str]) -> list[tuple[str, float, float | None]]:
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, extract(epoch FROM created_at)::float,"
+            " extract(epoch FROM ended_at)::float FROM jobs WHERE id = ANY(%s)",
+            (ids,),
+        ).fetchall()
+    return [(str(r[0]), float(r[1]), None if r[2] is None else float(r[2])) for r in rows]
+
+
+def job_states(files: ClusterFiles, ids: list[str]) -> Iterator[str]:
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute("SELECT state FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+    return (str(r[0]) for r in rows)
+
+
+def measure(bench: Jobs, root: Path) -> None:
+    if not trio.run(wait_until_servers, bench.files, len(bench.servers)):
+        raise Failed(f"not all {len(bench.servers)} servers were up")
+    time.sleep(2.5)  # one more round of every edge's directory
+    bench.out["phases_utc"] = [utc_stamp(), None]
+    bench.start_agents(root)
+    bench.idle()
+    operator = Operator(bench.files)
+    steps: list[tuple[str, Callable[[], object]]] = []
+    measured: list[Dispatch] = []
+
+    def dispatch() -> None:
+        measured.extend(bench.dispatch(operator))
+
+    steps += [("dispatch", dispatch), ("temporal", lambda: bench.temporal(measured))]
+    steps += [("throughput", lambda: bench.throughput(operator))]
+    steps += [("block", lambda: bench.block(operator)), ("output", lambda: bench.output(operator))]
+    for name, step in steps:
+        if name in bench.args.skip:
+            continue
+        step()
+    bench.out["phases_utc"][1] = utc_stamp()
+    bench.out["goals"] = goals(bench.phases)
+    bench.out["agent_lines_about_failed_jobs"] = agent_lines(bench)
+
+
+def agent_lines(bench: Jobs) -> dict[str, list[str]]:
+    """What the agents logged about each job a phase reported as failed."""
+    text = json.dumps(bench.phases)
+    found: dict[str, list[str]] = {}
+    for job_id in sorted(set(re.findall(r"job-[0-9a-f]{12}", text)))[:10]:
+        for agent in bench.agents:
+            found.setdefault(job_id, []).extend(
+                line[:300] for line in agent.log().splitlines() if job_id in line
+            )
+    return found
+
+
+def goals(phases: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in ("dispatch_sequential", "dispatch_concurrent"):
+        if name in phases:
+            p99 = phases[name]["request_to_started_ms"]["p99"]
+            found[f"{name}_p99_ms"] = p99
+            found[f"{name}_under_500ms"] = p99 is not None and p99 < DISPATCH_GOAL_P99 * 1000
+    if "block" in phases:
+        p99 = phases["block"]["block_answer_to_attempt_2_started_ms"]["p99"]
+        found["block_p99_ms"] = p99
+        found["block_under_2s"] = p99 is not None and p99 < MOVE_GOAL_P99 * 1000
+    return found
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=100, help="real agents")
+    parser.add_argument("--dispatch", type=int, default=100, help="jobs per dispatch series")
+    parser.add_argument("--submitters", type=int, default=10, help="concurrent submitters")
+    parser.add_argument("--throughput", type=int, default=500, help="jobs of the throughput")
+    parser.add_argument("--blocks", type=int, default=20, help="jobs moved by a block")
+    parser.add_argument("--output-jobs", type=int, default=3, help="jobs whose output is timed")
+    parser.add_argument("--idle", type=float, default=10.0, help="idle seconds measured")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["dispatch", "temporal", "throughput", "block",
+                                                  "output"],
+    )  # fmt: skip
+
+
+def check(args: argparse.Namespace) -> str | None:
+    if args.nodes < 2 or args.submitters < 1 or args.dispatch < 1:
+        return "need --nodes >= 2 (a block moves the job), --submitters and --dispatch >= 1"
+    return None
+
+
+def run(bench: runner.Bench) -> None:
+    jobs = Jobs(bench.args, bench.files, bench.servers, [], bench.out)
+    bench.out["phases"] = jobs.phases
+    try:
+        measure(jobs, bench.root)
+    finally:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda a: a.stop(), jobs.agents))
+
+
+SCENARIO = Scenario(
+    "jobs",
+    __doc__ or "",
+    arguments,
+    run_blocking=run,
+    servers=lambda _: ADDRESSES,
+    check=check,
+    measured=("oz0", "cli", "oz0_node"),
+)

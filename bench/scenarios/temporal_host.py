@@ -1,0 +1,52 @@
+"""Temporal host start time to serving, and idle memory, per server.
+
+    python -m bench.temporal_host [--servers N] [--idle SECONDS]
+
+The runner (bench/runner.py) starts a fresh test cluster and N real servers on 127.0.0.31,
+.32, ..., one after the other; for each: time from `server start` to "is up" (which waits
+for Temporal to serve, the runner's `server_start_s`), the host's own start-to-serving
+time, and after an idle period the RSS of the host and of the server process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+from bench.measure import rss_mib
+from bench.runner import Bench, Scenario
+
+
+def measure(bench: Bench) -> None:
+    results = []
+    for address, server in bench.servers.items():
+        match = re.search(r"Temporal serving on \S+ after (\d+) ms", server.stderr())
+        results.append(
+            {
+                "server": address,
+                "start_to_up_s": bench.out["server_start_s"][address],
+                "host_start_to_serving_ms": int(match[1]) if match else None,
+            }
+        )
+    time.sleep(bench.args.idle)
+    for server, result in zip(bench.servers.values(), results, strict=True):
+        (host,) = server.children()
+        result["host_idle_rss_mib"] = round(rss_mib(host), 1)
+        result["server_idle_rss_mib"] = round(rss_mib(server.pid), 1)
+    bench.out["idle_s"] = bench.args.idle
+    bench.out["results"] = results
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--idle", type=float, default=30.0)
+
+
+SCENARIO = Scenario(
+    "temporal_host",
+    __doc__ or "",
+    arguments,
+    run_blocking=measure,
+    servers=lambda args: [f"127.0.0.{31 + i}" for i in range(args.servers)],
+)
