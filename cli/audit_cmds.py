@@ -11,7 +11,7 @@ from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, pri
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 
-app = App(name="audit", help="The audit log of every change.")
+app = App(name="audit")  # help: cli/main.py (shown without importing this)
 
 
 @app.command(name="list")

@@ -27,7 +27,7 @@ from cli.params import ContextPath, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 
-app = App(name="job", help="Jobs: commands run on the fleet's nodes.")
+app = App(name="job")  # help: cli/main.py (shown without importing this)
 
 Flag = Annotated[bool, Parameter(negative=())]
 DEFAULT_QUEUE_TIMEOUT = 600.0
@@ -48,6 +48,10 @@ def _job(*tokens: Annotated[str, Parameter(show=False, allow_leading_hyphen=True
             " orchestrator-zero job run --selector role=web -- uptime"
         )
     return app(list(tokens), exit_on_error=False, print_error=False, result_action="return_value")
+
+
+# What cli.main registers as `job`: every `job` command line goes through the meta app.
+meta = app.meta
 
 
 @app.command
