@@ -27,7 +27,7 @@ from cli.params import ContextPath, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 
-app = App(name="job")  # help: cli/main.py (shown without importing this)
+app = App(name="job", help_format="markdown")  # help: cli/main.py
 
 Flag = Annotated[bool, Parameter(negative=())]
 DEFAULT_QUEUE_TIMEOUT = 600.0

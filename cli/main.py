@@ -21,6 +21,9 @@ app = App(
     name="orchestrator-zero",
     help="Run a fleet of nodes from a cluster of servers.",
     version=__version__,
+    # The root's help is one sentence and a list, the same in plain text; Markdown (which
+    # the groups' docstrings use, and say so) would load its renderer at every --help.
+    help_format="plaintext",
 )
 app.command(
     "cli.server_cmds:app",

@@ -14,7 +14,7 @@ from oz0 import node_rules, token_rules
 from oz0.context import select
 from oz0.errors import Oz0Error
 
-app = App(name="node")  # help: cli/main.py (shown without importing this)
+app = App(name="node", help_format="markdown")  # help: cli/main.py
 
 SelectorArgs = Annotated[list[str] | None, Parameter(name="--selector", negative=())]
 

@@ -12,7 +12,7 @@ from oz0 import pki
 from oz0.context import select
 from oz0_common.files import write_private
 
-app = App(name="operator")  # help: cli/main.py (shown without importing this)
+app = App(name="operator", help_format="markdown")  # help: cli/main.py
 
 
 @app.command

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from oz0.server import start as server_start
     from oz0.store.dburl import DatabaseUrl
 
-app = App(name="server")  # help: cli/main.py (shown without importing this)
+app = App(name="server", help_format="markdown")  # help: cli/main.py
 log = logging.getLogger(__name__)
 
 operator_app = App(name="operator", help="Operator credentials made on a server's machine.")

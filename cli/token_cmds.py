@@ -15,7 +15,7 @@ from oz0.context import select
 from oz0.errors import Oz0Error
 from oz0.token_rules import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, parse_label_pairs
 
-app = App(name="token")  # help: cli/main.py (shown without importing this)
+app = App(name="token", help_format="markdown")  # help: cli/main.py
 
 LabelArgs = Annotated[
     list[str] | None,
