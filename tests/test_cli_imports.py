@@ -1,7 +1,7 @@
 """The command line starts in a blink: `orchestrator-zero --help` and every client command
 load nothing of the server. Only the `server ...` commands import it, inside themselves, so
-`server --help` stays light too. (The time itself is a benchmark row, not a test: see
-docs/benchmarks.md.)
+`server --help` stays light too. (The time itself is a benchmark row, not a test:
+bench/cli_start.py.)
 
 Each probe runs in a fresh interpreter and prints the modules it ended up with."""
 
