@@ -13,7 +13,14 @@ import trio
 
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import long_poll, node_credentials, run_async
+from fixtures.temporal import (
+    Credentials,
+    connect,
+    long_poll,
+    node_credentials,
+    operator_credentials,
+    run_async,
+)
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
 from tests.test_node_removal import next_non_heartbeat
@@ -26,6 +33,33 @@ EDGE_C, TEMPORAL_C = "127.0.0.13:7443", "127.0.0.13:7233"
 BOUND = 2.0
 # Far beyond BOUND: only a notification can end the stream in time.
 NO_RECONCILE = ("--reconcile-every", "60")
+POLLER = "test-poller"  # the identity fixtures.temporal.long_poll polls with
+# A queue's partitions in Temporal (its default count): a poll lands on any one of them.
+PARTITIONS = 4
+
+
+def pollers(address: str, creds: Credentials, queue: str) -> set[str]:
+    """Who Temporal says is polling QUEUE's activity tasks now, over its partitions."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    async def describe() -> set[str]:
+        client = await connect(address, "default", creds)
+        names = [queue] + [f"/_sys/{queue}/{n}" for n in range(1, PARTITIONS)]
+        found: set[str] = set()
+        for name in names:
+            described = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace="default",
+                    task_queue=TaskQueue(name=name),
+                    task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+                )
+            )
+            found.update(p.identity for p in described.pollers)
+        return found
+
+    return run_async(describe)
 
 
 @pytest.mark.slow
@@ -59,7 +93,12 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
 
     poller = threading.Thread(target=poll_on_c, daemon=True)
     poller.start()
-    await trio.sleep(1)
+    # Temporal itself lists the poll among its queue's pollers: it reached Temporal (past
+    # the host's checks) and is held open there, not somewhere on its way.
+    operator = operator_credentials(cluster_files)
+    await trio.to_thread.run_sync(
+        lambda: eventually(lambda: POLLER in pollers(TEMPORAL_C, operator, keys.node_id))
+    )
     assert poller.is_alive(), "the poll is held open while there is no work"
 
     async with edge_client.control(EDGE_C, keys) as (ws, welcome):

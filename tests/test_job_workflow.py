@@ -521,6 +521,33 @@ def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch
     run(scenario)
 
 
+def test_a_job_whose_nodes_keep_going_away_ends_lost_after_20_moves(
+    operator: Credentials,
+) -> None:
+    # The workflow as the servers run it (the module's own MAX_MOVES, the default
+    # sandbox): every attempt's node stops at once, so each attempt is a move.
+    fleet = Fleet({"a": stops, "b": stops})
+    job = job_input(retries=0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            ended = asyncio.ensure_future(j.handle.result())
+            # 21 rounds of three steps each: more than JOB_BOUND on a loaded machine. A
+            # 22nd attempt fails the test at once rather than at the bound.
+            await asyncio_until(
+                lambda: ended.done() or len(fleet.attempts) > 21, 120, "the end", step=0.05
+            )
+            assert ended.done(), f"attempt {len(fleet.attempts)} started: no cap at 20 moves"
+            assert ended.result() == "lost"
+        # The first attempt and the 20 moves the docs promise; the next is one too many.
+        assert len(fleet.attempts) == 1 + 20
+        assert fleet.finished == [
+            Finish(job.job_id, "lost", None, "moved 20 times; last: node blocked")
+        ]
+
+    run(scenario)
+
+
 def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
     operator: Credentials,
 ) -> None:

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
-from oz0 import audit
+from oz0 import audit, nodes
 from oz0.jobs import store
 from oz0.jobs.spec import JobEnded, JobError, JobSpec
 
@@ -287,3 +287,27 @@ def test_a_node_with_every_slot_taken_gets_no_more_attempts(
     with conn.transaction():
         store.end_attempt(conn, store.list_jobs(conn)[-1].id, 1, "exit", 0)
     assert place(conn, full, 1).node == node  # a slot is free again
+
+
+@pytest.mark.parametrize("state", ["blocked", "pending", "rejected", "purging"])
+def test_placement_takes_only_accepted_nodes_even_when_another_is_connected_and_idle(
+    conn: psycopg.Connection[Any], state: str
+) -> None:
+    # A node in STATE that is still connected (its stream not yet closed): the state rule
+    # alone must keep the job off it. It is idle and the accepted node busy, so any
+    # placement that let it in would choose it first.
+    other = add_node(conn, state=state)
+    assert nodes.get(conn, other).connected
+    accepted = add_node(conn)
+    for _ in range(store.NODE_SLOTS - 1):
+        assert place(conn, new_job(conn, node=accepted), 1).node == accepted
+    assert place(conn, new_job(conn), 1).node == accepted
+    everywhere = new_job(conn, all=True)
+    with conn.transaction():
+        assert [p.node for p in store.place_everywhere(conn, everywhere.id, 1)] == [accepted]
+    # With the accepted node full, the job waits rather than go to the other one.
+    queued = place(conn, new_job(conn), 1)
+    assert queued.node is None and queued.reason is not None
+    assert conn.execute(
+        "SELECT count(*) FROM job_attempts WHERE node_id = %s", (other,)
+    ).fetchone() == (0,)

@@ -8,35 +8,71 @@ another), to be looked at, not committed.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+from playwright import sync_api as playwright
 
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise, kill_all
+from fixtures.postgres import fresh_database_url
 from fixtures.web_events import curl
 from oz0 import ui_sessions as sessions
-from oz0.store.dburl import DatabaseUrl
 from oz0.web.headers import CONTENT_SECURITY_POLICY
 from tests.web_support import browser, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, used by name
 
-StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.194", "127.0.0.195"
 
 
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
+@pytest.fixture(scope="module")
+def cluster_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
+    """One cluster and its two servers for the file (each test's own would cost a cluster
+    and a server start apiece)."""
+    root = tmp_path_factory.mktemp("web-ui")
+    with fresh_database_url() as url:
+        files = initialise(root, url, advertise=SERVER)
+        servers = [
+            ServerProcess.for_cluster(files, address, workdir=root / address)
+            for address in (SERVER, SECOND)
+        ]
+        try:
+            for server in servers:
+                server.start()
+            yield files
+        finally:
+            kill_all(servers)
+
+
+@pytest.fixture(autouse=True)
+def no_sessions_or_failures(cluster_files: ClusterFiles) -> None:
+    """Each test starts signed out everywhere, with no failed sign-ins counted."""
+    main = cluster_files.url.for_database(cluster_files.url.names.main)
+    with psycopg.connect(main, autocommit=True) as conn:
+        conn.execute("DELETE FROM ui_sessions")
+        conn.execute("DELETE FROM ui_sign_in_failures")
+
+
+def landed(page: Any, files: ClusterFiles) -> str:
+    """Where a sign-in that did not reach the overview landed, and why: the page's title
+    and alert (a wrong password, the limit, the database away) and the sign-ins the server
+    refused, with the username it was given (a key lost on the way shows there)."""
+    alert = page.locator("[role=alert]")
+    said = alert.first.inner_text() if alert.count() else ""
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        refused = conn.execute(
+            "SELECT target FROM audit_log WHERE action = 'ui.login.failed' ORDER BY id"
+        ).fetchall()
+    return f"landed on {page.url}: {page.title()!r} {said!r}; refused: {refused}"
 
 
 @pytest.mark.slow
 def test_sign_in_sessions_on_every_server_and_sign_out(
-    cluster_files: ClusterFiles, start_server: StartServer, browser: object, tmp_path: Path
+    cluster_files: ClusterFiles, browser: object, tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER)
-    start_server(cluster_files, SECOND)
     context = browser.new_context(ignore_https_errors=True)  # type: ignore[attr-defined]
     page = context.new_page()
     where = shots(tmp_path)
@@ -45,13 +81,17 @@ def test_sign_in_sessions_on_every_server_and_sign_out(
     assert page.get_by_role("alert").inner_text() == "Wrong username or password."
     page.screenshot(path=str(where / "sign-in-refused.png"), full_page=True)
 
-    # With the keyboard alone: the username field has the focus, Tab, Enter.
+    # With the keyboard alone: the username field has the focus, Tab, Enter. The page
+    # gives it the focus (autofocus) at its first rendering, which may come after its load
+    # event: keys pressed before then go elsewhere, so wait for the focus first.
     page.goto(f"https://{SERVER}:8443/")
+    playwright.expect(page.get_by_label("Username")).to_be_focused()
     page.keyboard.type("admin")
     page.keyboard.press("Tab")
     page.keyboard.type(cluster_files.ui_password)
     page.keyboard.press("Enter")
-    page.wait_for_url(f"https://{SERVER}:8443/overview")
+    page.wait_for_url(lambda url: not url.endswith(":8443/"))
+    assert page.url == f"https://{SERVER}:8443/overview", landed(page, cluster_files)
     assert page.get_by_role("heading", name="Overview").is_visible()
     page.keyboard.press("Tab")  # the first stop skips the navigation
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
@@ -75,9 +115,8 @@ def test_sign_in_sessions_on_every_server_and_sign_out(
 
 @pytest.mark.slow
 def test_headers_csrf_cross_origin_and_the_rate_limit(
-    cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
+    cluster_files: ClusterFiles, tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER)
     base = f"https://{SERVER}:8443"
     head = curl("-D", "-", "-o", "/dev/null", f"{base}/").stdout.lower()
     assert f"content-security-policy: {CONTENT_SECURITY_POLICY}".lower() in head
