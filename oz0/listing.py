@@ -1,4 +1,5 @@
-"""Keyset paging of the API's lists: the `limit` asked for and the opaque `cursor`.
+"""Listings: the WHERE clause of their filters, and keyset paging of the API's lists (the
+`limit` asked for and the opaque `cursor`).
 
 A cursor is the sort key of the last row of a page, as base64url (no padding) of a small
 JSON object; the next page is the rows after that key. A row inserted or removed between
@@ -11,6 +12,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from oz0.errors import Oz0Error
@@ -24,6 +27,35 @@ _MAX_CURSOR = 512
 
 class BadPaging(Oz0Error):
     pass
+
+
+@dataclass(frozen=True)
+class Where:
+    """The WHERE clause of a listing's filters, naming only the filters given.
+
+    Written as `(%(x)s IS NULL OR column = %(x)s)`, a filter not given would still be in
+    the statement, and a prepared statement's generic plan (psycopg prepares a statement
+    run five times) could then use no index for it: each condition here is a column
+    compared as it is stored (`column = %(x)s`, `labels @> %(x)s`), which its index serves.
+    """
+
+    conditions: tuple[str, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def also(self, condition: str, **params: Any) -> Where:
+        """This clause AND CONDITION, whose placeholders PARAMS fill."""
+        return Where((*self.conditions, condition), {**self.params, **params})
+
+    def equal(self, column: str, value: object | None) -> Where:
+        """This clause AND `COLUMN = VALUE`; unchanged if VALUE is None (not filtered)."""
+        if value is None:
+            return self
+        return self.also(f"{column} = %({column})s", **{column: value})
+
+    @property
+    def sql(self) -> str:
+        """` WHERE ...` of the conditions, or nothing when there are none."""
+        return " WHERE " + " AND ".join(self.conditions) if self.conditions else ""
 
 
 def malformed() -> BadPaging:

@@ -14,7 +14,7 @@ class RecordingConnection:
         self.statements: list[tuple[str, tuple[Any, ...]]] = []
 
     def execute(self, sql: str, params: tuple[Any, ...]) -> None:
-        # The node IDs go as one comma-separated text (nodes._id_list): shown as a list.
+        # The node IDs go as one comma-separated text (_id_list): shown as a list.
         ids = "string_to_array" in sql
         shown = tuple(
             p.split(",") if ids and isinstance(p, str) and p.startswith("node-") else p

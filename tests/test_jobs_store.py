@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, nodes
-from oz0.jobs import store
+from oz0.jobs import placement, store
 from oz0.jobs.spec import JobEnded, JobError, JobSpec
 
 ADMIN = audit.Actor("operator", "admin")
@@ -73,9 +73,9 @@ def new_job(conn: psycopg.Connection[Any], **fields: Any) -> store.Job:
 
 def place(
     conn: psycopg.Connection[Any], job: store.Job, number: int, tried: list[str] | None = None
-) -> store.Placed:
+) -> placement.Placed:
     with conn.transaction():
-        return store.place(conn, job.id, number, 0, tried or [])
+        return placement.place(conn, job.id, number, 0, tried or [])
 
 
 @pytest.mark.parametrize(
@@ -275,14 +275,14 @@ def test_a_node_with_every_slot_taken_gets_no_more_attempts(
     conn: psycopg.Connection[Any],
 ) -> None:
     node = add_node(conn)
-    for _ in range(store.NODE_SLOTS):
+    for _ in range(placement.NODE_SLOTS):
         assert place(conn, new_job(conn), 1).node == node
     full = new_job(conn)
     placed = place(conn, full, 1)
     assert placed.node is None
     assert (
         placed.reason
-        == f"the one connected node is busy: it runs {store.NODE_SLOTS} attempts, its most"
+        == f"the one connected node is busy: it runs {placement.NODE_SLOTS} attempts, its most"
     )
     with conn.transaction():
         store.end_attempt(conn, store.list_jobs(conn)[-1].id, 1, "exit", 0)
@@ -299,12 +299,12 @@ def test_placement_takes_only_accepted_nodes_even_when_another_is_connected_and_
     other = add_node(conn, state=state)
     assert nodes.get(conn, other).connected
     accepted = add_node(conn)
-    for _ in range(store.NODE_SLOTS - 1):
+    for _ in range(placement.NODE_SLOTS - 1):
         assert place(conn, new_job(conn, node=accepted), 1).node == accepted
     assert place(conn, new_job(conn), 1).node == accepted
     everywhere = new_job(conn, all=True)
     with conn.transaction():
-        assert [p.node for p in store.place_everywhere(conn, everywhere.id, 1)] == [accepted]
+        assert [p.node for p in placement.place_everywhere(conn, everywhere.id, 1)] == [accepted]
     # With the accepted node full, the job waits rather than go to the other one.
     queued = place(conn, new_job(conn), 1)
     assert queued.node is None and queued.reason is not None

@@ -298,7 +298,7 @@ def test_the_web_ui_count_stops_where_it_is_told(conn: Conn) -> None:
         add_node(conn, base + dt.timedelta(seconds=i), state="pending" if i % 2 else "accepted")
     assert nodes.count_nodes(conn) == 12
     assert nodes.count_nodes(conn, most=5) == 5
-    assert nodes.count_nodes(conn, state="pending", most=100) == 6
+    assert nodes.count_nodes(conn, nodes.NodeFilter(state="pending"), most=100) == 6
 
 
 def test_the_api_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) -> None:

@@ -111,19 +111,19 @@ def web_queries(url: str, rounds: int) -> dict[str, Any]:
     """The fleet page's queries at pages 1, 100 and 1000, no filter and by state."""
     figures: dict[str, Any] = {}
     with psycopg.connect(url) as conn:
-        cases: list[tuple[str, dict[str, Any]]] = [
-            ("all", {}), ("state=accepted", {"state": "accepted"}),
+        cases: list[tuple[str, nodes.NodeFilter]] = [
+            ("all", nodes.NodeFilter()), ("state=accepted", nodes.NodeFilter(state="accepted")),
         ]  # fmt: skip
         for name, wanted in cases:
             count = functools.partial(
-                nodes.count_nodes, conn, most=node_pages.COUNT_UP_TO + 1, **wanted
+                nodes.count_nodes, conn, wanted, most=node_pages.COUNT_UP_TO + 1
             )
             samples = timed(count, rounds)
             figures[f"count {name}"] = {**percentiles(samples), "count": len(samples)}
             for number in (1, 100, 1000):
                 page = functools.partial(
-                    nodes.list_nodes, conn, limit=paging.ROWS + 1,
-                    offset=(number - 1) * paging.ROWS, **wanted,
+                    nodes.list_nodes, conn, wanted, limit=paging.ROWS + 1,
+                    offset=(number - 1) * paging.ROWS,
                 )  # fmt: skip
                 samples = timed(page, rounds)
                 figures[f"page {number} {name}"] = {**percentiles(samples), "count": len(samples)}

@@ -1,7 +1,8 @@
 """Jobs: commands run on the fleet's nodes through Temporal.
 
 - `spec.py`: what an operator asks for, checked (`job run`'s body).
-- `store.py`: the rows operators list and show (jobs, attempts, output) and placement.
+- `store.py`: the rows operators list and show (jobs, attempts, output).
+- `placement.py`: which node runs an attempt, recorded as it is chosen; or why none can.
 - `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
   attempt runs and moves it off a node that is blocked, purged or silent.
 - `activities.py`: the workflow's steps that touch the database, run by the same workers.

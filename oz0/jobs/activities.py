@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
-from oz0.jobs import store
+from oz0.jobs import placement, store
 from oz0.jobs.workflow import AttemptEnd, Finish, Placed
 from oz0.store.pool import Database
 
@@ -29,17 +29,19 @@ class JobActivities:
 
     @activity.defn(name="oz0.jobs.place")
     async def place(self, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
-        placed = await self._run(lambda conn: store.place(conn, job_id, number, part, tried))
+        placed = await self._run(lambda conn: placement.place(conn, job_id, number, part, tried))
         return Placed(placed.number, placed.node, placed.reason, placed.ended, placed.part)
 
     @activity.defn(name="oz0.jobs.place_everywhere")
     async def place_everywhere(self, job_id: str, first_number: int) -> list[Placed]:
-        placed = await self._run(lambda conn: store.place_everywhere(conn, job_id, first_number))
+        placed = await self._run(
+            lambda conn: placement.place_everywhere(conn, job_id, first_number)
+        )
         return [Placed(p.number, p.node, p.reason, p.ended, p.part) for p in placed]
 
     @activity.defn(name="oz0.jobs.place_on")
     async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> None:
-        await self._run(lambda conn: store.place_on(conn, job_id, number, part, node_id))
+        await self._run(lambda conn: placement.place_on(conn, job_id, number, part, node_id))
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:

@@ -1,4 +1,5 @@
-"""The jobs' rows: what operators list and show, placement, and the output nodes send.
+"""The jobs' rows: what operators list and show, and the output nodes send (placement.py
+picks and records where attempts run).
 
 The workflow is the job's logic; these rows are its record, written by its activities (and
 by the API when it is asked for a job or a cancellation), each change in one transaction.
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, nodes
+from oz0 import audit, listing
 from oz0.jobs.spec import (
     ENDED_STATES,
     STATES,
@@ -179,21 +180,18 @@ def list_jobs(
     limit: int = 100,
     offset: int = 0,
 ) -> list[Job]:
-    """The newest jobs first; OFFSET skips that many (the web UI's pages)."""
+    """The newest jobs first, of TENANT and in STATE if given; OFFSET skips that many (the
+    web UI's pages). The WHERE names only the filters given (listing.Where): a tenant reads
+    jobs_listing (tenant, created_at DESC), a state jobs_by_state (state, created_at DESC),
+    newest first, in a prepared statement's generic plan too."""
     if state is not None and state not in STATES:
         raise JobError(f"unknown job state {state!r}: one of {', '.join(STATES)}")
+    where = listing.Where().equal("tenant", tenant).equal("state", state)
     rows = conn.execute(
-        f"SELECT {_JOB_COLUMNS} FROM jobs"
-        " WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)"
-        "   AND (%(state)s::text IS NULL OR state = %(state)s)"
-        " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
-        {
-            "tenant": tenant,
-            "state": state,
-            "limit": max(1, min(limit, MAX_LIST)),
-            "offset": max(0, offset),
-        },
-    ).fetchall()
+        f"SELECT {_JOB_COLUMNS} FROM jobs" + where.sql
+        + " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
+        {**where.params, "limit": max(1, min(limit, MAX_LIST)), "offset": max(0, offset)},
+    ).fetchall()  # fmt: skip
     attempts = _attempts(conn, [r[0] for r in rows])
     return [dataclasses.replace(Job(*r), attempts=tuple(attempts[r[0]])) for r in rows]
 
@@ -353,167 +351,17 @@ def gone_because(node_state: str | None) -> str:
     }.get(node_state, "node lost")
 
 
-# --- the workflow's activities (activities.py) -----------------------------------------
+# --- the workflow's activities (activities.py; placement.py places attempts) ---------
 
 
-@dataclass(frozen=True)
-class Placed:
-    """Where attempt NUMBER runs, or (node None) why no node can take it now."""
-
-    number: int
-    node: str | None
-    reason: str | None = None
-    # The job ended meanwhile (cancelled before its first attempt): nothing to run.
-    ended: bool = False
-    part: int = 0
-
-
-def _lock_for_placement(conn: Conn, tenant: str) -> None:
-    # Two jobs placed at once in a tenant must see each other's attempts to spread out.
-    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
-
-
-# A node runs this many activities at once (oz0_node.runtime.MAX_CONCURRENT_ACTIVITIES):
-# an attempt is placed only where a slot is free, so none waits on a full node's queue.
-NODE_SLOTS = 4
-_RUNNING_ON_NODE = (
-    "(SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id AND a.state = 'running')"
-)
-_MATCHING = (
-    "SELECT nodes.id FROM nodes WHERE nodes.tenant = %(tenant)s AND nodes.state = 'accepted'"
-    " AND nodes.labels @> %(selector)s AND (%(node)s::text IS NULL OR nodes.id = %(node)s)"
-)
-_CANDIDATES = _MATCHING + f" AND {nodes.CONNECTED}"
-
-
-def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
-    """Pick the node for attempt NUMBER and record it running there, in one transaction.
-
-    Accepted, connected nodes of the job's tenant matching every selector label; nodes in
-    TRIED last; the least busy first. Given the same NUMBER again (an activity retried
-    after its answer was lost), the attempt already recorded is the answer.
-    """
-    job = _job_row(conn, job_id)
-    existing = conn.execute(
-        "SELECT node_id FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
-    ).fetchone()
-    if existing is not None:
-        return Placed(number, existing[0])
-    if job.ended:
-        return Placed(number, None, ended=True)
-    _lock_for_placement(conn, job.tenant)
-    row = conn.execute(
-        _CANDIDATES + f" AND {_RUNNING_ON_NODE} < %(slots)s"
-        f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random() LIMIT 1",
-        {**_placement_params(job), "tried": tried, "slots": NODE_SLOTS},
-    ).fetchone()
-    if row is None:
-        reason = _why_no_node(conn, job)
-        conn.execute(
-            "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
-            (reason, job_id),
-        )
-        return Placed(number, None, reason)
-    _start_attempt(conn, job_id, number, part, row[0])
-    return Placed(number, row[0])
-
-
-def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]:
-    """For a job run on all matching nodes: one attempt on each node that matches now
-    (none: the job is queued, with the reason). Idempotent like `place`."""
-    job = _job_row(conn, job_id)
-    existing = conn.execute(
-        "SELECT number, node_id, part FROM job_attempts WHERE job_id = %s ORDER BY number",
-        (job_id,),
-    ).fetchall()
-    if existing:
-        return [Placed(r[0], r[1], part=r[2]) for r in existing]
-    if job.ended:
-        return [Placed(first_number, None, ended=True)]
-    _lock_for_placement(conn, job.tenant)
-    found = [r[0] for r in conn.execute(_CANDIDATES + " ORDER BY nodes.id", _placement_params(job))]
-    if not found:
-        reason = _why_no_node(conn, job)
-        conn.execute(
-            "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
-            (reason, job_id),
-        )
-        return [Placed(first_number, None, reason)]
-    placed = []
-    for part, node_id in enumerate(found):
-        _start_attempt(conn, job_id, first_number + part, part, node_id)
-        placed.append(Placed(first_number + part, node_id, part=part))
-    return placed
-
-
-def place_on(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
-    """Attempt NUMBER of a part of an `--all` job, on its node again (a retry)."""
-    found = conn.execute(
-        "SELECT 1 FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
-    ).fetchone()
-    if found is None:
-        _start_attempt(conn, job_id, number, part, node_id)
-
-
-def _job_row(conn: Conn, job_id: str) -> Job:
+def locked_job(conn: Conn, job_id: str) -> Job:
+    """The job's row (without its attempts), locked until the transaction ends."""
     row = conn.execute(
         f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s FOR UPDATE", (job_id,)
     ).fetchone()
     if row is None:
         raise JobNotFound(f"job {job_id} not found")
     return Job(*row)
-
-
-def _placement_params(job: Job) -> dict[str, Any]:
-    return {
-        **nodes.CONNECTED_PARAMS,
-        "tenant": job.tenant,
-        "selector": Jsonb(job.selector),
-        "node": job.node,
-    }
-
-
-def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
-    conn.execute(
-        "INSERT INTO job_attempts (job_id, number, part, node_id) VALUES (%s, %s, %s, %s)",
-        (job_id, number, part, node_id),
-    )
-    conn.execute(
-        "UPDATE jobs SET state = 'running', reason = NULL, started_at = coalesce(started_at,"
-        " now()) WHERE id = %s AND ended_at IS NULL",
-        (job_id,),
-    )
-
-
-def _why_no_node(conn: Conn, job: Job) -> str:
-    """What an operator reads in `job show` while the job waits for a node."""
-    selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
-    row = conn.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {nodes.CONNECTED}) FROM ({_MATCHING}) m"
-        " JOIN nodes USING (id)",
-        _placement_params(job),
-    ).fetchone()
-    matching, connected = (int(row[0]), int(row[1])) if row else (0, 0)
-    if connected == 1:
-        which = f"node {job.node}" if job.node else "the one connected node"
-        return f"{which} is busy: it runs {NODE_SLOTS} attempts, its most"
-    if connected:
-        return f"all {connected} connected nodes are busy: each runs {NODE_SLOTS} attempts"
-    if job.node:
-        if matching:
-            return f"node {job.node} is not connected"
-        return f"node {job.node} is not accepted" + (
-            f" or does not match {selector}" if selector else ""
-        )
-    nodes_of = f"accepted node of tenant {job.tenant}"
-    matches = f" matching {selector}" if selector else ""
-    if matching == 0:
-        if selector:
-            return f"no {nodes_of} matches {selector}"
-        return f"tenant {job.tenant} has no accepted node"
-    if matching == 1:
-        return f"the one {nodes_of}{matches} is not connected"
-    return f"none of the {matching} accepted nodes of tenant {job.tenant}{matches} is connected"
 
 
 def end_attempt(

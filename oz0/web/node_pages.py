@@ -80,16 +80,14 @@ def add(web: Blueprint, pages: Pages) -> None:
                 "error": None,
             }
             try:
-                has = nodes.parse_label_filter(label) if label else None
-                counted = nodes.count_nodes(
-                    conn, state=state, tenant=tenant, label=has, search=search,
-                    most=COUNT_UP_TO + 1,
-                )  # fmt: skip
+                matching = nodes.NodeFilter.of_args(
+                    state=state, tenant=tenant, label=label, search=search
+                )
+                counted = nodes.count_nodes(conn, matching, most=COUNT_UP_TO + 1)
                 facts["total"] = f"{COUNT_UP_TO:,}+" if counted > COUNT_UP_TO else counted
                 facts["fleet"] = nodes.list_nodes(
-                    conn, state=state, tenant=tenant, label=has, search=search,
-                    limit=paging.ROWS + 1, offset=(number - 1) * paging.ROWS,
-                )  # fmt: skip
+                    conn, matching, limit=paging.ROWS + 1, offset=(number - 1) * paging.ROWS
+                )
             except nodes.NodeError as e:
                 facts["error"] = str(e)
             return facts

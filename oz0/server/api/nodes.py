@@ -25,16 +25,17 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         up to listing.MAX_LIMIT) after `cursor`, with the cursor of the next page."""
         await operator(state)
         args = request.args
-        label = args.get("label")
         try:
             limit = listing.limit_of(args.get("limit"))
-            has = nodes.parse_label_filter(label) if label is not None else None
+            matching = nodes.NodeFilter.of_args(
+                state=args.get("state"), tenant=args.get("tenant"), label=args.get("label"),
+                search=args.get("search"),
+            )  # fmt: skip
             rows, next_cursor = await state.db.transaction(
                 lambda conn: nodes.list_page_json(
-                    conn, state=args.get("state"), tenant=args.get("tenant"), label=has,
-                    search=args.get("search"), limit=limit, after=args.get("cursor"),
+                    conn, matching, limit=limit, after=args.get("cursor")
                 )
-            )  # fmt: skip
+            )
         except (nodes.NodeError, listing.BadPaging) as e:
             raise ApiError(400, str(e)) from None
         # The nodes come as JSON text already (see nodes.list_page_json).

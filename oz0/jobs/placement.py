@@ -1,0 +1,172 @@
+"""Placement: which node runs a job's attempt, recorded in the same transaction as the
+choice; or, when no node can take it now, why (what `job show` says while it waits).
+
+Candidates are accepted, connected nodes (oz0.nodes.CONNECTED) of the job's tenant with
+every label of its selector, and its one node if it names one; a node runs NODE_SLOTS
+attempts at most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg.types.json import Jsonb
+
+from oz0 import listing, nodes
+from oz0.jobs.store import Conn, Job, locked_job, set_queued
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where attempt NUMBER runs, or (node None) why no node can take it now."""
+
+    number: int
+    node: str | None
+    reason: str | None = None
+    # The job ended meanwhile (cancelled before its first attempt): nothing to run.
+    ended: bool = False
+    part: int = 0
+
+
+def _lock_for_placement(conn: Conn, tenant: str) -> None:
+    # Two jobs placed at once in a tenant must see each other's attempts to spread out.
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
+
+
+# A node runs this many activities at once (oz0_node.runtime.MAX_CONCURRENT_ACTIVITIES):
+# an attempt is placed only where a slot is free, so none waits on a full node's queue.
+NODE_SLOTS = 4
+_RUNNING_ON_NODE = (
+    "(SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id AND a.state = 'running')"
+)
+
+
+def _matching(job: Job) -> listing.Where:
+    """The accepted nodes of JOB's tenant with every label of its selector, and its one
+    node if it names one: by listing.Where's rule, the node is named only when given, so
+    that a prepared statement's generic plan reads it by its key."""
+    where = (
+        listing.Where()
+        .also("nodes.tenant = %(tenant)s", tenant=job.tenant)
+        .also("nodes.state = 'accepted'")
+        .also("nodes.labels @> %(selector)s", selector=Jsonb(job.selector))
+    )
+    return where if job.node is None else where.also("nodes.id = %(node)s", node=job.node)
+
+
+def _candidates(job: Job) -> listing.Where:
+    """Those of `_matching` connected now."""
+    return _matching(job).also(nodes.CONNECTED, **nodes.CONNECTED_PARAMS)
+
+
+def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
+    """Pick the node for attempt NUMBER and record it running there, in one transaction.
+
+    Accepted, connected nodes of the job's tenant matching every selector label; nodes in
+    TRIED last; the least busy first. Given the same NUMBER again (an activity retried
+    after its answer was lost), the attempt already recorded is the answer.
+    """
+    job = locked_job(conn, job_id)
+    existing = conn.execute(
+        "SELECT node_id FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
+    ).fetchone()
+    if existing is not None:
+        return Placed(number, existing[0])
+    if job.ended:
+        return Placed(number, None, ended=True)
+    _lock_for_placement(conn, job.tenant)
+    candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < %(slots)s", slots=NODE_SLOTS)
+    row = conn.execute(
+        "SELECT nodes.id FROM nodes" + candidates.sql
+        + f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random() LIMIT 1",
+        {**candidates.params, "tried": tried},
+    ).fetchone()  # fmt: skip
+    if row is None:
+        reason = _why_no_node(conn, job)
+        set_queued(conn, job_id, reason)
+        return Placed(number, None, reason)
+    _start_attempt(conn, job_id, number, part, row[0])
+    return Placed(number, row[0])
+
+
+def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]:
+    """For a job run on all matching nodes: one attempt on each node that matches now
+    (none: the job is queued, with the reason). Idempotent like `place`."""
+    job = locked_job(conn, job_id)
+    existing = conn.execute(
+        "SELECT number, node_id, part FROM job_attempts WHERE job_id = %s ORDER BY number",
+        (job_id,),
+    ).fetchall()
+    if existing:
+        return [Placed(r[0], r[1], part=r[2]) for r in existing]
+    if job.ended:
+        return [Placed(first_number, None, ended=True)]
+    _lock_for_placement(conn, job.tenant)
+    candidates = _candidates(job)
+    found = [
+        r[0]
+        for r in conn.execute(
+            "SELECT nodes.id FROM nodes" + candidates.sql + " ORDER BY nodes.id", candidates.params
+        )
+    ]
+    if not found:
+        reason = _why_no_node(conn, job)
+        set_queued(conn, job_id, reason)
+        return [Placed(first_number, None, reason)]
+    placed = []
+    for part, node_id in enumerate(found):
+        _start_attempt(conn, job_id, first_number + part, part, node_id)
+        placed.append(Placed(first_number + part, node_id, part=part))
+    return placed
+
+
+def place_on(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
+    """Attempt NUMBER of a part of an `--all` job, on its node again (a retry)."""
+    found = conn.execute(
+        "SELECT 1 FROM job_attempts WHERE job_id = %s AND number = %s", (job_id, number)
+    ).fetchone()
+    if found is None:
+        _start_attempt(conn, job_id, number, part, node_id)
+
+
+def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:
+    conn.execute(
+        "INSERT INTO job_attempts (job_id, number, part, node_id) VALUES (%s, %s, %s, %s)",
+        (job_id, number, part, node_id),
+    )
+    conn.execute(
+        "UPDATE jobs SET state = 'running', reason = NULL, started_at = coalesce(started_at,"
+        " now()) WHERE id = %s AND ended_at IS NULL",
+        (job_id,),
+    )
+
+
+def _why_no_node(conn: Conn, job: Job) -> str:
+    """What an operator reads in `job show` while the job waits for a node."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
+    wanted = _matching(job)
+    row = conn.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE {nodes.CONNECTED}) FROM nodes" + wanted.sql,
+        {**wanted.params, **nodes.CONNECTED_PARAMS},
+    ).fetchone()
+    matching, connected = (int(row[0]), int(row[1])) if row else (0, 0)
+    if connected == 1:
+        which = f"node {job.node}" if job.node else "the one connected node"
+        return f"{which} is busy: it runs {NODE_SLOTS} attempts, its most"
+    if connected:
+        return f"all {connected} connected nodes are busy: each runs {NODE_SLOTS} attempts"
+    if job.node:
+        if matching:
+            return f"node {job.node} is not connected"
+        return f"node {job.node} is not accepted" + (
+            f" or does not match {selector}" if selector else ""
+        )
+    nodes_of = f"accepted node of tenant {job.tenant}"
+    matches = f" matching {selector}" if selector else ""
+    if matching == 0:
+        if selector:
+            return f"no {nodes_of} matches {selector}"
+        return f"tenant {job.tenant} has no accepted node"
+    if matching == 1:
+        return f"the one {nodes_of}{matches} is not connected"
+    return f"none of the {matching} accepted nodes of tenant {job.tenant}{matches} is connected"

@@ -1,0 +1,92 @@
+"""A node as operators see it, and whether it is connected now."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from oz0.membership import UP_WINDOW
+from oz0.nodes._rules import NodeNotFound
+
+HEARTBEAT = 5.0
+# "A node silent for three heartbeats is shown disconnected."
+SILENT_AFTER = dt.timedelta(seconds=3 * HEARTBEAT)
+
+
+def public_key_sha256(key: ec.EllipticCurvePublicKey) -> str:
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    state: str
+    tenant: str
+    labels: dict[str, str]
+    hostname: str
+    token_id: str | None
+    reason: str | None
+    server: str | None
+    last_seen: dt.datetime | None
+    joined_at: dt.datetime
+    connected: bool
+    # Accepted once (it was issued a certificate): only such a node can be purged.
+    has_certificate: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "tenant": self.tenant,
+            "labels": self.labels,
+            "hostname": self.hostname,
+            "connected": self.connected,
+            "server": self.server if self.connected else None,
+            "last_seen": self.last_seen.isoformat() if self.last_seen else None,
+            "joined_at": self.joined_at.isoformat(),
+            "token_id": self.token_id,
+            "reason": self.reason,
+        }
+
+
+# Connected: heard from lately, through a server that is up (a killed server's nodes are
+# not shown connected to it while their last_seen ages).
+# The condition, with the parameters CONNECTED_PARAMS, is shared with job placement.
+CONNECTED = (
+    "(nodes.server IS NOT NULL AND nodes.last_seen > now() - %(silent)s AND EXISTS ("
+    "SELECT 1 FROM servers s WHERE s.id = nodes.server AND s.last_heartbeat > now() - %(up)s"
+    "))"
+)
+CONNECTED_PARAMS = {"silent": SILENT_AFTER, "up": UP_WINDOW}
+# A Node's columns, in its order.
+SELECT = (
+    "SELECT id, state, tenant, labels, hostname, token_id, reason, server, last_seen,"
+    f" joined_at, {CONNECTED} AS connected, certificate IS NOT NULL FROM nodes"
+)
+
+
+def get(conn: psycopg.Connection[Any], node_id: str, *, lock: bool = False) -> Node:
+    row = conn.execute(
+        SELECT + " WHERE id = %(id)s" + (" FOR UPDATE OF nodes" if lock else ""),
+        {**CONNECTED_PARAMS, "id": node_id},
+    ).fetchone()
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found")
+    return Node(*row)
+
+
+def get_many(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[Node]:
+    """The nodes of NODE_IDS that exist, in no particular order."""
+    rows = conn.execute(
+        SELECT + " WHERE id = ANY(%(ids)s)", {**CONNECTED_PARAMS, "ids": node_ids}
+    ).fetchall()
+    return [Node(*r) for r in rows]
