@@ -9,8 +9,10 @@
 - `role.py`: the job role every server runs: its Temporal worker (one per tenant namespace)
   and the sweeper that starts workflows, sends cancellations and tells workflows of nodes
   taken away.
-- `api.py`: the management API's `/api/v1/jobs` routes; `output.py`: the edge's side of
-  the output nodes send over their control streams.
+
+Above this layer (tests/test_layers.py): the management API's `/api/v1/jobs` routes are
+`oz0/server/api/jobs.py`, and the edge's side of the output nodes send over their control
+streams is `oz0/server/edge/job_output.py`.
 
 The node's side (the attempt activity and its process) is in `oz0_node/jobs/`.
 """
