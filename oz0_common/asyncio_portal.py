@@ -15,8 +15,9 @@
   its traceback, under the name given.
 - On exit every task still on the loop is cancelled, the loop stopped and closed, and the
   thread joined, all within STOP_WITHIN. A thread that is still there then (a task that
-  swallows its cancellation, or blocks the thread) is logged with its stack and
-  `PortalStuck` is raised; the thread is a daemon, so it never holds up the process's exit.
+  swallows its cancellation, or blocks the thread) is logged with its stack, and
+  `PortalStuck` is raised (unless the block is left with an error already: that error is
+  what the caller sees); the thread is a daemon, so it never holds up the process's exit.
 - State the two sides share goes through the portal: code on the asyncio side owns what
   it makes (clients, workers) and Trio reaches it only with `call`.
 
@@ -132,9 +133,14 @@ async def asyncio_portal(name: str, *, stop_within: float = STOP_WITHIN) -> Asyn
         if portal._loop is None:
             raise PortalClosed(f"{name}: its event loop did not start")
         yield portal
-    finally:
+    except BaseException:
+        # Leaving with an error (a cancellation, say): a stuck thread is logged only, so
+        # that error is what the caller sees.
         with trio.CancelScope(shield=True):
-            await _stop(portal, thread, stop_within)
+            await _stop(portal, thread, stop_within, raise_if_stuck=False)
+        raise
+    with trio.CancelScope(shield=True):
+        await _stop(portal, thread, stop_within, raise_if_stuck=True)
 
 
 def _thread_main(portal: Portal, ready: threading.Event) -> None:
@@ -168,7 +174,9 @@ async def _cancel_all_then_stop() -> None:
         loop.stop()
 
 
-async def _stop(portal: Portal, thread: threading.Thread, stop_within: float) -> None:
+async def _stop(
+    portal: Portal, thread: threading.Thread, stop_within: float, *, raise_if_stuck: bool
+) -> None:
     loop = portal._loop
     if loop is not None:
         with contextlib.suppress(RuntimeError):  # closed already: the thread is ending
@@ -184,6 +192,7 @@ async def _stop(portal: Portal, thread: threading.Thread, stop_within: float) ->
             stop_within,
             stack.rstrip(),
         )
-        raise PortalStuck(
-            f"{portal.name}: its asyncio thread did not stop within {stop_within:g} s"
-        )
+        if raise_if_stuck:
+            raise PortalStuck(
+                f"{portal.name}: its asyncio thread did not stop within {stop_within:g} s"
+            )
