@@ -137,3 +137,26 @@ async def test_a_task_that_will_not_stop_is_reported_within_the_bound(
     portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
     await trio.to_thread.run_sync(thread.join, BOUND)
     assert not thread.is_alive()
+
+
+async def test_a_block_left_with_an_error_keeps_it_even_if_the_thread_is_stuck(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    with trio.fail_after(BOUND), pytest.raises(Boom):
+        async with asyncio_portal("oz0-test-stuck-error", stop_within=0.2) as portal:
+            portal.call_soon(lambda: asyncio.get_running_loop().create_task(stubborn()))
+            await portal.call(asyncio.sleep, 0.05)
+            raise Boom("the block's own error")
+    assert any("oz0-test-stuck-error: its asyncio thread" in m for m in caplog.messages)
+    release.set()
+    thread = next(t for t in threading.enumerate() if t.name == "oz0-test-stuck-error")
+    portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
+    await trio.to_thread.run_sync(thread.join, BOUND)
+    assert not thread.is_alive()
