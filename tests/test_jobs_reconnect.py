@@ -123,11 +123,12 @@ async def test_a_sweep_that_meets_a_reconnect_is_retried_and_the_role_survives(
     reconnecting, release = threading.Event(), threading.Event()
 
     async def connect(*args: Any, **kwargs: Any) -> Client:
-        if connects:
+        if connects:  # connected once: this is the reconnect
             reconnecting.set()
             await asyncio.to_thread(release.wait, BOUND)
+        client = await real_connect(*args, **kwargs)
         connects.append(args[0])
-        return await real_connect(*args, **kwargs)
+        return client
 
     monkeypatch.setattr(Client, "connect", connect)
 
