@@ -51,6 +51,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credenti
     """A running server (its Temporal), and the database of the role under test: a second
     cluster's, holding tenant TENANT, whose namespace the server's Temporal has."""
     root: Path = tmp_path_factory.mktemp("jobs-reconnect")
+    (root / "served").mkdir()
+    (root / "own").mkdir()
     with fresh_database_url() as url, fresh_database_url() as own_url:
         files = initialise(root / "served", url, advertise=SERVER)
         own: ClusterFiles = initialise(root / "own", own_url, "own", advertise=SERVER)
