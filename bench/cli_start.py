@@ -7,7 +7,7 @@ Runs each command once to warm the page cache, then N times, and prints one JSON
 per command the wall time (min and median, ms), the CPU time of its process (median, ms:
 steadier than wall time on a busy machine) and the load average before and after. With
 --context (a context.json), also `node list` against the context's servers, for example a
-dev server: `orchestrator-zero server start --dev --data-dir DIR --advertise 127.0.0.230`,
+dev server: `orchestrator-zero server start --dev --data-dir DIR --advertise 127.0.0.231`,
 then `--context DIR/context/context.json`. Self-contained: it starts nothing itself.
 """
 

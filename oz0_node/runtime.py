@@ -8,12 +8,12 @@ of the node's tenant. It offers the agent's built-in activities only (no workflo
 `oz0.node.describe`, and `oz0.job.attempt` (oz0_node/jobs/) when the stream handed it an
 output link.
 
-temporalio is asyncio-only: the Client and the Worker are made and run in a thread of their
-own with its own event loop (DESIGN, "temporalio under Trio"). Stopping is bounded: every
+temporalio is asyncio-only: the Client and the Worker are made and run on the loop of an
+asyncio portal (oz0_common/asyncio_portal.py) that run() owns. Stopping is bounded: every
 running job attempt is ended first (its process group gets SIGTERM, SIGKILL after
 jobs.KILL_GRACE), then the worker shuts down (activities get GRACEFUL_SHUTDOWN), and the
-thread is waited for at most STOP_TIMEOUT; a thread that outlives it is left behind as a
-daemon, never holding up the agent's exit.
+portal's thread is waited for, all within STOP_TIMEOUT; a thread that outlives it is logged
+and left behind as a daemon, never holding up the agent's exit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import datetime as dt
 import logging
 import platform
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +35,13 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from oz0_common import __version__
+from oz0_common.asyncio_portal import (
+    CallCancelled,
+    Portal,
+    PortalClosed,
+    PortalStuck,
+    asyncio_portal,
+)
 from oz0_node import plugins
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
@@ -53,6 +59,8 @@ GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
 HEARTBEAT_THROTTLE = dt.timedelta(seconds=1)
 # Ending the running attempts, then the worker's graceful shutdown, then a margin.
 STOP_TIMEOUT = STOP_ALL_TIMEOUT + GRACEFUL_SHUTDOWN.total_seconds() + 1.0
+# What the portal has after the attempts ended: the worker's graceful shutdown, a margin.
+PORTAL_STOP = GRACEFUL_SHUTDOWN.total_seconds() + 1.0
 RUNNING_POLL = 0.05
 
 
@@ -112,19 +120,21 @@ def describe_activity(node_id: str) -> Callable[[], Any]:
 
 
 class NodeRuntime:
-    """One worker in one thread, for one control stream."""
+    """One worker on one asyncio portal, for one control stream."""
 
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
-        self._lock = threading.Lock()
+        # The Trio side's own.
+        self._started = False
         self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        # Used in the runtime's loop only.
+        self._stop_scope: trio.CancelScope | None = None
+        self._ended = trio.Event()
+        # Used on the portal's asyncio loop only.
         self.attempts = RunningAttempts()
-        self._stopper: asyncio.Task[None] | None = None
+
+    @property
+    def thread_name(self) -> str:
+        return f"oz0-runtime-{self.settings.node_id}"
 
     async def run(self, running: Callable[[], None]) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -133,69 +143,78 @@ class NodeRuntime:
             if not self._stopping:  # a report that arrives after the stop is stale
                 running()
 
-        thread = threading.Thread(
-            target=self._thread_main,
-            args=(token, report_running),
-            name=f"oz0-runtime-{self.settings.node_id}",
-            daemon=True,
-        )
-        self._thread = thread
-        thread.start()
+        self._started = True
         try:
-            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
-            asked_to_stop = self._stopping
+            if self._stopping:  # stopped before it began
+                return
+            reason = await self._serve_on_portal(token, report_running)
         finally:
-            await self.stop()
-        if not asked_to_stop:
-            failure = self._failure
-            reason = f"{type(failure).__name__}: {failure}" if failure else "its worker ended"
+            self._ended.set()
+        if reason is not None and not self._stopping:
             raise RuntimeFailed(
                 f"node runtime on {self.settings.temporal} (namespace "
                 f"{self.settings.namespace}, task queue {self.settings.task_queue}): {reason}"
             )
 
     async def stop(self) -> None:
-        thread = self._thread
-        if thread is None:
+        self._stopping = True
+        if not self._started:
             return
-        self._request_stop()
+        if self._stop_scope is not None:
+            self._stop_scope.cancel()
         with trio.CancelScope(shield=True):
             with trio.move_on_after(STOP_TIMEOUT):
-                await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
-        if thread.is_alive():
-            log.warning(
-                "node runtime did not stop within %g s; leaving its thread behind", STOP_TIMEOUT
-            )
+                await self._ended.wait()
 
-    def _request_stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            # A closed loop (RuntimeError) means the thread is ending by itself.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._begin_stop, loop, task)
+    async def _serve_on_portal(
+        self, token: trio.lowlevel.TrioToken, running: Callable[[], None]
+    ) -> str | None:
+        """Serve until stopped or cancelled (None), or until the worker ends by itself
+        (why it did). Whichever it is, the attempts end first, then the worker."""
+        reason: str | None = None
+        # The worker's call is shielded: a stop or a cancellation reaches it only through
+        # _end_attempts_then, after the attempts.
+        serving = trio.CancelScope(shield=True)
+        try:
+            async with (
+                asyncio_portal(self.thread_name, stop_within=PORTAL_STOP) as portal,
+                trio.open_nursery() as nursery,
+            ):
+                self._stop_scope = nursery.cancel_scope
+                if self._stopping:  # stop() came while the portal started
+                    nursery.cancel_scope.cancel()
 
-    # --- in the runtime's own thread ----------------------------------------------------
+                async def serve() -> None:
+                    nonlocal reason
+                    with serving:
+                        try:
+                            await portal.call(self._serve, token, running)
+                            reason = "its worker ended"
+                        except Exception as e:  # whatever it is, run() reports it
+                            reason = f"{type(e).__name__}: {e}"
+                    nursery.cancel_scope.cancel()
 
-    def _begin_stop(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
-        if self._stopper is None:
-            self._stopper = loop.create_task(self._end_attempts_then(task))
+                nursery.start_soon(serve)
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self._end_attempts_then(portal, serving)
+        except PortalStuck:
+            pass  # logged, with where it is stuck; the daemon thread never holds up exit
+        return None if serving.cancelled_caught else reason
 
-    async def _end_attempts_then(self, task: asyncio.Task[None]) -> None:
+    async def _end_attempts_then(self, portal: Portal, serving: trio.CancelScope) -> None:
         """Jobs first: their processes must not outlive the stop, whatever the worker does."""
         try:
-            await self.attempts.stop_all()
+            with trio.move_on_after(STOP_ALL_TIMEOUT + 1.0):
+                await portal.call(self.attempts.stop_all)
+        except (PortalClosed, CallCancelled):
+            pass  # the loop is gone, and the attempts with it
         finally:
-            task.cancel()
+            serving.cancel()
 
-    def _claim_loop(self) -> bool:
-        """Record this thread's loop and task for stop(); False if stopped already."""
-        with self._lock:
-            if self._stopping:
-                return False
-            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-        return True
+    # --- on the portal's asyncio loop -----------------------------------------------------
 
     def _activities(self) -> list[Callable[..., Any]]:
         settings = self.settings
@@ -208,17 +227,7 @@ class NodeRuntime:
             )
         return activities
 
-    def _thread_main(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
-        try:
-            asyncio.run(self._serve(token, running))
-        except asyncio.CancelledError:
-            pass  # stopped
-        except BaseException as e:  # whatever it is, run() reports it to the agent
-            self._failure = e
-
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
-        if not self._claim_loop():
-            return
         settings, identity = self.settings, self.settings.identity
         tls = TLSConfig(
             server_root_ca_cert=identity.ca_path.read_bytes(),
@@ -257,11 +266,16 @@ class NodeRuntime:
             with contextlib.suppress(trio.RunFinishedError):  # the agent has ended
                 token.run_sync_soon(running)
 
-        reporter = asyncio.create_task(report_once_running())
         try:
-            await worker.run()
+            async with asyncio.TaskGroup() as group:
+                reporter = group.create_task(report_once_running())
+                await worker.run()
+                # Ended without failing (the reporter may still wait on it): done.
+                reporter.cancel()
+        except* Exception as failed:
+            error = failed.exceptions[0]  # the worker's own error, not a group
+            raise error from error.__cause__
         finally:
-            reporter.cancel()
             # The worker failed or was stopped: nothing it started may run on. (On a stop,
             # _end_attempts_then has done this already, before the worker was told.)
             await self.attempts.stop_all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,7 +259,7 @@ async def test_cancelling_a_runtime_that_is_still_connecting_stops_it_at_once(
     await node_runtime.stop()
     assert held, "it was connecting"
     assert trio.current_time() - began < 1.0
-    assert node_runtime._thread is not None and not node_runtime._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == node_runtime.thread_name]
 
 
 def test_welcome_reads_temporal_and_tenant_and_ignores_fields_it_does_not_know() -> None:

@@ -438,7 +438,6 @@ class RuntimeWithAnAttempt(NodeRuntime):
         self.outcome: BaseException | None = None
 
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
-        assert self._claim_loop()
         assert self.settings.output is not None
         fn = attempt_activity(NODE_ID, self.settings.identity.data_dir, self.link, self.attempts)
         task = asyncio.create_task(ActivityEnvironment().run(fn, self.raw))

@@ -2,9 +2,11 @@
 
 - The worker: one Temporal worker per tenant namespace on `JOBS_QUEUE`, running the job
   workflow and its database steps. temporalio is asyncio-only, so the client and the
-  workers live in a thread of their own with its own event loop (DESIGN, "temporalio
-  under Trio"); new tenants are picked up within TENANTS_EVERY, and the client reconnects
-  with the server's renewed certificate.
+  workers live on the loop of an asyncio portal (oz0_common/asyncio_portal.py) this role
+  owns: they are made, swapped and read on that loop only, and the sweeper reaches them
+  through the portal. New tenants are picked up within TENANTS_EVERY; the client
+  reconnects with the server's renewed certificate, and a call that meets a reconnect is
+  JobsUnavailable, retried by a later sweep.
 - The sweeper (Trio), every SWEEP_EVERY and at once when kicked (a job created or
   cancelled through this server, a notification about a node): starts
   the workflow of every job that has none, sends the cancellations asked for, and tells
@@ -16,10 +18,8 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal.namespaces import FrontendAccess
+from oz0_common.asyncio_portal import CallCancelled, Portal, PortalClosed, asyncio_portal
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,15 @@ SWEEP_GAP = 0.02
 TENANTS_EVERY = 5.0
 CALL_TIMEOUT = 10.0
 CONNECT_RETRY_FIRST, CONNECT_RETRY_MAX = 0.5, 5.0
+WORKER_SHUTDOWN = 2.0
+# The workers' graceful shutdown, then a margin for the loop's own end.
+STOP_WITHIN = WORKER_SHUTDOWN + 3.0
 T = TypeVar("T")
 
 
 class JobsUnavailable(Exception):
-    """The job worker has no Temporal client yet (the frontend is not up)."""
+    """The job worker has no Temporal client now (the frontend is not up, or it is
+    reconnecting)."""
 
 
 class JobsRole:
@@ -67,12 +72,11 @@ class JobsRole:
         self.frontend = frontend
         self.server_id = server_id
         self._kicked = trio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._portal: Portal | None = None
+        # The asyncio side's own: made, swapped and read on the portal's loop only.
         self._client: Client | None = None
         self._clients: dict[str, Client] = {}
         self._reconnect: asyncio.Event | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
 
     # --- Trio side -----------------------------------------------------------------------
 
@@ -82,29 +86,29 @@ class JobsRole:
 
     def renewed(self) -> None:
         """The server's certificate was renewed: connect again with the new one."""
-        loop, event = self._loop, self._reconnect
-        if loop is not None and event is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(event.set)
+        portal = self._portal
+        if portal is not None:
+            with contextlib.suppress(PortalClosed):  # stopping: nothing to reconnect
+                portal.call_soon(self._reconnect_now)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.hub.subscribe(NODES, self._node_changed)
         self.hub.on_gap.append(self.kick)
-        ready = threading.Event()
-        thread = threading.Thread(
-            target=self._thread_main, args=(ready,), name="oz0-jobs", daemon=True
-        )
-        self._thread = thread
-        thread.start()
+        async with asyncio_portal("oz0-jobs", stop_within=STOP_WITHIN) as portal:
+            self._portal = portal
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._worker, portal)
+                    task_status.started()
+                    await self._sweep_forever()
+            finally:
+                self._portal = None
+
+    async def _worker(self, portal: Portal) -> None:
         try:
-            await trio.to_thread.run_sync(ready.wait)
-            task_status.started()
-            await self._sweep_forever()
-        finally:
-            with trio.CancelScope(shield=True):
-                self._request_stop()
-                with trio.move_on_after(3.0):
-                    await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+            await portal.run("the job worker", self._serve)
+        except Exception:  # logged with its traceback by the portal; the sweeper goes on
+            log.error("the job worker has stopped: this server starts no job workflow")
 
     def _node_changed(self, notification: Notification) -> None:
         # Only a change of state, tenant or key notifies: rare enough to sweep for each.
@@ -153,7 +157,7 @@ class JobsRole:
             if e.status != RPCStatusCode.NOT_FOUND:
                 temporal.failed(e)
                 return False
-        except (JobsUnavailable, TimeoutError, concurrent.futures.TimeoutError) as e:
+        except (JobsUnavailable, TimeoutError, CallCancelled, PortalClosed) as e:
             temporal.failed(e)
             return False
         temporal.worked()
@@ -161,25 +165,24 @@ class JobsRole:
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run MAKE() on the worker's event loop, within CALL_TIMEOUT."""
-        loop = self._loop
-        if loop is None or self._client is None:
-            raise JobsUnavailable("the job worker is not connected to Temporal yet")
+        portal = self._portal
+        if portal is None:
+            raise JobsUnavailable("the job worker is not running")
+        return await portal.call(self._bounded, make)
 
-        async def bounded() -> T:
-            return await asyncio.wait_for(make(), CALL_TIMEOUT)
+    # --- on the portal's asyncio loop --------------------------------------------------
 
-        future = asyncio.run_coroutine_threadsafe(bounded(), loop)
-        try:
-            return await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
-        finally:
-            future.cancel()
-
-    # --- the worker's asyncio thread -------------------------------------------------------
+    async def _bounded(self, make: Callable[[], Awaitable[T]]) -> T:
+        if self._client is None:
+            raise JobsUnavailable("the job worker is not connected to Temporal now")
+        return await asyncio.wait_for(make(), CALL_TIMEOUT)
 
     def _client_for(self, namespace: str) -> Client:
         client = self._clients.get(namespace)
         if client is None:
-            assert self._client is not None
+            # A reconnect may have begun between the call's check and here.
+            if self._client is None:
+                raise JobsUnavailable("the job worker is reconnecting to Temporal")
             client = Client(self._client.service_client, namespace=namespace)
             self._clients[namespace] = client
         return client
@@ -213,34 +216,22 @@ class JobsRole:
             )
         log.debug("job %s: workflow started in namespace %s", job.id, job.tenant)
 
-    def _request_stop(self) -> None:
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
+    def _reconnect_now(self) -> None:
+        if self._reconnect is not None:
+            self._reconnect.set()
 
-    def _thread_main(self, ready: threading.Event) -> None:
-        try:
-            asyncio.run(self._serve(ready))
-        except Exception:
-            log.exception("the job worker's thread failed")
-        finally:
-            ready.set()
-
-    async def _serve(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def _serve(self) -> None:
+        """Connect, run the workers, connect again when asked or when they failed; until
+        the portal stops (cancelled)."""
         self._reconnect = asyncio.Event()
-        ready.set()
         activities = JobActivities(self.db)
         delay = CONNECT_RETRY_FIRST
-        while not self._stop.is_set():
+        while True:
             try:
                 await self._connect()
             except Exception as e:  # the frontend is not up yet, or restarting
                 log.debug("job worker cannot reach Temporal yet: %s", e)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                await asyncio.sleep(delay)
                 delay = min(2 * delay, CONNECT_RETRY_MAX)
                 continue
             delay = CONNECT_RETRY_FIRST
@@ -249,14 +240,13 @@ class JobsRole:
                 await self._work(activities)
             except Exception:  # a bug or a surprise of the SDK's: log it, connect again
                 log.exception("the job worker failed; connecting to Temporal again")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), CONNECT_RETRY_MAX)
+                await asyncio.sleep(CONNECT_RETRY_MAX)
             finally:
                 self._client, self._clients = None, {}
 
     async def _connect(self) -> None:
         access = self.frontend()
-        self._client = await asyncio.wait_for(
+        client = await asyncio.wait_for(
             Client.connect(
                 access.address,
                 namespace="default",
@@ -265,51 +255,58 @@ class JobsRole:
             ),
             CALL_TIMEOUT,
         )
-        self._clients = {}
+        self._client, self._clients = client, {}
         log.info("job worker connected to Temporal at %s", access.address)
 
     async def _work(self, activities: JobActivities) -> None:
-        """Run a worker per tenant namespace until asked to stop or reconnect."""
-        assert self._stop is not None and self._reconnect is not None
+        """Run a worker per tenant namespace until asked to reconnect (or cancelled)."""
+        assert self._reconnect is not None
         workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
-        try:
-            while not (self._stop.is_set() or self._reconnect.is_set()):
-                try:
-                    names = await asyncio.to_thread(self.db.transaction_in_thread, _tenants)
-                except DATABASE_ERRORS:
-                    names = list(workers)
-                for name, (_, task) in list(workers.items()):
-                    if task.done():
-                        with contextlib.suppress(BaseException):
-                            task.result()
-                        log.warning("job worker for namespace %s ended; starting it again", name)
-                        del workers[name]
-                for name in names:
-                    if name not in workers:
-                        worker = Worker(
-                            self._client_for(name),
-                            task_queue=JOBS_QUEUE,
-                            workflows=[JobWorkflow],
-                            activities=activities.all(),
-                            identity=f"{self.server_id} jobs",
-                        )
-                        workers[name] = (worker, asyncio.create_task(worker.run()))
-                waits = [asyncio.create_task(e.wait()) for e in (self._stop, self._reconnect)]
-                await asyncio.wait(
-                    waits, timeout=TENANTS_EVERY, return_when=asyncio.FIRST_COMPLETED
-                )
-                for w in waits:
-                    w.cancel()
-        finally:
-            await asyncio.gather(
-                *(_shutdown(worker, task) for worker, task in workers.values()),
-                return_exceptions=True,
-            )
+        async with asyncio.TaskGroup() as group:
+            try:
+                while not self._reconnect.is_set():
+                    try:
+                        names = await asyncio.to_thread(self.db.transaction_in_thread, _tenants)
+                    except DATABASE_ERRORS:
+                        names = list(workers)
+                    for name, (_, task) in list(workers.items()):
+                        if task.done():  # _run_worker logged why
+                            del workers[name]
+                    for name in names:
+                        if name not in workers:
+                            worker = Worker(
+                                self._client_for(name),
+                                task_queue=JOBS_QUEUE,
+                                workflows=[JobWorkflow],
+                                activities=activities.all(),
+                                identity=f"{self.server_id} jobs",
+                            )
+                            task = group.create_task(_run_worker(name, worker))
+                            workers[name] = (worker, task)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._reconnect.wait(), TENANTS_EVERY)
+            finally:
+                # Gracefully first; the group then waits for (or cancels) what remains.
+                await asyncio.gather(*(_shutdown(name, w, t) for name, (w, t) in workers.items()))
 
 
-async def _shutdown(worker: Worker, task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(BaseException):
-        await asyncio.wait_for(worker.shutdown(), 2.0)
+async def _run_worker(namespace: str, worker: Worker) -> None:
+    """Run WORKER; if it dies, say why (the next round starts it again)."""
+    try:
+        await worker.run()
+    except Exception:
+        log.exception("job worker for namespace %s died; starting it again", namespace)
+    else:
+        log.warning("job worker for namespace %s ended; starting it again", namespace)
+
+
+async def _shutdown(namespace: str, worker: Worker, task: asyncio.Task[None]) -> None:
+    try:
+        await asyncio.wait_for(worker.shutdown(), WORKER_SHUTDOWN)
+    except Exception as e:
+        log.warning("job worker for namespace %s did not shut down cleanly: %r", namespace, e)
+    # A shut-down worker's run() has returned; one that did not shut down in time would
+    # hold the task group open, so it is cancelled (a no-op for a finished task).
     task.cancel()
 
 

@@ -1,23 +1,23 @@
 """Temporal namespaces, one per tenant, registered through the frontend as this server.
 
-temporalio is asyncio-only: each call runs its own event loop in a worker thread.
+temporalio is asyncio-only: the calls run on the loop of the caller's asyncio portal
+(oz0_common/asyncio_portal.py; the temporal role owns one for them).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import trio
 from google.protobuf.duration_pb2 import Duration
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, RegisterNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from oz0.errors import Oz0Error
+from oz0_common.asyncio_portal import Portal
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,9 @@ class FrontendAccess:
         )
 
 
-async def ensure(access: FrontendAccess, names: Iterable[str]) -> list[str]:
+async def ensure(portal: Portal, access: FrontendAccess, names: Iterable[str]) -> list[str]:
     """Register every namespace in NAMES that Temporal lacks; returns those registered."""
-    wanted = list(names)
-    return await trio.to_thread.run_sync(lambda: asyncio.run(_ensure(access, wanted)))
+    return await portal.call(_ensure, access, list(names))
 
 
 async def _ensure(access: FrontendAccess, names: list[str]) -> list[str]:
@@ -88,11 +87,11 @@ async def _register(client: Client, name: str) -> bool:
     return True
 
 
-async def register_for_tenant(access: FrontendAccess, name: str) -> None:
+async def register_for_tenant(portal: Portal, access: FrontendAccess, name: str) -> None:
     """Make sure NAME is a namespace orchestrator-zero made for tenant NAME: register it,
     or find it registered by us before (a retried `tenant create`). NamespaceTaken if
     Temporal has a namespace of that name that is not ours."""
-    await trio.to_thread.run_sync(lambda: asyncio.run(_register_for_tenant(access, name)))
+    await portal.call(_register_for_tenant, access, name)
 
 
 async def _register_for_tenant(access: FrontendAccess, name: str) -> None:

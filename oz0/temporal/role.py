@@ -20,6 +20,7 @@ from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
+from oz0_common.asyncio_portal import Portal, asyncio_portal
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class Temporal:
     supervisor: Supervisor
     certs: Certificates
     advertise: str
+    # Where the namespace calls run (temporalio is asyncio-only).
+    portal: Portal
 
     @property
     def frontend(self) -> namespaces.FrontendAccess:
@@ -55,12 +58,12 @@ class Temporal:
         )
 
     async def ensure_namespaces(self, names: list[str]) -> list[str]:
-        return await namespaces.ensure(self.frontend, names)
+        return await namespaces.ensure(self.portal, self.frontend, names)
 
     async def register_tenant_namespace(self, name: str) -> None:
         """The namespace of a new tenant; TenantExists if Temporal has one not ours."""
         try:
-            await namespaces.register_for_tenant(self.frontend, name)
+            await namespaces.register_for_tenant(self.portal, self.frontend, name)
         except namespaces.NamespaceTaken as e:
             raise tenants.TenantExists(str(e)) from None
 
@@ -150,12 +153,12 @@ async def run(
             )
 
     certs.on_renew.append(push_renewed_certificates)
-    async with trio.open_nursery() as nursery:
+    async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
         nursery.start_soon(recorder.retry_forever)
         await nursery.start(supervisor.run)
         await nursery.start(sync.run)
         await nursery.start(operator_sync.run)
-        temporal = Temporal(supervisor, certs, settings.advertise)
+        temporal = Temporal(supervisor, certs, settings.advertise, portal)
         registered = await temporal.ensure_namespaces(await db.transaction(tenant_names))
         if registered:
             log.info("registered namespaces %s", ", ".join(registered))

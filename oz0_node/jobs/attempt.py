@@ -29,10 +29,10 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -174,10 +174,14 @@ class RunningAttempts:
         log.info("ending %d running job attempt(s): the runtime stops", len(live))
         for running in live:
             running.stop.set()
-        waits = [asyncio.create_task(running.done.wait()) for running in live]
-        _, late = await asyncio.wait(waits, timeout=STOP_ALL_TIMEOUT)
-        for wait in late:
-            wait.cancel()
+
+        async def all_done() -> None:
+            for running in live:
+                await running.done.wait()
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_done(), STOP_ALL_TIMEOUT)
+        late = [running for running in live if not running.done.is_set()]
         if late:
             log.warning("%d job attempt(s) did not end in %g s", len(late), STOP_ALL_TIMEOUT)
 
@@ -300,45 +304,48 @@ async def _run(
 ) -> dict[str, object]:
     relay = OutputRelay(spec.job_id, spec.attempt, link)
     relay.start()
-    beats = asyncio.create_task(_heartbeats(heartbeat))
+    ended = asyncio.Event()
     try:
-        try:
-            env = attempt_env(spec, node_id, data_dir)
-            child = await spawn(spec.command, cwd=workdir, env=env, on_output=relay.add)
-        except OSError as e:
-            code = 127 if isinstance(e, FileNotFoundError) else 126
-            why = e.strerror or str(e)
-            relay.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
-            return _result(code, None, "exit", relay, await _finish(relay, spec, running))
-        log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid)
-        try:
-            return await _supervise(spec, child, relay, running)
-        finally:
-            # Whatever ended the attempt, nothing of it outlives it.
-            await _to_completion(child.end())
-            child.close()
-    finally:
-        beats.cancel()
-        await relay.abandon()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_heartbeats(heartbeat, ended))
+            try:
+                try:
+                    env = attempt_env(spec, node_id, data_dir)
+                    child = await spawn(spec.command, cwd=workdir, env=env, on_output=relay.add)
+                except OSError as e:
+                    code = 127 if isinstance(e, FileNotFoundError) else 126
+                    why = e.strerror or str(e)
+                    relay.add(
+                        "stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode()
+                    )
+                    return _result(code, None, "exit", relay, await _finish(relay, spec, running))
+                log.info(
+                    "job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid
+                )
+                try:
+                    return await _supervise(spec, child, relay, running)
+                finally:
+                    # Whatever ended the attempt, nothing of it outlives it.
+                    await _to_completion(child.end())
+                    child.close()
+            finally:
+                ended.set()  # the heartbeats stop, and the group ends with them
+                await relay.abandon()
+    except* Exception as failed:
+        _raise_the_one(failed)  # the heartbeats raise nothing: the attempt's own error
 
 
 async def _supervise(
     spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running
 ) -> dict[str, object]:
-    watched = [
-        asyncio.create_task(child.exited.wait()),
-        asyncio.create_task(running.stop.wait()),
-        asyncio.create_task(relay.ended.wait()),
-    ]
     try:
-        await asyncio.wait(watched, timeout=spec.timeout, return_when=asyncio.FIRST_COMPLETED)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(spec.timeout):
+                await _first_of(child.exited.wait, running.stop.wait, relay.ended.wait)
     except asyncio.CancelledError:
         log.info("job %s attempt %d: cancelled; ending it", spec.job_id, spec.attempt)
         await _to_completion(child.end())
         raise
-    finally:
-        for task in watched:
-            task.cancel()
     if running.stop.is_set():
         await _to_completion(child.end())
         raise node_stopping(spec)
@@ -386,25 +393,60 @@ async def _finish(relay: OutputRelay, spec: AttemptSpec, running: Running) -> bo
 
     The runtime stopping cuts the flush short (its stream is going): the command has ended,
     so the attempt still returns its result, with its output incomplete."""
-    flush = asyncio.create_task(relay.finish())
-    stop = asyncio.create_task(running.stop.wait())
+    flushed: list[bool] = []
+
+    async def flush() -> None:
+        flushed.append(await relay.finish())
+
     try:
-        await asyncio.wait([flush, stop], return_when=asyncio.FIRST_COMPLETED)
-        if not flush.done():
-            await relay.abandon()
-            return False
-        return flush.result()
+        await _first_of(flush, running.stop.wait)
     except AttemptEnded:
         raise attempt_ended(spec) from None
-    finally:
-        stop.cancel()
-        flush.cancel()
+    if not flushed:
+        await relay.abandon()
+        return False
+    return flushed[0]
 
 
-async def _heartbeats(heartbeat: Callable[[], None]) -> None:
-    while True:
-        heartbeat()
-        await asyncio.sleep(HEARTBEAT_EVERY)
+class _Woken(Exception):
+    """One of _first_of's waits has ended: its task group cancels the others."""
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return once any of WAITS has returned; the others are cancelled. A wait's
+    exception is raised as it is."""
+
+    async def then_stop(wait: Callable[[], Awaitable[object]]) -> None:
+        await wait()
+        raise _Woken
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for wait in waits:
+                group.create_task(then_stop(wait))
+    except* _Woken:
+        pass
+    except* Exception as failed:
+        _raise_the_one(failed)
+
+
+def _raise_the_one(failed: BaseExceptionGroup[Exception]) -> NoReturn:
+    """Raise the first error of a task group's FAILED as itself, its cause kept."""
+    error = failed.exceptions[0]
+    raise error from error.__cause__
+
+
+async def _heartbeats(heartbeat: Callable[[], None], ended: asyncio.Event) -> None:
+    """HEARTBEAT every HEARTBEAT_EVERY until ENDED. One that fails stops the beats, not
+    the attempt (Temporal's heartbeat timeout then speaks for it)."""
+    while not ended.is_set():
+        try:
+            heartbeat()
+        except Exception:
+            log.exception("heartbeats stop")
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), HEARTBEAT_EVERY)
 
 
 async def _to_completion(work: Coroutine[Any, Any, T]) -> T:

@@ -1,0 +1,198 @@
+"""The one bridge from Trio to asyncio (temporalio is asyncio-only), after anyio's
+`from_thread.start_blocking_portal`.
+
+    async with asyncio_portal("oz0-jobs", stop_within=5.0) as portal:
+        result = await portal.call(some_async_fn, arg)      # one call, returns its result
+        await portal.run("the job worker", serve_forever)   # long work; failure logged
+
+- `asyncio_portal` starts one thread running one asyncio event loop, owned by the block:
+  the thread starts on entry and is joined on exit. Nothing else runs that loop.
+- `call` schedules an async function on the loop and waits for it from Trio without
+  blocking Trio (the asyncio side's completion wakes the Trio task through its token). A
+  Trio cancellation cancels the asyncio task; an exception raised on the asyncio side is
+  raised to the Trio caller; an asyncio task cancelled from its own side is
+  `CallCancelled`. `run` is `call` for long-running work: its failure is also logged, with
+  its traceback, under the name given.
+- On exit every task still on the loop is cancelled, the loop stopped and closed, and the
+  thread joined, all within STOP_WITHIN. A thread that is still there then (a task that
+  swallows its cancellation, or blocks the thread) is logged with its stack, and
+  `PortalStuck` is raised (unless the block is left with an error already: that error is
+  what the caller sees); the thread is a daemon, so it never holds up the process's exit.
+- State the two sides share goes through the portal: code on the asyncio side owns what
+  it makes (clients, workers) and Trio reaches it only with `call`.
+
+Used by the server's job worker (oz0/jobs/role.py), the server's namespace calls
+(oz0/temporal/), and the node's runtime (oz0_node/runtime.py). This module is part of the
+agent: it imports trio and the standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+STOP_WITHIN = 5.0
+
+
+class PortalClosed(Exception):
+    """The portal's loop is not running (not yet, or no more)."""
+
+
+class CallCancelled(Exception):
+    """The asyncio side cancelled the call (the portal is stopping, say)."""
+
+
+class PortalStuck(Exception):
+    """The portal's thread did not end within its bound."""
+
+
+class Portal:
+    """Calls into one asyncio loop running in a thread of its own; see the module."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run `await FN(*ARGS)` on the loop; its result, or its exception, here."""
+        loop = self._loop
+        if loop is None:
+            raise PortalClosed(f"{self.name}: its event loop is not running")
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_: object) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        try:
+            future = asyncio.run_coroutine_threadsafe(_call(fn, args), loop)
+        except RuntimeError:  # the loop is closed
+            raise PortalClosed(f"{self.name}: its event loop has stopped") from None
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        finally:
+            # Cancelled here (or failed in Trio): the asyncio task is cancelled too.
+            future.cancel()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise CallCancelled(f"{self.name}: the call was cancelled on its loop") from None
+
+    async def run(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`call` for long-running work WHAT: a failure is logged with its traceback,
+        then raised here. A cancellation (either side's) is not a failure."""
+        return await self.call(_logging_failure, what, fn, *args)
+
+    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call the plain function FN(*ARGS) on the loop, without waiting (from any thread)."""
+        loop = self._loop
+        if loop is None:
+            raise PortalClosed(f"{self.name}: its event loop is not running")
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            raise PortalClosed(f"{self.name}: its event loop has stopped") from None
+
+
+async def _call(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    return await fn(*args)
+
+
+async def _logging_failure(what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    try:
+        return await fn(*args)
+    except Exception:
+        log.exception("%s failed", what)
+        raise
+
+
+@contextlib.asynccontextmanager
+async def asyncio_portal(name: str, *, stop_within: float = STOP_WITHIN) -> AsyncIterator[Portal]:
+    """A thread named NAME running an asyncio loop for this block; see the module."""
+    portal = Portal(name)
+    ready = threading.Event()
+    thread = threading.Thread(target=_thread_main, args=(portal, ready), name=name, daemon=True)
+    thread.start()
+    try:
+        # Starting a loop takes a moment; the wait is abandoned if we are cancelled.
+        await trio.to_thread.run_sync(ready.wait, abandon_on_cancel=True)
+        if portal._loop is None:
+            raise PortalClosed(f"{name}: its event loop did not start")
+        yield portal
+    except BaseException:
+        # Leaving with an error (a cancellation, say): a stuck thread is logged only, so
+        # that error is what the caller sees.
+        with trio.CancelScope(shield=True):
+            await _stop(portal, thread, stop_within, raise_if_stuck=False)
+        raise
+    with trio.CancelScope(shield=True):
+        await _stop(portal, thread, stop_within, raise_if_stuck=True)
+
+
+def _thread_main(portal: Portal, ready: threading.Event) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        portal._loop = loop
+        loop.call_soon(ready.set)
+        loop.run_forever()
+        # Stopped by _stop once its tasks ended; what async generators and the default
+        # executor (asyncio.to_thread) still hold ends here, still within the bound.
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    except BaseException:
+        log.exception("%s: its event loop failed", portal.name)
+    finally:
+        portal._loop = None
+        loop.close()
+        ready.set()
+
+
+async def _cancel_all_then_stop() -> None:
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks(loop) if t is not me]
+    for task in tasks:
+        task.cancel()
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        loop.stop()
+
+
+async def _stop(
+    portal: Portal, thread: threading.Thread, stop_within: float, *, raise_if_stuck: bool
+) -> None:
+    loop = portal._loop
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # closed already: the thread is ending
+            asyncio.run_coroutine_threadsafe(_cancel_all_then_stop(), loop)
+    with trio.move_on_after(stop_within):
+        await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+    if thread.is_alive():
+        frame = sys._current_frames().get(thread.ident or -1)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+        log.error(
+            "%s: its asyncio thread did not stop within %g s; left behind. It is at:\n%s",
+            portal.name,
+            stop_within,
+            stack.rstrip(),
+        )
+        if raise_if_stuck:
+            raise PortalStuck(
+                f"{portal.name}: its asyncio thread did not stop within {stop_within:g} s"
+            )

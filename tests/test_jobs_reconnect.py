@@ -1,0 +1,175 @@
+"""The job role's sweeper and its Temporal client's reconnect (oz0/jobs/role.py), against a
+real Temporal (one server on 127.0.0.230) and a real database.
+
+The role under test runs in this process on a database of its own (a second cluster's,
+never served, so no server sweeps its jobs), with one tenant whose namespace the test
+registers in the server's Temporal. Two fakes inject the fault, nothing else: a connect
+that, once the role reconnects, waits until the test lets it go; and the hand-over of a
+call to the role's asyncio loop made late (as a busy loop would take it), so that a
+sweep's call decided while the old client was there reaches the loop during the
+reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from google.protobuf.duration_pb2 import Duration
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.postgres import fresh_database_url
+from fixtures.temporal import Credentials, operator_credentials, run_async
+from oz0 import audit
+from oz0.jobs import store
+from oz0.jobs.role import JobsRole
+from oz0.jobs.spec import JobSpec
+from oz0.store.events import EventHub
+from oz0.store.pool import open_database
+from oz0.temporal.namespaces import FrontendAccess
+
+SERVER = "127.0.0.230"
+TEMPORAL = f"{SERVER}:7233"
+TENANT = "reconnects"
+BOUND = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credentials, str]]:
+    """A running server (its Temporal), and the database of the role under test: a second
+    cluster's, holding tenant TENANT, whose namespace the server's Temporal has."""
+    root: Path = tmp_path_factory.mktemp("jobs-reconnect")
+    (root / "served").mkdir()
+    (root / "own").mkdir()
+    with fresh_database_url() as url, fresh_database_url() as own_url:
+        files = initialise(root / "served", url, advertise=SERVER)
+        own: ClusterFiles = initialise(root / "own", own_url, "own", advertise=SERVER)
+        conninfo = own.url.for_database(own.url.names.main)
+        with psycopg.connect(conninfo) as conn:
+            conn.execute("INSERT INTO tenants (name) VALUES (%s)", (TENANT,))
+        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
+        try:
+            server.start()
+            creds = operator_credentials(files)
+            run_async(lambda: _register_namespace(creds))
+            yield creds, conninfo
+        finally:
+            server.kill()
+
+
+async def _register_namespace(creds: Credentials) -> None:
+    client = await Client.connect(TEMPORAL, namespace="default", tls=creds.tls())
+    with contextlib.suppress(RPCError):  # already there: a rerun against the same server
+        await client.workflow_service.register_namespace(
+            RegisterNamespaceRequest(
+                namespace=TENANT, workflow_execution_retention_period=Duration(seconds=86400)
+            )
+        )
+    # Registered is not usable yet: the frontend learns of it when its cache refreshes.
+    ours = Client(client.service_client, namespace=TENANT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            handle = await ours.start_workflow(
+                "probe", id="probe-" + secrets.token_hex(4), task_queue="probe"
+            )
+            await handle.terminate()
+            return
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.25)
+
+
+def _new_job(conninfo: str) -> str:
+    with psycopg.connect(conninfo) as conn:
+        job = store.create(
+            conn, JobSpec(tenant=TENANT, command=["true"]), audit.Actor("operator", "test")
+        )
+    return job.id
+
+
+def _started(conninfo: str, job_id: str) -> bool:
+    with psycopg.connect(conninfo) as conn:
+        row = conn.execute("SELECT workflow_started FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    return bool(row and row[0])
+
+
+async def _wait_started(conninfo: str, job_id: str) -> None:
+    # The database says when; nothing else tells this process.
+    while not await trio.to_thread.run_sync(_started, conninfo, job_id):  # noqa: ASYNC110
+        await trio.sleep(0.1)
+
+
+async def test_a_sweep_that_meets_a_reconnect_is_retried_and_the_role_survives(
+    cluster: tuple[Credentials, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    creds, conninfo = cluster
+    access = FrontendAccess(TEMPORAL, creds.ca_pem, creds.cert_pem, creds.key_pem)
+
+    # Fault 1: a reconnect's connect waits until RELEASE.
+    real_connect = Client.connect
+    connects: list[str] = []
+    reconnecting, release = threading.Event(), threading.Event()
+
+    async def connect(*args: Any, **kwargs: Any) -> Client:
+        if connects:  # connected once: this is the reconnect
+            reconnecting.set()
+            await asyncio.to_thread(release.wait, BOUND)
+        client = await real_connect(*args, **kwargs)
+        connects.append(args[0])
+        return client
+
+    monkeypatch.setattr(Client, "connect", connect)
+
+    # Fault 2: while LATE is set, a call handed to an asyncio loop reaches it only once
+    # the reconnect is under way.
+    real_submit = asyncio.run_coroutine_threadsafe
+    late, handed = threading.Event(), threading.Event()
+
+    def submit(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> Any:
+        if not late.is_set():
+            return real_submit(coro, loop)
+        late.clear()
+        handed.set()
+
+        async def arrives_late() -> Any:
+            await asyncio.to_thread(reconnecting.wait, BOUND)
+            return await coro
+
+        return real_submit(arrives_late(), loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", submit)
+
+    with trio.fail_after(BOUND):
+        async with open_database(conninfo) as db, trio.open_nursery() as nursery:
+            role = JobsRole(db, EventHub(conninfo), lambda: access, "server-reconnect-test")
+            await nursery.start(role.run)
+            first = await trio.to_thread.run_sync(_new_job, conninfo)
+            role.kick()
+            await _wait_started(conninfo, first)  # connected and sweeping
+
+            late.set()
+            second = await trio.to_thread.run_sync(_new_job, conninfo)
+            role.kick()
+            await trio.to_thread.run_sync(handed.wait, BOUND)  # decided with the old client
+            role.renewed()
+            await trio.to_thread.run_sync(reconnecting.wait, BOUND)
+            await trio.sleep(1.0)  # the late call meets the reconnect; sweeps go on
+            assert not await trio.to_thread.run_sync(_started, conninfo, second)
+            release.set()
+            await _wait_started(conninfo, second)
+            assert len(connects) == 2
+            nursery.cancel_scope.cancel()
