@@ -40,8 +40,16 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-async def run_until_signalled(start: Callable[[trio.Nursery], Awaitable[None]]) -> None:
+async def run_until_signalled(
+    start: Callable[[trio.Nursery], Awaitable[None]],
+    *,
+    drain: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     """Open the root nursery, let START fill it, and cancel it at SIGINT or SIGTERM.
+
+    With DRAIN, the first signal runs it first (the process winds its work down while
+    everything it needs still runs; DRAIN bounds itself) and cancels the root once it
+    returns; a second signal cancels at once.
 
     A user error raised inside (an Oz0Error alone in its exception group) comes out as
     itself, so the command prints one line for it.
@@ -50,14 +58,24 @@ async def run_until_signalled(start: Callable[[trio.Nursery], Awaitable[None]]) 
     # (`oz0-node status`, `--help`), which should not pay for importing Trio.
     import trio
 
+    async def drain_then_stop(drain: Callable[[], Awaitable[None]], root: trio.Nursery) -> None:
+        await drain()
+        root.cancel_scope.cancel()
+
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as root:
                 await start(root)
+                draining = False
                 async for signum in signals:
-                    log.info("received %s, stopping", signal.Signals(signum).name)
-                    root.cancel_scope.cancel()
-                    break
+                    name = signal.Signals(signum).name
+                    if drain is None or draining:
+                        log.info("received %s, stopping", name)
+                        root.cancel_scope.cancel()
+                        break
+                    log.info("received %s, stopping once drained (again: at once)", name)
+                    draining = True
+                    root.start_soon(drain_then_stop, drain, root)
     except BaseExceptionGroup as group:
         error = user_error_in(group)
         if error is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import trio
 
 from oz0_node import purge, renewal
-from oz0_node.errors import AgentError, EdgeUnavailable
+from oz0_node.errors import AgentError, EdgeLeaving, EdgeUnavailable
 from oz0_node.jobs import StreamLink
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
@@ -81,6 +81,16 @@ async def _on_heartbeat(stream: LiveStream, message: Message) -> None:
 
 async def _on_edges(stream: LiveStream, message: Message) -> None:
     stream.node.remember(edges=edge_list(message, stream.conn.address))
+
+
+async def _on_move(stream: LiveStream, message: Message) -> None:
+    """The edge's server is stopping: learn the other edges it names and end the stream;
+    the reconnect policy goes to another edge at once (`Reconnect.move_now`)."""
+    address = stream.conn.address
+    towards = edge_list(message, address)
+    stream.node.remember(edges=towards)
+    why = message.get("message")
+    raise EdgeLeaving(f"edge {address} asked node {stream.node.name} to move: {why}", towards)
 
 
 async def _on_job_output_ack(stream: LiveStream, message: Message) -> None:
@@ -159,6 +169,7 @@ async def _await_forgotten(conn: EdgeConnection) -> None:
 HANDLERS: dict[str, Handler] = {
     "heartbeat": _on_heartbeat,
     "edges": _on_edges,
+    "move": _on_move,
     "refused": _on_refused,
     "purge": answer_purge,
     "renewed": renewal.on_renewed,

@@ -10,7 +10,7 @@ node's runtime runs (`runtime.py`), in the frontend and namespace the welcome na
 its plugins with it (`plugins.py`); both stop when the stream ends, whatever ends it. The
 runtime's job attempts send their output on the stream (`jobs.StreamLink`), whose acks
 `commands.dispatch` hands back to them. Whatever ends a stream, the reconnect policy picks
-the next edge.
+the next edge; a `move` (the edge's server is stopping) makes that another edge, at once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import trio
 from oz0_common import certs
 from oz0_node import plugins, purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
-from oz0_node.errors import EdgeUnavailable, one_error
+from oz0_node.errors import EdgeLeaving, EdgeUnavailable, one_error
 from oz0_node.jobs import StreamLink
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
@@ -79,6 +79,9 @@ async def run(
         except NodeRefused as e:
             log.info("%s; trying again", e)
             policy.same_edge_again()
+        except EdgeLeaving as e:
+            log.info("%s; moving to another edge now", e)
+            policy.move_now(address, e.towards)
         except EdgeUnavailable as e:
             log.warning("%s; reconnecting", e)
             policy.elsewhere()

@@ -18,6 +18,15 @@ class EdgeUnavailable(Exception):
     """This edge could not be used just now; another attempt may succeed."""
 
 
+class EdgeLeaving(EdgeUnavailable):
+    """The edge's server is stopping and told us to move: another edge, at once (one of
+    TOWARDS, the edges it named as up, if any)."""
+
+    def __init__(self, message: str, towards: list[str]) -> None:
+        super().__init__(message)
+        self.towards = towards
+
+
 class EdgeSilent(EdgeUnavailable):
     """The edge sent nothing for longer than the protocol allows."""
 

@@ -11,6 +11,10 @@ Trio's clock, so tests run it on MockClock.
 An edge that refused us for now (blocked) is asked again after a wait uniform in
 [REFUSED_MIN, REFUSED_MAX] instead: on average no more often than full jitter at the cap,
 but never longer than REFUSED_MAX, so an unblock is noticed within about 4 s, not 5.
+
+An edge whose server is stopping says so (`move`): the next attempt goes at once to
+another edge, one it named if it named any (`move_now`); the backoff resumes only if
+that one fails too.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Reconnect:
         self._next = 0
         self._up_since: float | None = None
         self._refused = False
+        self._now = False
 
     def delay_bound(self) -> float:
         """The longest the next wait can be."""
@@ -63,7 +68,7 @@ class Reconnect:
 
     def next_delay(self) -> float:
         """The wait before the next attempt (0 for the first one), with jitter."""
-        if not self._started:
+        if not self._started or self._now:
             return 0.0
         if self._refused:
             return self._rng.uniform(REFUSED_MIN, REFUSED_MAX)
@@ -73,6 +78,7 @@ class Reconnect:
         """Wait as the policy says, then name the edge to try."""
         delay = self.next_delay()
         self._refused = False
+        self._now = False
         if self._started:
             self._retries += 1
         self._started = True
@@ -100,6 +106,19 @@ class Reconnect:
         others = len(self._edges()) - 1
         if others > 1:
             self._next += self._rng.randrange(others)
+
+    def move_now(self, leaving: str, towards: Sequence[str] = ()) -> None:
+        """The edge LEAVING asked us to move (its server is stopping): the next attempt
+        goes at once, to one of TOWARDS (the edges it named as up) at random, else to one
+        of the other known edges at random, so its nodes spread over the rest; to
+        LEAVING again only if no other edge is known."""
+        self._now = True
+        self._refused = False
+        edges = list(self._edges())
+        others = [i for i, e in enumerate(edges) if e != leaving]
+        named = [i for i in others if edges[i] in towards]
+        if others:
+            self._next = self._rng.choice(named or others)
 
     def reset(self) -> None:
         """Things work again: the next wait is back to the shortest."""

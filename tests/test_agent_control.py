@@ -100,6 +100,58 @@ async def test_a_closed_stream_reconnects_across_edges_with_growing_waits(
     assert [w.at - start for w in welcomes] == pytest.approx([0, 0.2, 0.6, 1.4, 3.0, 6.2])
 
 
+async def test_a_move_from_a_stopping_edge_sends_the_node_to_another_edge_at_once(
+    net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    data = tmp_path / "node"
+    await join_and_stop(net, data)
+    net.cluster.add_edge("edge-c:7443")
+
+    async def welcome_then_close(s: EdgeSession) -> None:
+        await s.send("welcome", node_id="x", server=s.edge.server_id, heartbeat=5, edges=[])
+        net.cluster.record("welcome", s.edge.address)
+
+    async def welcome_then_move(s: EdgeSession) -> None:
+        await s.send("welcome", node_id="x", server=s.edge.server_id, heartbeat=5, edges=[])
+        net.cluster.record("welcome", s.edge.address)
+        await s.send("move", edges=["edge-c:7443"], message="server x is stopping")
+        await trio.sleep_forever()
+
+    async def welcome_and_stay(s: EdgeSession) -> None:
+        await s.send("welcome", node_id="x", server=s.edge.server_id, heartbeat=5, edges=[])
+        net.cluster.record("welcome", s.edge.address)
+        await trio.sleep_forever()
+
+    # Four streams lost first, two on each (the backoff grows to 1.6 s), then A says it is
+    # stopping and names C, up.
+    closes = itertools.chain([welcome_then_close] * 2, itertools.repeat(welcome_then_move))
+
+    async def on_a(s: EdgeSession) -> None:
+        await next(closes)(s)
+
+    net.cluster.edges["edge-a:7443"].on_control = on_a
+    net.cluster.edges["edge-b:7443"].on_control = welcome_then_close
+    net.cluster.edges["edge-c:7443"].on_control = welcome_and_stay
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
+        await net.cluster.wait_for("welcome", 6)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    welcomes = net.cluster.of_kind("welcome")
+    assert [w.edge for w in welcomes] == ["edge-a:7443", "edge-b:7443"] * 2 + [
+        "edge-a:7443",
+        "edge-c:7443",
+    ]
+    start = welcomes[0].at
+    # No wait after the move: at once to the edge it named, not A again after a backoff.
+    assert [w.at - start for w in welcomes] == pytest.approx([0, 0.2, 0.6, 1.4, 3.0, 3.0])
+    assert read_json(data / "identity" / "node.json")["edges"] == [
+        "edge-a:7443",
+        "edge-b:7443",
+        "edge-c:7443",
+    ]
+
+
 async def test_edges_from_the_edge_are_added_to_node_json(
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -124,3 +124,38 @@ async def test_with_two_edges_elsewhere_is_the_other_one(
         assert await policy.next_edge() == "b:2"
         policy.elsewhere()
         assert await policy.next_edge() == "a:1"
+
+
+async def test_a_move_goes_to_another_edge_at_once_however_long_the_backoff_had_grown(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    edges = ["a:1", "b:2", "c:3"]
+    went_to = set()
+    for seed in range(50):
+        policy = Reconnect(lambda: edges, rng=random.Random(seed))
+        for _ in range(8):  # failures: the next wait could be up to 5 s
+            await policy.next_edge()
+        leaving = edges[7 % 3]  # the one the eighth attempt reached ...
+        policy.stream_up()
+        policy.stream_down()
+        policy.move_now(leaving)  # ... asks it to move
+        before = trio.current_time()
+        moved_to = await policy.next_edge()
+        assert trio.current_time() == before
+        assert moved_to != leaving
+        went_to.add(moved_to)
+        # Only the one attempt: after it, the backoff is where it was.
+        assert policy.delay_bound() == 5.0
+    assert went_to == {"a:1", "c:3"}
+
+
+async def test_a_move_from_the_only_known_edge_tries_it_again_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Reconnect(lambda: ["a:1"], rng=LongestWait())
+    for _ in range(4):
+        await policy.next_edge()
+    policy.move_now("a:1")
+    before = trio.current_time()
+    assert await policy.next_edge() == "a:1"
+    assert trio.current_time() == before

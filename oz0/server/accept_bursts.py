@@ -34,12 +34,17 @@ async def serve(
     listeners: list[trio.SocketListener],
     *,
     burst: int = BURST,
+    handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run HANDLER(stream) for every connection accepted by LISTENERS, until cancelled."""
+    """Run HANDLER(stream) for every connection accepted by LISTENERS, until cancelled
+    (which closes the listeners); the handlers run in HANDLER_NURSERY if given, so they
+    can outlive the accepting, else in this task's own nursery."""
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept_forever, listener, handler, nursery, burst)
+            nursery.start_soon(
+                _accept_forever, listener, handler, handler_nursery or nursery, burst
+            )
         task_status.started()
 
 

@@ -10,6 +10,10 @@ Connections that have not authenticated are admitted within limits (`oz0.server.
 and bounded in time: the TLS handshake, the wait for a request's headers, each read and
 each send (hypercorn sends shielded from cancellation, so a peer that never reads would
 hold its connection for ever) and the close.
+
+`Served.drain` stops it gracefully: the listeners close (a new connection is refused),
+idle connections close, and each connection closes once its request in flight is
+answered (hypercorn's `terminated`, as its own `trio/run.py` shuts down).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -84,12 +88,38 @@ class _BoundedStream(trio.abc.Stream):
             await trio.aclose_forcefully(self._inner)
 
 
-class _WithPeerCert:
-    """A hypercorn app wrapper adding one connection's peer certificate to its scopes."""
+@dataclass(eq=False)
+class Served:
+    """A listener being served: what is in flight on it, and its graceful stop."""
 
-    def __init__(self, inner: ASGIWrapper, peer_cert_der: bytes | None) -> None:
+    context: WorkerContext
+    accepting: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # Requests whose app call has begun and not yet ended, and open connections.
+    requests: int = 0
+    connections: int = 0
+    _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+    def connection_ended(self) -> None:
+        self.connections -= 1
+        self._changed.unpark_all()
+
+    async def drain(self) -> None:
+        """Refuse new connections, let each one finish the request it is answering (idle
+        ones close at once), and return when none is left; the caller bounds the wait."""
+        self.accepting.cancel()
+        await self.context.terminated.set()
+        while self.connections:
+            await self._changed.park()
+
+
+class _WithPeerCert:
+    """A hypercorn app wrapper adding one connection's peer certificate to its scopes,
+    and counting its requests in flight."""
+
+    def __init__(self, inner: ASGIWrapper, peer_cert_der: bytes | None, served: Served) -> None:
         self._inner = inner
         self._peer_cert_der = peer_cert_der
+        self._served = served
 
     async def __call__(
         self, scope: Any, receive: Any, send: Any, sync_spawn: Callable[..., Any], call_soon: Any
@@ -97,7 +127,11 @@ class _WithPeerCert:
         extensions = dict(scope.get("extensions") or {})
         extensions[PEER_CERT_KEY] = self._peer_cert_der
         scope = {**scope, "extensions": extensions}
-        await self._inner(scope, receive, send, sync_spawn, call_soon)
+        self._served.requests += 1
+        try:
+            await self._inner(scope, receive, send, sync_spawn, call_soon)
+        finally:
+            self._served.requests -= 1
 
 
 def _unlink(connection: TCPServer) -> None:
@@ -125,9 +159,10 @@ async def serve_https(
     *,
     authenticated: Callable[[bytes | None], bool] = lambda _: False,
     on_refused: Callable[[], None] = lambda: None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Served] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve APP on HOST:PORT until cancelled; started once the port is bound.
+    """Serve APP on HOST:PORT until cancelled; started, once the port is bound, with the
+    `Served` that drains it.
 
     A connection whose client certificate AUTHENTICATED accepts stops counting against
     the limits on unauthenticated ones; ON_REFUSED is called for each connection closed
@@ -140,15 +175,22 @@ async def serve_https(
     config.keep_alive_timeout = REQUEST_TIMEOUT
     config.h11_max_incomplete_size = MAX_HEADERS_SIZE
     config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
-    config.graceful_timeout = 2
     config.accesslog = None
     admission = Admission(f"management {host}:{port}", on_refused=on_refused)
     wrapper = ASGIWrapper(app)
     context = WorkerContext(None)
+    served = Served(context)
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(wrapper, config, lifespan_state)
 
     async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        served.connections += 1
+        try:
+            await serve_one(stream)
+        finally:
+            served.connection_ended()
+
+    async def serve_one(stream: trio.SSLStream[trio.SocketStream]) -> None:
         slot = admission.admit(peer_address(stream.transport_stream))
         if slot is None:
             await trio.aclose_forcefully(stream)
@@ -166,7 +208,7 @@ async def serve_https(
             if authenticated(der):
                 slot.release()
             connection = TCPServer(
-                _WithPeerCert(wrapper, der),
+                _WithPeerCert(wrapper, der, served),
                 config,
                 context,
                 ConnectionState(lifespan_state.copy()),
@@ -188,6 +230,15 @@ async def serve_https(
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         listeners = await open_tls_listeners(port, ssl_context, host, https_compatible=True)
-        async with trio.open_nursery() as server_nursery:
-            await server_nursery.start(partial(trio.serve_listeners, handle, listeners))
-            task_status.started()
+        # Connections outlive the accepting (cancelled first by a drain, which closes the
+        # listeners), so a drain lets them finish.
+        async with trio.open_nursery() as connections:
+
+            async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
+                with served.accepting:
+                    await trio.serve_listeners(
+                        handle, listeners, handler_nursery=connections, task_status=task_status
+                    )
+
+            await connections.start(accept)
+            task_status.started(served)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from functools import partial
 from typing import Any
 
 import trio
@@ -25,7 +26,7 @@ from oz0.server.api import (
     tokens,
 )
 from oz0.server.api.common import ApiError, ManagementState
-from oz0.server.https import serve_https
+from oz0.server.https import Served, serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.web import routes as web_routes
 from oz0.web.headers import secure
@@ -125,8 +126,10 @@ async def run(
     host: str,
     port: int = MANAGEMENT_PORT,
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Served] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve the API until cancelled; started with what drains it (`drain`)."""
+
     def operator_certificate(der: bytes | None) -> bool:
         if der is None:
             return False
@@ -135,13 +138,23 @@ async def run(
 
     async with trio.open_nursery() as nursery:
         await nursery.start(state.node_changes.serve)
-        await serve_https(
-            create_app(state),
-            tls_context,
-            host,
-            port,
-            authenticated=operator_certificate,
-            on_refused=state.metrics.management_over_limit.inc,
-            task_status=task_status,
+        served = await nursery.start(
+            partial(
+                serve_https,
+                create_app(state),
+                tls_context,
+                host,
+                port,
+                authenticated=operator_certificate,
+                on_refused=state.metrics.management_over_limit.inc,
+            )
         )
-        nursery.cancel_scope.cancel()
+        task_status.started(served)
+
+
+async def drain(state: ManagementState, served: Served) -> None:
+    """Take no new connection and wait for the requests in flight to be answered; the
+    web UI's live pages (never answered in full) end at once. Unbounded: the caller
+    bounds it."""
+    state.stopping.set()
+    await served.drain()

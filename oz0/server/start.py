@@ -7,7 +7,7 @@ import logging
 import resource
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,7 +36,9 @@ from oz0_common import commands as process
 
 log = logging.getLogger(__name__)
 
-# SIGINT/SIGTERM must end the process within 5 s; each role's cleanup is bounded below this.
+# SIGINT/SIGTERM first drain the server (docs/run-a-cluster.md): requests in flight have
+# this long from the signal to be answered and streamed nodes to move away; what is left
+# then is cut, and each role's cleanup after that is bounded (about a second in all).
 SHUTDOWN_GRACE = 4.0
 
 
@@ -71,6 +73,8 @@ class Running:
     cluster: Cluster
     management_url: str
     edge_address: str
+    # Called once to stop: returns when the server has drained, or at SHUTDOWN_GRACE.
+    drain: Callable[[], Awaitable[None]]
 
 
 def check_advertise(advertise: str) -> str:
@@ -152,7 +156,7 @@ async def run_server(
             hub=hub,
         )
         management_tls = certs.server_context(ssl.CERT_OPTIONAL, tickets=management.TLS_TICKETS)
-        await nursery.start(management.run, state, management_tls, host)
+        served = await nursery.start(management.run, state, management_tls, host)
         streaming = await nursery.start(
             partial(
                 edge.run,
@@ -171,12 +175,45 @@ async def run_server(
         metrics.streams_open = lambda: len(streaming.streams)
         nursery.start_soon(certs.renew_forever)
         gc_tuning.tune_after_start_up()
+
+        async def drain() -> None:
+            # Everything else (the database, Temporal, the jobs role) runs on meanwhile:
+            # the requests in flight need them.
+            requests, streams = served.requests, len(streaming.streams)
+            log.info(
+                "draining: %d request(s) in flight, %d node stream(s) told to move; "
+                "whatever is left in %g s is cut",
+                requests,
+                streams,
+                SHUTDOWN_GRACE,
+            )
+            began = trio.current_time()
+            with trio.move_on_after(SHUTDOWN_GRACE):
+                async with trio.open_nursery() as draining:
+                    draining.start_soon(management.drain, state, served)
+                    draining.start_soon(edge.drain, streaming)
+            cut_requests, cut_streams = served.requests, len(streaming.streams)
+            if cut_requests:
+                # A request whose thread waits on the database (a lock held elsewhere)
+                # would hold the stop until its statement ended.
+                await db.cancel_running()
+            log.info(
+                "drained in %.2f s: %d request(s) and %d node stream(s) ended, "
+                "%d request(s) and %d stream(s) cut",
+                trio.current_time() - began,
+                max(0, requests - cut_requests),
+                max(0, streams - cut_streams),
+                cut_requests,
+                cut_streams,
+            )
+
         task_status.started(
             Running(
                 server_id=server_id,
                 cluster=cluster,
                 management_url=f"https://{advertised}:{management.MANAGEMENT_PORT}",
                 edge_address=f"{advertised}:{edge.EDGE_PORT}",
+                drain=drain,
             )
         )
 
@@ -184,12 +221,20 @@ async def run_server(
 async def run_until_signalled(
     options: StartOptions, cluster: Cluster, on_started: Callable[[Running], None]
 ) -> None:
-    """Run the server until SIGINT or SIGTERM, then stop every role within the grace."""
+    """Run the server until SIGINT or SIGTERM; then drain it (at most SHUTDOWN_GRACE) and
+    stop every role."""
+    started: list[Running] = []
 
     async def start(root: trio.Nursery) -> None:
-        on_started(await root.start(run_server, options, cluster))
+        running = await root.start(run_server, options, cluster)
+        started.append(running)
+        on_started(running)
 
-    await process.run_until_signalled(start)
+    async def drain() -> None:
+        for running in started:
+            await running.drain()
+
+    await process.run_until_signalled(start, drain=drain)
 
 
 def _raise_open_file_limit() -> None:

@@ -7,9 +7,11 @@ connection; the Trio task waits for it without blocking the event loop.
 from __future__ import annotations
 
 import select
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -23,6 +25,9 @@ Conn = psycopg.Connection[Any]
 # answers "unavailable" within this, not after the CLI gave up.
 WAIT_FOR_CONNECTION = 5.0
 RECONNECT_GIVE_UP = 2.0
+# A stopping server cancels the statements still running (cancel_running): each cancel
+# request gets this long.
+CANCEL_TIMEOUT = 1.0
 # Every connection: a bounded connect, and keepalives so a database that vanished without a
 # word (a failover, a cut network) is noticed in about 10 s instead of the kernel's hours.
 CONNECTION_KWARGS: dict[str, Any] = {
@@ -52,18 +57,61 @@ def check_if_spoken_to(conn: Conn) -> None:
         ConnectionPool.check_connection(conn)
 
 
+class _Running:
+    """The pool's connections running a transaction now, across worker threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: set[Conn] = set()
+
+    @contextmanager
+    def holding(self, conn: Conn) -> Iterator[None]:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+
+    def now(self) -> list[Conn]:
+        with self._lock:
+            return list(self._conns)
+
+
 class Database:
     def __init__(
-        self, pool: ConnectionPool[Conn], limiter: trio.CapacityLimiter | None = None
+        self,
+        pool: ConnectionPool[Conn],
+        limiter: trio.CapacityLimiter | None = None,
+        running: _Running | None = None,
     ) -> None:
         self._pool = pool
         # None: Trio's default worker threads, shared with every other blocking call.
         self._limiter = limiter
+        self._running = running or _Running()
 
     def sharing(self, threads: int) -> Database:
         """The same pool, for callers whose queries may take at most THREADS of its
         connections at a time: a crowd of them cannot make everyone else's queries wait."""
-        return Database(self._pool, trio.CapacityLimiter(threads))
+        return Database(self._pool, trio.CapacityLimiter(threads), self._running)
+
+    async def cancel_running(self) -> int:
+        """Ask the database to cancel every statement running on the pool now; returns
+        how many. For a server that stops: a Trio task waiting on a query's thread cannot
+        be cancelled until the query ends, and one waiting on a lock may never end."""
+        running = self._running.now()
+        with trio.move_on_after(CANCEL_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for conn in running:
+                    nursery.start_soon(
+                        partial(
+                            trio.to_thread.run_sync,
+                            partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT),
+                            abandon_on_cancel=True,
+                        )
+                    )
+        return len(running)
 
     async def transaction(self, work: Callable[[Conn], T]) -> T:
         """Run WORK(conn) in one transaction, committed when it returns."""
@@ -89,7 +137,7 @@ class Database:
             raise again.error from None
 
     def _transaction_once(self, work: Callable[[Conn], T]) -> T:
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn, self._running.holding(conn), conn.transaction():
             try:
                 return work(conn)
             except psycopg.OperationalError as e:

@@ -6,7 +6,8 @@ node's state, tenant or key changed; its server changed) and wakes the streams w
 that node; every stream also re-reads its nodes every REREAD_EVERY, since a node going
 silent changes no row and a LISTEN gap loses notifications. Each stream sends a node only
 when what the page shows of it changed, and ends after MAX_LIFE (the browser reconnects)
-or at once when its session has ended.
+or at once when its session has ended, or within REREAD_EVERY once the server begins to
+stop (its drain waits for every request in flight).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         ends, keepalive, check = now + MAX_LIFE, now + KEEPALIVE_EVERY, now + SESSION_CHECK_EVERY
         try:
             yield f"retry: {RECONNECT_MS}\n\n".encode()
-            while trio.current_time() < ends:
+            while trio.current_time() < ends and not state.stopping.is_set():
                 try:
                     current = await state.db.transaction(lambda conn: read(conn, ids))
                 except DATABASE_ERRORS:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from quart import request
 
 from oz0 import audit, nodes, operators, pki
@@ -37,6 +38,8 @@ class ManagementState:
     # Single-node blocks and unblocks that arrive together share a transaction (served by
     # management.run; until then each has its own).
     node_changes: Batches = field(init=False)
+    # Set when the server begins to stop: what never ends by itself (a live page) ends.
+    stopping: trio.Event = field(default_factory=trio.Event)
 
     def __post_init__(self) -> None:
         changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)

@@ -4,7 +4,8 @@ TLS with a certificate from the cluster CA. Joining nodes have no certificate ye
 nodes with one open control streams on the same port, so client certificates are
 optional at the handshake and required by `/control`.
 
-- `listener`: TLS, the websocket upgrade and the greeting; one task per connection.
+- `listener`: TLS, the websocket upgrade and the greeting; one task per connection; the
+  drain at a server's stop.
 - `join`: `/join`, joining and picking a certificate up.
 - `join_batch`: joins with a token, written many to a transaction.
 - `join_refusals`: refused joins in the audit log, at a bounded rate.
@@ -17,6 +18,6 @@ optional at the handshake and required by `/control`.
 
 from oz0.server.edge.common import TLS_TICKETS, Edge
 from oz0.server.edge.directory import EDGE_PORT, edge_address
-from oz0.server.edge.listener import run
+from oz0.server.edge.listener import drain, run
 
-__all__ = ["EDGE_PORT", "TLS_TICKETS", "Edge", "edge_address", "run"]
+__all__ = ["EDGE_PORT", "TLS_TICKETS", "Edge", "drain", "edge_address", "run"]

@@ -32,6 +32,8 @@ FIRST_MESSAGE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
 MAX_MESSAGE_SIZE = 64 * 1024
 CLOSE_BLOCKED = 4403
+# The websocket's own code for a server going down (RFC 6455), after a `move`.
+CLOSE_GOING_AWAY = 1001
 HANDSHAKE_THREADS = 4
 # Node agents never resume a TLS session: tickets would only cost each handshake.
 TLS_TICKETS = 0
@@ -71,6 +73,9 @@ class Edge:
     handshake_threads: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(HANDSHAKE_THREADS)
     )
+    # Set when the server begins to stop: the edge accepts no more connections, and each
+    # control stream tells its node to move to another server and ends.
+    leaving: trio.Event = field(default_factory=trio.Event)
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)

@@ -1,4 +1,5 @@
-"""`/control`: an accepted node's stream, ended as soon as it stops being accepted."""
+"""`/control`: an accepted node's stream, ended as soon as it stops being accepted, or
+with a `move` when the server stops (the node goes to another server at once)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
 from oz0.server.edge import job_output, renew
-from oz0.server.edge.common import CLOSE_BLOCKED, Edge, close, refuse, send
+from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
@@ -114,6 +115,9 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     ending,
                     renewing,
                     nursery.cancel_scope,
+                )
+                nursery.start_soon(
+                    _move_when_leaving, edge, ws, node_id, ending, renewing, nursery.cancel_scope
                 )
             if beat.silent:
                 log.warning("node %s silent for three heartbeats; closed its stream", node_id)
@@ -238,4 +242,34 @@ async def _act_on_changes(
             # Also when the node closed first (our close is then cancelled, see
             # _receive_from_node): either way the stream has ended now.
             edge.metrics.stream_ended(state, trio.current_time() - learned)
+    scope.cancel()
+
+
+async def _move_when_leaving(
+    edge: Edge,
+    ws: Wire,
+    node_id: str,
+    ending: trio.Event,
+    renewing: trio.Lock,
+    scope: trio.CancelScope,
+) -> None:
+    """When the server begins to stop (edge.leaving), tell the node to move to another
+    server now and end the stream: it reconnects at once, not after a timeout or a backoff.
+
+    The `move` names the other servers' edges up; an agent that does not know `move`
+    ignores it and sees the stream end (close code 1001, going away).
+    """
+    await edge.leaving.wait()
+    # A renewal being answered finishes first: the node must not lose its new certificate.
+    async with renewing:
+        ending.set()
+        own = edge.directory.own
+        await send(
+            ws,
+            "move",
+            edges=[e for e in edge.directory.edges if e != own],
+            message=f"server {edge.server_id} is stopping",
+        )
+        await close(ws, CLOSE_GOING_AWAY, "server stopping")
+    log.debug("node %s told to move; its stream ended", node_id)
     scope.cancel()

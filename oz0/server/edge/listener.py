@@ -90,8 +90,37 @@ async def run(
         await nursery.start(edge.joins.run)
         await nursery.start(edge.state_reads.serve)
         admit = partial(_admit, edge, admission, tls_context, turns)
-        await nursery.start(partial(accept_bursts.serve, admit, listeners))
-        task_status.started(edge)
+        # Connections outlive the accepting: a drain (`edge.leaving`) closes the listeners
+        # first, then waits for the streams to end.
+        async with trio.open_nursery() as connections:
+            await connections.start(_accept_until_leaving, edge, admit, listeners, connections)
+            task_status.started(edge)
+
+
+async def drain(edge: Edge) -> None:
+    """Accept no more connections, tell every streamed node to move to another server
+    (control.serve_control) and return once their streams have ended. Unbounded: the
+    caller bounds it, and a /join conversation under way is left to it."""
+    edge.leaving.set()
+    await edge.streams.wait_all_closed()
+
+
+async def _accept_until_leaving(
+    edge: Edge,
+    admit: accept_bursts.Handler,
+    listeners: list[trio.SocketListener],
+    connections: trio.Nursery,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with trio.open_nursery() as accepting:
+        await accepting.start(
+            partial(accept_bursts.serve, admit, listeners, handler_nursery=connections)
+        )
+        task_status.started()
+        await edge.leaving.wait()
+        # Closes the listeners: a node connecting from now on is refused at once.
+        accepting.cancel_scope.cancel()
 
 
 async def _admit(

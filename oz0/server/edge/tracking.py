@@ -93,6 +93,7 @@ class StreamReconciler:
         default_factory=lambda: Outage("reconciling the states of streamed nodes", log)
     )
     _now: trio.Event = field(default_factory=trio.Event)
+    _closed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def __post_init__(self) -> None:
         # Notifications were lost while the LISTEN connection was down: check at once.
@@ -116,6 +117,12 @@ class StreamReconciler:
         self.open[node_id] -= 1
         if self.open[node_id] <= 0:
             del self.open[node_id]
+        self._closed.unpark_all()
+
+    async def wait_all_closed(self) -> None:
+        """Return once no stream is open here (a draining edge waits on it)."""
+        while self.open:
+            await self._closed.park()
 
     async def check(self) -> None:
         watched = list(self.open)

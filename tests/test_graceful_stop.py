@@ -1,0 +1,176 @@
+"""SIGTERM drains a server (oz0/server/start.py): requests in flight are answered, new
+connections refused, streamed nodes moved to another server at once, all within the grace.
+
+A request is made slow without a fake: the test holds a lock on the table it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from fixtures.agent import AgentProcess
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, initialise
+from oz0.server.start import SHUTDOWN_GRACE
+from oz0.store.dburl import DatabaseUrl
+from tests.conftest import CliRunner
+
+StartServer = Callable[..., ServerProcess]
+SERVER_A, SERVER_B = "127.0.0.237", "127.0.0.238"
+EDGE_A, EDGE_B = f"{SERVER_A}:7443", f"{SERVER_B}:7443"
+# After the grace, cutting what is left and stopping the roles; generous for a loaded
+# machine (an idle server's stop alone once took 4.5 s there, tests/test_server.py).
+CLEANUP_BOUND = 6.0
+# From SIGTERM to the node's stream on the other server; a drain that did not tell it to
+# move would cut its stream only at the grace, SHUTDOWN_GRACE (4 s) after the signal.
+MOVE_BOUND = 3.0
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
+    return initialise(tmp_path, pg_url, advertise=SERVER_A)
+
+
+@pytest.fixture
+def tokens_locked(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
+    """A transaction holding the join tokens' table: `token create` waits on it until the
+    test commits (or the test ends)."""
+    url = cluster_files.url
+    with psycopg.connect(url.for_database(url.names.main)) as conn:
+        conn.execute("LOCK TABLE join_tokens IN ACCESS EXCLUSIVE MODE")
+        yield conn
+        if not conn.closed:
+            conn.rollback()
+
+
+def _token_create(files: ClusterFiles) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cli_command("token", "create", "--tenant", "default", "--json"),
+        env={**os.environ, **files.cli_env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def _waits_on_the_lock(files: ClusterFiles) -> bool:
+    url = files.url
+    with psycopg.connect(url.for_database(url.names.main), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND query ILIKE '%join_tokens%'"
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
+def _refused(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _draining(server: ServerProcess) -> bool:
+    return "draining: " in server.stderr()
+
+
+def test_a_request_in_flight_at_sigterm_is_answered_while_new_connections_are_refused(
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    tokens_locked: psycopg.Connection[Any],
+) -> None:
+    server = start_server(cluster_files, SERVER_A)
+    request = _token_create(cluster_files)
+    _wait_until(lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock")
+
+    server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    _wait_until(lambda: _draining(server), 3, "the server drains")
+    assert _refused(SERVER_A, 8443), "a new connection to the API after SIGTERM"
+    assert _refused(SERVER_A, 7443), "a new connection to the edge after SIGTERM"
+    assert server.process is not None and server.process.poll() is None
+
+    tokens_locked.commit()  # the request goes on, within the grace
+    out, err = request.communicate(timeout=10)
+    assert request.returncode == 0, err
+    assert json.loads(out)["token"]
+    assert server.wait(CLEANUP_BOUND + SHUTDOWN_GRACE) == 0
+    assert "1 request(s) and 0 node stream(s) ended, 0 request(s) and 0 stream(s) cut" in (
+        server.stderr()
+    )
+
+
+def test_a_request_that_never_ends_is_cut_at_the_grace_and_the_server_stops(
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    tokens_locked: psycopg.Connection[Any],
+) -> None:
+    server = start_server(cluster_files, SERVER_A)
+    request = _token_create(cluster_files)
+    _wait_until(lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock")
+
+    began = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert server.wait(SHUTDOWN_GRACE + CLEANUP_BOUND) == 0
+    took = time.monotonic() - began
+    # It waited for the request, as long as the grace allows, and no longer.
+    assert SHUTDOWN_GRACE - 0.5 <= took < SHUTDOWN_GRACE + CLEANUP_BOUND, took
+    assert "0 request(s) and 0 node stream(s) ended, 1 request(s) and 0 stream(s) cut" in (
+        server.stderr()
+    )
+    request.communicate(timeout=30)
+    assert request.returncode != 0
+
+
+def _connected(status: dict[str, Any]) -> bool:
+    return status.get("state") == "accepted" and status.get("connected") is True
+
+
+def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    server_a = start_server(cluster_files, SERVER_A)
+    start_server(cluster_files, SERVER_B)
+    created = cli("token", "create", "--tenant", "default", "--json", env=cluster_env)
+    assert created.code == 0, created.err
+    agent = AgentProcess.joining(
+        tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=created.json()["token"]
+    ).start()
+    agents.append(agent)
+    on_a = agent.wait_status(_connected, timeout=30)
+    node_json = tmp_path / "node" / "identity" / "node.json"
+    _wait_until(lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known")
+
+    began = time.monotonic()
+    server_a.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    on_b = agent.wait_status(lambda s: _connected(s) and s["server"] != on_a["server"], timeout=30)
+    moved_in = time.monotonic() - began
+    assert moved_in < MOVE_BOUND, f"moved to B {moved_in:.2f} s after A's SIGTERM"
+    assert "asked node" in agent.log() and "moving to another edge now" in agent.log()
+    assert server_a.wait(SHUTDOWN_GRACE + CLEANUP_BOUND) == 0
+    assert "0 request(s) and 1 node stream(s) ended, 0 request(s) and 0 stream(s) cut" in (
+        server_a.stderr()
+    )
+    assert on_b["node_id"] == on_a["node_id"]
