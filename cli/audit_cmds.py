@@ -11,7 +11,7 @@ from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, pri
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 
-app = App(name="audit", help="The audit log of every change.")
+app = App(name="audit", help_format="markdown")  # help: cli/main.py
 
 
 @app.command(name="list")

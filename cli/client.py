@@ -14,11 +14,9 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from cryptography import x509
-
-from oz0 import pki
 from oz0.context import Context, ContextError, check_address
 from oz0.errors import Oz0Error
+from oz0_common import certs
 
 EXPIRY_WARNING = dt.timedelta(days=15)
 # Each read of an answer; a long-running call (a job's output page) answers within it.
@@ -55,7 +53,7 @@ class ApiClient:
         self,
         context: Context,
         *,
-        now: Callable[[], dt.datetime] = pki.utcnow,
+        now: Callable[[], dt.datetime] = certs.utcnow,
         learn_servers: bool = True,
     ) -> None:
         self.context = context
@@ -63,7 +61,7 @@ class ApiClient:
         # Once per command at most; never for one whose certificate is void once it is done.
         self._refreshed = not learn_servers
         try:
-            cert = pki.cert_from_pem(context.cert_path.read_bytes())
+            cert = certs.cert_from_pem(context.cert_path.read_bytes())
         except (OSError, ValueError) as e:
             raise Oz0Error(f"cannot read operator certificate {context.cert_path}: {e}") from None
         current = now()
@@ -336,6 +334,6 @@ def _unless_maybe_done(method: str, sent: bool, failures: list[str]) -> None:
 def _check_server_role(conn: http.client.HTTPSConnection, cluster: str) -> None:
     sock = conn.sock
     der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
-    identity = pki.identity_of(x509.load_der_x509_certificate(der)) if der else None
-    if identity is None or identity.role != pki.Role.SERVER or identity.cluster != cluster:
+    identity = certs.identity_of_der(der) if der else None
+    if identity is None or identity.role != certs.Role.SERVER or identity.cluster != cluster:
         raise ssl.SSLError("the peer's certificate is not a server certificate of this cluster")

@@ -9,7 +9,7 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 
-app = App(name="cluster", help="The cluster as a whole.")
+app = App(name="cluster", help_format="markdown")  # help: cli/main.py
 
 
 @app.command

@@ -24,10 +24,10 @@ from cli.job_params import (
 )
 from cli.output import print_fields, print_json, print_table, terminal_safe, warn
 from cli.params import ContextPath, JsonFlag
-from oz0 import nodes
+from oz0 import node_rules
 from oz0.context import select
 
-app = App(name="job", help="Jobs: commands run on the fleet's nodes.")
+app = App(name="job", help_format="markdown")  # help: cli/main.py
 
 Flag = Annotated[bool, Parameter(negative=())]
 DEFAULT_QUEUE_TIMEOUT = 600.0
@@ -50,10 +50,14 @@ def _job(*tokens: Annotated[str, Parameter(show=False, allow_leading_hyphen=True
     return app(list(tokens), exit_on_error=False, print_error=False, result_action="return_value")
 
 
+# What cli.main registers as `job`: every `job` command line goes through the meta app.
+meta = app.meta
+
+
 @app.command
 def run(
     *command: str,
-    tenant: str = nodes.DEFAULT_TENANT,
+    tenant: str = node_rules.DEFAULT_TENANT,
     selector: Annotated[
         list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
     ] = None,
@@ -111,8 +115,8 @@ def run(
         raise usage_error("job run needs a command after --, such as: -- uptime")
     if node is not None:
         try:
-            nodes.check_node_id(node)
-        except nodes.NodeError as e:
+            node_rules.check_node_id(node)
+        except node_rules.NodeError as e:
             raise usage_error(str(e)) from None
         if all:
             raise usage_error("--node and --all cannot go together: --node picks one node")

@@ -1,4 +1,11 @@
-"""The root of `orchestrator-zero`; each command group lives in a module of its own."""
+"""The root of `orchestrator-zero`; each command group lives in a module of its own.
+
+A group's module is imported only when a command line names the group (cyclopts loads it
+from its import path), so `--help` and every command load only what they use: a client
+command never loads the server, which only `server ...` commands import, inside them
+(tests/test_cli_imports.py). The groups' one-line help is here, for `--help` to show
+without importing them.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,6 @@ from collections.abc import Sequence
 
 from cyclopts import App
 
-from cli import (
-    audit_cmds,
-    cluster_cmds,
-    job_cmds,
-    node_cmds,
-    operator_cmds,
-    server_cmds,
-    tenant_cmds,
-    token_cmds,
-)
 from oz0 import __version__
 from oz0_common.commands import run_command
 
@@ -24,16 +21,31 @@ app = App(
     name="orchestrator-zero",
     help="Run a fleet of nodes from a cluster of servers.",
     version=__version__,
+    # The root's help is one sentence and a list, the same in plain text; Markdown (which
+    # the groups' docstrings use, and say so) would load its renderer at every --help.
+    help_format="plaintext",
 )
-app.command(server_cmds.app)
-app.command(cluster_cmds.app)
-app.command(operator_cmds.app)
-app.command(node_cmds.app)
-app.command(tenant_cmds.app)
-app.command(token_cmds.app)
-app.command(audit_cmds.app)
+app.command(
+    "cli.server_cmds:app",
+    name="server",
+    help="Create, start and administer the cluster's servers.",
+)
+app.command("cli.cluster_cmds:app", name="cluster", help="The cluster as a whole.")
+app.command("cli.operator_cmds:app", name="operator", help="Your operator credentials.")
+app.command("cli.node_cmds:app", name="node", help="The fleet's nodes.")
+app.command(
+    "cli.tenant_cmds:app",
+    name="tenant",
+    help="Tenants: each runs its work in a Temporal namespace of its name.",
+)
+app.command(
+    "cli.token_cmds:app",
+    name="token",
+    help="Join tokens: a node joining with one is accepted at once.",
+)
+app.command("cli.audit_cmds:app", name="audit", help="The audit log of every change.")
 # Through its meta app, which checks that `job run` has its `--` (see job_cmds).
-app.command(job_cmds.app.meta, name="job")
+app.command("cli.job_cmds:meta", name="job", help="Jobs: commands run on the fleet's nodes.")
 
 
 def run(tokens: Sequence[str]) -> int:

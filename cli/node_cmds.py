@@ -10,11 +10,11 @@ from cli.client import ApiClient
 from cli.output import print_fields, print_json
 from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, print_pages
 from cli.params import ContextPath, JsonFlag
-from oz0 import nodes, tokens
+from oz0 import node_rules, token_rules
 from oz0.context import select
 from oz0.errors import Oz0Error
 
-app = App(name="node", help="The fleet's nodes.")
+app = App(name="node", help_format="markdown")  # help: cli/main.py
 
 SelectorArgs = Annotated[list[str] | None, Parameter(name="--selector", negative=())]
 
@@ -126,11 +126,11 @@ def _selection(
         if tenant is not None:
             raise Oz0Error("--tenant goes with --selector, not with node IDs")
         # Refused here rather than as a body too big for the API.
-        nodes.check_id_count(len(set(node_ids)))
+        node_rules.check_id_count(len(set(node_ids)))
         return {"ids": list(node_ids)}
     if not selector:
         raise Oz0Error("name the nodes: one or more node IDs, or --selector KEY=VALUE")
-    labels = tokens.check_labels(tokens.parse_label_pairs(selector))
+    labels = token_rules.check_labels(token_rules.parse_label_pairs(selector))
     return {"selector": labels, "tenant": tenant}
 
 

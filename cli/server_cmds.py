@@ -1,4 +1,9 @@
-"""`orchestrator-zero server ...`: commands run on a server's machine."""
+"""`orchestrator-zero server ...`: commands run on a server's machine.
+
+The only command group that loads the server (trio, psycopg, temporalio, the web stack),
+and only inside its commands: every other command, `--help` and `server --help` included,
+starts without it (tests/test_cli_imports.py).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +13,22 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import trio
 from cyclopts import App, Parameter
 
 from cli.output import print_json
 from cli.params import JsonFlag
-from oz0 import cluster_init, devmode, ui_accounts
 from oz0.context import check_address, config_home
 from oz0.errors import Oz0Error
-from oz0.nodes import MAX_PENDING
-from oz0.operator_issue import issue_operator
-from oz0.server import logs
-from oz0.server import start as server_start
-from oz0.server.edge.tracking import RECONCILE_EVERY
-from oz0.store.dburl import DatabaseUrl
+from oz0.node_rules import MAX_PENDING
+from oz0.server_defaults import RECONCILE_EVERY
 
-app = App(name="server", help="Create, start and administer the cluster's servers.")
+if TYPE_CHECKING:
+    from oz0.server import start as server_start
+    from oz0.store.dburl import DatabaseUrl
+
+app = App(name="server", help_format="markdown")  # help: cli/main.py
 log = logging.getLogger(__name__)
 
 operator_app = App(name="operator", help="Operator credentials made on a server's machine.")
@@ -74,6 +77,9 @@ def init(
     advertise
         Address (HOST or HOST:PORT) of a server that the operator context points at.
     """
+    from oz0 import cluster_init
+    from oz0.store.dburl import DatabaseUrl
+
     url = DatabaseUrl.from_env()
     if upgrade:
         applied = cluster_init.upgrade(url, progress=_progress)
@@ -157,6 +163,12 @@ def start(
         Nodes that may wait for an operator at once, cluster-wide; tokenless joins beyond
         it are refused (1 to 1000000; give every server the same).
     """
+    import trio
+
+    from oz0.server import logs
+    from oz0.server import start as server_start
+    from oz0.store.dburl import DatabaseUrl
+
     if not 0.1 <= reconcile_every <= 60:
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     if not 1 <= max_pending_nodes <= 1_000_000:
@@ -200,6 +212,12 @@ def _start_dev(
     *,
     verbose: bool,
 ) -> int:
+    import trio
+
+    from oz0 import cluster_init, devmode
+    from oz0.server import logs
+    from oz0.server import start as server_start
+
     data_dir = data_dir.resolve()
     server_start.check_advertise(advertise)
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -261,6 +279,8 @@ def _print_started(running: server_start.Running) -> None:
 @contextlib.contextmanager
 def _dev_database(data_dir: Path | None) -> Iterator[tuple[DatabaseUrl, Path]]:
     """The dev cluster's embedded PostgreSQL in DATA_DIR, running while in use."""
+    from oz0 import devmode
+
     if data_dir is None:
         raise Oz0Error("--dev needs --data-dir DIR")
     data_dir = data_dir.resolve()
@@ -293,6 +313,10 @@ def issue(
     advertise
         Server address a new context points at.
     """
+    from oz0 import devmode
+    from oz0.operator_issue import issue_operator
+    from oz0.store.dburl import DatabaseUrl
+
     if advertise is not None:
         check_address(advertise)
     if dev:
@@ -351,6 +375,9 @@ def ui_password(
     master_key_file
         The cluster's master key file.
     """
+    from oz0 import devmode, ui_accounts
+    from oz0.store.dburl import DatabaseUrl
+
     if dev:
         with _dev_database(data_dir) as (url, data_dir):
             password = ui_accounts.reset(

@@ -9,7 +9,7 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 
-app = App(name="tenant", help="Tenants: each runs its work in a Temporal namespace of its name.")
+app = App(name="tenant", help_format="markdown")  # help: cli/main.py
 
 
 @app.command

@@ -13,9 +13,9 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
 from oz0.errors import Oz0Error
-from oz0.tokens import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, parse_label_pairs
+from oz0.token_rules import DEFAULT_MAX_USES, DEFAULT_TTL, TOKEN_ID, parse_label_pairs
 
-app = App(name="token", help="Join tokens: a node joining with one is accepted at once.")
+app = App(name="token", help_format="markdown")  # help: cli/main.py
 
 LabelArgs = Annotated[
     list[str] | None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -17,25 +16,29 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing, pki
-from oz0.errors import Oz0Error
 from oz0.membership import UP_WINDOW
+
+# The rules the command line checks too live in a light module of their own; callers keep
+# using them from here.
+from oz0.node_rules import DEFAULT_TENANT as DEFAULT_TENANT
+from oz0.node_rules import LABEL_KEY as _LABEL_KEY
+from oz0.node_rules import MAX_IDS_PER_REQUEST as MAX_IDS_PER_REQUEST
+from oz0.node_rules import MAX_LABELS as MAX_LABELS
+from oz0.node_rules import MAX_PENDING as MAX_PENDING
+from oz0.node_rules import MAX_PER_REQUEST as MAX_PER_REQUEST
+from oz0.node_rules import NodeError as NodeError
+from oz0.node_rules import TooManyNodes as TooManyNodes
+from oz0.node_rules import check_id_count as check_id_count
+from oz0.node_rules import check_labels as check_labels
+from oz0.node_rules import check_node_id as check_node_id
+from oz0.node_rules import is_node_id as is_node_id
 
 STATES = ("pending", "accepted", "rejected", "blocked", "purging")
 HEARTBEAT = 5.0
 # "A node silent for three heartbeats is shown disconnected."
 SILENT_AFTER = dt.timedelta(seconds=3 * HEARTBEAT)
-DEFAULT_TENANT = "default"
-_NODE_ID = re.compile(r"^node-[0-9a-f]{12}$")
-_LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
-MAX_LABELS = 64
-# Nodes waiting for an operator, cluster-wide: tokenless joins beyond it are refused.
-MAX_PENDING = 1000
 # Serialises tokenless joins so that concurrent ones cannot pass the limit together.
 _PENDING_LOCK = 0x6F7A305F70656E64
-
-
-class NodeError(Oz0Error):
-    pass
 
 
 class NodeNotFound(NodeError):
@@ -61,27 +64,6 @@ def check_room_for_pending(conn: psycopg.Connection[Any], limit: int) -> None:
 
 def new_node_id() -> str:
     return "node-" + secrets.token_hex(6)
-
-
-def is_node_id(text: str) -> bool:
-    return _NODE_ID.fullmatch(text) is not None
-
-
-def check_node_id(node_id: str) -> str:
-    if not _NODE_ID.match(node_id):
-        raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
-    return node_id
-
-
-def check_labels(labels: object) -> dict[str, str]:
-    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
-        raise NodeError(f"labels must be an object of at most {MAX_LABELS} KEY: VALUE pairs")
-    for key, value in labels.items():
-        if not isinstance(key, str) or not _LABEL_KEY.match(key):
-            raise NodeError(f"invalid label key {key!r}")
-        if not isinstance(value, str) or len(value) > 253 or not value.isprintable():
-            raise NodeError(f"invalid value for label {key}")
-    return dict(labels)
 
 
 def public_key_sha256(key: ec.EllipticCurvePublicKey) -> str:
@@ -753,15 +735,6 @@ def _changed(
 
 # --- many nodes at once ------------------------------------------------------------------
 
-# Nodes one block or unblock request may change: named by ID (as many as fit well inside
-# the API's 64 KiB body), or matched by a selector. More is refused, nothing changed.
-MAX_IDS_PER_REQUEST = 2_000
-MAX_PER_REQUEST = 10_000
-
-
-class TooManyNodes(NodeError):
-    pass
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -776,14 +749,6 @@ class Selection:
         assert self.selector is not None
         pairs = ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
         return pairs + (f" in tenant {self.tenant}" if self.tenant is not None else "")
-
-
-def check_id_count(count: int) -> None:
-    if count > MAX_IDS_PER_REQUEST:
-        raise TooManyNodes(
-            f"{count} nodes named; at most {MAX_IDS_PER_REQUEST} per request: split them up,"
-            f" or select them by label (up to {MAX_PER_REQUEST})"
-        )
 
 
 def select_ids(node_ids: list[str]) -> Selection:

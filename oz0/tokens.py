@@ -23,17 +23,19 @@ from psycopg.types.json import Jsonb
 from oz0 import audit, tenants
 from oz0.errors import Oz0Error
 
-TOKEN_ID = re.compile(r"^tok-[0-9a-f]{12}$")
-LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
-MAX_LABEL_VALUE = 253
+# The rules the command line checks too live in a light module of their own; callers keep
+# using them from here.
+from oz0.token_rules import DEFAULT_MAX_USES as DEFAULT_MAX_USES
+from oz0.token_rules import DEFAULT_TTL as DEFAULT_TTL
+from oz0.token_rules import TOKEN_ID as TOKEN_ID
+from oz0.token_rules import check_labels as check_labels
+from oz0.token_rules import parse_label_pairs as parse_label_pairs
+
 MAX_DESCRIPTION = 1000
 # The `max_uses` column is a PostgreSQL integer.
 MAX_USES_LIMIT = 2**31 - 1
 # Far beyond any sensible token, and well inside what a timestamp can hold.
 MAX_TTL = dt.timedelta(days=36500)
-# What a token gets when its creator does not say.
-DEFAULT_TTL = "24h"
-DEFAULT_MAX_USES = 1
 _TTL = re.compile("^" + "".join(rf"(?:([0-9]{{1,12}}){unit})?" for unit in "dhms") + "$")
 # What a node's hostname may take up in an audit row; it comes from the node, unchecked.
 _MAX_AUDITED_HOSTNAME = 253
@@ -147,33 +149,6 @@ def parse_ttl(text: str) -> dt.timedelta | None:
             f"invalid ttl {text!r}: at most {MAX_TTL.days}d; use 0 for a token that never expires"
         )
     return dt.timedelta(seconds=total)
-
-
-def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """Labels from KEY=VALUE pairs, as `token create --label` and the web UI take them."""
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key:
-            raise Oz0Error(f"invalid label {pair!r}: use KEY=VALUE, such as team=data")
-        if key in labels:
-            raise Oz0Error(f"label {key} is given more than once")
-        labels[key] = value
-    return labels
-
-
-def check_labels(labels: dict[str, str]) -> dict[str, str]:
-    for key, value in labels.items():
-        if not isinstance(key, str) or not LABEL_KEY.match(key):
-            raise Oz0Error(
-                f"invalid label key {key!r}: use 1 to 63 lowercase letters, digits, '.', '_', "
-                "'/' or '-', starting and ending with a letter or digit"
-            )
-        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE or not value.isprintable():
-            raise Oz0Error(
-                f"invalid value for label {key}: use at most {MAX_LABEL_VALUE} printable characters"
-            )
-    return labels
 
 
 def _check_description(description: str) -> str:

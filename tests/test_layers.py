@@ -26,6 +26,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "oz0.pki",
             "oz0.listing",
             "oz0.purge_command",
+            # What the command line checks and shows without loading the server.
+            "oz0.node_rules",
+            "oz0.token_rules",
+            "oz0.server_defaults",
         ),
     ),
     # PostgreSQL: the pool, migrations, LISTEN and the hub that fans its news out.

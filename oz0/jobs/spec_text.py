@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from oz0 import nodes
+from oz0 import node_rules
 
 _NUMBER = r"\d+(?:\.\d+)?"
 _SECONDS = re.compile(_NUMBER)
@@ -56,8 +56,8 @@ def parse_selector(pairs: Sequence[str]) -> dict[str, str]:
         if key in selector:
             raise ValueError(f"selector key {key} is given more than once")
         try:
-            nodes.check_labels({key: value})
-        except nodes.NodeError as e:
+            node_rules.check_labels({key: value})
+        except node_rules.NodeError as e:
             raise ValueError(
                 f"invalid selector {pair!r}: {e} (a key is 1 to 63 lowercase letters, digits,"
                 " '.', '_', '/' or '-', starting and ending with a letter or digit; a value"

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import trio
 
 from oz0 import nodes
+from oz0.server_defaults import RECONCILE_EVERY as RECONCILE_EVERY
 from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
 
-RECONCILE_EVERY = 1.0
 LEFT_SETTLE = 0.25
 
 

@@ -1,0 +1,59 @@
+"""What a node ID and node labels look like, and how many nodes one request may name.
+
+Pure rules, apart from `oz0.nodes` so that the command line can check what an operator
+typed without loading psycopg and the rest of the server (`oz0.nodes` re-exports them).
+"""
+
+from __future__ import annotations
+
+import re
+
+from oz0.errors import Oz0Error
+
+DEFAULT_TENANT = "default"
+NODE_ID = re.compile(r"^node-[0-9a-f]{12}$")
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+MAX_LABELS = 64
+# Nodes waiting for an operator, cluster-wide: tokenless joins beyond it are refused.
+MAX_PENDING = 1000
+# Nodes one block or unblock request may change: named by ID (as many as fit well inside
+# the API's 64 KiB body), or matched by a selector. More is refused, nothing changed.
+MAX_IDS_PER_REQUEST = 2_000
+MAX_PER_REQUEST = 10_000
+
+
+class NodeError(Oz0Error):
+    pass
+
+
+class TooManyNodes(NodeError):
+    pass
+
+
+def is_node_id(text: str) -> bool:
+    return NODE_ID.fullmatch(text) is not None
+
+
+def check_node_id(node_id: str) -> str:
+    if not NODE_ID.match(node_id):
+        raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
+    return node_id
+
+
+def check_labels(labels: object) -> dict[str, str]:
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise NodeError(f"labels must be an object of at most {MAX_LABELS} KEY: VALUE pairs")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise NodeError(f"invalid label key {key!r}")
+        if not isinstance(value, str) or len(value) > 253 or not value.isprintable():
+            raise NodeError(f"invalid value for label {key}")
+    return dict(labels)
+
+
+def check_id_count(count: int) -> None:
+    if count > MAX_IDS_PER_REQUEST:
+        raise TooManyNodes(
+            f"{count} nodes named; at most {MAX_IDS_PER_REQUEST} per request: split them up,"
+            f" or select them by label (up to {MAX_PER_REQUEST})"
+        )
