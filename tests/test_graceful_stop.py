@@ -18,14 +18,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from fixtures.agent import AgentProcess
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, initialise
+from fixtures.agent import AgentProcess, connected
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
+from fixtures.polling import wait_until
 from oz0.server.start import SHUTDOWN_GRACE
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.237", "127.0.0.238"
+ADVERTISE = SERVER_A  # the suite's cluster_files (tests/conftest.py)
 EDGE_A, EDGE_B = f"{SERVER_A}:7443", f"{SERVER_B}:7443"
 # After the grace, cutting what is left and stopping the roles; generous for a loaded
 # machine (an idle server's stop alone once took 4.5 s there, tests/test_server.py).
@@ -33,11 +34,6 @@ CLEANUP_BOUND = 6.0
 # From SIGTERM to the node's stream on the other server; a drain that did not tell it to
 # move would cut its stream only at the grace, SHUTDOWN_GRACE (4 s) after the signal.
 MOVE_BOUND = 3.0
-
-
-@pytest.fixture
-def cluster_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER_A)
 
 
 @pytest.fixture
@@ -60,14 +56,6 @@ def _token_create(files: ClusterFiles) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.05)
 
 
 def _waits_on_the_lock(files: ClusterFiles) -> bool:
@@ -99,10 +87,12 @@ def test_a_request_in_flight_at_sigterm_is_answered_while_new_connections_are_re
 ) -> None:
     server = start_server(cluster_files, SERVER_A)
     request = _token_create(cluster_files)
-    _wait_until(lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock")
+    wait_until(
+        lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock", step=0.05
+    )
 
     server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-    _wait_until(lambda: _draining(server), 3, "the server drains")
+    wait_until(lambda: _draining(server), 3, "the server drains", step=0.05)
     assert _refused(SERVER_A, 8443), "a new connection to the API after SIGTERM"
     assert _refused(SERVER_A, 7443), "a new connection to the edge after SIGTERM"
     assert server.process is not None and server.process.poll() is None
@@ -124,7 +114,9 @@ def test_a_request_that_never_ends_is_cut_at_the_grace_and_the_server_stops(
 ) -> None:
     server = start_server(cluster_files, SERVER_A)
     request = _token_create(cluster_files)
-    _wait_until(lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock")
+    wait_until(
+        lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock", step=0.05
+    )
 
     began = time.monotonic()
     server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
@@ -137,10 +129,6 @@ def test_a_request_that_never_ends_is_cut_at_the_grace_and_the_server_stops(
     )
     request.communicate(timeout=30)
     assert request.returncode != 0
-
-
-def _connected(status: dict[str, Any]) -> bool:
-    return status.get("state") == "accepted" and status.get("connected") is True
 
 
 def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
@@ -159,13 +147,15 @@ def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
         tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=created.json()["token"]
     ).start()
     agents.append(agent)
-    on_a = agent.wait_status(_connected, timeout=30)
+    on_a = agent.wait_status(connected, timeout=30)
     node_json = tmp_path / "node" / "identity" / "node.json"
-    _wait_until(lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known")
+    wait_until(
+        lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known", step=0.05
+    )
 
     began = time.monotonic()
     server_a.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-    on_b = agent.wait_status(lambda s: _connected(s) and s["server"] != on_a["server"], timeout=30)
+    on_b = agent.wait_status(lambda s: connected(s) and s["server"] != on_a["server"], timeout=30)
     moved_in = time.monotonic() - began
     assert moved_in < MOVE_BOUND, f"moved to B {moved_in:.2f} s after A's SIGTERM"
     assert "asked node" in agent.log() and "moving to another edge now" in agent.log()
