@@ -21,19 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 from temporalio import activity
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from fixtures.cluster import Served
 from fixtures.polling import asyncio_until
-from fixtures.temporal import Credentials, operator_credentials, run_async
+from fixtures.temporal import Credentials, operator_credentials, register_namespace, run_async
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
 
@@ -62,33 +59,8 @@ def operator(served: Served) -> Credentials:
     """Our own namespace in the module's one server's Temporal; the operator's credentials
     (Temporal's admin)."""
     creds = operator_credentials(served.files)
-    run_async(lambda: _register_namespace(creds))
+    run_async(lambda: register_namespace(TEMPORAL, creds, NAMESPACE))
     return creds
-
-
-async def _register_namespace(creds: Credentials) -> None:
-    client = await Client.connect(TEMPORAL, namespace="default", tls=creds.tls())
-    with contextlib.suppress(RPCError):  # already there: a rerun against the same server
-        await client.workflow_service.register_namespace(
-            RegisterNamespaceRequest(
-                namespace=NAMESPACE,
-                workflow_execution_retention_period=Duration(seconds=86400),
-            )
-        )
-    # Registered is not usable yet: the frontend learns of it when its cache refreshes.
-    ours = Client(client.service_client, namespace=NAMESPACE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            handle = await ours.start_workflow(
-                "probe", id="probe-" + secrets.token_hex(4), task_queue="probe"
-            )
-            await handle.terminate()
-            return
-        except RPCError as e:
-            if e.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.25)
 
 
 # --- the fakes ----------------------------------------------------------------------------

@@ -13,10 +13,7 @@ reconnect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
 import threading
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from google.protobuf.duration_pb2 import Duration
-from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
-from fixtures.temporal import Credentials, operator_credentials, run_async
+from fixtures.temporal import Credentials, operator_credentials, register_namespace, run_async
 from oz0 import audit
 from oz0.jobs import store
 from oz0.jobs.role import JobsRole
@@ -63,34 +57,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credenti
         try:
             server.start()
             creds = operator_credentials(files)
-            run_async(lambda: _register_namespace(creds))
+            run_async(lambda: register_namespace(TEMPORAL, creds, TENANT))
             yield creds, conninfo
         finally:
             server.kill()
-
-
-async def _register_namespace(creds: Credentials) -> None:
-    client = await Client.connect(TEMPORAL, namespace="default", tls=creds.tls())
-    with contextlib.suppress(RPCError):  # already there: a rerun against the same server
-        await client.workflow_service.register_namespace(
-            RegisterNamespaceRequest(
-                namespace=TENANT, workflow_execution_retention_period=Duration(seconds=86400)
-            )
-        )
-    # Registered is not usable yet: the frontend learns of it when its cache refreshes.
-    ours = Client(client.service_client, namespace=TENANT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            handle = await ours.start_workflow(
-                "probe", id="probe-" + secrets.token_hex(4), task_queue="probe"
-            )
-            await handle.terminate()
-            return
-        except RPCError as e:
-            if e.status != RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.25)
 
 
 def _new_job(conninfo: str) -> str:
