@@ -17,8 +17,7 @@ import pytest
 from playwright import sync_api as playwright
 
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise, kill_all
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, cluster_of
 from fixtures.web_events import EventStream, curl, signed_in
 from oz0.web import live
 from tests.conftest import CliRunner
@@ -36,19 +35,8 @@ NOT_A_NODE = "node-000000000000"
 def cluster_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
     """One cluster and its two servers for the file (each test's own would cost a cluster
     and a server start apiece); every test signs in with a session of its own."""
-    root = tmp_path_factory.mktemp("web-live")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        servers = [
-            ServerProcess.for_cluster(files, address, workdir=root / address)
-            for address in (SERVER, SECOND)
-        ]
-        try:
-            for server in servers:
-                server.start()
-            yield files
-        finally:
-            kill_all(servers)
+    with cluster_of(tmp_path_factory.mktemp("web-live"), (SERVER, SECOND)) as files:
+        yield files
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ import psycopg
 import pytest
 from playwright import sync_api as playwright
 
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise, kill_all
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles, cluster_of
 from fixtures.web_events import curl
 from oz0 import ui_sessions as sessions
 from oz0.web.headers import CONTENT_SECURITY_POLICY
@@ -32,19 +31,8 @@ SERVER, SECOND = "127.0.0.194", "127.0.0.195"
 def cluster_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
     """One cluster and its two servers for the file (each test's own would cost a cluster
     and a server start apiece)."""
-    root = tmp_path_factory.mktemp("web-ui")
-    with fresh_database_url() as url:
-        files = initialise(root, url, advertise=SERVER)
-        servers = [
-            ServerProcess.for_cluster(files, address, workdir=root / address)
-            for address in (SERVER, SECOND)
-        ]
-        try:
-            for server in servers:
-                server.start()
-            yield files
-        finally:
-            kill_all(servers)
+    with cluster_of(tmp_path_factory.mktemp("web-ui"), (SERVER, SECOND)) as files:
+        yield files
 
 
 @pytest.fixture(autouse=True)
