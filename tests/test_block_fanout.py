@@ -10,9 +10,13 @@ from collections.abc import Callable
 
 import pytest
 import trio
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.polling import seconds_until
 from fixtures.temporal import (
     Credentials,
     connect,
@@ -24,7 +28,7 @@ from fixtures.temporal import (
 from tests.conftest import CliRunner
 from tests.test_edge import cli_async
 from tests.test_node_removal import next_non_heartbeat
-from tests.test_temporal import access, eventually
+from tests.test_temporal import access
 
 StartServer = Callable[..., ServerProcess]
 EDGE_C, TEMPORAL_C = "127.0.0.13:7443", "127.0.0.13:7233"
@@ -40,9 +44,6 @@ PARTITIONS = 4
 
 def pollers(address: str, creds: Credentials, queue: str) -> set[str]:
     """Who Temporal says is polling QUEUE's activity tasks now, over its partitions."""
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
     async def describe() -> set[str]:
         client = await connect(address, "default", creds)
@@ -81,7 +82,9 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
     ] == "accepted"
     creds = node_credentials(keys.ca_pem, keys.cert_pem, keys.key)
     await trio.to_thread.run_sync(
-        lambda: eventually(lambda: access(TEMPORAL_C, "default", creds) == "allowed")
+        lambda: seconds_until(
+            lambda: access(TEMPORAL_C, "default", creds) == "allowed", 15, "C allows the node"
+        )
     )
 
     # A worker's long poll in flight on C when the block lands.
@@ -97,7 +100,11 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
     # the host's checks) and is held open there, not somewhere on its way.
     operator = operator_credentials(cluster_files)
     await trio.to_thread.run_sync(
-        lambda: eventually(lambda: POLLER in pollers(TEMPORAL_C, operator, keys.node_id))
+        lambda: seconds_until(
+            lambda: POLLER in pollers(TEMPORAL_C, operator, keys.node_id),
+            15,
+            "Temporal lists the poll among its pollers",
+        )
     )
     assert poller.is_alive(), "the poll is held open while there is no work"
 
@@ -115,7 +122,9 @@ async def test_a_block_through_server_a_notifies_server_c_to_close_stream_and_te
     assert refusal["type"] == "refused" and refusal["code"] == "blocked"
 
     def refused_on_c() -> float:
-        return eventually(lambda: access(TEMPORAL_C, "default", creds) == "denied", timeout=10)
+        return seconds_until(
+            lambda: access(TEMPORAL_C, "default", creds) == "denied", 10, "C denies the node"
+        )
 
     # Measured from the moment the operator ran the command (its own round trip included).
     await trio.to_thread.run_sync(refused_on_c)

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
-from fixtures.polling import seconds_until, wait_until
+from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
     connect,
@@ -48,12 +48,6 @@ def describe_namespace(address: str, namespace: str, creds: Credentials) -> str:
         return str(answer.namespace_info.name)
 
     return run_async(work)
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> float:
-    """Seconds until PREDICATE holds: `fixtures.polling.seconds_until` under the name that
-    tests/test_block_fanout.py imports from here."""
-    return seconds_until(predicate, timeout, "the predicate (tests/test_block_fanout.py)")
 
 
 def access(address: str, namespace: str, creds: Credentials) -> str:
