@@ -8,7 +8,6 @@ import os
 import secrets
 import subprocess
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,34 +16,24 @@ import trio
 import trio.testing
 
 from fixtures import edge_client
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
 from fixtures.edge_client import NodeKeys
 from oz0 import audit
 from oz0.server.edge.join_refusals import JoinRefusals
-from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 from tests.test_node_removal import next_non_heartbeat, verified_command
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.82"
+ADVERTISE = SERVER  # the suite's cluster_files (tests/conftest.py)
 EDGE = f"{SERVER}:7443"
 LIMIT = 3
 EDGE_ACTOR = audit.Actor("server", "server-000000000000")
 
 
-@pytest.fixture
-def files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=SERVER)
-
-
-@pytest.fixture
-def env(files: ClusterFiles) -> dict[str, str]:
-    return files.cli_env
-
-
-async def cli_json(cli: CliRunner, env: dict[str, str], *args: str) -> Any:
-    done = await trio.to_thread.run_sync(lambda: cli(*args, "--json", env=env))
+async def cli_json(cli: CliRunner, cluster_env: dict[str, str], *args: str) -> Any:
+    done = await trio.to_thread.run_sync(lambda: cli(*args, "--json", env=cluster_env))
     assert done.code == 0, done.err
     return done.json()
 
@@ -55,8 +44,8 @@ async def pinned() -> NodeKeys:
     return keys
 
 
-def refused_rows(files: ClusterFiles) -> list[audit.Entry]:
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+def refused_rows(cluster_files: ClusterFiles) -> list[audit.Entry]:
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
         return audit.entries(conn, action="node.join.refused", limit=1000)
 
 
@@ -70,16 +59,16 @@ def refused_rows(files: ClusterFiles) -> list[audit.Entry]:
     ],
 )  # fmt: skip
 def test_max_pending_nodes_out_of_range_is_one_line_and_starts_nothing(
-    files: ClusterFiles, env: dict[str, str], value: str, code: int, error: str
+    cluster_files: ClusterFiles, cluster_env: dict[str, str], value: str, code: int, error: str
 ) -> None:
     # A process of its own, as an operator runs it: were the value taken, the server would
     # start and run (and is then stopped as an operator would, its Temporal host with it).
     process = subprocess.Popen(
         cli_command(
-            "server", "start", "--master-key-file", str(files.master_key), "--advertise", SERVER,
-            "--listen", SERVER, "--max-pending-nodes", value,
+            "server", "start", "--master-key-file", str(cluster_files.master_key),
+            "--advertise", SERVER, "--listen", SERVER, "--max-pending-nodes", value,
         ),
-        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **cluster_env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -89,14 +78,17 @@ def test_max_pending_nodes_out_of_range_is_one_line_and_starts_nothing(
         process.communicate(timeout=30)
         raise AssertionError(f"--max-pending-nodes {value} was taken: the server ran") from None
     assert (process.returncode, err, out) == (code, error + "\n", "")
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
         assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
 
 
 async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_rate(
-    cli: CliRunner, files: ClusterFiles, env: dict[str, str], start_server: StartServer
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
 ) -> None:
-    server = start_server(files, SERVER, "--max-pending-nodes", str(LIMIT))
+    server = start_server(cluster_files, SERVER, "--max-pending-nodes", str(LIMIT))
     answers: list[dict[str, Any]] = []
 
     async def join(token: str | None = None) -> None:
@@ -116,15 +108,15 @@ async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_r
         "message": f"this cluster already has {LIMIT} nodes waiting for an operator, its limit;"
         " ask an operator to accept or reject some, or join with a token",
     }
-    assert len(await cli_json(cli, env, "node", "list", "--state", "pending")) == LIMIT
+    assert len(await cli_json(cli, cluster_env, "node", "list", "--state", "pending")) == LIMIT
 
     # A token still gets a node in; an operator's decision makes room for one more.
-    created = await cli_json(cli, env, "token", "create", "--tenant", "default")
+    created = await cli_json(cli, cluster_env, "token", "create", "--tenant", "default")
     answers.clear()
     await join(created["token"])
     assert answers[-1]["state"] == "accepted"
     rejected = await trio.to_thread.run_sync(
-        lambda: cli("node", "reject", joined[0]["node_id"], env=env)
+        lambda: cli("node", "reject", joined[0]["node_id"], env=cluster_env)
     )
     assert rejected.code == 0, rejected.err
     await join()
@@ -139,7 +131,7 @@ async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_r
             nursery.start_soon(join, None if i % 2 else f"tok-{secrets.token_hex(6)}.x")
     assert all(a["type"] == "error" for a in answers[-flood:])
     total = 10 - LIMIT + 1 + flood
-    one_by_one = refused_rows(files)
+    one_by_one = refused_rows(cluster_files)
     assert len(one_by_one) == 20
     pending_rows = [r for r in one_by_one if r.details["reason"] == "pending_limit"]
     assert pending_rows and pending_rows[0].target == "cluster"
@@ -149,7 +141,7 @@ async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_r
         "hostname": "test-host",
     }
     server.stop()
-    rows = refused_rows(files)
+    rows = refused_rows(cluster_files)
     summaries = [r for r in rows if r.details.get("summary")]
     assert len(rows) == 21 and len(summaries) == 1
     summary = summaries[0]
@@ -160,8 +152,8 @@ async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_r
 
 
 @pytest.fixture
-def database_url(files: ClusterFiles) -> Iterator[str]:
-    yield files.url.for_database(files.url.names.main)
+def database_url(cluster_files: ClusterFiles) -> Iterator[str]:
+    yield cluster_files.url.for_database(cluster_files.url.names.main)
 
 
 async def test_refusals_over_the_budget_become_one_summary_row_per_interval(
@@ -214,15 +206,18 @@ async def test_refusals_over_the_budget_become_one_summary_row_per_interval(
 
 
 async def test_only_answers_to_a_purge_command_this_edge_sent_are_audited(
-    cli: CliRunner, files: ClusterFiles, env: dict[str, str], start_server: StartServer
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    start_server: StartServer,
 ) -> None:
-    start_server(files, SERVER)
-    created = await cli_json(cli, env, "token", "create", "--tenant", "default")
+    start_server(cluster_files, SERVER)
+    created = await cli_json(cli, cluster_env, "token", "create", "--tenant", "default")
     keys = await pinned()
     assert (await edge_client.join(EDGE, keys, token=created["token"]))["state"] == "accepted"
 
     async def purge_refusals() -> list[dict[str, Any]]:
-        rows = await cli_json(cli, env, "audit", "list", "--action", "node.purge.refused")
+        rows = await cli_json(cli, cluster_env, "audit", "list", "--action", "node.purge.refused")
         return [r for r in rows if r["target"] == f"node:{keys.node_id}"]
 
     async with edge_client.control(EDGE, keys) as (ws, welcome):
@@ -235,7 +230,7 @@ async def test_only_answers_to_a_purge_command_this_edge_sent_are_audited(
         assert await purge_refusals() == []
 
         purging = await trio.to_thread.run_sync(
-            lambda: cli("node", "purge", keys.node_id, "--yes", env=env)
+            lambda: cli("node", "purge", keys.node_id, "--yes", env=cluster_env)
         )
         assert purging.code == 0, purging.err
         with trio.fail_after(10):
