@@ -95,17 +95,25 @@ def _draining(server: ServerProcess) -> bool:
     return "draining: " in server.stderr()
 
 
+def _serving_a_waiting_request(
+    files: ClusterFiles,
+    start_server: StartServer,
+    token_create: Callable[[], subprocess.Popen[str]],
+) -> tuple[ServerProcess, subprocess.Popen[str]]:
+    """Server A, and a `token create` in flight there, waiting on the tokens' lock."""
+    server = start_server(files, SERVER_A)
+    request = token_create()
+    wait_until(lambda: _waits_on_the_lock(files), 15, "token create waits on the lock", step=0.05)
+    return server, request
+
+
 def test_a_request_in_flight_at_sigterm_is_answered_while_new_connections_are_refused(
     cluster_files: ClusterFiles,
     start_server: StartServer,
     tokens_locked: psycopg.Connection[Any],
     token_create: Callable[[], subprocess.Popen[str]],
 ) -> None:
-    server = start_server(cluster_files, SERVER_A)
-    request = token_create()
-    wait_until(
-        lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock", step=0.05
-    )
+    server, request = _serving_a_waiting_request(cluster_files, start_server, token_create)
 
     server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     wait_until(lambda: _draining(server), 3, "the server drains", step=0.05)
@@ -130,11 +138,7 @@ def test_a_request_that_never_ends_is_cut_at_the_grace_and_the_server_stops(
     tokens_locked: psycopg.Connection[Any],
     token_create: Callable[[], subprocess.Popen[str]],
 ) -> None:
-    server = start_server(cluster_files, SERVER_A)
-    request = token_create()
-    wait_until(
-        lambda: _waits_on_the_lock(cluster_files), 15, "token create waits on the lock", step=0.05
-    )
+    server, request = _serving_a_waiting_request(cluster_files, start_server, token_create)
 
     began = time.monotonic()
     server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
