@@ -10,7 +10,7 @@ import psycopg
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from oz0 import audit, pki
+from oz0 import access, audit, pki
 from oz0.errors import Oz0Error
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -70,6 +70,28 @@ def is_current(conn: psycopg.Connection[Any], identity: pki.Identity) -> bool:
         (identity.name, identity.serial),
     ).fetchone()
     return row is not None
+
+
+def person_of(conn: psycopg.Connection[Any], identity: pki.Identity) -> access.Person | None:
+    """The operator IDENTITY is, with its role and tenants, if it holds its current
+    certificate (by the rule of `is_current`); None otherwise. Notes when it was last used
+    (at most once a minute, so a burst of requests writes once)."""
+    row = conn.execute(
+        "UPDATE operators SET last_used_at = now()"
+        " WHERE name = %s AND cert_serial = %s AND cert_not_after > now()"
+        " AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')"
+        " RETURNING role, tenants",
+        (identity.name, identity.serial),
+    ).fetchone()
+    if row is None:
+        row = conn.execute(
+            "SELECT role, tenants FROM operators"
+            " WHERE name = %s AND cert_serial = %s AND cert_not_after > now()",
+            (identity.name, identity.serial),
+        ).fetchone()
+    if row is None:
+        return None
+    return access.person("operator", identity.name, row[0], row[1])
 
 
 def current_serials(conn: psycopg.Connection[Any]) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from oz0 import audit, passwords
+from oz0 import access, audit, passwords
 from oz0.errors import Oz0Error
 
 COOKIE = "__Host-oz0-session"
@@ -40,10 +40,18 @@ class Session:
     username: str
     csrf: str
     created_at: dt.datetime
+    # The operator of the same name's role and tenants, read with the session: a change
+    # or removal holds from the next request.
+    role: access.Role = access.Role.VIEWER
+    tenants: frozenset[str] = frozenset()
 
     @property
-    def actor(self) -> audit.Actor:
-        return audit.Actor("ui", self.username)
+    def person(self) -> access.Person:
+        return access.Person("ui", self.username, self.role, self.tenants)
+
+    @property
+    def actor(self) -> access.Person:
+        return self.person
 
     def csrf_matches(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given, self.csrf)
@@ -105,28 +113,35 @@ def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[st
     token = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
     row = conn.execute(
-        "INSERT INTO ui_sessions (token_sha256, username, csrf, source) VALUES (%s, %s, %s, %s)"
-        " RETURNING created_at",
-        (_digest(token), username, csrf, source),
+        "INSERT INTO ui_sessions (token_sha256, username, csrf, source)"
+        " SELECT %s, name, %s, %s FROM operators WHERE name = %s"
+        " RETURNING created_at, (SELECT role FROM operators WHERE name = username),"
+        " (SELECT tenants FROM operators WHERE name = username)",
+        (_digest(token), csrf, source, username),
     ).fetchone()
-    assert row is not None
+    if row is None:
+        raise SignInRefused(f"the web UI account {username} is no operator's")
     audit.record(
         conn, audit.Actor("ui", username), "ui.login", f"ui:{username}", {"source": source}
     )
-    return token, Session(username, csrf, row[0])
+    return token, Session(username, csrf, row[0], access.Role(row[1]), frozenset(row[2]))
 
 
 def current(conn: psycopg.Connection[Any], token: str | None) -> Session | None:
-    """The session TOKEN names, if it has not expired (its idle clock starts again)."""
+    """The session TOKEN names, if it has not expired (its idle clock starts again) and its
+    account is an operator's (whose role and tenants it carries)."""
     if not token or len(token) > 100:
         return None
     row = conn.execute(
-        "UPDATE ui_sessions SET last_seen = now() WHERE token_sha256 = %(t)s"
-        " AND last_seen > now() - %(idle)s AND created_at > now() - %(absolute)s"
-        " RETURNING username, csrf, created_at",
+        "UPDATE ui_sessions s SET last_seen = now() FROM operators o"
+        " WHERE s.token_sha256 = %(t)s AND o.name = s.username"
+        " AND s.last_seen > now() - %(idle)s AND s.created_at > now() - %(absolute)s"
+        " RETURNING s.username, s.csrf, s.created_at, o.role, o.tenants",
         {"t": _digest(token), "idle": IDLE, "absolute": ABSOLUTE},
     ).fetchone()
-    return Session(row[0], row[1], row[2]) if row else None
+    if row is None:
+        return None
+    return Session(row[0], row[1], row[2], access.Role(row[3]), frozenset(row[4]))
 
 
 def count_open(conn: psycopg.Connection[Any], username: str) -> int:

@@ -15,7 +15,7 @@ import trio
 
 from cli.client import ApiClient, ApiError
 from fixtures.cluster import ClusterFiles, ServerProcess
-from oz0 import pki
+from oz0 import access, pki
 from oz0.context import Context
 from oz0.server.api.operator_cache import HOLD_FOR, OperatorCache
 from oz0.store.events import NODES, OPERATORS, EventHub
@@ -32,6 +32,10 @@ def identity(name: str = "alice", serial: int = 7, days: float = 30) -> pki.Iden
     return pki.Identity(pki.Role.OPERATOR, name, "test", serial, not_after)
 
 
+# Who a current certificate is: what the cache keeps with it.
+ALICE = access.person("operator", "alice", "viewer", ["acme"])
+
+
 def attached() -> tuple[OperatorCache, EventHub]:
     hub = EventHub("unused")
     cache = OperatorCache()
@@ -45,7 +49,7 @@ async def test_a_certificate_found_current_is_taken_again_for_hold_for_seconds_o
     cache, _ = attached()
     alice = identity()
     assert not cache.current(alice)
-    cache.remember(alice, cache.version("alice"))
+    cache.remember(alice, cache.version("alice"), ALICE)
     began = trio.current_time()
     assert cache.current(alice)
     assert not cache.current(identity(serial=8)), "another certificate of the same name"
@@ -63,7 +67,7 @@ async def test_an_operator_notification_or_a_listen_gap_forgets_at_once(
     cache, hub = attached()
     alice, bob = identity(), identity(name="bob", serial=9)
     for who in (alice, bob):
-        cache.remember(who, cache.version(who.name))
+        cache.remember(who, cache.version(who.name), ALICE)
     hub._dispatch(Notification(NODES, "alice"))  # another channel: no change
     assert cache.current(alice)
     hub._dispatch(Notification(OPERATORS, "alice"))  # alice renewed or was re-issued
@@ -80,13 +84,13 @@ async def test_a_read_that_began_before_a_change_is_not_kept(
     alice = identity()
     version = cache.version("alice")  # the database read starts ...
     hub._dispatch(Notification(OPERATORS, "alice"))  # ... the renewal commits meanwhile
-    cache.remember(alice, version)  # ... and the read's answer comes back
+    cache.remember(alice, version, ALICE)  # ... and the read's answer comes back
     assert not cache.current(alice)
     version = cache.version("alice")
     hub._gap()
-    cache.remember(alice, version)
+    cache.remember(alice, version, ALICE)
     assert not cache.current(alice)
-    cache.remember(alice, cache.version("alice"))
+    cache.remember(alice, cache.version("alice"), ALICE)
     assert cache.current(alice)
 
 
@@ -95,7 +99,7 @@ async def test_an_expired_certificate_is_never_taken_from_the_cache(
 ) -> None:
     cache, _ = attached()
     expiring = identity(days=-1 / 86400)
-    cache.remember(expiring, cache.version("alice"))
+    cache.remember(expiring, cache.version("alice"), ALICE)
     assert not cache.current(expiring)
 
 
@@ -103,17 +107,18 @@ class Reads:
     """A database read of whether an operator is current, taking DELAY seconds."""
 
     def __init__(self, answers: list[bool | Exception], delay: float = 0.01) -> None:
+        # True: the operator is current (ALICE), False: it is not (None).
         self.answers = answers
         self.delay = delay
         self.count = 0
 
-    async def __call__(self) -> bool:
+    async def __call__(self) -> access.Person | None:
         self.count += 1
         await trio.sleep(self.delay)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return ALICE if answer else None
 
 
 async def confirm_all(cache: OperatorCache, who: pki.Identity, read: Reads, n: int) -> list[object]:
@@ -138,15 +143,15 @@ async def test_requests_that_arrive_together_share_one_read(
     cache, _ = attached()
     alice = identity()
     read = Reads([True])
-    assert await confirm_all(cache, alice, read, 50) == [True] * 50
+    assert await confirm_all(cache, alice, read, 50) == [ALICE] * 50
     assert read.count == 1
-    assert cache.current(alice), "the shared answer is kept too"
+    assert cache.current(alice) == ALICE, "the shared answer is kept too, role and tenants"
     refusing = Reads([False, False])
     bob = identity(name="bob")
-    assert await confirm_all(cache, bob, refusing, 20) == [False] * 20
+    assert await confirm_all(cache, bob, refusing, 20) == [None] * 20
     assert refusing.count == 1
     assert not cache.current(bob), "a refusal is not kept"
-    assert await cache.confirmed(bob, refusing) is False
+    assert await cache.confirmed(bob, refusing) is None
     assert refusing.count == 2, "a refusal is read again by the next to ask"
 
 
@@ -159,7 +164,7 @@ async def test_a_read_crossed_by_a_change_is_not_shared(
     outcomes: list[bool] = []
 
     async def ask() -> None:
-        outcomes.append(await cache.confirmed(alice, read))
+        outcomes.append(await cache.confirmed(alice, read) is not None)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)  # reads: True, as the database was when it began
@@ -180,7 +185,7 @@ async def test_a_failed_read_fails_its_caller_only(
     read = Reads([OSError("database down"), True, True])
     outcomes = await confirm_all(cache, alice, read, 3)
     assert sum(isinstance(o, OSError) for o in outcomes) == 1, outcomes
-    assert outcomes.count(True) == 2, "the others read for themselves"
+    assert outcomes.count(ALICE) == 2, "the others read for themselves"
     assert read.count == 3
 
 

@@ -25,6 +25,7 @@ from oz0.server.api import (
     tenants,
     tokens,
 )
+from oz0.server.api import common as api_common
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import Served, serve_https
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -114,6 +115,10 @@ def create_app(state: ManagementState) -> QuartTrio:
             )
             return secure(Response(page, status, mimetype="text/html")), status
         return jsonify({"error": f"{status} {error.name}: {error.description}"}), status
+
+    @app.before_request
+    async def authorize() -> None:
+        await api_common.authorize(state)
 
     for module in API_MODULES:
         module.register(app, state)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from quart import Response, redirect, render_template, request
+from quart import Response, g, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
@@ -62,10 +62,15 @@ class Pages:
         return await self.session_of(request.cookies.get(sessions.COOKIE))
 
     async def session(self) -> sessions.Session:
-        """The signed-in session; NotSignedIn (→ the sign-in page) if there is none."""
+        """The signed-in session; NotSignedIn (→ the sign-in page) if there is none. Read
+        once per request (the blueprint's rule check reads it before the page)."""
+        found: sessions.Session | None = g.get("session")
+        if found is not None:
+            return found
         current = await self.session_or_none()
         if current is None:
             raise NotSignedIn()
+        g.session = current
         return current
 
     async def posted(self) -> tuple[sessions.Session, MultiDict[str, str]]:

@@ -12,6 +12,7 @@ from quart import Blueprint, Response, redirect, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
+from oz0 import access
 from oz0.server.api.common import ManagementState
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.web import (
@@ -48,6 +49,21 @@ def blueprint(state: ManagementState) -> Blueprint:
         static_url_path="/ui/static",
     )  # fmt: skip
     pages = Pages(state)
+
+    @web.before_request
+    async def authorize() -> None:
+        # Deny by default: a page the rule table does not name is refused, and so is one
+        # whose right the person's role lacks (the page has no button for it either).
+        rule = access.rule_of(request.endpoint)
+        if rule is None:
+            raise Refused("a page no rule allows")
+        if rule.right is access.Right.PUBLIC:
+            return
+        session = await pages.session()
+        try:
+            session.person.check(rule.right, rule.doing)
+        except access.Forbidden as e:
+            raise Refused(str(e)) from None
 
     @web.after_request
     async def headers(response: Response) -> Response:

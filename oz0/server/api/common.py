@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from quart import request
+from quart import g, request
 
-from oz0 import audit, nodes, operators, pki
+from oz0 import access, nodes, operators, pki
 from oz0.cluster import Cluster
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.https import peer_cert_der
@@ -57,19 +57,44 @@ class ApiError(Exception):
         self.message = message
 
 
-async def operator(state: ManagementState) -> audit.Actor:
-    """The operator calling, from the client certificate; ApiError if not one we trust."""
+async def operator(state: ManagementState) -> access.Person:
+    """The operator calling, from the client certificate (its role and tenants); ApiError if
+    not one we trust. Found once per request (`authorize` finds it before the handler)."""
+    found: access.Person | None = g.get("person")
+    if found is not None:
+        return found
     der = peer_cert_der(request.scope)
     if der is None:
         raise ApiError(401, "an operator client certificate is required")
     identity = pki.identity_of_der(der)
     if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
         raise ApiError(403, "this certificate does not belong to an operator of this cluster")
-    if not await state.operator_cache.confirmed(
-        identity, lambda: state.db.transaction(lambda conn: operators.is_current(conn, identity))
-    ):
+    person = await state.operator_cache.confirmed(
+        identity, lambda: state.db.transaction(lambda conn: operators.person_of(conn, identity))
+    )
+    if person is None:
         raise _unknown(identity)
-    return audit.Actor("operator", identity.name)
+    g.person = person
+    return person
+
+
+async def authorize(state: ManagementState) -> None:
+    """Before every API request: refuse a route the rule table does not name (deny by
+    default), and a caller whose role lacks the route's right (403, one line). Web pages
+    are checked by their blueprint (oz0/web/routes.py), with a session for a certificate."""
+    if request.routing_exception is not None:
+        return  # 404 or 405: answered as such
+    endpoint = request.endpoint or ""
+    rule = access.rule_of(endpoint)
+    if rule is None:
+        raise ApiError(403, f"no rule allows {request.method} {request.path}")
+    if rule.right is access.Right.PUBLIC or endpoint.startswith("web."):
+        return
+    person = await operator(state)
+    try:
+        person.check(rule.right, rule.doing)
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
 
 
 def _unknown(identity: pki.Identity) -> ApiError:
