@@ -143,6 +143,13 @@ RULES: dict[str, Rule] = {
     # The API (operator certificates).
     "cluster_info": _rule(Right.READ, "read the cluster"),
     "operator_renew": _rule(Right.SELF, "renew its certificate"),
+    # A new person has no identity yet: its one-time code is its proof (oz0/enrollment.py).
+    "operator_enroll": _rule(Right.PUBLIC),
+    "operator_list": _rule(Right.MANAGE_OPERATORS, "list operators"),
+    "operator_show": _rule(Right.MANAGE_OPERATORS, "see operators"),
+    "operator_add": _rule(Right.MANAGE_OPERATORS, "add operators"),
+    "operator_set": _rule(Right.MANAGE_OPERATORS, "change operators"),
+    "operator_remove": _rule(Right.MANAGE_OPERATORS, "remove operators"),
     "tenant_list": _rule(Right.READ, "list tenants"),
     "tenant_create": _rule(Right.CREATE_TENANTS, "create tenants"),
     "token_list": _rule(Right.READ, "list join tokens"),

@@ -1,12 +1,23 @@
-"""POST /api/v1/operator/renew"""
+"""POST /api/v1/operator/renew (a person's own certificate); GET and POST
+/api/v1/operator/enroll (no identity: what a new person pins, then its code traded for its
+certificate); GET and POST /api/v1/operators, GET, PATCH and DELETE
+/api/v1/operators/<name> (an admin's: the people of the cluster, or of its tenants)."""
 
 from __future__ import annotations
 
-from quart import Response, jsonify
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import operators, pki
+from oz0 import access, enrollment, operators, passwords, pki, ui_accounts
+from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+
+T = TypeVar("T")
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
@@ -20,16 +31,20 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             public_key = pki.csr_public_key(body["csr"].encode())
         except ValueError as e:
             raise ApiError(400, f"bad certificate request: {e}") from None
-        cert = await state.db.transaction(
-            lambda conn: operators.issue_certificate(
-                conn,
-                state.cluster.cluster_ca,
-                actor.name,
-                public_key,
-                actor=actor,
-                action="operator.renew",
+        try:
+            cert = await state.db.transaction(
+                lambda conn: operators.issue_certificate(
+                    conn,
+                    state.cluster.cluster_ca,
+                    actor.name,
+                    public_key,
+                    actor=actor,
+                    action="operator.renew",
+                    create=False,
+                )
             )
-        )
+        except operators.OperatorNotFound as e:
+            raise ApiError(403, str(e)) from None
         # Refused here at once, not only once the notification comes back.
         state.operator_cache.forget(actor.name)
         return jsonify(
@@ -38,3 +53,141 @@ def register(app: QuartTrio, state: ManagementState) -> None:
                 "not_after": cert.not_valid_after_utc.isoformat(),
             }
         )
+
+    # One endpoint for both methods: the rule table names it once, as public.
+    @app.route("/api/v1/operator/enroll", methods=["GET", "POST"])
+    async def operator_enroll() -> Response:
+        if request.method == "GET":
+            # What `operator enroll` pins (by its hash) before it sends its code.
+            return jsonify(
+                {"cluster": state.cluster.name, "ca_certificate": state.cluster.ca_pem.decode()}
+            )
+        return await _enroll(state)
+
+    @app.get("/api/v1/operators")
+    async def operator_list() -> Response:
+        person = await operator(state)
+        rows = await state.db.transaction(lambda conn: operators.list_operators(conn, person))
+        return jsonify({"operators": [r.to_json() for r in rows]})
+
+    @app.post("/api/v1/operators")
+    async def operator_add() -> Response:
+        person = await operator(state)
+        body = await json_object()
+        name, role, tenants = body.get("name"), body.get("role"), body.get("tenants", [])
+        expires = body.get("expires", enrollment.DEFAULT_EXPIRES)
+        if not isinstance(name, str) or not isinstance(expires, str):
+            raise ApiError(400, "body must be a JSON object with a `name` and a `role`")
+        server = await state.db.transaction(_own_address(state.server_id))
+
+        def add(conn: psycopg.Connection[Any]) -> enrollment.Added:
+            return enrollment.add(
+                conn, person, name, _role(role), _tenants(tenants),
+                enrollment.parse_expires(expires),
+                server=server or request.host, ca_hash=state.cluster.ca_hash,
+            )  # fmt: skip
+
+        added = await _answer(state.db.transaction(add))
+        return jsonify({**added.to_json(), "code": added.code})
+
+    @app.get("/api/v1/operators/<name>")
+    async def operator_show(name: str) -> Response:
+        person = await operator(state)
+        info = await _answer(state.db.transaction(lambda c: operators.show(c, person, name)))
+        return jsonify(info.to_json())
+
+    @app.patch("/api/v1/operators/<name>")
+    async def operator_set(name: str) -> Response:
+        person = await operator(state)
+        body = await json_object()
+        role = None if body.get("role") is None else _role(body["role"])
+        tenants = None if body.get("tenants") is None else _tenants(body["tenants"])
+        info = await _answer(
+            state.db.transaction(
+                lambda conn: operators.set_operator(conn, person, name, role=role, tenants=tenants)
+            )
+        )
+        state.operator_cache.forget(name)
+        return jsonify(info.to_json())
+
+    @app.delete("/api/v1/operators/<name>")
+    async def operator_remove(name: str) -> Response:
+        person = await operator(state)
+        removed = await _answer(
+            state.db.transaction(lambda conn: operators.remove(conn, person, name))
+        )
+        # This server at once; the others when the `oz0_operators` notification comes.
+        state.operator_cache.forget(name)
+        return jsonify(removed)
+
+
+def _own_address(server_id: str) -> Callable[[psycopg.Connection[Any]], str | None]:
+    """Where this server says it is reached (what the enroll command names): it is up."""
+
+    def read(conn: psycopg.Connection[Any]) -> str | None:
+        row = conn.execute("SELECT advertise FROM servers WHERE id = %s", (server_id,)).fetchone()
+        return str(row[0]) if row else None
+
+    return read
+
+
+def _role(value: Any) -> access.Role:
+    try:
+        return access.Role(value)
+    except ValueError:
+        raise ApiError(400, "`role` must be one of viewer, operator, admin") from None
+
+
+def _tenants(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise ApiError(400, "`tenants` must be a list of tenant names")
+    return list(value)
+
+
+async def _answer(work: Awaitable[T]) -> T:
+    """WORK's result; a refusal becomes the API's answer (403, 404, 409, 400)."""
+    try:
+        result = await work
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
+    except operators.OperatorError as e:
+        raise ApiError(e.status, str(e)) from None
+    except Oz0Error as e:
+        raise ApiError(400, str(e)) from None
+    return result
+
+
+async def _enroll(state: ManagementState) -> Response:
+    body = await json_object()
+    code, csr, password = body.get("code"), body.get("csr"), body.get("web_password")
+    if not isinstance(code, str) or not isinstance(csr, str):
+        raise ApiError(400, "body must be a JSON object with a `code` and a PEM `csr`")
+    if password is not None and not isinstance(password, str):
+        raise ApiError(400, "`web_password` must be a string, or absent for no web sign-in")
+    try:
+        public_key = pki.csr_public_key(csr.encode())
+    except ValueError as e:
+        raise ApiError(400, f"bad certificate request: {e}") from None
+    if password is not None:
+        try:
+            ui_accounts.check_new(password, password)
+        except ui_accounts.PasswordRefused as e:
+            raise ApiError(400, str(e)) from None
+    source = enrollment.source_of(request.scope.get("client"))
+    refused = await state.db.transaction(lambda conn: enrollment.check_code(conn, code, source))
+    if refused is not None:
+        raise ApiError(refused.status, str(refused))
+    # scrypt takes its 50 ms in a thread, outside any transaction (the pool is shared).
+    password_hash = None
+    if password is not None:
+        password_hash = await trio.to_thread.run_sync(passwords.hash_password, password)
+    done = await _answer(
+        state.db.transaction(
+            lambda conn: enrollment.enroll(
+                conn, state.cluster.cluster_ca, code, public_key, password_hash, source
+            )
+        )
+    )
+    if isinstance(done, enrollment.CodeRefused):
+        raise ApiError(done.status, str(done))
+    return jsonify(done.to_json(state.cluster.name))
