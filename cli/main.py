@@ -31,7 +31,11 @@ app.command(
     help="Create, start and administer the cluster's servers.",
 )
 app.command("cli.cluster_cmds:app", name="cluster", help="The cluster as a whole.")
-app.command("cli.operator_cmds:app", name="operator", help="Your operator credentials.")
+app.command(
+    "cli.operator_cmds:app",
+    name="operator",
+    help="People: add, enroll, list, change and remove operators; renew your own.",
+)
 app.command("cli.node_cmds:app", name="node", help="The fleet's nodes.")
 app.command(
     "cli.tenant_cmds:app",
