@@ -24,7 +24,8 @@ import pytest
 from cli.client import ApiClient, ApiError
 from fixtures.cluster import ClusterFiles, cluster_of
 from fixtures.web_events import curl
-from oz0 import enrollment
+from oz0 import access, enrollment, operators, pki
+from oz0 import cluster as cluster_mod
 from oz0.context import Context
 from tests.conftest import CliResult, CliRunner
 
@@ -240,6 +241,25 @@ def test_a_viewer_reads_and_is_refused_a_job_run_and_the_people_in_one_line(
     assert first_line(listed) == "error: operator alice (viewer) may not list operators"
     removing = cli("operator", "remove", "admin", env=alice)
     assert first_line(removing) == "error: operator alice (viewer) may not remove operators"
+    # Its own certificate is its own to renew; the role stays.
+    ok(cli("operator", "renew", env=alice))
+    assert first_line(cli("job", "run", "--", "true", env=alice)).endswith("may not run jobs")
+
+
+def test_a_renewal_never_brings_back_an_operator_removed_meanwhile(files: ClusterFiles) -> None:
+    # The API authorizes from a cache (a second at most): a renewal authorized just before
+    # a removal must not re-create the operator, as a new cluster-wide admin at that.
+    with psycopg.connect(main_db(files)) as conn:
+        cluster = cluster_mod.load(conn, pki.read_master_key(files.master_key))
+        key = pki.new_private_key()
+        ghost = access.person("operator", "ghost", "viewer", ["default"])
+        with pytest.raises(operators.OperatorNotFound):
+            operators.issue_certificate(
+                conn, cluster.cluster_ca, "ghost", key.public_key(), actor=ghost,
+                action="operator.renew", create=False,
+            )  # fmt: skip
+        conn.rollback()
+    assert sql(files, "SELECT name FROM operators WHERE name = 'ghost'") == []
 
 
 def test_list_and_show_give_role_tenants_certificate_last_use_and_web_sign_in(
