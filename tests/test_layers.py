@@ -38,8 +38,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "domain",
         (
+            "oz0.access",
             "oz0.audit",
             "oz0.cluster",
+            "oz0.enrollment",
             "oz0.membership",
             "oz0.nodes",
             "oz0.node_strings",
