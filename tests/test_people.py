@@ -7,11 +7,15 @@ real CLI, curl for the web UI and the real `temporal` CLI for Temporal."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import pty
+import select
 import shlex
 import stat
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +26,7 @@ import psycopg
 import pytest
 
 from cli.client import ApiClient, ApiError
-from fixtures.cluster import ClusterFiles, cluster_of
+from fixtures.cluster import REPO, ClusterFiles, cli_command, cluster_of
 from fixtures.web_events import curl
 from oz0 import access, enrollment, operators, pki
 from oz0 import cluster as cluster_mod
@@ -223,6 +227,67 @@ def test_enroll_takes_its_secrets_only_from_private_files_or_the_environment_and
     assert done.out.splitlines()[-1] == f"export OZ0_CONTEXT={tmp_path / 'alice' / 'context.json'}"
     assert sql(files, "SELECT username FROM ui_accounts WHERE username = 'alice'") == [("alice",)]
     assert signed_in(A, "alice", tmp_path / "jar")
+
+
+def on_a_terminal(args: list[str], env: dict[str, str], answers: list[str]) -> tuple[int, str]:
+    """Run the CLI with ARGS on a terminal of its own (a pty, its controlling terminal, as
+    getpass wants), typing each of ANSWERS after a prompt; its exit code and all it wrote."""
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(
+        cli_command(*args), stdin=slave, stdout=slave, stderr=slave,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)}, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+
+    def read(until: bytes | None) -> None:
+        """Until a new prompt ends in UNTIL (getpass drops what was typed before its
+        prompt), or the end."""
+        nonlocal seen
+        start = len(seen)
+        deadline = time.monotonic() + 30
+        while until is None or not seen[start:].rstrip().endswith(until):
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"no {until!r} from the command; it wrote {seen!r}")
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the command ended and closed the terminal
+                return
+            if not chunk:
+                return
+            seen += chunk
+
+    try:
+        for answer in answers:
+            read(b":")
+            os.write(master, answer.encode() + b"\n")
+        read(None)
+        return process.wait(30), seen.decode()
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_enroll_asks_the_web_password_twice_on_a_terminal(
+    cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
+) -> None:
+    added = add(cli, admin, "alice", "--role", "viewer")
+    args = [*shlex.split(added["enroll_command"])[2:], "--operator-dir", str(tmp_path / "a")]
+    env = {"OZ0_ENROLL_CODE": code_of(added)}
+    code, said = on_a_terminal(args, env, [PASSWORD, PASSWORD + "x"])
+    assert code == 1 and "error: the passwords differ; run the command again" in said, said
+    code, said = on_a_terminal(args, env, [PASSWORD, PASSWORD])
+    assert code == 0, said
+    assert "Web UI password" in said and PASSWORD not in said, "typed, not shown"
+    assert signed_in(C, "alice", tmp_path / "jar")
 
 
 # --- what a role allows -------------------------------------------------------------------
