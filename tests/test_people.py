@@ -189,6 +189,13 @@ def test_an_enrollment_code_works_once_and_a_wrong_or_expired_one_is_refused_and
     )
 
 
+def test_refused_codes_count_against_an_ipv6_source_by_its_64() -> None:
+    assert enrollment.source_of(("2001:db8:1:2:aaaa::1", 5000)) == "2001:db8:1:2::/64"
+    assert enrollment.source_of(("2001:db8:1:2:bbbb::7", 5000)) == "2001:db8:1:2::/64"
+    assert enrollment.source_of(("::ffff:10.0.0.9", 5000)) == "10.0.0.9"
+    assert enrollment.source_of(("10.0.0.9", 5000)) == "10.0.0.9"
+
+
 def test_enroll_takes_its_secrets_only_from_private_files_or_the_environment_and_pins_the_ca(
     cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
 ) -> None:
