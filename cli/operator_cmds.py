@@ -227,7 +227,7 @@ def set_(
     if json:
         print_json(p)
     else:
-        print(f"{_described(p)} now")
+        print(f"{_described(p)}: changed; every server acts on it within two seconds")
     return 0
 
 

@@ -370,6 +370,17 @@ def test_list_and_show_give_role_tenants_certificate_last_use_and_web_sign_in(
     # A pending person removed: its code is void.
     removed = ok(cli("operator", "remove", "bob", "--json", env=admin)).json()
     assert removed["was"] == "pending"
+    # What people read.
+    added = ok(cli("operator", "add", "dave", "--role", "viewer", env=admin)).out.splitlines()
+    assert added[0].startswith("operator dave (viewer) added; the code below works once")
+    assert added[-1].startswith("OZ0_ENROLL_CODE=") and " operator enroll --server " in added[-1]
+    changed = ok(cli("operator", "set", "alice", "--tenant", "default", env=admin)).out
+    assert changed == (
+        "operator alice (operator of default): changed; every server acts on it within two "
+        "seconds\n"
+    )
+    gone = ok(cli("operator", "remove", "alice", env=admin)).out
+    assert gone == "operator alice (operator of default) removed: its certificate refused\n"
 
 
 def test_an_admin_of_some_tenants_manages_only_the_people_of_its_tenants(
