@@ -440,6 +440,29 @@ def test_the_last_cluster_wide_admin_may_not_be_removed_demoted_or_scoped(
     assert (root["role"], root["tenants"]) == ("viewer", ["default"])
 
 
+def test_two_admins_removing_each_other_at_once_leave_one(
+    cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
+) -> None:
+    for round in range(3):
+        root = person(cli, admin, tmp_path / f"round-{round}", "root", "--role", "admin")
+        callers = {"admin": client_at(files.context_dir, B), "root": client_at(root, C)}
+        with ThreadPoolExecutor(2) as pool:
+            futures = [
+                pool.submit(callers[who].request, "DELETE", f"/api/v1/operators/{other}")
+                for who, other in (("admin", "root"), ("root", "admin"))
+            ]
+            refusals = [str(e) for f in futures if (e := f.exception()) is not None]
+        # The second is refused as the last admin, or as a caller removed already.
+        assert len(refusals) == 1, refusals
+        left = sql(files, "SELECT name FROM operators WHERE role = 'admin' AND tenants = '{}'")
+        assert len(left) == 1, (left, refusals)
+        if left == [("root",)]:  # admin back, for the next round and the next tests
+            ok(cli("server", "operator", "issue", "admin", "--master-key-file",
+                   str(files.master_key), "--operator-dir", str(files.context_dir),
+                   env=admin))  # fmt: skip
+        sql(files, "DELETE FROM operators WHERE name = 'root'")
+
+
 # --- every server within two seconds ------------------------------------------------------
 
 
