@@ -46,7 +46,7 @@ def issue_certificate(
         "INSERT INTO operators (name, cert_serial, cert_not_after) VALUES (%s, %s, %s)"
         " ON CONFLICT (name) DO UPDATE SET cert_serial = excluded.cert_serial,"
         " cert_not_after = excluded.cert_not_after"
-        " RETURNING (xmax = 0)",
+        " RETURNING (xmax = 0), tenants",
         (name, cert.serial_number, cert.not_valid_after_utc),
     ).fetchone()
     audit.record(
@@ -59,6 +59,7 @@ def issue_certificate(
             "not_after": cert.not_valid_after_utc.isoformat(),
             "created": bool(created and created[0]),
         },
+        tenants=created[1] if created else [],
     )
     return cert
 
