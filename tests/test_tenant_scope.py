@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import ssl
 import subprocess
 import urllib.parse
@@ -44,6 +45,7 @@ class World:
     carol: dict[str, str]  # viewer of acme
     bob: dict[str, str]  # operator of acme
     nodes: dict[str, list[str]]  # by tenant
+    pending: str  # a node of default that joined without a token
     tokens: dict[str, str]  # a token's ID, by tenant
     jobs: dict[str, str]  # a job's ID, by tenant
 
@@ -96,16 +98,17 @@ def person(
     return {**files.cli_env, "OZ0_CONTEXT": str(directory / "context.json")}
 
 
-async def join_nodes(files: ClusterFiles, token: str, tenant: str) -> list[str]:
+async def join_nodes(files: ClusterFiles, token: str | None, tenant: str, count: int) -> list[str]:
+    """COUNT nodes joined with TOKEN (accepted in its tenant), or without one (pending)."""
     ca_pem = Context.load(files.context_path).ca_path.read_bytes()
     joined = []
-    for i in range(NODES_EACH):
+    for i in range(count):
         keys = edge_client.NodeKeys.new()
         keys.ca_pem = ca_pem
         answer = await edge_client.join(
             EDGE, keys, token=token, labels={"role": "web"}, hostname=f"{tenant}-{i}"
         )
-        assert answer.get("state") == "accepted", answer
+        assert answer.get("state") == ("pending" if token is None else "accepted"), answer
         joined.append(keys.node_id)
     return joined
 
@@ -121,13 +124,14 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     for tenant in TENANTS:
         made = ok(admin, "POST", "/api/v1/tokens", {"tenant": tenant, "max_uses": 0})
         tokens[tenant] = made["id"]
-        found[tenant] = trio.run(join_nodes, files, made["token"], tenant)
+        found[tenant] = trio.run(join_nodes, files, made["token"], tenant, NODES_EACH)
         job = {"tenant": tenant, "command": ["true"], "queue_timeout": 3600}
         jobs[tenant] = ok(admin, "POST", "/api/v1/jobs", job)["id"]
+    [pending] = trio.run(join_nodes, files, None, "default", 1)
     root = tmp_path_factory.mktemp("people")
     return World(
         files, admin, person(files, root, "carol", "viewer", ["acme"]),
-        person(files, root, "bob", "operator", ["acme"]), found, tokens, jobs,
+        person(files, root, "bob", "operator", ["acme"]), found, pending, tokens, jobs,
     )  # fmt: skip
 
 
@@ -155,7 +159,7 @@ def test_a_viewer_of_acme_lists_only_acmes_nodes(cli: CliRunner, world: World) -
     assert sorted(n["id"] for n in ok(world.carol, "GET", "/api/v1/nodes")["nodes"]) == acme
     # Asked for the other tenant outright: nothing of it.
     assert ok(world.carol, "GET", "/api/v1/nodes?tenant=default")["nodes"] == []
-    everything = sorted(world.nodes["acme"] + world.nodes["default"])
+    everything = sorted([*world.nodes["acme"], *world.nodes["default"], world.pending])
     assert sorted(n["id"] for n in listed(cli, world.admin, "node", "list")) == everything
 
 
@@ -190,7 +194,7 @@ def test_a_viewer_of_acme_reads_only_audit_rows_about_acme(cli: CliRunner, world
     # The admin sees the rest: the other tenant's rows and the cluster's own.
     every = {e["target"] for e in ok(world.admin, "GET", "/api/v1/audit?limit=1000")["entries"]}
     assert {"cluster:test", "tenant:default", f"job:{world.jobs['default']}"} <= every
-    assert {f"node:{n}" for n in world.nodes["default"]} <= every
+    assert {f"node:{n}" for n in [*world.nodes["default"], world.pending]} <= every
 
 
 def test_audit_rows_name_the_tenant_they_are_about(world: World) -> None:
@@ -200,6 +204,7 @@ def test_audit_rows_name_the_tenant_they_are_about(world: World) -> None:
             " ('node.join', 'token.create', 'job.run', 'tenant.create', 'cluster.init')"
         ).fetchall()
     tenant_of = {f"node:{n}": t for t in TENANTS for n in world.nodes[t]}
+    tenant_of[f"node:{world.pending}"] = "default"
     tenant_of |= {f"token:{world.tokens[t]}": t for t in TENANTS}
     tenant_of |= {f"job:{world.jobs[t]}": t for t in TENANTS}
     tenant_of |= {f"tenant:{t}": t for t in TENANTS}
@@ -298,7 +303,11 @@ def test_an_acme_operator_changes_only_acmes_nodes(cli: CliRunner, world: World)
         line = refused(cli, world.bob, "node", "block", *args, "--reason", "scope test")
         assert line.startswith(f"error: node {theirs} not found"), line
     assert api(world.bob, "POST", f"/api/v1/nodes/{theirs}/block", {"reason": "x"})[0] == 404
-    assert api(world.bob, "POST", f"/api/v1/nodes/{theirs}/accept", {})[0] == 404
+    # A pending node of another tenant: accept and reject would be allowed by its state.
+    for action in ("accept", "reject"):
+        assert api(world.bob, "POST", f"/api/v1/nodes/{world.pending}/{action}", {}) == (
+            404, {"error": f"node {world.pending} not found"}
+        )  # fmt: skip
     # A selector takes the person's tenants' nodes only; naming another tenant is refused.
     blocked = listed(cli, world.bob, "node", "block", "--selector", "role=web", "--reason", "t")
     assert sorted(n["id"] for n in blocked) == sorted(world.nodes["acme"])
@@ -313,9 +322,14 @@ def test_an_acme_operator_changes_only_acmes_nodes(cli: CliRunner, world: World)
     # The one-node block and unblock (written in batches) take the scope too.
     assert listed(cli, world.bob, "node", "block", mine, "--reason", "one")[0]["state"] == "blocked"
     assert listed(cli, world.bob, "node", "unblock", mine)[0]["state"] == "accepted"
-    # And the audit rows of these changes are acme's: its viewer sees them.
-    seen = {(e["action"], e["target"]) for e in listed(cli, world.carol, "audit", "list")}
-    assert ("node.block", f"node:{mine}") in seen and ("node.unblock", f"node:{mine}") in seen
+    # And the audit rows of these changes are acme's: its viewer sees every row about the
+    # node the admin sees (its join, two blocks and two unblocks).
+    about = f"/api/v1/audit?target=node:{mine}"
+    rows = [(e["id"], e["action"]) for e in ok(world.carol, "GET", about)["entries"]]
+    assert rows == [(e["id"], e["action"]) for e in ok(world.admin, "GET", about)["entries"]]
+    assert [a for _, a in rows] == [
+        "node.unblock", "node.block", "node.unblock", "node.block", "node.join"
+    ]  # fmt: skip
 
 
 # --- the web UI ----------------------------------------------------------------------------
@@ -377,6 +391,38 @@ def test_a_scoped_persons_web_node_list_shows_only_its_tenants_nodes(
         assert https.getresponse().status == 404
     finally:
         https.close()
+
+
+def web_post(files: ClusterFiles, cookie: str, path: str, form: dict[str, str]) -> int:
+    """FORM posted to PATH as the UI's own page posts it: the answer's status."""
+    https = _https(files)
+    try:
+        https.request(
+            "POST", path, urllib.parse.urlencode(form),
+            {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded",
+             "Sec-Fetch-Site": "same-origin"},
+        )  # fmt: skip
+        answer = https.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        https.close()
+
+
+def test_a_scoped_persons_web_block_reaches_only_its_tenants_nodes(world: World) -> None:
+    bob = sign_in(world.files, "bob", WEB_PASSWORD)
+    mine, theirs = world.nodes["acme"][1], world.nodes["default"][1]
+    found = re.search(r'name="csrf" value="([^"]+)"', page(world.files, bob, f"/nodes/{mine}"))
+    assert found is not None
+    form = {"csrf": found.group(1), "reason": "from the web"}
+    assert web_post(world.files, bob, f"/nodes/{theirs}/block", form) == 404
+    assert web_post(world.files, bob, f"/nodes/{mine}/block", form) == 303
+    assert web_post(world.files, bob, f"/nodes/{mine}/unblock", form) == 303
+    states = {n["id"]: n["state"] for n in ok(world.admin, "GET", "/api/v1/nodes")["nodes"]}
+    assert (states[mine], states[theirs]) == ("accepted", "accepted")
+    # The web UI's block is audited as about the node's tenant: acme's viewer sees it.
+    seen = ok(world.carol, "GET", f"/api/v1/audit?target=node:{mine}&actor=ui:bob")["entries"]
+    assert [e["action"] for e in seen] == ["node.unblock", "node.block"]
 
 
 def test_a_scoped_persons_web_overview_counts_only_its_tenants(
