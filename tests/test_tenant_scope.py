@@ -446,3 +446,25 @@ def test_a_scoped_persons_web_pages_show_nothing_of_another_tenant(
     for named in (">default<", "tenant=default", 'data-tenant="default"'):
         assert named not in shown, (path, named)
     assert ">acme<" in shown or "tenant=acme" in shown or path == "/audit"
+
+
+def test_a_scoped_persons_live_updates_send_another_tenants_node_as_gone(
+    world: World, carol_web: str
+) -> None:
+    mine, theirs = world.nodes["acme"][0], world.nodes["default"][0]
+    https = _https(world.files)
+    try:
+        https.request("GET", f"/ui/events?nodes={mine},{theirs}", headers={"Cookie": carol_web})
+        answer = https.getresponse()
+        assert answer.status == 200
+        sent: dict[str, Any] = {}
+        while len(sent) < 2:
+            line = answer.fp.readline().decode()
+            assert line, "the stream ended"
+            if line.startswith("data: "):
+                node = json.loads(line[len("data: ") :])
+                sent[node["id"]] = node
+    finally:
+        https.close()
+    assert sent[theirs] == {"id": theirs, "gone": True}
+    assert sent[mine]["state"] == "accepted"
