@@ -26,7 +26,7 @@ import trio
 
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, Served, cli_command
-from oz0 import passwords
+from oz0 import listing, passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -468,3 +468,15 @@ def test_a_scoped_persons_live_updates_send_another_tenants_node_as_gone(
         https.close()
     assert sent[theirs] == {"id": theirs, "gone": True}
     assert sent[mine]["state"] == "accepted"
+
+
+def test_a_scope_of_one_tenant_is_compared_as_equal_and_of_several_as_any() -> None:
+    # `=` keeps a listing index led by the tenant in its order; no scope adds nothing.
+    assert listing.Where().within("tenant", None).sql == ""
+    one = listing.Where().within("tenant", ("acme",))
+    assert (one.sql, dict(one.params)) == (" WHERE tenant = %(scope)s", {"scope": "acme"})
+    several = listing.Where().within("tenant", ("acme", "beta"))
+    assert several.sql == " WHERE tenant = ANY(%(scope)s)"
+    assert dict(several.params) == {"scope": ["acme", "beta"]}
+    assert listing.reaches(None, "x") and listing.reaches(("a", "b"), "b")
+    assert not listing.reaches(("a",), "b")
