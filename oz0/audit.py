@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -26,12 +27,23 @@ def record(
     action: str,
     target: str,
     details: dict[str, Any] | None = None,
+    *,
+    tenants: Iterable[str] = (),
 ) -> None:
+    """One row: ACTOR did ACTION to TARGET. TENANTS: which tenants it is about (a node's,
+    a job's, a token's tenant); none: the cluster as a whole, a row only cluster-wide
+    persons see (so one written without them is hidden from a scoped person, never shown
+    to the wrong one)."""
     conn.execute(
-        "INSERT INTO audit_log (actor_kind, actor, action, target, details)"
-        " VALUES (%s, %s, %s, %s, %s)",
-        (actor.kind, actor.name, action, target, Jsonb(details or {})),
+        "INSERT INTO audit_log (actor_kind, actor, action, target, details, tenants)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        (actor.kind, actor.name, action, target, Jsonb(details or {}), sorted(set(tenants))),
     )
+
+
+# Each row's tenants as a JSON array: unnest() of a text[][] would flatten it, and rows may
+# have different numbers of tenants.
+_TENANTS_OF = "ARRAY(SELECT jsonb_array_elements_text(tenants))"
 
 
 def record_many(
@@ -39,15 +51,20 @@ def record_many(
     actor: Actor,
     action: str,
     rows: list[tuple[str, dict[str, Any]]],
+    *,
+    tenants: list[list[str]] | None = None,
 ) -> None:
-    """One row per (target, details) of ROWS, all by ACTOR doing ACTION, in one statement."""
+    """One row per (target, details) of ROWS, all by ACTOR doing ACTION, in one statement;
+    TENANTS: each row's tenants (see `record`), in the order of ROWS; None: none."""
     if not rows:
         return
+    each = _each_tenants(tenants, len(rows))
     conn.execute(
-        "INSERT INTO audit_log (actor_kind, actor, action, target, details)"
-        " SELECT %s, %s, %s, target, details FROM unnest(%s::text[], %s::jsonb[])"
-        " WITH ORDINALITY AS r(target, details, n) ORDER BY n",
-        (actor.kind, actor.name, action, [t for t, _ in rows], [Jsonb(d) for _, d in rows]),
+        "INSERT INTO audit_log (actor_kind, actor, action, target, details, tenants)"
+        f" SELECT %s, %s, %s, target, details, {_TENANTS_OF}"
+        " FROM unnest(%s::text[], %s::jsonb[], %s::jsonb[])"
+        " WITH ORDINALITY AS r(target, details, tenants, n) ORDER BY n",
+        (actor.kind, actor.name, action, [t for t, _ in rows], [Jsonb(d) for _, d in rows], each),
     )
 
 
@@ -55,23 +72,34 @@ def record_each(
     conn: psycopg.Connection[Any],
     action: str,
     rows: list[tuple[Actor, str, dict[str, Any]]],
+    *,
+    tenants: list[list[str]] | None = None,
 ) -> None:
-    """One row per (actor, target, details) of ROWS, each doing ACTION, in one statement."""
+    """One row per (actor, target, details) of ROWS, each doing ACTION, in one statement;
+    TENANTS: each row's tenants (see `record`), in the order of ROWS; None: none."""
     if not rows:
         return
     conn.execute(
-        "INSERT INTO audit_log (actor_kind, actor, action, target, details)"
-        " SELECT kind, name, %s, target, details"
-        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::jsonb[])"
-        " WITH ORDINALITY AS r(kind, name, target, details, n) ORDER BY n",
+        "INSERT INTO audit_log (actor_kind, actor, action, target, details, tenants)"
+        f" SELECT kind, name, %s, target, details, {_TENANTS_OF}"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[])"
+        " WITH ORDINALITY AS r(kind, name, target, details, tenants, n) ORDER BY n",
         (
             action,
             [a.kind for a, _, _ in rows],
             [a.name for a, _, _ in rows],
             [t for _, t, _ in rows],
             [Jsonb(d) for _, _, d in rows],
+            _each_tenants(tenants, len(rows)),
         ),
     )
+
+
+def _each_tenants(tenants: list[list[str]] | None, count: int) -> list[Jsonb]:
+    if tenants is None:
+        return [Jsonb([])] * count
+    assert len(tenants) == count, "one list of tenants a row"
+    return [Jsonb(sorted(set(t))) for t in tenants]
 
 
 @dataclass(frozen=True)
@@ -116,12 +144,18 @@ class Filters:
         }
         return {k: v for k, v in given.items() if v is not None}
 
-    def where(self) -> tuple[str, dict[str, Any]]:
-        """The WHERE clause naming only the filters given, and its parameters: each is
-        then an index condition ((action, id), (target, id), (actor, id)), also in a
-        prepared statement's generic plan, which `(%(x)s IS NULL OR ...)` would defeat."""
-        params = self._params()
-        return " WHERE " + " AND ".join(["TRUE", *(f"{k} = %({k})s" for k in params)]), params
+    def where(self, scope: listing.Scope = None) -> listing.Where:
+        """The WHERE clause naming only the filters given: each is then an index condition
+        ((action, id), (target, id), (actor, id)), also in a prepared statement's generic
+        plan, which `(%(x)s IS NULL OR ...)` would defeat. SCOPE (tenants; None: all):
+        only rows about one of them (audit_log_tenants, GIN); rows about the cluster as a
+        whole, which name no tenant, are for cluster-wide persons only."""
+        where = listing.Where()
+        for column, value in self._params().items():
+            where = where.equal(column, value)
+        if scope is not None:
+            where = where.also("tenants && %(scope)s::text[]", scope=list(scope))
+        return where
 
 
 def cursor(raw: str | None) -> int | None:
@@ -149,28 +183,37 @@ def entries(
     target: str | None = None,
     before: int | None = None,
     limit: int = 100,
+    scope: listing.Scope = None,
 ) -> list[Entry]:
     """The newest LIMIT rows older than id BEFORE (keyset paging), newest first, filtered
-    by exact ACTION, ACTOR (`ui:admin`, or `admin` of any kind) and TARGET."""
-    where, params = Filters(action, actor, target).where()
-    if before is not None:
-        where += " AND id < %(before)s"
+    by exact ACTION, ACTOR (`ui:admin`, or `admin` of any kind) and TARGET, about SCOPE's
+    tenants (None: every row)."""
+    where = _before(Filters(action, actor, target).where(scope), before)
     rows = conn.execute(
         "SELECT id, at, actor_kind, actor, action, target, details FROM audit_log"
-        + where
+        + where.sql
         + " ORDER BY id DESC LIMIT %(limit)s",
-        {**params, "before": before, "limit": limit},
+        {**where.params, "limit": limit},
     ).fetchall()
     return [Entry(*row) for row in rows]
 
 
+def _before(where: listing.Where, before: int | None) -> listing.Where:
+    return where if before is None else where.also("id < %(before)s", before=before)
+
+
 def entries_page(
-    conn: psycopg.Connection[Any], filters: Filters, *, before: int | None, limit: int
+    conn: psycopg.Connection[Any],
+    filters: Filters,
+    *,
+    before: int | None,
+    limit: int,
+    scope: listing.Scope = None,
 ) -> tuple[list[Entry], str | None]:
     """One page of `entries` and the cursor of the next one (None: this is the last)."""
     rows = entries(
         conn, action=filters.action, actor=filters.actor, target=filters.target,
-        before=before, limit=limit + 1,
+        before=before, limit=limit + 1, scope=scope,
     )  # fmt: skip
     if len(rows) <= limit:
         return rows, None
@@ -192,15 +235,18 @@ _PAGE_JSON = (
 
 
 def entries_page_json(
-    conn: psycopg.Connection[Any], filters: Filters, *, before: int | None, limit: int
+    conn: psycopg.Connection[Any],
+    filters: Filters,
+    *,
+    before: int | None,
+    limit: int,
+    scope: listing.Scope = None,
 ) -> tuple[list[str], str | None]:
     """`entries_page`, each entry as the JSON text of its to_json(), for the API."""
-    where, params = filters.where()
-    if before is not None:
-        where += " AND id < %(before)s"
+    where = _before(filters.where(scope), before)
     rows = conn.execute(
-        _PAGE_JSON + where + " ORDER BY id DESC LIMIT %(limit)s",
-        {**params, "before": before, "limit": limit + 1},
+        _PAGE_JSON + where.sql + " ORDER BY id DESC LIMIT %(limit)s",
+        {**where.params, "limit": limit + 1},
     ).fetchall()
     if len(rows) <= limit:
         return [r[0] for r in rows], None
@@ -208,14 +254,19 @@ def entries_page_json(
 
 
 def newer_page(
-    conn: psycopg.Connection[Any], filters: Filters, newest_shown: int, limit: int
+    conn: psycopg.Connection[Any],
+    filters: Filters,
+    newest_shown: int,
+    limit: int,
+    *,
+    scope: listing.Scope = None,
 ) -> int | None:
     """The `before` cursor of the page of LIMIT rows just newer than id NEWEST_SHOWN: None
     when there are none, 0 when that page is the first one (no cursor needed)."""
-    where, params = filters.where()
+    where = filters.where(scope).also("id > %(after)s", after=newest_shown)
     rows = conn.execute(
-        "SELECT id FROM audit_log" + where + " AND id > %(after)s ORDER BY id LIMIT %(n)s",
-        {**params, "after": newest_shown, "n": limit + 1},
+        "SELECT id FROM audit_log" + where.sql + " ORDER BY id LIMIT %(n)s",
+        {**where.params, "n": limit + 1},
     ).fetchall()
     if not rows:
         return None

@@ -153,6 +153,7 @@ def join_many(
             )
             for n in new
         ],
+        tenants=[[n.token.tenant] for n in new],
     )
     for n, certificate in zip(new, certificates, strict=True):
         outcomes[n.index] = nodes.Joined(n.node_id, "accepted", n.token.tenant, certificate)

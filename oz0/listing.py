@@ -18,6 +18,10 @@ from typing import Any
 
 from oz0.errors import Oz0Error
 
+# The tenants a person may see (access.Person.scope): None is every tenant. Every listing,
+# count and read of a tenant's objects takes one, and passes it to `Where.within`.
+Scope = tuple[str, ...] | None
+
 # Rows in a page of nodes when the caller names no limit, and the most it may ask for.
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 1000
@@ -52,10 +56,27 @@ class Where:
             return self
         return self.also(f"{column} = %({column})s", **{column: value})
 
+    def within(self, column: str, scope: Scope) -> Where:
+        """This clause AND COLUMN (a tenant's name) one of SCOPE's; unchanged if SCOPE is
+        None (every tenant). One tenant is compared as `column = %(scope)s`, which a listing
+        index led by the tenant keeps in its order; more as `= ANY`. An empty scope
+        matches nothing."""
+        if scope is None:
+            return self
+        if len(scope) == 1:
+            return self.also(f"{column} = %(scope)s", scope=scope[0])
+        return self.also(f"{column} = ANY(%(scope)s)", scope=list(scope))
+
     @property
     def sql(self) -> str:
         """` WHERE ...` of the conditions, or nothing when there are none."""
         return " WHERE " + " AND ".join(self.conditions) if self.conditions else ""
+
+
+def reaches(scope: Scope, tenant: str) -> bool:
+    """Whether an object of TENANT (a node, a job, a token) is within SCOPE: one outside it
+    is answered as not found, as an unknown ID is."""
+    return scope is None or tenant in scope
 
 
 def malformed() -> BadPaging:

@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from psycopg.types.json import Jsonb
 
 from oz0 import access, audit, pki
 from oz0.errors import Oz0Error
@@ -108,11 +107,7 @@ def record(
 ) -> None:
     """An audit row about operator NAME, its `tenants` the operator's (a tenant's admin
     sees the changes of its own people; none: a cluster-wide person's, seen cluster-wide)."""
-    conn.execute(
-        "INSERT INTO audit_log (actor_kind, actor, action, target, details, tenants)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        (actor.kind, actor.name, action, f"operator:{name}", Jsonb(details), sorted(tenants)),
-    )
+    audit.record(conn, actor, action, f"operator:{name}", details, tenants=tenants)
 
 
 def is_current(conn: psycopg.Connection[Any], identity: pki.Identity) -> bool:

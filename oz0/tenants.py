@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from oz0 import audit
+from oz0 import audit, listing
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
 
@@ -85,7 +85,9 @@ def create(conn: psycopg.Connection[Any], name: str, actor: audit.Actor) -> Tena
     ).fetchone()
     if row is None:
         raise TenantExists(f"tenant {name} already exists")
-    audit.record(conn, actor, "tenant.create", f"tenant:{name}", {"namespace": name})
+    audit.record(
+        conn, actor, "tenant.create", f"tenant:{name}", {"namespace": name}, tenants=[name]
+    )
     return Tenant(*row)
 
 
@@ -109,15 +111,25 @@ async def create_with_namespace(
     return await db.transaction(lambda conn: create(conn, name, actor))
 
 
-def list_tenants(conn: psycopg.Connection[Any]) -> list[Tenant]:
-    return [Tenant(*r) for r in conn.execute("SELECT name, created_at FROM tenants ORDER BY name")]
+def list_tenants(conn: psycopg.Connection[Any], *, scope: listing.Scope = None) -> list[Tenant]:
+    """The tenants of SCOPE (None: every tenant), by name."""
+    where = listing.Where().within("name", scope)
+    rows = conn.execute(
+        "SELECT name, created_at FROM tenants" + where.sql + " ORDER BY name", where.params
+    )
+    return [Tenant(*r) for r in rows]
 
 
-def node_counts(conn: psycopg.Connection[Any]) -> dict[str, dict[str, int]]:
-    """Per tenant, how many of its nodes are in each state (states without nodes absent)."""
+def node_counts(
+    conn: psycopg.Connection[Any], *, scope: listing.Scope = None
+) -> dict[str, dict[str, int]]:
+    """Per tenant of SCOPE (None: all), how many of its nodes are in each state (states
+    without nodes absent)."""
+    where = listing.Where().within("tenant", scope)
     counts: dict[str, dict[str, int]] = {}
     for tenant, state, count in conn.execute(
-        "SELECT tenant, state, count(*) FROM nodes GROUP BY tenant, state"
+        "SELECT tenant, state, count(*) FROM nodes" + where.sql + " GROUP BY tenant, state",
+        where.params,
     ):
         counts.setdefault(tenant, {})[state] = int(count)
     return counts

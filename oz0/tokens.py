@@ -20,7 +20,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, tenants
+from oz0 import audit, listing, tenants
 from oz0.errors import Oz0Error
 
 # The rules the command line checks too live in a light module of their own; callers keep
@@ -262,6 +262,7 @@ def create(
             "labels": token.labels,
             "description": token.description,
         },
+        tenants=[token.tenant],
     )
     return token, f"{token.id}.{secret}"
 
@@ -280,20 +281,42 @@ def create_from(
     )
 
 
-def list_tokens(conn: psycopg.Connection[Any]) -> list[JoinToken]:
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens ORDER BY created_at, id")
+def list_tokens(conn: psycopg.Connection[Any], *, scope: listing.Scope = None) -> list[JoinToken]:
+    """The tokens of SCOPE's tenants (None: all), oldest first."""
+    where = listing.Where().within("tenant", scope)
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM join_tokens" + where.sql + " ORDER BY created_at, id",
+        where.params,
+    )
     return [_token(r) for r in rows]
 
 
-def get(conn: psycopg.Connection[Any], token_id: str) -> JoinToken | None:
-    row = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens WHERE id = %s", (token_id,)).fetchone()
+def _one(token_id: str, scope: listing.Scope) -> listing.Where:
+    return listing.Where().also("id = %(id)s", id=token_id).within("tenant", scope)
+
+
+def get(
+    conn: psycopg.Connection[Any], token_id: str, *, scope: listing.Scope = None
+) -> JoinToken | None:
+    """The token TOKEN_ID if it is one of SCOPE's tenants' (None: any), else None."""
+    where = _one(token_id, scope)
+    row = conn.execute(f"SELECT {_COLUMNS} FROM join_tokens" + where.sql, where.params).fetchone()
     return _token(row) if row else None
 
 
-def revoke(conn: psycopg.Connection[Any], token_id: str, actor: audit.Actor) -> JoinToken:
-    """Stop new joins with TOKEN_ID; nodes that joined with it stay."""
+def revoke(
+    conn: psycopg.Connection[Any],
+    token_id: str,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
+) -> JoinToken:
+    """Stop new joins with TOKEN_ID; nodes that joined with it stay. Another tenant's
+    token than SCOPE's (None: any) is not found, as an unknown one."""
+    where = _one(token_id, scope)
     row = conn.execute(
-        "SELECT revoked_at IS NOT NULL FROM join_tokens WHERE id = %s FOR UPDATE", (token_id,)
+        "SELECT revoked_at IS NOT NULL FROM join_tokens" + where.sql + " FOR UPDATE",
+        where.params,
     ).fetchone()
     if row is None:
         raise TokenNotFound(f"token {token_id} not found")
@@ -311,6 +334,7 @@ def revoke(conn: psycopg.Connection[Any], token_id: str, actor: audit.Actor) -> 
         "token.revoke",
         f"token:{token.id}",
         {"tenant": token.tenant, "uses": token.uses},
+        tenants=[token.tenant],
     )
     return token
 
@@ -409,11 +433,14 @@ def _parse(token_string: str) -> tuple[str, bytes] | None:
 def record_refusal(
     conn: psycopg.Connection[Any], refusal: TokenRefused, *, hostname: str, actor: audit.Actor
 ) -> None:
-    """Audit a refused join as `node.join.refused`."""
+    """Audit a refused join as `node.join.refused`: about the token's tenant when the
+    token is one (revoked, expired, used up), else about the cluster."""
+    known = get(conn, refusal.token_id) if refusal.token_id is not None else None
     audit.record(
         conn,
         actor,
         "node.join.refused",
         f"token:{refusal.token_id or 'unknown'}",
         {"reason": refusal.reason, "hostname": hostname[:_MAX_AUDITED_HOSTNAME]},
+        tenants=[known.tenant] if known is not None else [],
     )

@@ -55,7 +55,12 @@ def set_password(
     if not updated:
         raise Oz0Error(f"the cluster has no web UI account {username}")
     ended = sessions.end_others(conn, username, keep_session)
-    audit.record(conn, actor, action, f"ui:{username}", {"sessions_ended": ended})
+    # About the account's operator's tenants (none: a cluster-wide one).
+    of = conn.execute("SELECT tenants FROM operators WHERE name = %s", (username,)).fetchone()
+    audit.record(
+        conn, actor, action, f"ui:{username}", {"sessions_ended": ended},
+        tenants=of[0] if of else [],
+    )  # fmt: skip
 
 
 def reset(url: DatabaseUrl, *, master_key_file: Path, username: str) -> str:

@@ -122,8 +122,9 @@ def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[st
     if row is None:
         raise SignInRefused(f"the web UI account {username} is no operator's")
     audit.record(
-        conn, audit.Actor("ui", username), "ui.login", f"ui:{username}", {"source": source}
-    )
+        conn, audit.Actor("ui", username), "ui.login", f"ui:{username}", {"source": source},
+        tenants=row[2],
+    )  # fmt: skip
     return token, Session(username, csrf, row[0], access.Role(row[1]), frozenset(row[2]))
 
 

@@ -165,8 +165,11 @@ def attempts_on_node(conn: Conn, node_id: str, limit: int = 50) -> list[NodeAtte
     return [NodeAttempt(r[0], r[1], r[2], r[3], Attempt(*r[4:])) for r in rows]
 
 
-def get(conn: Conn, job_id: str) -> Job:
-    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+def get(conn: Conn, job_id: str, *, scope: listing.Scope = None) -> Job:
+    """The job JOB_ID with its attempts; JobNotFound if there is none in SCOPE's tenants
+    (None: any), the same answer for another tenant's job as for an unknown ID."""
+    where = listing.Where().also("id = %(id)s", id=job_id).within("tenant", scope)
+    row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs" + where.sql, where.params).fetchone()
     if row is None:
         raise JobNotFound(f"job {job_id} not found")
     return dataclasses.replace(Job(*row), attempts=tuple(_attempts(conn, [job_id])[job_id]))
@@ -179,14 +182,16 @@ def list_jobs(
     state: str | None = None,
     limit: int = 100,
     offset: int = 0,
+    scope: listing.Scope = None,
 ) -> list[Job]:
-    """The newest jobs first, of TENANT and in STATE if given; OFFSET skips that many (the
-    web UI's pages). The WHERE names only the filters given (listing.Where): a tenant reads
-    jobs_listing (tenant, created_at DESC), a state jobs_by_state (state, created_at DESC),
-    newest first, in a prepared statement's generic plan too."""
+    """The newest jobs first, of TENANT and in STATE if given, of SCOPE's tenants (None:
+    all); OFFSET skips that many (the web UI's pages). The WHERE names only the filters
+    given (listing.Where): a tenant (or a scope of one) reads jobs_listing (tenant,
+    created_at DESC), a state jobs_by_state (state, created_at DESC), newest first, in a
+    prepared statement's generic plan too."""
     if state is not None and state not in STATES:
         raise JobError(f"unknown job state {state!r}: one of {', '.join(STATES)}")
-    where = listing.Where().equal("tenant", tenant).equal("state", state)
+    where = listing.Where().equal("tenant", tenant).equal("state", state).within("tenant", scope)
     rows = conn.execute(
         f"SELECT {_JOB_COLUMNS} FROM jobs" + where.sql
         + " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
@@ -232,20 +237,25 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
             "all": spec.all_nodes,
             "env": sorted(spec.env),
         },
+        tenants=[spec.tenant],
     )
     return get(conn, job_id)
 
 
-def request_cancel(conn: Conn, job_id: str, actor: audit.Actor) -> Job:
-    """Cancel a job: at once if no workflow runs it yet, else its workflow is told."""
+def request_cancel(
+    conn: Conn, job_id: str, actor: audit.Actor, *, scope: listing.Scope = None
+) -> Job:
+    """Cancel a job of SCOPE's tenants (None: any; another's is not found): at once if no
+    workflow runs it yet, else its workflow is told."""
+    where = listing.Where().also("id = %(id)s", id=job_id).within("tenant", scope)
     row = conn.execute(
-        "SELECT state, workflow_started, start_claimed_until > now(), cancel_requested"
-        " FROM jobs WHERE id = %s FOR UPDATE",
-        (job_id,),
+        "SELECT state, workflow_started, start_claimed_until > now(), cancel_requested, tenant"
+        " FROM jobs" + where.sql + " FOR UPDATE",
+        where.params,
     ).fetchone()
     if row is None:
         raise JobNotFound(f"job {job_id} not found")
-    state, started, claimed, requested = row
+    state, started, claimed, requested, tenant = row
     if state in ENDED_STATES:
         raise JobEnded(f"job {job_id} has ended already ({state})")
     if not requested:
@@ -258,7 +268,7 @@ def request_cancel(conn: Conn, job_id: str, actor: audit.Actor) -> Job:
             )
         else:
             conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
-        audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state})
+        audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state}, tenants=[tenant])
     return get(conn, job_id)
 
 

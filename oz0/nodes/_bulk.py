@@ -58,21 +58,30 @@ class _LockedRow:
     id: str
     state: str
     has_certificate: bool
+    tenant: str
+
+
+_LOCKED_COLUMNS = "SELECT id, state, certificate IS NOT NULL, tenant FROM nodes"
 
 
 def _lock_many(
-    conn: psycopg.Connection[Any], selection: Selection, action: str, what: str
+    conn: psycopg.Connection[Any],
+    selection: Selection,
+    action: str,
+    what: str,
+    scope: listing.Scope,
 ) -> list[_LockedRow]:
-    """The nodes of SELECTION, locked (in ID order, so that two requests that overlap wait
-    for each other rather than deadlock); each one allowed ACTION, or NodeError naming the
-    first that is not (WHAT says which states are)."""
+    """The nodes of SELECTION in SCOPE's tenants (None: all; another tenant's node named by
+    its ID is not found, as an unknown one), locked (in ID order, so that two requests that
+    overlap wait for each other rather than deadlock); each one allowed ACTION, or
+    NodeError naming the first that is not (WHAT says which states are)."""
     if selection.selector is None:
+        named = listing.Where().also("id = ANY(%(ids)s)", ids=list(selection.ids))
+        named = named.within("tenant", scope)
         rows = conn.execute(
-            "SELECT id, state, certificate IS NOT NULL FROM nodes WHERE id = ANY(%s)"
-            " ORDER BY id FOR UPDATE",
-            (list(selection.ids),),
+            _LOCKED_COLUMNS + named.sql + " ORDER BY id FOR UPDATE", named.params
         ).fetchall()
-        found = {str(r[0]): _LockedRow(str(r[0]), str(r[1]), bool(r[2])) for r in rows}
+        found = {str(r[0]): _LockedRow(str(r[0]), str(r[1]), bool(r[2]), str(r[3])) for r in rows}
         missing = [n for n in selection.ids if n not in found]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -87,9 +96,10 @@ def _lock_many(
         .also("labels @> %(labels)s", labels=Jsonb(selection.selector))
         .also("state = ANY(%(states)s)", states=list(ACTIONS_FROM[action]))
         .equal("tenant", selection.tenant)
+        .within("tenant", scope)
     )
     rows = conn.execute(
-        "SELECT id, state, certificate IS NOT NULL FROM nodes" + where.sql
+        _LOCKED_COLUMNS + where.sql
         + " ORDER BY id LIMIT %(most)s FOR UPDATE",
         {**where.params, "most": MAX_PER_REQUEST + 1},
     ).fetchall()  # fmt: skip
@@ -100,7 +110,7 @@ def _lock_many(
             f"more than {MAX_PER_REQUEST} nodes match {selection.describe()}, the most one"
             " request may change: narrow the selector; nothing was changed"
         )
-    return [_LockedRow(str(r[0]), str(r[1]), bool(r[2])) for r in rows]
+    return [_LockedRow(str(r[0]), str(r[1]), bool(r[2]), str(r[3])) for r in rows]
 
 
 def _in_order(conn: psycopg.Connection[Any], ids: list[str]) -> list[Node]:
@@ -109,16 +119,24 @@ def _in_order(conn: psycopg.Connection[Any], ids: list[str]) -> list[Node]:
 
 
 def block_many(
-    conn: psycopg.Connection[Any], selection: Selection, actor: audit.Actor, reason: str
+    conn: psycopg.Connection[Any],
+    selection: Selection,
+    actor: audit.Actor,
+    reason: str,
+    *,
+    scope: listing.Scope = None,
 ) -> list[Node]:
-    """Block every node of SELECTION in this one transaction, or none: one audit row each.
+    """Block every node of SELECTION in SCOPE's tenants (None: all) in this one
+    transaction, or none: one audit row each.
 
     Each row's update notifies `oz0_nodes` (the trigger of migration 0006); PostgreSQL
     delivers a transaction's notifications together at its commit, so every edge learns of
     the whole burst in one read of its LISTEN connection.
     """
     checked = checked_reason(reason, required=True)
-    locked = _lock_many(conn, selection, "block", "only pending and accepted nodes can be blocked")
+    locked = _lock_many(
+        conn, selection, "block", "only pending and accepted nodes can be blocked", scope
+    )
     ids = [row.id for row in locked]
     conn.execute(
         "UPDATE nodes SET state = 'blocked', reason = %s WHERE id = ANY(%s)", (checked, ids)
@@ -128,15 +146,21 @@ def block_many(
         actor,
         "node.block",
         [(f"node:{row.id}", {"reason": checked, "was": row.state}) for row in locked],
+        tenants=[[row.tenant] for row in locked],
     )
     return _in_order(conn, ids)
 
 
 def unblock_many(
-    conn: psycopg.Connection[Any], selection: Selection, actor: audit.Actor
+    conn: psycopg.Connection[Any],
+    selection: Selection,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
 ) -> list[Node]:
-    """Unblock every node of SELECTION in this one transaction, or none (see block_many)."""
-    locked = _lock_many(conn, selection, "unblock", "only blocked nodes can be unblocked")
+    """Unblock every node of SELECTION in SCOPE's tenants in this one transaction, or none
+    (see block_many)."""
+    locked = _lock_many(conn, selection, "unblock", "only blocked nodes can be unblocked", scope)
     back = {row.id: "accepted" if row.has_certificate else "pending" for row in locked}
     for now in ("accepted", "pending"):
         ids = [node_id for node_id, state in back.items() if state == now]
@@ -145,8 +169,9 @@ def unblock_many(
                 "UPDATE nodes SET state = %s, reason = NULL WHERE id = ANY(%s)", (now, ids)
             )
     audit.record_many(
-        conn, actor, "node.unblock", [(f"node:{n}", {"now": now}) for n, now in back.items()]
-    )
+        conn, actor, "node.unblock", [(f"node:{n}", {"now": now}) for n, now in back.items()],
+        tenants=[[row.tenant] for row in locked],
+    )  # fmt: skip
     return _in_order(conn, list(back))
 
 
@@ -155,18 +180,20 @@ def unblock_many(
 
 @dataclass(frozen=True)
 class NodeChange:
-    """One request's block (with its REASON) or unblock of one node. Called, it is written
-    as `block` or `unblock` would; `write_changes` writes many in a few statements."""
+    """One request's block (with its REASON) or unblock of one node, by ACTOR, who reaches
+    SCOPE's tenants (None: all). Called, it is written as `block` or `unblock` would;
+    `write_changes` writes many in a few statements."""
 
     action: str  # "block" or "unblock"
     node_id: str
     actor: audit.Actor
     reason: str | None = None
+    scope: listing.Scope = None
 
     def __call__(self, conn: psycopg.Connection[Any]) -> Node:
         if self.action == "block":
-            return block(conn, self.node_id, self.actor, self.reason or "")
-        return unblock(conn, self.node_id, self.actor)
+            return block(conn, self.node_id, self.actor, self.reason or "", scope=self.scope)
+        return unblock(conn, self.node_id, self.actor, scope=self.scope)
 
 
 def write_changes(
@@ -195,17 +222,18 @@ def write_changes(
             continue
         wanted.append((i, change, reason))
     rows = conn.execute(
-        "SELECT id, state, certificate IS NOT NULL FROM nodes WHERE id = ANY(%s)"
-        " ORDER BY id FOR UPDATE",
+        _LOCKED_COLUMNS + " WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
         (sorted({change.node_id for _, change, _ in wanted}),),
     ).fetchall()
     now: dict[str, tuple[str, bool]] = {str(r[0]): (str(r[1]), bool(r[2])) for r in rows}
+    tenant_of: dict[str, str] = {str(r[0]): str(r[3]) for r in rows}
     updated: dict[str, tuple[str, str | None]] = {}
     logged: dict[str, list[tuple[audit.Actor, str, dict[str, Any]]]] = {"block": [], "unblock": []}
     done: list[tuple[int, str]] = []
     for i, change, reason in wanted:
         node_id = change.node_id
-        if node_id not in now:
+        # Each change's own scope: the batch mixes requests of different persons.
+        if node_id not in now or not listing.reaches(change.scope, tenant_of[node_id]):
             outcomes[i] = (None, NodeNotFound(f"node {node_id} not found"))
             continue
         state, has_certificate = now[node_id]
@@ -251,7 +279,8 @@ def write_changes(
                 ),
             )
             for action, audit_rows in logged.items():
-                audit.record_each(conn, f"node.{action}", audit_rows)
+                tenants = [[tenant_of[target.removeprefix("node:")]] for _, target, _ in audit_rows]
+                audit.record_each(conn, f"node.{action}", audit_rows, tenants=tenants)
             by_id = {n.id: n for n in get_many(conn, list(updated))}
         for i, node_id in done:
             outcomes[i] = (by_id[node_id], None)

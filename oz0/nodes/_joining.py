@@ -106,6 +106,7 @@ def join(
         "node.join",
         f"node:{node_id}",
         {"state": state, "tenant": tenant, "token_id": token_id, "hostname": hostname},
+        tenants=[tenant],
     )
     return Joined(node_id, state, tenant, certificate)
 

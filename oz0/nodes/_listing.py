@@ -82,9 +82,10 @@ class NodeFilter:
 ANY = NodeFilter()
 
 
-def _where(wanted: NodeFilter, after: str | None) -> listing.Where:
-    """WANTED's clause; AFTER (a cursor): only the nodes listed after it."""
-    where = wanted.where()
+def _where(wanted: NodeFilter, scope: listing.Scope, after: str | None = None) -> listing.Where:
+    """WANTED's clause, in SCOPE's tenants (None: all; one tenant keeps the listing order
+    of nodes_tenant_listing); AFTER (a cursor): only the nodes listed after it."""
+    where = wanted.where().within("tenant", scope)
     if after is None:
         return where
     # A row comparison: the listing indexes read from this key on, in order.
@@ -121,11 +122,12 @@ def list_nodes(
     limit: int | None = None,
     offset: int = 0,
     after: str | None = None,
+    scope: listing.Scope = None,
 ) -> list[Node]:
-    """The nodes MATCHING, oldest first (by joined_at, then ID). AFTER (a cursor,
-    `cursor_after`) starts after that node; LIMIT and OFFSET page through them (no LIMIT:
-    all). Raises listing.BadPaging for a malformed cursor."""
-    found = _where(matching, after)
+    """The nodes MATCHING in SCOPE's tenants (None: all), oldest first (by joined_at, then
+    ID). AFTER (a cursor, `cursor_after`) starts after that node; LIMIT and OFFSET page
+    through them (no LIMIT: all). Raises listing.BadPaging for a malformed cursor."""
+    found = _where(matching, scope, after)
     where, order = found.sql, " ORDER BY joined_at, id"
     if offset:
         # The rows skipped are read as IDs only (from the listing indexes where they
@@ -147,9 +149,10 @@ def list_page(
     *,
     limit: int = listing.DEFAULT_LIMIT,
     after: str | None = None,
+    scope: listing.Scope = None,
 ) -> tuple[list[Node], str | None]:
     """One page of `list_nodes` and the cursor of the next one (None: this is the last)."""
-    found = list_nodes(conn, matching, limit=limit + 1, after=after)
+    found = list_nodes(conn, matching, limit=limit + 1, after=after, scope=scope)
     if len(found) <= limit:
         return found, None
     return found[:limit], cursor_after(found[limit - 1])
@@ -177,9 +180,10 @@ def list_page_json(
     *,
     limit: int = listing.DEFAULT_LIMIT,
     after: str | None = None,
+    scope: listing.Scope = None,
 ) -> tuple[list[str], str | None]:
     """`list_page`, each node as the JSON text of its to_json(), for the API."""
-    where = _where(matching, after)
+    where = _where(matching, scope, after)
     rows = conn.execute(
         _PAGE_JSON + where.sql + " ORDER BY joined_at, id LIMIT %(limit)s) AS page"
         " ORDER BY joined_at, id",
@@ -196,10 +200,11 @@ def count_nodes(
     matching: NodeFilter = ANY,
     *,
     most: int | None = None,
+    scope: listing.Scope = None,
 ) -> int:
-    """How many nodes `list_nodes` lists of those MATCHING, without a LIMIT; counting
-    stops at MOST if given (a count of a large fleet reads every row it counts)."""
-    where = matching.where()
+    """How many nodes `list_nodes` lists of those MATCHING in SCOPE, without a LIMIT;
+    counting stops at MOST if given (a count of a large fleet reads every row it counts)."""
+    where = _where(matching, scope)
     row = conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM nodes" + where.sql + " LIMIT %(most)s) AS matching",
         {**where.params, "most": most},

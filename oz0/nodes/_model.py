@@ -11,6 +11,7 @@ import psycopg
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from oz0 import listing
 from oz0.membership import UP_WINDOW
 from oz0.nodes._rules import NodeNotFound
 
@@ -74,19 +75,29 @@ SELECT = (
 )
 
 
-def get(conn: psycopg.Connection[Any], node_id: str, *, lock: bool = False) -> Node:
+def get(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    *,
+    lock: bool = False,
+    scope: listing.Scope = None,
+) -> Node:
+    """The node NODE_ID; NodeNotFound if there is none in SCOPE's tenants (None: any), the
+    same answer for another tenant's node as for an unknown ID."""
+    where = listing.Where().also("id = %(id)s", id=node_id).within("tenant", scope)
     row = conn.execute(
-        SELECT + " WHERE id = %(id)s" + (" FOR UPDATE OF nodes" if lock else ""),
-        {**CONNECTED_PARAMS, "id": node_id},
+        SELECT + where.sql + (" FOR UPDATE OF nodes" if lock else ""),
+        {**CONNECTED_PARAMS, **where.params},
     ).fetchone()
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
     return Node(*row)
 
 
-def get_many(conn: psycopg.Connection[Any], node_ids: list[str]) -> list[Node]:
-    """The nodes of NODE_IDS that exist, in no particular order."""
-    rows = conn.execute(
-        SELECT + " WHERE id = ANY(%(ids)s)", {**CONNECTED_PARAMS, "ids": node_ids}
-    ).fetchall()
+def get_many(
+    conn: psycopg.Connection[Any], node_ids: list[str], *, scope: listing.Scope = None
+) -> list[Node]:
+    """The nodes of NODE_IDS that exist in SCOPE's tenants (None: any), in no order."""
+    where = listing.Where().also("id = ANY(%(ids)s)", ids=node_ids).within("tenant", scope)
+    rows = conn.execute(SELECT + where.sql, {**CONNECTED_PARAMS, **where.params}).fetchall()
     return [Node(*r) for r in rows]

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, pki
+from oz0 import audit, listing, pki
 from oz0.nodes._joining import issue_certificate
 from oz0.nodes._model import CONNECTED_PARAMS, SELECT, Node, get, public_key_sha256
 from oz0.nodes._rules import STATES, NodeError, NodeNotFound, check_node_id
@@ -23,16 +23,21 @@ class _Locked:
     public_pem: str
     # Accepted once: a node blocked while pending never was, and has no control stream.
     has_certificate: bool
+    tenant: str
 
 
-def _locked(conn: psycopg.Connection[Any], node_id: str) -> _Locked:
+def _locked(conn: psycopg.Connection[Any], node_id: str, scope: listing.Scope) -> _Locked:
+    """NODE_ID's row, locked; NodeNotFound if there is none in SCOPE's tenants (another
+    tenant's node is answered as an unknown one is)."""
+    where = listing.Where().also("id = %(id)s", id=check_node_id(node_id)).within("tenant", scope)
     row = conn.execute(
-        "SELECT state, public_key, certificate IS NOT NULL FROM nodes WHERE id = %s FOR UPDATE",
-        (check_node_id(node_id),),
-    ).fetchone()
+        "SELECT state, public_key, certificate IS NOT NULL, tenant FROM nodes"
+        + where.sql + " FOR UPDATE",
+        where.params,
+    ).fetchone()  # fmt: skip
     if row is None:
         raise NodeNotFound(f"node {node_id} not found")
-    return _Locked(str(row[0]), str(row[1] or ""), bool(row[2]))
+    return _Locked(str(row[0]), str(row[1] or ""), bool(row[2]), str(row[3]))
 
 
 # The states each action is for; `allowed` reads it, and so do the functions below (whose
@@ -61,9 +66,15 @@ def actions(node: Node) -> list[str]:
 
 
 def accept(
-    conn: psycopg.Connection[Any], ca: pki.CertificateAuthority, node_id: str, actor: audit.Actor
+    conn: psycopg.Connection[Any],
+    ca: pki.CertificateAuthority,
+    node_id: str,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
 ) -> Node:
-    locked = _locked(conn, node_id)
+    """Accept a pending node of SCOPE's tenants (None: any; as for every action below)."""
+    locked = _locked(conn, node_id, scope)
     if not allowed("accept", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only pending nodes can be accepted")
     public_key = serialization.load_pem_public_key(locked.public_pem.encode())
@@ -72,7 +83,7 @@ def accept(
         "UPDATE nodes SET state = 'accepted', reason = NULL, certificate = %s WHERE id = %s",
         (issue_certificate(ca, node_id, public_key), node_id),
     )
-    audit.record(conn, actor, "node.accept", f"node:{node_id}")
+    audit.record(conn, actor, "node.accept", f"node:{node_id}", tenants=[locked.tenant])
     return get(conn, node_id)
 
 
@@ -91,27 +102,41 @@ def checked_reason(reason: str | None, *, required: bool = False) -> str | None:
 
 
 def reject(
-    conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str | None
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    actor: audit.Actor,
+    reason: str | None,
+    *,
+    scope: listing.Scope = None,
 ) -> Node:
     reason = checked_reason(reason)
-    locked = _locked(conn, node_id)
+    locked = _locked(conn, node_id, scope)
     state = locked.state
     if not allowed("reject", state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {state}; only pending nodes can be rejected")
     conn.execute(
         "UPDATE nodes SET state = 'rejected', reason = %s WHERE id = %s", (reason, node_id)
     )
-    audit.record(conn, actor, "node.reject", f"node:{node_id}", {"reason": reason})
+    audit.record(
+        conn, actor, "node.reject", f"node:{node_id}", {"reason": reason}, tenants=[locked.tenant]
+    )
     return get(conn, node_id)
 
 
 # --- shutting nodes out and removing them ---------------------------------------------
 
 
-def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reason: str) -> Node:
+def block(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    actor: audit.Actor,
+    reason: str,
+    *,
+    scope: listing.Scope = None,
+) -> Node:
     """Shut a node out: every edge ends its stream, Temporal refuses it; it keeps its files."""
     checked = checked_reason(reason, required=True)
-    locked = _locked(conn, node_id)
+    locked = _locked(conn, node_id, scope)
     state = locked.state
     if state == "blocked":
         raise NodeError(f"node {node_id} is blocked already")
@@ -121,6 +146,7 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
         )
     return _changed(
         conn,
+        locked,
         node_id,
         "state = 'blocked', reason = %(reason)s",
         {"reason": checked},
@@ -130,14 +156,21 @@ def block(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor, reaso
     )
 
 
-def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+def unblock(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
+) -> Node:
     """Let a blocked node back: accepted if it had been accepted, else pending again."""
-    locked = _locked(conn, node_id)
+    locked = _locked(conn, node_id, scope)
     if not allowed("unblock", locked.state, has_certificate=locked.has_certificate):
         raise NodeError(f"node {node_id} is {locked.state}; only blocked nodes can be unblocked")
     now = "accepted" if locked.has_certificate else "pending"
     return _changed(
         conn,
+        locked,
         node_id,
         "state = %(now)s, reason = NULL",
         {"now": now},
@@ -149,6 +182,7 @@ def unblock(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> 
 
 def _changed(
     conn: psycopg.Connection[Any],
+    locked: _Locked,
     node_id: str,
     assignments: str,
     params: dict[str, Any],
@@ -156,15 +190,16 @@ def _changed(
     action: str,
     details: dict[str, Any],
 ) -> Node:
-    """Update NODE_ID (SET ASSIGNMENTS), write its audit row and read it back, in one
-    statement: one round trip instead of three for a single block or unblock.
+    """Update NODE_ID (LOCKED, SET ASSIGNMENTS), write its audit row and read it back, in
+    one statement: one round trip instead of three for a single block or unblock.
 
     The CTE named `nodes` is the updated row, so SELECT (and CONNECTED in it) reads the
     node as it is now; inside the CTE itself `nodes` is still the table."""
     row = conn.execute(
         f"WITH nodes AS (UPDATE nodes SET {assignments} WHERE id = %(id)s RETURNING *),"
-        " logged AS (INSERT INTO audit_log (actor_kind, actor, action, target, details)"
-        " VALUES (%(actor_kind)s, %(actor)s, %(action)s, %(target)s, %(details)s)) " + SELECT,
+        " logged AS (INSERT INTO audit_log (actor_kind, actor, action, target, details,"
+        " tenants) VALUES (%(actor_kind)s, %(actor)s, %(action)s, %(target)s, %(details)s,"
+        " ARRAY[%(tenant)s::text])) " + SELECT,
         {
             **CONNECTED_PARAMS,
             **params,
@@ -174,6 +209,7 @@ def _changed(
             "action": action,
             "target": f"node:{node_id}",
             "details": Jsonb(details),
+            "tenant": locked.tenant,
         },
     ).fetchone()
     if row is None:
@@ -181,22 +217,35 @@ def _changed(
     return Node(*row)
 
 
-def delete(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+def delete(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
+) -> Node:
     """Forget a node; its audit history stays and its key may join again as a new node.
 
     The read locks the row: of two deletes at once, the second finds no node (one audit row).
     """
-    node = get(conn, check_node_id(node_id), lock=True)
+    node = get(conn, check_node_id(node_id), lock=True, scope=scope)
     conn.execute("DELETE FROM nodes WHERE id = %s", (node_id,))
     audit.record(
-        conn, actor, "node.delete", f"node:{node_id}", {"state": node.state, "tenant": node.tenant}
-    )
+        conn, actor, "node.delete", f"node:{node_id}", {"state": node.state, "tenant": node.tenant},
+        tenants=[node.tenant],
+    )  # fmt: skip
     return node
 
 
-def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> Node:
+def purge(
+    conn: psycopg.Connection[Any],
+    node_id: str,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
+) -> Node:
     """Mark a node for removal from its machine: shut out at once, told on its next stream."""
-    locked = _locked(conn, node_id)
+    locked = _locked(conn, node_id, scope)
     state = locked.state
     if state == "purging":
         raise NodeError(f"node {node_id} is being purged already")
@@ -206,7 +255,9 @@ def purge(conn: psycopg.Connection[Any], node_id: str, actor: audit.Actor) -> No
             " use node delete to forget it"
         )
     conn.execute("UPDATE nodes SET state = 'purging' WHERE id = %s", (node_id,))
-    audit.record(conn, actor, "node.purge", f"node:{node_id}", {"was": state})
+    audit.record(
+        conn, actor, "node.purge", f"node:{node_id}", {"was": state}, tenants=[locked.tenant]
+    )
     return get(conn, node_id)
 
 
@@ -232,6 +283,7 @@ def purged(
         "node.purged",
         f"node:{node_id}",
         {"nonce": nonce, "server": server_id, "tenant": row[0]},
+        tenants=[row[0]],
     )
     return True
 
@@ -240,6 +292,7 @@ def purge_refused(
     conn: psycopg.Connection[Any], node_id: str, *, reason: str, nonce: str | None, server_id: str
 ) -> None:
     """A node refused a purge command it was given: the node's word, kept for the operators."""
+    row = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (node_id,)).fetchone()
     audit.record(
         conn,
         audit.Actor("node", node_id),
@@ -250,6 +303,7 @@ def purge_refused(
             "nonce": None if nonce is None else _one_line(nonce)[:64],
             "server": server_id,
         },
+        tenants=[row[0]] if row else [],
     )
 
 

@@ -21,8 +21,13 @@ def add(web: Blueprint, pages: Pages) -> None:
     async def tenants_page(
         current: Session, status: int = 200, error: str | None = None, name: str = ""
     ) -> Page:
+        scope = current.person.scope
+
         def read(conn: Any) -> dict[str, Any]:
-            return {"tenants": tenants.list_tenants(conn), "counts": tenants.node_counts(conn)}
+            return {
+                "tenants": tenants.list_tenants(conn, scope=scope),
+                "counts": tenants.node_counts(conn, scope=scope),
+            }
 
         facts = await state.db.transaction(read)
         return await pages.render(

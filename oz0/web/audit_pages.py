@@ -49,6 +49,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             target=text_arg(request.args, "target"),
         )
         before = audit.cursor(request.args.get("before"))  # junk: the newest page
+        scope = current.person.scope
 
         def read(conn: Any) -> tuple[list[audit.Entry], int | None, list[str]]:
             rows = audit.entries(
@@ -58,11 +59,12 @@ def add(web: Blueprint, pages: Pages) -> None:
                 target=filters.target,
                 before=before,
                 limit=PAGE + 1,
+                scope=scope,
             )
             newer = None
             if before is not None:
                 newest = rows[0].id if rows else before - 1
-                newer = audit.newer_page(conn, filters, newest, PAGE)
+                newer = audit.newer_page(conn, filters, newest, PAGE, scope=scope)
             return rows, newer, audit.actions_seen(conn)
 
         rows, newer, actions = await pages.state.db.transaction(read)

@@ -17,14 +17,14 @@ from typing import Any
 from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
 
-from oz0 import nodes, tenants
+from oz0 import access, nodes, tenants
 from oz0.jobs import store
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
 from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
-from oz0.web.pages import NOTICES, Page, Pages, text_arg
+from oz0.web.pages import NOTICES, Page, Pages, Refused, text_arg
 
 # A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
 SHOWN_OUTPUT = 2 * 1024 * 1024
@@ -169,8 +169,12 @@ def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str
 def add(web: Blueprint, pages: Pages) -> None:
     db = pages.state.db
 
-    async def tenant_names() -> list[str]:
-        return await db.transaction(lambda conn: [t.name for t in tenants.list_tenants(conn)])
+    async def tenant_names(session: Session) -> list[str]:
+        """The tenants the person may pick (its own; every one for a cluster-wide person)."""
+        scope = session.person.scope
+        return await db.transaction(
+            lambda conn: [t.name for t in tenants.list_tenants(conn, scope=scope)]
+        )
 
     @web.get("/jobs")
     async def jobs_page() -> Page:
@@ -186,13 +190,14 @@ def add(web: Blueprint, pages: Pages) -> None:
             return store.list_jobs(
                 conn, tenant=filters["tenant"], state=filters["state"],
                 limit=paging.ROWS + 1, offset=(page - 1) * paging.ROWS,
+                scope=session.person.scope,
             )  # fmt: skip
 
         found = await db.transaction(read)
         newer, older = paging.links(pages, page, len(found) > paging.ROWS)
         return await pages.render(
             "jobs.html", session, 400 if error else 200, jobs=found[: paging.ROWS],
-            filters=filters, states=STATES, tenants=await tenant_names(), error=error,
+            filters=filters, states=STATES, tenants=await tenant_names(session), error=error,
             newer=newer, older=older, command_text=command_text, short=short,
             job_nodes=job_nodes,
         )  # fmt: skip
@@ -202,7 +207,7 @@ def add(web: Blueprint, pages: Pages) -> None:
     ) -> Page:
         return await pages.render(
             "job_new.html", session, status, form=form, error=error,
-            tenants=await tenant_names(), default_queue_timeout=DEFAULT_QUEUE_TIMEOUT,
+            tenants=await tenant_names(session), default_queue_timeout=DEFAULT_QUEUE_TIMEOUT,
         )  # fmt: skip
 
     @web.get("/jobs/new")
@@ -214,7 +219,10 @@ def add(web: Blueprint, pages: Pages) -> None:
         session, form = await pages.posted()
         try:
             spec = spec_from_form(form)
+            session.person.check(access.Right.OPERATE, "run jobs", tenant=spec.tenant)
             job = await db.transaction(lambda conn: store.create(conn, spec, session.actor))
+        except access.Forbidden as e:
+            raise Refused(str(e)) from None
         except JobError as e:
             return await run_form(session, form, 400, str(e))
         pages.state.kick_jobs()
@@ -226,7 +234,7 @@ def add(web: Blueprint, pages: Pages) -> None:
 
         def read(conn: store.Conn) -> tuple[store.Job, list[AttemptOutput], int, bool]:
             # The job first: once it has ended, its output is complete.
-            job = store.get(conn, job_id)
+            job = store.get(conn, job_id, scope=session.person.scope)
             return (job, *output_of(conn, job))
 
         try:
@@ -245,7 +253,7 @@ def add(web: Blueprint, pages: Pages) -> None:
 
     @web.get("/jobs/<job_id>/live.json")
     async def job_live(job_id: str) -> Page | tuple[Response, int]:
-        await pages.session()
+        scope = (await pages.session()).person.scope
         if not is_job_id(job_id):
             return jsonify({"error": f"no job {job_id}"}), 404
         try:
@@ -254,7 +262,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             return jsonify({"error": "after must be a whole number"}), 400
 
         def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
-            job = store.get(conn, job_id)
+            job = store.get(conn, job_id, scope=scope)
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
         try:
@@ -269,7 +277,11 @@ def add(web: Blueprint, pages: Pages) -> None:
         if not is_job_id(job_id):
             return await pages.missing(session, f"job {job_id}")
         try:
-            await db.transaction(lambda conn: store.request_cancel(conn, job_id, session.actor))
+            await db.transaction(
+                lambda conn: store.request_cancel(
+                    conn, job_id, session.actor, scope=session.person.scope
+                )
+            )
         except JobNotFound:
             return await pages.missing(session, f"job {job_id}")
         except JobEnded as e:

@@ -22,7 +22,7 @@ import psycopg
 import trio
 from quart import Blueprint, Response, request
 
-from oz0 import nodes
+from oz0 import listing, nodes
 from oz0 import ui_sessions as sessions
 from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
@@ -100,10 +100,13 @@ def add(web: Blueprint, pages: Pages) -> None:
     if state.hub is not None:
         feed.attach(state.hub)
 
-    def read(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, dict[str, Any]]:
-        return {n.id: _shown(n) for n in nodes.get_many(conn, ids)}
+    def read(
+        conn: psycopg.Connection[Any], ids: list[str], scope: listing.Scope
+    ) -> dict[str, dict[str, Any]]:
+        # Another tenant's node than the person's is sent as gone, as an unknown ID is.
+        return {n.id: _shown(n) for n in nodes.get_many(conn, ids, scope=scope)}
 
-    async def body(stream: Stream, token: str | None) -> AsyncIterator[bytes]:
+    async def body(stream: Stream, token: str | None, scope: listing.Scope) -> AsyncIterator[bytes]:
         ids = sorted(stream.watched)
         last: dict[str, dict[str, Any] | None] = {}
         now = trio.current_time()
@@ -112,7 +115,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             yield f"retry: {RECONNECT_MS}\n\n".encode()
             while trio.current_time() < ends and not state.stopping.is_set():
                 try:
-                    current = await state.db.transaction(lambda conn: read(conn, ids))
+                    current = await state.db.transaction(lambda conn: read(conn, ids, scope))
                 except DATABASE_ERRORS:
                     current = None  # shown as it was; read again at the next turn
                 for node_id in ids if current is not None else ():
@@ -142,13 +145,13 @@ def add(web: Blueprint, pages: Pages) -> None:
 
     @web.get("/ui/events")
     async def events() -> Page:
-        await pages.session()
+        scope = (await pages.session()).person.scope
         if len(feed.streams) >= MAX_STREAMS:
             return "too many live pages are open on this server; reload later", 503
         stream = Stream(_watched(request.args.get("nodes", "")), request.args.get("new") == "1")
         feed.streams.add(stream)
         response = Response(
-            body(stream, request.cookies.get(sessions.COOKIE)),
+            body(stream, request.cookies.get(sessions.COOKIE), scope),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

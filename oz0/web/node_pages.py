@@ -16,7 +16,7 @@ import psycopg
 from quart import Blueprint, redirect, request
 from werkzeug.datastructures import MultiDict
 
-from oz0 import audit, membership, nodes, tenants
+from oz0 import access, audit, membership, nodes, tenants
 from oz0 import ui_sessions as sessions
 from oz0.jobs import store as jobs
 from oz0.web import paging
@@ -50,7 +50,8 @@ _DONE = {
     "delete": "node.deleted",
     "purge": "node.purging",
 }
-Change = Callable[[psycopg.Connection[Any], audit.Actor, MultiDict[str, str]], object]
+# A change gets the person making it: its actor for the audit row, its scope for the node.
+Change = Callable[[psycopg.Connection[Any], access.Person, MultiDict[str, str]], object]
 
 
 def add(web: Blueprint, pages: Pages) -> None:
@@ -70,10 +71,11 @@ def add(web: Blueprint, pages: Pages) -> None:
         label, search = text_arg(args, "label"), text_arg(args, "q")
         number = paging.page_number()
         filtered = any((state, tenant, label, search))
+        scope = current.person.scope
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             facts: dict[str, Any] = {
-                "tenant_names": [t.name for t in tenants.list_tenants(conn)],
+                "tenant_names": [t.name for t in tenants.list_tenants(conn, scope=scope)],
                 "edges": [f"{s.advertise}:7443" for s in membership.servers_up(conn)],
                 "fleet": [],
                 "total": 0,
@@ -83,11 +85,12 @@ def add(web: Blueprint, pages: Pages) -> None:
                 matching = nodes.NodeFilter.of_args(
                     state=state, tenant=tenant, label=label, search=search
                 )
-                counted = nodes.count_nodes(conn, matching, most=COUNT_UP_TO + 1)
+                counted = nodes.count_nodes(conn, matching, most=COUNT_UP_TO + 1, scope=scope)
                 facts["total"] = f"{COUNT_UP_TO:,}+" if counted > COUNT_UP_TO else counted
                 facts["fleet"] = nodes.list_nodes(
-                    conn, matching, limit=paging.ROWS + 1, offset=(number - 1) * paging.ROWS
-                )
+                    conn, matching, limit=paging.ROWS + 1, offset=(number - 1) * paging.ROWS,
+                    scope=scope,
+                )  # fmt: skip
             except nodes.NodeError as e:
                 facts["error"] = str(e)
             return facts
@@ -121,16 +124,19 @@ def add(web: Blueprint, pages: Pages) -> None:
         failed: tuple[str, MultiDict[str, str]] | None = None,
     ) -> Page:
         """The node's page; FAILED: the action refused and its form, to fill in again."""
+        scope = current.person.scope
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
             try:
-                node = nodes.get(conn, node_id)
+                node = nodes.get(conn, node_id, scope=scope)
             except nodes.NodeNotFound:
                 return None
             return {
                 "node": node,
                 "actions": nodes.actions(node),
-                "history": audit.entries(conn, target=f"node:{node_id}", limit=HISTORY),
+                "history": audit.entries(
+                    conn, target=f"node:{node_id}", limit=HISTORY, scope=scope
+                ),
                 "attempts": jobs.attempts_on_node(conn, node_id, limit=HISTORY),
             }
 
@@ -153,7 +159,7 @@ def add(web: Blueprint, pages: Pages) -> None:
     ) -> Page:  # fmt: skip
         def read(conn: psycopg.Connection[Any]) -> nodes.Node | None:
             try:
-                return nodes.get(conn, node_id)
+                return nodes.get(conn, node_id, scope=current.person.scope)
             except nodes.NodeNotFound:
                 return None
 
@@ -175,7 +181,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         if not nodes.is_node_id(node_id):
             return await pages.missing(current, f"node {node_id}")
         try:
-            await db.transaction(lambda conn: change(conn, current.actor, form))
+            await db.transaction(lambda conn: change(conn, current.person, form))
         except nodes.NodeNotFound:
             return await pages.missing(current, f"node {node_id}")
         except nodes.NodeError as e:
@@ -185,7 +191,9 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.post("/nodes/<node_id>/accept")
     async def node_accept(node_id: str) -> Page:
         return await act(
-            node_id, "accept", lambda conn, actor, _: nodes.accept(conn, ca, node_id, actor)
+            node_id,
+            "accept",
+            lambda conn, who, _: nodes.accept(conn, ca, node_id, who, scope=who.scope),
         )
 
     @web.post("/nodes/<node_id>/reject")
@@ -193,7 +201,9 @@ def add(web: Blueprint, pages: Pages) -> None:
         return await act(
             node_id,
             "reject",
-            lambda conn, actor, form: nodes.reject(conn, node_id, actor, form.get("reason")),
+            lambda conn, who, form: nodes.reject(
+                conn, node_id, who, form.get("reason"), scope=who.scope
+            ),
         )
 
     @web.post("/nodes/<node_id>/block")
@@ -201,13 +211,17 @@ def add(web: Blueprint, pages: Pages) -> None:
         return await act(
             node_id,
             "block",
-            lambda conn, actor, form: nodes.block(conn, node_id, actor, form.get("reason", "")),
+            lambda conn, who, form: nodes.block(
+                conn, node_id, who, form.get("reason", ""), scope=who.scope
+            ),
         )
 
     @web.post("/nodes/<node_id>/unblock")
     async def node_unblock(node_id: str) -> Page:
         return await act(
-            node_id, "unblock", lambda conn, actor, _: nodes.unblock(conn, node_id, actor)
+            node_id,
+            "unblock",
+            lambda conn, who, _: nodes.unblock(conn, node_id, who, scope=who.scope),
         )
 
     @web.get("/nodes/<node_id>/delete")
@@ -217,7 +231,8 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.post("/nodes/<node_id>/delete")
     async def node_delete(node_id: str) -> Page:
         return await act(
-            node_id, "delete", lambda conn, actor, _: nodes.delete(conn, node_id, actor),
+            node_id, "delete",
+            lambda conn, who, _: nodes.delete(conn, node_id, who, scope=who.scope),
             back="/nodes",
         )  # fmt: skip
 
@@ -239,6 +254,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             )
             return await confirm_page(current, node_id, "purge", 400, why)
         return await act(
-            node_id, "purge", lambda conn, actor, _: nodes.purge(conn, node_id, actor),
+            node_id, "purge",
+            lambda conn, who, _: nodes.purge(conn, node_id, who, scope=who.scope),
             posted=(current, form),
         )  # fmt: skip

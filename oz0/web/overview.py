@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from quart import Blueprint
 
-from oz0 import audit, membership, nodes
+from oz0 import audit, listing, membership, nodes
 from oz0.web.pages import Page, Pages
 
 RECENT = 12
@@ -27,15 +27,17 @@ class TenantCounts:
         return sum(self.by_state.values())
 
 
-def fleet_counts(conn: psycopg.Connection[Any]) -> list[TenantCounts]:
-    """Every tenant (those without nodes too), its nodes counted by state, and connected."""
+def fleet_counts(conn: psycopg.Connection[Any], scope: listing.Scope = None) -> list[TenantCounts]:
+    """Every tenant of SCOPE (None: all; those without nodes too), its nodes counted by
+    state, and connected."""
+    where = listing.Where().within("t.name", scope)
     rows = conn.execute(
         "SELECT t.name, nodes.state, count(nodes.id),"
         f" count(nodes.id) FILTER (WHERE {nodes.CONNECTED})"
-        " FROM tenants t LEFT JOIN nodes ON nodes.tenant = t.name"
-        " GROUP BY t.name, nodes.state ORDER BY t.name",
-        nodes.CONNECTED_PARAMS,
-    ).fetchall()
+        " FROM tenants t LEFT JOIN nodes ON nodes.tenant = t.name" + where.sql
+        + " GROUP BY t.name, nodes.state ORDER BY t.name",
+        {**nodes.CONNECTED_PARAMS, **where.params},
+    ).fetchall()  # fmt: skip
     tenants: dict[str, TenantCounts] = {}
     for tenant, state, count, connected in rows:
         counts = tenants.setdefault(tenant, TenantCounts(tenant))
@@ -49,9 +51,11 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.get("/overview")
     async def overview() -> Page:
         current = await pages.session()
+        # The counts, the tenants and the latest entries are the person's tenants' only.
+        scope = current.person.scope
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            tenants = fleet_counts(conn)
+            tenants = fleet_counts(conn, scope)
             totals = TenantCounts("all")
             for t in tenants:
                 for state, count in t.by_state.items():
@@ -62,7 +66,7 @@ def add(web: Blueprint, pages: Pages) -> None:
                 "totals": totals,
                 "states": nodes.STATES,
                 "servers": membership.servers_up(conn),
-                "recent": audit.entries(conn, limit=RECENT),
+                "recent": audit.entries(conn, limit=RECENT, scope=scope),
             }
 
         facts = await pages.state.db.transaction(read)

@@ -13,13 +13,13 @@ from typing import Any
 from quart import Blueprint
 from werkzeug.datastructures import MultiDict
 
-from oz0 import tenants, tokens
+from oz0 import access, listing, tenants, tokens
 from oz0.errors import Oz0Error
 from oz0.server import join_command
 from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
-from oz0.web.pages import NOTICES, Page, Pages
+from oz0.web.pages import NOTICES, Page, Pages, Refused
 
 # What the list and the confirm page call a token's state.
 STATE_NAMES: dict[tokens.TokenState, str] = {
@@ -48,13 +48,13 @@ def spec_from_form(form: MultiDict[str, str]) -> tokens.TokenSpec:
 def add(web: Blueprint, pages: Pages) -> None:
     db = pages.state.db
 
-    def listed(conn: Any) -> dict[str, Any]:
+    def listed(conn: Any, scope: listing.Scope) -> dict[str, Any]:
         now: dt.datetime = conn.execute("SELECT now()").fetchone()[0]
-        newest_first = list(reversed(tokens.list_tokens(conn)))
+        newest_first = list(reversed(tokens.list_tokens(conn, scope=scope)))
         return {"rows": [(t, STATE_NAMES[t.state(now)]) for t in newest_first]}
 
     async def token_list(session: Session, status: int = 200, error: str | None = None) -> Page:
-        found = await db.transaction(listed)
+        found = await db.transaction(lambda conn: listed(conn, session.person.scope))
         rows = found["rows"]
         page = paging.page_number()
         newer, older = paging.links(pages, page, page * paging.ROWS < len(rows))
@@ -66,7 +66,10 @@ def add(web: Blueprint, pages: Pages) -> None:
     async def create_form(
         session: Session, form: MultiDict[str, str], status: int = 200, error: str | None = None
     ) -> Page:
-        names = await db.transaction(lambda conn: [t.name for t in tenants.list_tenants(conn)])
+        scope = session.person.scope
+        names = await db.transaction(
+            lambda conn: [t.name for t in tenants.list_tenants(conn, scope=scope)]
+        )
         return await pages.render(
             "token_new.html", session, status, tenants=names, form=form, error=error,
             default_ttl=tokens.DEFAULT_TTL, default_max_uses=tokens.DEFAULT_MAX_USES,
@@ -85,10 +88,13 @@ def add(web: Blueprint, pages: Pages) -> None:
         session, form = await pages.posted()
         try:
             spec = spec_from_form(form)
+            session.person.check(access.Right.OPERATE, "create join tokens", tenant=spec.tenant)
             where = await join_command.offer(db, pages.state.server_id)
             token, secret = await db.transaction(
                 lambda conn: tokens.create_from(conn, spec, session.actor)
             )
+        except access.Forbidden as e:
+            raise Refused(str(e)) from None
         except Oz0Error as e:
             return await create_form(session, form, 400, str(e))
         join = where.command(secret, pages.state.cluster.ca_hash)
@@ -100,7 +106,8 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.get("/tokens/<token_id>/revoke")
     async def confirm_revoke(token_id: str) -> Page:
         session = await pages.session()
-        token = await db.transaction(lambda conn: tokens.get(conn, token_id))
+        scope = session.person.scope
+        token = await db.transaction(lambda conn: tokens.get(conn, token_id, scope=scope))
         if token is None:
             return await pages.missing(session, f"token {token_id}")
         if token.revoked:
@@ -111,7 +118,11 @@ def add(web: Blueprint, pages: Pages) -> None:
     async def revoke_token(token_id: str) -> Page:
         session, _ = await pages.posted()
         try:
-            await db.transaction(lambda conn: tokens.revoke(conn, token_id, session.actor))
+            await db.transaction(
+                lambda conn: tokens.revoke(
+                    conn, token_id, session.actor, scope=session.person.scope
+                )
+            )
         except tokens.TokenNotFound:
             return await pages.missing(session, f"token {token_id}")
         except tokens.TokenAlreadyRevoked as e:

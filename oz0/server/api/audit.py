@@ -18,7 +18,7 @@ MAX_AUDIT_LIMIT = 10_000
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/audit")
     async def audit_list() -> Response:
-        await operator(state)
+        person = await operator(state)
         args = request.args
         try:
             limit = listing.limit_of(args.get("limit"), DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT)
@@ -34,7 +34,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
                 raise ApiError(400, "before must be an audit entry's id (a whole number)")
         filters = audit.Filters(args.get("action"), args.get("actor"), args.get("target"))
         rows, next_cursor = await state.db.transaction(
-            lambda conn: audit.entries_page_json(conn, filters, before=before, limit=limit)
+            lambda conn: audit.entries_page_json(
+                conn, filters, before=before, limit=limit, scope=person.scope
+            )
         )
         # The entries come as JSON text already (see audit.entries_page_json).
         body = '{"entries":[' + ",".join(rows) + '],"next_cursor":' + json.dumps(next_cursor) + "}"

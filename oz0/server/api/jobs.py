@@ -9,6 +9,7 @@ from typing import TypeVar
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
+from oz0 import access
 from oz0.jobs import store
 from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -24,29 +25,37 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             spec = JobSpec.from_json(await json_object())
         except JobError as e:
             raise ApiError(400, str(e)) from None
+        try:
+            actor.check(access.Right.OPERATE, "run jobs", tenant=spec.tenant)
+        except access.Forbidden as e:
+            raise ApiError(403, str(e)) from None
         job = await _do(state, lambda conn: store.create(conn, spec, actor))
         state.kick_jobs()
         return jsonify(job.to_json()), 201
 
     @app.get("/api/v1/jobs")
     async def job_list() -> Response:
-        await operator(state)
+        scope = (await operator(state)).scope
         tenant, wanted = request.args.get("tenant"), request.args.get("state")
         limit = _int_arg("limit", 100, 1, store.MAX_LIST)
         found = await _do(
-            state, lambda conn: store.list_jobs(conn, tenant=tenant, state=wanted, limit=limit)
+            state,
+            lambda conn: store.list_jobs(
+                conn, tenant=tenant, state=wanted, limit=limit, scope=scope
+            ),
         )
         return jsonify({"jobs": [j.to_json() for j in found]})
 
     @app.get("/api/v1/jobs/<job_id>")
     async def job_show(job_id: str) -> Response:
-        await operator(state)
+        scope = (await operator(state)).scope
         _check_id(job_id)
-        return jsonify((await _do(state, lambda conn: store.get(conn, job_id))).to_json())
+        job = await _do(state, lambda conn: store.get(conn, job_id, scope=scope))
+        return jsonify(job.to_json())
 
     @app.get("/api/v1/jobs/<job_id>/output")
     async def job_output(job_id: str) -> Response:
-        await operator(state)
+        scope = (await operator(state)).scope
         _check_id(job_id)
         after = _int_arg("after", 0, 0, 2**62)
         limit = _int_arg("limit", 500, 1, 1000)
@@ -55,8 +64,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
         def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
             # The job first: once it has ended, its output is complete (the node's last
-            # chunk is stored before its attempt can end), so no chunk is missed.
-            job = store.get(conn, job_id)
+            # chunk is stored before its attempt can end), so no chunk is missed. Another
+            # tenant's job than the caller's is not found, so neither is its output.
+            job = store.get(conn, job_id, scope=scope)
             return job, store.output_page(conn, job_id, after=after, attempt=attempt, limit=limit)
 
         job, chunks = await _do(state, read)
@@ -73,7 +83,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def job_cancel(job_id: str) -> Response:
         actor = await operator(state)
         _check_id(job_id)
-        job = await _do(state, lambda conn: store.request_cancel(conn, job_id, actor))
+        job = await _do(
+            state, lambda conn: store.request_cancel(conn, job_id, actor, scope=actor.scope)
+        )
         state.kick_jobs()
         return jsonify(job.to_json())
 

@@ -13,7 +13,7 @@ import psycopg
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import listing, nodes, tokens
+from oz0 import access, listing, nodes, tokens
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
@@ -23,7 +23,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def node_list() -> Response:
         """A page of nodes, oldest first: `limit` rows at most (listing.DEFAULT_LIMIT,
         up to listing.MAX_LIMIT) after `cursor`, with the cursor of the next page."""
-        await operator(state)
+        person = await operator(state)
         args = request.args
         try:
             limit = listing.limit_of(args.get("limit"))
@@ -33,7 +33,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             )  # fmt: skip
             rows, next_cursor = await state.db.transaction(
                 lambda conn: nodes.list_page_json(
-                    conn, matching, limit=limit, after=args.get("cursor")
+                    conn, matching, limit=limit, after=args.get("cursor"), scope=person.scope
                 )
             )
         except (nodes.NodeError, listing.BadPaging) as e:
@@ -44,14 +44,16 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
     @app.get("/api/v1/nodes/<node_id>")
     async def node_show(node_id: str) -> Response:
-        await operator(state)
-        return await _change(state, lambda conn: nodes.get(conn, node_id))
+        scope = (await operator(state)).scope
+        return await _change(state, lambda conn: nodes.get(conn, node_id, scope=scope))
 
     @app.post("/api/v1/nodes/<node_id>/accept")
     async def node_accept(node_id: str) -> Response:
         actor = await operator(state)
         ca = state.cluster.cluster_ca
-        return await _change(state, lambda conn: nodes.accept(conn, ca, node_id, actor))
+        return await _change(
+            state, lambda conn: nodes.accept(conn, ca, node_id, actor, scope=actor.scope)
+        )
 
     @app.post("/api/v1/nodes/<node_id>/reject")
     async def node_reject(node_id: str) -> Response:
@@ -59,7 +61,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = (await json_object()).get("reason")
         if reason is not None and not isinstance(reason, str):
             raise ApiError(400, "reason must be text")
-        return await _change(state, lambda conn: nodes.reject(conn, node_id, actor, reason))
+        return await _change(
+            state, lambda conn: nodes.reject(conn, node_id, actor, reason, scope=actor.scope)
+        )
 
     @app.post("/api/v1/nodes/block")
     async def nodes_block() -> Response:
@@ -68,16 +72,18 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = body.get("reason")
         if not isinstance(reason, str):
             raise ApiError(400, "a reason is required: say why, it goes to the audit log")
-        selection = _selection(body)
+        selection = _selection(body, actor, "block nodes")
         return await _change_many(
-            state, lambda conn: nodes.block_many(conn, selection, actor, reason)
+            state, lambda conn: nodes.block_many(conn, selection, actor, reason, scope=actor.scope)
         )
 
     @app.post("/api/v1/nodes/unblock")
     async def nodes_unblock() -> Response:
         actor = await operator(state)
-        selection = _selection(await json_object())
-        return await _change_many(state, lambda conn: nodes.unblock_many(conn, selection, actor))
+        selection = _selection(await json_object(), actor, "unblock nodes")
+        return await _change_many(
+            state, lambda conn: nodes.unblock_many(conn, selection, actor, scope=actor.scope)
+        )
 
     @app.post("/api/v1/nodes/<node_id>/block")
     async def node_block(node_id: str) -> Response:
@@ -85,23 +91,28 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         reason = (await json_object()).get("reason")
         if not isinstance(reason, str):
             raise ApiError(400, "a reason is required: say why, it goes to the audit log")
-        change = nodes.NodeChange("block", node_id, actor, reason)
+        change = nodes.NodeChange("block", node_id, actor, reason, scope=actor.scope)
         return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/unblock")
     async def node_unblock(node_id: str) -> Response:
         actor = await operator(state)
-        return await _change(state, nodes.NodeChange("unblock", node_id, actor), batched=True)
+        change = nodes.NodeChange("unblock", node_id, actor, scope=actor.scope)
+        return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/purge")
     async def node_purge(node_id: str) -> Response:
         actor = await operator(state)
-        return await _change(state, lambda conn: nodes.purge(conn, node_id, actor))
+        return await _change(
+            state, lambda conn: nodes.purge(conn, node_id, actor, scope=actor.scope)
+        )
 
     @app.delete("/api/v1/nodes/<node_id>")
     async def node_delete(node_id: str) -> Response:
         actor = await operator(state)
-        return await _change(state, lambda conn: nodes.delete(conn, node_id, actor))
+        return await _change(
+            state, lambda conn: nodes.delete(conn, node_id, actor, scope=actor.scope)
+        )
 
 
 async def _change(
@@ -126,8 +137,9 @@ async def _change(
     return jsonify(node.to_json())
 
 
-def _selection(body: dict[str, Any]) -> nodes.Selection:
-    """`{"ids": [ID, ...]}` or `{"selector": {KEY: VALUE, ...}, "tenant": T}` (tenant optional)."""
+def _selection(body: dict[str, Any], person: access.Person, doing: str) -> nodes.Selection:
+    """`{"ids": [ID, ...]}` or `{"selector": {KEY: VALUE, ...}, "tenant": T}` (tenant
+    optional; one PERSON does not reach is refused, 403: it names that tenant outright)."""
     ids, selector, tenant = body.get("ids"), body.get("selector"), body.get("tenant")
     if (ids is None) == (selector is None):
         raise ApiError(400, "give either ids (a list of node IDs) or selector (labels), not both")
@@ -144,7 +156,11 @@ def _selection(body: dict[str, Any]) -> nodes.Selection:
             raise ApiError(400, "selector must be an object of KEY: VALUE labels")
         if tenant is not None and not isinstance(tenant, str):
             raise ApiError(400, "tenant must be text")
+        if tenant is not None:
+            person.check(access.Right.OPERATE, doing, tenant=tenant)
         return nodes.select_labels(tokens.check_labels(dict(selector)), tenant)
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
     except (nodes.NodeError, Oz0Error) as e:
         raise ApiError(400, str(e)) from None
 

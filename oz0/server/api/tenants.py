@@ -12,8 +12,8 @@ from oz0.server.api.common import ApiError, ManagementState, json_object, operat
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/tenants")
     async def tenant_list() -> Response:
-        await operator(state)
-        rows = await state.db.transaction(tenants.list_tenants)
+        scope = (await operator(state)).scope
+        rows = await state.db.transaction(lambda conn: tenants.list_tenants(conn, scope=scope))
         return jsonify({"tenants": [t.to_json() for t in rows]})
 
     @app.post("/api/v1/tenants")

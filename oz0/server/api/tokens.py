@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0 import tokens
+from oz0 import access, tokens
 from oz0.errors import Oz0Error
 from oz0.server import join_command
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -14,8 +14,8 @@ from oz0.server.api.common import ApiError, ManagementState, json_object, operat
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/tokens")
     async def token_list() -> Response:
-        await operator(state)
-        rows = await state.db.transaction(tokens.list_tokens)
+        scope = (await operator(state)).scope
+        rows = await state.db.transaction(lambda conn: tokens.list_tokens(conn, scope=scope))
         return jsonify({"tokens": [t.to_json() for t in rows]})
 
     @app.post("/api/v1/tokens")
@@ -24,10 +24,13 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         body = await json_object()
         try:
             spec = tokens.TokenSpec.from_json(body)
+            actor.check(access.Right.OPERATE, "create join tokens", tenant=spec.tenant)
             where = await join_command.offer(state.db, state.server_id)
             token, secret = await state.db.transaction(
                 lambda conn: tokens.create_from(conn, spec, actor)
             )
+        except access.Forbidden as e:
+            raise ApiError(403, str(e)) from None
         except join_command.NoServerUp as e:
             raise ApiError(503, str(e)) from None
         except Oz0Error as e:
@@ -46,7 +49,9 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def token_revoke(token_id: str) -> Response:
         actor = await operator(state)
         try:
-            token = await state.db.transaction(lambda conn: tokens.revoke(conn, token_id, actor))
+            token = await state.db.transaction(
+                lambda conn: tokens.revoke(conn, token_id, actor, scope=actor.scope)
+            )
         except tokens.TokenNotFound as e:
             raise ApiError(404, str(e)) from None
         except tokens.TokenAlreadyRevoked as e:

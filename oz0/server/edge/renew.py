@@ -88,7 +88,8 @@ def renew(
     except ValueError as e:
         raise RenewRefused("bad_request", f"bad certificate request: {e}") from None
     row = conn.execute(
-        "SELECT state, certificate FROM nodes WHERE id = %s AND public_key_sha256 = %s FOR UPDATE",
+        "SELECT state, certificate, tenant FROM nodes WHERE id = %s AND public_key_sha256 = %s"
+        " FOR UPDATE",
         (node_id, nodes.public_key_sha256(key)),
     ).fetchone()
     if row is None:
@@ -133,5 +134,6 @@ def renew(
             "not_after": cert.not_valid_after_utc.isoformat(),
             "server": server_id,
         },
+        tenants=[row[2]],
     )
     return pem
