@@ -30,7 +30,7 @@ def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
 @pytest.mark.parametrize("channel", [NODES, NODE_LINKS])
 def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> None:
     a = nodes.new_node_id()
-    watching, elsewhere = Stream(frozenset({a}), False), Stream(frozenset(), False)
+    watching, elsewhere = Stream(frozenset({a}), False, "t1"), Stream(frozenset(), False, "t2")
     hub, _ = feed_with(watching, elsewhere)
     hub._dispatch(Notification(channel, a))
     assert watching.woken.is_set() and not watching.others_changed
@@ -39,7 +39,7 @@ def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> No
 
 def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     shown, other = nodes.new_node_id(), nodes.new_node_id()
-    a_list, a_page = Stream(frozenset({shown}), True), Stream(frozenset({shown}), False)
+    a_list, a_page = Stream(frozenset({shown}), True, "t1"), Stream(frozenset({shown}), False, "t2")
     hub, _ = feed_with(a_list, a_page)
     hub._dispatch(Notification(OPERATORS, other))
     assert not a_list.woken.is_set()  # not about nodes

@@ -17,7 +17,7 @@ from typing import Any
 from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
 
-from oz0 import nodes, tenants
+from oz0 import access, nodes, tenants
 from oz0.jobs import store
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
@@ -224,10 +224,12 @@ def add(web: Blueprint, pages: Pages) -> None:
         if not is_job_id(job_id):
             return await pages.missing(session, f"job {job_id}")
 
+        reads_output = session.person.has(access.Right.READ_OUTPUT)
+
         def read(conn: store.Conn) -> tuple[store.Job, list[AttemptOutput], int, bool]:
             # The job first: once it has ended, its output is complete.
             job = store.get(conn, job_id)
-            return (job, *output_of(conn, job))
+            return (job, *output_of(conn, job)) if reads_output else (job, [], 0, False)
 
         try:
             job, output, cursor, cut = await db.transaction(read)
@@ -245,7 +247,9 @@ def add(web: Blueprint, pages: Pages) -> None:
 
     @web.get("/jobs/<job_id>/live.json")
     async def job_live(job_id: str) -> Page | tuple[Response, int]:
-        await pages.session()
+        session = await pages.session()
+        # The job's state is READ; its output only for a role that may read output.
+        reads_output = session.person.has(access.Right.READ_OUTPUT)
         if not is_job_id(job_id):
             return jsonify({"error": f"no job {job_id}"}), 404
         try:
@@ -255,6 +259,8 @@ def add(web: Blueprint, pages: Pages) -> None:
 
         def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
             job = store.get(conn, job_id)
+            if not reads_output:
+                return job, []
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
         try:
