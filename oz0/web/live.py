@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ class Feed:
 
     async def held(
         self, stream: Stream, events: AsyncGenerator[bytes, None]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """EVENTS, with STREAM holding its slot from the first event asked for until they
         end, however they end. Registered here, in the generator, not before the response
         is sent: a client that leaves before the body starts never runs this, and so
