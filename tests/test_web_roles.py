@@ -7,6 +7,7 @@ People are made as a test makes them before `operator add` exists (web_support.p
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -33,12 +34,13 @@ OUTPUT = "the job's secret output"
 
 @dataclass(frozen=True)
 class World:
-    """The module's cluster: its people's passwords, acme's node and job."""
+    """The module's cluster: its people's passwords, acme's node, job and join token."""
 
     files: ClusterFiles
     passwords: dict[str, str]
     node: str
     job: str
+    token: str
 
 
 def main_db(files: ClusterFiles) -> str:
@@ -53,6 +55,12 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
+    made = subprocess.run(
+        cli_command("token", "create", "--tenant", "acme", "--json"),
+        env={**os.environ, **files.cli_env}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
     root = tmp_path_factory.mktemp("people")
     people = {
         "vera": person(files, root, "vera", "viewer", ["acme"]),
@@ -77,7 +85,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
             "INSERT INTO job_attempts (job_id, number, node_id) VALUES (%s, 1, %s)", (job, node)
         )
         assert store.append_output(conn, node, job, 1, 0, "stdout", OUTPUT.encode(), False)
-    return World(files, people, node, job)
+    return World(files, people, node, job, json.loads(made.stdout)["id"])
 
 
 def signed_in(browser: Any, world: World, name: str) -> Any:
@@ -205,7 +213,10 @@ def test_an_operator_of_acme_sees_run_block_and_tokens_but_not_delete_purge_or_t
     assert OUTPUT in page.locator("[data-field=output]").inner_text()
     assert page.locator("script[src$='jobs.js']").count() == 1
     page.screenshot(path=str(where / "operator-job.png"), full_page=True)
-    assert actions_on(page, "/tokens")["new"] == ["/tokens/new"]
+    tokens = actions_on(page, "/tokens")
+    assert tokens["new"] == ["/tokens/new"]
+    assert tokens["asks"] == [f"/tokens/{world.token}/revoke"]
+    assert tokens["posts"] == ["/tokens"]  # the dialog Revoke… opens
     assert actions_on(page, "/tenants")["posts"] == []  # cluster-wide admins only
     assert forged(page, f"/nodes/{world.node}/purge", confirm=world.node) == 403
 
