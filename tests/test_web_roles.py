@@ -191,10 +191,15 @@ def test_a_viewer_of_acme_sees_no_action_and_its_forged_posts_are_refused(
     assert forged(page, f"/jobs/{world.job}/cancel") == 403
     assert forged(page, "/jobs", command="uptime", tenant="acme") == 403
     assert forged(page, "/tenants", name="forged") == 403
+    assert forged(page, "/tokens", tenant="acme", ttl="1h", max_uses="1") == 403
+    assert forged(page, f"/tokens/{world.token}/revoke") == 403
     assert forged(page, f"/nodes/{world.node}/delete") == 403
     assert node_state(world.files, world.node) == "accepted"
     assert audited(world.files, "node.block") == blocks
     assert audited(world.files, "job.cancel") == cancels
+    with psycopg.connect(main_db(world.files)) as conn:
+        live_tokens = conn.execute("SELECT count(*) FROM join_tokens WHERE revoked_at IS NULL")
+        assert live_tokens.fetchone() == (1,)
 
 
 @pytest.mark.slow
