@@ -48,13 +48,31 @@ def set_password(
 ) -> None:
     """USERNAME's password is now PASSWORD (stored as its scrypt hash), audited ACTION;
     every session of the account ends on every server, but the one KEEP_SESSION names."""
+    set_password_hash(
+        conn, username, passwords.hash_password(password), actor, action, keep_session=keep_session
+    )
+
+
+def set_password_hash(
+    conn: psycopg.Connection[Any],
+    username: str,
+    password_hash: str,
+    actor: audit.Actor,
+    action: str,
+    *,
+    keep_session: str | None = None,
+) -> None:
+    """`set_password` with the hash made beforehand (by the web UI, outside its
+    transaction). The account's failed sign-ins are forgotten: whoever had the password
+    wrong before has no reason to wait now, and its owner can sign in at once."""
     updated = conn.execute(
         "UPDATE ui_accounts SET password_hash = %s WHERE username = %s",
-        (passwords.hash_password(password), username),
+        (password_hash, username),
     ).rowcount
     if not updated:
         raise Oz0Error(f"the cluster has no web UI account {username}")
     ended = sessions.end_others(conn, username, keep_session)
+    sessions.clear_failures(conn, username)
     # About the account's operator's tenants (none: a cluster-wide one).
     of = conn.execute("SELECT tenants FROM operators WHERE name = %s", (username,)).fetchone()
     audit.record(

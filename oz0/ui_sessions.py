@@ -1,9 +1,17 @@
 """Web UI sessions: a random token in a `__Host-` cookie, its SHA-256 in `ui_sessions`.
 
-A session ends at sign-out, after IDLE without a request, or ABSOLUTE after its sign-in,
-whichever comes first; every server reads the same rows, so a sign-out ends it everywhere.
-Failed sign-ins are counted in the database, per account and per source address, over
-FAILURE_WINDOW: past the limits, sign-ins are refused without checking the password.
+A session ends at sign-out, after IDLE without a page or form post (live updates and
+polls do not count: a tab left open is idle), ABSOLUTE after its sign-in, or once its
+operator is removed, whichever comes first; every server reads the same rows, so a
+sign-out ends it everywhere.
+
+Failed sign-ins are rows too, counted per account and source (an IPv6 source by its /64:
+one machine has the whole prefix) and per source alone, over FAILURE_WINDOW. Past the
+free ones, each further try waits longer (FIRST_DELAY, doubling up to MAX_DELAY), and is
+refused without checking the password until then; a failure from one source never locks
+the account out for the others, and a password reset clears the account's failures.
+The password is checked (scrypt: tens of milliseconds of CPU) outside any transaction,
+on a limiter of few threads, so a crowd of sign-ins holds no pooled connection.
 """
 
 from __future__ import annotations
@@ -12,21 +20,39 @@ import datetime as dt
 import functools
 import hashlib
 import hmac
+import ipaddress
+import math
 import secrets
+import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import trio
 
 from oz0 import access, audit, passwords
 from oz0.errors import Oz0Error
+from oz0.store.pool import Database
 
 COOKIE = "__Host-oz0-session"
 IDLE = dt.timedelta(minutes=30)
 ABSOLUTE = dt.timedelta(hours=12)
-FAILURE_WINDOW = dt.timedelta(minutes=15)
-MAX_FAILURES_PER_ACCOUNT = 5
-MAX_FAILURES_PER_SOURCE = 20
+# How long a failed sign-in counts; older failure rows are deleted.
+FAILURE_WINDOW = dt.timedelta(hours=1)
+# Failures of one account from one source that cost nothing more; each one after waits
+# FIRST_DELAY, doubled per failure, at most MAX_DELAY.
+FREE_FAILURES = 5
+# Failures from one source, whatever the accounts, before the same delays apply.
+FREE_FAILURES_PER_SOURCE = 20
+FIRST_DELAY = dt.timedelta(seconds=30)
+MAX_DELAY = dt.timedelta(minutes=15)
+# How often (per server process) failure rows older than FAILURE_WINDOW are deleted.
+PRUNE_EVERY = 60.0
+# The account a failure for a name with no account is counted and audited under: never
+# the typed text (a password typed into the username field would land in the audit log).
+# Not a valid operator name, so no account can have it.
+UNKNOWN_ACCOUNT = "(unknown)"
 MAX_USERNAME = 64
 MAX_PASSWORD = 1024
 
@@ -57,6 +83,25 @@ class Session:
         return given is not None and hmac.compare_digest(given, self.csrf)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a password check found: the right password (OK), a wrong one, or no check at
+    all because this account and source (or this source) must wait RETRY_AFTER seconds."""
+
+    ok: bool
+    retry_after: int = 0
+
+    @property
+    def limited(self) -> bool:
+        return self.retry_after > 0
+
+    def wait_text(self) -> str:
+        """`30 seconds`, `4 minutes`: how long to wait, rounded up, for the page."""
+        if self.retry_after < 90:
+            return f"{self.retry_after} seconds"
+        return f"{-(-self.retry_after // 60)} minutes"
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -73,39 +118,118 @@ def warm_up() -> None:
     _dummy_hash()
 
 
-def _too_many_failures(conn: psycopg.Connection[Any], username: str, source: str) -> bool:
+def source_group(source: str) -> str:
+    """The source failures are counted under: an IPv4 address as it is, an IPv6 one by
+    its /64 (a host gets a whole /64, and could change address within it at will)."""
+    try:
+        address = ipaddress.ip_address(source)
+    except ValueError:
+        return source[:100]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def delay_after(failures: int, free: int) -> dt.timedelta:
+    """How long after the last of FAILURES a try waits, when FREE of them cost nothing."""
+    if failures < free:
+        return dt.timedelta(0)
+    return min(MAX_DELAY, FIRST_DELAY * (1 << min(failures - free, 16)))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A sign-in let through to its password check: the account failures count under (the
+    name, or UNKNOWN_ACCOUNT), its stored hash (None: no such account), and the failure
+    row written for it in advance (so tries made at once cannot all pass the limit before
+    any has failed), deleted if the password is right. Or, with RETRY_AFTER (seconds),
+    a sign-in refused unchecked: this account and source, or this source, must wait."""
+
+    account: str
+    stored: str | None = None
+    failure_id: int | None = None
+    retry_after: int = 0
+
+
+def begin_attempt(conn: psycopg.Connection[Any], username: str, source: str) -> Attempt:
+    """Let a sign-in of USERNAME from SOURCE through to its password check, or not yet.
+    Cheap, so that no connection is held while the hash is checked."""
     row = conn.execute(
-        "SELECT count(*) FILTER (WHERE username = %(u)s), count(*) FILTER (WHERE source = %(s)s)"
-        " FROM ui_sign_in_failures WHERE at > now() - %(window)s"
-        " AND (username = %(u)s OR source = %(s)s)",
-        {"u": username, "s": source, "window": FAILURE_WINDOW},
+        "SELECT a.password_hash FROM ui_accounts a JOIN operators o ON o.name = a.username"
+        " WHERE a.username = %s",
+        (username,),
     ).fetchone()
-    assert row is not None
-    return int(row[0]) >= MAX_FAILURES_PER_ACCOUNT or int(row[1]) >= MAX_FAILURES_PER_SOURCE
-
-
-def check_password(
-    conn: psycopg.Connection[Any], username: str, password: str, source: str
-) -> bool | None:
-    """Whether PASSWORD is USERNAME's; None when sign-ins are refused for now (the limit).
-
-    A failure is counted and audited (`ui.login.failed`) in this transaction."""
-    username = username[:MAX_USERNAME]
-    if _too_many_failures(conn, username, source):
-        return None
-    row = conn.execute(
-        "SELECT password_hash FROM ui_accounts WHERE username = %s", (username,)
+    account = username if row is not None else UNKNOWN_ACCOUNT
+    group = source_group(source)
+    # Tries from one source are let through one at a time, so tries made at once cannot
+    # all pass the limit together.
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0-sign-in:' || %s))", (group,))
+    counted = conn.execute(
+        "SELECT count(*) FILTER (WHERE username = %(u)s),"
+        " max(at) FILTER (WHERE username = %(u)s), count(*), max(at), now()"
+        " FROM ui_sign_in_failures WHERE source = %(s)s AND at > now() - %(window)s",
+        {"u": account, "s": group, "window": FAILURE_WINDOW},
     ).fetchone()
-    stored = row[0] if row else _dummy_hash()
-    if passwords.verify(password[:MAX_PASSWORD], stored) and row is not None:
-        return True
-    conn.execute(
-        "INSERT INTO ui_sign_in_failures (username, source) VALUES (%s, %s)", (username, source)
-    )
+    assert counted is not None
+    mine, my_last, everyone, last, now = counted
+    wait = dt.timedelta(0)
+    if my_last is not None:
+        wait = max(wait, my_last + delay_after(int(mine), FREE_FAILURES) - now)
+    if last is not None:
+        wait = max(wait, last + delay_after(int(everyone), FREE_FAILURES_PER_SOURCE) - now)
+    if wait > dt.timedelta(0):
+        return Attempt(account, retry_after=max(1, math.ceil(wait.total_seconds())))
+    failure = conn.execute(
+        "INSERT INTO ui_sign_in_failures (username, source) VALUES (%s, %s) RETURNING id",
+        (account, group),
+    ).fetchone()
+    assert failure is not None
+    return Attempt(account, row[0] if row else None, int(failure[0]))
+
+
+_last_prune = 0.0
+
+
+def end_attempt(conn: psycopg.Connection[Any], attempt: Attempt, right: bool, source: str) -> None:
+    """The right password: the failure written in advance goes. A wrong one: it stays,
+    and is audited `ui.login.failed` under the attempt's account (never the typed name);
+    now and then, failures too old to count are deleted."""
+    global _last_prune
+    if right:
+        conn.execute("DELETE FROM ui_sign_in_failures WHERE id = %s", (attempt.failure_id,))
+        return
+    account = attempt.account
     audit.record(
-        conn, audit.Actor("ui", username), "ui.login.failed", f"ui:{username}", {"source": source}
+        conn, audit.Actor("ui", account), "ui.login.failed", f"ui:{account}", {"source": source}
     )
-    return False
+    if time.monotonic() - _last_prune > PRUNE_EVERY:
+        _last_prune = time.monotonic()
+        conn.execute("DELETE FROM ui_sign_in_failures WHERE at < now() - %s", (FAILURE_WINDOW,))
+
+
+def clear_failures(conn: psycopg.Connection[Any], username: str) -> None:
+    """Forget USERNAME's failed sign-ins (its password was reset or changed)."""
+    conn.execute("DELETE FROM ui_sign_in_failures WHERE username = %s", (username,))
+
+
+async def check_password(
+    db: Database, limiter: trio.CapacityLimiter, username: str, password: str, source: str
+) -> Verdict:
+    """Whether PASSWORD is USERNAME's; refused unchecked while the limit says wait.
+
+    Three steps: the attempt let through (a transaction), scrypt in a thread of LIMITER
+    (no connection held meanwhile), the attempt settled (a transaction)."""
+    username, password = username[:MAX_USERNAME], password[:MAX_PASSWORD]
+    attempt = await db.transaction(lambda conn: begin_attempt(conn, username, source))
+    if attempt.retry_after:
+        return Verdict(False, attempt.retry_after)
+    stored = attempt.stored if attempt.stored is not None else _dummy_hash()
+    verified = await trio.to_thread.run_sync(passwords.verify, password, stored, limiter=limiter)
+    right = verified and attempt.stored is not None
+    await db.transaction(lambda conn: end_attempt(conn, attempt, right, source))
+    return Verdict(right)
 
 
 def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[str, Session]:
@@ -128,21 +252,48 @@ def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[st
     return token, Session(username, csrf, row[0], access.Role(row[1]), frozenset(row[2]))
 
 
-def current(conn: psycopg.Connection[Any], token: str | None) -> Session | None:
-    """The session TOKEN names, if it has not expired (its idle clock starts again) and its
-    account is an operator's (whose role and tenants it carries)."""
+_OPEN = (
+    "s.token_sha256 = %(t)s AND o.name = s.username"
+    " AND s.last_seen > now() - %(idle)s AND s.created_at > now() - %(absolute)s"
+)
+_COLUMNS = "s.username, s.csrf, s.created_at, o.role, o.tenants"
+_TOUCH = (
+    f"UPDATE ui_sessions s SET last_seen = now() FROM operators o WHERE {_OPEN}"
+    f" RETURNING {_COLUMNS}"
+)
+_LOOK = f"SELECT {_COLUMNS} FROM ui_sessions s, operators o WHERE {_OPEN}"
+
+
+def current(
+    conn: psycopg.Connection[Any], token: str | None, *, touch: bool = True
+) -> Session | None:
+    """The session TOKEN names, if it has not expired and its account is an operator's
+    (whose role and tenants it carries). With TOUCH (a page, a form post) its idle clock
+    starts again; without (live updates, polls) it does not, so an open tab goes idle."""
     if not token or len(token) > 100:
         return None
+    # Only read when not touched: no row version written per live poll.
     row = conn.execute(
-        "UPDATE ui_sessions s SET last_seen = now() FROM operators o"
-        " WHERE s.token_sha256 = %(t)s AND o.name = s.username"
-        " AND s.last_seen > now() - %(idle)s AND s.created_at > now() - %(absolute)s"
-        " RETURNING s.username, s.csrf, s.created_at, o.role, o.tenants",
-        {"t": _digest(token), "idle": IDLE, "absolute": ABSOLUTE},
+        _TOUCH if touch else _LOOK, {"t": _digest(token), "idle": IDLE, "absolute": ABSOLUTE}
     ).fetchone()
     if row is None:
         return None
     return Session(row[0], row[1], row[2], access.Role(row[3]), frozenset(row[4]))
+
+
+def open_among(conn: psycopg.Connection[Any], tokens: Collection[str]) -> set[str]:
+    """Which of TOKENS name a session that has not ended (signed out, expired, or its
+    operator removed), in one query; none of them is touched."""
+    wanted = {_digest(t): t for t in tokens if t and len(t) <= 100}
+    if not wanted:
+        return set()
+    rows = conn.execute(
+        "SELECT s.token_sha256 FROM ui_sessions s JOIN operators o ON o.name = s.username"
+        " WHERE s.token_sha256 = ANY(%(t)s)"
+        " AND s.last_seen > now() - %(idle)s AND s.created_at > now() - %(absolute)s",
+        {"t": list(wanted), "idle": IDLE, "absolute": ABSOLUTE},
+    ).fetchall()
+    return {wanted[r[0]] for r in rows}
 
 
 def count_open(conn: psycopg.Connection[Any], username: str) -> int:

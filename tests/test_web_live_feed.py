@@ -5,7 +5,7 @@ notifies `oz0_node_links` while the edge's heartbeat writes do not."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 
 import psycopg
 import pytest
@@ -15,6 +15,7 @@ from fixtures.postgres import fresh_database_url
 from oz0 import nodes
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
+from oz0.web import live
 from oz0.web.live import Feed, Stream
 
 SERVER = "server-live-feed"
@@ -30,7 +31,7 @@ def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
 @pytest.mark.parametrize("channel", [NODES, NODE_LINKS])
 def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> None:
     a = nodes.new_node_id()
-    watching, elsewhere = Stream(frozenset({a}), False), Stream(frozenset(), False)
+    watching, elsewhere = Stream(frozenset({a}), False, "t1"), Stream(frozenset(), False, "t2")
     hub, _ = feed_with(watching, elsewhere)
     hub._dispatch(Notification(channel, a))
     assert watching.woken.is_set() and not watching.others_changed
@@ -39,7 +40,7 @@ def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> No
 
 def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     shown, other = nodes.new_node_id(), nodes.new_node_id()
-    a_list, a_page = Stream(frozenset({shown}), True), Stream(frozenset({shown}), False)
+    a_list, a_page = Stream(frozenset({shown}), True, "t1"), Stream(frozenset({shown}), False, "t2")
     hub, _ = feed_with(a_list, a_page)
     hub._dispatch(Notification(OPERATORS, other))
     assert not a_list.woken.is_set()  # not about nodes
@@ -48,6 +49,44 @@ def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     assert not a_page.woken.is_set()
     hub._gap()
     assert a_page.woken.is_set()
+
+
+async def events() -> AsyncGenerator[bytes, None]:
+    while True:
+        yield b": an event\n\n"
+
+
+async def test_a_stream_holds_its_slot_only_from_its_first_event_to_its_end() -> None:
+    feed = Feed()
+    stream = Stream(frozenset(), False, "a session")
+    held = feed.held(stream, events())
+    # The response made, its body not begun (a client gone before then): no slot taken.
+    assert feed.streams == set()
+    await held.aclose()
+    assert feed.streams == set()
+    # Begun, it holds one until it ends, however it ends.
+    held = feed.held(stream, events())
+    assert await anext(held) == b": an event\n\n"
+    assert feed.streams == {stream}
+    await held.aclose()
+    assert feed.streams == set()
+
+
+async def test_a_session_holds_at_most_its_share_of_the_streams() -> None:
+    feed = Feed()
+    mine = [Stream(frozenset(), False, "mine") for _ in range(live.MAX_STREAMS_PER_SESSION)]
+    opened = [feed.held(s, events()) for s in mine]
+    for held in opened:
+        await anext(held)
+    assert feed.full_for("mine") is not None
+    assert feed.full_for("another") is None
+    # One let in before the others took the last slot ends at once, holding none.
+    late = feed.held(Stream(frozenset(), False, "mine"), events())
+    assert [event async for event in late] == []
+    assert len(feed.streams) == live.MAX_STREAMS_PER_SESSION
+    for held in opened:
+        await held.aclose()
+    assert feed.full_for("mine") is None
 
 
 @pytest.fixture(scope="module")

@@ -93,3 +93,29 @@ def test_sign_out_clears_expired_sessions_of_everyone(conn: psycopg.Connection[A
     sessions.end(conn, None)
     assert conn.execute("SELECT count(*) FROM ui_sessions").fetchone() == (1,)
     assert sessions.current(conn, fresh) is not None
+
+
+def test_a_look_without_touching_leaves_the_idle_clock_alone(
+    conn: psycopg.Connection[Any],
+) -> None:
+    token = started(conn)
+    age(conn, token, last_seen=IDLE - dt.timedelta(minutes=5))
+    looked = sessions.current(conn, token, touch=False)
+    assert looked is not None and looked.username == "admin"
+    row = conn.execute(
+        "SELECT now() - last_seen FROM ui_sessions WHERE token_sha256 = %s",
+        (sessions._digest(token),),
+    ).fetchone()
+    assert row is not None and row[0] >= IDLE - dt.timedelta(minutes=5)
+
+
+def test_one_query_finds_which_sessions_go_on(conn: psycopg.Connection[Any]) -> None:
+    going, signed_out, idle = started(conn), started(conn), started(conn)
+    sessions.end(conn, signed_out)
+    age(conn, idle, last_seen=IDLE + SECOND)
+    asked = {going, signed_out, idle, "never-a-session"}
+    assert sessions.open_among(conn, asked) == {going}
+    # Its operator removed, the account's sessions end with it.
+    with conn.transaction(force_rollback=True):
+        conn.execute("DELETE FROM operators WHERE name = 'admin'")
+        assert sessions.open_among(conn, asked) == set()

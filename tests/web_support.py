@@ -4,17 +4,23 @@ browser per test file; each test opens its own context), signing in, screenshots
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import secrets
+import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psycopg
 import pytest
 from playwright import sync_api as playwright
 
+from fixtures.cluster import ClusterFiles, cli_command
 from fixtures.web_events import curl
+from oz0 import passwords
+from oz0.context import Context
 
 CHROMIUM = Path("/usr/bin/chromium")
 
-__all__ = ["CHROMIUM", "browser", "curl", "shots", "sign_in"]
+__all__ = ["CHROMIUM", "browser", "curl", "person", "shots", "sign_in"]
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +43,32 @@ def sign_in(page: object, address: str, password: str) -> None:
     page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
     page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
     page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
+
+
+def person(
+    files: ClusterFiles, root: Path, name: str, role: str, tenants: Sequence[str] = ()
+) -> str:
+    """Operator NAME with ROLE in TENANTS (none: every tenant) and a web account of its
+    name, made as a test makes a person before `operator add` exists: `server operator
+    issue` with the master key (its context in ROOT/NAME), then its role and tenants, and
+    a web account. Its web password."""
+    advertise = Context.load(files.context_path).servers[0].rsplit(":", 1)[0]
+    issued = subprocess.run(
+        cli_command("server", "operator", "issue", name, "--master-key-file",
+                    str(files.master_key), "--operator-dir", str(root / name),
+                    "--advertise", advertise),
+        env={**os.environ, "OZ0_DB": files.url.conninfo}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert issued.returncode == 0, issued.stderr
+    password = f"{name}-password-{secrets.token_hex(4)}"
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+        c.execute(
+            "UPDATE operators SET role = %s, tenants = %s WHERE name = %s",
+            (role, list(tenants), name),
+        )
+        c.execute(
+            "INSERT INTO ui_accounts (username, password_hash) VALUES (%s, %s)",
+            (name, passwords.hash_password(password)),
+        )
+    return password

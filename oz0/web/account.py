@@ -3,11 +3,10 @@ sign-in is, so a wrong one counts toward the same rate limit)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+import trio
 from quart import Blueprint, request
 
-from oz0 import ui_accounts
+from oz0 import passwords, ui_accounts
 from oz0 import ui_sessions as sessions
 from oz0.web import pages as pages_mod
 from oz0.web.pages import Page, Pages
@@ -51,21 +50,19 @@ def add(web: Blueprint, pages: Pages) -> None:
             return await account_page(current, 400, str(e))
         given, where = form.get("current", ""), pages.source()
         token = request.cookies.get(sessions.COOKIE)
-
-        def change(conn: Any) -> bool | None:
-            verdict = sessions.check_password(conn, current.username, given, where)
-            if verdict:
-                ui_accounts.set_password(
-                    conn, current.username, new, current.actor, "ui.password.changed",
-                    keep_session=token,
-                )  # fmt: skip
-            return verdict
-
-        verdict = await state.db.transaction(change)
-        if verdict is None:
+        username = current.username
+        verdict = await sessions.check_password(state.db, pages.hashing, username, given, where)
+        if verdict.limited:
             return await account_page(
-                current, 429, "Too many failed sign-ins; wait a few minutes and try again."
+                current, 429, f"Too many failed sign-ins; try again in {verdict.wait_text()}."
             )
-        if not verdict:
+        if not verdict.ok:
             return await account_page(current, 400, "The current password is wrong.")
+        # Hashed as the check was: on the limiter, outside the transaction.
+        hashed = await trio.to_thread.run_sync(passwords.hash_password, new, limiter=pages.hashing)
+        await state.db.transaction(
+            lambda conn: ui_accounts.set_password_hash(
+                conn, username, hashed, current.actor, "ui.password.changed", keep_session=token
+            )
+        )
         return pages.done("/account", "account.password_changed")

@@ -232,10 +232,12 @@ def add(web: Blueprint, pages: Pages) -> None:
         if not is_job_id(job_id):
             return await pages.missing(session, f"job {job_id}")
 
+        reads_output = session.person.has(access.Right.READ_OUTPUT)
+
         def read(conn: store.Conn) -> tuple[store.Job, list[AttemptOutput], int, bool]:
             # The job first: once it has ended, its output is complete.
             job = store.get(conn, job_id, scope=session.person.scope)
-            return (job, *output_of(conn, job))
+            return (job, *output_of(conn, job)) if reads_output else (job, [], 0, False)
 
         try:
             job, output, cursor, cut = await db.transaction(read)
@@ -253,7 +255,10 @@ def add(web: Blueprint, pages: Pages) -> None:
 
     @web.get("/jobs/<job_id>/live.json")
     async def job_live(job_id: str) -> Page | tuple[Response, int]:
-        scope = (await pages.session()).person.scope
+        session = await pages.session()
+        scope = session.person.scope
+        # The job's state is READ; its output only for a role that may read output.
+        reads_output = session.person.has(access.Right.READ_OUTPUT)
         if not is_job_id(job_id):
             return jsonify({"error": f"no job {job_id}"}), 404
         try:
@@ -263,6 +268,8 @@ def add(web: Blueprint, pages: Pages) -> None:
 
         def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
             job = store.get(conn, job_id, scope=scope)
+            if not reads_output:
+                return job, []
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
         try:

@@ -5,16 +5,23 @@ asks to hear of others (`&new=1`). One feed per server subscribes to the LISTEN 
 node's state, tenant or key changed; its server changed) and wakes the streams watching
 that node; every stream also re-reads its nodes every REREAD_EVERY, since a node going
 silent changes no row and a LISTEN gap loses notifications. Each stream sends a node only
-when what the page shows of it changed, and ends after MAX_LIFE (the browser reconnects)
-or at once when its session has ended, or within REREAD_EVERY once the server begins to
-stop (its drain waits for every request in flight).
+when what the page shows of it changed, and ends after MAX_LIFE (the browser reconnects),
+within about two seconds of its session's end (signed out, expired, its person removed:
+every SESSION_CHECK_EVERY one query asks about the sessions of all of this server's
+streams), or within REREAD_EVERY once the server begins to stop (its drain waits for
+every request in flight).
+
+A stream takes its slot (of MAX_STREAMS on the server, MAX_STREAMS_PER_SESSION per
+session) when its first event is asked for, and frees it when it ends however it ends: a
+client that left before that never held one. Following a stream is no activity: it does
+not keep its session from going idle.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,17 +34,20 @@ from oz0 import ui_sessions as sessions
 from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
+from oz0.store.pool import Database
 from oz0.web.pages import Page, Pages
 
 log = logging.getLogger(__name__)
 
 MAX_WATCHED = 200
 MAX_STREAMS = 200
+# A person's tabs each hold one; more than this from one session is a loop or an attack.
+MAX_STREAMS_PER_SESSION = 10
 REREAD_EVERY = 1.0
 # Notifications in a burst (a block fan-out, a reconnect storm) share one read.
 SETTLE = 0.1
 KEEPALIVE_EVERY = 15.0
-SESSION_CHECK_EVERY = 5.0
+SESSION_CHECK_EVERY = 1.0
 MAX_LIFE = 600.0
 RECONNECT_MS = 2000
 
@@ -46,8 +56,12 @@ RECONNECT_MS = 2000
 class Stream:
     watched: frozenset[str]
     want_others: bool
+    # The session's cookie: the stream lives as long as the session does.
+    token: str
     woken: trio.Event = field(default_factory=trio.Event)
     others_changed: bool = False
+    # Its session has ended (found by Feed.check_sessions).
+    ended: bool = False
 
 
 @dataclass
@@ -55,6 +69,52 @@ class Feed:
     """The streams open on this server, woken by the hub's notifications about nodes."""
 
     streams: set[Stream] = field(default_factory=set)
+    # When the streams' sessions are next asked about, on the Trio clock.
+    next_check: float = float("-inf")
+    checking: trio.Lock = field(default_factory=trio.Lock)
+
+    def full_for(self, token: str) -> str | None:
+        """Why a new stream of the session TOKEN names may not open now (None: it may)."""
+        if len(self.streams) >= MAX_STREAMS:
+            return "too many live pages are open on this server; reload later"
+        if sum(1 for s in self.streams if s.token == token) >= MAX_STREAMS_PER_SESSION:
+            return "too many live pages are open in this session; close some and reload"
+        return None
+
+    async def held(
+        self, stream: Stream, events: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[bytes, None]:
+        """EVENTS, with STREAM holding its slot from the first event asked for until they
+        end, however they end. Registered here, in the generator, not before the response
+        is sent: a client that leaves before the body starts never runs this, and so
+        never takes a slot it would not give back."""
+        if self.full_for(stream.token) is not None:
+            return  # others took the last slot since the request was let in
+        self.streams.add(stream)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self.streams.discard(stream)
+            await events.aclose()
+
+    async def check_sessions(self, db: Database) -> None:
+        """Ask once, for every stream, whether its session goes on; wake those whose
+        session has ended. Whichever stream finds the check due does it for all."""
+        if self.checking.locked() or trio.current_time() < self.next_check:
+            return
+        async with self.checking:
+            self.next_check = trio.current_time() + SESSION_CHECK_EVERY
+            asked = list(self.streams)
+            tokens = {s.token for s in asked}
+            try:
+                going_on = await db.transaction(lambda conn: sessions.open_among(conn, tokens))
+            except DATABASE_ERRORS:
+                return  # asked again at the next check; the database's outage ends nothing
+            for stream in asked:
+                if stream.token not in going_on:
+                    stream.ended = True
+                    stream.woken.set()
 
     def attach(self, hub: EventHub) -> None:
         hub.subscribe(NODES, self._changed)
@@ -106,52 +166,53 @@ def add(web: Blueprint, pages: Pages) -> None:
         # Another tenant's node than the person's is sent as gone, as an unknown ID is.
         return {n.id: _shown(n) for n in nodes.get_many(conn, ids, scope=scope)}
 
-    async def body(stream: Stream, token: str | None, scope: listing.Scope) -> AsyncIterator[bytes]:
+    async def body(stream: Stream, scope: listing.Scope) -> AsyncGenerator[bytes, None]:
         ids = sorted(stream.watched)
         last: dict[str, dict[str, Any] | None] = {}
         now = trio.current_time()
-        ends, keepalive, check = now + MAX_LIFE, now + KEEPALIVE_EVERY, now + SESSION_CHECK_EVERY
-        try:
-            yield f"retry: {RECONNECT_MS}\n\n".encode()
-            while trio.current_time() < ends and not state.stopping.is_set():
-                try:
-                    current = await state.db.transaction(lambda conn: read(conn, ids, scope))
-                except DATABASE_ERRORS:
-                    current = None  # shown as it was; read again at the next turn
-                for node_id in ids if current is not None else ():
-                    shown = current.get(node_id) if current is not None else None
-                    # The first read is sent whole: the page may be older than the stream.
-                    if node_id not in last or last[node_id] != shown:
-                        yield _event("node", shown or {"id": node_id, "gone": True})
-                    last[node_id] = shown
-                if stream.others_changed:
-                    stream.others_changed = False
-                    yield _event("others", {})
-                now = trio.current_time()
-                if now >= keepalive:
-                    keepalive = now + KEEPALIVE_EVERY
-                    yield b": still here\n\n"
-                if now >= check:
-                    check = now + SESSION_CHECK_EVERY
-                    if await pages.session_of(token) is None:
-                        yield _event("signed-out", {})
-                        return
-                with trio.move_on_after(REREAD_EVERY):
-                    await stream.woken.wait()
-                stream.woken = trio.Event()
+        ends, keepalive = now + MAX_LIFE, now + KEEPALIVE_EVERY
+        yield f"retry: {RECONNECT_MS}\n\n".encode()
+        while trio.current_time() < ends and not state.stopping.is_set():
+            await feed.check_sessions(state.db)
+            if stream.ended:
+                yield _event("signed-out", {})
+                return
+            try:
+                current = await state.db.transaction(lambda conn: read(conn, ids, scope))
+            except DATABASE_ERRORS:
+                current = None  # shown as it was; read again at the next turn
+            for node_id in ids if current is not None else ():
+                shown = current.get(node_id) if current is not None else None
+                # The first read is sent whole: the page may be older than the stream.
+                if node_id not in last or last[node_id] != shown:
+                    yield _event("node", shown or {"id": node_id, "gone": True})
+                last[node_id] = shown
+            if stream.others_changed:
+                stream.others_changed = False
+                yield _event("others", {})
+            now = trio.current_time()
+            if now >= keepalive:
+                keepalive = now + KEEPALIVE_EVERY
+                yield b": still here\n\n"
+            with trio.move_on_after(REREAD_EVERY):
+                await stream.woken.wait()
+            stream.woken = trio.Event()
+            if not stream.ended:
                 await trio.sleep(SETTLE)
-        finally:
-            feed.streams.discard(stream)
 
     @web.get("/ui/events")
     async def events() -> Page:
+        # Not touched: following a page is no activity.
         scope = (await pages.session()).person.scope
-        if len(feed.streams) >= MAX_STREAMS:
-            return "too many live pages are open on this server; reload later", 503
-        stream = Stream(_watched(request.args.get("nodes", "")), request.args.get("new") == "1")
-        feed.streams.add(stream)
+        token = request.cookies.get(sessions.COOKIE, "")
+        full = feed.full_for(token)
+        if full is not None:
+            return full, 503 if len(feed.streams) >= MAX_STREAMS else 429
+        stream = Stream(
+            _watched(request.args.get("nodes", "")), request.args.get("new") == "1", token
+        )
         response = Response(
-            body(stream, request.cookies.get(sessions.COOKIE), scope),
+            feed.held(stream, body(stream, scope)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -8,14 +8,16 @@ uses `pages` (a Pages) for everything below, so no module has its own copy of th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+import trio
 from quart import Response, g, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
+from oz0 import access
 from oz0 import ui_sessions as sessions
 from oz0.server.api.common import ManagementState
 
@@ -24,6 +26,13 @@ Page = Response | WerkzeugResponse | str | tuple[str, int]
 # What `?done=KEY` shows after an action redirected back: a fixed text per key, so a link
 # cannot make a page say what it likes. Page modules add their own keys at import.
 NOTICES: dict[str, str] = {}
+
+# What a page open in a tab asks by itself (live updates, a running job's polls): not
+# activity, so they do not start a session's idle clock again.
+PASSIVE = frozenset({"web.events", "web.job_live"})
+# Password checks (scrypt: tens of milliseconds of CPU and 16 MiB each) at a time: a crowd
+# of sign-ins queues here, holding no database connection, and leaves the CPUs to the rest.
+HASHING_THREADS = 2
 
 
 class NotSignedIn(Exception):
@@ -41,6 +50,9 @@ class Refused(Exception):
 @dataclass(frozen=True)
 class Pages:
     state: ManagementState
+    hashing: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(HASHING_THREADS)
+    )
 
     @staticmethod
     def source() -> str:
@@ -55,11 +67,14 @@ class Pages:
         origin = request.headers.get("Origin")
         return origin is not None and origin == f"https://{request.host}"
 
-    async def session_of(self, token: str | None) -> sessions.Session | None:
-        return await self.state.db.transaction(lambda conn: sessions.current(conn, token))
+    async def session_of(self, token: str | None, touch: bool = True) -> sessions.Session | None:
+        return await self.state.db.transaction(
+            lambda conn: sessions.current(conn, token, touch=touch)
+        )
 
     async def session_or_none(self) -> sessions.Session | None:
-        return await self.session_of(request.cookies.get(sessions.COOKIE))
+        touch = request.endpoint not in PASSIVE
+        return await self.session_of(request.cookies.get(sessions.COOKIE), touch)
 
     async def session(self) -> sessions.Session:
         """The signed-in session; NotSignedIn (→ the sign-in page) if there is none. Read
@@ -88,11 +103,15 @@ class Pages:
         self, template: str, session: sessions.Session | None, status: int = 200, **facts: Any
     ) -> tuple[str, int]:
         notice = NOTICES.get(request.args.get("done", ""))
+        person = session.person if session is not None else None
         page = await render_template(
             template,
             cluster=self.state.cluster,
             server_id=self.state.server_id,
             session=session,
+            person=person,
+            may=lambda right: may(person, right),
+            may_use=lambda endpoint: may_use(person, endpoint),
             notice=notice,
             section=request.path.strip("/").split("/")[0],
             **facts,
@@ -121,6 +140,19 @@ class Pages:
             else:
                 args[key] = str(value)
         return f"{request.path}?{urlencode(args)}" if args else request.path
+
+
+def may(person: access.Person | None, right: str) -> bool:
+    """For templates: whether PERSON's role gives the right named RIGHT ("OPERATE"), so a
+    page shows no button, link or form for what the server would refuse."""
+    return person is not None and person.has(access.Right[right])
+
+
+def may_use(person: access.Person | None, endpoint: str) -> bool:
+    """For templates: whether PERSON may use the page or action ENDPOINT ("web.node_block"),
+    by the same rule the server checks (a page the rule table does not name: no)."""
+    rule = access.rule_of(endpoint)
+    return person is not None and rule is not None and person.has(rule.right)
 
 
 def text_arg(args: Mapping[str, str], name: str, limit: int = 200) -> str | None:

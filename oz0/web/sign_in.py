@@ -29,6 +29,19 @@ def add(web: Blueprint, pages: Pages) -> None:
             },
         )
 
+    async def refused(verdict: sessions.Verdict, username: str) -> Page:
+        if verdict.limited:
+            error = f"Too many failed sign-ins; try again in {verdict.wait_text()}."
+            page, status = await pages.render(
+                "sign_in.html", None, 429, error=error, username=username
+            )
+            return Response(
+                page, status, {"Retry-After": str(verdict.retry_after)}, mimetype="text/html"
+            )
+        return await pages.render(
+            "sign_in.html", None, 401, error="Wrong username or password.", username=username
+        )
+
     @web.post("/sign-in")
     async def sign_in() -> Page:
         if not pages.same_origin():
@@ -36,18 +49,16 @@ def add(web: Blueprint, pages: Pages) -> None:
         form = await request.form
         username, password = form.get("username", ""), form.get("password", "")
         where = pages.source()
-        verdict = await state.db.transaction(
-            lambda conn: sessions.check_password(conn, username, password, where)
-        )
-        if not verdict:
-            error = (
-                "Too many failed sign-ins; wait a few minutes and try again."
-                if verdict is None
-                else "Wrong username or password."
+        verdict = await sessions.check_password(state.db, pages.hashing, username, password, where)
+        if not verdict.ok:
+            return await refused(verdict, username)
+        try:
+            token, _ = await state.db.transaction(
+                lambda conn: sessions.start(conn, username, where)
             )
-            status = 429 if verdict is None else 401
-            return await pages.render("sign_in.html", None, status, error=error, username=username)
-        token, _ = await state.db.transaction(lambda conn: sessions.start(conn, username, where))
+        except sessions.SignInRefused:
+            # Its operator was removed between the password check and now.
+            return await refused(sessions.Verdict(False), username)
         response = redirect("/overview", 303)
         response.set_cookie(
             sessions.COOKIE, token, secure=True, httponly=True, samesite="Strict", path="/",
