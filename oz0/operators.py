@@ -101,3 +101,16 @@ def current_serials(conn: psycopg.Connection[Any]) -> dict[str, str]:
         "SELECT name, cert_serial FROM operators WHERE cert_not_after > now()"
     ).fetchall()
     return {str(name): str(int(serial)) for name, serial in rows}
+
+
+def temporal_grants(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    """What Temporal's host lets each operator do: its current certificate serial (decimal,
+    by the rule of `is_current`), its role and its tenants (none: every tenant). With
+    them it lets the operator read in its tenants' namespaces and nothing more."""
+    rows = conn.execute(
+        "SELECT name, cert_serial, role, tenants FROM operators WHERE cert_not_after > now()"
+    ).fetchall()
+    return {
+        str(name): {"serial": str(int(serial)), "role": str(role), "tenants": sorted(tenants)}
+        for name, serial, role, tenants in rows
+    }
