@@ -65,7 +65,7 @@ from bench.runner import Scenario, create_token, log, wait_until_servers
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import operator_credentials
+from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.jobs.workflow import NODE_ACTIVITY
 
@@ -273,7 +273,7 @@ def parse_history(events: list[HistoryEvent]) -> History:
 
 async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
     client = await Client.connect(
-        TEMPORAL, namespace="default", tls=operator_credentials(files).tls()
+        TEMPORAL, namespace="default", tls=server_credentials(files).tls()
     )
     found = {}
     for job_id in job_ids:
