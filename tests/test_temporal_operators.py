@@ -185,6 +185,14 @@ def test_an_operator_reads_only_in_its_tenants_namespaces_and_acts_nowhere(
         temporal("workflow", "describe", "--namespace", "acme", "-w", "acme-target", creds=alice)
     )
     assert works(temporal("operator", "namespace", "describe", "--namespace", "acme", creds=alice))
+    # What else docs/run-a-cluster.md says an operator may do.
+    for args in (
+        ("task-queue", "describe", "--namespace", "acme", "--task-queue", "probe"),
+        ("operator", "search-attribute", "list", "--namespace", "acme"),
+        ("operator", "cluster", "describe"),
+    ):
+        answer = temporal(*args, creds=alice)
+        assert answer.returncode == 0, (args, answer.stderr)
     for namespace in ("default", "temporal-system"):
         assert refused(temporal("workflow", "list", "--namespace", namespace, creds=alice))
     assert refused(

@@ -16,9 +16,10 @@ the machine's one wall clock, so the times compare directly.
 1. dispatch: D jobs `date +%s.%N`, one at a time, then D more from K submitters at once
    (each submits, waits for its job's end, submits the next): from the request being sent
    to the printed start time, read from GET /api/v1/jobs/<id>/output;
-2. temporal: for the jobs of (1), the workflow histories (operator credentials, a server's
-   7233): the node activity `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled
-   → ActivityTaskStarted), the workflow's start → that activity's scheduling (the job
+2. temporal: for the jobs of (1), the workflow histories (a server's credentials, as
+   operators may not read histories; a server's 7233): the node activity
+   `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled → ActivityTaskStarted),
+   the workflow's start → that activity's scheduling (the job
    workflow's own steps), and the rest of the path (created → workflow started, Temporal's
    start → the printed start);
 3. throughput: M jobs `true` from K submitters as fast as the API takes them, then until
