@@ -329,3 +329,16 @@ def remove(conn: psycopg.Connection[Any], actor: access.Person, name: str) -> di
     }
     record(conn, actor, "operator.remove", name, info.tenants, removed)
     return removed
+
+
+def temporal_grants(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    """What Temporal's host lets each operator do: its current certificate serial (decimal,
+    by the rule of `is_current`), its role and its tenants (none: every tenant). With
+    them it lets the operator read in its tenants' namespaces and nothing more."""
+    rows = conn.execute(
+        "SELECT name, cert_serial, role, tenants FROM operators WHERE cert_not_after > now()"
+    ).fetchall()
+    return {
+        str(name): {"serial": str(int(serial)), "role": str(role), "tenants": sorted(tenants)}
+        for name, serial, role, tenants in rows
+    }

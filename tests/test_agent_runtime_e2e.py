@@ -1,9 +1,10 @@
 """The node's runtime with a real agent and a real server (127.0.0.61, default ports).
 
-An operator's workflow, run by the test's own worker on a queue of its own, calls the
-agent's built-in activity `oz0.node.describe` on the node's queue (its node ID): the node
-answers while accepted, its runtime stops within 2 s of a block (nothing on its queue runs
-then), and it works again within 10 s of the unblock.
+A workflow of the test's own (with a server's certificate: an operator may only read on
+Temporal), run by the test's own worker on a queue of its own, calls the agent's built-in
+activity `oz0.node.describe` on the node's queue (its node ID): the node answers while
+accepted, its runtime stops within 2 s of a block (nothing on its queue runs then), and it
+works again within 10 s of the unblock.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import Credentials, operator_credentials, run_async
+from fixtures.temporal import Credentials, run_async, server_credentials
 from oz0_node import runtime
 from tests.conftest import CliRunner
 
@@ -107,9 +108,9 @@ def test_the_node_runtime_works_while_accepted_stops_on_block_and_returns_on_unb
     status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=30)
     node_id = status["node_id"]
     assert status["connected"] is True and status["state"] == "accepted"
-    operator = operator_credentials(cluster_files)
+    harness = server_credentials(cluster_files)
 
-    described = run_async(lambda: describe_node(operator, node_id, 10))
+    described = run_async(lambda: describe_node(harness, node_id, 10))
     assert described is not None, agent.log()
     assert described["node_id"] == node_id
     assert described["agent_version"] and described["hostname"] and described["platform"]
@@ -124,13 +125,13 @@ def test_the_node_runtime_works_while_accepted_stops_on_block_and_returns_on_unb
     shown = agent.status()
     assert shown["state"] == "blocked" and shown["runtime"] == "stopped"
     # Nothing on the node's queue runs while it is blocked.
-    assert run_async(lambda: describe_node(operator, node_id, UNANSWERED.total_seconds())) is None
+    assert run_async(lambda: describe_node(harness, node_id, UNANSWERED.total_seconds())) is None
     rss_blocked = rss_kib(agent.process.pid)
 
     unblocked = cli("node", "unblock", node_id, env=cluster_env)
     assert unblocked.code == 0, unblocked.err
     began = time.monotonic()
-    again = run_async(lambda: describe_node(operator, node_id, UNBLOCK_BOUND + 5))
+    again = run_async(lambda: describe_node(harness, node_id, UNBLOCK_BOUND + 5))
     working_again = time.monotonic() - began
     assert again is not None and again["node_id"] == node_id, agent.log()
     assert agent.status()["runtime"] == "running"

@@ -30,7 +30,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from fixtures.cluster import Served
 from fixtures.polling import asyncio_until
-from fixtures.temporal import Credentials, operator_credentials, register_namespace, run_async
+from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
 
@@ -56,9 +56,10 @@ Behaviour = Callable[["Attempt"], Awaitable[Result]]
 
 @pytest.fixture(scope="module")
 def operator(served: Served) -> Credentials:
-    """Our own namespace in the module's one server's Temporal; the operator's credentials
-    (Temporal's admin)."""
-    creds = operator_credentials(served.files)
+    """Our own namespace in the module's one server's Temporal; credentials of Temporal's
+    admin, which the test's job workers and starters need (a server's: an operator may only
+    read on Temporal)."""
+    creds = server_credentials(served.files)
     run_async(lambda: register_namespace(TEMPORAL, creds, NAMESPACE))
     return creds
 

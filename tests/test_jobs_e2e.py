@@ -24,7 +24,7 @@ from temporalio.client import Client
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import operator_credentials, run_async
+from fixtures.temporal import run_async, server_credentials
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -242,7 +242,7 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
 async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str:
     """The server whose job worker took the job's latest workflow task (its identity)."""
     client = await Client.connect(
-        f"{address}:7233", namespace="default", tls=operator_credentials(files).tls()
+        f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
     )
     history = await client.get_workflow_handle(job_id).fetch_history()
     identities = [

@@ -25,7 +25,7 @@ from temporalio.client import Client
 
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
-from fixtures.temporal import Credentials, operator_credentials, register_namespace, run_async
+from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
 from oz0 import audit
 from oz0.jobs import store
 from oz0.jobs.role import JobsRole
@@ -56,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credenti
         server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
         try:
             server.start()
-            creds = operator_credentials(files)
+            creds = server_credentials(files)
             run_async(lambda: register_namespace(TEMPORAL, creds, TENANT))
             yield creds, conninfo
         finally:

@@ -20,6 +20,7 @@ from fixtures.temporal import (
     operator_credentials,
     roundtrip,
     run_async,
+    server_credentials,
     set_node,
 )
 from oz0 import pki
@@ -76,11 +77,12 @@ def test_two_servers_form_one_temporal_cluster(
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
     start_server(cluster_files, "127.0.0.12")
-    creds = operator_credentials(cluster_files)
+    # A server's certificate: starting workflows and working on them is for servers only.
+    creds = server_credentials(cluster_files)
     wait_until(
         lambda: allowed(A, "default", creds) and allowed(B, "default", creds),
         15,
-        "the operator allowed in default on both servers",
+        "a server allowed in default on both servers",
     )
     assert run_async(lambda: roundtrip(A, B, "default", creds)) == "HELLO!"
 

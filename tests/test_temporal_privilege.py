@@ -1,6 +1,7 @@
 """Least privilege on Temporal (127.0.0.71, default ports; node renewal on 127.0.0.73),
 with a real server, real TLS, the real `temporal` CLI and real SDK workers: only an
-operator's current certificate is admin; a node may do what an activity worker on its own
+operator's current certificate is taken (and only to read: tests/test_temporal_operators.py
+has what an operator may do); a node may do what an activity worker on its own
 queue needs and nothing else, and only with its current certificate (a renewed-away one is
 refused); tenant names cannot take Temporal's own namespaces or namespaces we did not
 create."""
@@ -54,8 +55,8 @@ from fixtures.temporal import (
     long_poll,
     new_node_id,
     node_credentials,
-    operator_credentials,
     run_async,
+    server_credentials,
     set_node,
 )
 from oz0 import nodes, pki
@@ -77,7 +78,7 @@ ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 FRONTEND = f"{SERVER}:7233"
 # The product's promise for a renewed-away operator certificate.
 RENEWAL_BOUND = 2.0
-UNAUTHORIZED = "Error: failed listing namespaces: Request unauthorized.\n"
+UNAUTHORIZED = "Error: unable to describe namespace default: Request unauthorized.\n"
 # How long work on a queue waits for a worker, to show that none takes it.
 UNTAKEN = 5.0
 
@@ -110,7 +111,7 @@ def temporal_cli(*args: str, credentials: Path, ca: Path) -> subprocess.Complete
 # --- operators -----------------------------------------------------------------------------
 
 
-def test_after_operator_renew_only_the_new_certificate_is_admin_on_temporal(
+def test_after_operator_renew_only_the_new_certificate_reaches_temporal(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     cluster_env: dict[str, str],
@@ -131,7 +132,13 @@ def test_after_operator_renew_only_the_new_certificate_is_admin_on_temporal(
 
     def namespaces(credentials: Path) -> subprocess.CompletedProcess[str]:
         return temporal_cli(
-            "operator", "namespace", "list", credentials=credentials, ca=ctx / "ca.crt"
+            "operator",
+            "namespace",
+            "describe",
+            "--namespace",
+            "default",
+            credentials=credentials,
+            ca=ctx / "ca.crt",
         )
 
     before = namespaces(old)
@@ -198,8 +205,9 @@ class CallNode:
         return result
 
 
-class Operator:
-    """An operator's client with a workflow worker for CallNode on a queue of its own."""
+class Starter:
+    """A server's client (Temporal's admin: an operator may only read there) with a
+    workflow worker for CallNode on a queue of its own."""
 
     def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials
@@ -227,15 +235,15 @@ class Operator:
 
 
 async def node_worker_runs(
-    operator: Operator, node: Credentials, polls: str, work_on: str, wait: float
+    starter: Starter, node: Credentials, polls: str, work_on: str, wait: float
 ) -> str | None:
     """While an activity worker with NODE's certificate polls POLLS (activities only, as the
-    node runtime), the operator calls the activity on WORK_ON: its result, or None."""
+    node runtime), the starter calls the activity on WORK_ON: its result, or None."""
     client = await Client.connect(
         FRONTEND, namespace="default", tls=node.tls(), runtime=node_runtime()
     )
     async with Worker(client, task_queue=polls, activities=[node_echo]):
-        return await operator.call_node(work_on, "hello", wait)
+        return await starter.call_node(work_on, "hello", wait)
 
 
 def refusals(server: ServerProcess, node_id: str) -> list[dict[str, Any]]:
@@ -281,17 +289,17 @@ def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(
 ) -> None:
     server = start_server(cluster_files, SERVER)
     (a_id, a), (b_id, _) = accepted_nodes(cluster_files, 2)
-    operator = Operator(operator_credentials(cluster_files))
+    starter = Starter(server_credentials(cluster_files))
 
     # A's activity worker on its own queue (its node ID) runs an activity end to end, and
     # nothing its SDK calls on the way (connect, describe, poll, heartbeat, report the
     # worker, complete, shut down) is refused.
-    assert run_async(lambda: node_worker_runs(operator, a, a_id, a_id, 30)) == f"{a_id}: hello"
+    assert run_async(lambda: node_worker_runs(starter, a, a_id, a_id, 30)) == f"{a_id}: hello"
     assert refusals(server, a_id) == []
 
     # A worker with A's certificate on B's queue is refused its polls (and its reports and
     # shutdown for that queue): work meant for B is never handed to it.
-    assert run_async(lambda: node_worker_runs(operator, a, b_id, b_id, UNTAKEN)) is None
+    assert run_async(lambda: node_worker_runs(starter, a, b_id, b_id, UNTAKEN)) is None
     reasons = {(r["api"].rsplit("/", 1)[1], r["reason"]) for r in refusals(server, a_id)}
     assert ("PollActivityTaskQueue", "a node polls only its own task queue") in reasons
     assert {api for api, _ in reasons} <= {
@@ -303,8 +311,8 @@ def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(
     async def forbidden() -> dict[str, bool]:
         client = await connect(FRONTEND, "default", a)
         service = client.workflow_service
-        operator_client = await connect(FRONTEND, "default", operator.credentials)
-        target = await operator_client.start_workflow(
+        starter_client = await connect(FRONTEND, "default", starter.credentials)
+        target = await starter_client.start_workflow(
             CallNode.run, args=[a_id, "x", 1.0], id="wf-" + uuid.uuid4().hex[:8], task_queue="q"
         )
         handle = client.get_workflow_handle(target.id)
@@ -342,18 +350,18 @@ def test_a_node_may_answer_only_the_tasks_it_was_given(
 ) -> None:
     start_server(cluster_files, SERVER)
     (a_id, a), (_, b) = accepted_nodes(cluster_files, 2)
-    operator = Operator(operator_credentials(cluster_files))
+    starter = Starter(server_credentials(cluster_files))
 
     async def scenario() -> tuple[bool, str | None]:
-        operator_client = await connect(FRONTEND, "default", operator.credentials)
+        starter_client = await connect(FRONTEND, "default", starter.credentials)
         a_client = await connect(FRONTEND, "default", a)
         b_client = await connect(FRONTEND, "default", b)
-        async with operator.worker(operator_client):
-            handle = await operator_client.start_workflow(
+        async with starter.worker(starter_client):
+            handle = await starter_client.start_workflow(
                 CallNode.run,
                 args=[a_id, "by hand", 30.0],
                 id="call-" + uuid.uuid4().hex[:8],
-                task_queue=operator.queue,
+                task_queue=starter.queue,
             )
             # A's own poll hands it the task: only A may answer it.
             task = await a_client.workflow_service.poll_activity_task_queue(
@@ -366,7 +374,7 @@ def test_a_node_may_answer_only_the_tasks_it_was_given(
             completion = RespondActivityTaskCompletedRequest(
                 namespace="default",
                 task_token=task.task_token,
-                result=Payloads(payloads=await operator_client.data_converter.encode(["by a"])),
+                result=Payloads(payloads=await starter_client.data_converter.encode(["by a"])),
             )
             b_refused = await refused(
                 lambda: b_client.workflow_service.respond_activity_task_completed(completion)
@@ -513,9 +521,16 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
     cluster_files: ClusterFiles,
     cluster_env: dict[str, str],
     start_server: StartServer,
+    tmp_path: Path,
 ) -> None:
     start_server(cluster_files, SERVER)
     ctx = cluster_files.context_dir
+    # Only a server may create a namespace on Temporal (an operator may only read there).
+    server = tmp_path / "server"
+    server.mkdir()
+    harness = server_credentials(cluster_files)
+    (server / "operator.crt").write_bytes(harness.cert_pem)
+    (server / "operator.key").write_bytes(harness.key_pem)
 
     def tenants() -> list[str]:
         return [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()]
@@ -536,7 +551,7 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
         "create",
         "--namespace",
         "foreign",
-        credentials=ctx,
+        credentials=server,
         ca=ctx / "ca.crt",
     )
     assert made.returncode == 0, made.stderr
@@ -562,14 +577,14 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
     assert tenants() == ["acme", "default"]
 
 
-# --- pushing operators' serials to the host (real PostgreSQL, no Temporal) -----------------
+# --- pushing operators' grants to the host (real PostgreSQL, no Temporal) ------------------
 
 
 class RecordingHost:
     """Stands in for the supervisor: records what would reach the host."""
 
     def __init__(self) -> None:
-        self.pushed: list[dict[str, str]] = []
+        self.pushed: list[dict[str, Any]] = []
         self.changed = trio.Event()
 
     async def command(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -619,7 +634,7 @@ async def test_a_renewal_reaches_the_host_by_notification(
             await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
             with trio.fail_after(RENEWAL_BOUND):
                 await host.changed.wait()
-            assert host.pushed == [{"admin": "4242"}]
+            assert host.pushed == [{"admin": {"serial": "4242", "role": "admin", "tenants": []}}]
             nursery.cancel_scope.cancel()
 
 

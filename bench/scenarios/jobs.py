@@ -16,9 +16,10 @@ the machine's one wall clock, so the times compare directly.
 1. dispatch: D jobs `date +%s.%N`, one at a time, then D more from K submitters at once
    (each submits, waits for its job's end, submits the next): from the request being sent
    to the printed start time, read from GET /api/v1/jobs/<id>/output;
-2. temporal: for the jobs of (1), the workflow histories (operator credentials, a server's
-   7233): the node activity `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled
-   → ActivityTaskStarted), the workflow's start → that activity's scheduling (the job
+2. temporal: for the jobs of (1), the workflow histories (a server's credentials, as
+   operators may not read histories; a server's 7233): the node activity
+   `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled → ActivityTaskStarted),
+   the workflow's start → that activity's scheduling (the job
    workflow's own steps), and the rest of the path (created → workflow started, Temporal's
    start → the printed start);
 3. throughput: M jobs `true` from K submitters as fast as the API takes them, then until
@@ -65,7 +66,7 @@ from bench.runner import Scenario, create_token, log, wait_until_servers
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import operator_credentials
+from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.jobs.workflow import NODE_ACTIVITY
 
@@ -273,7 +274,7 @@ def parse_history(events: list[HistoryEvent]) -> History:
 
 async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
     client = await Client.connect(
-        TEMPORAL, namespace="default", tls=operator_credentials(files).tls()
+        TEMPORAL, namespace="default", tls=server_credentials(files).tls()
     )
     found = {}
     for job_id in job_ids:

@@ -1,10 +1,12 @@
-"""Keep the host's table of operators' current certificate serials equal to `operators`.
+"""Keep the host's table of operators' grants equal to `operators`: each one's current
+certificate serial, role and tenants.
 
-Only the certificate an operator holds now is admin on Temporal: after `operator renew` or
-a re-issue, the old one is refused within two seconds. A NOTIFY on `oz0_operators` says
-an operator changed (fast); every second the table is read again anyway (it is small),
-which covers lost notifications and expiry. Only a table that differs from what the host
-has is pushed.
+Only the certificate an operator holds now may call Temporal, and only to read in its
+tenants' namespaces (oz0/temporal/host/operatorapi.go): after `operator renew` or a
+re-issue the old one is refused, and after a removal or a change of role or tenants the
+new grant holds, within two seconds. A NOTIFY on `oz0_operators` says an operator changed
+(fast); every second the table is read again anyway (it is small), which covers lost
+notifications and expiry. Only a table that differs from what the host has is pushed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -26,7 +29,8 @@ log = logging.getLogger(__name__)
 
 RECONCILE_EVERY = 1.0
 
-OperatorTable = dict[str, str]
+# operator name -> {"serial": decimal, "role": ..., "tenants": [...]} (operators.temporal_grants)
+OperatorTable = dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -37,9 +41,7 @@ class OperatorAccessSync:
     # What the host holds, as far as we know; None until the first push or host start.
     pushed: OperatorTable | None = None
     _wake: trio.Event = field(default_factory=trio.Event)
-    outage: Outage = field(
-        default_factory=lambda: Outage("reading operators' current certificates", log)
-    )
+    outage: Outage = field(default_factory=lambda: Outage("reading operators' grants", log))
 
     def __post_init__(self) -> None:
         self.hub.subscribe(OPERATORS, self._notified)
@@ -55,8 +57,8 @@ class OperatorAccessSync:
         """The whole table, as a (re)starting host gets it: waits for the database if it is
         away, as the node table does."""
         table = await until_it_works(
-            Outage("reading operators' certificates for the Temporal host", log),
-            partial(self.db.transaction, operators.current_serials),
+            Outage("reading operators' grants for the Temporal host", log),
+            partial(self.db.transaction, operators.temporal_grants),
         )
         self.pushed = table
         return table
@@ -72,7 +74,7 @@ class OperatorAccessSync:
     async def sync_once(self) -> bool:
         """Read the table and push it if the host lacks it; whether the host has it now."""
         try:
-            table = await self.db.transaction(operators.current_serials)
+            table = await self.db.transaction(operators.temporal_grants)
         except DATABASE_ERRORS as e:
             # Logged once per outage; the loop tries again every second.
             self.outage.failed(e)
@@ -86,7 +88,7 @@ class OperatorAccessSync:
             await self.supervisor.command("operators", operators=table)
         except (HostUnavailable, HostFailed) as e:
             # The next host start reads the whole table anyway.
-            log.debug("operators' certificates not pushed: %s", e)
+            log.debug("operators' grants not pushed: %s", e)
             return False
         self.pushed = table
         return True

@@ -53,7 +53,7 @@ class HostSettings:
         self,
         tls: dict[str, str],
         nodes: dict[str, dict[str, str]],
-        operators: dict[str, str],
+        operators: dict[str, dict[str, Any]],
     ) -> dict[str, Any]:
         return {
             "postgres": self.stores.to_json(),
@@ -165,8 +165,8 @@ class Supervisor:
     settings: HostSettings
     tls: Callable[[], dict[str, str]]
     nodes: Callable[[], Awaitable[dict[str, dict[str, str]]]]
-    # operator name -> serial of its current certificate (only that one is admin)
-    operators: Callable[[], Awaitable[dict[str, str]]]
+    # operator name -> its current certificate's serial, role and tenants (what it may read)
+    operators: Callable[[], Awaitable[dict[str, dict[str, Any]]]]
     on_state: StateListener
     state: str = "starting"
     served: bool = False

@@ -22,8 +22,9 @@ import (
 //                       with the certificate for the key the parent pushed as the node's
 //                       current one; a renewed-away certificate is refused
 //   server:<server-id>  an orchestrator-zero server: everything
-//   operator:<name>     an operator: everything, with the certificate whose serial the parent
-//                       pushed as that operator's current one; any other is refused
+//   operator:<name>     an operator: only reads, in its tenants' namespaces (operatorapi.go
+//                       lists them), with the certificate whose serial the parent pushed as
+//                       that operator's current one; any other is refused
 // Anything else is denied (health checks and GetSystemInfo excepted, as in Temporal).
 
 const (
@@ -76,8 +77,9 @@ type nodeCert struct {
 	key string // keyOf the certificate
 }
 
-// operatorCert is stored in Claims.Extensions for operator callers: whether it is admin is
-// decided per call, against the current serial, so a renewal takes effect at once.
+// operatorCert is stored in Claims.Extensions for operator callers: what it may do is
+// decided per call, against the operator's current serial, role and tenants, so a renewal,
+// a removal or a change of role or tenants takes effect at once.
 type operatorCert struct {
 	name   string
 	serial string // decimal, as PostgreSQL stores it
@@ -92,8 +94,8 @@ type caller struct {
 type authz struct {
 	mu    sync.RWMutex
 	nodes map[string]*NodeEntry
-	// operator name -> the decimal serial of the one certificate that is admin
-	operators map[string]string
+	// operator name -> its current certificate, role and tenants
+	operators map[string]*operatorGrant
 	// task tokens handed to each node by its polls (only these it may heartbeat or answer)
 	tokens map[string]*taskTokens
 	// in-flight calls, cancelled when their caller loses access
@@ -104,7 +106,7 @@ type authz struct {
 func newAuthz(initial map[string]*NodeEntry) *authz {
 	a := &authz{
 		nodes:     map[string]*NodeEntry{},
-		operators: map[string]string{},
+		operators: map[string]*operatorGrant{},
 		tokens:    map[string]*taskTokens{},
 		calls:     map[caller]map[uint64]context.CancelFunc{},
 	}
@@ -153,17 +155,24 @@ func (a *authz) update(nodes map[string]*NodeEntry, replace bool) int {
 	})
 }
 
-// setOperators replaces the operators' current serials. Calls in flight with a certificate
-// that is no longer current are cancelled; returns how many.
-func (a *authz) setOperators(serials map[string]string) int {
+// setOperators replaces the operators' grants (a nil one: no grant). Calls in flight of an
+// operator whose grant changed in any way (removed, renewed, another role or other tenants)
+// are cancelled, as are those of a certificate that is not current; returns how many.
+func (a *authz) setOperators(grants map[string]*OperatorGrant) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	next := make(map[string]string, len(serials))
-	for name, serial := range serials {
-		next[name] = serial
+	old := a.operators
+	next := make(map[string]*operatorGrant, len(grants))
+	for name, g := range grants {
+		if g != nil {
+			next[name] = newOperatorGrant(g)
+		}
 	}
 	a.operators = next
-	return a.cancelLocked(func(c caller) bool { return c.role == "operator" && next[c.name] != c.cert })
+	return a.cancelLocked(func(c caller) bool {
+		g := next[c.name]
+		return c.role == "operator" && (g == nil || g.serial != c.cert || !g.same(old[c.name]))
+	})
 }
 
 // cancelLocked cancels the calls of every caller DROP selects. a.mu must be held.
@@ -200,10 +209,20 @@ func (a *authz) operatorCount() int {
 	return len(a.operators)
 }
 
-func (a *authz) operatorCurrent(op operatorCert) bool {
+// grantOf is the operator's grant if OP is its current certificate; nil otherwise.
+func (a *authz) grantOf(op operatorCert) *operatorGrant {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	return op.serial != "" && a.operators[op.name] == op.serial
+	return a.currentGrantLocked(op.name, op.serial)
+}
+
+// currentGrantLocked: NAME's grant if SERIAL is its current certificate. a.mu must be held.
+func (a *authz) currentGrantLocked(name, serial string) *operatorGrant {
+	g := a.operators[name]
+	if g == nil || serial == "" || g.serial != serial {
+		return nil
+	}
+	return g
 }
 
 func (a *authz) nodeHoldsToken(id string, token []byte) bool {
@@ -299,8 +318,12 @@ func (z authorizer) decide(claims *authorization.Claims, target *authorization.C
 	}
 	switch who := claims.Extensions.(type) {
 	case operatorCert:
-		if !z.a.operatorCurrent(who) {
+		g := z.a.grantOf(who)
+		if g == nil {
 			return deny("operator certificate is not the operator's current one")
+		}
+		if reason := operatorMay(g, target.APIName, target.Namespace, target.Request); reason != "" {
+			return deny(reason)
 		}
 		return allow
 	case nodeCert:
@@ -348,7 +371,7 @@ func (a *authz) interceptor(ctx context.Context, req any, info *grpc.UnaryServer
 	// Temporal's authorizer ran before this interceptor, outside this lock: a block or a
 	// renewal that landed in between cancelled nothing, so look again now that the call is
 	// tracked.
-	if !a.stillAllowedLocked(who, req) {
+	if !a.stillAllowedLocked(who, info.FullMethod, req) {
 		a.mu.Unlock()
 		return nil, serviceerror.NewPermissionDenied(authorization.RequestUnauthorized, "access was withdrawn")
 	}
@@ -388,10 +411,19 @@ var errAccessWithdrawn = errors.New("access was withdrawn")
 
 // stillAllowedLocked re-checks what can change between Temporal's authorizer and now.
 // a.mu must be held.
-func (a *authz) stillAllowedLocked(who caller, req any) bool {
+func (a *authz) stillAllowedLocked(who caller, apiName string, req any) bool {
 	switch who.role {
 	case "operator":
-		return a.operators[who.name] == who.cert
+		g := a.currentGrantLocked(who.name, who.cert)
+		if g == nil {
+			return false
+		}
+		// Its tenants (or role) may have changed: the whole question again.
+		ns := ""
+		if r, scoped := req.(interface{ GetNamespace() string }); scoped {
+			ns = r.GetNamespace()
+		}
+		return operatorMay(g, apiName, ns, req) == ""
 	case "node":
 		e := a.nodes[who.name]
 		if !e.heldBy(who.cert) {

@@ -287,7 +287,8 @@ func TestClaimMapperRoles(t *testing.T) {
 	}
 	opCert := pki.role(t, "operator", "alice")
 	op := pki.claims(t, opCert)
-	// An operator is admin only with its current certificate: the authorizer decides per call.
+	// What an operator may do depends on its current certificate, role and tenants: the
+	// authorizer decides per call.
 	if op.Subject != "operator:alice" || op.System != authorization.RoleUndefined {
 		t.Fatalf("operator claims = %+v, want subject operator:alice and no system role", op)
 	}
@@ -467,7 +468,10 @@ func TestAuthorizerDecisions(t *testing.T) {
 		"node-empty":    {Tenant: "acme"},
 	}))
 	aliceCert := pki.role(t, "operator", "alice")
-	table.setOperators(map[string]string{"alice": aliceCert.SerialNumber.String(), "bob": "12345"})
+	table.setOperators(map[string]*OperatorGrant{
+		"alice": {Serial: aliceCert.SerialNumber.String(), Role: "admin"},
+		"bob":   {Serial: "12345", Role: "admin"},
+	})
 	z := authorizer{a: table}
 
 	claims := map[string]*authorization.Claims{
@@ -490,23 +494,28 @@ func TestAuthorizerDecisions(t *testing.T) {
 		who, api, ns string
 		want         authorization.Decision
 	}{
-		// servers and the operator's current certificate: everything
+		// servers: everything
 		{"server", apiStartWorkflow, "acme", allowD},
 		{"server", apiStartWorkflow, "default", allowD},
 		{"server", apiRegisterNS, "newtenant", allowD},
 		{"server", apiListNS, "", allowD},
 		{"server", apiOpAddSA, "acme", allowD},
 		{"server", apiAdminDescribeMS, "acme", allowD},
-		{"operator", apiStartWorkflow, "default", allowD},
-		{"operator", apiRegisterNS, "newtenant", allowD},
-		{"operator", apiListNS, "", allowD},
-		{"operator", apiOpDeleteNS, "acme", allowD},
-		{"operator", apiAdminDescribeMS, "", allowD},
+		// the operator's current certificate (a cluster-wide admin): reading, no more
+		// (authz_operators_test.go has the rest)
+		{"operator", apiListWorkflows, "default", allowD},
+		{"operator", apiDescribeNS, "acme", allowD},
+		{"operator", apiStartWorkflow, "default", denyD},
+		{"operator", apiRegisterNS, "newtenant", denyD},
+		{"operator", apiListNS, "", denyD},
+		{"operator", apiOpDeleteNS, "acme", denyD},
+		{"operator", apiAdminDescribeMS, "", denyD},
 
 		// an operator's other certificates (renewed away, replaced), unknown operators
 		{"operator-old", apiListNS, "", denyD},
 		{"operator-old", apiStartWorkflow, "default", denyD},
 		{"operator-old", apiDescribeNS, "default", denyD},
+		{"operator-old", apiListWorkflows, "default", denyD},
 		{"operator-unknown", apiListNS, "", denyD},
 		{"forged-operator", apiListNS, "", denyD},
 
@@ -756,6 +765,12 @@ type inflight struct {
 // context ends or release is closed, and waits until the handler is running.
 func startCall(t *testing.T, table *authz, ctx context.Context) *inflight {
 	t.Helper()
+	return startCallOf(t, table, ctx, pollInfo, "req")
+}
+
+// startCallOf is startCall for the call INFO with the request REQ.
+func startCallOf(t *testing.T, table *authz, ctx context.Context, info *grpc.UnaryServerInfo, req any) *inflight {
+	t.Helper()
 	c := &inflight{release: make(chan struct{}), done: make(chan error, 1)}
 	started := make(chan context.Context, 1)
 	handler := func(hctx context.Context, req any) (any, error) {
@@ -768,7 +783,7 @@ func startCall(t *testing.T, table *authz, ctx context.Context) *inflight {
 		}
 	}
 	go func() {
-		resp, err := table.interceptor(ctx, "req", pollInfo, handler)
+		resp, err := table.interceptor(ctx, req, info, handler)
 		if err == nil && resp != "ok" {
 			err = errors.New("unexpected response")
 		}

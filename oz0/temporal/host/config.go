@@ -31,10 +31,11 @@ type HostConfig struct {
 	TLS       TLSPEMs `json:"tls"`
 	// Nodes is the initial authorization table (same shape as the "authz" command).
 	Nodes map[string]*NodeEntry `json:"nodes,omitempty"`
-	// Operators maps each operator to the decimal serial of its current certificate, the
-	// only one of its certificates that is admin (same shape as the "operators" command).
-	Operators map[string]string `json:"operators,omitempty"`
-	LogLevel  string            `json:"logLevel,omitempty"`
+	// Operators maps each operator to its grant: the decimal serial of its current
+	// certificate (the only one of its certificates that may call), its role and its
+	// tenants (same shape as the "operators" command).
+	Operators map[string]*OperatorGrant `json:"operators,omitempty"`
+	LogLevel  string                    `json:"logLevel,omitempty"`
 	// DynamicConfig is passed to Temporal's dynamic config as static key -> value.
 	DynamicConfig map[string]any `json:"dynamicConfig,omitempty"`
 	// ReadyTimeoutSeconds bounds Start + first successful health check (default 120).

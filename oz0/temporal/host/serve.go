@@ -27,28 +27,31 @@ import (
 //	{"id":1,"op":"ping"}
 //	{"id":2,"op":"authz","replace":true,"nodes":{"n1":{"tenant":"default","state":"accepted","keySha256":"9f86…"}}}
 //	{"id":3,"op":"authz","nodes":{"n1":{"tenant":"default","state":"blocked","keySha256":"9f86…"},"n2":null}}
-//	{"id":4,"op":"operators","operators":{"alice":"123456789"}}
+//	{"id":4,"op":"operators","operators":{"alice":{"serial":"123456789","role":"viewer","tenants":["acme"]}}}
 //	{"id":5,"op":"tls","frontendCert":"...","frontendKey":"...","internodeCert":"...","internodeKey":"..."}
 //	{"id":6,"op":"stop"}
 //
 // "authz" entries name the key of the node's current certificate (keySha256, hex SHA-256 of
 // its DER SubjectPublicKeyInfo): only a certificate for that key may call, and a new key
 // cancels the calls in flight of the old one.
-// "operators" replaces the table of operators' current certificate serials (decimal): only
-// those certificates are admin, and calls in flight with any other are cancelled.
+// "operators" replaces the table of operators' grants: the serial (decimal) of each one's
+// current certificate, its role and its tenants (none: every tenant). Only those
+// certificates may call, and only to read in their tenants' namespaces (operatorapi.go);
+// calls in flight of an operator whose grant changed, or with any other certificate, are
+// cancelled.
 //
 // Every command with an id is answered by exactly one stdout line {"ack":<id>, ...};
 // a failed one carries "error". EOF on stdin = stop.
 type command struct {
-	ID            json.RawMessage       `json:"id"`
-	Op            string                `json:"op"`
-	Nodes         map[string]*NodeEntry `json:"nodes"`
-	Replace       bool                  `json:"replace"`
-	Operators     map[string]string     `json:"operators"`
-	FrontendCert  string                `json:"frontendCert"`
-	FrontendKey   string                `json:"frontendKey"`
-	InternodeCert string                `json:"internodeCert"`
-	InternodeKey  string                `json:"internodeKey"`
+	ID            json.RawMessage           `json:"id"`
+	Op            string                    `json:"op"`
+	Nodes         map[string]*NodeEntry     `json:"nodes"`
+	Replace       bool                      `json:"replace"`
+	Operators     map[string]*OperatorGrant `json:"operators"`
+	FrontendCert  string                    `json:"frontendCert"`
+	FrontendKey   string                    `json:"frontendKey"`
+	InternodeCert string                    `json:"internodeCert"`
+	InternodeKey  string                    `json:"internodeKey"`
 }
 
 func ack(id json.RawMessage, extra map[string]any) {
