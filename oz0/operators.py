@@ -17,7 +17,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise Oz0Error(
             f"invalid operator name {name!r}: use 1 to 63 lowercase letters, digits, '.', '_' "
             "or '-', starting with a letter or digit"
