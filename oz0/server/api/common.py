@@ -52,7 +52,7 @@ API_PREFIX = "/api/"
 JSON = "application/json"
 # `Sec-Fetch-Site` values of requests a page of another site did not make: our own pages,
 # and what the user typed or bookmarked.
-SAME_SITE = frozenset({"same-origin", "none"})
+ALLOWED_FETCH_SITES = frozenset({"same-origin", "none"})
 
 
 class ApiError(Exception):
@@ -133,7 +133,7 @@ def refuse_cross_site() -> None:
     `Content-Type: application/json` it sends only after a CORS preflight, which this API
     never allows."""
     site = request.headers.get("Sec-Fetch-Site")
-    if site is not None and site not in SAME_SITE:
+    if site is not None and site not in ALLOWED_FETCH_SITES:
         raise ApiError(403, f"a request from another site ({site}) is refused")
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return
