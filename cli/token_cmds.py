@@ -120,7 +120,7 @@ def revoke(token_id: str, *, json: JsonFlag = False, context: ContextPath = None
     token_id
         The token's ID, such as tok-0123456789ab.
     """
-    if not TOKEN_ID.match(token_id):
+    if not TOKEN_ID.fullmatch(token_id):
         raise Oz0Error(
             f"invalid token id {token_id!r}: an id looks like tok-0123456789ab "
             "(a token's part before the '.')"

@@ -41,7 +41,7 @@ class InitResult:
 
 
 def check_cluster_name(name: str) -> str:
-    if not _CLUSTER_NAME.match(name):
+    if not _CLUSTER_NAME.fullmatch(name):
         raise Oz0Error(
             f"invalid cluster name {name!r}: use 1 to 63 lowercase letters, digits and '-', "
             "starting with a letter or digit"

@@ -35,7 +35,7 @@ def is_node_id(text: str) -> bool:
 
 
 def check_node_id(node_id: str) -> str:
-    if not NODE_ID.match(node_id):
+    if not NODE_ID.fullmatch(node_id):
         raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
     return node_id
 
@@ -44,7 +44,7 @@ def check_labels(labels: object) -> dict[str, str]:
     if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
         raise NodeError(f"labels must be an object of at most {MAX_LABELS} KEY: VALUE pairs")
     for key, value in labels.items():
-        if not isinstance(key, str) or not LABEL_KEY.match(key):
+        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
             raise NodeError(f"invalid label key {key!r}")
         if not isinstance(value, str) or len(value) > 253 or not value.isprintable():
             raise NodeError(f"invalid value for label {key}")

@@ -61,7 +61,7 @@ RESERVED_PREFIX = "temporal-"
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidTenantName(
             f"invalid tenant name {name!r}: use 1 to 63 lowercase letters, digits and '-', "
             "starting with a letter or digit"

@@ -34,7 +34,7 @@ def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
-        if not isinstance(key, str) or not LABEL_KEY.match(key):
+        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
             raise Oz0Error(
                 f"invalid label key {key!r}: use 1 to 63 lowercase letters, digits, '.', '_', "
                 "'/' or '-', starting and ending with a letter or digit"

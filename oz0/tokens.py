@@ -131,7 +131,7 @@ def parse_ttl(text: str) -> dt.timedelta | None:
     cleaned = text.strip()
     if cleaned == "0":
         return None
-    match = _TTL.match(cleaned)
+    match = _TTL.fullmatch(cleaned)
     if not cleaned or match is None:
         raise Oz0Error(
             f"invalid ttl {text!r}: use a number with d, h, m or s (such as 24h, 30m, 7d or "
@@ -347,7 +347,7 @@ def consume(conn: psycopg.Connection[Any], token_string: str) -> JoinToken:
     it with `record_refusal` in a transaction of its own.
     """
     token_id, dot, secret = token_string.strip().partition(".")
-    if not dot or not secret or not TOKEN_ID.match(token_id):
+    if not dot or not secret or not TOKEN_ID.fullmatch(token_id):
         raise TokenRefused("unknown")
     presented = _secret_hash(secret)
     row = conn.execute(
@@ -425,7 +425,7 @@ class Ledger:
 def _parse(token_string: str) -> tuple[str, bytes] | None:
     """The ID and the secret's hash of a token string, None if it is not one."""
     token_id, dot, secret = token_string.strip().partition(".")
-    if not dot or not secret or not TOKEN_ID.match(token_id):
+    if not dot or not secret or not TOKEN_ID.fullmatch(token_id):
         return None
     return token_id, _secret_hash(secret)
 

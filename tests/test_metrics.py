@@ -19,7 +19,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from fixtures import edge_client, metrics
+from fixtures import edge_client, metrics, operator_certs
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import Served
 from fixtures.polling import wait_until
@@ -38,8 +38,9 @@ SERVER, UNREACHABLE = "127.0.0.217", "127.0.0.218"
 ADVERTISE = SERVER
 SERVER_ARGS = ("--reconcile-every", "60")
 EDGE = f"{SERVER}:7443"
-# Labels the server's own metrics may carry: none names a node, a token or a server.
-OUR_LABELS = {"tenant", "state", "reason", "version", "le"}
+# Labels the server's own metrics may carry without sign-in: none names a node, a token,
+# a server or a tenant.
+OUR_LABELS = {"state", "reason", "version", "le"}
 
 
 def curl(path: str) -> tuple[int, str, str]:
@@ -64,7 +65,7 @@ def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
     return value
 
 
-def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_reasons(
+def test_metrics_need_no_certificate_and_label_nothing_but_states_and_reasons(
     served: Served,
 ) -> None:
     code, _, body = curl("/metrics")
@@ -84,6 +85,59 @@ def test_metrics_need_no_certificate_and_label_nothing_but_tenants_states_and_re
         for s in families[name].samples:
             assert set(s.labels) <= OUR_LABELS, (name, s.labels)
     assert "process_resident_memory_bytes" in families
+
+
+def test_tenant_names_are_shown_only_to_an_operator_certificate_and_only_its_tenants(
+    cli: CliRunner, served: Served, tmp_path: Path
+) -> None:
+    files = served.files
+    assert cli("tenant", "create", "acme", env=files.cli_env).code == 0
+    main = files.url.for_database(files.url.names.main)
+    # A pending node in acme and one in default.
+    node_ids = {tenant: "node-" + secrets.token_hex(6) for tenant in ("acme", "default")}
+    with psycopg.connect(main, autocommit=True) as conn:
+        for tenant, node_id in node_ids.items():
+            conn.execute(
+                "INSERT INTO nodes (id, tenant, state, labels, hostname, public_key_sha256)"
+                " VALUES (%s, %s, 'pending', '{}', '', %s)",
+                (node_id, tenant, secrets.token_hex(32)),
+            )
+    try:
+        admin = operator_certs.OperatorFiles(files.context_dir)
+        viewer = operator_certs.issue(
+            files, "acme-viewer", tmp_path / "viewer", SERVER, role="viewer", tenants=("acme",)
+        )
+        as_admin = wait_until(
+            lambda: (s := scrape_as(admin)) and tenant_nodes(s, "acme") == 1 and s,
+            SCRAPE_BOUND,
+            "the admin's scrape counting acme's pending node",
+            step=0.3,
+        )
+        assert tenant_nodes(as_admin, "default") == 1, "a cluster-wide admin sees every tenant"
+        as_viewer = scrape_as(viewer)
+        assert tenant_nodes(as_viewer, "acme") == 1
+        assert tenant_nodes(as_viewer, "default") is None, "default is not the viewer's"
+        code, _, body = curl("/metrics")
+        assert code == 200 and "acme" not in body and 'tenant="' not in body, body
+        assert "oz0_tenant_nodes" not in body
+        assert (sample(scrape(), "oz0_nodes", state="pending") or 0) >= 2, "counted, unnamed"
+        # A certificate that is not current any more is a stranger's.
+        operator_certs.remove(files, "acme-viewer")
+        code, _, body = metrics.get(SERVER, "/metrics", *viewer.curl_args)
+        assert code == 200 and "acme" not in body, body
+    finally:
+        with psycopg.connect(main, autocommit=True) as conn:
+            conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (list(node_ids.values()),))
+
+
+def scrape_as(who: operator_certs.OperatorFiles) -> metrics.Samples:
+    code, _, body = metrics.get(SERVER, "/metrics", *who.curl_args)
+    assert code == 200, body
+    return metrics.parse(body)
+
+
+def tenant_nodes(samples: metrics.Samples, tenant: str) -> float | None:
+    return sample(samples, "oz0_tenant_nodes", tenant=tenant, state="pending")
 
 
 def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
@@ -131,7 +185,7 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
         return sample(s, "oz0_edge_streams_open") or 0
 
     def nodes(s: dict[Any, float], state: str) -> float:
-        return sample(s, "oz0_nodes", tenant="default", state=state) or 0
+        return sample(s, "oz0_nodes", state=state) or 0
 
     def closed(s: dict[Any, float]) -> float:
         return sample(s, "oz0_edge_block_to_close_seconds_count", state="blocked") or 0

@@ -160,7 +160,7 @@ def _env(value: object) -> dict[str, str]:
     if not isinstance(value, dict) or len(value) > MAX_ENV:
         raise JobError(f"env must be an object of at most {MAX_ENV} NAME: VALUE pairs")
     for key, text in value.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise JobError(f"invalid environment variable name {key!r}")
         if key.startswith(RESERVED_ENV_PREFIX):
             raise JobError(f"{key}: names starting with {RESERVED_ENV_PREFIX} are the agent's")

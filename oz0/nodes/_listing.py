@@ -20,7 +20,7 @@ def parse_label_filter(text: str) -> LabelFilter:
     """`KEY=VALUE` (a node with that label) or `KEY` (a node with any value for KEY)."""
     key, equals, value = text.partition("=")
     key = key.strip()
-    if not LABEL_KEY.match(key):
+    if not LABEL_KEY.fullmatch(key):
         raise NodeError(f"invalid label filter {text!r}: use KEY=VALUE or KEY, e.g. role=web")
     return key, (value if equals else None)
 

@@ -5,8 +5,8 @@ each listener admits at most `MAX_PER_ADDRESS` such connections from one source 
 and `MAX_TOTAL` in all. One over the cap is closed at once, before its TLS handshake costs
 anything. Refusals are counted (`on_refused` tells `/metrics` of each) and logged at most
 once per `LOG_EVERY` seconds, so a flood cannot fill the log. A connection that
-authenticates (a certificate of the cluster on a control stream, an operator's certificate
-on 8443) gives its place back.
+authenticates (a certificate of the cluster on a control stream, an operator's current
+certificate on 8443: not one replaced, nor one of an operator removed) gives its place back.
 """
 
 from __future__ import annotations

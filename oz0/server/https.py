@@ -9,7 +9,13 @@ hypercorn is pinned for this reason.
 Connections that have not authenticated are admitted within limits (`oz0.server.admission`)
 and bounded in time: the TLS handshake, the wait for a request's headers, each read and
 each send (hypercorn sends shielded from cancellation, so a peer that never reads would
-hold its connection for ever) and the close.
+hold its connection for ever) and the close. A connection authenticates when the app's
+`authenticated` finds its client certificate trusted now (for the management API: the
+current certificate of an operator, asked of the database through its cache).
+
+Open connections are known by their client certificate, so that those of a certificate
+no longer trusted (its operator removed, or given a new one) can be cut at once
+(`Served.cut`); a connection's requests in flight end with it.
 
 `Served.drain` stops it gracefully: the listeners close (a new connection is refused),
 idle connections close, and each connection closes once its request in flight is
@@ -20,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +50,9 @@ HANDSHAKE_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 10
 SEND_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
+# Deciding whether a client certificate authenticates (a database read at most): past it
+# the connection is served as one that has not.
+AUTHENTICATE_TIMEOUT = 5.0
 MAX_HEADERS_SIZE = 16 * 1024
 
 
@@ -98,10 +108,39 @@ class Served:
     requests: int = 0
     connections: int = 0
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    # The open connections made with each client certificate (DER), each by its scope.
+    _by_cert: dict[bytes, set[trio.CancelScope]] = field(default_factory=dict)
 
     def connection_ended(self) -> None:
         self.connections -= 1
         self._changed.unpark_all()
+
+    def certificates(self) -> list[bytes]:
+        """The client certificates (DER) of the open connections, each once."""
+        return list(self._by_cert)
+
+    def cut(self, der: bytes) -> int:
+        """End every open connection made with the client certificate DER, and its
+        requests in flight, now; returns how many."""
+        scopes = self._by_cert.get(der, set())
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
+
+    @contextmanager
+    def _tracked(self, der: bytes | None) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            if der is None:
+                yield scope
+                return
+            self._by_cert.setdefault(der, set()).add(scope)
+            try:
+                yield scope
+            finally:
+                scopes = self._by_cert[der]
+                scopes.discard(scope)
+                if not scopes:
+                    del self._by_cert[der]
 
     async def drain(self) -> None:
         """Refuse new connections, let each one finish the request it is answering (idle
@@ -146,6 +185,10 @@ def _unlink(connection: TCPServer) -> None:
             vars(held).clear()
 
 
+async def _never(_: bytes | None) -> bool:
+    return False
+
+
 def peer_cert_der(scope: Any) -> bytes | None:
     value = (scope.get("extensions") or {}).get(PEER_CERT_KEY)
     return value if isinstance(value, bytes) else None
@@ -157,16 +200,16 @@ async def serve_https(
     host: str,
     port: int,
     *,
-    authenticated: Callable[[bytes | None], bool] = lambda _: False,
+    authenticated: Callable[[bytes | None], Awaitable[bool]] = _never,
     on_refused: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[Served] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve APP on HOST:PORT until cancelled; started, once the port is bound, with the
     `Served` that drains it.
 
-    A connection whose client certificate AUTHENTICATED accepts stops counting against
-    the limits on unauthenticated ones; ON_REFUSED is called for each connection closed
-    at once over those limits.
+    A connection whose client certificate AUTHENTICATED accepts (within
+    AUTHENTICATE_TIMEOUT) stops counting against the limits on unauthenticated ones;
+    ON_REFUSED is called for each connection closed at once over those limits.
     """
     config = Config()
     # Also the wait for the first request's headers: hypercorn's idle timer runs from
@@ -205,19 +248,23 @@ async def serve_https(
                 await trio.aclose_forcefully(stream)
                 return
             der = stream.getpeercert(binary_form=True)
-            if authenticated(der):
-                slot.release()
-            connection = TCPServer(
-                _WithPeerCert(wrapper, der, served),
-                config,
-                context,
-                ConnectionState(lifespan_state.copy()),
-                _BoundedStream(stream),  # type: ignore[arg-type]
-            )
-            try:
-                await connection.run()
-            finally:
-                _unlink(connection)
+            with served._tracked(der):
+                # Tracked first: a certificate found current here and removed just after
+                # is cut like any other.
+                with trio.move_on_after(AUTHENTICATE_TIMEOUT):
+                    if await authenticated(der):
+                        slot.release()
+                connection = TCPServer(
+                    _WithPeerCert(wrapper, der, served),
+                    config,
+                    context,
+                    ConnectionState(lifespan_state.copy()),
+                    _BoundedStream(stream),  # type: ignore[arg-type]
+                )
+                try:
+                    await connection.run()
+                finally:
+                    _unlink(connection)
         finally:
             slot.release()
             # Closed here, not only by trio.serve_listeners after us, so that the bound

@@ -7,6 +7,7 @@ import ssl
 from functools import partial
 from typing import Any
 
+import psycopg
 import trio
 from quart import Response, jsonify, request
 from quart.json.provider import DefaultJSONProvider
@@ -14,6 +15,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
+from oz0.operators import is_current
 from oz0.server.api import (
     agent_file,
     audit,
@@ -28,6 +30,8 @@ from oz0.server.api import (
 from oz0.server.api import common as api_common
 from oz0.server.api.common import ApiError, ManagementState
 from oz0.server.https import Served, serve_https
+from oz0.store.events import OPERATORS, EventHub
+from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.web import routes as web_routes
 from oz0.web.headers import secure
@@ -38,6 +42,8 @@ MANAGEMENT_PORT = 8443
 # The CLI resumes its last session on a new connection (cli/client.py): one ticket does.
 TLS_TICKETS = 1
 MAX_BODY_SIZE = 64 * 1024
+# A check of open operator connections that failed (the database away) is tried again after.
+CHECK_AGAIN_AFTER = 1.0
 BODY_TIMEOUT = 10
 
 
@@ -135,11 +141,18 @@ async def run(
 ) -> None:
     """Serve the API until cancelled; started with what drains it (`drain`)."""
 
-    def operator_certificate(der: bytes | None) -> bool:
+    async def current_operator(der: bytes | None) -> bool:
+        # Only an operator's current certificate frees its connection's place among the
+        # unauthenticated: a removed or replaced one is a stranger's now.
         if der is None:
             return False
         identity = pki.identity_of_der(der)
-        return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
+        if not api_common.is_operator_of(state, identity):
+            return False
+        try:
+            return await api_common.current_person(state, identity) is not None
+        except DATABASE_ERRORS:
+            return False  # its requests are answered 503 meanwhile
 
     async with trio.open_nursery() as nursery:
         await nursery.start(state.node_changes.serve)
@@ -150,11 +163,85 @@ async def run(
                 tls_context,
                 host,
                 port,
-                authenticated=operator_certificate,
+                authenticated=current_operator,
                 on_refused=state.metrics.management_over_limit.inc,
             )
         )
+        if state.hub is not None:
+            cutter = OperatorConnections(state, served)
+            cutter.attach(state.hub)
+            nursery.start_soon(cutter.run)
         task_status.started(served)
+
+
+class OperatorConnections:
+    """Cuts the open connections of an operator certificate once it is not current: its
+    operator removed, or given a new certificate (`server operator issue`, a renewal).
+
+    Every such change notifies `oz0_operators` with the operator's name, on every server;
+    the open connections of that name are then checked against the database (a change of
+    role or tenants leaves the certificate current: its connections stay). A LISTEN gap
+    (notifications may be lost) checks every operator connection.
+    """
+
+    def __init__(self, state: ManagementState, served: Served) -> None:
+        self._state = state
+        self._served = served
+        self._names: set[str] = set()
+        self._everyone = False
+        self._woken = trio.Event()
+
+    def attach(self, hub: EventHub) -> None:
+        hub.subscribe(OPERATORS, self._notified)
+        hub.on_gap.append(self._gap)
+
+    def _notified(self, notification: Notification) -> None:
+        self._names.add(notification.payload)
+        self._woken.set()
+
+    def _gap(self) -> None:
+        self._everyone = True
+        self._woken.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._woken.wait()
+            self._woken = trio.Event()
+            names, self._names = self._names, set()
+            everyone, self._everyone = self._everyone, False
+            try:
+                await self._check(names, everyone)
+            except DATABASE_ERRORS as e:
+                # Their next request is refused all the same (the cache forgot them); the
+                # connections are checked again shortly.
+                log.warning("could not check open operator connections: %s", e)
+                self._names |= names
+                self._everyone |= everyone
+                await trio.sleep(CHECK_AGAIN_AFTER)
+                self._woken.set()
+
+    async def _check(self, names: set[str], everyone: bool) -> None:
+        by_identity: dict[pki.Identity, list[bytes]] = {}
+        for der in self._served.certificates():
+            identity = pki.identity_of_der(der)
+            if api_common.is_operator_of(self._state, identity) and (
+                everyone or identity.name in names
+            ):
+                by_identity.setdefault(identity, []).append(der)
+        if not by_identity:
+            return
+
+        def not_current(conn: psycopg.Connection[Any]) -> list[pki.Identity]:
+            return [i for i in by_identity if not is_current(conn, i)]
+
+        for identity in await self._state.db.transaction(not_current):
+            cut = sum(self._served.cut(der) for der in by_identity[identity])
+            log.info(
+                "cut %d connection(s) of operator %s: its certificate %x is no longer current",
+                cut,
+                identity.name,
+                identity.serial,
+            )
 
 
 async def drain(state: ManagementState, served: Served) -> None:

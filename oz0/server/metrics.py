@@ -9,12 +9,16 @@ most once every NODE_COUNTS_MAX_AGE however often anyone scrapes; the text itsel
 made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the Trio thread),
 so a storm of scrapes costs little more than a storm of `/healthz`.
 
-No label holds an ID (of a node, a token, a server): only tenants, states and reasons,
-a few values each. The endpoint needs no sign-in.
+No label holds an ID (of a node, a token, a server): only states and reasons, a few
+values each. The endpoint needs no sign-in, so it names no tenant either (who the cluster
+serves is not for strangers): the node counts by tenant (`oz0_tenant_nodes`) are added
+only for a current operator certificate, and only the tenants that operator reaches
+(`tenant_exposition`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -151,6 +155,11 @@ class ServerMetrics:
             self._text_at = trio.current_time()
         return self._text
 
+    def tenant_exposition(self, reaches: Callable[[str], bool]) -> bytes:
+        """The node counts by tenant, for the tenants REACHES takes: added to `exposition`
+        for an operator's certificate. Made from the counts `exposition` just read."""
+        return generate_latest(_TenantNodes(self.node_counts, reaches))
+
 
 class _ReadAtScrape(Collector):
     def __init__(self, metrics: ServerMetrics) -> None:
@@ -214,20 +223,46 @@ class _ReadAtScrape(Collector):
             return
         family = GaugeMetricFamily(
             "oz0_nodes",
-            f"Nodes of the cluster by tenant and state, read at most every"
+            f"Nodes of the cluster by state (all tenants), read at most every"
             f" {NODE_COUNTS_MAX_AGE:g} s.",
-            labels=["tenant", "state"],
+            labels=["state"],
         )
-        # Every state of every tenant seen, zeros too, so a series never vanishes.
-        for tenant in sorted({tenant for tenant, _ in counts.counts}):
-            for state in nodes.STATES:
-                family.add_metric([tenant, state], counts.counts.get((tenant, state), 0))
+        by_state = collections.Counter[str]()
+        for (_, state), n in counts.counts.items():
+            by_state[state] += n
+        # Every state, zeros too, so a series never vanishes.
+        for state in nodes.STATES:
+            family.add_metric([state], by_state[state])
         yield family
         yield _gauge(
             "oz0_nodes_age_seconds",
             "How old the counts of oz0_nodes are.",
             trio.current_time() - counts.read_at,
         )
+
+
+class _TenantNodes(Collector):
+    """The node counts by tenant, of the tenants REACHES takes."""
+
+    def __init__(self, counts: NodeCounts, reaches: Callable[[str], bool]) -> None:
+        self._counts = counts
+        self._reaches = reaches
+
+    def collect(self) -> Iterable[Metric]:
+        counts = self._counts.counts
+        if self._counts.read_at is None:
+            return
+        family = GaugeMetricFamily(
+            "oz0_tenant_nodes",
+            "Nodes of each tenant by state, as oz0_nodes (shown to an operator certificate"
+            " only, for the tenants it reaches).",
+            labels=["tenant", "state"],
+        )
+        # Every state of every tenant seen, zeros too, so a series never vanishes.
+        for tenant in sorted({tenant for tenant, _ in counts if self._reaches(tenant)}):
+            for state in nodes.STATES:
+                family.add_metric([tenant, state], counts.get((tenant, state), 0))
+        yield family
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -24,7 +24,7 @@ class Migration:
 def load() -> list[Migration]:
     found = []
     for entry in resources.files("oz0.store").joinpath("migrations").iterdir():
-        match = _FILE_NAME.match(entry.name)
+        match = _FILE_NAME.fullmatch(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)

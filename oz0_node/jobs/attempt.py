@@ -84,7 +84,7 @@ class AttemptSpec:
         job_id, number = raw.get("job_id"), raw.get("attempt")
         command, env, timeout = raw.get("command"), raw.get("env") or {}, raw.get("timeout")
         # The job ID names a directory: nothing but the documented form gets that far.
-        if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
             raise _bad(f"job_id must be job- and 12 lowercase hex digits, not {job_id!r}")
         if not isinstance(number, int) or isinstance(number, bool) or number < 1:
             raise _bad(f"attempt must be a whole number from 1, not {number!r}")

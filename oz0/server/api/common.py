@@ -48,6 +48,13 @@ class ManagementState:
             self.operator_cache.attach(self.hub)
 
 
+API_PREFIX = "/api/"
+JSON = "application/json"
+# `Sec-Fetch-Site` values of requests a page of another site did not make: our own pages,
+# and what the user typed or bookmarked.
+ALLOWED_FETCH_SITES = frozenset({"same-origin", "none"})
+
+
 class ApiError(Exception):
     """Answered as `{"error": message}` with STATUS; the CLI prints the message."""
 
@@ -67,15 +74,26 @@ async def operator(state: ManagementState) -> access.Person:
     if der is None:
         raise ApiError(401, "an operator client certificate is required")
     identity = pki.identity_of_der(der)
-    if identity.role != pki.Role.OPERATOR or identity.cluster != state.cluster.name:
+    if not is_operator_of(state, identity):
         raise ApiError(403, "this certificate does not belong to an operator of this cluster")
-    person = await state.operator_cache.confirmed(
-        identity, lambda: state.db.transaction(lambda conn: operators.person_of(conn, identity))
-    )
+    person = await current_person(state, identity)
     if person is None:
         raise _unknown(identity)
     g.person = person
     return person
+
+
+def is_operator_of(state: ManagementState, identity: pki.Identity) -> bool:
+    """Whether IDENTITY is an operator's certificate of this cluster (current or not)."""
+    return identity.role == pki.Role.OPERATOR and identity.cluster == state.cluster.name
+
+
+async def current_person(state: ManagementState, identity: pki.Identity) -> access.Person | None:
+    """Who the operator certificate IDENTITY is, if it is its operator's current one (from
+    the cache, else the database); None if not."""
+    return await state.operator_cache.confirmed(
+        identity, lambda: state.db.transaction(lambda conn: operators.person_of(conn, identity))
+    )
 
 
 async def authorize(state: ManagementState) -> None:
@@ -84,6 +102,8 @@ async def authorize(state: ManagementState) -> None:
     are checked by their blueprint (oz0/web/routes.py), with a session for a certificate."""
     if request.routing_exception is not None:
         return  # 404 or 405: answered as such
+    if request.path.startswith(API_PREFIX):
+        refuse_cross_site()
     endpoint = request.endpoint or ""
     rule = access.rule_of(endpoint)
     if rule is None:
@@ -105,8 +125,37 @@ def _unknown(identity: pki.Identity) -> ApiError:
     )
 
 
+def refuse_cross_site() -> None:
+    """Refuse what a page of another site can make a browser send with the operator's
+    certificate (cross-site request forgery): a request its browser marks as cross-site
+    (`Sec-Fetch-Site`; the CLI and curl send none), and a change whose body is not declared
+    JSON. A browser sends `text/plain` or a form to another site without asking it first;
+    `Content-Type: application/json` it sends only after a CORS preflight, which this API
+    never allows."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ALLOWED_FETCH_SITES:
+        raise ApiError(403, f"a request from another site ({site}) is refused")
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return
+    if request.method == "POST" or _has_body():
+        _require_json()
+
+
+def _has_body() -> bool:
+    return request.content_length not in (None, 0) or "Transfer-Encoding" in request.headers
+
+
+def _require_json() -> None:
+    if request.mimetype != JSON:
+        sent = request.mimetype or "none"
+        raise ApiError(415, f"send the request body as JSON (Content-Type: {JSON}, not {sent})")
+
+
 async def json_object() -> dict[str, Any]:
-    body: Any = await request.get_json(force=True, silent=True)
+    # Checked before every request already (refuse_cross_site), and again here for what
+    # reads a body: nothing else is parsed as JSON.
+    _require_json()
+    body: Any = await request.get_json(silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
