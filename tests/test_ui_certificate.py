@@ -3,6 +3,8 @@ from the cluster's web UI CA, whose critical name constraints hold it to the clu
 names, or the organisation's own (`--ui-cert/--ui-key`); the CLI, naming `API_SERVER_NAME`,
 keeps the cluster-CA certificate it pins. A real server on 127.0.0.160; .161 is a rogue
 TLS server holding a certificate the UI CA issued for a name outside its constraints.
+Chromium trusts the UI CA the honest way: in the NSS database of its home directory
+(`certutil`), as an operator's browser would after importing it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import trio
+import trio.testing
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -29,6 +33,7 @@ from playwright import sync_api as playwright
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.web_events import curl
 from oz0 import cluster, pki
+from oz0.server.certificates import RENEW_EVERY, ServerCertificates
 from oz0_common.certs import API_SERVER_NAME
 from tests.conftest import CliRunner
 from tests.web_support import CHROMIUM
@@ -343,3 +348,55 @@ def test_a_bad_ui_certificate_or_key_stops_the_start_with_one_line(
     key.chmod(0o600)
     assert "holds no PEM certificate" in refused("--ui-cert", str(key), "--ui-key", str(key))
     assert "not found" in refused("--ui-cert", str(chain), "--ui-key", str(tmp_path / "none"))
+
+
+async def handshake(
+    ctx: ssl.SSLContext, ca_pem: bytes, server_name: str | None
+) -> x509.Certificate:
+    """The certificate a server with CTX presents to a client naming SERVER_NAME (None: no
+    name, as for an IP address) and trusting CA_PEM, over an in-memory stream."""
+    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    client_ctx.check_hostname = False
+    left, right = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(left, client_ctx, server_hostname=server_name)
+    server = trio.SSLStream(right, ctx, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+async def test_the_management_context_serves_the_ui_certificate_by_default_renewed_daily(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    names = (ADVERTISE, UI_NAME)
+    held = cluster.Cluster(
+        name="c", history_shards=4, cluster_ca=pki.new_ca("c", "cluster"),
+        internode_ca=pki.new_ca("c", "internode"), ui_ca=pki.new_ui_ca("c", names),
+    )  # fmt: skip
+    assert held.ui_ca is not None
+    certs = ServerCertificates(held, "server-1", sans=(*names, "elsewhere.example"))
+    ctx = certs.management_context(tickets=1)
+    ui = await handshake(ctx, held.ui_ca_pem, None)
+    ui.verify_directly_issued_by(held.ui_ca.cert)
+    # Only the names the UI CA permits: a browser refuses a certificate naming any other.
+    sans = ui.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [UI_NAME]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [ADVERTISE]
+    assert await handshake(ctx, held.ui_ca_pem, "elsewhere.example") == ui
+    api = await handshake(ctx, held.ca_pem, API_SERVER_NAME)
+    api.verify_directly_issued_by(held.cluster_ca.cert)
+    assert pki.identity_of(api).role == "server"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(certs.renew_forever)
+        await trio.sleep(RENEW_EVERY + 1)
+        renewed = await handshake(ctx, held.ui_ca_pem, None)
+        assert renewed.serial_number != ui.serial_number
+        renewed.verify_directly_issued_by(held.ui_ca.cert)
+        assert (await handshake(ctx, held.ca_pem, API_SERVER_NAME)).serial_number != (
+            api.serial_number
+        )
+        nursery.cancel_scope.cancel()
