@@ -164,6 +164,23 @@ def test_a_certificate_the_ui_ca_issues_for_another_name_fails_verification(
         assert "permitted subtree violation" in refused.stdout + refused.stderr, names
 
 
+@pytest.mark.slow
+def test_a_server_the_ui_ca_is_not_good_for_warns_and_its_ui_certificate_leaves_that_name_out(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    start_server(cluster_files, ADVERTISE)
+    # The UI CA was made by the first server: the second's address is not among its names.
+    second = start_server(cluster_files, ROGUE, "--san", UI_NAME)
+    ui_ca_pem = served_ui_ca(ROGUE)
+    assert served_ui_ca(ADVERTISE) == ui_ca_pem
+    log = second.own_log()
+    assert f"the web UI CA of cluster test is not good for {ROGUE}, {UI_NAME}" in log, log
+    with pytest.raises(ssl.SSLCertVerificationError, match="IP address mismatch"):
+        browser_handshake(ROGUE, ui_ca_pem)
+    leaf = x509.load_der_x509_certificate(browser_handshake(ADVERTISE, ui_ca_pem))
+    assert leaf.issuer == x509.load_pem_x509_certificate(ui_ca_pem).subject
+
+
 @contextmanager
 def rogue_server(certs: dict[str, tuple[bytes, bytes]]) -> Iterator[None]:
     """A TLS server on ROGUE:8443 answering 200 with the certificate and key CERTS names
