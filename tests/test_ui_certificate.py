@@ -329,7 +329,10 @@ def test_the_organisations_certificate_is_served_to_browsers_and_the_cli_keeps_w
     tmp_path: Path,
 ) -> None:
     chain, key, org_ca = organisation_pair(tmp_path, "ui.org.example", ADVERTISE)
-    start_server(cluster_files, ADVERTISE, "--ui-cert", str(chain), "--ui-key", str(key))
+    server = start_server(cluster_files, ADVERTISE, "--ui-cert", str(chain), "--ui-key", str(key))
+    assert f"organisation's certificate for ui.org.example, {ADVERTISE}, valid until" in (
+        server.own_log()
+    )
     served = x509.load_der_x509_certificate(browser_handshake(ADVERTISE, org_ca))
     assert served == x509.load_pem_x509_certificate(chain.read_bytes())
     assert browser_handshake(ADVERTISE, org_ca, "ui.org.example") == served.public_bytes(

@@ -47,6 +47,13 @@ class ServerCertificates:
     on_renew: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.ui_pair is not None:
+            # Read once, at start: the log says until when it serves.
+            log.info(
+                "serving browsers the organisation's certificate for %s, valid until %s",
+                ", ".join(self.ui_pair.names),
+                f"{self.ui_pair.not_after:%Y-%m-%d %H:%M} UTC",
+            )
         ui_ca = self.cluster.ui_ca
         if self.ui_pair is None and ui_ca is not None:
             inside, outside = pki.permitted_names(ui_ca.cert, self.sans)
