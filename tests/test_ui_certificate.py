@@ -31,6 +31,7 @@ from cryptography.x509.oid import NameOID
 from playwright import sync_api as playwright
 
 from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.tls import assert_refused_at_tls
 from fixtures.web_events import curl
 from oz0 import cluster, pki
 from oz0.server.certificates import RENEW_EVERY, ServerCertificates
@@ -137,7 +138,7 @@ def test_a_browser_gets_the_ui_chain_whose_ca_is_constrained_to_the_cluster_name
     assert pinned.returncode == 0 and pinned.stdout.encode() == ui_ca_pem, pinned.stderr
 
 
-def test_a_certificate_the_ui_ca_issues_for_another_name_fails_verification(
+def test_the_ui_ca_is_good_for_no_other_name_and_signs_no_operator_the_api_takes(
     cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
     start_server(cluster_files, ADVERTISE)
@@ -162,6 +163,22 @@ def test_a_certificate_the_ui_ca_issues_for_another_name_fails_verification(
         refused = verify(*names)
         assert refused.returncode != 0, names
         assert "permitted subtree violation" in refused.stdout + refused.stderr, names
+
+    # Nor is its key good for anything but web UI certificates: an operator certificate it
+    # signs is refused by the API, which trusts the cluster CA alone.
+    forged = held.ui_ca.issue(
+        key.public_key(), name="admin", role=pki.Role.OPERATOR,
+        validity=dt.timedelta(days=1), client=True,
+    )  # fmt: skip
+    cert_file = write(tmp_path / "forged.crt", pki.cert_to_pem(forged))
+    key_file = write(tmp_path / "forged.key", pki.key_to_pem(key), 0o600)
+    ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
+    ctx.check_hostname = False
+    ctx.load_cert_chain(str(cert_file), str(key_file))
+    assert_refused_at_tls(ADVERTISE, 8443, ctx, "/api/v1/cluster", API_SERVER_NAME)
+    ctx = ssl.create_default_context(cadata=held.ui_ca_pem.decode())
+    ctx.load_cert_chain(str(cert_file), str(key_file))
+    assert_refused_at_tls(ADVERTISE, 8443, ctx, "/api/v1/cluster", ADVERTISE)
 
 
 @pytest.mark.slow
