@@ -7,6 +7,7 @@ import json
 import subprocess
 from typing import Any
 
+from fixtures.tls import as_our_client
 from oz0.context import Context
 
 
@@ -32,7 +33,7 @@ def parallel_posts(
         command.append("--fail")
     for url in urls:
         # One -o per URL: curl pairs them in order.
-        command += ["-o", "/dev/null", url]
+        command += ["-o", "/dev/null", *as_our_client(url)]
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=max_time + 30, check=fail
     )

@@ -277,8 +277,17 @@ def servers_of(cluster: Any) -> tuple[str, ...]:
     return tuple(found)
 
 
+def connection(
+    host: str, port: int, context: ssl.SSLContext, *, timeout: float
+) -> http.client.HTTPSConnection:
+    """An HTTPS connection to a server's management API as the CLI makes them (for scripts
+    and tests with an SSL context of their own)."""
+    return _Connection(host, port, context, timeout=timeout, session=None)
+
+
 class _Connection(http.client.HTTPSConnection):
-    """An HTTPS connection that offers a TLS session to resume (http.client has no way)."""
+    """An HTTPS connection that offers a TLS session to resume (http.client has no way) and
+    sends the server name of our own clients."""
 
     def __init__(
         self,
@@ -295,8 +304,10 @@ class _Connection(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)
+        # The name that gets the server's cluster-CA certificate, not the web UI's
+        # (oz0/server/tls.py); the host name is not checked anyway (see ApiClient).
         self.sock = self._tls.wrap_socket(
-            self.sock, server_hostname=self.host, session=self._session
+            self.sock, server_hostname=certs.API_SERVER_NAME, session=self._session
         )
 
 

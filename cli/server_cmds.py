@@ -26,6 +26,7 @@ from oz0.server_defaults import RECONCILE_EVERY
 
 if TYPE_CHECKING:
     from oz0.server import start as server_start
+    from oz0.server import tls
     from oz0.store.dburl import DatabaseUrl
 
 app = App(name="server", help_format="markdown")  # help: cli/main.py
@@ -142,6 +143,8 @@ def start(
     data_dir: DataDir = None,
     reconcile_every: float = RECONCILE_EVERY,
     max_pending_nodes: int = MAX_PENDING,
+    ui_cert: Path | None = None,
+    ui_key: Path | None = None,
     verbose: VerboseFlag = False,
 ) -> int:
     """Run this server's roles (management 8443, edge 7443) until SIGINT or SIGTERM.
@@ -162,6 +165,11 @@ def start(
     max_pending_nodes
         Nodes that may wait for an operator at once, cluster-wide; tokenless joins beyond
         it are refused (1 to 1000000; give every server the same).
+    ui_cert
+        Your organisation's certificate for the web UI (PEM, the server's first, then its
+        chain), served to browsers instead of one from the cluster's web UI CA.
+    ui_key
+        The key of --ui-cert (PEM, unencrypted, mode 0600).
     """
     import trio
 
@@ -173,6 +181,7 @@ def start(
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     if not 1 <= max_pending_nodes <= 1_000_000:
         raise Oz0Error(f"--max-pending-nodes must be 1 to 1000000, not {max_pending_nodes}")
+    pair = server_start.ui_pair(ui_cert, ui_key)
     if dev:
         if data_dir is None:
             raise Oz0Error("--dev needs --data-dir DIR")
@@ -183,6 +192,7 @@ def start(
             listen,
             reconcile_every,
             max_pending_nodes,
+            pair,
             verbose=verbose,
         )
     logs.configure(verbose=verbose)
@@ -196,6 +206,7 @@ def start(
         listen=listen,
         reconcile_every=reconcile_every,
         max_pending_nodes=max_pending_nodes,
+        ui_pair=pair,
     )
     cluster = server_start.prepare(options)
     trio.run(server_start.run_until_signalled, options, cluster, _print_started)
@@ -209,6 +220,7 @@ def _start_dev(
     listen: str | None,
     reconcile_every: float,
     max_pending_nodes: int,
+    ui_pair: tls.UiPair | None,
     *,
     verbose: bool,
 ) -> int:
@@ -249,6 +261,7 @@ def _start_dev(
             visibility_sqlite=devmode.visibility_sqlite(data_dir),
             reconcile_every=reconcile_every,
             max_pending_nodes=max_pending_nodes,
+            ui_pair=ui_pair,
         )
         cluster = server_start.prepare(options)
 

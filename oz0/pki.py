@@ -82,6 +82,7 @@ class Sealed(enum.StrEnum):
 
     CLUSTER_CA_KEY = "cluster-ca-key"
     INTERNODE_CA_KEY = "internode-ca-key"
+    UI_CA_KEY = "ui-ca-key"
 
 
 def _associated_data(cluster_name: str, what: Sealed) -> bytes:
@@ -253,12 +254,22 @@ class CertificateAuthority:
         return seal(master_key, key_to_pem(self.key), self.cluster, what)
 
 
-def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> CertificateAuthority:
-    """A self-signed ECDSA P-256 CA; PURPOSE is `cluster` or `internode`."""
+def new_ca(
+    cluster: str,
+    purpose: str,
+    now: dt.datetime | None = None,
+    *,
+    name_constraints: x509.NameConstraints | None = None,
+) -> CertificateAuthority:
+    """A self-signed ECDSA P-256 CA; PURPOSE is `cluster`, `internode` or `ui`.
+
+    NAME_CONSTRAINTS, if given, go in as a critical extension: whoever trusts the CA trusts
+    it only for those names (RFC 5280 4.2.1.10; browsers and OpenSSL enforce them on a
+    trust anchor too)."""
     now = now or utcnow()
     key = new_private_key()
     subject = _name(f"{cluster} {purpose} CA", f"{purpose}-ca", cluster)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
@@ -282,9 +293,77 @@ def new_ca(cluster: str, purpose: str, now: dt.datetime | None = None) -> Certif
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
     )
-    return CertificateAuthority(cert=cert, key=key)
+    if name_constraints is not None:
+        builder = builder.add_extension(name_constraints, critical=True)
+    return CertificateAuthority(cert=builder.sign(key, hashes.SHA256()), key=key)
+
+
+# --- the web UI's CA -------------------------------------------------------------------------
+
+# A name of each kind that nothing can ever be (RFC 6761 reserves `invalid`; 0.0.0.0 is no
+# host's address). RFC 5280 leaves a kind of name that no permitted subtree mentions
+# unconstrained: a UI CA permitting only IP addresses would still be good for any DNS name.
+# Permitting one of these makes each kind constrained even when the cluster has no name of it.
+_NO_DNS_NAME = "invalid"
+_NO_IP_ADDRESS = ipaddress.ip_network("0.0.0.0/32")
+
+
+def ui_name_constraints(names: Iterable[str]) -> x509.NameConstraints:
+    """Name constraints permitting exactly NAMES (IP addresses, each alone; DNS names, each
+    with its subdomains, as RFC 5280 has it) and nothing else of either kind."""
+    dns: list[x509.GeneralName] = []
+    ips: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            dns.append(x509.DNSName(name.lower()))
+        else:
+            ips.append(x509.IPAddress(ipaddress.ip_network(address)))
+    return x509.NameConstraints(
+        permitted_subtrees=(dns or [x509.DNSName(_NO_DNS_NAME)])
+        + (ips or [x509.IPAddress(_NO_IP_ADDRESS)]),
+        excluded_subtrees=None,
+    )
+
+
+def new_ui_ca(
+    cluster: str, names: Iterable[str], now: dt.datetime | None = None
+) -> CertificateAuthority:
+    """The CA of the web UI's certificates, the one browsers are asked to trust: good only for
+    NAMES (the cluster's advertised addresses and names), so that whoever holds its key (or
+    the master key) cannot impersonate any other site to them."""
+    return new_ca(cluster, "ui", now, name_constraints=ui_name_constraints(names))
+
+
+def permitted_names(ca: x509.Certificate, names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """NAMES split into those CA's name constraints permit and those they do not."""
+    try:
+        constraints = ca.extensions.get_extension_for_class(x509.NameConstraints).value
+    except x509.ExtensionNotFound:
+        return list(dict.fromkeys(names)), []
+    dns = [
+        n.value.lower() for n in constraints.permitted_subtrees or () if isinstance(n, x509.DNSName)
+    ]
+    networks = [
+        n.value
+        for n in constraints.permitted_subtrees or ()
+        if isinstance(n, x509.IPAddress)
+        and isinstance(n.value, ipaddress.IPv4Network | ipaddress.IPv6Network)
+    ]
+    inside: list[str] = []
+    outside: list[str] = []
+    for name in dict.fromkeys(names):
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            lowered = name.lower()
+            ok = any(lowered == d or lowered.endswith("." + d) for d in dns)
+        else:
+            ok = any(address.version == n.version and address in n for n in networks)
+        (inside if ok else outside).append(name)
+    return inside, outside
 
 
 def load_ca(

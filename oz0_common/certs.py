@@ -26,6 +26,10 @@ from oz0_common.errors import Oz0Error
 BACKDATE = dt.timedelta(minutes=5)
 # A node renews its certificate once this share of its validity has passed.
 NODE_RENEW_AT = 2 / 3
+# The server name (SNI) our own clients send to a server's management port (8443): the
+# server answers it with its cluster-CA certificate, every other name (or none, as a
+# browser sends for an IP address) with the web UI's (oz0/server/tls.py says why).
+API_SERVER_NAME = "api.oz0.invalid"
 
 
 class Role(enum.StrEnum):

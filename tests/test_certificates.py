@@ -9,6 +9,7 @@ from cryptography import x509
 from oz0 import pki
 from oz0.cluster import Cluster
 from oz0.server.certificates import RENEW_EVERY, ServerCertificates
+from oz0_common.certs import API_SERVER_NAME
 
 
 def in_memory_cluster() -> Cluster:
@@ -45,7 +46,8 @@ async def test_certificates_are_renewed_daily_in_the_live_tls_context(
     identity = pki.identity_of(first)
     assert (identity.role, identity.name) == ("server", "server-1")
     sans = first.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == ["edge.example.com"]
+    # The last: the name our clients send on 8443 (oz0/server/tls.py).
+    assert sans.get_values_for_type(x509.DNSName) == ["edge.example.com", API_SERVER_NAME]
     internode = pki.cert_from_pem(certs.internode_cert_pem)
     internode.verify_directly_issued_by(cluster.internode_ca.cert)
 

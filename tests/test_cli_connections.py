@@ -16,6 +16,7 @@ from cli import client as client_module
 from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0.context import Context
+from oz0_common.certs import API_SERVER_NAME
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.222"
@@ -61,11 +62,11 @@ def test_one_connection_serves_a_command_s_requests_and_a_new_one_resumes_tls(
     api.close()
 
 
-def session_tickets(address: str, ca: Path, request: bytes) -> int:
-    """How many TLS session tickets `openssl s_client` receives from ADDRESS when it
-    sends REQUEST (to which the listener answers and closes)."""
+def session_tickets(address: str, ca: Path, request: bytes, *options: str) -> int:
+    """How many TLS session tickets `openssl s_client` (given OPTIONS) receives from ADDRESS
+    when it sends REQUEST (to which the listener answers and closes)."""
     done = subprocess.run(
-        ["openssl", "s_client", "-connect", address, "-CAfile", str(ca), "-ign_eof"],
+        ["openssl", "s_client", "-connect", address, "-CAfile", str(ca), "-ign_eof", *options],
         input=request,
         capture_output=True,
         timeout=30,
@@ -83,5 +84,6 @@ def test_the_api_gives_one_session_ticket_and_the_edge_none(
     start_server(cluster_files, SERVER)
     ca = Context.load(cluster_files.context_path).ca_path
     get = b"GET /healthz HTTP/1.0\r\n\r\n"
-    assert session_tickets(f"{SERVER}:8443", ca, get) == 1
+    # As the CLI does, by the name that gets the cluster-CA certificate.
+    assert session_tickets(f"{SERVER}:8443", ca, get, "-servername", API_SERVER_NAME) == 1
     assert session_tickets(f"{SERVER}:7443", ca, get) == 0

@@ -14,7 +14,7 @@ import trio
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
-from fixtures.tls import assert_refused_at_tls
+from fixtures.tls import as_our_client, assert_refused_at_tls
 from oz0 import pki
 from tests.conftest import CliRunner
 
@@ -264,7 +264,7 @@ def api_get(files: ClusterFiles, path: str) -> Any:
             "--cacert", str(context / "ca.crt"),
             "--cert", str(context / "operator.crt"),
             "--key", str(context / "operator.key"),
-            f"https://127.0.0.11:8443{path}",
+            *as_our_client(f"https://127.0.0.11:8443{path}"),
         ],
         capture_output=True, text=True, check=True, timeout=15,
     )  # fmt: skip

@@ -4,7 +4,6 @@ error or traceback and its memory stays bounded."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import ssl
 import time
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from cli import client
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import NodeKeys
@@ -185,7 +185,7 @@ def operator_context(files: ClusterFiles, *, with_certificate: bool) -> ssl.SSLC
 
 
 def api_call(ctx: ssl.SSLContext, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-    conn = http.client.HTTPSConnection(SERVER, 8443, context=ctx, timeout=15)
+    conn = client.connection(SERVER, 8443, ctx, timeout=15)
     try:
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
         answer = conn.getresponse()

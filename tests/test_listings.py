@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import http.client
 import json
 import secrets
 import ssl
@@ -16,6 +15,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from cli import client
 from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, Served
 from oz0 import audit, listing, nodes, tenants
@@ -71,7 +71,7 @@ def get(files: ClusterFiles, path: str, query: dict[str, str]) -> tuple[int, Any
     tls = ssl.create_default_context(cafile=str(ctx.ca_path))
     tls.check_hostname = False
     tls.load_cert_chain(str(ctx.cert_path), str(ctx.key_path))
-    https = http.client.HTTPSConnection(ADDRESS, 8443, context=tls, timeout=10)
+    https = client.connection(ADDRESS, 8443, tls, timeout=10)
     try:
         https.request("GET", f"{path}?{urllib.parse.urlencode(query)}")
         answer = https.getresponse()

@@ -21,6 +21,7 @@ from fixtures.tls import assert_refused_at_tls
 from oz0 import cluster, operators, pki
 from oz0.audit import Actor
 from oz0.context import Context
+from oz0_common.certs import API_SERVER_NAME
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -325,7 +326,7 @@ def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
     raw_ctx = ssl.create_default_context(cafile=str(expired.ca_path))
     raw_ctx.check_hostname = False
     raw_ctx.load_cert_chain(str(expired.cert_path), str(expired.key_path))
-    assert_refused_at_tls("127.0.0.11", 8443, raw_ctx, "/api/v1/cluster")
+    assert_refused_at_tls("127.0.0.11", 8443, raw_ctx, "/api/v1/cluster", API_SERVER_NAME)
 
 
 def test_a_certificate_close_to_expiry_warns_but_works(
@@ -360,14 +361,15 @@ def test_audit_list_filters_and_limits(
     start_server(cluster_files, "127.0.0.11")
     everything = cli("audit", "list", "--json", env=cluster_env).json()
     assert [r["action"] for r in everything] == [
-        "ui_account.create", "operator.issue", "tenant.create", "cluster.init",
+        "cluster.ui_ca.create", "ui_account.create", "operator.issue", "tenant.create",
+        "cluster.init",
     ]  # fmt: skip
     for row in everything:
         assert set(row) == {"id", "time", "actor", "action", "target", "details"}
     only = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
     assert [r["target"] for r in only] == ["tenant:default"]
     target = cli("audit", "list", "--target", "cluster:test", "--json", env=cluster_env).json()
-    assert [r["action"] for r in target] == ["cluster.init"]
+    assert [r["action"] for r in target] == ["cluster.ui_ca.create", "cluster.init"]
     assert len(cli("audit", "list", "--limit", "2", "--json", env=cluster_env).json()) == 2
     table = cli("audit", "list", env=cluster_env)
     assert table.out.splitlines()[0].split() == ["TIME", "ACTOR", "ACTION", "TARGET", "DETAILS"]

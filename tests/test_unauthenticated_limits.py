@@ -20,6 +20,7 @@ from fixtures import edge_client, metrics, strangers
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
+from fixtures.tls import as_our_client
 from oz0.server.admission import MAX_PER_ADDRESS
 from tests.conftest import CliRunner, create_token
 
@@ -219,7 +220,7 @@ def curl_post(files: ClusterFiles, path: str, body: str) -> tuple[int, Any]:
             "--key", str(context / "operator.key"),
             "--header", "Content-Type: application/json", "--data-binary", "@-",
             "--write-out", "\n%{http_code}",
-            f"https://{SERVER}:{MANAGEMENT_PORT}{path}",
+            *as_our_client(f"https://{SERVER}:{MANAGEMENT_PORT}{path}"),
         ],
         input=body, capture_output=True, text=True, check=True, timeout=15,
     )  # fmt: skip

@@ -310,6 +310,9 @@ func postsTLSConfig(roots *x509.CertPool, cert *tls.Certificate, serverName stri
 		CurvePreferences:       []tls.CurveID{tls.X25519},
 		ClientSessionCache:     nil,
 		SessionTicketsDisabled: true,
+		// The server name our clients send on 8443: the server answers it with its
+		// cluster-CA certificate, any other (or none) with the web UI's (oz0/server/tls.py).
+		ServerName: "api.oz0.invalid",
 		// Verified below, with the host name, once per certificate.
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {

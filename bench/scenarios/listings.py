@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import http.client
 import json
 import ssl
 import time
@@ -36,6 +35,7 @@ import psycopg
 from bench import listings_data
 from bench.measure import cpu_seconds, percentiles
 from bench.runner import Bench, Scenario, log
+from cli import client as api_client
 from cli.client import ApiClient
 from oz0 import nodes
 from oz0.context import Context
@@ -68,7 +68,7 @@ class KeptAlive:
         tls = ssl.create_default_context(cafile=str(context.ca_path))
         tls.check_hostname = False
         tls.load_cert_chain(str(context.cert_path), str(context.key_path))
-        self._https = http.client.HTTPSConnection(ADDRESS, 8443, context=tls, timeout=30)
+        self._https = api_client.connection(ADDRESS, 8443, tls, timeout=30)
 
     def get(self, path: str, query: dict[str, Any]) -> Any:
         given = {k: v for k, v in query.items() if v is not None}

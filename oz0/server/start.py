@@ -19,7 +19,7 @@ from oz0 import membership, nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
-from oz0.server import edge, gc_tuning, loop_lag, management
+from oz0.server import edge, gc_tuning, loop_lag, management, tls
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
@@ -59,6 +59,8 @@ class StartOptions:
     listen_default: str = "0.0.0.0"
     # Dev mode's embedded PostgreSQL cannot hold Temporal's visibility schema.
     visibility_sqlite: Path | None = None
+    # The organisation's certificate for the web UI (`--ui-cert/--ui-key`), else the UI CA's.
+    ui_pair: tls.UiPair | None = None
 
     @property
     def listen_host(self) -> str:
@@ -87,6 +89,15 @@ def check_advertise(advertise: str) -> str:
         ) from None
 
 
+def ui_pair(cert: Path | None, key: Path | None) -> tls.UiPair | None:
+    """The organisation's web UI certificate and key, read and checked; None without them."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise Oz0Error("--ui-cert and --ui-key go together: give both, or neither")
+    return tls.read_ui_pair(cert, key)
+
+
 def prepare(options: StartOptions) -> Cluster:
     """Read the master key and unseal the cluster; raise before anything is written."""
     check_advertise(options.advertise)
@@ -98,6 +109,11 @@ def prepare(options: StartOptions) -> Cluster:
         migrations.check_current(conn)
         # Committed when the connection closes; a wrong master key raises before any write.
         cluster_mod.reseal_legacy(conn, master_key)
+        # Loaded first: a wrong master key must not seal a new UI CA's key.
+        cluster = cluster_mod.load(conn, master_key)
+        if cluster.ui_ca is not None:
+            return cluster
+        cluster_mod.ensure_ui_ca(conn, master_key, (options.advertise, *options.sans))
         return cluster_mod.load(conn, master_key)
 
 
@@ -108,7 +124,9 @@ async def run_server(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     server_id = "server-" + secrets.token_hex(6)
-    certs = ServerCertificates(cluster, server_id, sans=(options.advertise, *options.sans))
+    certs = ServerCertificates(
+        cluster, server_id, sans=(options.advertise, *options.sans), ui_pair=options.ui_pair
+    )
     host = options.listen_host
     advertised = _url_host(options.advertise)
     conninfo = options.url.for_database(options.url.names.main)
@@ -155,7 +173,7 @@ async def run_server(
             kick_jobs=jobs.kick,
             hub=hub,
         )
-        management_tls = certs.server_context(ssl.CERT_OPTIONAL, tickets=management.TLS_TICKETS)
+        management_tls = certs.management_context(tickets=management.TLS_TICKETS)
         served = await nursery.start(management.run, state, management_tls, host)
         streaming = await nursery.start(
             partial(

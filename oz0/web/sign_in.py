@@ -19,12 +19,15 @@ def add(web: Blueprint, pages: Pages) -> None:
 
     @web.get("/ca.pem")
     async def ca_certificate() -> Page:
-        # The CA's certificate is public: browsers and scripts fetch it to trust the cluster.
+        # The web UI CA's certificate, public: the one a browser is asked to trust. Not the
+        # cluster CA: its name constraints hold it to the cluster's own names, so trusting
+        # it cannot let its key (or the master key) impersonate another site to the browser.
+        # The CLI pins the cluster CA from its context, never from here.
         return Response(
-            state.cluster.ca_pem,
+            state.cluster.ui_ca_pem,
             mimetype="application/x-pem-file",
             headers={
-                "Content-Disposition": f'attachment; filename="{state.cluster.name}-ca.pem"',
+                "Content-Disposition": f'attachment; filename="{state.cluster.name}-ui-ca.pem"',
                 "Cache-Control": "public, max-age=3600",
             },
         )
