@@ -23,6 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from cli import client
 from oz0.context import Context, check_address, config_home
 from oz0.errors import Oz0Error
 from oz0_common import certs
@@ -180,9 +181,9 @@ def _call(
     cluster: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     host, _, port = server.rpartition(":")
-    conn = http.client.HTTPSConnection(
-        host.strip("[]"), int(port), context=context, timeout=TIMEOUT
-    )
+    # As the CLI connects: naming our clients' server name, which gets the server's
+    # cluster-CA certificate rather than the web UI's.
+    conn = client.connection(host.strip("[]"), int(port), context, timeout=TIMEOUT)
     try:
         conn.connect()
         if cluster is not None:

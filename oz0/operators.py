@@ -119,6 +119,11 @@ def is_current(conn: psycopg.Connection[Any], identity: pki.Identity) -> bool:
     return row is not None
 
 
+def is_known(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Whether the cluster has an operator NAME (whatever its certificate)."""
+    return conn.execute("SELECT 1 FROM operators WHERE name = %s", (name,)).fetchone() is not None
+
+
 def person_of(conn: psycopg.Connection[Any], identity: pki.Identity) -> access.Person | None:
     """The operator IDENTITY is, with its role and tenants, if it holds its current
     certificate (by the rule of `is_current`); None otherwise. Notes when it was last used

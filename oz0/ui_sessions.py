@@ -281,19 +281,22 @@ def current(
     return Session(row[0], row[1], row[2], access.Role(row[3]), frozenset(row[4]))
 
 
-def open_among(conn: psycopg.Connection[Any], tokens: Collection[str]) -> set[str]:
+def open_among(
+    conn: psycopg.Connection[Any], tokens: Collection[str]
+) -> dict[str, tuple[access.Role, frozenset[str]]]:
     """Which of TOKENS name a session that has not ended (signed out, expired, or its
-    operator removed), in one query; none of them is touched."""
+    operator removed), each with its operator's role and tenants now, in one query; none
+    of them is touched."""
     wanted = {_digest(t): t for t in tokens if t and len(t) <= 100}
     if not wanted:
-        return set()
+        return {}
     rows = conn.execute(
-        "SELECT s.token_sha256 FROM ui_sessions s JOIN operators o ON o.name = s.username"
-        " WHERE s.token_sha256 = ANY(%(t)s)"
+        "SELECT s.token_sha256, o.role, o.tenants FROM ui_sessions s"
+        " JOIN operators o ON o.name = s.username WHERE s.token_sha256 = ANY(%(t)s)"
         " AND s.last_seen > now() - %(idle)s AND s.created_at > now() - %(absolute)s",
         {"t": list(wanted), "idle": IDLE, "absolute": ABSOLUTE},
     ).fetchall()
-    return {wanted[r[0]] for r in rows}
+    return {wanted[r[0]]: (access.Role(r[1]), frozenset(r[2])) for r in rows}
 
 
 def count_open(conn: psycopg.Connection[Any], username: str) -> int:

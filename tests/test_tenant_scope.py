@@ -24,6 +24,7 @@ import psycopg
 import pytest
 import trio
 
+from cli import client
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, Served, cli_command
 from oz0 import listing, passwords
@@ -56,7 +57,7 @@ def api(env: dict[str, str], method: str, path: str, body: Any = None) -> tuple[
     tls = ssl.create_default_context(cafile=str(ctx.ca_path))
     tls.check_hostname = False
     tls.load_cert_chain(str(ctx.cert_path), str(ctx.key_path))
-    https = http.client.HTTPSConnection(ADDRESS, 8443, context=tls, timeout=10)
+    https = client.connection(ADDRESS, 8443, tls, timeout=10)
     try:
         data = None if body is None else json.dumps(body)
         headers = {} if body is None else {"Content-Type": "application/json"}
@@ -345,7 +346,9 @@ def _https(files: ClusterFiles) -> http.client.HTTPSConnection:
     ctx = Context.load(files.context_path)
     tls = ssl.create_default_context(cafile=str(ctx.ca_path))
     tls.check_hostname = False
-    return http.client.HTTPSConnection(ADDRESS, 8443, context=tls, timeout=10)
+    # The cluster CA's certificate, as our clients ask for it (browsers get the web UI's,
+    # tests/test_ui_certificate.py): the pages are the same whichever a client gets.
+    return client.connection(ADDRESS, 8443, tls, timeout=10)
 
 
 def sign_in(files: ClusterFiles, name: str, password: str) -> str:

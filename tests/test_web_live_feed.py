@@ -12,13 +12,15 @@ import pytest
 
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
-from oz0 import nodes
+from oz0 import access, nodes
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
 from oz0.web import live
 from oz0.web.live import Feed, Stream
 
 SERVER = "server-live-feed"
+# The rights a stream was opened with (those of a cluster-wide viewer).
+VIEWER = (access.Role.VIEWER, frozenset[str]())
 
 
 def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
@@ -31,7 +33,10 @@ def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
 @pytest.mark.parametrize("channel", [NODES, NODE_LINKS])
 def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> None:
     a = nodes.new_node_id()
-    watching, elsewhere = Stream(frozenset({a}), False, "t1"), Stream(frozenset(), False, "t2")
+    watching, elsewhere = (
+        Stream(frozenset({a}), False, "t1", VIEWER),
+        Stream(frozenset(), False, "t2", VIEWER),
+    )
     hub, _ = feed_with(watching, elsewhere)
     hub._dispatch(Notification(channel, a))
     assert watching.woken.is_set() and not watching.others_changed
@@ -40,7 +45,10 @@ def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> No
 
 def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     shown, other = nodes.new_node_id(), nodes.new_node_id()
-    a_list, a_page = Stream(frozenset({shown}), True, "t1"), Stream(frozenset({shown}), False, "t2")
+    a_list, a_page = (
+        Stream(frozenset({shown}), True, "t1", VIEWER),
+        Stream(frozenset({shown}), False, "t2", VIEWER),
+    )
     hub, _ = feed_with(a_list, a_page)
     hub._dispatch(Notification(OPERATORS, other))
     assert not a_list.woken.is_set()  # not about nodes
@@ -58,7 +66,7 @@ async def events() -> AsyncGenerator[bytes, None]:
 
 async def test_a_stream_holds_its_slot_only_from_its_first_event_to_its_end() -> None:
     feed = Feed()
-    stream = Stream(frozenset(), False, "a session")
+    stream = Stream(frozenset(), False, "a session", VIEWER)
     held = feed.held(stream, events())
     # The response made, its body not begun (a client gone before then): no slot taken.
     assert feed.streams == set()
@@ -74,14 +82,14 @@ async def test_a_stream_holds_its_slot_only_from_its_first_event_to_its_end() ->
 
 async def test_a_session_holds_at_most_its_share_of_the_streams() -> None:
     feed = Feed()
-    mine = [Stream(frozenset(), False, "mine") for _ in range(live.MAX_STREAMS_PER_SESSION)]
+    mine = [Stream(frozenset(), False, "mine", VIEWER) for _ in range(live.MAX_STREAMS_PER_SESSION)]
     opened = [feed.held(s, events()) for s in mine]
     for held in opened:
         await anext(held)
     assert feed.full_for("mine") is not None
     assert feed.full_for("another") is None
     # One let in before the others took the last slot ends at once, holding none.
-    late = feed.held(Stream(frozenset(), False, "mine"), events())
+    late = feed.held(Stream(frozenset(), False, "mine", VIEWER), events())
     assert [event async for event in late] == []
     assert len(feed.streams) == live.MAX_STREAMS_PER_SESSION
     for held in opened:

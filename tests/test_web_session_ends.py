@@ -1,6 +1,7 @@
 """When a web session ends, against one real server on 127.0.0.131, read with curl: a tab
 left open goes idle (its live updates and polls are no activity), its live streams end
-within about 2 s of the session (sign-out, its person removed, expiry), and a session
+within about 2 s of the session (sign-out, its person removed, expiry) and ask their page
+to reload within about 2 s of the person's new role or tenants, and a session
 holds at most live.MAX_STREAMS_PER_SESSION of them, none once its client has gone.
 """
 
@@ -158,6 +159,34 @@ def test_a_live_stream_ends_within_about_2_s_of_its_session(
         at, _ = stream.until(lambda n, d: n == "signed-out", 10)
         print(f"removed -> stream ended: {at - started:.3f} s")
         assert at - started < ENDS_WITHIN
+
+
+@pytest.mark.slow
+def test_a_live_stream_asks_its_page_to_reload_within_about_2_s_of_a_new_role_or_tenants(
+    served: Served, conn: psycopg.Connection[Any], tmp_path: Path,
+    streams: list[EventStream],
+) -> None:  # fmt: skip
+    # The page was made for the person's rights then: buttons a viewer lacks, nodes of
+    # tenants it no longer has. The stream ends with "reload" (live.js reloads the page).
+    name, password = new_person(served.files, tmp_path)
+    signed_in(name, password, tmp_path / "jar")
+    for change in (
+        "UPDATE operators SET role = 'operator' WHERE name = %s",
+        "UPDATE operators SET tenants = '{default}' WHERE name = %s",
+    ):
+        stream = opened(tmp_path / "jar", streams)
+        started = time.monotonic()
+        conn.execute(change, (name,))
+        at, _ = stream.until(lambda n, d: n == "reload", 10)
+        stream.until(lambda n, d: n == "closed", 5)
+        print(f"{change.split()[3]} changed -> reload: {at - started:.3f} s")
+        assert at - started < ENDS_WITHIN
+    # Unchanged, it goes on.
+    stream = opened(tmp_path / "jar", streams)
+    conn.execute("UPDATE operators SET role = role WHERE name = %s", (name,))
+    quiet_for = live.SESSION_CHECK_EVERY * 2 + 1
+    with pytest.raises(AssertionError, match="no event within"):
+        stream.until(lambda n, d: n in ("reload", "signed-out", "closed"), quiet_for)
 
 
 def leave_early(jar: Path) -> None:

@@ -9,13 +9,16 @@ hypercorn is pinned for this reason.
 Connections that have not authenticated are admitted within limits (`oz0.server.admission`)
 and bounded in time: the TLS handshake, the wait for a request's headers, each read and
 each send (hypercorn sends shielded from cancellation, so a peer that never reads would
-hold its connection for ever) and the close. A connection authenticates when the app's
-`authenticated` finds its client certificate trusted now (for the management API: the
-current certificate of an operator, asked of the database through its cache).
+hold its connection for ever) and the close. A connection authenticates when the app, which
+judges each request's certificate anyway (for the management API: the current certificate
+of an operator, asked of the database through its cache), calls `authenticated(scope)` for
+one of its requests: no second look at the database per connection, and none for a
+connection to wait for.
 
 Open connections are known by their client certificate, so that those of a certificate
 no longer trusted (its operator removed, or given a new one) can be cut at once
-(`Served.cut`); a connection's requests in flight end with it.
+(`Served.cut`); a connection's requests in flight end with it, or, for a certificate
+replaced by a new one, are answered first.
 
 `Served.drain` stops it gracefully: the listeners close (a new connection is refused),
 idle connections close, and each connection closes once its request in flight is
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,20 +42,19 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from oz0.server.admission import Admission, peer_address
+from oz0.server.admission import Admission, Slot, peer_address
 from oz0.server.tls import open_tls_listeners
 
 log = logging.getLogger(__name__)
 
 PEER_CERT_KEY = "oz0.peer_cert_der"
+# Called by the app once a request's certificate is found trusted (`authenticated`).
+AUTHENTICATED_KEY = "oz0.authenticated"
 HANDSHAKE_TIMEOUT = 10.0
 # From the handshake (or the previous answer) to a request's complete headers.
 REQUEST_TIMEOUT = 10
 SEND_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
-# Deciding whether a client certificate authenticates (a database read at most): past it
-# the connection is served as one that has not.
-AUTHENTICATE_TIMEOUT = 5.0
 MAX_HEADERS_SIZE = 16 * 1024
 
 
@@ -99,6 +101,22 @@ class _BoundedStream(trio.abc.Stream):
 
 
 @dataclass(eq=False)
+class _Open:
+    """One open connection made with a client certificate: its scope (cancelled to cut
+    it) and its requests in flight."""
+
+    scope: trio.CancelScope
+    requests: int = 0
+    # Cut as soon as no request is in flight (Served.cut's AFTER_REQUESTS).
+    cut_when_idle: bool = False
+
+    def request_ended(self) -> None:
+        self.requests -= 1
+        if self.requests == 0 and self.cut_when_idle:
+            self.scope.cancel()
+
+
+@dataclass(eq=False)
 class Served:
     """A listener being served: what is in flight on it, and its graceful stop."""
 
@@ -108,8 +126,8 @@ class Served:
     requests: int = 0
     connections: int = 0
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
-    # The open connections made with each client certificate (DER), each by its scope.
-    _by_cert: dict[bytes, set[trio.CancelScope]] = field(default_factory=dict)
+    # The open connections made with each client certificate (DER).
+    _by_cert: dict[bytes, set[_Open]] = field(default_factory=dict)
 
     def connection_ended(self) -> None:
         self.connections -= 1
@@ -119,27 +137,33 @@ class Served:
         """The client certificates (DER) of the open connections, each once."""
         return list(self._by_cert)
 
-    def cut(self, der: bytes) -> int:
+    def cut(self, der: bytes, *, after_requests: bool = False) -> int:
         """End every open connection made with the client certificate DER, and its
-        requests in flight, now; returns how many."""
-        scopes = self._by_cert.get(der, set())
-        for scope in scopes:
-            scope.cancel()
-        return len(scopes)
+        requests in flight, now; returns how many. AFTER_REQUESTS: a connection with
+        requests in flight ends once they are answered (the one that renewed the
+        certificate must still carry the new one back)."""
+        opened = self._by_cert.get(der, set())
+        for one in opened:
+            if after_requests and one.requests:
+                one.cut_when_idle = True
+            else:
+                one.scope.cancel()
+        return len(opened)
 
     @contextmanager
-    def _tracked(self, der: bytes | None) -> Iterator[trio.CancelScope]:
+    def _tracked(self, der: bytes | None) -> Iterator[_Open]:
         with trio.CancelScope() as scope:
+            one = _Open(scope)
             if der is None:
-                yield scope
+                yield one
                 return
-            self._by_cert.setdefault(der, set()).add(scope)
+            self._by_cert.setdefault(der, set()).add(one)
             try:
-                yield scope
+                yield one
             finally:
-                scopes = self._by_cert[der]
-                scopes.discard(scope)
-                if not scopes:
+                opened = self._by_cert[der]
+                opened.discard(one)
+                if not opened:
                     del self._by_cert[der]
 
     async def drain(self) -> None:
@@ -155,22 +179,34 @@ class _WithPeerCert:
     """A hypercorn app wrapper adding one connection's peer certificate to its scopes,
     and counting its requests in flight."""
 
-    def __init__(self, inner: ASGIWrapper, peer_cert_der: bytes | None, served: Served) -> None:
+    def __init__(
+        self,
+        inner: ASGIWrapper,
+        peer_cert_der: bytes | None,
+        served: Served,
+        one: _Open,
+        slot: Slot,
+    ) -> None:
         self._inner = inner
         self._peer_cert_der = peer_cert_der
         self._served = served
+        self._one = one
+        self._slot = slot
 
     async def __call__(
         self, scope: Any, receive: Any, send: Any, sync_spawn: Callable[..., Any], call_soon: Any
     ) -> None:
         extensions = dict(scope.get("extensions") or {})
         extensions[PEER_CERT_KEY] = self._peer_cert_der
+        extensions[AUTHENTICATED_KEY] = self._slot.release
         scope = {**scope, "extensions": extensions}
         self._served.requests += 1
+        self._one.requests += 1
         try:
             await self._inner(scope, receive, send, sync_spawn, call_soon)
         finally:
             self._served.requests -= 1
+            self._one.request_ended()
 
 
 def _unlink(connection: TCPServer) -> None:
@@ -185,8 +221,12 @@ def _unlink(connection: TCPServer) -> None:
             vars(held).clear()
 
 
-async def _never(_: bytes | None) -> bool:
-    return False
+def authenticated(scope: Any) -> None:
+    """The request of SCOPE came with a client certificate trusted now: its connection stops
+    counting against the limits on unauthenticated ones."""
+    release = (scope.get("extensions") or {}).get(AUTHENTICATED_KEY)
+    if release is not None:
+        release()
 
 
 def peer_cert_der(scope: Any) -> bytes | None:
@@ -200,15 +240,14 @@ async def serve_https(
     host: str,
     port: int,
     *,
-    authenticated: Callable[[bytes | None], Awaitable[bool]] = _never,
     on_refused: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[Served] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve APP on HOST:PORT until cancelled; started, once the port is bound, with the
     `Served` that drains it.
 
-    A connection whose client certificate AUTHENTICATED accepts (within
-    AUTHENTICATE_TIMEOUT) stops counting against the limits on unauthenticated ones;
+    A connection stops counting against the limits on unauthenticated ones once the app
+    calls `authenticated` for one of its requests;
     ON_REFUSED is called for each connection closed at once over those limits.
     """
     config = Config()
@@ -248,14 +287,9 @@ async def serve_https(
                 await trio.aclose_forcefully(stream)
                 return
             der = stream.getpeercert(binary_form=True)
-            with served._tracked(der):
-                # Tracked first: a certificate found current here and removed just after
-                # is cut like any other.
-                with trio.move_on_after(AUTHENTICATE_TIMEOUT):
-                    if await authenticated(der):
-                        slot.release()
+            with served._tracked(der) as one:
                 connection = TCPServer(
-                    _WithPeerCert(wrapper, der, served),
+                    _WithPeerCert(wrapper, der, served, one, slot),
                     config,
                     context,
                     ConnectionState(lifespan_state.copy()),

@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
-from oz0.operators import is_current
+from oz0.operators import is_current, is_known
 from oz0.server.api import (
     agent_file,
     audit,
@@ -141,19 +141,6 @@ async def run(
 ) -> None:
     """Serve the API until cancelled; started with what drains it (`drain`)."""
 
-    async def current_operator(der: bytes | None) -> bool:
-        # Only an operator's current certificate frees its connection's place among the
-        # unauthenticated: a removed or replaced one is a stranger's now.
-        if der is None:
-            return False
-        identity = pki.identity_of_der(der)
-        if not api_common.is_operator_of(state, identity):
-            return False
-        try:
-            return await api_common.current_person(state, identity) is not None
-        except DATABASE_ERRORS:
-            return False  # its requests are answered 503 meanwhile
-
     async with trio.open_nursery() as nursery:
         await nursery.start(state.node_changes.serve)
         served = await nursery.start(
@@ -163,7 +150,6 @@ async def run(
                 tls_context,
                 host,
                 port,
-                authenticated=current_operator,
                 on_refused=state.metrics.management_over_limit.inc,
             )
         )
@@ -231,11 +217,16 @@ class OperatorConnections:
         if not by_identity:
             return
 
-        def not_current(conn: psycopg.Connection[Any]) -> list[pki.Identity]:
-            return [i for i in by_identity if not is_current(conn, i)]
+        def not_current(conn: psycopg.Connection[Any]) -> list[tuple[pki.Identity, bool]]:
+            return [(i, is_known(conn, i.name)) for i in by_identity if not is_current(conn, i)]
 
-        for identity in await self._state.db.transaction(not_current):
-            cut = sum(self._served.cut(der) for der in by_identity[identity])
+        for identity, replaced in await self._state.db.transaction(not_current):
+            # A replaced certificate's requests in flight are answered first: one of them
+            # may be the renewal, whose answer carries the new certificate. A removed
+            # operator's end now.
+            cut = sum(
+                self._served.cut(der, after_requests=replaced) for der in by_identity[identity]
+            )
             log.info(
                 "cut %d connection(s) of operator %s: its certificate %x is no longer current",
                 cut,

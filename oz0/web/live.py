@@ -29,7 +29,7 @@ import psycopg
 import trio
 from quart import Blueprint, Response, request
 
-from oz0 import listing, nodes
+from oz0 import access, listing, nodes
 from oz0 import ui_sessions as sessions
 from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
@@ -58,10 +58,15 @@ class Stream:
     want_others: bool
     # The session's cookie: the stream lives as long as the session does.
     token: str
+    # Its person's role and tenants when it opened: the page was made for them.
+    rights: tuple[access.Role, frozenset[str]]
     woken: trio.Event = field(default_factory=trio.Event)
     others_changed: bool = False
     # Its session has ended (found by Feed.check_sessions).
     ended: bool = False
+    # Its person was given another role or other tenants: the page shows what it may no
+    # longer see, or lacks what it now may (found by Feed.check_sessions).
+    changed: bool = False
 
 
 @dataclass
@@ -99,8 +104,9 @@ class Feed:
             await events.aclose()
 
     async def check_sessions(self, db: Database) -> None:
-        """Ask once, for every stream, whether its session goes on; wake those whose
-        session has ended. Whichever stream finds the check due does it for all."""
+        """Ask once, for every stream, whether its session goes on and its person still has
+        the role and tenants its page was made for; wake those for which either is not so.
+        Whichever stream finds the check due does it for all."""
         if self.checking.locked() or trio.current_time() < self.next_check:
             return
         async with self.checking:
@@ -112,8 +118,12 @@ class Feed:
             except DATABASE_ERRORS:
                 return  # asked again at the next check; the database's outage ends nothing
             for stream in asked:
-                if stream.token not in going_on:
+                rights = going_on.get(stream.token)
+                if rights is None:
                     stream.ended = True
+                    stream.woken.set()
+                elif rights != stream.rights:
+                    stream.changed = True
                     stream.woken.set()
 
     def attach(self, hub: EventHub) -> None:
@@ -177,6 +187,10 @@ def add(web: Blueprint, pages: Pages) -> None:
             if stream.ended:
                 yield _event("signed-out", {})
                 return
+            if stream.changed:
+                # The page reloads, made for the person's new role and tenants.
+                yield _event("reload", {})
+                return
             try:
                 current = await state.db.transaction(lambda conn: read(conn, ids, scope))
             except DATABASE_ERRORS:
@@ -197,22 +211,25 @@ def add(web: Blueprint, pages: Pages) -> None:
             with trio.move_on_after(REREAD_EVERY):
                 await stream.woken.wait()
             stream.woken = trio.Event()
-            if not stream.ended:
+            if not (stream.ended or stream.changed):
                 await trio.sleep(SETTLE)
 
     @web.get("/ui/events")
     async def events() -> Page:
         # Not touched: following a page is no activity.
-        scope = (await pages.session()).person.scope
+        person = (await pages.session()).person
         token = request.cookies.get(sessions.COOKIE, "")
         full = feed.full_for(token)
         if full is not None:
             return full, 503 if len(feed.streams) >= MAX_STREAMS else 429
         stream = Stream(
-            _watched(request.args.get("nodes", "")), request.args.get("new") == "1", token
+            _watched(request.args.get("nodes", "")),
+            request.args.get("new") == "1",
+            token,
+            (person.role, person.tenants),
         )
         response = Response(
-            feed.held(stream, body(stream, scope)),
+            feed.held(stream, body(stream, person.scope)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -11,6 +11,7 @@ from quart import g, request
 
 from oz0 import access, nodes, operators, pki
 from oz0.cluster import Cluster
+from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
@@ -79,6 +80,9 @@ async def operator(state: ManagementState) -> access.Person:
     person = await current_person(state, identity)
     if person is None:
         raise _unknown(identity)
+    # Only an operator's current certificate frees its connection's place among the
+    # unauthenticated: a removed or replaced one holds a stranger's.
+    https.authenticated(request.scope)
     g.person = person
     return person
 

@@ -83,4 +83,9 @@
     source.close();
     location.assign("/");
   });
+  // The person's role or tenants changed: the page is made again for them.
+  source.addEventListener("reload", () => {
+    source.close();
+    location.reload();
+  });
 })();
