@@ -23,6 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from cli.client import connection
 from oz0.context import Context, check_address, config_home
 from oz0.errors import Oz0Error
 from oz0_common import certs
@@ -180,9 +181,9 @@ def _call(
     cluster: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     host, _, port = server.rpartition(":")
-    conn = http.client.HTTPSConnection(
-        host.strip("[]"), int(port), context=context, timeout=TIMEOUT
-    )
+    # As every client of ours: the name that gets the cluster's certificate, not the web
+    # UI's (oz0/server/tls.py), which the pinned CA would not verify.
+    conn = connection(host.strip("[]"), int(port), context, timeout=TIMEOUT)
     try:
         conn.connect()
         if cluster is not None:
