@@ -58,6 +58,7 @@ SCENARIOS = (
     "jobs",
     "listings",
     "node_removal",
+    "operator_removal",
     "silent_strangers",
     "temporal_host",
     "web_live",
