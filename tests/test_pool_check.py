@@ -4,6 +4,7 @@ Against the real PostgreSQL of the suite."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -57,6 +58,44 @@ async def test_a_connection_ended_while_its_work_runs_is_replaced_and_the_work_r
     async with open_database(admin_url(), min_size=1, max_size=1) as db:
         answered = await db.transaction(dies_the_first_time)
     assert len(ran) == 2 and ran[0] != ran[1] == answered
+
+
+async def test_after_a_connection_ends_under_its_work_every_idle_one_is_asked_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whatever ended it (a restart, a kill of every session) may have ended the idle ones
+    # too, a moment ago, before they could say so: the one more try must not get them.
+    asked: list[int] = []
+    real = ConnectionPool.check_connection
+
+    def counted(conn: Any) -> None:
+        asked.append(conn.info.backend_pid)
+        real(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    ran: list[int] = []
+
+    def dies_the_first_time(conn: Conn) -> int:
+        ran.append(conn.info.backend_pid)
+        if len(ran) == 1:
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return conn.info.backend_pid
+
+    async with open_database(admin_url(), min_size=2, max_size=2) as db:
+        async with trio.open_nursery() as nursery:
+            # Both connections made and idle: two works hold them at once.
+            held = threading.Event()
+            for _ in range(2):
+                nursery.start_soon(db.transaction, lambda conn: held.wait(5))
+            await trio.sleep(0.5)
+            held.set()
+        idle = set()
+        for _ in range(4):
+            idle.add(await db.transaction(backend))
+        assert len(idle) == 2 and asked == []
+        answered = await db.transaction(dies_the_first_time)
+    assert ran[1] == answered and ran[0] != answered
+    assert set(asked) >= idle - {ran[0]}, "an idle connection was lent unasked after a loss"
 
 
 async def test_a_work_whose_connection_ends_twice_fails_and_other_errors_are_not_retried() -> None:

@@ -125,12 +125,17 @@ class Database:
         A connection the database ended while WORK ran (before its commit, so nothing of it
         was written) is replaced and WORK run once more: the pool asks an idle connection
         with a round trip only once the database has spoken on it (check_if_spoken_to), and
-        one ended a moment before it was lent has not yet said so.
+        one ended a moment before it was lent has not yet said so. Before that one more
+        try, every idle connection is asked.
         """
         try:
             return self._transaction_once(work)
         except _LostBeforeCommit:
-            pass
+            # What ended it (a restart, a kill of every session) may have ended the pool's
+            # idle ones at the same moment, before they could say so: each is asked with a
+            # round trip now, and those that fail replaced, so that the one more try is not
+            # lent another of them (CI saw a `node list` fail so right after such a kill).
+            self._pool.check()
         try:
             return self._transaction_once(work)
         except _LostBeforeCommit as again:
