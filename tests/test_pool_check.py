@@ -5,6 +5,7 @@ Against the real PostgreSQL of the suite."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -21,17 +22,32 @@ def backend(conn: Conn) -> int:
     return conn.info.backend_pid
 
 
-async def test_an_ended_connection_is_replaced_and_a_healthy_one_is_not_asked(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked: list[int] = []
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The backends of the connections the pool asks with a round trip, in order."""
+    pids: list[int] = []
     real = ConnectionPool.check_connection
 
     def counted(conn: Any) -> None:
-        asked.append(conn.info.backend_pid)
+        pids.append(conn.info.backend_pid)
         real(conn)
 
     monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    return pids
+
+
+def ended_the_first_time(ran: list[int], conn: Conn) -> int:
+    """A work whose connection the database ends under it the first time it runs (RAN
+    collects the backend of each run); its backend."""
+    ran.append(conn.info.backend_pid)
+    if len(ran) == 1:
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    return conn.info.backend_pid
+
+
+async def test_an_ended_connection_is_replaced_and_a_healthy_one_is_not_asked(
+    asked: list[int],
+) -> None:
     async with open_database(admin_url(), min_size=1, max_size=1) as db:
         first = await db.transaction(backend)
         assert await db.transaction(backend) == first
@@ -48,12 +64,7 @@ async def test_a_connection_ended_while_its_work_runs_is_replaced_and_the_work_r
     """Ended before its commit, so nothing of it was written: as if lent just after the
     database ended it, before it could say so."""
     ran: list[int] = []
-
-    def dies_the_first_time(conn: Conn) -> int:
-        ran.append(conn.info.backend_pid)
-        if len(ran) == 1:
-            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-        return conn.info.backend_pid
+    dies_the_first_time = partial(ended_the_first_time, ran)
 
     async with open_database(admin_url(), min_size=1, max_size=1) as db:
         answered = await db.transaction(dies_the_first_time)
@@ -61,25 +72,12 @@ async def test_a_connection_ended_while_its_work_runs_is_replaced_and_the_work_r
 
 
 async def test_after_a_connection_ends_under_its_work_every_idle_one_is_asked_first(
-    monkeypatch: pytest.MonkeyPatch,
+    asked: list[int],
 ) -> None:
     # Whatever ended it (a restart, a kill of every session) may have ended the idle ones
     # too, a moment ago, before they could say so: the one more try must not get them.
-    asked: list[int] = []
-    real = ConnectionPool.check_connection
-
-    def counted(conn: Any) -> None:
-        asked.append(conn.info.backend_pid)
-        real(conn)
-
-    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
     ran: list[int] = []
-
-    def dies_the_first_time(conn: Conn) -> int:
-        ran.append(conn.info.backend_pid)
-        if len(ran) == 1:
-            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-        return conn.info.backend_pid
+    dies_the_first_time = partial(ended_the_first_time, ran)
 
     async with open_database(admin_url(), min_size=2, max_size=2) as db:
         async with trio.open_nursery() as nursery:
