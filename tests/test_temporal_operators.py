@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import psycopg
 import pytest
 import trio
 
 from fixtures.cluster import ClusterFiles, Served
-from fixtures.temporal import server_credentials
+from fixtures.temporal import RecordingHost, server_credentials
 from oz0 import context
 from oz0.store.events import EventHub
 from oz0.store.pool import open_database
@@ -241,21 +241,6 @@ def test_a_removed_operator_or_one_moved_to_other_tenants_is_refused_within_2_s(
 
 
 # --- pushing grants to the host (real PostgreSQL, no Temporal) ----------------------------
-
-
-class RecordingHost:
-    """Stands in for the supervisor: records the operators' tables that would reach it."""
-
-    def __init__(self) -> None:
-        self.pushed: list[dict[str, Any]] = []
-        self.changed = trio.Event()
-
-    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
-        assert op == "operators"
-        self.pushed.append(dict(fields["operators"]))
-        self.changed.set()
-        self.changed = trio.Event()
-        return {"ack": len(self.pushed)}
 
 
 async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(

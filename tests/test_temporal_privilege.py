@@ -50,6 +50,7 @@ from fixtures.edge_client import NodeKeys
 from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
+    RecordingHost,
     connect,
     issue,
     long_poll,
@@ -578,21 +579,6 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
 
 
 # --- pushing operators' grants to the host (real PostgreSQL, no Temporal) ------------------
-
-
-class RecordingHost:
-    """Stands in for the supervisor: records what would reach the host."""
-
-    def __init__(self) -> None:
-        self.pushed: list[dict[str, Any]] = []
-        self.changed = trio.Event()
-
-    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
-        assert op == "operators"
-        self.pushed.append(dict(fields["operators"]))
-        self.changed.set()
-        self.changed = trio.Event()
-        return {"ack": len(self.pushed)}
 
 
 class FlakyDatabase(Database):
