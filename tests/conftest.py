@@ -21,6 +21,7 @@ from fixtures.cluster import (
     serving,
 )
 from fixtures.postgres import fresh_database_url
+from fixtures.web_events import EventStream
 from oz0.store.dburl import DatabaseUrl
 
 
@@ -167,3 +168,12 @@ def agents() -> Iterator[list[AgentProcess]]:
     started: list[AgentProcess] = []
     yield started
     stop_all(started)
+
+
+@pytest.fixture
+def streams() -> Iterator[list[EventStream]]:
+    """The web UI's live streams a test opens (append each), closed after it."""
+    opened: list[EventStream] = []
+    yield opened
+    for stream in opened:
+        stream.close()

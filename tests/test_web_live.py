@@ -39,14 +39,6 @@ def cluster_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterF
         yield files
 
 
-@pytest.fixture
-def streams() -> Iterator[list[EventStream]]:
-    opened: list[EventStream] = []
-    yield opened
-    for stream in opened:
-        stream.close()
-
-
 @pytest.mark.slow
 def test_a_change_through_one_server_reaches_a_page_on_the_other(
     cluster_files: ClusterFiles, cli: CliRunner, tmp_path: Path,

@@ -40,14 +40,6 @@ def conn(served: Served) -> Iterator[psycopg.Connection[Any]]:
         yield c
 
 
-@pytest.fixture
-def streams() -> Iterator[list[EventStream]]:
-    opened: list[EventStream] = []
-    yield opened
-    for stream in opened:
-        stream.close()
-
-
 def new_person(files: ClusterFiles, root: Path) -> tuple[str, str]:
     """A new viewer with a web account: its name and password."""
     name = "p" + secrets.token_hex(4)
