@@ -6,6 +6,7 @@ import trio
 import trio.testing
 from cryptography import x509
 
+from fixtures.tls import served_certificate
 from oz0 import pki
 from oz0.cluster import Cluster
 from oz0.server.certificates import RENEW_EVERY, ServerCertificates
@@ -19,21 +20,6 @@ def in_memory_cluster() -> Cluster:
         cluster_ca=pki.new_ca("c", "cluster"),
         internode_ca=pki.new_ca("c", "internode"),
     )
-
-
-async def served_certificate(server_ctx: ssl.SSLContext, ca_pem: bytes) -> x509.Certificate:
-    """The certificate a TLS server with SERVER_CTX presents, over an in-memory stream."""
-    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
-    client_ctx.check_hostname = False
-    left, right = trio.testing.memory_stream_pair()
-    client = trio.SSLStream(left, client_ctx)
-    server = trio.SSLStream(right, server_ctx, server_side=True)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.do_handshake)
-        await client.do_handshake()
-    der = client.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
 
 
 async def test_certificates_are_renewed_daily_in_the_live_tls_context(

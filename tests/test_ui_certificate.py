@@ -31,7 +31,7 @@ from cryptography.x509.oid import NameOID
 from playwright import sync_api as playwright
 
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.tls import assert_refused_at_tls
+from fixtures.tls import assert_refused_at_tls, served_certificate
 from fixtures.web_events import curl
 from oz0 import cluster, pki
 from oz0.server.certificates import RENEW_EVERY, ServerCertificates
@@ -387,24 +387,6 @@ def test_a_bad_ui_certificate_or_key_stops_the_start_with_one_line(
     assert "not found" in refused("--ui-cert", str(chain), "--ui-key", str(tmp_path / "none"))
 
 
-async def handshake(
-    ctx: ssl.SSLContext, ca_pem: bytes, server_name: str | None
-) -> x509.Certificate:
-    """The certificate a server with CTX presents to a client naming SERVER_NAME (None: no
-    name, as for an IP address) and trusting CA_PEM, over an in-memory stream."""
-    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
-    client_ctx.check_hostname = False
-    left, right = trio.testing.memory_stream_pair()
-    client = trio.SSLStream(left, client_ctx, server_hostname=server_name)
-    server = trio.SSLStream(right, ctx, server_side=True)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.do_handshake)
-        await client.do_handshake()
-    der = client.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
-
-
 async def test_the_management_context_serves_the_ui_certificate_by_default_renewed_daily(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -416,24 +398,24 @@ async def test_the_management_context_serves_the_ui_certificate_by_default_renew
     assert held.ui_ca is not None
     certs = ServerCertificates(held, "server-1", sans=(*names, "elsewhere.example"))
     ctx = certs.management_context(tickets=1)
-    ui = await handshake(ctx, held.ui_ca_pem, None)
+    ui = await served_certificate(ctx, held.ui_ca_pem, None)
     ui.verify_directly_issued_by(held.ui_ca.cert)
     # Only the names the UI CA permits: a browser refuses a certificate naming any other.
     sans = ui.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == [UI_NAME]
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [ADVERTISE]
-    assert await handshake(ctx, held.ui_ca_pem, "elsewhere.example") == ui
-    api = await handshake(ctx, held.ca_pem, API_SERVER_NAME)
+    assert await served_certificate(ctx, held.ui_ca_pem, "elsewhere.example") == ui
+    api = await served_certificate(ctx, held.ca_pem, API_SERVER_NAME)
     api.verify_directly_issued_by(held.cluster_ca.cert)
     assert pki.identity_of(api).role == "server"
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(certs.renew_forever)
         await trio.sleep(RENEW_EVERY + 1)
-        renewed = await handshake(ctx, held.ui_ca_pem, None)
+        renewed = await served_certificate(ctx, held.ui_ca_pem, None)
         assert renewed.serial_number != ui.serial_number
         renewed.verify_directly_issued_by(held.ui_ca.cert)
-        assert (await handshake(ctx, held.ca_pem, API_SERVER_NAME)).serial_number != (
+        assert (await served_certificate(ctx, held.ca_pem, API_SERVER_NAME)).serial_number != (
             api.serial_number
         )
         nursery.cancel_scope.cancel()
