@@ -26,9 +26,12 @@ from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
 from oz0.web.pages import NOTICES, Page, Pages, Refused, text_arg
 
-# A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
+# A job page shows at most this much output, in at most this many chunks (a node may have
+# sent many tiny ones); the rest is for `orchestrator-zero job logs`.
 SHOWN_OUTPUT = 2 * 1024 * 1024
-# Chunks a poll of live.json answers at most; the next poll takes the rest.
+SHOWN_CHUNKS = 5000
+# Chunks a poll of live.json answers at most (and at most store.PAGE_BYTES); the next poll
+# takes the rest.
 LIVE_CHUNKS = 500
 COMMAND_WIDTH = 60
 DEFAULT_QUEUE_TIMEOUT = "10m"
@@ -121,25 +124,28 @@ def _field(name: str, parse: Any, value: Any) -> Any:
 
 def output_of(conn: store.Conn, job: store.Job) -> tuple[list[AttemptOutput], int, bool]:
     """The job's output by attempt, the cursor after the last chunk read, and whether
-    SHOWN_OUTPUT cut it short."""
+    SHOWN_OUTPUT or SHOWN_CHUNKS cut it short."""
     by_attempt = {
         a.number: AttemptOutput(a.number, a.node, truncated=a.truncated) for a in job.attempts
     }
-    cursor, size = 0, 0
-    while size < SHOWN_OUTPUT:
-        chunks = store.output_page(conn, job.id, after=cursor, limit=1000)
-        for c in chunks:
+    cursor, size, count = 0, 0, 0
+    more = True
+    while more and size < SHOWN_OUTPUT and count < SHOWN_CHUNKS:
+        page = store.output_page(
+            conn, job.id, after=cursor, limit=SHOWN_CHUNKS - count, max_bytes=SHOWN_OUTPUT - size
+        )
+        for c in page.chunks:
             shown = by_attempt.setdefault(c.attempt, AttemptOutput(c.attempt, c.node))
             shown.add(c.stream, c.data)
             shown.truncated = shown.truncated or c.truncated
             size += len(c.data)
             cursor = c.cursor
-        if len(chunks) < 1000:
-            return sorted(by_attempt.values(), key=lambda a: a.number), cursor, False
-    return sorted(by_attempt.values(), key=lambda a: a.number), cursor, True
+        count += len(page.chunks)
+        more = page.more
+    return sorted(by_attempt.values(), key=lambda a: a.number), cursor, more
 
 
-def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str, Any]:
+def live_json(job: store.Job, page: store.OutputPage, after: int) -> dict[str, Any]:
     """What jobs.js updates a running job's page from."""
     return {
         "state": job.state,
@@ -161,8 +167,9 @@ def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str
             }
             for a in job.attempts
         ],
-        "chunks": [c.to_json() for c in chunks],
-        "cursor": chunks[-1].cursor if chunks else after,
+        "chunks": [c.to_json() for c in page.chunks],
+        "cursor": page.cursor or after,
+        "more": page.more,
     }
 
 
@@ -246,7 +253,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         return await pages.render(
             "job.html", session, status, job=job, output=output, cursor=cursor, cut=cut,
             error=error or None, command_text=command_text, shown_limit=SHOWN_OUTPUT,
-            output_cap=store.OUTPUT_CAP,
+            shown_chunks=SHOWN_CHUNKS, output_cap=store.OUTPUT_CAP,
         )  # fmt: skip
 
     @web.get("/jobs/<job_id>")
@@ -266,17 +273,17 @@ def add(web: Blueprint, pages: Pages) -> None:
         except ValueError:
             return jsonify({"error": "after must be a whole number"}), 400
 
-        def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
+        def read(conn: store.Conn) -> tuple[store.Job, store.OutputPage]:
             job = store.get(conn, job_id, scope=scope)
             if not reads_output:
-                return job, []
+                return job, store.OutputPage([], more=False)
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
         try:
-            job, chunks = await db.transaction(read)
+            job, page = await db.transaction(read)
         except JobNotFound as e:
             return jsonify({"error": str(e)}), 404
-        return jsonify(live_json(job, chunks, after)), 200
+        return jsonify(live_json(job, page, after)), 200
 
     @web.post("/jobs/<job_id>/cancel")
     async def job_cancel(job_id: str) -> Page:

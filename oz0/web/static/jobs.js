@@ -8,7 +8,6 @@ document.addEventListener("DOMContentLoaded", () => {
   const jobId = root.dataset.job;
   let cursor = Number(root.dataset.cursor) || 0;
   const decoders = new Map();
-  const MORE = 500; // live.json's most chunks an answer (job_pages.LIVE_CHUNKS)
   const field = (name) => root.querySelector(`[data-field="${name}"]`);
   const live = field("live");
   const refresh = field("refresh");
@@ -129,7 +128,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     failures = 0;
     show(data);
-    if (data.chunks.length >= MORE) return poll(); // a full answer: more is waiting
+    if (data.more) return poll(); // a full answer (rows or bytes): more is waiting
     if (data.ended) {
       const cancel = field("cancel");
       if (cancel) cancel.remove();
