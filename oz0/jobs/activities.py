@@ -46,7 +46,9 @@ class JobActivities:
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:
         return await self._run(
-            lambda conn: store.end_attempt(conn, end.job_id, end.number, end.because, end.exit_code)
+            lambda conn: store.end_attempt(
+                conn, end.job_id, end.number, end.because, end.exit_code, end.applied
+            )
         )
 
     @activity.defn(name="oz0.jobs.finish")

@@ -209,6 +209,7 @@ class JobsRole:
                     all_nodes=job.all_nodes,
                     no_move=job.no_move,
                     queue_timeout=job.queue_timeout,
+                    limits=job.limits,
                 ),
                 id=job.id,
                 task_queue=JOBS_QUEUE,

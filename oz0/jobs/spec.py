@@ -9,6 +9,7 @@ from typing import Any
 
 from oz0 import nodes
 from oz0.errors import Oz0Error
+from oz0.jobs import limits as job_limits
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -69,6 +70,8 @@ class JobSpec:
     name: str | None = None
     no_move: bool = False
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+    # Resource limits for each attempt (limits.py): sizes in bytes, only those asked.
+    limits: dict[str, int | float] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobSpec:
@@ -108,12 +111,13 @@ class JobSpec:
                 body.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT), "queue_timeout",
                 MAX_QUEUE_TIMEOUT, optional=False,
             ) or DEFAULT_QUEUE_TIMEOUT,
+            limits=_limits(body.get("limits", {})),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout",
+    "no_move", "queue_timeout", "limits",
 }  # fmt: skip
 
 
@@ -167,6 +171,15 @@ def _env(value: object) -> dict[str, str]:
         if not isinstance(text, str) or "\0" in text or len(text) > MAX_ENV_VALUE:
             raise JobError(f"invalid value for environment variable {key}")
     return dict(value)
+
+
+def _limits(value: object) -> dict[str, int | float]:
+    if value is None:
+        return {}
+    try:
+        return job_limits.check(value)
+    except ValueError as e:
+        raise JobError(str(e)) from None
 
 
 def _name(value: object) -> str | None:

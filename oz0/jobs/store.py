@@ -17,6 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
+from oz0.jobs import limits as job_limits
 from oz0.jobs.spec import (
     ENDED_STATES,
     STATES,
@@ -54,6 +55,8 @@ class Attempt:
     ended_because: str | None
     output_bytes: int
     truncated: bool
+    # What the node said it applied (limits.py); None: it said nothing.
+    applied: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +70,7 @@ class Attempt:
             "ended_because": self.ended_because,
             "output_bytes": self.output_bytes,
             "truncated": self.truncated,
+            "applied": self.applied,
         }
 
 
@@ -91,6 +95,7 @@ class Job:
     created_at: dt.datetime
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    limits: dict[str, int | float]
     attempts: tuple[Attempt, ...] = ()
 
     @property
@@ -119,6 +124,7 @@ class Job:
             "started_at": _iso(self.started_at),
             "ended_at": _iso(self.ended_at),
             "created_by": self.created_by,
+            "limits": self.limits,
             "attempts": [a.to_json() for a in self.attempts],
         }
 
@@ -129,11 +135,12 @@ def _iso(at: dt.datetime | None) -> str | None:
 
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
-    " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at"
+    " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
+    " limits"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
-    " output_bytes, truncated"
+    " output_bytes, truncated, applied"
 )
 
 
@@ -222,12 +229,12 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
-        " timeout_s, queue_timeout_s, retries, no_move, created_by)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
-            spec.retries, spec.no_move, f"{actor.kind}:{actor.name}",
+            spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
         ),
     )  # fmt: skip
     audit.record(
@@ -242,6 +249,7 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
             "node": spec.node,
             "all": spec.all_nodes,
             "env": sorted(spec.env),
+            **({"limits": spec.limits} if spec.limits else {}),
         },
         tenants=[spec.tenant],
     )
@@ -381,10 +389,16 @@ def locked_job(conn: Conn, job_id: str) -> Job:
 
 
 def end_attempt(
-    conn: Conn, job_id: str, number: int, because: str | None, exit_code: int | None
+    conn: Conn,
+    job_id: str,
+    number: int,
+    because: str | None,
+    exit_code: int | None,
+    applied: object = None,
 ) -> str:
-    """Record how attempt NUMBER ended; BECAUSE None: from what became of its node. Returns
-    the reason recorded (the first one, if it had ended already)."""
+    """Record how attempt NUMBER ended, and what its node said it APPLIED (limits.py; None
+    or malformed: not reported); BECAUSE None: from what became of its node. Returns the
+    reason recorded (the first one, if it had ended already)."""
     row = conn.execute(
         f"SELECT a.state, a.ended_because, {_NODE_FATE} FROM job_attempts a"
         " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.job_id = %s AND a.number = %s"
@@ -396,10 +410,11 @@ def end_attempt(
     if row[0] == "ended":
         return str(row[1])
     recorded = because or gone_because(row[2])
+    kept = job_limits.applied_from_node(applied)
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-        " exit_code = %s WHERE job_id = %s AND number = %s",
-        (recorded, exit_code, job_id, number),
+        " exit_code = %s, applied = %s WHERE job_id = %s AND number = %s",
+        (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
     )
     return recorded
 

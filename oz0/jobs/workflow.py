@@ -64,6 +64,8 @@ class JobInput:
     all_nodes: bool = False
     no_move: bool = False
     queue_timeout: float = 600.0
+    # Resource limits for each attempt (oz0/jobs/limits.py), passed to the node as asked.
+    limits: dict[str, int | float] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +83,8 @@ class AttemptEnd:
     number: int
     because: str | None  # None: from what became of the node
     exit_code: int | None
+    # What the node said it applied (its result's `applied`), checked by the store.
+    applied: dict[str, Any] | None = None
 
 
 @dataclass
@@ -231,15 +235,18 @@ class JobWorkflow:
         """Run attempt NUMBER on NODE until it ends, its node is taken away, or the job is
         cancelled; its end is recorded before this returns."""
         timeout = job.timeout
+        attempt: dict[str, Any] = {
+            "job_id": job.job_id,
+            "attempt": number,
+            "command": job.command,
+            "env": job.env,
+            "timeout": timeout,
+        }
+        if job.limits:  # only when asked: an older node ignores what it does not know
+            attempt["limits"] = job.limits
         handle = workflow.start_activity(
             NODE_ACTIVITY,
-            {
-                "job_id": job.job_id,
-                "attempt": number,
-                "command": job.command,
-                "env": job.env,
-                "timeout": timeout,
-            },
+            attempt,
             task_queue=node,
             # A part of an --all job is placed whether or not its node has a free slot: it
             # may wait there as long as the job may wait for a node.
@@ -282,7 +289,13 @@ class JobWorkflow:
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
         exit_code = result.get("exit_code")
         code = exit_code if isinstance(exit_code, int) else None
-        because = await _end(AttemptEnd(job.job_id, number, ended_because, code))
+        applied = result.get("applied")
+        because = await _end(
+            AttemptEnd(
+                job.job_id, number, ended_because, code,
+                applied if isinstance(applied, dict) else None,
+            )
+        )  # fmt: skip
         return Outcome(because, code)
 
 
