@@ -147,7 +147,7 @@ def run(
     if retries < 0:
         raise usage_error(f"invalid --retries {retries}: give 0 or more")
     limits: dict[str, int | float] = {}
-    for flag, name, value in (
+    for flag, limit, value in (
         ("--memory", "memory", memory),
         ("--cpu", "cpu", cpu),
         ("--max-processes", "max_processes", max_processes),
@@ -156,7 +156,7 @@ def run(
     ):
         if value is not None:
             try:
-                limits[name] = job_limits.check_one(name, value)
+                limits[limit] = job_limits.check_one(limit, value)
             except ValueError as e:
                 raise usage_error(f"{flag}: {e}") from None
     body: dict[str, Any] = {
