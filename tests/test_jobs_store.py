@@ -95,6 +95,18 @@ def place(
         ({"command": ["true"], "node": "nope"}, "invalid node ID"),
         ({"command": ["true"], "all": True, "node": "node-0123456789ab"}, "either a node or all"),
         ({"command": ["true"], "colour": "red"}, "unknown field 'colour'"),
+        ({"command": ["true"], "limits": []}, "limits must be an object"),
+        ({"command": ["true"], "limits": {"disk": 1}}, "unknown limit 'disk'"),
+        ({"command": ["true"], "limits": {"memory": "lots"}}, "limits.memory: invalid size"),
+        ({"command": ["true"], "limits": {"memory": 1024}}, "at least 4 MiB"),
+        ({"command": ["true"], "limits": {"memory": True}}, "limits.memory: invalid size"),
+        ({"command": ["true"], "limits": {"address_space": "3M"}}, "at least 4 MiB"),
+        ({"command": ["true"], "limits": {"cpu": 0}}, "limits.cpu: invalid cpu 0"),
+        ({"command": ["true"], "limits": {"cpu": "half"}}, "limits.cpu: invalid cpu"),
+        ({"command": ["true"], "limits": {"cpu": 2000}}, "from 0.01 to 1024"),
+        ({"command": ["true"], "limits": {"max_processes": 0}}, "from 1 to"),
+        ({"command": ["true"], "limits": {"max_processes": 1.5}}, "from 1 to"),
+        ({"command": ["true"], "limits": {"max_open_files": 15}}, "from 16 to"),
     ],
 )
 def test_a_job_asked_for_wrongly_is_refused_with_the_reason(
@@ -116,6 +128,47 @@ def test_a_new_job_is_queued_audited_and_shows_env_names_only(
     ).fetchone()
     assert row is not None and row[0] == "admin" and row[1] == "job.run"
     assert "s3cret" not in str(row[2]) and row[2]["selector"] == {"role": "web"}
+
+
+def test_bad_limits_are_one_line_and_write_nothing(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(JobError) as caught:
+        new_job(conn, limits={"memory": "2G", "max_open_files": 8})
+    assert str(caught.value) == (
+        "limits.max_open_files: max open files must be a whole number from 16 to 1048576, not 8"
+    )
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (0,)
+
+
+def test_limits_are_kept_with_the_job_and_what_a_node_applied_with_its_attempt(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = add_node(conn)
+    job = new_job(conn, node=node, limits={"memory": "512M", "cpu": 0.5, "max_processes": 64})
+    asked = {"memory": 512 << 20, "cpu": 0.5, "max_processes": 64}
+    assert job.limits == asked and job.to_json()["limits"] == asked
+    assert new_job(conn).limits == {} and new_job(conn, limits=None).limits == {}
+    row = conn.execute(
+        "SELECT details FROM audit_log WHERE target = %s", (f"job:{job.id}",)
+    ).fetchone()
+    assert row is not None and row[0]["limits"] == asked
+    applied = {"user": "oz0-job", "tracking": "cgroup v2", "limits": {"memory": "cgroup v1"}}
+    # A node is not trusted to keep to the shape: unknown keys go, text is cut and made
+    # printable.
+    hostile = {
+        "user": "x\x1b[2J" + "y" * 500,
+        "limits": {"memory": 7, "cpu": "rlimit", "disk": "z"},
+        "extra": "dropped",
+    }
+    # The third: an older node that said nothing, or an attempt that ended without an answer.
+    for number, said in ((1, applied), (2, hostile), (3, None)):
+        assert place(conn, job, number).node == node
+        with conn.transaction():
+            store.end_attempt(conn, job.id, number, "exit", 1, said)
+    first, second, third = store.get(conn, job.id).attempts
+    assert first.applied == applied and first.to_json()["applied"] == applied
+    assert second.applied == {"user": "x?[2J" + "y" * 195, "limits": {"cpu": "rlimit"}}
+    assert third.applied is None and third.to_json()["applied"] is None
 
 
 def test_unknown_tenant_or_foreign_node_makes_no_job(conn: psycopg.Connection[Any]) -> None:
