@@ -376,6 +376,38 @@ def test_exit_0_succeeds(operator: Credentials) -> None:
     run(scenario)
 
 
+def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
+    operator: Credentials,
+) -> None:
+    limits = {"memory": 512 << 20, "cpu": 0.5, "max_open_files": 1024}
+    applied = {
+        "user": "oz0-job",
+        "tracking": "cgroup v2",
+        "limits": {"memory": "cgroup v1", "max_open_files": "rlimit", "cpu": "not applied"},
+    }
+
+    async def applies(attempt: Attempt) -> Result:
+        return {**_result(3), "applied": applied}
+
+    # The second node is an older agent: it says nothing of what it applied.
+    fleet = Fleet({"a": applies, "b": exits(0)})
+    job = job_input(limits=limits, retries=1)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        assert [(a.number, a.payload["limits"]) for a in fleet.attempts] == [
+            (1, limits),
+            (2, limits),
+        ]
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, "exit", 3, applied),
+            AttemptEnd(job.job_id, 2, "exit", 0, None),
+        ]
+
+    run(scenario)
+
+
 def test_a_failing_command_is_retried_elsewhere_first_then_fails_with_its_exit_code(
     operator: Credentials,
 ) -> None:

@@ -65,7 +65,8 @@ class JobInput:
     no_move: bool = False
     queue_timeout: float = 600.0
     # Resource limits for each attempt (oz0/jobs/limits.py), passed to the node as asked.
-    limits: dict[str, int | float] = field(default_factory=dict)
+    # Typed Any: temporalio converts to `int | float` by trying int first (cpu 0.5 -> 0).
+    limits: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
