@@ -1,7 +1,7 @@
 """Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
 
 What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
-`--all`, queueing with the reason, cancellation; and what the cluster does when the node
+`--all`, queueing with the reason, limits, cancellation; and what the cluster does when the node
 running an attempt is blocked, purged, or killed: the process is gone and the job goes on
 on another node.
 """
@@ -155,6 +155,23 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert everywhere.code == 0, everywhere.err
     assert sorted(everywhere.out.split()) == sorted([web, db])
 
+    # Limits: kept with the job, sent in the attempt's input (read from Temporal's history
+    # with a server's client), and what the node applied shown per attempt.
+    limited = cli(
+        "job", "run", "--node", web, "--memory", "512M", "--max-open-files", "64", "--detach",
+        "--json", "--", "true", env=env,
+    )  # fmt: skip
+    assert limited.code == 0, limited.err
+    limits = {"memory": 512 << 20, "max_open_files": 64}
+    assert limited.json()["limits"] == limits
+    done = wait_job(files, limited.json()["id"], lambda j: j["ended_at"] is not None, 15)
+    assert done["state"] == "succeeded", done
+    [inputs] = run_async(lambda: attempt_inputs(files, SERVER, done["id"]))
+    assert inputs["limits"] == limits
+    shown_text = cli("job", "show", done["id"], env=env).out.splitlines()
+    assert "limits:        memory 512 MiB, open files 64" in shown_text
+    assert shown_text[-1].startswith("attempt 1: ")
+
     queued = cli(
         "job", "run", "--selector", "role=gpu", "--queue-timeout", "3s", "--detach", "--json",
         "--", "true", env=env,
@@ -251,6 +268,20 @@ async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str
         if e.HasField("workflow_task_started_event_attributes")
     ]
     return identities[-1].split()[0]
+
+
+async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
+    """What the job's workflow gave each attempt's node: the activities' inputs."""
+    client = await Client.connect(
+        f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    return [
+        json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "oz0.job.attempt"
+    ]
 
 
 @pytest.mark.slow
