@@ -1,9 +1,9 @@
 """Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
 
 What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
-`--all`, queueing with the reason, limits, cancellation; and what the cluster does when the node
-running an attempt is blocked, purged, or killed: the process is gone and the job goes on
-on another node.
+`--all`, queueing with the reason, limits, cancellation; and what the cluster does when the
+node running an attempt is blocked, purged, or killed: the process is gone and the job goes
+on on another node.
 """
 
 from __future__ import annotations
