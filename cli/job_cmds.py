@@ -401,17 +401,14 @@ def _context_arg(context: Path | None) -> str:
 
 def _print_applied(asked: dict[str, Any], attempts: list[dict[str, Any]]) -> None:
     """Per attempt, what its node said it applied (as which user, how it tracked the
-    processes, each limit and how); nothing for a job without limits whose nodes said
-    nothing (older agents), as before limits existed."""
-    if not asked and all(a.get("applied") is None for a in attempts):
-        return
-    print()
-    for a in attempts:
-        if a["state"] == "running" and a.get("applied") is None:
-            line = "running: the node says what it applied when the attempt ends"
-        else:
-            line = job_limits.describe_applied(asked, a.get("applied"))
-        print(terminal_safe(f"attempt {a['number']}: {line}"))
+    processes, each limit and how)."""
+    lines = job_limits.applied_lines(
+        asked, [(a["number"], a["state"] == "running", a.get("applied")) for a in attempts]
+    )
+    if lines:
+        print()
+    for line in lines:
+        print(terminal_safe(line))
 
 
 def _command(argv: list[str]) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 KiB = 1024
@@ -204,3 +204,21 @@ def describe_applied(asked: Mapping[str, object], applied: Mapping[str, Any] | N
         shown.append(f"{_SHOWN[name]}{value} ({how.get(name, NOT_REPORTED)})")
     line = "limits: " + ", ".join(shown)
     return f"{head}; {line}" if head else line
+
+
+RUNNING = "running: the node says what it applied when the attempt ends"
+
+
+def applied_lines(
+    asked: Mapping[str, object], attempts: Sequence[tuple[int, bool, Mapping[str, Any] | None]]
+) -> list[str]:
+    """`attempt N: ...` for each of ATTEMPTS (number, running, applied): what its node
+    applied. None at all for a job without limits whose nodes said nothing (older agents):
+    shown as before limits existed."""
+    if not asked and all(applied is None for _, _, applied in attempts):
+        return []
+    return [
+        f"attempt {number}: "
+        + (RUNNING if running and applied is None else describe_applied(asked, applied))
+        for number, running, applied in attempts
+    ]

@@ -18,6 +18,7 @@ from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
 
 from oz0 import access, nodes, tenants
+from oz0.jobs import limits as job_limits
 from oz0.jobs import store
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
@@ -82,6 +83,14 @@ def when(at: dt.datetime | None) -> str | None:
     return at.strftime(_WHEN) if at else None
 
 
+def applied_lines(job: store.Job) -> list[str]:
+    """What each attempt's node applied (limits.py), one line an attempt; none for a job
+    without limits whose nodes said nothing."""
+    return job_limits.applied_lines(
+        job.limits, [(a.number, a.state == "running", a.applied) for a in job.attempts]
+    )
+
+
 def job_nodes(job: store.Job) -> list[str]:
     """The nodes the job ran on, in order, each once."""
     return list(dict.fromkeys(a.node for a in job.attempts))
@@ -112,6 +121,14 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     timeout = form.get("timeout", "").strip()
     if timeout:
         body["timeout"] = _field("Timeout", parse_duration, timeout)
+    limits: dict[str, int | float] = {}
+    memory, cpu = form.get("memory", "").strip(), form.get("cpu", "").strip()
+    if memory:
+        limits["memory"] = _field("Memory", job_limits.parse_size, memory)
+    if cpu:
+        limits["cpu"] = _field("CPU", job_limits.parse_cpu, cpu)
+    if limits:
+        body["limits"] = limits
     return JobSpec.from_json(body)
 
 
@@ -167,6 +184,7 @@ def live_json(job: store.Job, page: store.OutputPage, after: int) -> dict[str, A
             }
             for a in job.attempts
         ],
+        "applied": applied_lines(job),
         "chunks": [c.to_json() for c in page.chunks],
         "cursor": page.cursor or after,
         "more": page.more,
@@ -254,6 +272,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             "job.html", session, status, job=job, output=output, cursor=cursor, cut=cut,
             error=error or None, command_text=command_text, shown_limit=SHOWN_OUTPUT,
             shown_chunks=SHOWN_CHUNKS, output_cap=store.OUTPUT_CAP,
+            limits_text=job_limits.describe(job.limits), applied=applied_lines(job),
         )  # fmt: skip
 
     @web.get("/jobs/<job_id>")

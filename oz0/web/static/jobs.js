@@ -101,6 +101,10 @@ document.addEventListener("DOMContentLoaded", () => {
     setText("ended", data.ended_at);
     const nodes = new Map(data.attempts.map((a) => [a.number, a.node]));
     attemptsTable(data.attempts);
+    const applied = field("applied");
+    const lines = data.applied || []; // what each attempt's node applied (limits)
+    applied.replaceChildren(...lines.map((line) => el("li", null, line)));
+    applied.hidden = !lines.length;
     for (const chunk of data.chunks) append(chunk, nodes);
     cursor = data.cursor;
   }
