@@ -78,8 +78,8 @@ def run(
     ] = DEFAULT_QUEUE_TIMEOUT,
     memory: Annotated[int | None, Parameter(converter=size_bytes, metavar="SIZE")] = None,
     cpu: Annotated[float | None, Parameter(converter=cpus, metavar="FRACTION")] = None,
-    max_processes: int | None = None,
-    max_open_files: int | None = None,
+    max_processes: Annotated[int | None, Parameter(metavar="N")] = None,
+    max_open_files: Annotated[int | None, Parameter(metavar="N")] = None,
     max_address_space: Annotated[
         int | None, Parameter(converter=size_bytes, metavar="SIZE")
     ] = None,
@@ -119,11 +119,14 @@ def run(
     queue_timeout
         Fail the job if no node can take it for this long. [default: 10m]
     memory
-        Memory for each attempt's processes together, such as 512M or 2G (a cgroup).
+        Memory for each attempt's processes together, such as 512M or 2G (a cgroup where
+        the node has one; `job show` says what each node applied).
     cpu
-        CPU time for each attempt, in CPUs: 0.5 is half of one CPU (a cgroup).
+        CPU time for each attempt, in CPUs: 0.5 is half of one CPU (a cgroup where the
+        node has one).
     max_processes
-        Processes and threads each attempt may have at once (a cgroup).
+        Processes and threads each attempt may have at once (a cgroup where the node has
+        one).
     max_open_files
         Files each process may hold open, from 16 (an rlimit).
     max_address_space
