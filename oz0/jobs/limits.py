@@ -51,6 +51,8 @@ _SHOWN = {
 # trusted to keep it short or printable).
 MAX_APPLIED_TEXT = 200
 NOT_REPORTED = "not reported"
+# The node answers with its attempt's result, so a running attempt has nothing to show yet.
+RUNNING = "running: the node says what it applied when the attempt ends"
 
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[kmgtp]?)(?:i?b)?", re.IGNORECASE)
 _UNIT = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB, "p": 1024 * 1024 * GiB}
@@ -204,9 +206,6 @@ def describe_applied(asked: Mapping[str, object], applied: Mapping[str, Any] | N
         shown.append(f"{_SHOWN[name]}{value} ({how.get(name, NOT_REPORTED)})")
     line = "limits: " + ", ".join(shown)
     return f"{head}; {line}" if head else line
-
-
-RUNNING = "running: the node says what it applied when the attempt ends"
 
 
 def applied_lines(
