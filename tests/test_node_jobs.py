@@ -15,7 +15,9 @@ import itertools
 import json
 import logging
 import os
+import pwd
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +39,7 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER, STANDARD_PATH, WORKDIR_PREFIX, Isolation
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
 from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
@@ -163,8 +166,9 @@ def run_attempt(
     return asyncio.run(main())
 
 
-def workdir(data_dir: Path, attempt: int = 1) -> Path:
-    return data_dir / "runtimes" / f"{JOB}-{attempt}"
+def workdirs(attempt: int = 1) -> list[Path]:
+    """The working directories of JOB's ATTEMPT left in the system's temporary directory."""
+    return list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{JOB}-{attempt}-*"))
 
 
 # --- output, exit code, environment, directory -------------------------------------------
@@ -180,6 +184,7 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
         "output_bytes": 12,
         "truncated": False,
         "output_complete": True,
+        "applied": {"user": DEFAULT_JOB_USER, "tracking": "cgroup v2", "limits": {}},
     }
     assert link.chunks() == [("stdout", b"hello\nworld\n")]
     assert all(m["job"] == JOB and m["attempt"] == 1 for m in link.messages())
@@ -209,34 +214,44 @@ def test_stdout_and_stderr_stay_apart_and_in_order_one_message_at_a_time(
     assert last_at - first_at > 0.5
 
 
-def test_the_environment_has_the_jobs_names_and_the_oz0_names_win(
+def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENT_SETTING", "from-the-agent")
     link = FakeLink()
-    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K $AGENT_SETTING"'
+    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K ${AGENT_SETTING-unset}"; env'
     run_attempt(
         spec("sh", "-c", script, attempt=2, env={"K": "v w", "OZ0_JOB_ID": "spoofed"}),
         link,
         tmp_path,
     )
-    assert link.text() == f"{JOB} 2 {NODE_ID} v w from-the-agent\n"
+    first, *env_lines = link.text().splitlines()
+    assert first == f"{JOB} 2 {NODE_ID} v w unset", "nothing of the agent's environment"
+    env = dict(line.split("=", 1) for line in env_lines if "=" in line)
+    assert env["PATH"] == STANDARD_PATH
+    assert env["USER"] == env["LOGNAME"] == DEFAULT_JOB_USER
+    assert env["HOME"] == env["TMPDIR"] == env["PWD"]
 
 
-def test_each_attempt_runs_in_a_fresh_directory_removed_after(tmp_path: Path) -> None:
-    # What a crashed agent left behind for the same attempt goes first.
-    stale = workdir(tmp_path, 4)
-    stale.mkdir(parents=True)
-    (stale / "left-over").write_text("x")
+def test_each_attempt_runs_as_the_job_user_in_a_fresh_directory_of_its_own_removed_after(
+    tmp_path: Path,
+) -> None:
     link = FakeLink()
     # The command makes files, and a directory it leaves unwritable, in its directory.
-    script = "pwd; ls -A; mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    script = (
+        "id -u; pwd; stat -c '%U %a' .; ls -A; "
+        "mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    )
     result = run_attempt(spec("sh", "-c", script, attempt=4), link, tmp_path)
-    assert result["exit_code"] == 0
-    assert link.text() == f"{stale}\n", "it ran there, and found it empty"
-    assert not stale.exists()
-    assert (tmp_path / "runtimes").is_dir()
-    assert list((tmp_path / "runtimes").iterdir()) == []
+    assert result["exit_code"] == 0, link.text("stderr")
+    uid, where, owner, *rest = link.text().splitlines()
+    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    assert Path(where).parent == Path(tempfile.gettempdir())
+    assert Path(where).name.startswith(f"{WORKDIR_PREFIX}{JOB}-4-")
+    assert owner == f"{DEFAULT_JOB_USER} 700"
+    assert rest == [], "it found it empty"
+    assert not Path(where).exists()
+    assert not (tmp_path / "runtimes").exists()
 
 
 def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
@@ -254,7 +269,7 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     result = run_attempt(spec(str(plain)), link, tmp_path)
     assert result["exit_code"] == 126
     assert link.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path: Path) -> None:
@@ -264,6 +279,10 @@ def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path
         {**spec("true"), "command": []},
         {**spec("true"), "env": {"A=B": "c"}},
         {**spec("true"), "timeout": -1},
+        {**spec("true"), "limits": {"memory": "1G"}},
+        {**spec("true"), "limits": {"cpu": 0}},
+        {**spec("true"), "limits": {"max_processes": True}},
+        {**spec("true"), "limits": [1]},
     ):
         with pytest.raises(ApplicationError) as raised:
             run_attempt(bad, FakeLink(), tmp_path)
@@ -288,7 +307,7 @@ def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
     child, shell = printed_pids(link, pids)
     assert gone(child) and gone(shell)
     assert 1.0 + KILL_GRACE <= took < 1.0 + KILL_GRACE + 5
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
@@ -333,7 +352,7 @@ def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_sec
     asyncio.run(main())
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert all(0.8 < gap < 1.5 for gap in gaps), gaps
 
@@ -348,7 +367,7 @@ def test_an_ack_that_says_ended_kills_the_process_and_fails_the_attempt(
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
     assert len(link.sent) == 1, "nothing more is sent for an attempt that has ended"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
@@ -423,7 +442,7 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
             await ActivityEnvironment().run(fn, spec("true"))
 
     asyncio.run(main())
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 class RuntimeWithAnAttempt(NodeRuntime):
@@ -479,7 +498,7 @@ async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
     assert runtime.outcome.type == NODE_STOPPING
     assert gone(runtime.pgid)
     assert KILL_GRACE <= took < STOP_TIMEOUT
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 # --- the link over the control stream ----------------------------------------------------
@@ -685,13 +704,16 @@ def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None
     result, took = asyncio.run(main())
     assert took < 2.0, "stop_all did not wait for the flush"
     assert result["exit_code"] == 0 and result["output_complete"] is False
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "runtimes").write_text("a file where the directory belongs")
+    isolation = Isolation.detect(tmp_path)
+    isolation.temp_dir = tmp_path / "a-file"
+    isolation.temp_dir.write_text("a file where the directory belongs")
+    fn = attempt_activity(NODE_ID, tmp_path, FakeLink(), RunningAttempts(), isolation)
     with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
-        run_attempt(spec("true"), FakeLink(), tmp_path)
+        asyncio.run(ActivityEnvironment().run(fn, spec("true")))
     assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
