@@ -17,6 +17,8 @@ import logging
 import os
 import pwd
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -39,9 +41,19 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
-from oz0_node.jobs.isolation import DEFAULT_JOB_USER, STANDARD_PATH, WORKDIR_PREFIX, Isolation
+from oz0_node.jobs.isolation import (
+    CGROUP_V2,
+    DEFAULT_JOB_USER,
+    RECORD_FILE,
+    SCAN_EVERY,
+    STANDARD_PATH,
+    SUBREAPER,
+    WORKDIR_PREFIX,
+    Isolation,
+)
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
+from oz0_node.jobs.procfs import read_stat
 from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
 
 NODE_ID = "node-0123456789ab"
@@ -717,3 +729,171 @@ def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
     with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
         asyncio.run(ActivityEnvironment().run(fn, spec("true")))
     assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
+
+
+# --- isolation: the job user, nothing outlives its attempt, limits, a crash's leftovers ------
+
+TRACKINGS = [CGROUP_V2, SUBREAPER]
+
+
+def isolation_for(data_dir: Path, tracking: str) -> Isolation:
+    """This machine's isolation, tracking as TRACKING. cgroup v2 can be used here (its
+    hierarchy at /sys/fs/cgroup/unified, writable by root): the test says so if it is not."""
+    isolation = Isolation.detect(data_dir, tracking=tracking)
+    assert isolation.tracking == tracking, f"this machine gives {isolation.tracking}"
+    return isolation
+
+
+def run_isolated(
+    raw: dict[str, Any], link: FakeLink, data_dir: Path, isolation: Isolation
+) -> dict[str, object]:
+    fn = attempt_activity(NODE_ID, data_dir, link, RunningAttempts(), isolation)
+
+    async def main() -> dict[str, object]:
+        return await asyncio.wait_for(ActivityEnvironment().run(fn, raw), ATTEMPT_BOUND)
+
+    return asyncio.run(main())
+
+
+def all_gone(numbers: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not all(gone(pid) for pid in numbers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# Left behind three ways: a new session, a double fork, nohup in a grandchild.
+LEAVE_BEHIND = (
+    "setsid sleep 600 & echo $!; (sleep 600 & echo $!); "
+    "sh -c 'nohup sleep 600 >/dev/null 2>&1 & echo $!'"
+)
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
+    tracking: str, tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    result = run_isolated(
+        spec("sh", "-c", LEAVE_BEHIND), link, tmp_path, isolation_for(tmp_path, tracking)
+    )
+    assert result["exit_code"] == 0, link.text("stderr")
+    assert result["applied"] == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    left = printed_pids(link, pids)
+    assert len(left) == 3
+    assert all_gone(left, 5.0), f"{tracking}: still running after the attempt ended"
+    assert not list(Path("/sys/fs/cgroup/unified").glob(f"oz0-node-{NODE_ID}"))
+
+
+def test_a_job_cannot_read_the_nodes_identity(tmp_path: Path) -> None:
+    identity = tmp_path / "identity"
+    identity.mkdir(mode=0o700)
+    (identity / "node.key").write_text("THE-NODE-KEY")
+    link = FakeLink()
+    result = run_attempt(spec("cat", str(identity / "node.key")), link, tmp_path)
+    assert result["exit_code"] != 0
+    assert "THE-NODE-KEY" not in link.text() + link.text("stderr")
+    assert "Permission denied" in link.text("stderr")
+
+
+# Allocates 400 MiB, written (not just reserved), then says so.
+ALLOCATE = "a = [b'x' * (1 << 20) for _ in range(400)]; print('allocated')"
+
+
+def test_a_memory_limit_stops_an_allocation_loop_and_the_result_says_how_limits_applied(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink()
+    limits = {"memory": 64 << 20, "max_open_files": 64, "address_space": 4 << 30}
+    raw = {**spec("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits}
+    result = run_attempt(raw, link, tmp_path)
+    # This machine has cgroup v1's memory controller (cgroup v2 has none here): the cgroup's
+    # OOM killer ends the loop with SIGKILL.
+    applied = result["applied"]
+    assert isinstance(applied, dict)
+    assert applied["limits"] == {
+        "memory": "cgroup v1",
+        "max_open_files": "rlimit",
+        "address_space": "rlimit",
+    }
+    assert link.text().splitlines()[0] == "64"
+    assert "allocated" not in link.text()
+    assert result["exit_code"] == 128 + signal.SIGKILL, link.text("stderr")
+
+
+# Runs one attempt with a link that prints its output, as an agent would, until killed.
+CRASHING_AGENT = """
+import asyncio, base64, sys
+from pathlib import Path
+from temporalio.testing import ActivityEnvironment
+from oz0_node.jobs.attempt import RunningAttempts, attempt_activity
+from oz0_node.jobs.isolation import Isolation
+
+class Link:
+    async def exchange(self, fields, within):
+        sys.stdout.write(base64.b64decode(fields["data"]).decode())
+        sys.stdout.flush()
+        return None
+
+data, tracking, raw = Path(sys.argv[1]), sys.argv[2], eval(sys.argv[3])
+isolation = Isolation.detect(data, tracking=tracking)
+fn = attempt_activity(sys.argv[4], data, Link(), RunningAttempts(), isolation)
+asyncio.run(ActivityEnvironment().run(fn, raw))
+"""
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_after_a_crash_the_next_start_ends_what_its_attempts_left_and_removes_their_directories(
+    tracking: str, tmp_path: Path, pids: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = spec("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD; sleep 600")
+    crashing = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_AGENT, str(tmp_path), tracking, repr(raw), NODE_ID],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        assert crashing.stdout is not None
+        lines = [crashing.stdout.readline() for _ in range(4)]
+        *left, shell_and_dir = lines
+        shell, workdir = shell_and_dir.split()
+        numbers = [int(n) for n in left] + [int(shell)]
+        pids.extend(numbers)
+        # A subreaper's tracking records what it found at its last look.
+        time.sleep(2 * SCAN_EVERY + 0.2)
+    finally:
+        crashing.kill()
+        crashing.wait()
+        if crashing.stdout is not None:
+            crashing.stdout.close()
+    assert not any(gone(pid) for pid in numbers), "the crash left them running"
+    caplog.set_level(logging.INFO, logger="oz0_node.jobs")
+    assert isolation_for(tmp_path, tracking).end_leftovers(NODE_ID) == 1
+    assert all_gone(numbers, 5.0), f"{tracking}: a crash's leftovers still run"
+    assert not Path(workdir).exists()
+    assert f"attempt {JOB}-1 of a previous agent process: ended" in caplog.text
+    assert not (tmp_path / RECORD_FILE).exists()
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_never_touched(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    other = subprocess.Popen(["sleep", "600"])
+    pids.append(other.pid)
+    stat = read_stat(other.pid)
+    assert stat is not None
+    record = {
+        "agent_pid": 1,
+        "attempts": {
+            f"{JOB}-1": {"workdir": None, "cgroups": [], "pids": [[other.pid, stat.start_time + 1]]}
+        },
+    }
+    (tmp_path / RECORD_FILE).write_text(json.dumps(record))
+    assert Isolation.detect(tmp_path).end_leftovers(NODE_ID) == 1
+    time.sleep(0.2)
+    assert other.poll() is None, "another process with the recorded PID was killed"
+    other.kill()
+    other.wait()
