@@ -69,7 +69,7 @@ def start(
     Parameters
     ----------
     data_dir
-        Where the node keeps all it has (identity, plugins, runtimes, tools, logs); later
+        Where the node keeps all it has (identity, plugins, tools, logs); later
         starts need only this.
     edge
         Edge addresses HOST:PORT of the cluster's servers (comma-separated or repeated).
