@@ -136,13 +136,13 @@ def check_private(paths: list[Path], *, enforce: bool) -> None:
     euid = os.geteuid()
     for path in paths:
         try:
-            info = path.lstat()
+            info = path.stat()  # a data directory may be a link to one: what it names
         except FileNotFoundError:
             continue
         except OSError as e:
             raise AgentError(f"cannot check {path}: {e.strerror or e}") from None
         if not stat.S_ISDIR(info.st_mode):
-            raise AgentError(f"{path} must be a directory, not a link or a file")
+            raise AgentError(f"{path} must be a directory")
         if info.st_uid != euid:
             raise AgentError(
                 f"{path} is owned by uid {info.st_uid}, not by the agent's user ({euid}): "
