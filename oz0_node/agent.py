@@ -85,6 +85,9 @@ async def run(
     with identity.locked():
         identity.finish_renewal()
         record = identity.load_record()
+        # Before anything reaches the network: an agent that could run no job safely
+        # stops here, and a crash's leftovers are ended before new attempts come.
+        isolation = prepare_jobs(options, identity, record.node_id if record else None)
         if (record is None or record.node_id is None) and identity.has_certificate():
             # Joining again would pair a fresh record with the old node's certificate.
             raise AgentError(
@@ -102,7 +105,7 @@ async def run(
             record = NodeRecord(cluster=pinned.cluster, ca_hash=pinned.ca_hash)
             identity.save_record(record)
         node = Node(identity, record)
-        node.isolation = prepare_jobs(options, identity, record.node_id)
+        node.isolation = isolation
         node.remember(
             edges=options.edges,
             launcher=str(options.launcher) if options.launcher is not None else None,

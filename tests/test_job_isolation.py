@@ -5,6 +5,7 @@ and the checks of the data directory. Starts no server and binds no address."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import subprocess
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from oz0_node import agent, main
 from oz0_node.errors import AgentError
+from oz0_node.identity import IdentityDir
 from oz0_node.jobs import procfs
 from oz0_node.jobs.isolation import (
     DEFAULT_JOB_USER,
@@ -181,3 +184,32 @@ def test_a_data_dir_open_to_others_is_closed_by_root_and_refused_otherwise(
     os.chown(data, 1, 1)
     with pytest.raises(AgentError, match="is owned by uid 1, not by the agent's user"):
         check_private([data], enforce=True)
+
+
+def test_an_agent_without_its_job_user_refuses_to_start_before_any_network(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "node"
+    args = ["start", "--data-dir", str(data), "--edge", "edge.invalid:7443"]
+    args += ["--ca-hash", "sha256:" + "0" * 64, "--job-user", "no-such-oz0-user"]
+    assert main.run(args) == 1
+    err = capsys.readouterr().err
+    assert "the job user no-such-oz0-user does not exist, so no job can run" in err
+    assert "edge.invalid" not in err, "it stopped before reaching for the edge"
+
+
+def test_jobs_as_root_must_be_said_and_the_log_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="oz0_node.agent")
+    identity = IdentityDir(tmp_path / "node")
+    identity.create()
+    isolation = agent.prepare_jobs(
+        agent.StartOptions(data_dir=identity.data_dir, job_user="root"), identity, None
+    )
+    assert isolation.user.uid == 0 and not isolation.drop
+    assert "jobs run as root (--job-user root)" in caplog.text
+    caplog.clear()
+    agent.prepare_jobs(agent.StartOptions(data_dir=identity.data_dir), identity, None)
+    assert f"jobs run as {DEFAULT_JOB_USER}, tracked by" in caplog.text
+    assert "jobs run as root" not in caplog.text
