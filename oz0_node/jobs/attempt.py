@@ -79,10 +79,6 @@ class AttemptSpec:
     timeout: float | None = None
     limits: Limits = field(default_factory=Limits)
 
-    @property
-    def dir_name(self) -> str:
-        return f"{self.job_id}-{self.attempt}"
-
     @classmethod
     def parse(cls, raw: object) -> AttemptSpec:
         """The attempt RAW describes; a non-retryable BadAttempt error if it is malformed."""
