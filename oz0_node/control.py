@@ -167,6 +167,7 @@ async def _keep_runtime(
         temporal=welcome.temporal,
         identity=node.identity,
         output=link,
+        isolation=runtimes.isolation,
     )
     async with trio.open_nursery() as nursery:
         # Plugins run alongside the runtime: whatever ends this stream stops both.

@@ -46,6 +46,7 @@ from oz0_node import plugins
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
 from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT
+from oz0_node.jobs.isolation import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class RuntimeSettings:
     # Where job output goes: the control stream this runtime runs for. Without one the
     # runtime offers no job activity.
     output: OutputLink | None = None
+    # How attempts run (the agent's, checked at its start); None: what the machine allows.
+    isolation: Isolation | None = None
 
     @property
     def task_queue(self) -> str:
@@ -222,7 +225,11 @@ class NodeRuntime:
         if settings.output is not None:
             activities.append(
                 attempt_activity(
-                    settings.node_id, settings.identity.data_dir, settings.output, self.attempts
+                    settings.node_id,
+                    settings.identity.data_dir,
+                    settings.output,
+                    self.attempts,
+                    settings.isolation,
                 )
             )
         return activities
@@ -289,9 +296,11 @@ class Runtimes:
         self,
         factory: RuntimeFactory = NodeRuntime,
         launch_plugin: plugins.Launch = plugins.launch_process,
+        isolation: Isolation | None = None,
     ) -> None:
         self.factory = factory
         self.launch_plugin = launch_plugin
+        self.isolation = isolation
         self.live: set[Runtime] = set()
 
     async def run(self, settings: RuntimeSettings, running: Callable[[], None]) -> None:

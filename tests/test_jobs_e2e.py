@@ -9,9 +9,8 @@ on on another node.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
+import pwd
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,8 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import run_async, server_credentials
 from oz0.context import Context
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER
+from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -92,25 +93,32 @@ def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
 
 
 def pid_gone(pid: int, within: float) -> bool:
+    """PID ends within WITHIN seconds (its zombie counts as ended: an orphan's may wait
+    for a PID 1 that does not reap)."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    while True:
+        stat = read_stat(pid)
+        if stat is None or stat.zombie:
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return False
 
 
-def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
-    """The PID the job's command printed first (`pid N`), once the attempt has said it."""
+def started_pids(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> list[int]:
+    """The PIDs the job's command printed first (`pid N [M...]`), once the attempt said them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for number, _, data in output_of(files, job_id):
             if number == attempt and data.startswith(b"pid "):
-                return int(data.split()[1])
+                return [int(word) for word in data.split(b"\n")[0].split()[1:]]
         time.sleep(0.05)
     raise AssertionError(f"attempt {attempt} of {job_id} printed no pid")
+
+
+def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
+    """The first PID the job's command printed (`pid N`)."""
+    return started_pids(files, job_id, attempt, timeout)[0]
 
 
 @pytest.fixture
@@ -137,7 +145,8 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     greeting, source, job_id, attempt = first_line.split()[0:1] + first_line.split()[2:]
     assert (greeting, source, attempt) == ("hello", web, "1")
     assert "oops" in ran.err
-    assert workdir.endswith(f"/runtimes/{job_id}-1") and not Path(workdir).exists()
+    assert Path(workdir).name.startswith(f"oz0-job-{job_id}-1-")
+    assert not Path(workdir).exists()
     shown = cli("job", "show", job_id, "--json", env=env).json()
     assert shown["state"] == "failed" and shown["exit_code"] == 3
     assert shown["selector"] == {"role": "web"} and shown["command"][0] == "sh"
@@ -150,6 +159,24 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert f"attempt 1 on {web}" in logs.err and "oops" in logs.err
     listed = cli("job", "list", "--state", "failed", "--json", env=env).json()
     assert [j["id"] for j in listed] == [job_id]
+
+    # Isolated: as the job user, away from the node's key, and nothing it left runs on.
+    key = agents[0].data_dir / "identity" / "node.key"
+    isolated = cli(
+        "job", "run", "--node", web, "--",
+        "sh", "-c", f"id -u; cat {key}; setsid sleep 600 & echo $!; (sleep 600 & echo $!)",
+        env=env,
+    )  # fmt: skip
+    ended_at = time.monotonic()
+    uid, *left = isolated.out.split()
+    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    assert "Permission denied" in isolated.err and "PRIVATE KEY" not in isolated.out
+    assert len(left) == 2 and all(pid_gone(int(pid), 5.0) for pid in left)
+    print(f"isolated job's leftovers gone {time.monotonic() - ended_at:.2f} s after it ended")
+    jobs = agents[0].status()["jobs"]
+    assert jobs["job_user"] == DEFAULT_JOB_USER
+    # This machine: cgroup v2 at /sys/fs/cgroup/unified, writable by the agent (root).
+    assert jobs["tracking"].startswith("cgroup v2 /sys/fs/cgroup/"), jobs
 
     everywhere = cli("job", "run", "--all", "--", "sh", "-c", "echo $OZ0_NODE_ID", env=env)
     assert everywhere.code == 0, everywhere.err
@@ -213,13 +240,16 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     files, env = one_server, one_server.cli_env
     ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}])
     by_id = dict(zip(ids, agents, strict=True))
-    command = ["sh", "-c", "echo pid $$; sleep 4; echo finished on $OZ0_NODE_ID"]
+    # It leaves a setsid'd process behind: it must end with the attempt, however it ends.
+    command = [
+        "sh", "-c", "setsid sleep 600 & echo pid $$ $!; sleep 4; echo finished on $OZ0_NODE_ID"
+    ]  # fmt: skip
     took = {}
     for action in ("block", "purge", "kill"):
         run = cli("job", "run", "--detach", "--json", "--", *command, env=env)
         assert run.code == 0, run.err
         job_id = run.json()["id"]
-        pid = started_pid(files, job_id, 1)
+        pid, left = started_pids(files, job_id, 1)
         first = wait_job(files, job_id, lambda j: bool(j["attempts"]), 5)["attempts"][0]["node"]
         if action == "block":
             assert cli("node", "block", first, "--reason", "jobs test", env=env).code == 0
@@ -236,10 +266,19 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
         if action != "kill":
             # The agent's runtime stop kills its attempts: block and purge leave nothing.
             assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
+            assert pid_gone(left, GONE_BOUND), f"{action}: what the attempt left runs on"
         else:
-            # The agent died without stopping its children: this one may run on, and end.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            # The agent died without stopping its attempt: its next start ends what is left.
+            assert not pid_gone(left, 0.1), "the kill -9 left the attempt's processes"
+            agent = AgentProcess.resuming(agent.data_dir).start()
+            agents.append(agent)
+            line = f"attempt {job_id}-1 of a previous agent process: ended"
+            deadline = time.monotonic() + 30
+            while line not in agent.log():
+                assert time.monotonic() < deadline, agent.log()
+                time.sleep(0.05)
+            assert pid_gone(pid, 5.0) and pid_gone(left, 5.0), "the restart left them running"
+            print(f"after kill -9, the restart ended them by {agent.status()['jobs']['tracking']}")
         done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
         assert done["state"] == "succeeded", done
         one, two = done["attempts"]

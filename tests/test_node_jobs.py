@@ -15,7 +15,11 @@ import itertools
 import json
 import logging
 import os
+import pwd
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,8 +41,19 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
+from oz0_node.jobs.isolation import (
+    CGROUP_V2,
+    DEFAULT_JOB_USER,
+    RECORD_FILE,
+    SCAN_EVERY,
+    STANDARD_PATH,
+    SUBREAPER,
+    WORKDIR_PREFIX,
+    Isolation,
+)
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
+from oz0_node.jobs.procfs import read_stat
 from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
 
 NODE_ID = "node-0123456789ab"
@@ -163,8 +178,9 @@ def run_attempt(
     return asyncio.run(main())
 
 
-def workdir(data_dir: Path, attempt: int = 1) -> Path:
-    return data_dir / "runtimes" / f"{JOB}-{attempt}"
+def workdirs(attempt: int = 1) -> list[Path]:
+    """The working directories of JOB's ATTEMPT left in the system's temporary directory."""
+    return list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{JOB}-{attempt}-*"))
 
 
 # --- output, exit code, environment, directory -------------------------------------------
@@ -180,6 +196,7 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
         "output_bytes": 12,
         "truncated": False,
         "output_complete": True,
+        "applied": {"user": DEFAULT_JOB_USER, "tracking": "cgroup v2", "limits": {}},
     }
     assert link.chunks() == [("stdout", b"hello\nworld\n")]
     assert all(m["job"] == JOB and m["attempt"] == 1 for m in link.messages())
@@ -209,34 +226,44 @@ def test_stdout_and_stderr_stay_apart_and_in_order_one_message_at_a_time(
     assert last_at - first_at > 0.5
 
 
-def test_the_environment_has_the_jobs_names_and_the_oz0_names_win(
+def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENT_SETTING", "from-the-agent")
     link = FakeLink()
-    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K $AGENT_SETTING"'
+    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K ${AGENT_SETTING-unset}"; env'
     run_attempt(
         spec("sh", "-c", script, attempt=2, env={"K": "v w", "OZ0_JOB_ID": "spoofed"}),
         link,
         tmp_path,
     )
-    assert link.text() == f"{JOB} 2 {NODE_ID} v w from-the-agent\n"
+    first, *env_lines = link.text().splitlines()
+    assert first == f"{JOB} 2 {NODE_ID} v w unset", "nothing of the agent's environment"
+    env = dict(line.split("=", 1) for line in env_lines if "=" in line)
+    assert env["PATH"] == STANDARD_PATH
+    assert env["USER"] == env["LOGNAME"] == DEFAULT_JOB_USER
+    assert env["HOME"] == env["TMPDIR"] == env["PWD"]
 
 
-def test_each_attempt_runs_in_a_fresh_directory_removed_after(tmp_path: Path) -> None:
-    # What a crashed agent left behind for the same attempt goes first.
-    stale = workdir(tmp_path, 4)
-    stale.mkdir(parents=True)
-    (stale / "left-over").write_text("x")
+def test_each_attempt_runs_as_the_job_user_in_a_fresh_directory_of_its_own_removed_after(
+    tmp_path: Path,
+) -> None:
     link = FakeLink()
     # The command makes files, and a directory it leaves unwritable, in its directory.
-    script = "pwd; ls -A; mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    script = (
+        "id -u; pwd; stat -c '%U %a' .; ls -A; "
+        "mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    )
     result = run_attempt(spec("sh", "-c", script, attempt=4), link, tmp_path)
-    assert result["exit_code"] == 0
-    assert link.text() == f"{stale}\n", "it ran there, and found it empty"
-    assert not stale.exists()
-    assert (tmp_path / "runtimes").is_dir()
-    assert list((tmp_path / "runtimes").iterdir()) == []
+    assert result["exit_code"] == 0, link.text("stderr")
+    uid, where, owner, *rest = link.text().splitlines()
+    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    assert Path(where).parent == Path(tempfile.gettempdir())
+    assert Path(where).name.startswith(f"{WORKDIR_PREFIX}{JOB}-4-")
+    assert owner == f"{DEFAULT_JOB_USER} 700"
+    assert rest == [], "it found it empty"
+    assert not Path(where).exists()
+    assert not (tmp_path / "runtimes").exists()
 
 
 def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
@@ -254,7 +281,7 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     result = run_attempt(spec(str(plain)), link, tmp_path)
     assert result["exit_code"] == 126
     assert link.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path: Path) -> None:
@@ -264,6 +291,10 @@ def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path
         {**spec("true"), "command": []},
         {**spec("true"), "env": {"A=B": "c"}},
         {**spec("true"), "timeout": -1},
+        {**spec("true"), "limits": {"memory": "1G"}},
+        {**spec("true"), "limits": {"cpu": 0}},
+        {**spec("true"), "limits": {"max_processes": True}},
+        {**spec("true"), "limits": [1]},
     ):
         with pytest.raises(ApplicationError) as raised:
             run_attempt(bad, FakeLink(), tmp_path)
@@ -288,7 +319,7 @@ def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
     child, shell = printed_pids(link, pids)
     assert gone(child) and gone(shell)
     assert 1.0 + KILL_GRACE <= took < 1.0 + KILL_GRACE + 5
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
@@ -333,7 +364,7 @@ def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_sec
     asyncio.run(main())
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert all(0.8 < gap < 1.5 for gap in gaps), gaps
 
@@ -348,7 +379,7 @@ def test_an_ack_that_says_ended_kills_the_process_and_fails_the_attempt(
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
     assert len(link.sent) == 1, "nothing more is sent for an attempt that has ended"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
@@ -423,7 +454,7 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
             await ActivityEnvironment().run(fn, spec("true"))
 
     asyncio.run(main())
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 class RuntimeWithAnAttempt(NodeRuntime):
@@ -479,7 +510,7 @@ async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
     assert runtime.outcome.type == NODE_STOPPING
     assert gone(runtime.pgid)
     assert KILL_GRACE <= took < STOP_TIMEOUT
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 # --- the link over the control stream ----------------------------------------------------
@@ -685,13 +716,184 @@ def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None
     result, took = asyncio.run(main())
     assert took < 2.0, "stop_all did not wait for the flush"
     assert result["exit_code"] == 0 and result["output_complete"] is False
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "runtimes").write_text("a file where the directory belongs")
+    isolation = Isolation.detect(tmp_path)
+    isolation.temp_dir = tmp_path / "a-file"
+    isolation.temp_dir.write_text("a file where the directory belongs")
+    fn = attempt_activity(NODE_ID, tmp_path, FakeLink(), RunningAttempts(), isolation)
     with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
-        run_attempt(spec("true"), FakeLink(), tmp_path)
+        asyncio.run(ActivityEnvironment().run(fn, spec("true")))
     assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
+
+
+# --- isolation: the job user, nothing outlives its attempt, limits, a crash's leftovers ------
+
+TRACKINGS = [CGROUP_V2, SUBREAPER]
+
+
+def isolation_for(data_dir: Path, tracking: str) -> Isolation:
+    """This machine's isolation, tracking as TRACKING. cgroup v2 can be used here (its
+    hierarchy at /sys/fs/cgroup/unified, writable by root): the test says so if it is not."""
+    isolation = Isolation.detect(data_dir, tracking=tracking)
+    assert isolation.tracking == tracking, f"this machine gives {isolation.tracking}"
+    return isolation
+
+
+def run_isolated(
+    raw: dict[str, Any], link: FakeLink, data_dir: Path, isolation: Isolation
+) -> dict[str, object]:
+    fn = attempt_activity(NODE_ID, data_dir, link, RunningAttempts(), isolation)
+
+    async def main() -> dict[str, object]:
+        return await asyncio.wait_for(ActivityEnvironment().run(fn, raw), ATTEMPT_BOUND)
+
+    return asyncio.run(main())
+
+
+def all_gone(numbers: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not all(gone(pid) for pid in numbers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# Left behind three ways: a new session, a double fork, nohup in a grandchild.
+LEAVE_BEHIND = (
+    "setsid sleep 600 & echo $!; (sleep 600 & echo $!); "
+    "sh -c 'nohup sleep 600 >/dev/null 2>&1 & echo $!'"
+)
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
+    tracking: str, tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    result = run_isolated(
+        spec("sh", "-c", LEAVE_BEHIND), link, tmp_path, isolation_for(tmp_path, tracking)
+    )
+    assert result["exit_code"] == 0, link.text("stderr")
+    assert result["applied"] == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    left = printed_pids(link, pids)
+    assert len(left) == 3
+    assert all_gone(left, 5.0), f"{tracking}: still running after the attempt ended"
+    assert not list(Path("/sys/fs/cgroup/unified").glob(f"oz0-node-{NODE_ID}"))
+
+
+def test_a_job_cannot_read_the_nodes_identity(tmp_path: Path) -> None:
+    identity = tmp_path / "identity"
+    identity.mkdir(mode=0o700)
+    (identity / "node.key").write_text("THE-NODE-KEY")
+    link = FakeLink()
+    result = run_attempt(spec("cat", str(identity / "node.key")), link, tmp_path)
+    assert result["exit_code"] != 0
+    assert "THE-NODE-KEY" not in link.text() + link.text("stderr")
+    assert "Permission denied" in link.text("stderr")
+
+
+# Allocates 400 MiB, written (not just reserved), then says so.
+ALLOCATE = "a = [b'x' * (1 << 20) for _ in range(400)]; print('allocated')"
+
+
+def test_a_memory_limit_stops_an_allocation_loop_and_the_result_says_how_limits_applied(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink()
+    limits = {"memory": 64 << 20, "max_open_files": 64, "address_space": 4 << 30}
+    raw = {**spec("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits}
+    result = run_attempt(raw, link, tmp_path)
+    # This machine has cgroup v1's memory controller (cgroup v2 has none here): the cgroup's
+    # OOM killer ends the loop with SIGKILL.
+    applied = result["applied"]
+    assert isinstance(applied, dict)
+    assert applied["limits"] == {
+        "memory": "cgroup v1",
+        "max_open_files": "rlimit",
+        "address_space": "rlimit",
+    }
+    assert link.text().splitlines()[0] == "64"
+    assert "allocated" not in link.text()
+    assert result["exit_code"] == 128 + signal.SIGKILL, link.text("stderr")
+
+
+# Runs one attempt with a link that prints its output, as an agent would, until killed.
+CRASHING_AGENT = """
+import asyncio, base64, sys
+from pathlib import Path
+from temporalio.testing import ActivityEnvironment
+from oz0_node.jobs.attempt import RunningAttempts, attempt_activity
+from oz0_node.jobs.isolation import Isolation
+
+class Link:
+    async def exchange(self, fields, within):
+        sys.stdout.write(base64.b64decode(fields["data"]).decode())
+        sys.stdout.flush()
+        return None
+
+data, tracking, raw = Path(sys.argv[1]), sys.argv[2], eval(sys.argv[3])
+isolation = Isolation.detect(data, tracking=tracking)
+fn = attempt_activity(sys.argv[4], data, Link(), RunningAttempts(), isolation)
+asyncio.run(ActivityEnvironment().run(fn, raw))
+"""
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_after_a_crash_the_next_start_ends_what_its_attempts_left_and_removes_their_directories(
+    tracking: str, tmp_path: Path, pids: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = spec("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD; sleep 600")
+    crashing = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_AGENT, str(tmp_path), tracking, repr(raw), NODE_ID],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        assert crashing.stdout is not None
+        lines = [crashing.stdout.readline() for _ in range(4)]
+        *left, shell_and_dir = lines
+        shell, workdir = shell_and_dir.split()
+        numbers = [int(n) for n in left] + [int(shell)]
+        pids.extend(numbers)
+        # A subreaper's tracking records what it found at its last look.
+        time.sleep(2 * SCAN_EVERY + 0.2)
+    finally:
+        crashing.kill()
+        crashing.wait()
+        if crashing.stdout is not None:
+            crashing.stdout.close()
+    assert not any(gone(pid) for pid in numbers), "the crash left them running"
+    caplog.set_level(logging.INFO, logger="oz0_node.jobs")
+    assert isolation_for(tmp_path, tracking).end_leftovers(NODE_ID) == 1
+    assert all_gone(numbers, 5.0), f"{tracking}: a crash's leftovers still run"
+    assert not Path(workdir).exists()
+    assert f"attempt {JOB}-1 of a previous agent process: ended" in caplog.text
+    assert not (tmp_path / RECORD_FILE).exists()
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_never_touched(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    other = subprocess.Popen(["sleep", "600"])
+    pids.append(other.pid)
+    stat = read_stat(other.pid)
+    assert stat is not None
+    record = {
+        "agent_pid": 1,
+        "attempts": {
+            f"{JOB}-1": {"workdir": None, "cgroups": [], "pids": [[other.pid, stat.start_time + 1]]}
+        },
+    }
+    (tmp_path / RECORD_FILE).write_text(json.dumps(record))
+    assert Isolation.detect(tmp_path).end_leftovers(NODE_ID) == 1
+    time.sleep(0.2)
+    assert other.poll() is None, "another process with the recorded PID was killed"
+    other.kill()
+    other.wait()

@@ -2,19 +2,21 @@
 
 The workflow (server side) schedules it on the node's own task queue with one JSON
 object (docs/node-protocol.md, "Jobs"). The command runs with no shell, stdin from
-/dev/null, in a session of its own, in a fresh directory DATA_DIR/runtimes/JOB-ATTEMPT/
-that is removed when the attempt ends, whatever ends it. Its output goes to the edge as it
+/dev/null, in a session of its own, as the job user, in a clean environment and a fresh
+directory of its own that is removed when the attempt ends, whatever ends it, with the
+limits it asked for (isolation.py says how). Its output goes to the edge as it
 comes (output.py). It ends by:
 
-- exiting: then whatever it left in its process group is ended too, the output is
-  flushed, and the result says how it exited;
-- its timeout: the group gets SIGTERM, SIGKILL after KILL_GRACE; `ended_because` timeout;
-- cancellation (the workflow cancels it; the worker sees that through a heartbeat): the
-  group is ended the same way and CancelledError goes on up;
-- the cluster saying, in an output ack, that the attempt has ended here: the group is ended
-  and the activity fails with AttemptEnded;
+- exiting: then whatever it left running (double-forked, setsid, daemonised: its cgroup or
+  its tracked descendants) is ended too, the output is flushed, and the result says how it
+  exited, and what isolation and limits were applied;
+- its timeout: its processes get SIGTERM, SIGKILL after KILL_GRACE; `ended_because` timeout;
+- cancellation (the workflow cancels it; the worker sees that through a heartbeat): its
+  processes are ended the same way and CancelledError goes on up;
+- the cluster saying, in an output ack, that the attempt has ended here: its processes are
+  ended and the activity fails with AttemptEnded;
 - the runtime stopping (block, purge, SIGTERM, stream lost): `RunningAttempts.stop_all`
-  ends the group before the worker stops, and the activity fails with NodeStopping.
+  ends its processes before the worker stops, and the activity fails with NodeStopping.
 
 Runs in the runtime's asyncio loop (temporalio is asyncio-only), never in Trio.
 """
@@ -25,10 +27,8 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import re
-import shutil
-import stat
+import subprocess
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +37,21 @@ from typing import Any, NoReturn, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from oz0_node import layout
+from oz0_node.jobs.isolation import (
+    SCAN_EVERY,
+    SUBREAPER,
+    Isolation,
+    Limits,
+    Placement,
+    parse_limits,
+)
 from oz0_node.jobs.link import OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
-from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
+from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, spawn
 
 log = logging.getLogger(__name__)
 
 ACTIVITY = "oz0.job.attempt"
-RUNTIMES_DIR = layout.RUNTIMES_DIR
 HEARTBEAT_EVERY = 1.0
 # Once the group is gone, how long its pipes may stay open (held by a process that left
 # the group with setsid) before the attempt stops reading them. Not shorter: on a loaded
@@ -71,10 +77,7 @@ class AttemptSpec:
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
-
-    @property
-    def dir_name(self) -> str:
-        return f"{self.job_id}-{self.attempt}"
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def parse(cls, raw: object) -> AttemptSpec:
@@ -112,12 +115,16 @@ class AttemptSpec:
             or timeout <= 0
         ):
             raise _bad(f"timeout must be a positive number of seconds or null, not {timeout!r}")
+        limits = parse_limits(raw.get("limits"))
+        if isinstance(limits, str):
+            raise _bad(limits)
         return cls(
             job_id=job_id,
             attempt=number,
             command=tuple(command),
             env=dict(env),
             timeout=float(timeout) if timeout is not None else None,
+            limits=limits,
         )
 
 
@@ -186,64 +193,7 @@ class RunningAttempts:
             log.warning("%d job attempt(s) did not end in %g s", len(late), STOP_ALL_TIMEOUT)
 
 
-# --- the working directory -------------------------------------------------------------
-
-
-def runtimes_dir(data_dir: Path) -> Path:
-    return data_dir / RUNTIMES_DIR
-
-
-def fresh_workdir(data_dir: Path, spec: AttemptSpec) -> Path:
-    """An empty DATA_DIR/runtimes/JOB-ATTEMPT/ (0700); what a crash left there goes first."""
-    parent = runtimes_dir(data_dir)
-    parent.mkdir(mode=0o700, exist_ok=True)
-    workdir = parent / spec.dir_name
-    if workdir.is_symlink() or workdir.exists():
-        remove_tree(workdir)
-    workdir.mkdir(mode=0o700)
-    return workdir
-
-
-def remove_tree(path: Path) -> None:
-    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
-
-    A command may leave directories it made unwritable; those are made writable (never
-    through a link) and the removal tried once more."""
-    if path.is_symlink() or not path.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except OSError:
-        pass
-    for root, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            with contextlib.suppress(OSError):
-                target = Path(root, name)
-                if not target.is_symlink():
-                    target.chmod(stat.S_IRWXU)
-    try:
-        shutil.rmtree(path)
-    except OSError as e:
-        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
 # --- the attempt -----------------------------------------------------------------------
-
-
-def attempt_env(spec: AttemptSpec, node_id: str, data_dir: Path) -> dict[str, str]:
-    """The agent's environment, the job's on top, and the three OZ0_ names on top of that;
-    DIR/tools/ first on the PATH that results."""
-    env = {
-        **os.environ,
-        **spec.env,
-        "OZ0_JOB_ID": spec.job_id,
-        "OZ0_ATTEMPT": str(spec.attempt),
-        "OZ0_NODE_ID": node_id,
-    }
-    return layout.with_tools_on_path(env, data_dir)
 
 
 def _result(
@@ -252,6 +202,7 @@ def _result(
     ended_because: str,
     relay: OutputRelay,
     complete: bool,
+    place: Placement,
 ) -> dict[str, object]:
     return {
         "exit_code": exit_code,
@@ -260,6 +211,7 @@ def _result(
         "output_bytes": relay.output_bytes,
         "truncated": relay.truncated,
         "output_complete": complete,
+        "applied": place.applied,
     }
 
 
@@ -267,9 +219,9 @@ async def run_attempt(
     raw: object,
     *,
     node_id: str,
-    data_dir: Path,
     link: OutputLink,
     attempts: RunningAttempts,
+    isolation: Isolation,
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
     """Run the attempt RAW describes (see the module's docstring); its result object."""
@@ -277,27 +229,26 @@ async def run_attempt(
     running = attempts.enter(spec)
     try:
         try:
-            workdir = fresh_workdir(data_dir, spec)
+            place = isolation.begin(node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
         except OSError as e:
             raise ApplicationError(
                 f"job {spec.job_id} attempt {spec.attempt}: cannot make its working directory "
-                f"in {runtimes_dir(data_dir)}: {e.strerror or e}",
+                f"or cgroup ({e.filename or isolation.temp_dir}): {e.strerror or e}",
                 type=NO_WORKDIR,
                 non_retryable=True,
             ) from None
         try:
-            return await _run(spec, workdir, data_dir, node_id, link, running, heartbeat)
+            return await _run(spec, place, isolation, link, running, heartbeat)
         finally:
-            remove_tree(workdir)
+            isolation.end(place)
     finally:
         attempts.leave(running)
 
 
 async def _run(
     spec: AttemptSpec,
-    workdir: Path,
-    data_dir: Path,
-    node_id: str,
+    place: Placement,
+    isolation: Isolation,
     link: OutputLink,
     running: Running,
     heartbeat: Callable[[], None],
@@ -310,20 +261,33 @@ async def _run(
             group.create_task(_heartbeats(heartbeat, ended))
             try:
                 try:
-                    env = attempt_env(spec, node_id, data_dir)
-                    child = await spawn(spec.command, cwd=workdir, env=env, on_output=relay.add)
-                except OSError as e:
-                    code = 127 if isinstance(e, FileNotFoundError) else 126
-                    why = e.strerror or str(e)
+                    child = await spawn(
+                        spec.command,
+                        cwd=place.workdir,
+                        env=place.env,
+                        on_output=relay.add,
+                        tracking=place.tracking,
+                        preexec=place.preexec,
+                    )
+                except (OSError, subprocess.SubprocessError) as e:
+                    if isinstance(e, OSError):
+                        code = 127 if isinstance(e, FileNotFoundError) else 126
+                        why = e.strerror or str(e)
+                    else:  # the child's steps before exec (cgroup, rlimits, user) failed
+                        code, why = 126, "cannot isolate it (cgroup, limits or job user)"
+                        log.warning("job %s attempt %d: %s", spec.job_id, spec.attempt, why)
                     relay.add(
                         "stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode()
                     )
-                    return _result(code, None, "exit", relay, await _finish(relay, spec, running))
+                    complete = await _finish(relay, spec, running)
+                    return _result(code, None, "exit", relay, complete, place)
+                if place.tracking.kind == SUBREAPER:
+                    group.create_task(_follow(isolation, place, ended))
                 log.info(
                     "job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid
                 )
                 try:
-                    return await _supervise(spec, child, relay, running)
+                    return await _supervise(spec, child, relay, running, place)
                 finally:
                     # Whatever ended the attempt, nothing of it outlives it.
                     await _to_completion(child.end())
@@ -335,8 +299,18 @@ async def _run(
         _raise_the_one(failed)  # the heartbeats raise nothing: the attempt's own error
 
 
+async def _follow(isolation: Isolation, place: Placement, ended: asyncio.Event) -> None:
+    """Subreaper tracking: look for the attempt's new processes (and reap the adopted ones
+    that ended) every SCAN_EVERY, recording them for a next start after a crash."""
+    while not ended.is_set():
+        if place.tracking.refresh():
+            isolation.note(place)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), SCAN_EVERY)
+
+
 async def _supervise(
-    spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running
+    spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running, place: Placement
 ) -> dict[str, object]:
     try:
         with contextlib.suppress(TimeoutError):
@@ -360,7 +334,7 @@ async def _supervise(
             spec.attempt,
             spec.timeout,
         )
-    elif members(child.pid):
+    elif child.tracking.alive():
         log.info(
             "job %s attempt %d: ending what the command left running",
             spec.job_id,
@@ -368,16 +342,16 @@ async def _supervise(
         )
     await _to_completion(child.end())
     with contextlib.suppress(TimeoutError):
-        # A pipe held by a process that left the group (setsid) is not waited for.
+        # A pipe held by a process that escaped its tracking is not waited for.
         await asyncio.wait_for(child.pipes_closed.wait(), DRAIN_TIMEOUT)
     complete = await _finish(relay, spec, running)
     code = child.returncode
     signal = -code if code is not None and code < 0 else None
     if timed_out:
-        return _result(None, signal, "timeout", relay, complete)
+        return _result(None, signal, "timeout", relay, complete, place)
     assert code is not None
     exit_code = 128 + signal if signal is not None else code
-    return _result(exit_code, signal, "exit", relay, complete)
+    return _result(exit_code, signal, "exit", relay, complete, place)
 
 
 def attempt_ended(spec: AttemptSpec) -> ApplicationError:
@@ -467,14 +441,20 @@ async def _to_completion(work: Coroutine[Any, Any, T]) -> T:
 
 
 def attempt_activity(
-    node_id: str, data_dir: Path, link: OutputLink, attempts: RunningAttempts
+    node_id: str,
+    data_dir: Path,
+    link: OutputLink,
+    attempts: RunningAttempts,
+    isolation: Isolation | None = None,
 ) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
-    """The `oz0.job.attempt` activity of one runtime."""
+    """The `oz0.job.attempt` activity of one runtime; ISOLATION the agent's (else what
+    this machine allows, with the default job user)."""
+    isolated = isolation if isolation is not None else Isolation.detect(data_dir)
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
         return await run_attempt(
-            raw, node_id=node_id, data_dir=data_dir, link=link, attempts=attempts
+            raw, node_id=node_id, link=link, attempts=attempts, isolation=isolated
         )
 
     return attempt
