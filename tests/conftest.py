@@ -24,7 +24,7 @@ from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
 from oz0.store.dburl import DatabaseUrl
-from oz0_node.jobs.isolation import DEFAULT_JOB_USER
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER, stop_being_subreaper
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,15 @@ def streams() -> Iterator[list[EventStream]]:
     yield opened
     for stream in opened:
         stream.close()
+
+
+@pytest.fixture(autouse=True)
+def not_a_subreaper_after() -> Iterator[None]:
+    """A test that forced the subreaper tracking made this process a child subreaper: undo
+    it after the test, or every orphan of later tests' servers and agents would come to
+    this process and stay a zombie (it never reaps them)."""
+    yield
+    stop_being_subreaper()
 
 
 @pytest.fixture(scope="session", autouse=True)

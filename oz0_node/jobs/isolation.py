@@ -892,3 +892,13 @@ def become_subreaper() -> bool:
         return False
     _subreaper = True
     return True
+
+
+def stop_being_subreaper() -> None:
+    """Undo become_subreaper: for a process (a test runner) that forced the subreaper
+    tracking for a while and must not adopt its other tests' orphans from then on."""
+    global _subreaper
+    if _subreaper:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        _subreaper = False
