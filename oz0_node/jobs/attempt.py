@@ -1,7 +1,10 @@
 """`oz0.job.attempt`: one attempt of a job, run as a process on this node.
 
 The workflow (server side) schedules it on the node's own task queue with one JSON
-object (docs/node-protocol.md, "Jobs"). The command runs with no shell, stdin from
+object (docs/node-protocol.md, "Jobs"). Before anything else, its grant is checked
+(grants.py): an attempt the cluster did not sign for this node, now, once, is refused
+(non-retryable AttemptRefused), reported to the edge (`attempt_refused`), and not run.
+The command runs with no shell, stdin from
 /dev/null, in a session of its own, in a fresh directory DATA_DIR/runtimes/JOB-ATTEMPT/
 that is removed when the attempt ends, whatever ends it. Its output goes to the edge as it
 comes (output.py). It ends by:
@@ -38,7 +41,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0_node import layout
-from oz0_node.jobs.link import OutputLink
+from oz0_node.jobs.grants import AttemptRefused, GrantCheck
+from oz0_node.jobs.link import LinkDown, OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
 from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
 
@@ -60,6 +64,10 @@ BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
 NO_WORKDIR = "NoWorkingDirectory"
+ATTEMPT_REFUSED = "AttemptRefused"
+# The message that tells the edge of a refusal, and how long its sending may take.
+REFUSED = "attempt_refused"
+REPORT_WITHIN = 5.0
 
 T = TypeVar("T")
 
@@ -270,9 +278,11 @@ async def run_attempt(
     data_dir: Path,
     link: OutputLink,
     attempts: RunningAttempts,
+    grants: GrantCheck,
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
     """Run the attempt RAW describes (see the module's docstring); its result object."""
+    await _check_grant(raw, grants, link)
     spec = AttemptSpec.parse(raw)
     running = attempts.enter(spec)
     try:
@@ -291,6 +301,30 @@ async def run_attempt(
             remove_tree(workdir)
     finally:
         attempts.leave(running)
+
+
+async def _check_grant(raw: object, grants: GrantCheck, link: OutputLink) -> None:
+    """Return if RAW's grant holds; else say so to the edge and fail non-retryable."""
+    fields = raw if isinstance(raw, dict) else {}
+    try:
+        grants.check(fields)
+        return
+    except AttemptRefused as e:
+        reason = e.reason
+    # The node's word on what it was sent, unchecked: the edge bounds and audits it.
+    job_id, number = fields.get("job_id"), fields.get("attempt")
+    job_id = job_id if isinstance(job_id, str) and JOB_ID.fullmatch(job_id) else None
+    number = number if isinstance(number, int) and not isinstance(number, bool) else None
+    log.warning("refused job %s attempt %s: %s", job_id, number, reason)
+    try:
+        await link.notify(
+            REFUSED, {"job": job_id, "attempt": number, "reason": reason}, REPORT_WITHIN
+        )
+    except LinkDown as e:
+        log.warning("cannot report the refusal to the edge: %s", e)
+    raise ApplicationError(
+        f"job {job_id} attempt {number}: {reason}", type=ATTEMPT_REFUSED, non_retryable=True
+    )
 
 
 async def _run(
@@ -467,14 +501,14 @@ async def _to_completion(work: Coroutine[Any, Any, T]) -> T:
 
 
 def attempt_activity(
-    node_id: str, data_dir: Path, link: OutputLink, attempts: RunningAttempts
+    node_id: str, data_dir: Path, link: OutputLink, attempts: RunningAttempts, grants: GrantCheck
 ) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
     """The `oz0.job.attempt` activity of one runtime."""
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
         return await run_attempt(
-            raw, node_id=node_id, data_dir=data_dir, link=link, attempts=attempts
+            raw, node_id=node_id, data_dir=data_dir, link=link, attempts=attempts, grants=grants
         )
 
     return attempt
