@@ -10,21 +10,31 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import json
 import os
+import secrets
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from temporalio import workflow
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
+from fixtures.attempt_grants import signed
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import run_async, server_credentials
+from oz0 import cluster, pki
 from oz0.context import Context
 from tests.conftest import CliRunner
 
@@ -290,3 +300,101 @@ def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
         f" after {len(done['attempts'])} attempt(s): "
         + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
     )
+
+
+# --- what reaches a node's queue without the cluster's grant ------------------------------
+
+
+@workflow.defn(name="test.rogue-attempt")
+class RogueAttempt:
+    """Put an attempt straight on a node's queue, as anyone with a server's Temporal
+    certificate could: what the node answered, or the error type it failed with."""
+
+    @workflow.run
+    async def run(self, queue: str, raw: dict[str, Any]) -> str:
+        try:
+            result: dict[str, Any] = await workflow.execute_activity(
+                "oz0.job.attempt",
+                raw,
+                task_queue=queue,
+                schedule_to_start_timeout=dt.timedelta(seconds=15),
+                start_to_close_timeout=dt.timedelta(seconds=20),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            return (cause.type or "") if isinstance(cause, ApplicationError) else repr(cause)
+        return f"exit {result['exit_code']}"
+
+
+async def put_on_queue(files: ClusterFiles, node_id: str, raws: list[dict[str, Any]]) -> list[str]:
+    client = await Client.connect(
+        f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    queue = "rogue-" + uuid.uuid4().hex[:8]
+    answers = []
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[RogueAttempt],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        for raw in raws:
+            answers.append(
+                await client.execute_workflow(
+                    RogueAttempt.run,
+                    args=[node_id, raw],
+                    id="rogue-" + uuid.uuid4().hex[:8],
+                    task_queue=queue,
+                    execution_timeout=dt.timedelta(seconds=60),
+                )
+            )
+    return answers
+
+
+def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        return cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+
+
+@pytest.mark.slow
+def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audited_and_not_run(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    ca = cluster_ca(files)
+    unsigned_marker, tampered_marker, replayed_marker = (
+        tmp_path / name for name in ("unsigned", "tampered", "replayed")
+    )
+
+    def attempt(*command: str) -> dict[str, Any]:
+        job = "job-" + secrets.token_hex(6)
+        return {"job_id": job, "attempt": 1, "command": list(command), "env": {}, "timeout": None}
+
+    unsigned = attempt("touch", str(unsigned_marker))
+    tampered = {
+        **signed(attempt("true"), ca, node_id=node),
+        "command": ["touch", str(tampered_marker)],
+    }
+    granted = signed(attempt("touch", str(replayed_marker)), ca, node_id=node)
+    answers = run_async(lambda: put_on_queue(files, node, [unsigned, tampered, granted]))
+    # What the cluster signed runs: the check is not simply refusing everything.
+    assert answers == ["AttemptRefused", "AttemptRefused", "exit 0"]
+    assert replayed_marker.exists()
+    replayed_marker.unlink()
+    assert run_async(lambda: put_on_queue(files, node, [granted])) == ["AttemptRefused"]
+    assert not unsigned_marker.exists() and not tampered_marker.exists()
+    assert not replayed_marker.exists(), "the replay ran"
+
+    rows = cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
+    refused = {(r["target"], r["details"]["attempt"]): r for r in rows}
+    for raw, why in (
+        (unsigned, "carries no grant"),
+        (tampered, "command is not the one the grant signed"),
+        (granted, "has run job"),
+    ):
+        row = refused[(f"job:{raw['job_id']}", 1)]
+        assert row["actor"] == {"kind": "node", "name": node}
+        assert why in row["details"]["reason"]
+    assert len(rows) == 3
