@@ -23,6 +23,8 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
+import trio.testing
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
@@ -36,6 +38,8 @@ from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import run_async, server_credentials
 from oz0 import cluster, pki
 from oz0.context import Context
+from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
+from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -398,3 +402,62 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
         assert row["actor"] == {"kind": "node", "name": node}
         assert why in row["details"]["reason"]
     assert len(rows) == 3
+
+
+async def test_a_node_flooding_refusals_gets_a_few_rows_and_one_summary_per_interval(
+    cluster_files: ClusterFiles, mock_clock: trio.testing.MockClock
+) -> None:
+    database_url = cluster_files.url.for_database(cluster_files.url.names.main)
+
+    def rows() -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        with psycopg.connect(database_url) as conn:
+            return [
+                (r[0], r[1], r[2], r[3])
+                for r in conn.execute(
+                    "SELECT actor, target, details, tenants FROM audit_log"
+                    " WHERE action = 'attempt.refused' ORDER BY id"
+                )
+            ]
+
+    async def rows_when(count: int) -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        for _ in range(500):
+            found = await trio.to_thread.run_sync(rows)
+            if len(found) >= count:
+                return found
+            await trio.testing.wait_all_tasks_blocked()
+        raise AssertionError(f"never {count} rows: {found}")
+
+    flooding, quiet = "node-00000000000a", "node-00000000000b"
+    job = "job-0123456789ab"
+    async with open_database(database_url) as db, trio.open_nursery() as nursery:
+        refusals = AttemptRefusals(db, every=60, each=2)
+        await nursery.start(refusals.run)
+        for n in range(1, 6):
+            message = {"job": job, "attempt": n, "reason": "the grant expired 9 s ago"}
+            await refusals.refused(flooding, "acme", message)
+        # What the node says is its word: a job ID not of the documented form is not kept.
+        wild = {"job": "../x", "attempt": True, "reason": "r" * (MAX_REASON + 50)}
+        await refusals.refused(quiet, "default", wild)
+        found = await trio.to_thread.run_sync(rows)
+        expired = "the grant expired 9 s ago"
+        assert found == [
+            (flooding, f"job:{job}", {"job": job, "attempt": 1, "reason": expired}, ["acme"]),
+            (flooding, f"job:{job}", {"job": job, "attempt": 2, "reason": expired}, ["acme"]),
+            (quiet, f"node:{quiet}", {"job": None, "attempt": None, "reason": "r" * MAX_REASON},
+             ["default"]),
+        ]  # fmt: skip
+        mock_clock.jump(60)
+        summary = (await rows_when(4))[3]
+        assert summary == (
+            flooding,
+            f"node:{flooding}",
+            {"summary": True, "count": 3, "seconds": 60},
+            ["acme"],
+        )
+        # A new interval, a new budget; a quiet interval writes nothing.
+        await refusals.refused(flooding, "acme", {"job": job, "attempt": 6, "reason": "x"})
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        mock_clock.jump(60)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        nursery.cancel_scope.cancel()
