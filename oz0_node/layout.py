@@ -6,7 +6,7 @@
     plugins/    executables run alongside the runtime (plugins.py)
     tools/      helper programs, first on PATH for jobs and plugins
     logs/       the plugins' output
-    status.json, agent.lock, purge-nonces, created-parents: the agent's own
+    status.json, agent.lock, purge-nonces, attempts-run, created-parents: the agent's own
 
 Everything the node has is in DIR, so a purge that deletes DIR removes the node.
 """
