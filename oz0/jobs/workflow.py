@@ -112,7 +112,7 @@ class Finish:
 class Outcome:
     because: str
     exit_code: int | None
-    # Why the node refused the attempt (because "refused").
+    # Which node refused which attempt, and why (because "refused").
     refusal: str | None = None
 
     @property
@@ -168,7 +168,7 @@ class JobWorkflow:
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return "succeeded", 0, None
             if outcome.refusal is not None:
-                return "failed", None, _refused(placed.number, placed.node, outcome.refusal)
+                return "failed", None, outcome.refusal
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -223,11 +223,9 @@ class JobWorkflow:
         if failed:
             first = failed[0]
             why = f"{len(failed)} of {len(results)} nodes failed"
-            refused = [(p, r) for p, r in zip(placed, results, strict=True) if r.refusal]
+            refused = [r.refusal for r in results if r.refusal is not None]
             if refused:
-                (p, r), *_ = refused
-                assert p.node is not None and r.refusal is not None
-                why += f" ({_refused(p.number, p.node, r.refusal)})"
+                why += f" ({refused[0]})"
             return "failed", first.exit_code, why
         if lost:
             return (
@@ -314,7 +312,7 @@ class JobWorkflow:
             refusal = _refusal(e)
             if refusal is not None:
                 because = await _end(AttemptEnd(job.job_id, number, "refused", None))
-                return Outcome(because, None, refusal)
+                return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
             because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
             return Outcome(because, None)
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
@@ -359,10 +357,6 @@ def _refusal(error: ActivityError) -> str | None:
     if isinstance(cause, ApplicationError) and cause.type == ATTEMPT_REFUSED:
         return cause.message
     return None
-
-
-def _refused(number: int, node: str, refusal: str) -> str:
-    return f"node {node} refused attempt {number}: {refusal}"
 
 
 def _failed(outcome: Outcome, job: JobInput) -> str:
