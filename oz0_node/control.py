@@ -166,6 +166,7 @@ async def _keep_runtime(
         namespace=welcome.tenant,
         temporal=welcome.temporal,
         identity=node.identity,
+        cluster=node.record.cluster,
         output=link,
         isolation=runtimes.isolation,
     )

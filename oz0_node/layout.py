@@ -5,7 +5,8 @@
     plugins/    executables run alongside the runtime (plugins.py)
     tools/      helper programs, first on PATH for plugins (and for jobs run as the agent's user)
     logs/       the plugins' output
-    status.json, agent.lock, purge-nonces, created-parents, attempts.json: the agent's own
+    status.json, agent.lock, purge-nonces, attempts-run, created-parents, attempts.json: the
+    agent's own
 
 Everything the node has is in DIR, so a purge that deletes DIR removes the node.
 """

@@ -9,22 +9,36 @@ on on another node.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import pwd
+import secrets
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import trio
+import trio.testing
+from temporalio import workflow
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
+from fixtures.attempt_grants import signed
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import run_async, server_credentials
+from oz0 import cluster, pki
 from oz0.context import Context
+from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
+from oz0.store.pool import open_database
 from oz0_node.jobs.isolation import DEFAULT_JOB_USER
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
@@ -360,3 +374,160 @@ def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
         f" after {len(done['attempts'])} attempt(s): "
         + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
     )
+
+
+# --- what reaches a node's queue without the cluster's grant ------------------------------
+
+
+@workflow.defn(name="test.rogue-attempt")
+class RogueAttempt:
+    """Put an attempt straight on a node's queue, as anyone with a server's Temporal
+    certificate could: what the node answered, or the error type it failed with."""
+
+    @workflow.run
+    async def run(self, queue: str, raw: dict[str, Any]) -> str:
+        try:
+            result: dict[str, Any] = await workflow.execute_activity(
+                "oz0.job.attempt",
+                raw,
+                task_queue=queue,
+                schedule_to_start_timeout=dt.timedelta(seconds=15),
+                start_to_close_timeout=dt.timedelta(seconds=20),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            return (cause.type or "") if isinstance(cause, ApplicationError) else repr(cause)
+        return f"exit {result['exit_code']}"
+
+
+async def put_on_queue(files: ClusterFiles, node_id: str, raws: list[dict[str, Any]]) -> list[str]:
+    client = await Client.connect(
+        f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    queue = "rogue-" + uuid.uuid4().hex[:8]
+    answers = []
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[RogueAttempt],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        for raw in raws:
+            answers.append(
+                await client.execute_workflow(
+                    RogueAttempt.run,
+                    args=[node_id, raw],
+                    id="rogue-" + uuid.uuid4().hex[:8],
+                    task_queue=queue,
+                    execution_timeout=dt.timedelta(seconds=60),
+                )
+            )
+    return answers
+
+
+def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        return cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+
+
+@pytest.mark.slow
+def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audited_and_not_run(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    ca = cluster_ca(files)
+    unsigned_marker, tampered_marker, replayed_marker = (
+        tmp_path / name for name in ("unsigned", "tampered", "replayed")
+    )
+
+    def attempt(*command: str) -> dict[str, Any]:
+        job = "job-" + secrets.token_hex(6)
+        return {"job_id": job, "attempt": 1, "command": list(command), "env": {}, "timeout": None}
+
+    unsigned = attempt("touch", str(unsigned_marker))
+    tampered = {
+        **signed(attempt("true"), ca, node_id=node),
+        "command": ["touch", str(tampered_marker)],
+    }
+    granted = signed(attempt("touch", str(replayed_marker)), ca, node_id=node)
+    answers = run_async(lambda: put_on_queue(files, node, [unsigned, tampered, granted]))
+    # What the cluster signed runs: the check is not simply refusing everything.
+    assert answers == ["AttemptRefused", "AttemptRefused", "exit 0"]
+    assert replayed_marker.exists()
+    replayed_marker.unlink()
+    assert run_async(lambda: put_on_queue(files, node, [granted])) == ["AttemptRefused"]
+    assert not unsigned_marker.exists() and not tampered_marker.exists()
+    assert not replayed_marker.exists(), "the replay ran"
+
+    rows = cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
+    refused = {(r["target"], r["details"]["attempt"]): r for r in rows}
+    for raw, why in (
+        (unsigned, "carries no grant"),
+        (tampered, "command is not the one the grant signed"),
+        (granted, "has run job"),
+    ):
+        row = refused[(f"job:{raw['job_id']}", 1)]
+        assert row["actor"] == {"kind": "node", "name": node}
+        assert why in row["details"]["reason"]
+    assert len(rows) == 3
+
+
+async def test_a_node_flooding_refusals_gets_a_few_rows_and_one_summary_per_interval(
+    cluster_files: ClusterFiles, mock_clock: trio.testing.MockClock
+) -> None:
+    database_url = cluster_files.url.for_database(cluster_files.url.names.main)
+
+    def rows() -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        with psycopg.connect(database_url) as conn:
+            return [
+                (r[0], r[1], r[2], r[3])
+                for r in conn.execute(
+                    "SELECT actor, target, details, tenants FROM audit_log"
+                    " WHERE action = 'attempt.refused' ORDER BY id"
+                )
+            ]
+
+    async def rows_when(count: int) -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        for _ in range(500):
+            found = await trio.to_thread.run_sync(rows)
+            if len(found) >= count:
+                return found
+            await trio.testing.wait_all_tasks_blocked()
+        raise AssertionError(f"never {count} rows: {found}")
+
+    flooding, quiet = "node-00000000000a", "node-00000000000b"
+    job = "job-0123456789ab"
+    async with open_database(database_url) as db, trio.open_nursery() as nursery:
+        refusals = AttemptRefusals(db, every=60, each=2)
+        await nursery.start(refusals.run)
+        for n in range(1, 6):
+            message = {"job": job, "attempt": n, "reason": "the grant expired 9 s ago"}
+            await refusals.refused(flooding, "acme", message)
+        # What the node says is its word: a job ID not of the documented form is not kept.
+        wild = {"job": "../x", "attempt": True, "reason": "r" * (MAX_REASON + 50)}
+        await refusals.refused(quiet, "default", wild)
+        found = await trio.to_thread.run_sync(rows)
+        expired = "the grant expired 9 s ago"
+        assert found == [
+            (flooding, f"job:{job}", {"job": job, "attempt": 1, "reason": expired}, ["acme"]),
+            (flooding, f"job:{job}", {"job": job, "attempt": 2, "reason": expired}, ["acme"]),
+            (quiet, f"node:{quiet}", {"job": None, "attempt": None, "reason": "r" * MAX_REASON},
+             ["default"]),
+        ]  # fmt: skip
+        mock_clock.jump(60)
+        summary = (await rows_when(4))[3]
+        assert summary == (
+            flooding,
+            f"node:{flooding}",
+            {"summary": True, "count": 3, "seconds": 60},
+            ["acme"],
+        )
+        # A new interval, a new budget; a quiet interval writes nothing.
+        await refusals.refused(flooding, "acme", {"job": job, "attempt": 6, "reason": "x"})
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        mock_clock.jump(60)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        nursery.cancel_scope.cancel()

@@ -17,6 +17,7 @@ import logging
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,13 +35,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from fixtures.attempt_grants import check_for, signed
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
+from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
+from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import (
     CGROUP_V2,
     DEFAULT_JOB_USER,
@@ -54,17 +58,18 @@ from oz0_node.jobs.isolation import (
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
 from oz0_node.jobs.procfs import read_stat
-from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
+from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings, grant_check
 
 NODE_ID = "node-0123456789ab"
 JOB = "job-00000000abcd"
+CLUSTER_CA = pki.new_ca("test", "cluster")
 # Generous: the slowest case is a kill after the grace.
 ATTEMPT_BOUND = 20.0
 
 Answer = Ack | None | type[LinkDown]
 
 
-def spec(
+def unsigned(
     *command: str,
     attempt: int = 1,
     env: dict[str, str] | None = None,
@@ -79,6 +84,34 @@ def spec(
     }
 
 
+def sign(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """RAW as the cluster (CLUSTER_CA) signs it for this node; CHANGES: signed otherwise."""
+    return signed(raw, CLUSTER_CA, node_id=NODE_ID, **changes)
+
+
+def spec(
+    *command: str,
+    attempt: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """An attempt the cluster signed for this node."""
+    return sign(unsigned(*command, attempt=attempt, env=env, timeout=timeout))
+
+
+def grants_for(data_dir: Path) -> GrantCheck:
+    return check_for(CLUSTER_CA, NODE_ID, data_dir)
+
+
+def activity_for(
+    data_dir: Path, link: FakeLink, attempts: RunningAttempts | None = None
+) -> Callable[[dict[str, Any]], Any]:
+    """The real `oz0.job.attempt` of a node of CLUSTER_CA's cluster, its data in DATA_DIR."""
+    grants = grants_for(data_dir)
+    running = attempts if attempts is not None else RunningAttempts()
+    return attempt_activity(NODE_ID, data_dir, link, running, grants)
+
+
 @dataclass
 class FakeLink:
     """What would go to the edge, each ack from ANSWERS in turn (then stored), thread-safe
@@ -89,6 +122,10 @@ class FakeLink:
     outstanding: int = 0
     most_outstanding: int = 0
     first_sent: threading.Event = field(default_factory=threading.Event)
+    notified: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    async def notify(self, kind: str, fields: dict[str, Any], within: float) -> None:
+        self.notified.append((kind, dict(fields)))
 
     async def exchange(self, fields: dict[str, Any], within: float) -> Ack | None:
         self.outstanding += 1
@@ -170,7 +207,7 @@ def run_attempt(
     env: ActivityEnvironment | None = None,
     attempts: RunningAttempts | None = None,
 ) -> dict[str, object]:
-    fn = attempt_activity(NODE_ID, data_dir, link, attempts or RunningAttempts())
+    fn = activity_for(data_dir, link, attempts)
 
     async def main() -> dict[str, object]:
         return await asyncio.wait_for((env or ActivityEnvironment()).run(fn, raw), ATTEMPT_BOUND)
@@ -278,28 +315,129 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     plain = tmp_path / "plain-file"
     plain.write_text("echo hi\n")
     link = FakeLink()
-    result = run_attempt(spec(str(plain)), link, tmp_path)
+    result = run_attempt(spec(str(plain), attempt=2), link, tmp_path)
     assert result["exit_code"] == 126
     assert link.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
-    assert not workdirs()
+    assert not workdirs() and not workdirs(2)
 
 
 def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path: Path) -> None:
-    for bad in (
-        {**spec("true"), "job_id": "../../etc"},
-        {**spec("true"), "attempt": 0},
-        {**spec("true"), "command": []},
-        {**spec("true"), "env": {"A=B": "c"}},
-        {**spec("true"), "timeout": -1},
-        {**spec("true"), "limits": {"memory": "1G"}},
-        {**spec("true"), "limits": {"cpu": 0}},
-        {**spec("true"), "limits": {"max_processes": True}},
-        {**spec("true"), "limits": [1]},
+    for i, bad in enumerate(
+        (
+            sign({**unsigned("true"), "job_id": "../../etc"}),
+            sign({**unsigned("true"), "attempt": 0}),
+            sign({**unsigned("true"), "command": []}),
+            sign({**unsigned("true"), "env": {"A=B": "c"}}),
+            sign({**unsigned("true"), "timeout": -1}),
+            sign({**unsigned("true"), "limits": {"memory": "1G"}}),
+            sign({**unsigned("true"), "limits": {"cpu": 0}}),
+            sign({**unsigned("true"), "limits": {"max_processes": True}}),
+            sign({**unsigned("true"), "limits": [1]}),
+        )
     ):
+        # Each on a node of its own: signed, each counts as run (of its grant) once checked.
+        data_dir = tmp_path / str(i)
+        data_dir.mkdir()
         with pytest.raises(ApplicationError) as raised:
-            run_attempt(bad, FakeLink(), tmp_path)
+            run_attempt(bad, FakeLink(), data_dir)
         assert raised.value.type == "BadAttempt" and raised.value.non_retryable
-    assert not (tmp_path / "runtimes").exists()
+        assert not workdirs()
+
+
+# --- the grant: only what the cluster signed, for this node, now, once -------------------
+
+
+def refused(raw: dict[str, Any], data_dir: Path) -> tuple[ApplicationError, FakeLink]:
+    link = FakeLink()
+    with pytest.raises(ApplicationError) as raised:
+        run_attempt(raw, link, data_dir)
+    assert raised.value.type == "AttemptRefused" and raised.value.non_retryable
+    return raised.value, link
+
+
+def test_an_attempt_the_cluster_did_not_sign_for_this_node_is_refused_reported_and_not_run(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran"
+    touch = unsigned("touch", str(marker))
+    other_ca = pki.new_ca("test", "cluster")  # same cluster name, another key
+    cases = {
+        "no grant": (touch, "carries no grant"),
+        "another CA": (signed(touch, other_ca, node_id=NODE_ID), "does not verify"),
+        "command changed after signing": (
+            {**sign(unsigned("true")), "command": ["touch", str(marker)]},
+            "command is not the one the grant signed",
+        ),
+        "env changed after signing": (
+            {**sign(touch), "env": {"LD_PRELOAD": "/tmp/x.so"}},
+            "environment is not the one",
+        ),
+        "timeout dropped after signing": (
+            {**sign({**touch, "timeout": 5.0}), "timeout": None},
+            "timeout is not the one",
+        ),
+        "another node": (
+            signed(touch, CLUSTER_CA, node_id="node-ffffffffffff"),
+            "names node_id 'node-ffffffffffff'",
+        ),
+        "another tenant": (sign(touch, tenant="acme"), "names tenant 'acme'"),
+        "another cluster": (sign(touch, cluster="prod"), "names cluster 'prod'"),
+        "not a grant": (
+            {**touch, "grant": {"payload": "!!", "signature": "AAAA"}},
+            "not base64",
+        ),
+    }
+    for case, (raw, why) in cases.items():
+        error, link = refused(raw, tmp_path / "node")
+        assert why in str(error), case
+        [(kind, fields)] = link.notified
+        assert kind == "attempt_refused", case
+        assert (fields["job"], fields["attempt"]) == (JOB, 1), case
+        assert why in fields["reason"], case
+        assert link.sent == [], case
+    assert not marker.exists(), "nothing ran"
+    assert not (tmp_path / "node" / "runtimes").exists(), "no directory was made"
+
+
+def test_an_attempt_is_run_once_a_replay_of_it_is_refused(tmp_path: Path) -> None:
+    raw = spec("sh", "-c", "echo once >> ../../count")
+    assert run_attempt(raw, FakeLink(), tmp_path)["exit_code"] == 0
+    error, _ = refused(raw, tmp_path)
+    assert f"has run job {JOB} attempt 1 already" in str(error)
+    assert (tmp_path / "count").read_text() == "once\n"
+    record = tmp_path / "attempts-run"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/1"}
+
+
+def test_a_grant_expires_at_its_not_after_and_the_run_record_forgets_it_then(
+    tmp_path: Path,
+) -> None:
+    now = [1_000_000.0]
+    check = GrantCheck(
+        cluster="test",
+        tenant="default",
+        node_id=NODE_ID,
+        ca=CLUSTER_CA.cert,
+        record=RunRecord.load(tmp_path),
+        clock=lambda: now[0],
+    )
+
+    def attempt(number: int, not_after: float) -> dict[str, Any]:
+        return sign(unsigned("true", attempt=number), not_after=int(not_after))
+
+    # Within the clock skew past not_after: still good; beyond it: expired.
+    check.check(attempt(1, now[0] - CLOCK_SKEW + 1))
+    with pytest.raises(AttemptRefused, match="expired"):
+        check.check(attempt(2, now[0] - CLOCK_SKEW - 1))
+    check.check(attempt(3, now[0] + 60))
+    record = tmp_path / "attempts-run"
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/1", f"{JOB}/3"}
+    now[0] += 61 + CLOCK_SKEW  # both grants are past, and their skew
+    check.check(attempt(4, now[0] + 60))
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/4"}, "expired ones are pruned"
+    with pytest.raises(AttemptRefused, match="expired"):
+        check.check(attempt(3, now[0] - 61))  # pruned, but its grant cannot come back
 
 
 # --- ending it: timeout, cancellation, the cluster, the runtime's stop -------------------
@@ -349,7 +487,7 @@ def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_sec
     env = ActivityEnvironment()
     beats: list[float] = []
     env.on_heartbeat = lambda *details: beats.append(time.monotonic())
-    fn = attempt_activity(NODE_ID, tmp_path, link, RunningAttempts())
+    fn = activity_for(tmp_path, link)
 
     async def main() -> None:
         task = asyncio.create_task(env.run(fn, spec("sh", "-c", "echo $$; exec sleep 60")))
@@ -436,7 +574,7 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
 ) -> None:
     link = FakeLink()
     attempts = RunningAttempts()
-    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+    fn = activity_for(tmp_path, link, attempts)
 
     async def main() -> None:
         task = asyncio.create_task(
@@ -451,7 +589,7 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
             await asyncio.wait_for(task, ATTEMPT_BOUND)
         assert raised.value.type == NODE_STOPPING and raised.value.non_retryable
         with pytest.raises(ApplicationError, match="stopping"):
-            await ActivityEnvironment().run(fn, spec("true"))
+            await ActivityEnvironment().run(fn, spec("true", attempt=2))
 
     asyncio.run(main())
     assert not workdirs()
@@ -470,7 +608,7 @@ class RuntimeWithAnAttempt(NodeRuntime):
 
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
         assert self.settings.output is not None
-        fn = attempt_activity(NODE_ID, self.settings.identity.data_dir, self.link, self.attempts)
+        fn = activity_for(self.settings.identity.data_dir, self.link, self.attempts)
         task = asyncio.create_task(ActivityEnvironment().run(fn, self.raw))
         try:
             await asyncio.sleep(3600)
@@ -493,6 +631,7 @@ async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
         namespace="default",
         temporal="127.0.0.1:1",
         identity=IdentityDir(tmp_path),
+        cluster="test",
         output=link,
     )
     # It ignores SIGTERM: only the SIGKILL after the grace ends it.
@@ -607,7 +746,11 @@ class AttemptRuntime:
         link = self.settings.output
         assert isinstance(link, StreamLink)
         fn = attempt_activity(
-            self.settings.node_id, self.settings.identity.data_dir, link, RunningAttempts()
+            self.settings.node_id,
+            self.settings.identity.data_dir,
+            link,
+            RunningAttempts(),
+            grant_check(self.settings),
         )
 
         def in_asyncio() -> object:
@@ -640,7 +783,9 @@ async def attempt_over_the_stream(net: FakeNet, data: Path, raw: dict[str, Any])
     done = trio.Event()
 
     def factory(settings: RuntimeSettings) -> AttemptRuntime:
-        return AttemptRuntime(settings, raw, outcomes, done)
+        # Signed as the cluster signs it for this node, in its tenant.
+        grant = signed(raw, net.cluster.ca, node_id=settings.node_id, tenant=settings.namespace)
+        return AttemptRuntime(settings, grant, outcomes, done)
 
     with trio.fail_after(ATTEMPT_BOUND):
         async with trio.open_nursery() as nursery:
@@ -663,7 +808,7 @@ async def test_the_agent_hands_its_stream_to_the_runtime_and_routes_the_edges_ac
     data = tmp_path / "node"
     node_id = await join_and_stop(net, data)
     result = await attempt_over_the_stream(
-        net, data, spec("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
+        net, data, unsigned("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
     )
     assert isinstance(result, dict)
     assert result["exit_code"] == 0 and result["output_complete"] is True
@@ -674,7 +819,9 @@ async def test_the_agent_hands_its_stream_to_the_runtime_and_routes_the_edges_ac
 
     net.cluster.job_output_ack = {"stored": False, "reason": "ended"}
     net.cluster.events.clear()
-    ended = await attempt_over_the_stream(net, data, spec("sh", "-c", "echo x; exec sleep 60"))
+    ended = await attempt_over_the_stream(
+        net, data, unsigned("sh", "-c", "echo x; exec sleep 60", attempt=2)
+    )
     assert isinstance(ended, ApplicationError) and ended.type == "AttemptEnded"
 
 
@@ -685,12 +832,17 @@ def test_logging_names_the_attempt(caplog: pytest.LogCaptureFixture, tmp_path: P
 
 
 def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: Path) -> None:
+    identity = IdentityDir(tmp_path)
+    identity.create()
+    identity.save_ca(pki.cert_to_pem(CLUSTER_CA.cert))
+
     def names(output: FakeLink | None) -> list[str]:
         settings = RuntimeSettings(
             node_id=NODE_ID,
             namespace="default",
             temporal="127.0.0.1:1",
-            identity=IdentityDir(tmp_path),
+            identity=identity,
+            cluster="test",
             output=output,
         )
         defns = map(activity._Definition.must_from_callable, NodeRuntime(settings)._activities())
@@ -703,7 +855,7 @@ def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: 
 def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None:
     link = FakeLink(answers=[None])  # the edge never acks the first message
     attempts = RunningAttempts()
-    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+    fn = activity_for(tmp_path, link, attempts)
 
     async def main() -> tuple[dict[str, object], float]:
         task = asyncio.create_task(ActivityEnvironment().run(fn, spec("sh", "-c", "echo hi")))
@@ -725,7 +877,9 @@ def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
     isolation = Isolation.detect(tmp_path)
     isolation.temp_dir = tmp_path / "a-file"
     isolation.temp_dir.write_text("a file where the directory belongs")
-    fn = attempt_activity(NODE_ID, tmp_path, FakeLink(), RunningAttempts(), isolation)
+    fn = attempt_activity(
+        NODE_ID, tmp_path, FakeLink(), RunningAttempts(), grants_for(tmp_path), isolation
+    )
     with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
         asyncio.run(ActivityEnvironment().run(fn, spec("true")))
     assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
@@ -747,7 +901,9 @@ def isolation_for(data_dir: Path, tracking: str) -> Isolation:
 def run_isolated(
     raw: dict[str, Any], link: FakeLink, data_dir: Path, isolation: Isolation
 ) -> dict[str, object]:
-    fn = attempt_activity(NODE_ID, data_dir, link, RunningAttempts(), isolation)
+    fn = attempt_activity(
+        NODE_ID, data_dir, link, RunningAttempts(), grants_for(data_dir), isolation
+    )
 
     async def main() -> dict[str, object]:
         return await asyncio.wait_for(ActivityEnvironment().run(fn, raw), ATTEMPT_BOUND)
@@ -807,7 +963,7 @@ def test_a_memory_limit_stops_an_allocation_loop_and_the_result_says_how_limits_
 ) -> None:
     link = FakeLink()
     limits = {"memory": 64 << 20, "max_open_files": 64, "address_space": 4 << 30}
-    raw = {**spec("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits}
+    raw = sign({**unsigned("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits})
     result = run_attempt(raw, link, tmp_path)
     # This machine has cgroup v1's memory controller (cgroup v2 has none here): the cgroup's
     # OOM killer ends the loop with SIGKILL.
@@ -829,6 +985,8 @@ import asyncio, base64, sys
 from pathlib import Path
 from temporalio.testing import ActivityEnvironment
 from oz0_node.jobs.attempt import RunningAttempts, attempt_activity
+from cryptography import x509
+from oz0_node.jobs.grants import GrantCheck, RunRecord
 from oz0_node.jobs.isolation import Isolation
 
 class Link:
@@ -839,7 +997,11 @@ class Link:
 
 data, tracking, raw = Path(sys.argv[1]), sys.argv[2], eval(sys.argv[3])
 isolation = Isolation.detect(data, tracking=tracking)
-fn = attempt_activity(sys.argv[4], data, Link(), RunningAttempts(), isolation)
+ca = x509.load_pem_x509_certificate(Path(sys.argv[5]).read_bytes())
+grants = GrantCheck(
+    cluster="test", tenant="default", node_id=sys.argv[4], ca=ca, record=RunRecord.load(data)
+)
+fn = attempt_activity(sys.argv[4], data, Link(), RunningAttempts(), grants, isolation)
 asyncio.run(ActivityEnvironment().run(fn, raw))
 """
 
@@ -849,8 +1011,19 @@ def test_after_a_crash_the_next_start_ends_what_its_attempts_left_and_removes_th
     tracking: str, tmp_path: Path, pids: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
     raw = spec("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD; sleep 600")
+    ca = tmp_path.parent / f"{tmp_path.name}-ca.pem"
+    ca.write_bytes(pki.cert_to_pem(CLUSTER_CA.cert))
     crashing = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_AGENT, str(tmp_path), tracking, repr(raw), NODE_ID],
+        [
+            sys.executable,
+            "-c",
+            CRASHING_AGENT,
+            str(tmp_path),
+            tracking,
+            repr(raw),
+            NODE_ID,
+            str(ca),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},

@@ -31,8 +31,10 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from oz0 import pki
 from oz0.jobs import store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
@@ -66,8 +68,12 @@ class JobsRole:
         hub: EventHub,
         frontend: Callable[[], FrontendAccess],
         server_id: str,
+        *,
+        ca: pki.CertificateAuthority,
     ) -> None:
         self.db = db
+        # The cluster CA: it signs each attempt placed (grant.py).
+        self.ca = ca
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
@@ -225,7 +231,7 @@ class JobsRole:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
         self._reconnect = asyncio.Event()
-        activities = JobActivities(self.db)
+        activities = JobActivities(self.db, AttemptSigner(self.ca))
         delay = CONNECT_RETRY_FIRST
         while True:
             try:

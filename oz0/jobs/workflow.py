@@ -9,7 +9,10 @@ runs. An attempt ends when:
 - its node is taken away: the sweeper signals `node_removed` (block, purge, delete), or
   the node falls silent (heartbeat timeout) or never takes it (schedule-to-start). Then
   the attempt moves to another node, unless the job may not move (`no_move`, `all`);
-  moves do not count against `retries`, but are capped at MAX_MOVES.
+  moves do not count against `retries`, but are capped at MAX_MOVES;
+- its node refuses it (`AttemptRefused`: the grant placement signed does not hold there,
+  docs/node-protocol.md): the job fails at once, neither retried nor moved, since the
+  next node would refuse it the same way.
 Whatever the activity returns later for an attempt the workflow has moved on from is
 ignored. Only temporalio and the standard library are imported here (the sandbox).
 """
@@ -27,6 +30,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
     TimeoutError,
     TimeoutType,
     is_cancelled_exception,
@@ -37,6 +41,8 @@ T = TypeVar("T")
 JOBS_QUEUE = "oz0-jobs"
 WORKFLOW = "oz0.job"
 NODE_ACTIVITY = "oz0.job.attempt"
+# The node's error type for an attempt it will not run (oz0_node/jobs/attempt.py).
+ATTEMPT_REFUSED = "AttemptRefused"
 MAX_MOVES = 20
 # A node that does not take its attempt by then, or stops heartbeating (it beats every
 # second), has lost it: "given up when its heartbeat times out (<= 15 s)".
@@ -69,6 +75,15 @@ class JobInput:
     limits: dict[str, Any] = field(default_factory=dict)
 
 
+def schedule_to_start(all_nodes: bool, queue_timeout: float) -> dt.timedelta:
+    """How long an attempt may wait on its node's queue: a part of an --all job is placed
+    whether or not its node has a free slot, so it may wait there as long as the job may
+    wait for a node. Its grant expires after that (oz0/jobs/grant.py)."""
+    if all_nodes:
+        return max(SCHEDULE_TO_START, dt.timedelta(seconds=queue_timeout))
+    return SCHEDULE_TO_START
+
+
 @dataclass
 class Placed:
     number: int
@@ -76,6 +91,8 @@ class Placed:
     reason: str | None = None
     ended: bool = False
     part: int = 0
+    # The attempt's grant, signed by the server that placed it: the node runs nothing else.
+    grant: dict[str, str] | None = None
 
 
 @dataclass
@@ -100,6 +117,8 @@ class Finish:
 class Outcome:
     because: str
     exit_code: int | None
+    # Which node refused which attempt, and why (because "refused").
+    refusal: str | None = None
 
     @property
     def moved(self) -> bool:
@@ -150,9 +169,11 @@ class JobWorkflow:
         while True:
             placed = await self._place(job, tried)
             assert placed.node is not None
-            outcome = await self._attempt(job, placed.number, placed.node)
+            outcome = await self._attempt(job, placed.number, placed.node, placed.grant)
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return "succeeded", 0, None
+            if outcome.refusal is not None:
+                return "failed", None, outcome.refusal
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -206,7 +227,11 @@ class JobWorkflow:
         lost = [r for r in results if r.moved]
         if failed:
             first = failed[0]
-            return "failed", first.exit_code, f"{len(failed)} of {len(results)} nodes failed"
+            why = f"{len(failed)} of {len(results)} nodes failed"
+            refused = [r.refusal for r in results if r.refusal is not None]
+            if refused:
+                why += f" ({refused[0]})"
+            return "failed", first.exit_code, why
         if lost:
             return (
                 "lost",
@@ -218,23 +243,35 @@ class JobWorkflow:
     async def _part(self, job: JobInput, first: Placed) -> Outcome:
         """One node's part of an `--all` job: retried there, never moved."""
         assert first.node is not None
-        number, failures = first.number, 0
+        number, failures, grant = first.number, 0, first.grant
         while True:
-            outcome = await self._attempt(job, number, first.node)
-            if outcome.moved or (outcome.because == "exit" and outcome.exit_code == 0):
+            outcome = await self._attempt(job, number, first.node, grant)
+            if outcome.moved or outcome.refusal is not None:
+                return outcome
+            if outcome.because == "exit" and outcome.exit_code == 0:
                 return outcome
             failures += 1
             if failures > job.retries:
                 return outcome
             self.number += 1
             number = self.number
-            await _step("oz0.jobs.place_on", job.job_id, number, first.part, first.node)
+            grant = await _step(
+                "oz0.jobs.place_on",
+                job.job_id,
+                number,
+                first.part,
+                first.node,
+                result_type=dict[str, str] | None,
+            )
 
     # --- one attempt ---------------------------------------------------------------------
 
-    async def _attempt(self, job: JobInput, number: int, node: str) -> Outcome:
-        """Run attempt NUMBER on NODE until it ends, its node is taken away, or the job is
-        cancelled; its end is recorded before this returns."""
+    async def _attempt(
+        self, job: JobInput, number: int, node: str, grant: dict[str, str] | None
+    ) -> Outcome:
+        """Run attempt NUMBER on NODE (with the GRANT its placement signed) until it ends,
+        its node is taken away, or the job is cancelled; its end is recorded before this
+        returns."""
         timeout = job.timeout
         attempt: dict[str, Any] = {
             "job_id": job.job_id,
@@ -242,6 +279,7 @@ class JobWorkflow:
             "command": job.command,
             "env": job.env,
             "timeout": timeout,
+            "grant": grant,
         }
         if job.limits:  # only when asked: an older node ignores what it does not know
             attempt["limits"] = job.limits
@@ -249,13 +287,7 @@ class JobWorkflow:
             NODE_ACTIVITY,
             attempt,
             task_queue=node,
-            # A part of an --all job is placed whether or not its node has a free slot: it
-            # may wait there as long as the job may wait for a node.
-            schedule_to_start_timeout=(
-                max(SCHEDULE_TO_START, dt.timedelta(seconds=job.queue_timeout))
-                if job.all_nodes
-                else SCHEDULE_TO_START
-            ),
+            schedule_to_start_timeout=schedule_to_start(job.all_nodes, job.queue_timeout),
             start_to_close_timeout=(
                 dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
             ),
@@ -285,6 +317,10 @@ class JobWorkflow:
         try:
             result = handle.result()
         except ActivityError as e:
+            refusal = _refusal(e)
+            if refusal is not None:
+                because = await _end(AttemptEnd(job.job_id, number, "refused", None))
+                return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
             because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
             return Outcome(because, None)
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
@@ -329,6 +365,14 @@ def _failure_because(error: ActivityError) -> str | None:
     return None
 
 
+def _refusal(error: ActivityError) -> str | None:
+    """The node's reason, if it refused the attempt (its grant did not hold there)."""
+    cause = error.cause
+    if isinstance(cause, ApplicationError) and cause.type == ATTEMPT_REFUSED:
+        return cause.message
+    return None
+
+
 def _failed(outcome: Outcome, job: JobInput) -> str:
     if outcome.because == "timeout":
         return f"timed out after {job.timeout:g} s"
@@ -352,7 +396,8 @@ async def _unstoppable(work: Awaitable[T]) -> T:
                 raise
 
 
-async def _step(name: str, *args: object, result_type: type | None = None) -> Any:
+# RESULT_TYPE: a type, or a union of types (temporalio converts to either).
+async def _step(name: str, *args: object, result_type: Any = None) -> Any:
     """A step that touches the database, on the servers' job workers."""
     return await workflow.execute_activity(
         name,

@@ -156,7 +156,7 @@ async def run_server(
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
         metrics.supervisor = temporal.supervisor
-        jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id)
+        jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca)
 
         async def reconnect_jobs() -> None:
             jobs.renewed()

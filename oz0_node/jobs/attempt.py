@@ -1,10 +1,13 @@
 """`oz0.job.attempt`: one attempt of a job, run as a process on this node.
 
 The workflow (server side) schedules it on the node's own task queue with one JSON
-object (docs/node-protocol.md, "Jobs"). The command runs with no shell, stdin from
-/dev/null, in a session of its own, as the job user, in a clean environment and a fresh
-directory of its own that is removed when the attempt ends, whatever ends it, with the
-limits it asked for (isolation.py says how). Its output goes to the edge as it
+object (docs/node-protocol.md, "Jobs"). Before anything else, its grant is checked
+(grants.py): an attempt the cluster did not sign for this node, now, once, is refused
+(non-retryable AttemptRefused), reported to the edge (`attempt_refused`), and not run.
+The command runs with no shell, stdin from /dev/null, in a session of its own, as the job
+user, in a clean environment and a fresh directory of its own that is removed when the
+attempt ends, whatever ends it, with the limits it asked for (isolation.py says how). Its
+output goes to the edge as it
 comes (output.py). It ends by:
 
 - exiting: then whatever it left running (double-forked, setsid, daemonised: its cgroup or
@@ -37,6 +40,7 @@ from typing import Any, NoReturn, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from oz0_node.jobs.grants import AttemptRefused, GrantCheck
 from oz0_node.jobs.isolation import (
     SCAN_EVERY,
     SUBREAPER,
@@ -45,7 +49,7 @@ from oz0_node.jobs.isolation import (
     Placement,
     parse_limits,
 )
-from oz0_node.jobs.link import OutputLink
+from oz0_node.jobs.link import LinkDown, OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
 from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, spawn
 
@@ -66,6 +70,10 @@ BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
 NO_WORKDIR = "NoWorkingDirectory"
+ATTEMPT_REFUSED = "AttemptRefused"
+# The message that tells the edge of a refusal, and how long its sending may take.
+REFUSED = "attempt_refused"
+REPORT_WITHIN = 5.0
 
 T = TypeVar("T")
 
@@ -221,10 +229,12 @@ async def run_attempt(
     node_id: str,
     link: OutputLink,
     attempts: RunningAttempts,
+    grants: GrantCheck,
     isolation: Isolation,
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
     """Run the attempt RAW describes (see the module's docstring); its result object."""
+    await _check_grant(raw, grants, link)
     spec = AttemptSpec.parse(raw)
     running = attempts.enter(spec)
     try:
@@ -243,6 +253,30 @@ async def run_attempt(
             isolation.end(place)
     finally:
         attempts.leave(running)
+
+
+async def _check_grant(raw: object, grants: GrantCheck, link: OutputLink) -> None:
+    """Return if RAW's grant holds; else say so to the edge and fail non-retryable."""
+    fields = raw if isinstance(raw, dict) else {}
+    try:
+        grants.check(fields)
+        return
+    except AttemptRefused as e:
+        reason = e.reason
+    # The node's word on what it was sent, unchecked: the edge bounds and audits it.
+    job_id, number = fields.get("job_id"), fields.get("attempt")
+    job_id = job_id if isinstance(job_id, str) and JOB_ID.fullmatch(job_id) else None
+    number = number if isinstance(number, int) and not isinstance(number, bool) else None
+    log.warning("refused job %s attempt %s: %s", job_id, number, reason)
+    try:
+        await link.notify(
+            REFUSED, {"job": job_id, "attempt": number, "reason": reason}, REPORT_WITHIN
+        )
+    except LinkDown as e:
+        log.warning("cannot report the refusal to the edge: %s", e)
+    raise ApplicationError(
+        f"job {job_id} attempt {number}: {reason}", type=ATTEMPT_REFUSED, non_retryable=True
+    )
 
 
 async def _run(
@@ -445,6 +479,7 @@ def attempt_activity(
     data_dir: Path,
     link: OutputLink,
     attempts: RunningAttempts,
+    grants: GrantCheck,
     isolation: Isolation | None = None,
 ) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
     """The `oz0.job.attempt` activity of one runtime; ISOLATION the agent's (else what
@@ -454,7 +489,7 @@ def attempt_activity(
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
         return await run_attempt(
-            raw, node_id=node_id, link=link, attempts=attempts, isolation=isolated
+            raw, node_id=node_id, link=link, attempts=attempts, grants=grants, isolation=isolated
         )
 
     return attempt
