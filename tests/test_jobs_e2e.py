@@ -13,7 +13,9 @@ import datetime as dt
 import json
 import pwd
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -433,13 +435,21 @@ def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
 
 @pytest.mark.slow
 def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audited_and_not_run(
-    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+    cli: CliRunner,
+    one_server: ClusterFiles,
+    tmp_path: Path,
+    agents: list[AgentProcess],
+    request: pytest.FixtureRequest,
 ) -> None:
     files, env = one_server, one_server.cli_env
     [node] = join_agents(cli, files, tmp_path, agents, [{}])
     ca = cluster_ca(files)
+    # The markers where the job user may write (the test's own directory is private).
+    shared = Path(tempfile.mkdtemp(prefix="oz0-test-grants-"))
+    shared.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(shared))
     unsigned_marker, tampered_marker, replayed_marker = (
-        tmp_path / name for name in ("unsigned", "tampered", "replayed")
+        shared / name for name in ("unsigned", "tampered", "replayed")
     )
 
     def attempt(*command: str) -> dict[str, Any]:
