@@ -19,6 +19,8 @@ from cli.job_params import (
     env_pairs,
     parse_env,
     parse_selector,
+    secret_names,
+    secret_values,
     selector_pairs,
     usage_error,
 )
@@ -68,6 +70,9 @@ def run(
     env: Annotated[
         list[str] | None, Parameter(negative=(), converter=env_pairs, metavar="NAME=VALUE")
     ] = None,
+    secret_env: Annotated[
+        list[str] | None, Parameter(negative=(), converter=secret_names, metavar="NAME")
+    ] = None,
     name: str | None = None,
     no_move: Flag = False,
     queue_timeout: Annotated[
@@ -101,7 +106,12 @@ def run(
     retries
         Run the command again this many times when it fails (moves do not count).
     env
-        NAME=VALUE for the command's environment; repeat for several.
+        NAME=VALUE for the command's environment; repeat for several. Not secret: stored
+        and shown in clear; use --secret-env for passwords and keys.
+    secret_env
+        NAME: a secret for the command's environment, its value taken from this
+        environment (export it first); repeat for several. Sealed, given to the command's
+        process only, never shown, deleted when the job ends.
     name
         A name to recognise the job by.
     no_move
@@ -126,6 +136,8 @@ def run(
         )
     if retries < 0:
         raise usage_error(f"invalid --retries {retries}: give 0 or more")
+    # Read before anything is sent: a name not set sends nothing.
+    secrets = secret_values(secret_env or [], os.environ)
     body: dict[str, Any] = {
         "tenant": tenant,
         "command": list(command),
@@ -139,6 +151,8 @@ def run(
         "no_move": no_move,
         "queue_timeout": queue_timeout,
     }
+    if secrets:
+        body["secret_env"] = secrets
     client = ApiClient(select(context))
     try:
         job = client.post("/api/v1/jobs", body)
@@ -221,6 +235,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             ("timeout", _seconds(job["timeout"]) if job["timeout"] is not None else "none"),
             ("queue timeout", _seconds(job["queue_timeout"])),
             ("env", ",".join(job["env"]) or "-"),
+            ("secrets", ",".join(job.get("secret_env", [])) or "-"),
             ("exit code", _exit(job["exit_code"])),
             ("created", f"{_time(job['created_at'])} by {job['created_by']}"),
             ("started", _time(job["started_at"])),

@@ -31,7 +31,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from oz0.jobs import store
+from oz0.jobs import secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
 from oz0.store.events import NODES, EventHub
@@ -66,8 +66,11 @@ class JobsRole:
         hub: EventHub,
         frontend: Callable[[], FrontendAccess],
         server_id: str,
+        keeper: secret_env.SecretKeeper | None = None,
     ) -> None:
         self.db = db
+        # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
+        self.keeper = keeper
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
@@ -224,7 +227,7 @@ class JobsRole:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
         self._reconnect = asyncio.Event()
-        activities = JobActivities(self.db)
+        activities = JobActivities(self.db, self.keeper)
         delay = CONNECT_RETRY_FIRST
         while True:
             try:

@@ -69,6 +69,9 @@ class JobSpec:
     name: str | None = None
     no_move: bool = False
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+    # Secret values: sealed as the job is made, never kept with it, shown or logged (not
+    # even in this spec's repr).
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobSpec:
@@ -93,6 +96,7 @@ class JobSpec:
             selector = nodes.check_labels(body.get("selector", {}))
         except nodes.NodeError as e:
             raise JobError(f"selector: {e}") from None
+        env = _env(body.get("env", {}))
         return cls(
             tenant=tenant,
             command=_command(body.get("command")),
@@ -101,19 +105,20 @@ class JobSpec:
             all_nodes=all_nodes,
             timeout=_seconds(body.get("timeout"), "timeout", MAX_TIMEOUT, optional=True),
             retries=_retries(body.get("retries", 0)),
-            env=_env(body.get("env", {})),
+            env=env,
             name=_name(body.get("name")),
             no_move=_flag(body, "no_move"),
             queue_timeout=_seconds(
                 body.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT), "queue_timeout",
                 MAX_QUEUE_TIMEOUT, optional=False,
             ) or DEFAULT_QUEUE_TIMEOUT,
+            secret_env=_secret_env(body.get("secret_env", {}), env),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout",
+    "no_move", "queue_timeout", "secret_env",
 }  # fmt: skip
 
 
@@ -156,9 +161,10 @@ def _retries(value: object) -> int:
     return value
 
 
-def _env(value: object) -> dict[str, str]:
+def _env(value: object, what: str = "env") -> dict[str, str]:
+    # The messages name variables, never values: a secret_env's are secret.
     if not isinstance(value, dict) or len(value) > MAX_ENV:
-        raise JobError(f"env must be an object of at most {MAX_ENV} NAME: VALUE pairs")
+        raise JobError(f"{what} must be an object of at most {MAX_ENV} NAME: VALUE pairs")
     for key, text in value.items():
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise JobError(f"invalid environment variable name {key!r}")
@@ -167,6 +173,16 @@ def _env(value: object) -> dict[str, str]:
         if not isinstance(text, str) or "\0" in text or len(text) > MAX_ENV_VALUE:
             raise JobError(f"invalid value for environment variable {key}")
     return dict(value)
+
+
+def _secret_env(value: object, env: dict[str, str]) -> dict[str, str]:
+    secret = _env(value, "secret_env")
+    both = sorted(set(secret) & set(env))
+    if both:
+        raise JobError(f"{both[0]} is given both in env and in secret_env: give it once")
+    if len(secret) + len(env) > MAX_ENV:
+        raise JobError(f"env and secret_env hold more than {MAX_ENV} variables together")
+    return secret
 
 
 def _name(value: object) -> str | None:

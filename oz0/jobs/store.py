@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
+from oz0.jobs import secret_env
 from oz0.jobs.spec import (
     ENDED_STATES,
     STATES,
@@ -85,6 +86,8 @@ class Job:
     created_at: dt.datetime
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    # The names of its secret environment; the values are in job_secrets (secret_env.py).
+    secret_env: list[str] = field(default_factory=list)
     attempts: tuple[Attempt, ...] = ()
 
     @property
@@ -108,6 +111,7 @@ class Job:
             "no_move": self.no_move,
             # Values may be secrets of the operator's: they are kept to run the job, not shown.
             "env": sorted(self.env),
+            "secret_env": sorted(self.secret_env),
             "exit_code": self.exit_code,
             "created_at": self.created_at.isoformat(),
             "started_at": _iso(self.started_at),
@@ -123,7 +127,8 @@ def _iso(at: dt.datetime | None) -> str | None:
 
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
-    " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at"
+    " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
+    " secret_env"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -205,8 +210,11 @@ class TenantNotFound(JobNotFound):
     pass
 
 
-def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
-    """A new job, queued, and its `job.run` audit row; a server starts its workflow."""
+def create(
+    conn: Conn, spec: JobSpec, actor: audit.Actor, keeper: secret_env.SecretKeeper | None = None
+) -> Job:
+    """A new job, queued, and its `job.run` audit row; a server starts its workflow. Its
+    secret values are sealed by KEEPER (none without one: SecretsUnavailable)."""
     if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (spec.tenant,)).fetchone() is None:
         raise TenantNotFound(f"tenant {spec.tenant} not found")
     if spec.node is not None:
@@ -216,14 +224,16 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
-        " timeout_s, queue_timeout_s, retries, no_move, created_by)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " timeout_s, queue_timeout_s, retries, no_move, created_by, secret_env)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
             spec.retries, spec.no_move, f"{actor.kind}:{actor.name}",
+            Jsonb(sorted(spec.secret_env)),
         ),
     )  # fmt: skip
+    secret_env.keep(conn, keeper, job_id, spec.secret_env)
     audit.record(
         conn,
         actor,
@@ -236,6 +246,7 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
             "node": spec.node,
             "all": spec.all_nodes,
             "env": sorted(spec.env),
+            "secret_env": sorted(spec.secret_env),
         },
         tenants=[spec.tenant],
     )
@@ -266,6 +277,7 @@ def request_cancel(
                 " cancel_sent = true WHERE id = %s",
                 (job_id,),
             )
+            secret_env.forget(conn, job_id)
         else:
             conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
         audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state}, tenants=[tenant])
@@ -406,7 +418,8 @@ def set_queued(conn: Conn, job_id: str, reason: str) -> None:
 
 
 def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
-    """The job's end; attempts still shown running end with it (cancelled)."""
+    """The job's end; attempts still shown running end with it (cancelled), and its secrets
+    are deleted."""
     assert state in ENDED_STATES
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
@@ -418,6 +431,7 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         " WHERE id = %s AND ended_at IS NULL",
         (state, exit_code, reason, job_id),
     )
+    secret_env.forget(conn, job_id)
 
 
 # --- output (output.py, api.py) ----------------------------------------------------------

@@ -27,6 +27,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
     TimeoutError,
     TimeoutType,
     is_cancelled_exception,
@@ -38,6 +39,11 @@ JOBS_QUEUE = "oz0-jobs"
 WORKFLOW = "oz0.job"
 NODE_ACTIVITY = "oz0.job.attempt"
 MAX_MOVES = 20
+# The placing step's failure when its server cannot hand the job's secrets over: the job
+# fails with its message. SECRETS_UNREADABLE: the node's, when they do not open with its
+# key (renewed since they were sealed): the attempt moves, sealed again to the new key.
+SECRETS_UNAVAILABLE = "SecretsUnavailable"
+SECRETS_UNREADABLE = "SecretsUnreadable"
 # A node that does not take its attempt by then, or stops heartbeating (it beats every
 # second), has lost it: "given up when its heartbeat times out (<= 15 s)".
 SCHEDULE_TO_START = dt.timedelta(seconds=15)
@@ -73,6 +79,9 @@ class Placed:
     reason: str | None = None
     ended: bool = False
     part: int = 0
+    # The job's secrets sealed to NODE's key for attempt NUMBER ("" for none): the
+    # attempt's `secrets`, opaque here (oz0_common/sealed_env.py).
+    secrets: str = ""
 
 
 @dataclass
@@ -131,9 +140,13 @@ class JobWorkflow:
         except (asyncio.CancelledError, ActivityError) as e:
             # A cancellation that comes while a step runs (placing, recording an end) is
             # that step's ActivityError, not a CancelledError.
-            if not is_cancelled_exception(e):
+            unavailable = _secrets_unavailable(e)
+            if unavailable is not None:
+                state, exit_code, reason = "failed", None, unavailable
+            elif not is_cancelled_exception(e):
                 raise
-            state, exit_code, reason = "cancelled", None, "cancelled by an operator"
+            else:
+                state, exit_code, reason = "cancelled", None, "cancelled by an operator"
         await _unstoppable(_step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason)))
         return state
 
@@ -145,7 +158,7 @@ class JobWorkflow:
         while True:
             placed = await self._place(job, tried)
             assert placed.node is not None
-            outcome = await self._attempt(job, placed.number, placed.node)
+            outcome = await self._attempt(job, placed.number, placed.node, placed.secrets)
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return "succeeded", 0, None
             tried.append(placed.node)
@@ -213,9 +226,9 @@ class JobWorkflow:
     async def _part(self, job: JobInput, first: Placed) -> Outcome:
         """One node's part of an `--all` job: retried there, never moved."""
         assert first.node is not None
-        number, failures = first.number, 0
+        number, failures, secrets = first.number, 0, first.secrets
         while True:
-            outcome = await self._attempt(job, number, first.node)
+            outcome = await self._attempt(job, number, first.node, secrets)
             if outcome.moved or (outcome.because == "exit" and outcome.exit_code == 0):
                 return outcome
             failures += 1
@@ -223,23 +236,28 @@ class JobWorkflow:
                 return outcome
             self.number += 1
             number = self.number
-            await _step("oz0.jobs.place_on", job.job_id, number, first.part, first.node)
+            secrets = await _step(
+                "oz0.jobs.place_on", job.job_id, number, first.part, first.node, result_type=str
+            )
 
     # --- one attempt ---------------------------------------------------------------------
 
-    async def _attempt(self, job: JobInput, number: int, node: str) -> Outcome:
+    async def _attempt(self, job: JobInput, number: int, node: str, secrets: str) -> Outcome:
         """Run attempt NUMBER on NODE until it ends, its node is taken away, or the job is
-        cancelled; its end is recorded before this returns."""
+        cancelled; its end is recorded before this returns. SECRETS: sealed to NODE."""
         timeout = job.timeout
+        attempt: dict[str, Any] = {
+            "job_id": job.job_id,
+            "attempt": number,
+            "command": job.command,
+            "env": job.env,
+            "timeout": timeout,
+        }
+        if secrets:  # one opaque string, as the node protocol has it
+            attempt["secrets"] = secrets
         handle = workflow.start_activity(
             NODE_ACTIVITY,
-            {
-                "job_id": job.job_id,
-                "attempt": number,
-                "command": job.command,
-                "env": job.env,
-                "timeout": timeout,
-            },
+            attempt,
             task_queue=node,
             # A part of an --all job is placed whether or not its node has a free slot: it
             # may wait there as long as the job may wait for a node.
@@ -312,6 +330,17 @@ def _failure_because(error: ActivityError) -> str | None:
     cause = error.cause
     if isinstance(cause, TimeoutError) and cause.type == TimeoutType.START_TO_CLOSE:
         return "timeout"
+    if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNREADABLE:
+        return "node could not read secrets"  # a move: placed again, sealed again
+    return None
+
+
+def _secrets_unavailable(error: BaseException) -> str | None:
+    """The message of a placing step that could not hand the job's secrets over."""
+    if isinstance(error, ActivityError):
+        cause = error.cause
+        if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNAVAILABLE:
+            return f"cannot give the job's secrets to a node: {cause.message}"
     return None
 
 

@@ -16,6 +16,12 @@ comes (output.py). It ends by:
 - the runtime stopping (block, purge, SIGTERM, stream lost): `RunningAttempts.stop_all`
   ends the group before the worker stops, and the activity fails with NodeStopping.
 
+An attempt may carry the job's secrets (`secrets`: sealed to this node's key for this job,
+attempt and node; oz0_common/sealed_env.py). They are opened with the node's key as the
+attempt is read and given to the process's environment only: never logged, never in the
+status or an error message. Secrets that do not open fail the attempt (SecretsUnreadable,
+not retried here: the workflow places it again, sealed to the node's key as it is then).
+
 Runs in the runtime's asyncio loop (temporalio is asyncio-only), never in Trio.
 """
 
@@ -37,7 +43,9 @@ from typing import Any, NoReturn, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from oz0_common import certs, sealed_env
 from oz0_node import layout
+from oz0_node.identity import IdentityDir
 from oz0_node.jobs.link import OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
 from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
@@ -60,6 +68,11 @@ BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
 NO_WORKDIR = "NoWorkingDirectory"
+SECRETS_UNREADABLE = "SecretsUnreadable"
+
+# Opens an attempt's `secrets` (the text, the job ID, the attempt's number): its values,
+# or sealed_env.SealedEnvError.
+SecretOpener = Callable[[str, str, int], dict[str, str]]
 
 T = TypeVar("T")
 
@@ -71,14 +84,17 @@ class AttemptSpec:
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
+    # Opened from the attempt's `secrets`; never in a repr (nor a log line made from one).
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def dir_name(self) -> str:
         return f"{self.job_id}-{self.attempt}"
 
     @classmethod
-    def parse(cls, raw: object) -> AttemptSpec:
-        """The attempt RAW describes; a non-retryable BadAttempt error if it is malformed."""
+    def parse(cls, raw: object, open_secrets: SecretOpener | None = None) -> AttemptSpec:
+        """The attempt RAW describes; a non-retryable BadAttempt error if it is malformed,
+        SecretsUnreadable if its secrets do not open with OPEN_SECRETS."""
         if not isinstance(raw, dict):
             raise _bad("the attempt is not a JSON object")
         job_id, number = raw.get("job_id"), raw.get("attempt")
@@ -118,7 +134,45 @@ class AttemptSpec:
             command=tuple(command),
             env=dict(env),
             timeout=float(timeout) if timeout is not None else None,
+            secret_env=_secret_env(raw.get("secrets"), job_id, number, open_secrets),
         )
+
+
+def _secret_env(
+    text: object, job_id: str, number: int, open_secrets: SecretOpener | None
+) -> dict[str, str]:
+    if text is None:
+        return {}
+    if not isinstance(text, str) or not text:
+        raise _bad("secrets must be a non-empty string")
+    try:
+        if open_secrets is None:
+            raise sealed_env.SealedEnvError("this agent has no key to open them with")
+        values = open_secrets(text, job_id, number)
+    except sealed_env.SealedEnvError as e:
+        # The reason only: what the envelope holds is never part of a message.
+        raise ApplicationError(
+            f"job {job_id} attempt {number}: its secrets cannot be read on this node: {e}",
+            type=SECRETS_UNREADABLE,
+            non_retryable=True,
+        ) from None
+    if not all(k and "=" not in k and "\0" not in k and "\0" not in v for k, v in values.items()):
+        raise _bad("secrets must map names (no '=' or NUL) to strings without NUL")
+    return values
+
+
+def node_secrets(identity: IdentityDir, node_id: str) -> SecretOpener:
+    """Opens attempts' secrets with the node's key as it is on disk when the attempt comes
+    (after a renewal, the new one: secrets sealed to the old key are refused)."""
+
+    def open_secrets(text: str, job_id: str, number: int) -> dict[str, str]:
+        try:
+            key = certs.key_from_pem(identity.key_path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise sealed_env.SealedEnvError(f"cannot read the node's key: {e}") from None
+        return sealed_env.open_sealed(key, text, job_id=job_id, attempt=number, node_id=node_id)
+
+    return open_secrets
 
 
 def _bad(why: str) -> ApplicationError:
@@ -234,11 +288,12 @@ def remove_tree(path: Path) -> None:
 
 
 def attempt_env(spec: AttemptSpec, node_id: str, data_dir: Path) -> dict[str, str]:
-    """The agent's environment, the job's on top, and the three OZ0_ names on top of that;
-    DIR/tools/ first on the PATH that results."""
+    """The agent's environment, the job's on top (its secrets too), and the three OZ0_ names
+    on top of that; DIR/tools/ first on the PATH that results."""
     env = {
         **os.environ,
         **spec.env,
+        **spec.secret_env,
         "OZ0_JOB_ID": spec.job_id,
         "OZ0_ATTEMPT": str(spec.attempt),
         "OZ0_NODE_ID": node_id,
@@ -273,7 +328,7 @@ async def run_attempt(
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
     """Run the attempt RAW describes (see the module's docstring); its result object."""
-    spec = AttemptSpec.parse(raw)
+    spec = AttemptSpec.parse(raw, node_secrets(IdentityDir(data_dir), node_id))
     running = attempts.enter(spec)
     try:
         try:
