@@ -377,7 +377,7 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     assert not [e for e in events if any(form in e for form in forms)], "secret in history"
     dumped = everything_in_the_database(files).encode()
     assert not [form for form in forms if form in dumped], "secret in the database"
-    assert f"job_secrets {job_id}" not in dumped.decode(), "sealed secret kept after the end"
+    assert f"public.job_secrets ({job_id}," not in dumped.decode(), "kept after the job's end"
     audit = cli("audit", "list", "--json", env=env).json()
     [ran] = [e for e in audit if e["action"] == "job.run"]
     assert ran["details"]["secret_env"] == ["DB_PASSWORD"]
