@@ -282,6 +282,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
         page,
         "sh -c 'echo hello; sleep 1; echo oops >&2; printf \"caf\\303\\251 \\377\\n\"; exit 3'",
         Environment="GREETING=kept-out-of-pages",
+        **{"Secret variable 1": "DB_PASSWORD", "Secret value 1": "secret-out-of-pages"},
     )
     page.evaluate("window.notReloaded = true")
     # jobs.js follows the job: the state and output change in place, without a reload.
@@ -307,6 +308,8 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert link.get_attribute("href") == f"/nodes/{ui.node_id}"
     # The environment's names are shown, its values (perhaps secrets) never.
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
+    assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
+    assert ui.api.get(f"/api/v1/jobs/{job_id}")["secret_env"] == ["DB_PASSWORD"]
     shot(page, where, "job-ended.png")
     [run] = ui.audit(f"job:{job_id}")
     assert run[:3] == ("ui", "admin", "job.run")
@@ -362,6 +365,16 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         ({"Command": "true", "Selector": "Role=web"}, "Selector: invalid selector 'Role=web'"),
         ({"Command": "true", "Environment": "OZ0_NODE_ID=x"}, "Environment: invalid env"),
         ({"Command": "true", "Retries": "101"}, "retries must be a whole number from 0 to 100"),
+        (
+            {
+                "Command": "true",
+                "Environment": "KEY=x",
+                "Secret variable 1": "KEY",
+                "Secret value 1": "never-sent-back",
+            },
+            "KEY is given both in env and in secret_env",
+        ),
+        ({"Command": "true", "Secret value 2": "never-sent-back"}, "Secrets: a secret value"),
     ]:
         page.goto(f"{BASE}/jobs/new")
         for label, value in fields.items():
@@ -371,6 +384,8 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         alerts = page.get_by_role("alert")
         assert alerts.count() == 1 and alerts.inner_text().startswith(error), error
         assert page.get_by_label("Command").input_value() == fields["Command"]
+        # A secret's value is asked for again, never sent back in the page.
+        assert "never-sent-back" not in page.content()
         if not fields["Command"]:
             shot(page, where, "job-run-form-error.png")
     assert len(ui.api.get("/api/v1/jobs")["jobs"]) == before
