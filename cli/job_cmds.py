@@ -15,6 +15,7 @@ from cli.client import ApiClient, ApiError
 from cli.job_follow import ENDED_STATES, Follower, outcome
 from cli.job_params import (
     check_job_id,
+    cpus,
     duration,
     env_pairs,
     parse_env,
@@ -22,12 +23,14 @@ from cli.job_params import (
     secret_names,
     secret_values,
     selector_pairs,
+    size_bytes,
     usage_error,
 )
 from cli.output import print_fields, print_json, print_table, terminal_safe, warn
 from cli.params import ContextPath, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
+from oz0.jobs import limits as job_limits
 
 app = App(name="job", help_format="markdown")  # help: cli/main.py
 
@@ -78,6 +81,13 @@ def run(
     queue_timeout: Annotated[
         float, Parameter(converter=duration, metavar="DURATION", show_default=False)
     ] = DEFAULT_QUEUE_TIMEOUT,
+    memory: Annotated[int | None, Parameter(converter=size_bytes, metavar="SIZE")] = None,
+    cpu: Annotated[float | None, Parameter(converter=cpus, metavar="FRACTION")] = None,
+    max_processes: Annotated[int | None, Parameter(metavar="N")] = None,
+    max_open_files: Annotated[int | None, Parameter(metavar="N")] = None,
+    max_address_space: Annotated[
+        int | None, Parameter(converter=size_bytes, metavar="SIZE")
+    ] = None,
     detach: Flag = False,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -118,6 +128,19 @@ def run(
         A blocked, purged or lost node's attempt ends the job lost instead of moving it.
     queue_timeout
         Fail the job if no node can take it for this long. [default: 10m]
+    memory
+        Memory for each attempt's processes together, such as 512M or 2G (a cgroup where
+        the node has one; `job show` says what each node applied).
+    cpu
+        CPU time for each attempt, in CPUs: 0.5 is half of one CPU (a cgroup where the
+        node has one).
+    max_processes
+        Processes and threads each attempt may have at once (a cgroup where the node has
+        one).
+    max_open_files
+        Files each process may hold open, from 16 (an rlimit).
+    max_address_space
+        Virtual memory each process may map, such as 4G (an rlimit).
     detach
         Print the job ID and leave it running.
     """
@@ -136,6 +159,19 @@ def run(
         )
     if retries < 0:
         raise usage_error(f"invalid --retries {retries}: give 0 or more")
+    limits: dict[str, int | float] = {}
+    for flag, limit, value in (
+        ("--memory", "memory", memory),
+        ("--cpu", "cpu", cpu),
+        ("--max-processes", "max_processes", max_processes),
+        ("--max-open-files", "max_open_files", max_open_files),
+        ("--max-address-space", "address_space", max_address_space),
+    ):
+        if value is not None:
+            try:
+                limits[limit] = job_limits.check_one(limit, value)
+            except ValueError as e:
+                raise usage_error(f"{flag}: {e}") from None
     # Read before anything is sent: a name not set sends nothing.
     secrets = secret_values(secret_env or [], os.environ)
     body: dict[str, Any] = {
@@ -151,6 +187,8 @@ def run(
         "no_move": no_move,
         "queue_timeout": queue_timeout,
     }
+    if limits:  # only when asked: a server without limits refuses the field
+        body["limits"] = limits
     if secrets:
         body["secret_env"] = secrets
     client = ApiClient(select(context))
@@ -219,6 +257,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
     if json:
         print_json(job)
         return 0
+    asked = job.get("limits") or {}  # a server older than limits sends none
     print_fields(
         [
             ("id", job["id"]),
@@ -235,6 +274,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             ("timeout", _seconds(job["timeout"]) if job["timeout"] is not None else "none"),
             ("queue timeout", _seconds(job["queue_timeout"])),
             ("env", ",".join(job["env"]) or "-"),
+            ("limits", job_limits.describe(asked)),
             ("secrets", ",".join(job.get("secret_env", [])) or "-"),
             ("exit code", _exit(job["exit_code"])),
             ("created", f"{_time(job['created_at'])} by {job['created_by']}"),
@@ -255,6 +295,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             for a in attempts
         ],
     )  # fmt: skip
+    _print_applied(asked, attempts)
     return 0
 
 
@@ -374,6 +415,18 @@ def _stdout_closed() -> int:
 
 def _context_arg(context: Path | None) -> str:
     return f" --context {shlex.quote(str(context))}" if context is not None else ""
+
+
+def _print_applied(asked: dict[str, Any], attempts: list[dict[str, Any]]) -> None:
+    """Per attempt, what its node said it applied (as which user, how it tracked the
+    processes, each limit and how)."""
+    lines = job_limits.applied_lines(
+        asked, [(a["number"], a["state"] == "running", a.get("applied")) for a in attempts]
+    )
+    if lines:
+        print()
+    for line in lines:
+        print(terminal_safe(line))
 
 
 def _command(argv: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""What `job run` reads from its command line: durations, KEY=VALUE pairs, a job ID.
+"""What `job run` reads from its command line: durations, KEY=VALUE pairs, sizes and CPU
+fractions (limits), a job ID.
 
 Each converter raises ValueError, which cyclopts turns into one line naming the option
 (exit code 2, as for any other bad parameter).
@@ -12,9 +13,13 @@ from typing import Any
 
 from cyclopts import CycloptsError, Token
 
+from oz0.jobs.limits import parse_cpu, parse_size
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_secret_names, parse_selector
 
-__all__ = ["parse_duration", "parse_env", "parse_secret_names", "parse_selector"]
+__all__ = [
+    "parse_cpu", "parse_duration", "parse_env", "parse_secret_names", "parse_selector",
+    "parse_size",
+]  # fmt: skip
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 
@@ -22,6 +27,16 @@ _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 def duration(type_: Any, tokens: Sequence[Token]) -> float:
     """cyclopts converter for a DURATION option."""
     return parse_duration(tokens[0].value)
+
+
+def size_bytes(type_: Any, tokens: Sequence[Token]) -> int:
+    """cyclopts converter for a SIZE option (`--memory 512M`): bytes."""
+    return parse_size(tokens[0].value)
+
+
+def cpus(type_: Any, tokens: Sequence[Token]) -> float:
+    """cyclopts converter for `--cpu 0.5`: a number of CPUs."""
+    return parse_cpu(tokens[0].value)
 
 
 def selector_pairs(type_: Any, tokens: Sequence[Token]) -> list[str]:

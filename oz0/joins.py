@@ -173,15 +173,14 @@ def _admitted(
         request = requests[i]
         try:
             token = ledger.admits(request.token)
-            labels = nodes.check_labels(request.labels)
+            labels = nodes.under_token(token.labels, nodes.check_labels(request.labels))
         except Oz0Error as e:
             out.append(e)
             continue
         ledger.take(token)
         key, sha256 = keys[i]
         hostname = request.hostname[:253] if isinstance(request.hostname, str) else ""
-        merged = {**token.labels, **labels}
-        out.append(_New(i, nodes.new_node_id(), key, sha256, token, merged, hostname))
+        out.append(_New(i, nodes.new_node_id(), key, sha256, token, labels, hostname))
     return out
 
 

@@ -51,6 +51,21 @@ def check_labels(labels: object) -> dict[str, str]:
     return dict(labels)
 
 
+def under_token(token_labels: dict[str, str], labels: dict[str, str]) -> dict[str, str]:
+    """A joining node's labels: its token's, plus the node's own for the keys the token does
+    not set. A label of the node that gives a token's key another value is refused: the
+    token is what an operator decided, and a selector on that key must not attract a node
+    that only claims it (a "laptops" token's node joining as role=db-prod)."""
+    contradictions = [
+        f"label {key}={value} contradicts the token's {key}={token_labels[key]}"
+        for key, value in sorted(labels.items())
+        if key in token_labels and token_labels[key] != value
+    ]
+    if contradictions:
+        raise NodeError("; ".join(contradictions))
+    return {**labels, **token_labels}
+
+
 def check_id_count(count: int) -> None:
     if count > MAX_IDS_PER_REQUEST:
         raise TooManyNodes(

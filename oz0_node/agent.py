@@ -10,6 +10,7 @@ and returns `Purged` (from then on it writes nothing, so nothing recreates the d
 from __future__ import annotations
 
 import logging
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,9 @@ from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.jobs.isolation import Isolation, check_private
 from oz0_node.node import Node
-from oz0_node.runtime import RuntimeFactory, Runtimes
+from oz0_node.runtime import NodeRuntime, RuntimeFactory, Runtimes
 from oz0_node.tls import edge_context
 from oz0_node.transport import OpenStream, open_tcp
 
@@ -39,6 +41,8 @@ class StartOptions:
     # Given: remembered in node.json. Else what node.json remembers, else the default.
     launcher: Path | None = None
     default_launcher: Path | None = None
+    # The user jobs run as (--job-user); None: oz0-job for an agent running as root.
+    job_user: str | None = None
 
 
 def check_options(record: NodeRecord | None, options: StartOptions) -> None:
@@ -81,6 +85,9 @@ async def run(
     with identity.locked():
         identity.finish_renewal()
         record = identity.load_record()
+        # Before anything reaches the network: an agent that could run no job safely
+        # stops here, and a crash's leftovers are ended before new attempts come.
+        isolation = prepare_jobs(options, identity, record.node_id if record else None)
         if (record is None or record.node_id is None) and identity.has_certificate():
             # Joining again would pair a fresh record with the old node's certificate.
             raise AgentError(
@@ -98,6 +105,7 @@ async def run(
             record = NodeRecord(cluster=pinned.cluster, ca_hash=pinned.ca_hash)
             identity.save_record(record)
         node = Node(identity, record)
+        node.isolation = isolation
         node.remember(
             edges=options.edges,
             launcher=str(options.launcher) if options.launcher is not None else None,
@@ -111,11 +119,36 @@ async def run(
         key = identity.load_or_create_key()
         ca_pem = identity.load_ca_pem()
         node.publish()
-        runtimes = Runtimes(runtime_factory) if runtime_factory is not None else Runtimes()
+        runtimes = Runtimes(
+            runtime_factory if runtime_factory is not None else NodeRuntime,
+            isolation=node.isolation,
+        )
         command = await _stay_connected(
             node, key, ca_pem, options.request, open_stream, rng, runtimes, clock
         )
         return await _carry_out_purge(node, command, options, runtimes)
+
+
+def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | None) -> Isolation:
+    """How this agent will run jobs (jobs/isolation.py), checked before it connects: the job
+    user exists, DIR and DIR/identity are the agent's alone; then what a previous agent
+    process left running (killed with -9, crashed) is ended. AgentError when no job could
+    run safely."""
+    isolation = Isolation.detect(options.data_dir, options.job_user)
+    root = os.geteuid() == 0
+    # Root: closed here (0700). An agent whose jobs run as itself refuses instead: it
+    # cannot tell who opened them, nor why.
+    check_private([options.data_dir, identity.root], enforce=root)
+    if root and isolation.user.uid == 0:
+        log.warning(
+            "jobs run as root (--job-user %s): a job can read this node's identity and "
+            "change its agent",
+            isolation.user.name,
+        )
+    described = isolation.describe(node_id)
+    log.info("jobs run as %s, tracked by %s", described["job_user"], described["tracking"])
+    isolation.end_leftovers(node_id)
+    return isolation
 
 
 async def _stay_connected(

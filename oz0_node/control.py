@@ -166,7 +166,9 @@ async def _keep_runtime(
         namespace=welcome.tenant,
         temporal=welcome.temporal,
         identity=node.identity,
+        cluster=node.record.cluster,
         output=link,
+        isolation=runtimes.isolation,
     )
     async with trio.open_nursery() as nursery:
         # Plugins run alongside the runtime: whatever ends this stream stops both.

@@ -2,11 +2,11 @@
 
     identity/   keys, certificates, node.json (identity.py)
     python/     what the one-file agent unpacks to run (its bootstrap's)
-    runtimes/   the job attempts' working directories (jobs/attempt.py)
     plugins/    executables run alongside the runtime (plugins.py)
-    tools/      helper programs, first on PATH for jobs and plugins
+    tools/      helper programs, first on PATH for plugins (and for jobs run as the agent's user)
     logs/       the plugins' output
-    status.json, agent.lock, purge-nonces, created-parents: the agent's own
+    status.json, agent.lock, purge-nonces, attempts-run, created-parents, attempts.json: the
+    agent's own
 
 Everything the node has is in DIR, so a purge that deletes DIR removes the node.
 """
@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 PYTHON_DIR = "python"
-RUNTIMES_DIR = "runtimes"
 PLUGINS_DIR = "plugins"
 TOOLS_DIR = "tools"
 LOGS_DIR = "logs"

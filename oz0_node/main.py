@@ -2,6 +2,7 @@
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
         [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] [--data-dir DIR]
+        [--job-user NAME]
     OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
     oz0-node start [--data-dir DIR]          # resume from what DIR remembers
     oz0-node status [--data-dir DIR] [--json]
@@ -57,6 +58,7 @@ def start(
     token: Annotated[str | None, Parameter(show=False)] = None,
     label: Annotated[tuple[str, ...], Many] = (),
     launcher: Path | None = None,
+    job_user: str | None = None,
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
     """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
@@ -67,7 +69,7 @@ def start(
     Parameters
     ----------
     data_dir
-        Where the node keeps all it has (identity, plugins, runtimes, tools, logs); later
+        Where the node keeps all it has (identity, plugins, tools, logs); later
         starts need only this.
     edge
         Edge addresses HOST:PORT of the cluster's servers (comma-separated or repeated).
@@ -86,6 +88,10 @@ def start(
         a link points to and never a directory. Remembered in DIR, so later starts need not
         repeat it. If never given, the `oz0-node` command that runs this agent is its
         launcher; run any other way (`python -m oz0_node.main`), it has none.
+    job_user
+        The user jobs run as when the agent runs as root (default: oz0-job, which
+        `oz0-node install-service` creates); `--job-user root` runs them as root, and says
+        so. An agent that is not root runs jobs as itself.
     verbose
         Log debug messages too.
     """
@@ -105,6 +111,7 @@ def start(
         ),
         launcher=_parse_launcher(launcher),
         default_launcher=console_script(sys.argv[0]),
+        job_user=job_user,
     )
     _configure_logging(verbose)
     purged = trio.run(agent.run_until_signalled, options)
@@ -139,6 +146,9 @@ def status(
     else:
         print(f"connected: no{'' if report['running'] else ' (agent not running)'}")
     print(f"runtime:   {report['runtime']}")
+    jobs = report.get("jobs")
+    if isinstance(jobs, dict):
+        print(f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}")
     cert = report["certificate"]
     if isinstance(cert, dict):
         if cert["expired"]:
@@ -157,7 +167,8 @@ def install_service(
     unit_path: Path | None = None,
     force: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
-    """Write the systemd unit that runs this agent (`systemctl enable --now oz0-node` next).
+    """Write the systemd unit that runs this agent (`systemctl enable --now oz0-node` next);
+    as root, also make the system user jobs run as (oz0-job) unless it exists.
 
     Parameters
     ----------
@@ -187,6 +198,8 @@ def install_service(
     service.install(target, service.unit_text(program, directory, system=euid == 0), force=force)
     scope = "" if euid == 0 else " --user"
     print(f"wrote {target}: runs {program} start --data-dir {directory}")
+    if euid == 0 and service.ensure_job_user(service.DEFAULT_JOB_USER):
+        print(f"made the system user {service.DEFAULT_JOB_USER}: jobs run as it")
     print(f"next: systemctl{scope} daemon-reload && systemctl{scope} enable --now oz0-node")
     return 0
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from oz0_node import addresses, status
 from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.jobs.isolation import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ class Node:
         self.connected = False
         self.server: str | None = None
         self.runtime = "stopped"
+        # How jobs run (the job user, the tracking), for status.json; set at the start.
+        self.isolation: Isolation | None = None
 
     @property
     def name(self) -> str:
@@ -86,5 +89,6 @@ class Node:
                 connected=self.connected,
                 server=self.server,
                 runtime=self.runtime,
+                jobs=self.isolation.describe(self.record.node_id) if self.isolation else None,
             ),
         )

@@ -6,7 +6,8 @@ ends for any reason (refused, purge, edge lost, SIGTERM). It connects with the n
 certificate, verifies the frontend against the pinned cluster CA, and works in the namespace
 of the node's tenant. It offers the agent's built-in activities only (no workflows):
 `oz0.node.describe`, and `oz0.job.attempt` (oz0_node/jobs/) when the stream handed it an
-output link.
+output link; that one runs only attempts whose grant holds (jobs/grants.py), checked
+against the cluster CA pinned in the node's identity and the cluster and tenant below.
 
 temporalio is asyncio-only: the Client and the Worker are made and run on the loop of an
 asyncio portal (oz0_common/asyncio_portal.py) that run() owns. Stopping is bounded: every
@@ -34,7 +35,7 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
-from oz0_common import __version__
+from oz0_common import __version__, certs
 from oz0_common.asyncio_portal import (
     CallCancelled,
     Portal,
@@ -46,6 +47,8 @@ from oz0_node import plugins
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
 from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT
+from oz0_node.jobs.grants import GrantCheck, RunRecord
+from oz0_node.jobs.isolation import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +76,15 @@ def task_queue(node_id: str) -> str:
 @dataclass(frozen=True)
 class RuntimeSettings:
     node_id: str
-    namespace: str
+    namespace: str  # the node's tenant
     temporal: str  # HOST:PORT of a Temporal frontend
     identity: IdentityDir
+    cluster: str  # the cluster the node joined: its attempts' grants must name it
     # Where job output goes: the control stream this runtime runs for. Without one the
     # runtime offers no job activity.
     output: OutputLink | None = None
+    # How attempts run (the agent's, checked at its start); None: what the machine allows.
+    isolation: Isolation | None = None
 
     @property
     def task_queue(self) -> str:
@@ -117,6 +123,18 @@ def describe_activity(node_id: str) -> Callable[[], Any]:
         }
 
     return describe
+
+
+def grant_check(settings: RuntimeSettings) -> GrantCheck:
+    """How this runtime's attempts are checked: against the cluster CA the node pinned at
+    its join, its cluster, its tenant (the namespace) and its node ID."""
+    return GrantCheck(
+        cluster=settings.cluster,
+        tenant=settings.namespace,
+        node_id=settings.node_id,
+        ca=certs.cert_from_pem(settings.identity.load_ca_pem()),
+        record=RunRecord.load(settings.identity.data_dir),
+    )
 
 
 class NodeRuntime:
@@ -222,7 +240,12 @@ class NodeRuntime:
         if settings.output is not None:
             activities.append(
                 attempt_activity(
-                    settings.node_id, settings.identity.data_dir, settings.output, self.attempts
+                    settings.node_id,
+                    settings.identity.data_dir,
+                    settings.output,
+                    self.attempts,
+                    grant_check(settings),
+                    settings.isolation,
                 )
             )
         return activities
@@ -289,9 +312,11 @@ class Runtimes:
         self,
         factory: RuntimeFactory = NodeRuntime,
         launch_plugin: plugins.Launch = plugins.launch_process,
+        isolation: Isolation | None = None,
     ) -> None:
         self.factory = factory
         self.launch_plugin = launch_plugin
+        self.isolation = isolation
         self.live: set[Runtime] = set()
 
     async def run(self, settings: RuntimeSettings, running: Callable[[], None]) -> None:

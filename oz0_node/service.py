@@ -8,17 +8,25 @@ to touch systemd (it deletes nothing outside what it unpacked, and needs no bus 
 binary makes every later start (a failed run's restart, the next boot) skip the unit
 instead of failing to execute a deleted file over and over. `KillMode=mixed` lets the
 agent stop its plugins and job attempts itself (SIGTERM to it alone); what is left when
-`TimeoutStopSec` runs out is killed by systemd.
+`TimeoutStopSec` runs out is killed by systemd. `Delegate=yes` hands the agent its
+service's cgroup (v2), where it makes a cgroup per job attempt (jobs/isolation.py).
+
+Run as root, it also makes the system user jobs run as (`oz0-job`) unless it exists.
 """
 
 from __future__ import annotations
 
+import pwd
+import shutil
+import subprocess
 from pathlib import Path
 
 from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 
 UNIT_NAME = "oz0-node.service"
+# The system user jobs run as by default when the agent runs as root (jobs/isolation.py).
+DEFAULT_JOB_USER = "oz0-job"
 SYSTEM_UNIT = Path("/etc/systemd/system") / UNIT_NAME
 USER_UNIT = Path(".config", "systemd", "user") / UNIT_NAME  # under the user's home
 # More than the agent needs to stop its runtime (runtime.STOP_TIMEOUT, under 10 s) and
@@ -52,6 +60,9 @@ Restart=on-failure
 RestartSec={RESTART_SEC}
 KillMode=mixed
 TimeoutStopSec={STOP_TIMEOUT}
+# The agent makes a cgroup per job attempt under its own, to end all of an attempt's
+# processes and apply its limits.
+Delegate=yes
 
 [Install]
 WantedBy={target}
@@ -74,3 +85,24 @@ def install(unit_path: Path, text: str, *, force: bool) -> None:
         unit_path.chmod(0o644)  # systemd reads it; it holds no secret
     except OSError as e:
         raise AgentError(f"cannot write {unit_path}: {e.strerror or e}") from None
+
+
+def ensure_job_user(name: str) -> bool:
+    """Make NAME a system user with no home and no login shell unless it exists; whether
+    this made it. AgentError when it cannot be made."""
+    try:
+        pwd.getpwnam(name)
+        return False
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    done = subprocess.run(
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    # 9: made meanwhile by someone else (a second installer, a test worker): there it is.
+    if done.returncode not in (0, 9):
+        raise AgentError(f"cannot create the job user {name}: {done.stderr.strip()}")
+    return done.returncode == 0

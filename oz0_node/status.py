@@ -31,6 +31,8 @@ class Status:
     runtime: str = "stopped"
     pid: int | None = None
     updated_at: str | None = None
+    # {"job_user": NAME, "tracking": "cgroup v2 PATH" | "subreaper" | "process group"}
+    jobs: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -42,6 +44,7 @@ class Status:
             "runtime": self.runtime,
             "pid": self.pid,
             "updated_at": self.updated_at,
+            "jobs": self.jobs,
         }
 
 
@@ -57,6 +60,7 @@ def write(data_dir: Path, status: Status) -> None:
         connected=status.connected,
         server=status.server,
         runtime=status.runtime,
+        jobs=status.jobs,
         pid=os.getpid(),
         updated_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
@@ -140,6 +144,7 @@ def read(data_dir: Path) -> dict[str, object]:
         "running": running,
         "pid": pid if running else None,
         "updated_at": raw.get("updated_at"),
+        "jobs": raw.get("jobs") if isinstance(raw.get("jobs"), dict) else None,
         "edges": record.edges,
         "certificate": certificate_report(identity, str(node_id or "(not joined yet)")),
     }

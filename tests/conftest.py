@@ -20,9 +20,11 @@ from fixtures.cluster import (
     kill_all,
     serving,
 )
+from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
 from oz0.store.dburl import DatabaseUrl
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER, stop_being_subreaper
 
 
 @dataclass(frozen=True)
@@ -177,3 +179,20 @@ def streams() -> Iterator[list[EventStream]]:
     yield opened
     for stream in opened:
         stream.close()
+
+
+@pytest.fixture(autouse=True)
+def not_a_subreaper_after() -> Iterator[None]:
+    """A test that forced the subreaper tracking made this process a child subreaper: undo
+    it after the test, or every orphan of later tests' servers and agents would come to
+    this process and stay a zombie (it never reaps them)."""
+    yield
+    stop_being_subreaper()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def job_user() -> str:
+    """The default job user (`oz0-job`), which an agent running as root needs to run jobs
+    (oz0_node/jobs/isolation.py): made here as `oz0-node install-service` would make it."""
+    ensure_job_user(DEFAULT_JOB_USER)
+    return DEFAULT_JOB_USER

@@ -27,12 +27,26 @@ def test_an_agent_joins_with_a_token_and_connects(
     tmp_path: Path,
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
+    token = create_token(cli, cluster_env, "--label", "role=laptops")
+    # A label contradicting the token's: the agent prints the edge's one line and exits.
+    claiming = AgentProcess.joining(
+        tmp_path / "claiming",
+        [EDGE_A],
+        cluster_files.ca_hash,
+        token=token,
+        labels={"role": "db-prod"},
+    ).start()
+    agents.append(claiming)
+    assert claiming.wait_exit(timeout=30) != 0
+    assert "label role=db-prod contradicts the token's role=laptops" in claiming.log()
+    assert not (tmp_path / "claiming" / "identity" / "node.crt").exists()
+
     agent = AgentProcess.joining(
         tmp_path / "node",
         [EDGE_A],
         cluster_files.ca_hash,
-        token=create_token(cli, cluster_env),
-        labels={"os": "linux"},
+        token=token,
+        labels={"os": "linux", "role": "laptops"},
     ).start()
     agents.append(agent)
     status = agent.wait_status(connected, timeout=30)
@@ -44,7 +58,7 @@ def test_an_agent_joins_with_a_token_and_connects(
     assert node_json["node_id"] == status["node_id"] and node_json["cluster"] == "test"
     shown = cli("node", "show", status["node_id"], "--json", env=cluster_env).json()
     assert shown["connected"] is True and shown["server"] == status["server"]
-    assert shown["labels"] == {"os": "linux"}
+    assert shown["labels"] == {"os": "linux", "role": "laptops"}
 
     # Resumes from what the directory remembers, with no flags but --data-dir.
     agent.stop()

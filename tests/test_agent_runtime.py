@@ -221,7 +221,11 @@ def identity_with_certificate(data: Path) -> IdentityDir:
 
 def settings_for(identity: IdentityDir, temporal: str) -> RuntimeSettings:
     return RuntimeSettings(
-        node_id="node-0123456789ab", namespace="default", temporal=temporal, identity=identity
+        node_id="node-0123456789ab",
+        namespace="default",
+        temporal=temporal,
+        identity=identity,
+        cluster="test",
     )
 
 

@@ -195,15 +195,22 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
         "2",
         "--label",
         "team=data",
-        "--label",
-        "os=any",
         "--json",
         env=cluster_env,
     )
     assert created.code == 0, created.err
     token = created.json()["token"]
     keys = await pinned_keys(cluster_files)
-    answer = await edge_client.join(EDGE_A, keys, token=token, labels={"os": "linux"})
+    # A label the token sets with another value: refused, the token's use kept.
+    refused = await edge_client.join(EDGE_A, keys, token=token, labels={"team": "ops"})
+    assert refused == {
+        "type": "error",
+        "code": "bad_request",
+        "message": "label team=ops contradicts the token's team=data",
+    }
+    answer = await edge_client.join(
+        EDGE_A, keys, token=token, labels={"team": "data", "os": "linux"}
+    )
     assert answer["state"] == "accepted" and answer["tenant"] == "acme"
     pki.cert_from_pem(keys.cert_pem).verify_directly_issued_by(pki.cert_from_pem(keys.ca_pem))
     shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()

@@ -16,7 +16,7 @@ import pytest
 
 from cli import job_cmds
 from cli.job_follow import Follower, outcome
-from cli.job_params import parse_duration, parse_env, parse_selector
+from cli.job_params import parse_cpu, parse_duration, parse_env, parse_selector, parse_size
 from tests.conftest import CliRunner
 
 JOB = "job-0123456789ab"
@@ -108,6 +108,57 @@ def test_bad_job_run_options_are_one_line_and_exit_2(cli: CliRunner, args: list[
     assert result.err.startswith("error: ") and result.err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("64MB", 64 << 20),
+     ("4194304", 4 << 20), ("1t", 1 << 40), (" 8 mib ", 8 << 20), ("4096K", 4 << 20)],
+)  # fmt: skip
+def test_sizes_are_bytes_or_a_number_with_a_power_of_1024(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "use bytes or a number with K"), ("abc", "use bytes or a number with K"),
+     ("-1G", "use bytes or a number with K"), ("1e9", "use bytes or a number with K"),
+     ("2X", "use bytes or a number with K"), ("3M", "at least 4 MiB"),
+     ("4000000", "at least 4 MiB"), ("2P", "at most 1 PiB")],
+)  # fmt: skip
+def test_bad_sizes_are_refused_saying_what_a_size_is(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="invalid size") as caught:
+        parse_size(text)
+    assert message in str(caught.value)
+
+
+def test_cpu_is_a_number_of_cpus() -> None:
+    assert parse_cpu("0.5") == 0.5 and parse_cpu("2") == 2.0 and parse_cpu("0.01") == 0.01
+    for bad in ("0", "0.001", "-1", "half", "nan", "inf", "1025"):
+        with pytest.raises(ValueError, match=r"invalid cpu .*from 0\.01 to 1024"):
+            parse_cpu(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memory", "lots"], "invalid size 'lots'"),
+        (["--memory", "1M"], "at least 4 MiB"),
+        (["--max-address-space", "1k"], "at least 4 MiB"),
+        (["--cpu", "0"], "from 0.01 to 1024"),
+        (["--max-processes", "0"], "--max-processes: max processes must be a whole number"),
+        (["--max-open-files", "8"], "--max-open-files: max open files must be a whole number"),
+        (["--max-open-files", "many"], "--max-open-files"),
+    ],
+)
+def test_bad_limits_are_one_line_exit_2_and_send_nothing(
+    cli: CliRunner, api: RecordingApi, args: list[str], message: str
+) -> None:
+    result = cli("job", "run", *args, "--", "true")
+    assert result.code == 2, result
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert message in result.err
+    assert api.posts == []
+
+
 def test_bad_job_ids_are_refused_before_any_request(cli: CliRunner) -> None:
     # No context exists here: reaching the network would fail differently (exit 1).
     for args in (["show", "job-1"], ["logs", "x"], ["cancel", "JOB-0123456789AB"]):
@@ -183,6 +234,28 @@ def test_defaults_of_job_run(cli: CliRunner, api: RecordingApi) -> None:
     assert body["tenant"] == "default" and body["selector"] == {} and body["env"] == {}
     assert body["timeout"] is None and body["retries"] == 0 and body["queue_timeout"] == 600.0
     assert body["all"] is False and body["no_move"] is False and body["name"] is None
+
+
+def test_limits_are_sent_in_bytes_and_cpus_and_only_those_asked(
+    cli: CliRunner, api: RecordingApi
+) -> None:
+    result = cli(
+        "job", "run", "--memory", "512M", "--cpu", "0.5", "--max-processes", "100",
+        "--max-open-files", "1024", "--max-address-space", "1.5G", "--detach", "--", "true",
+    )  # fmt: skip
+    assert result.code == 0, result
+    assert cli("job", "run", "--max-open-files", "64", "--detach", "--", "true").code == 0
+    assert cli("job", "run", "--detach", "--", "true").code == 0
+    [(_, every), (_, one), (_, none)] = api.posts
+    assert every["limits"] == {
+        "memory": 512 << 20,
+        "cpu": 0.5,
+        "max_processes": 100,
+        "max_open_files": 1024,
+        "address_space": 3 << 29,
+    }
+    assert one["limits"] == {"max_open_files": 64}
+    assert "limits" not in none  # a server without limits would refuse the field
 
 
 @pytest.mark.parametrize(
@@ -585,3 +658,44 @@ def test_a_bad_secret_env_is_one_line_exit_2_and_sends_nothing(
     assert says in result.err and result.err.count("\n") == 1, result.err
     assert "on-the-line" not in result.err
     assert api.posts == []
+
+
+def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
+    cli: CliRunner, api: RecordingApi
+) -> None:
+    applied = {
+        "user": "oz0-job",
+        "tracking": "cgroup v2",
+        "limits": {
+            "memory": "cgroup v1",
+            "max_open_files": "rlimit",
+            "cpu": "not applied: no cpu controller",
+        },
+    }
+    job = job_object(
+        state="running",
+        attempts=[
+            {**attempt(1, NODE_A, ended_because="exit", exit_code=1), "applied": applied},
+            {**attempt(2, NODE_B, ended_because="node blocked"), "applied": None},  # older agent
+            attempt(3, NODE_A),
+        ],
+    )
+    job["limits"] = {"memory": 512 << 20, "cpu": 0.5, "max_open_files": 1024}
+    plain = job_object(state="succeeded", attempts=[attempt(1, NODE_A, ended_because="exit")])
+    api.pages = [job, plain]
+    shown = cli("job", "show", JOB)
+    assert shown.code == 0, shown
+    [limits] = [line for line in shown.out.splitlines() if line.startswith("limits:")]
+    assert limits.split(None, 1)[1] == "memory 512 MiB, cpu 0.5, open files 1024"
+    assert shown.out.splitlines()[-3:] == [
+        "attempt 1: user oz0-job, tracked by cgroup v2; limits: memory 512 MiB (cgroup v1),"
+        " cpu 0.5 (not applied: no cpu controller), open files 1024 (rlimit)",
+        "attempt 2: not reported",
+        "attempt 3: running: the node says what it applied when the attempt ends",
+    ]
+    # No limits and nodes that said nothing (older agents): shown as before limits existed.
+    before = cli("job", "show", JOB)
+    assert before.code == 0, before
+    [limits] = [line for line in before.out.splitlines() if line.startswith("limits:")]
+    assert limits.split() == ["limits:", "none"]
+    assert "attempt 1:" not in before.out and before.out.rstrip().splitlines()[-1].startswith("1")

@@ -158,7 +158,7 @@ class Fleet:
         fresh = [n for n in nodes if n not in tried]
         node = (fresh or nodes)[0]
         sealed = f"{self.sealed}{number}@{node}" if self.sealed else ""
-        self.placed[number] = Placed(number, node, secrets=sealed)
+        self.placed[number] = Placed(number, node, grant=grant_of(number, node), secrets=sealed)
         return self.placed[number]
 
     @activity.defn(name="oz0.jobs.place_everywhere")
@@ -170,14 +170,14 @@ class Fleet:
             self.queued_for -= 1
             return [Placed(first_number, None, WHY_QUEUED)]
         return [
-            Placed(first_number + part, node, part=part)
+            Placed(first_number + part, node, part=part, grant=grant_of(first_number + part, node))
             for part, node in enumerate(self.behaviours)
         ]
 
     @activity.defn(name="oz0.jobs.place_on")
-    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> str:
+    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
         self.places_on.append((number, part, node_id))
-        return ""
+        return Placed(number, node_id, part=part, grant=grant_of(number, node_id))
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:
@@ -220,6 +220,11 @@ class Fleet:
                 seen.answered.set()
 
         return attempt
+
+
+def grant_of(number: int, node: str) -> dict[str, str]:
+    """What placement signs for attempt NUMBER on NODE, as a fake (the node checks it)."""
+    return {"payload": f"attempt {number} on {node}", "signature": "fake"}
 
 
 # What a fake node does with an attempt.
@@ -380,9 +385,42 @@ def test_exit_0_succeeds(operator: Credentials) -> None:
             "command": ["sh", "-c", "exit 0"],
             "env": {"K": "V"},
             "timeout": 30.0,
+            "grant": grant_of(1, fleet.node("a")),
         }
         assert fleet.ends == [AttemptEnd(job.job_id, 1, "exit", 0)]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
+    operator: Credentials,
+) -> None:
+    limits = {"memory": 512 << 20, "cpu": 0.5, "max_open_files": 1024}
+    applied = {
+        "user": "oz0-job",
+        "tracking": "cgroup v2",
+        "limits": {"memory": "cgroup v1", "max_open_files": "rlimit", "cpu": "not applied"},
+    }
+
+    async def applies(attempt: Attempt) -> Result:
+        return {**_result(3), "applied": applied}
+
+    # The second node is an older agent: it says nothing of what it applied.
+    fleet = Fleet({"a": applies, "b": exits(0)})
+    job = job_input(limits=limits, retries=1)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        assert [(a.number, a.payload["limits"]) for a in fleet.attempts] == [
+            (1, limits),
+            (2, limits),
+        ]
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, "exit", 3, applied),
+            AttemptEnd(job.job_id, 2, "exit", 0, None),
+        ]
 
     run(scenario)
 
@@ -406,6 +444,54 @@ def test_a_failing_command_is_retried_elsewhere_first_then_fails_with_its_exit_c
             (3, "exit", 3),
         ]
         assert fleet.finished == [Finish(job.job_id, "failed", 3, "exited with 3")]
+
+    run(scenario)
+
+
+async def refuses(attempt: Attempt) -> Result:
+    """What a node does with an attempt whose grant does not hold there."""
+    raise ApplicationError(
+        f"job {attempt.payload['job_id']} attempt {attempt.number}: the grant expired 9 s ago",
+        type=wf.ATTEMPT_REFUSED,
+        non_retryable=True,
+    )
+
+
+def test_an_attempt_its_node_refuses_fails_the_job_at_once_neither_retried_nor_moved(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": refuses, "b": exits(0)})
+    job = job_input(retries=3)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        a = fleet.node("a")
+        assert fleet.ran("a") == [1] and fleet.ran("b") == []
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, "refused", None)]
+        why = f"node {a} refused attempt 1: job {job.job_id} attempt 1: the grant expired 9 s ago"
+        assert fleet.finished == [Finish(job.job_id, "failed", None, why)]
+
+    run(scenario)
+
+
+def test_all_nodes_a_refused_part_is_not_retried_and_the_job_says_which_node_refused(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0), "b": refuses})
+    job = job_input(all_nodes=True, retries=2)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        b = fleet.node("b")
+        assert fleet.ran("b") == [2] and fleet.places_on == []
+        assert fleet.attempt(2).payload["grant"] == grant_of(2, b)
+        [finish] = fleet.finished
+        assert finish.reason == (
+            f"1 of 2 nodes failed (node {b} refused attempt 2: job {job.job_id} attempt 2:"
+            " the grant expired 9 s ago)"
+        )
 
     run(scenario)
 
@@ -793,6 +879,8 @@ def test_all_nodes_a_failed_part_fails_the_job_with_its_exit_code(
         b = fleet.node("b")
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2, 3]
         assert fleet.places_on == [(3, 1, b)]
+        # The retry on its node carries the grant that placement signed for it.
+        assert fleet.attempt(3).payload["grant"] == grant_of(3, b)
         assert fleet.finished == [Finish(job.job_id, "failed", 7, "1 of 2 nodes failed")]
 
     run(scenario)

@@ -1,35 +1,48 @@
 """Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
 
 What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
-`--all`, queueing with the reason, cancellation; what the cluster does when the node
-running an attempt is blocked, purged, or killed: the process is gone and the job goes on
-on another node; and where a job's secret goes (its process) and does not (the databases,
-Temporal's history, the logs).
+`--all`, queueing with the reason, limits, cancellation; what the cluster does when the
+node running an attempt is blocked, purged, or killed: the process is gone and the job goes
+on on another node; and where a job's secret goes (its process) and does not (the
+databases, Temporal's history, the logs).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
+import datetime as dt
 import hashlib
 import json
-import os
+import pwd
 import secrets
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import trio
+import trio.testing
+from temporalio import workflow
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
+from fixtures.attempt_grants import signed
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import run_async, server_credentials
+from oz0 import cluster, pki
 from oz0.context import Context
+from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
+from oz0.store.pool import open_database
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER
+from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -96,25 +109,32 @@ def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
 
 
 def pid_gone(pid: int, within: float) -> bool:
+    """PID ends within WITHIN seconds (its zombie counts as ended: an orphan's may wait
+    for a PID 1 that does not reap)."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    while True:
+        stat = read_stat(pid)
+        if stat is None or stat.zombie:
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return False
 
 
-def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
-    """The PID the job's command printed first (`pid N`), once the attempt has said it."""
+def started_pids(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> list[int]:
+    """The PIDs the job's command printed first (`pid N [M...]`), once the attempt said them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for number, _, data in output_of(files, job_id):
             if number == attempt and data.startswith(b"pid "):
-                return int(data.split()[1])
+                return [int(word) for word in data.split(b"\n")[0].split()[1:]]
         time.sleep(0.05)
     raise AssertionError(f"attempt {attempt} of {job_id} printed no pid")
+
+
+def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
+    """The first PID the job's command printed (`pid N`)."""
+    return started_pids(files, job_id, attempt, timeout)[0]
 
 
 @pytest.fixture
@@ -141,7 +161,8 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     greeting, source, job_id, attempt = first_line.split()[0:1] + first_line.split()[2:]
     assert (greeting, source, attempt) == ("hello", web, "1")
     assert "oops" in ran.err
-    assert workdir.endswith(f"/runtimes/{job_id}-1") and not Path(workdir).exists()
+    assert Path(workdir).name.startswith(f"oz0-job-{job_id}-1-")
+    assert not Path(workdir).exists()
     shown = cli("job", "show", job_id, "--json", env=env).json()
     assert shown["state"] == "failed" and shown["exit_code"] == 3
     assert shown["selector"] == {"role": "web"} and shown["command"][0] == "sh"
@@ -155,9 +176,44 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     listed = cli("job", "list", "--state", "failed", "--json", env=env).json()
     assert [j["id"] for j in listed] == [job_id]
 
+    # Isolated: as the job user, away from the node's key, and nothing it left runs on.
+    key = agents[0].data_dir / "identity" / "node.key"
+    isolated = cli(
+        "job", "run", "--node", web, "--",
+        "sh", "-c", f"id -u; cat {key}; setsid sleep 600 & echo $!; (sleep 600 & echo $!)",
+        env=env,
+    )  # fmt: skip
+    ended_at = time.monotonic()
+    uid, *left = isolated.out.split()
+    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    assert "Permission denied" in isolated.err and "PRIVATE KEY" not in isolated.out
+    assert len(left) == 2 and all(pid_gone(int(pid), 5.0) for pid in left)
+    print(f"isolated job's leftovers gone {time.monotonic() - ended_at:.2f} s after it ended")
+    jobs = agents[0].status()["jobs"]
+    assert jobs["job_user"] == DEFAULT_JOB_USER
+    # This machine: cgroup v2 at /sys/fs/cgroup/unified, writable by the agent (root).
+    assert jobs["tracking"].startswith("cgroup v2 /sys/fs/cgroup/"), jobs
+
     everywhere = cli("job", "run", "--all", "--", "sh", "-c", "echo $OZ0_NODE_ID", env=env)
     assert everywhere.code == 0, everywhere.err
     assert sorted(everywhere.out.split()) == sorted([web, db])
+
+    # Limits: kept with the job, sent in the attempt's input (read from Temporal's history
+    # with a server's client), and what the node applied shown per attempt.
+    limited = cli(
+        "job", "run", "--node", web, "--memory", "512M", "--max-open-files", "64", "--detach",
+        "--json", "--", "true", env=env,
+    )  # fmt: skip
+    assert limited.code == 0, limited.err
+    limits = {"memory": 512 << 20, "max_open_files": 64}
+    assert limited.json()["limits"] == limits
+    done = wait_job(files, limited.json()["id"], lambda j: j["ended_at"] is not None, 15)
+    assert done["state"] == "succeeded", done
+    [inputs] = run_async(lambda: attempt_inputs(files, SERVER, done["id"]))
+    assert inputs["limits"] == limits
+    shown_text = cli("job", "show", done["id"], env=env).out.splitlines()
+    assert "limits:        memory 512 MiB, open files 64" in shown_text
+    assert shown_text[-1].startswith("attempt 1: ")
 
     queued = cli(
         "job", "run", "--selector", "role=gpu", "--queue-timeout", "3s", "--detach", "--json",
@@ -200,13 +256,16 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     files, env = one_server, one_server.cli_env
     ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}])
     by_id = dict(zip(ids, agents, strict=True))
-    command = ["sh", "-c", "echo pid $$; sleep 4; echo finished on $OZ0_NODE_ID"]
+    # It leaves a setsid'd process behind: it must end with the attempt, however it ends.
+    command = [
+        "sh", "-c", "setsid sleep 600 & echo pid $$ $!; sleep 4; echo finished on $OZ0_NODE_ID"
+    ]  # fmt: skip
     took = {}
     for action in ("block", "purge", "kill"):
         run = cli("job", "run", "--detach", "--json", "--", *command, env=env)
         assert run.code == 0, run.err
         job_id = run.json()["id"]
-        pid = started_pid(files, job_id, 1)
+        pid, left = started_pids(files, job_id, 1)
         first = wait_job(files, job_id, lambda j: bool(j["attempts"]), 5)["attempts"][0]["node"]
         if action == "block":
             assert cli("node", "block", first, "--reason", "jobs test", env=env).code == 0
@@ -223,10 +282,19 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
         if action != "kill":
             # The agent's runtime stop kills its attempts: block and purge leave nothing.
             assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
+            assert pid_gone(left, GONE_BOUND), f"{action}: what the attempt left runs on"
         else:
-            # The agent died without stopping its children: this one may run on, and end.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            # The agent died without stopping its attempt: its next start ends what is left.
+            assert not pid_gone(left, 0.1), "the kill -9 left the attempt's processes"
+            agent = AgentProcess.resuming(agent.data_dir).start()
+            agents.append(agent)
+            line = f"attempt {job_id}-1 of a previous agent process: ended"
+            deadline = time.monotonic() + 30
+            while line not in agent.log():
+                assert time.monotonic() < deadline, agent.log()
+                time.sleep(0.05)
+            assert pid_gone(pid, 5.0) and pid_gone(left, 5.0), "the restart left them running"
+            print(f"after kill -9, the restart ended them by {agent.status()['jobs']['tracking']}")
         done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
         assert done["state"] == "succeeded", done
         one, two = done["attempts"]
@@ -255,6 +323,20 @@ async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str
         if e.HasField("workflow_task_started_event_attributes")
     ]
     return identities[-1].split()[0]
+
+
+async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
+    """What the job's workflow gave each attempt's node: the activities' inputs."""
+    client = await Client.connect(
+        f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    return [
+        json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "oz0.job.attempt"
+    ]
 
 
 @pytest.mark.slow
@@ -384,3 +466,160 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     logs = (server.stderr() + agents[0].log() + json.dumps(agents[0].status())).encode()
     assert not [form for form in forms if form in logs], "secret in a log"
     assert node in agents[0].log()
+
+
+# --- what reaches a node's queue without the cluster's grant ------------------------------
+
+
+@workflow.defn(name="test.rogue-attempt")
+class RogueAttempt:
+    """Put an attempt straight on a node's queue, as anyone with a server's Temporal
+    certificate could: what the node answered, or the error type it failed with."""
+
+    @workflow.run
+    async def run(self, queue: str, raw: dict[str, Any]) -> str:
+        try:
+            result: dict[str, Any] = await workflow.execute_activity(
+                "oz0.job.attempt",
+                raw,
+                task_queue=queue,
+                schedule_to_start_timeout=dt.timedelta(seconds=15),
+                start_to_close_timeout=dt.timedelta(seconds=20),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            return (cause.type or "") if isinstance(cause, ApplicationError) else repr(cause)
+        return f"exit {result['exit_code']}"
+
+
+async def put_on_queue(files: ClusterFiles, node_id: str, raws: list[dict[str, Any]]) -> list[str]:
+    client = await Client.connect(
+        f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    queue = "rogue-" + uuid.uuid4().hex[:8]
+    answers = []
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[RogueAttempt],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        for raw in raws:
+            answers.append(
+                await client.execute_workflow(
+                    RogueAttempt.run,
+                    args=[node_id, raw],
+                    id="rogue-" + uuid.uuid4().hex[:8],
+                    task_queue=queue,
+                    execution_timeout=dt.timedelta(seconds=60),
+                )
+            )
+    return answers
+
+
+def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        return cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
+
+
+@pytest.mark.slow
+def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audited_and_not_run(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    ca = cluster_ca(files)
+    unsigned_marker, tampered_marker, replayed_marker = (
+        tmp_path / name for name in ("unsigned", "tampered", "replayed")
+    )
+
+    def attempt(*command: str) -> dict[str, Any]:
+        job = "job-" + secrets.token_hex(6)
+        return {"job_id": job, "attempt": 1, "command": list(command), "env": {}, "timeout": None}
+
+    unsigned = attempt("touch", str(unsigned_marker))
+    tampered = {
+        **signed(attempt("true"), ca, node_id=node),
+        "command": ["touch", str(tampered_marker)],
+    }
+    granted = signed(attempt("touch", str(replayed_marker)), ca, node_id=node)
+    answers = run_async(lambda: put_on_queue(files, node, [unsigned, tampered, granted]))
+    # What the cluster signed runs: the check is not simply refusing everything.
+    assert answers == ["AttemptRefused", "AttemptRefused", "exit 0"]
+    assert replayed_marker.exists()
+    replayed_marker.unlink()
+    assert run_async(lambda: put_on_queue(files, node, [granted])) == ["AttemptRefused"]
+    assert not unsigned_marker.exists() and not tampered_marker.exists()
+    assert not replayed_marker.exists(), "the replay ran"
+
+    rows = cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
+    refused = {(r["target"], r["details"]["attempt"]): r for r in rows}
+    for raw, why in (
+        (unsigned, "carries no grant"),
+        (tampered, "command is not the one the grant signed"),
+        (granted, "has run job"),
+    ):
+        row = refused[(f"job:{raw['job_id']}", 1)]
+        assert row["actor"] == {"kind": "node", "name": node}
+        assert why in row["details"]["reason"]
+    assert len(rows) == 3
+
+
+async def test_a_node_flooding_refusals_gets_a_few_rows_and_one_summary_per_interval(
+    cluster_files: ClusterFiles, mock_clock: trio.testing.MockClock
+) -> None:
+    database_url = cluster_files.url.for_database(cluster_files.url.names.main)
+
+    def rows() -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        with psycopg.connect(database_url) as conn:
+            return [
+                (r[0], r[1], r[2], r[3])
+                for r in conn.execute(
+                    "SELECT actor, target, details, tenants FROM audit_log"
+                    " WHERE action = 'attempt.refused' ORDER BY id"
+                )
+            ]
+
+    async def rows_when(count: int) -> list[tuple[str, str, dict[str, Any], list[str]]]:
+        for _ in range(500):
+            found = await trio.to_thread.run_sync(rows)
+            if len(found) >= count:
+                return found
+            await trio.testing.wait_all_tasks_blocked()
+        raise AssertionError(f"never {count} rows: {found}")
+
+    flooding, quiet = "node-00000000000a", "node-00000000000b"
+    job = "job-0123456789ab"
+    async with open_database(database_url) as db, trio.open_nursery() as nursery:
+        refusals = AttemptRefusals(db, every=60, each=2)
+        await nursery.start(refusals.run)
+        for n in range(1, 6):
+            message = {"job": job, "attempt": n, "reason": "the grant expired 9 s ago"}
+            await refusals.refused(flooding, "acme", message)
+        # What the node says is its word: a job ID not of the documented form is not kept.
+        wild = {"job": "../x", "attempt": True, "reason": "r" * (MAX_REASON + 50)}
+        await refusals.refused(quiet, "default", wild)
+        found = await trio.to_thread.run_sync(rows)
+        expired = "the grant expired 9 s ago"
+        assert found == [
+            (flooding, f"job:{job}", {"job": job, "attempt": 1, "reason": expired}, ["acme"]),
+            (flooding, f"job:{job}", {"job": job, "attempt": 2, "reason": expired}, ["acme"]),
+            (quiet, f"node:{quiet}", {"job": None, "attempt": None, "reason": "r" * MAX_REASON},
+             ["default"]),
+        ]  # fmt: skip
+        mock_clock.jump(60)
+        summary = (await rows_when(4))[3]
+        assert summary == (
+            flooding,
+            f"node:{flooding}",
+            {"summary": True, "count": 3, "seconds": 60},
+            ["acme"],
+        )
+        # A new interval, a new budget; a quiet interval writes nothing.
+        await refusals.refused(flooding, "acme", {"job": job, "attempt": 6, "reason": "x"})
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        mock_clock.jump(60)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await trio.to_thread.run_sync(rows)) == 5
+        nursery.cancel_scope.cancel()

@@ -26,7 +26,7 @@ from temporalio.client import Client
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
-from oz0 import audit
+from oz0 import audit, pki
 from oz0.jobs import store
 from oz0.jobs.role import JobsRole
 from oz0.jobs.spec import JobSpec
@@ -125,7 +125,10 @@ async def test_a_sweep_that_meets_a_reconnect_is_retried_and_the_role_survives(
 
     with trio.fail_after(BOUND):
         async with open_database(conninfo) as db, trio.open_nursery() as nursery:
-            role = JobsRole(db, EventHub(conninfo), lambda: access, "server-reconnect-test")
+            role = JobsRole(
+                db, EventHub(conninfo), lambda: access, "server-reconnect-test",
+                ca=pki.new_ca("reconnect-test", "cluster"),  # it signs; no node checks
+            )  # fmt: skip
             await nursery.start(role.run)
             first = await trio.to_thread.run_sync(_new_job, conninfo)
             role.kick()

@@ -19,6 +19,7 @@ from fixtures.postgres import fresh_database_url
 from oz0 import audit, nodes, pki
 from oz0.jobs import placement, secret_env, store
 from oz0.jobs.spec import JobEnded, JobError, JobSpec
+from oz0.web import job_pages
 from oz0_common import certs, sealed_env
 
 ADMIN = audit.Actor("operator", "admin")
@@ -99,6 +100,18 @@ def place(
         ({"command": ["true"], "node": "nope"}, "invalid node ID"),
         ({"command": ["true"], "all": True, "node": "node-0123456789ab"}, "either a node or all"),
         ({"command": ["true"], "colour": "red"}, "unknown field 'colour'"),
+        ({"command": ["true"], "limits": []}, "limits must be an object"),
+        ({"command": ["true"], "limits": {"disk": 1}}, "unknown limit 'disk'"),
+        ({"command": ["true"], "limits": {"memory": "lots"}}, "limits.memory: invalid size"),
+        ({"command": ["true"], "limits": {"memory": 1024}}, "at least 4 MiB"),
+        ({"command": ["true"], "limits": {"memory": True}}, "limits.memory: invalid size"),
+        ({"command": ["true"], "limits": {"address_space": "3M"}}, "at least 4 MiB"),
+        ({"command": ["true"], "limits": {"cpu": 0}}, "limits.cpu: invalid cpu 0"),
+        ({"command": ["true"], "limits": {"cpu": "half"}}, "limits.cpu: invalid cpu"),
+        ({"command": ["true"], "limits": {"cpu": 2000}}, "from 0.01 to 1024"),
+        ({"command": ["true"], "limits": {"max_processes": 0}}, "from 1 to"),
+        ({"command": ["true"], "limits": {"max_processes": 1.5}}, "from 1 to"),
+        ({"command": ["true"], "limits": {"max_open_files": 15}}, "from 16 to"),
     ],
 )
 def test_a_job_asked_for_wrongly_is_refused_with_the_reason(
@@ -120,6 +133,47 @@ def test_a_new_job_is_queued_audited_and_shows_env_names_only(
     ).fetchone()
     assert row is not None and row[0] == "admin" and row[1] == "job.run"
     assert "s3cret" not in str(row[2]) and row[2]["selector"] == {"role": "web"}
+
+
+def test_bad_limits_are_one_line_and_write_nothing(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(JobError) as caught:
+        new_job(conn, limits={"memory": "2G", "max_open_files": 8})
+    assert str(caught.value) == (
+        "limits.max_open_files: max open files must be a whole number from 16 to 1048576, not 8"
+    )
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (0,)
+
+
+def test_limits_are_kept_with_the_job_and_what_a_node_applied_with_its_attempt(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = add_node(conn)
+    job = new_job(conn, node=node, limits={"memory": "512M", "cpu": 0.5, "max_processes": 64})
+    asked = {"memory": 512 << 20, "cpu": 0.5, "max_processes": 64}
+    assert job.limits == asked and job.to_json()["limits"] == asked
+    assert new_job(conn).limits == {} and new_job(conn, limits=None).limits == {}
+    row = conn.execute(
+        "SELECT details FROM audit_log WHERE target = %s", (f"job:{job.id}",)
+    ).fetchone()
+    assert row is not None and row[0]["limits"] == asked
+    applied = {"user": "oz0-job", "tracking": "cgroup v2", "limits": {"memory": "cgroup v1"}}
+    # A node is not trusted to keep to the shape: unknown keys go, text is cut and made
+    # printable.
+    hostile = {
+        "user": "x\x1b[2J" + "y" * 500,
+        "limits": {"memory": 7, "cpu": "rlimit", "disk": "z"},
+        "extra": "dropped",
+    }
+    # The third: an older node that said nothing, or an attempt that ended without an answer.
+    for number, said in ((1, applied), (2, hostile), (3, None)):
+        assert place(conn, job, number).node == node
+        with conn.transaction():
+            store.end_attempt(conn, job.id, number, "exit", 1, said)
+    first, second, third = store.get(conn, job.id).attempts
+    assert first.applied == applied and first.to_json()["applied"] == applied
+    assert second.applied == {"user": "x?[2J" + "y" * 195, "limits": {"cpu": "rlimit"}}
+    assert third.applied is None and third.to_json()["applied"] is None
 
 
 def test_unknown_tenant_or_foreign_node_makes_no_job(conn: psycopg.Connection[Any]) -> None:
@@ -239,17 +293,87 @@ def test_output_is_stored_once_capped_and_only_from_the_attempts_node(
     assert append(0, b"hello ")  # sent again after a lost ack: stored once
     assert not append(1, b"not mine", who=stranger)
     assert append(1, b"x" * (store.OUTPUT_CAP - 3))
-    assert append(2, b"overflowing")
-    chunks = store.output_page(conn, job.id)
-    assert [c.data[:6] for c in chunks] == [b"hello ", b"xxxxxx", b""]
+    assert append(2, b"overflowing")  # past the mark: acknowledged, not kept
+    chunks = store.output_page(conn, job.id).chunks
+    assert [c.data[:6] for c in chunks] == [b"hello ", b"xxxxxx"]
     assert sum(len(c.data) for c in chunks) == store.OUTPUT_CAP
     assert chunks[-1].truncated and store.get(conn, job.id).attempts[0].truncated
-    assert [c.cursor for c in store.output_page(conn, job.id, after=chunks[0].cursor)] == [
-        c.cursor for c in chunks[1:]
-    ]
+    after_first = store.output_page(conn, job.id, after=chunks[0].cursor).chunks
+    assert [c.cursor for c in after_first] == [c.cursor for c in chunks[1:]]
     with conn.transaction():
         store.end_attempt(conn, job.id, 1, "exit", 0)
     assert not append(3, b"late")  # the attempt has ended: nothing more is kept
+
+
+def test_a_hostile_node_past_the_cap_adds_one_mark_and_every_chunk_is_acknowledged(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = add_node(conn)
+    job = new_job(conn, node=node)
+    assert place(conn, job, 1).node == node
+
+    def append(seq: int, data: bytes, truncated: bool = False) -> bool:
+        return store.append_output(conn, node, job.id, 1, seq, "stdout", data, truncated)
+
+    def rows() -> int:
+        row = conn.execute("SELECT count(*) FROM job_output WHERE job_id = %s", (job.id,))
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+    # Empty chunks that mark nothing store nothing, before the cap as after it.
+    assert all(append(seq, b"") for seq in range(100))
+    assert rows() == 0
+    whole = store.OUTPUT_CAP // store.MAX_CHUNK
+    assert all(append(100 + i, b"x" * store.MAX_CHUNK) for i in range(whole))
+    assert rows() == whole
+    # 10,000 chunks past the cap, each a new seq, some claiming to be the mark: the first
+    # is the attempt's one truncation mark, the rest are acknowledged and add nothing.
+    # One transaction for all of them (the edge makes one per chunk): the same statements,
+    # without 10,000 commits to flush.
+    with conn.transaction():
+        past = [
+            append(100 + whole + i, b"y" * (i % 7), truncated=i % 3 == 0) for i in range(10_000)
+        ]
+    assert all(past)
+    assert rows() == whole + 1
+    attempt = store.get(conn, job.id).attempts[0]
+    assert attempt.truncated and attempt.output_bytes == store.OUTPUT_CAP
+    *_, mark = store.output_page(conn, job.id, limit=1000).chunks
+    assert mark.truncated and mark.data == b""
+
+
+def test_a_page_of_output_is_bounded_by_chunks_and_by_bytes(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = add_node(conn)
+    tiny, big = new_job(conn, node=node), new_job(conn, node=node)
+    assert place(conn, tiny, 1).node == node and place(conn, big, 1).node == node
+    # What a node could send before the cap: 20,000 one-byte chunks; and 32 whole ones.
+    for job, count, size in ((tiny, 20_000, 1), (big, 32, store.MAX_CHUNK)):
+        conn.execute(
+            "INSERT INTO job_output (job_id, attempt, seq, stream, data)"
+            " SELECT %s, 1, seq, 'stdout', repeat('z', %s)::bytea"
+            " FROM generate_series(0, %s - 1) AS seq",
+            (job.id, size, count),
+        )
+
+    page = store.output_page(conn, tiny.id)
+    assert (len(page.chunks), page.more) == (store.PAGE_CHUNKS, True)
+    page = store.output_page(conn, tiny.id, limit=10**6)
+    assert (len(page.chunks), page.more) == (store.MAX_PAGE_CHUNKS, True)
+    page = store.output_page(conn, big.id, limit=1000, max_bytes=3 * store.MAX_CHUNK + 1)
+    assert [len(c.data) for c in page.chunks] == [store.MAX_CHUNK] * 3 and page.more
+    # One chunk always, however small the byte bound, so that a reader moves on.
+    assert len(store.output_page(conn, big.id, max_bytes=1).chunks) == 1
+    page = store.output_page(conn, big.id, limit=1000)
+    assert sum(len(c.data) for c in page.chunks) <= store.PAGE_BYTES
+    last = store.output_page(conn, big.id, after=page.chunks[-1].cursor)
+    assert (len(page.chunks) + len(last.chunks), last.more) == (32, False)
+
+    # The web UI's job page reads at most SHOWN_CHUNKS, and says it cut the rest.
+    shown, _, cut = job_pages.output_of(conn, store.get(conn, tiny.id))
+    assert sum(len(p.data) for p in shown[0].pieces) == job_pages.SHOWN_CHUNKS and cut
+    shown, _, cut = job_pages.output_of(conn, store.get(conn, big.id))
+    assert sum(len(p.data) for p in shown[0].pieces) == store.OUTPUT_CAP and not cut
 
 
 def test_cancel_before_any_workflow_ends_the_job_at_once_and_once(

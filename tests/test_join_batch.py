@@ -97,7 +97,7 @@ def outcome_kind(outcome: joins.Outcome) -> str:
 def test_a_batch_admits_exactly_the_uses_left_in_the_order_given(
     conn: psycopg.Connection[Any], ca: pki.CertificateAuthority
 ) -> None:
-    token, string = new_token(conn, max_uses=7, labels={"team": "data", "os": "any"})
+    token, string = new_token(conn, max_uses=7, labels={"team": "data"})
     wrong_secret = token.id + ".not-the-secret"
     batch = [request(string, os="linux") for _ in range(30)]
     batch[3:3] = [request(wrong_secret), request("malformed")]
@@ -161,6 +161,42 @@ def test_keys_known_or_repeated_end_as_alone_and_use_no_token(
     again = join_many(conn, ca, [request(string, repeated_csr)])[0]
     assert again == outcomes[4]
     assert uses(conn, token.id) == before + 1
+
+
+def test_a_node_label_contradicting_its_tokens_is_refused_and_uses_nothing(
+    conn: psycopg.Connection[Any], ca: pki.CertificateAuthority
+) -> None:
+    token, string = new_token(conn, max_uses=0, labels={"role": "laptops", "team": "data"})
+    outcomes = join_many(
+        conn,
+        ca,
+        [
+            request(string, role="db-prod"),
+            request(string, role="db-prod", team="ops", os="linux"),
+            request(string, role="laptops", os="linux"),
+            request(string, zone="eu-1"),
+        ],
+    )
+
+    # Refused with one line (the edge sends it, the agent prints it and exits), before
+    # the token's use is counted.
+    assert isinstance(outcomes[0], nodes.NodeError)
+    assert str(outcomes[0]) == "label role=db-prod contradicts the token's role=laptops"
+    assert isinstance(outcomes[1], nodes.NodeError)
+    assert str(outcomes[1]) == (
+        "label role=db-prod contradicts the token's role=laptops;"
+        " label team=ops contradicts the token's team=data"
+    )
+    # The token's value again, and keys the token does not set, are the node's.
+    same, extra = outcomes[2], outcomes[3]
+    assert isinstance(same, nodes.Joined) and isinstance(extra, nodes.Joined)
+    assert nodes.get(conn, same.node_id).labels == {
+        "role": "laptops", "team": "data", "os": "linux",
+    }  # fmt: skip
+    assert nodes.get(conn, extra.node_id).labels == {
+        "role": "laptops", "team": "data", "zone": "eu-1",
+    }  # fmt: skip
+    assert uses(conn, token.id) == 2
 
 
 def test_batches_racing_on_many_connections_admit_exactly_max_uses(

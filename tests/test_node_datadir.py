@@ -16,7 +16,7 @@ from oz0_common.datadir import CREATED_PARENTS_FILE, ENV_VAR, node_data_dir
 from oz0_node import identity, main, purge, service
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
-from oz0_node.jobs.attempt import AttemptSpec, attempt_env
+from oz0_node.jobs.isolation import DEFAULT_JOB_USER, STANDARD_PATH, Isolation, JobUser
 
 RECORD = NodeRecord(cluster="prod", ca_hash="sha256:" + "ab" * 32, node_id="node-00ff")
 
@@ -212,11 +212,18 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_tools_dir_comes_first_on_a_jobs_path_even_one_the_job_sets(tmp_path: Path) -> None:
-    tools = str(tmp_path / "node" / "tools")
-    spec = AttemptSpec(job_id="job-0123456789ab", attempt=1, command=("true",))
-    env = attempt_env(spec, "node-00ff", tmp_path / "node")
+def test_the_tools_dir_comes_first_on_the_path_of_a_job_run_as_the_agents_user_only(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "node"
+    tools = str(data / "tools")
+    own = Isolation(data, JobUser.of_agent(), drop=False, tracking="subreaper")
+    env = own.environment(Path("/w"), {}, {})
     assert env["PATH"].split(os.pathsep)[0] == tools
-    assert env["PATH"].split(os.pathsep)[1:] == os.environ["PATH"].split(os.pathsep)
-    own = AttemptSpec(job_id="job-0123456789ab", attempt=1, command=("x",), env={"PATH": "/opt"})
-    assert attempt_env(own, "node-00ff", tmp_path / "node")["PATH"] == f"{tools}:/opt"
+    assert env["PATH"].split(os.pathsep)[1:] == STANDARD_PATH.split(os.pathsep)
+    assert own.environment(Path("/w"), {"PATH": "/opt"}, {})["PATH"] == f"{tools}:/opt"
+    # A job user who is not the agent's cannot read DIR/tools/: it is not on its PATH.
+    job_user = JobUser.named(DEFAULT_JOB_USER)
+    assert job_user is not None
+    other = Isolation(data, job_user, drop=True, tracking="subreaper")
+    assert other.environment(Path("/w"), {}, {})["PATH"] == STANDARD_PATH

@@ -15,7 +15,12 @@ import itertools
 import json
 import logging
 import os
+import pwd
 import signal
+import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,26 +35,41 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from fixtures.attempt_grants import check_for, signed
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
+from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
+from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
+from oz0_node.jobs.isolation import (
+    CGROUP_V2,
+    DEFAULT_JOB_USER,
+    RECORD_FILE,
+    SCAN_EVERY,
+    STANDARD_PATH,
+    SUBREAPER,
+    WORKDIR_PREFIX,
+    Isolation,
+)
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
-from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings
+from oz0_node.jobs.procfs import read_stat
+from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings, grant_check
 
 NODE_ID = "node-0123456789ab"
 JOB = "job-00000000abcd"
+CLUSTER_CA = pki.new_ca("test", "cluster")
 # Generous: the slowest case is a kill after the grace.
 ATTEMPT_BOUND = 20.0
 
 Answer = Ack | None | type[LinkDown]
 
 
-def spec(
+def unsigned(
     *command: str,
     attempt: int = 1,
     env: dict[str, str] | None = None,
@@ -64,6 +84,34 @@ def spec(
     }
 
 
+def sign(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """RAW as the cluster (CLUSTER_CA) signs it for this node; CHANGES: signed otherwise."""
+    return signed(raw, CLUSTER_CA, node_id=NODE_ID, **changes)
+
+
+def spec(
+    *command: str,
+    attempt: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """An attempt the cluster signed for this node."""
+    return sign(unsigned(*command, attempt=attempt, env=env, timeout=timeout))
+
+
+def grants_for(data_dir: Path) -> GrantCheck:
+    return check_for(CLUSTER_CA, NODE_ID, data_dir)
+
+
+def activity_for(
+    data_dir: Path, link: FakeLink, attempts: RunningAttempts | None = None
+) -> Callable[[dict[str, Any]], Any]:
+    """The real `oz0.job.attempt` of a node of CLUSTER_CA's cluster, its data in DATA_DIR."""
+    grants = grants_for(data_dir)
+    running = attempts if attempts is not None else RunningAttempts()
+    return attempt_activity(NODE_ID, data_dir, link, running, grants)
+
+
 @dataclass
 class FakeLink:
     """What would go to the edge, each ack from ANSWERS in turn (then stored), thread-safe
@@ -74,6 +122,10 @@ class FakeLink:
     outstanding: int = 0
     most_outstanding: int = 0
     first_sent: threading.Event = field(default_factory=threading.Event)
+    notified: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    async def notify(self, kind: str, fields: dict[str, Any], within: float) -> None:
+        self.notified.append((kind, dict(fields)))
 
     async def exchange(self, fields: dict[str, Any], within: float) -> Ack | None:
         self.outstanding += 1
@@ -155,7 +207,7 @@ def run_attempt(
     env: ActivityEnvironment | None = None,
     attempts: RunningAttempts | None = None,
 ) -> dict[str, object]:
-    fn = attempt_activity(NODE_ID, data_dir, link, attempts or RunningAttempts())
+    fn = activity_for(data_dir, link, attempts)
 
     async def main() -> dict[str, object]:
         return await asyncio.wait_for((env or ActivityEnvironment()).run(fn, raw), ATTEMPT_BOUND)
@@ -163,8 +215,9 @@ def run_attempt(
     return asyncio.run(main())
 
 
-def workdir(data_dir: Path, attempt: int = 1) -> Path:
-    return data_dir / "runtimes" / f"{JOB}-{attempt}"
+def workdirs(attempt: int = 1) -> list[Path]:
+    """The working directories of JOB's ATTEMPT left in the system's temporary directory."""
+    return list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{JOB}-{attempt}-*"))
 
 
 # --- output, exit code, environment, directory -------------------------------------------
@@ -180,6 +233,7 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
         "output_bytes": 12,
         "truncated": False,
         "output_complete": True,
+        "applied": {"user": DEFAULT_JOB_USER, "tracking": "cgroup v2", "limits": {}},
     }
     assert link.chunks() == [("stdout", b"hello\nworld\n")]
     assert all(m["job"] == JOB and m["attempt"] == 1 for m in link.messages())
@@ -209,34 +263,44 @@ def test_stdout_and_stderr_stay_apart_and_in_order_one_message_at_a_time(
     assert last_at - first_at > 0.5
 
 
-def test_the_environment_has_the_jobs_names_and_the_oz0_names_win(
+def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENT_SETTING", "from-the-agent")
     link = FakeLink()
-    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K $AGENT_SETTING"'
+    script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K ${AGENT_SETTING-unset}"; env'
     run_attempt(
         spec("sh", "-c", script, attempt=2, env={"K": "v w", "OZ0_JOB_ID": "spoofed"}),
         link,
         tmp_path,
     )
-    assert link.text() == f"{JOB} 2 {NODE_ID} v w from-the-agent\n"
+    first, *env_lines = link.text().splitlines()
+    assert first == f"{JOB} 2 {NODE_ID} v w unset", "nothing of the agent's environment"
+    env = dict(line.split("=", 1) for line in env_lines if "=" in line)
+    assert env["PATH"] == STANDARD_PATH
+    assert env["USER"] == env["LOGNAME"] == DEFAULT_JOB_USER
+    assert env["HOME"] == env["TMPDIR"] == env["PWD"]
 
 
-def test_each_attempt_runs_in_a_fresh_directory_removed_after(tmp_path: Path) -> None:
-    # What a crashed agent left behind for the same attempt goes first.
-    stale = workdir(tmp_path, 4)
-    stale.mkdir(parents=True)
-    (stale / "left-over").write_text("x")
+def test_each_attempt_runs_as_the_job_user_in_a_fresh_directory_of_its_own_removed_after(
+    tmp_path: Path,
+) -> None:
     link = FakeLink()
     # The command makes files, and a directory it leaves unwritable, in its directory.
-    script = "pwd; ls -A; mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    script = (
+        "id -u; pwd; stat -c '%U %a' .; ls -A; "
+        "mkdir locked; touch locked/f; chmod 0 locked; echo > made"
+    )
     result = run_attempt(spec("sh", "-c", script, attempt=4), link, tmp_path)
-    assert result["exit_code"] == 0
-    assert link.text() == f"{stale}\n", "it ran there, and found it empty"
-    assert not stale.exists()
-    assert (tmp_path / "runtimes").is_dir()
-    assert list((tmp_path / "runtimes").iterdir()) == []
+    assert result["exit_code"] == 0, link.text("stderr")
+    uid, where, owner, *rest = link.text().splitlines()
+    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    assert Path(where).parent == Path(tempfile.gettempdir())
+    assert Path(where).name.startswith(f"{WORKDIR_PREFIX}{JOB}-4-")
+    assert owner == f"{DEFAULT_JOB_USER} 700"
+    assert rest == [], "it found it empty"
+    assert not Path(where).exists()
+    assert not (tmp_path / "runtimes").exists()
 
 
 def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
@@ -251,24 +315,129 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     plain = tmp_path / "plain-file"
     plain.write_text("echo hi\n")
     link = FakeLink()
-    result = run_attempt(spec(str(plain)), link, tmp_path)
+    result = run_attempt(spec(str(plain), attempt=2), link, tmp_path)
     assert result["exit_code"] == 126
     assert link.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs() and not workdirs(2)
 
 
 def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path: Path) -> None:
-    for bad in (
-        {**spec("true"), "job_id": "../../etc"},
-        {**spec("true"), "attempt": 0},
-        {**spec("true"), "command": []},
-        {**spec("true"), "env": {"A=B": "c"}},
-        {**spec("true"), "timeout": -1},
+    for i, bad in enumerate(
+        (
+            sign({**unsigned("true"), "job_id": "../../etc"}),
+            sign({**unsigned("true"), "attempt": 0}),
+            sign({**unsigned("true"), "command": []}),
+            sign({**unsigned("true"), "env": {"A=B": "c"}}),
+            sign({**unsigned("true"), "timeout": -1}),
+            sign({**unsigned("true"), "limits": {"memory": "1G"}}),
+            sign({**unsigned("true"), "limits": {"cpu": 0}}),
+            sign({**unsigned("true"), "limits": {"max_processes": True}}),
+            sign({**unsigned("true"), "limits": [1]}),
+        )
     ):
+        # Each on a node of its own: signed, each counts as run (of its grant) once checked.
+        data_dir = tmp_path / str(i)
+        data_dir.mkdir()
         with pytest.raises(ApplicationError) as raised:
-            run_attempt(bad, FakeLink(), tmp_path)
+            run_attempt(bad, FakeLink(), data_dir)
         assert raised.value.type == "BadAttempt" and raised.value.non_retryable
-    assert not (tmp_path / "runtimes").exists()
+        assert not workdirs()
+
+
+# --- the grant: only what the cluster signed, for this node, now, once -------------------
+
+
+def refused(raw: dict[str, Any], data_dir: Path) -> tuple[ApplicationError, FakeLink]:
+    link = FakeLink()
+    with pytest.raises(ApplicationError) as raised:
+        run_attempt(raw, link, data_dir)
+    assert raised.value.type == "AttemptRefused" and raised.value.non_retryable
+    return raised.value, link
+
+
+def test_an_attempt_the_cluster_did_not_sign_for_this_node_is_refused_reported_and_not_run(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran"
+    touch = unsigned("touch", str(marker))
+    other_ca = pki.new_ca("test", "cluster")  # same cluster name, another key
+    cases = {
+        "no grant": (touch, "carries no grant"),
+        "another CA": (signed(touch, other_ca, node_id=NODE_ID), "does not verify"),
+        "command changed after signing": (
+            {**sign(unsigned("true")), "command": ["touch", str(marker)]},
+            "command is not the one the grant signed",
+        ),
+        "env changed after signing": (
+            {**sign(touch), "env": {"LD_PRELOAD": "/tmp/x.so"}},
+            "environment is not the one",
+        ),
+        "timeout dropped after signing": (
+            {**sign({**touch, "timeout": 5.0}), "timeout": None},
+            "timeout is not the one",
+        ),
+        "another node": (
+            signed(touch, CLUSTER_CA, node_id="node-ffffffffffff"),
+            "names node_id 'node-ffffffffffff'",
+        ),
+        "another tenant": (sign(touch, tenant="acme"), "names tenant 'acme'"),
+        "another cluster": (sign(touch, cluster="prod"), "names cluster 'prod'"),
+        "not a grant": (
+            {**touch, "grant": {"payload": "!!", "signature": "AAAA"}},
+            "not base64",
+        ),
+    }
+    for case, (raw, why) in cases.items():
+        error, link = refused(raw, tmp_path / "node")
+        assert why in str(error), case
+        [(kind, fields)] = link.notified
+        assert kind == "attempt_refused", case
+        assert (fields["job"], fields["attempt"]) == (JOB, 1), case
+        assert why in fields["reason"], case
+        assert link.sent == [], case
+    assert not marker.exists(), "nothing ran"
+    assert not (tmp_path / "node" / "runtimes").exists(), "no directory was made"
+
+
+def test_an_attempt_is_run_once_a_replay_of_it_is_refused(tmp_path: Path) -> None:
+    raw = spec("sh", "-c", "echo once >> ../../count")
+    assert run_attempt(raw, FakeLink(), tmp_path)["exit_code"] == 0
+    error, _ = refused(raw, tmp_path)
+    assert f"has run job {JOB} attempt 1 already" in str(error)
+    assert (tmp_path / "count").read_text() == "once\n"
+    record = tmp_path / "attempts-run"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/1"}
+
+
+def test_a_grant_expires_at_its_not_after_and_the_run_record_forgets_it_then(
+    tmp_path: Path,
+) -> None:
+    now = [1_000_000.0]
+    check = GrantCheck(
+        cluster="test",
+        tenant="default",
+        node_id=NODE_ID,
+        ca=CLUSTER_CA.cert,
+        record=RunRecord.load(tmp_path),
+        clock=lambda: now[0],
+    )
+
+    def attempt(number: int, not_after: float) -> dict[str, Any]:
+        return sign(unsigned("true", attempt=number), not_after=int(not_after))
+
+    # Within the clock skew past not_after: still good; beyond it: expired.
+    check.check(attempt(1, now[0] - CLOCK_SKEW + 1))
+    with pytest.raises(AttemptRefused, match="expired"):
+        check.check(attempt(2, now[0] - CLOCK_SKEW - 1))
+    check.check(attempt(3, now[0] + 60))
+    record = tmp_path / "attempts-run"
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/1", f"{JOB}/3"}
+    now[0] += 61 + CLOCK_SKEW  # both grants are past, and their skew
+    check.check(attempt(4, now[0] + 60))
+    assert json.loads(record.read_text()).keys() == {f"{JOB}/4"}, "expired ones are pruned"
+    with pytest.raises(AttemptRefused, match="expired"):
+        check.check(attempt(3, now[0] - 61))  # pruned, but its grant cannot come back
 
 
 # --- ending it: timeout, cancellation, the cluster, the runtime's stop -------------------
@@ -288,7 +457,7 @@ def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
     child, shell = printed_pids(link, pids)
     assert gone(child) and gone(shell)
     assert 1.0 + KILL_GRACE <= took < 1.0 + KILL_GRACE + 5
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
@@ -318,7 +487,7 @@ def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_sec
     env = ActivityEnvironment()
     beats: list[float] = []
     env.on_heartbeat = lambda *details: beats.append(time.monotonic())
-    fn = attempt_activity(NODE_ID, tmp_path, link, RunningAttempts())
+    fn = activity_for(tmp_path, link)
 
     async def main() -> None:
         task = asyncio.create_task(env.run(fn, spec("sh", "-c", "echo $$; exec sleep 60")))
@@ -333,7 +502,7 @@ def test_cancelling_the_activity_kills_its_process_and_heartbeats_came_every_sec
     asyncio.run(main())
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert all(0.8 < gap < 1.5 for gap in gaps), gaps
 
@@ -348,7 +517,7 @@ def test_an_ack_that_says_ended_kills_the_process_and_fails_the_attempt(
     (pid,) = printed_pids(link, pids)
     assert gone(pid)
     assert len(link.sent) == 1, "nothing more is sent for an attempt that has ended"
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
@@ -405,7 +574,7 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
 ) -> None:
     link = FakeLink()
     attempts = RunningAttempts()
-    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+    fn = activity_for(tmp_path, link, attempts)
 
     async def main() -> None:
         task = asyncio.create_task(
@@ -420,10 +589,10 @@ def test_the_runtime_stopping_ends_an_attempt_with_node_stopping(
             await asyncio.wait_for(task, ATTEMPT_BOUND)
         assert raised.value.type == NODE_STOPPING and raised.value.non_retryable
         with pytest.raises(ApplicationError, match="stopping"):
-            await ActivityEnvironment().run(fn, spec("true"))
+            await ActivityEnvironment().run(fn, spec("true", attempt=2))
 
     asyncio.run(main())
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 class RuntimeWithAnAttempt(NodeRuntime):
@@ -439,7 +608,7 @@ class RuntimeWithAnAttempt(NodeRuntime):
 
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
         assert self.settings.output is not None
-        fn = attempt_activity(NODE_ID, self.settings.identity.data_dir, self.link, self.attempts)
+        fn = activity_for(self.settings.identity.data_dir, self.link, self.attempts)
         task = asyncio.create_task(ActivityEnvironment().run(fn, self.raw))
         try:
             await asyncio.sleep(3600)
@@ -462,6 +631,7 @@ async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
         namespace="default",
         temporal="127.0.0.1:1",
         identity=IdentityDir(tmp_path),
+        cluster="test",
         output=link,
     )
     # It ignores SIGTERM: only the SIGKILL after the grace ends it.
@@ -479,7 +649,7 @@ async def test_the_runtimes_stop_ends_every_attempt_before_its_worker(
     assert runtime.outcome.type == NODE_STOPPING
     assert gone(runtime.pgid)
     assert KILL_GRACE <= took < STOP_TIMEOUT
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 # --- the link over the control stream ----------------------------------------------------
@@ -576,7 +746,11 @@ class AttemptRuntime:
         link = self.settings.output
         assert isinstance(link, StreamLink)
         fn = attempt_activity(
-            self.settings.node_id, self.settings.identity.data_dir, link, RunningAttempts()
+            self.settings.node_id,
+            self.settings.identity.data_dir,
+            link,
+            RunningAttempts(),
+            grant_check(self.settings),
         )
 
         def in_asyncio() -> object:
@@ -609,7 +783,9 @@ async def attempt_over_the_stream(net: FakeNet, data: Path, raw: dict[str, Any])
     done = trio.Event()
 
     def factory(settings: RuntimeSettings) -> AttemptRuntime:
-        return AttemptRuntime(settings, raw, outcomes, done)
+        # Signed as the cluster signs it for this node, in its tenant.
+        grant = signed(raw, net.cluster.ca, node_id=settings.node_id, tenant=settings.namespace)
+        return AttemptRuntime(settings, grant, outcomes, done)
 
     with trio.fail_after(ATTEMPT_BOUND):
         async with trio.open_nursery() as nursery:
@@ -632,7 +808,7 @@ async def test_the_agent_hands_its_stream_to_the_runtime_and_routes_the_edges_ac
     data = tmp_path / "node"
     node_id = await join_and_stop(net, data)
     result = await attempt_over_the_stream(
-        net, data, spec("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
+        net, data, unsigned("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
     )
     assert isinstance(result, dict)
     assert result["exit_code"] == 0 and result["output_complete"] is True
@@ -643,7 +819,9 @@ async def test_the_agent_hands_its_stream_to_the_runtime_and_routes_the_edges_ac
 
     net.cluster.job_output_ack = {"stored": False, "reason": "ended"}
     net.cluster.events.clear()
-    ended = await attempt_over_the_stream(net, data, spec("sh", "-c", "echo x; exec sleep 60"))
+    ended = await attempt_over_the_stream(
+        net, data, unsigned("sh", "-c", "echo x; exec sleep 60", attempt=2)
+    )
     assert isinstance(ended, ApplicationError) and ended.type == "AttemptEnded"
 
 
@@ -654,12 +832,17 @@ def test_logging_names_the_attempt(caplog: pytest.LogCaptureFixture, tmp_path: P
 
 
 def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: Path) -> None:
+    identity = IdentityDir(tmp_path)
+    identity.create()
+    identity.save_ca(pki.cert_to_pem(CLUSTER_CA.cert))
+
     def names(output: FakeLink | None) -> list[str]:
         settings = RuntimeSettings(
             node_id=NODE_ID,
             namespace="default",
             temporal="127.0.0.1:1",
-            identity=IdentityDir(tmp_path),
+            identity=identity,
+            cluster="test",
             output=output,
         )
         defns = map(activity._Definition.must_from_callable, NodeRuntime(settings)._activities())
@@ -672,7 +855,7 @@ def test_the_runtime_offers_the_job_activity_only_with_an_output_link(tmp_path: 
 def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None:
     link = FakeLink(answers=[None])  # the edge never acks the first message
     attempts = RunningAttempts()
-    fn = attempt_activity(NODE_ID, tmp_path, link, attempts)
+    fn = activity_for(tmp_path, link, attempts)
 
     async def main() -> tuple[dict[str, object], float]:
         task = asyncio.create_task(ActivityEnvironment().run(fn, spec("sh", "-c", "echo hi")))
@@ -685,13 +868,205 @@ def test_the_runtime_stopping_cuts_the_final_flush_short(tmp_path: Path) -> None
     result, took = asyncio.run(main())
     assert took < 2.0, "stop_all did not wait for the flush"
     assert result["exit_code"] == 0 and result["output_complete"] is False
-    assert not workdir(tmp_path).exists()
+    assert not workdirs()
 
 
 def test_a_working_directory_that_cannot_be_made_fails_the_attempt_clearly(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "runtimes").write_text("a file where the directory belongs")
+    isolation = Isolation.detect(tmp_path)
+    isolation.temp_dir = tmp_path / "a-file"
+    isolation.temp_dir.write_text("a file where the directory belongs")
+    fn = attempt_activity(
+        NODE_ID, tmp_path, FakeLink(), RunningAttempts(), grants_for(tmp_path), isolation
+    )
     with pytest.raises(ApplicationError, match="cannot make its working directory") as raised:
-        run_attempt(spec("true"), FakeLink(), tmp_path)
+        asyncio.run(ActivityEnvironment().run(fn, spec("true")))
     assert raised.value.type == "NoWorkingDirectory" and raised.value.non_retryable
+
+
+# --- isolation: the job user, nothing outlives its attempt, limits, a crash's leftovers ------
+
+TRACKINGS = [CGROUP_V2, SUBREAPER]
+
+
+def isolation_for(data_dir: Path, tracking: str) -> Isolation:
+    """This machine's isolation, tracking as TRACKING. cgroup v2 can be used here (its
+    hierarchy at /sys/fs/cgroup/unified, writable by root): the test says so if it is not."""
+    isolation = Isolation.detect(data_dir, tracking=tracking)
+    assert isolation.tracking == tracking, f"this machine gives {isolation.tracking}"
+    return isolation
+
+
+def run_isolated(
+    raw: dict[str, Any], link: FakeLink, data_dir: Path, isolation: Isolation
+) -> dict[str, object]:
+    fn = attempt_activity(
+        NODE_ID, data_dir, link, RunningAttempts(), grants_for(data_dir), isolation
+    )
+
+    async def main() -> dict[str, object]:
+        return await asyncio.wait_for(ActivityEnvironment().run(fn, raw), ATTEMPT_BOUND)
+
+    return asyncio.run(main())
+
+
+def all_gone(numbers: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not all(gone(pid) for pid in numbers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# Left behind three ways: a new session, a double fork, nohup in a grandchild.
+LEAVE_BEHIND = (
+    "setsid sleep 600 & echo $!; (sleep 600 & echo $!); "
+    "sh -c 'nohup sleep 600 >/dev/null 2>&1 & echo $!'"
+)
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
+    tracking: str, tmp_path: Path, pids: list[int]
+) -> None:
+    link = FakeLink()
+    result = run_isolated(
+        spec("sh", "-c", LEAVE_BEHIND), link, tmp_path, isolation_for(tmp_path, tracking)
+    )
+    assert result["exit_code"] == 0, link.text("stderr")
+    assert result["applied"] == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    left = printed_pids(link, pids)
+    assert len(left) == 3
+    assert all_gone(left, 5.0), f"{tracking}: still running after the attempt ended"
+    assert not list(Path("/sys/fs/cgroup/unified").glob(f"oz0-node-{NODE_ID}"))
+
+
+def test_a_job_cannot_read_the_nodes_identity(tmp_path: Path) -> None:
+    identity = tmp_path / "identity"
+    identity.mkdir(mode=0o700)
+    (identity / "node.key").write_text("THE-NODE-KEY")
+    link = FakeLink()
+    result = run_attempt(spec("cat", str(identity / "node.key")), link, tmp_path)
+    assert result["exit_code"] != 0
+    assert "THE-NODE-KEY" not in link.text() + link.text("stderr")
+    assert "Permission denied" in link.text("stderr")
+
+
+# Allocates 400 MiB, written (not just reserved), then says so.
+ALLOCATE = "a = [b'x' * (1 << 20) for _ in range(400)]; print('allocated')"
+
+
+def test_a_memory_limit_stops_an_allocation_loop_and_the_result_says_how_limits_applied(
+    tmp_path: Path,
+) -> None:
+    link = FakeLink()
+    limits = {"memory": 64 << 20, "max_open_files": 64, "address_space": 4 << 30}
+    raw = sign({**unsigned("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits})
+    result = run_attempt(raw, link, tmp_path)
+    # This machine has cgroup v1's memory controller (cgroup v2 has none here): the cgroup's
+    # OOM killer ends the loop with SIGKILL.
+    applied = result["applied"]
+    assert isinstance(applied, dict)
+    assert applied["limits"] == {
+        "memory": "cgroup v1",
+        "max_open_files": "rlimit",
+        "address_space": "rlimit",
+    }
+    assert link.text().splitlines()[0] == "64"
+    assert "allocated" not in link.text()
+    assert result["exit_code"] == 128 + signal.SIGKILL, link.text("stderr")
+
+
+# Runs one attempt with a link that prints its output, as an agent would, until killed.
+CRASHING_AGENT = """
+import asyncio, base64, sys
+from pathlib import Path
+from temporalio.testing import ActivityEnvironment
+from oz0_node.jobs.attempt import RunningAttempts, attempt_activity
+from cryptography import x509
+from oz0_node.jobs.grants import GrantCheck, RunRecord
+from oz0_node.jobs.isolation import Isolation
+
+class Link:
+    async def exchange(self, fields, within):
+        sys.stdout.write(base64.b64decode(fields["data"]).decode())
+        sys.stdout.flush()
+        return None
+
+data, tracking, raw = Path(sys.argv[1]), sys.argv[2], eval(sys.argv[3])
+isolation = Isolation.detect(data, tracking=tracking)
+ca = x509.load_pem_x509_certificate(Path(sys.argv[5]).read_bytes())
+grants = GrantCheck(
+    cluster="test", tenant="default", node_id=sys.argv[4], ca=ca, record=RunRecord.load(data)
+)
+fn = attempt_activity(sys.argv[4], data, Link(), RunningAttempts(), grants, isolation)
+asyncio.run(ActivityEnvironment().run(fn, raw))
+"""
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_after_a_crash_the_next_start_ends_what_its_attempts_left_and_removes_their_directories(
+    tracking: str, tmp_path: Path, pids: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = spec("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD; sleep 600")
+    ca = tmp_path.parent / f"{tmp_path.name}-ca.pem"
+    ca.write_bytes(pki.cert_to_pem(CLUSTER_CA.cert))
+    crashing = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CRASHING_AGENT,
+            str(tmp_path),
+            tracking,
+            repr(raw),
+            NODE_ID,
+            str(ca),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        assert crashing.stdout is not None
+        lines = [crashing.stdout.readline() for _ in range(4)]
+        *left, shell_and_dir = lines
+        shell, workdir = shell_and_dir.split()
+        numbers = [int(n) for n in left] + [int(shell)]
+        pids.extend(numbers)
+        # A subreaper's tracking records what it found at its last look.
+        time.sleep(2 * SCAN_EVERY + 0.2)
+    finally:
+        crashing.kill()
+        crashing.wait()
+        if crashing.stdout is not None:
+            crashing.stdout.close()
+    assert not any(gone(pid) for pid in numbers), "the crash left them running"
+    caplog.set_level(logging.INFO, logger="oz0_node.jobs")
+    assert isolation_for(tmp_path, tracking).end_leftovers(NODE_ID) == 1
+    assert all_gone(numbers, 5.0), f"{tracking}: a crash's leftovers still run"
+    assert not Path(workdir).exists()
+    assert f"attempt {JOB}-1 of a previous agent process: ended" in caplog.text
+    assert not (tmp_path / RECORD_FILE).exists()
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_never_touched(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    other = subprocess.Popen(["sleep", "600"])
+    pids.append(other.pid)
+    stat = read_stat(other.pid)
+    assert stat is not None
+    record = {
+        "agent_pid": 1,
+        "attempts": {
+            f"{JOB}-1": {"workdir": None, "cgroups": [], "pids": [[other.pid, stat.start_time + 1]]}
+        },
+    }
+    (tmp_path / RECORD_FILE).write_text(json.dumps(record))
+    assert Isolation.detect(tmp_path).end_leftovers(NODE_ID) == 1
+    time.sleep(0.2)
+    assert other.poll() is None, "another process with the recorded PID was killed"
+    other.kill()
+    other.wait()

@@ -16,7 +16,7 @@ from oz0.jobs.secret_env import SecretKeeper, SecretsUnavailable
 from oz0.jobs.spec import JobError, JobSpec
 from oz0_common import certs, sealed_env
 from oz0_node.identity import IdentityDir
-from oz0_node.jobs.attempt import SECRETS_UNREADABLE, AttemptSpec, attempt_env, node_secrets
+from oz0_node.jobs.attempt import SECRETS_UNREADABLE, AttemptSpec, node_secrets
 
 SECRET = "hunter2-\u00e9-$(rm -rf /)"
 JOB, OTHER_JOB = "job-0123456789ab", "job-ba9876543210"
@@ -117,11 +117,11 @@ def node_dir(tmp_path: Path) -> tuple[IdentityDir, ec.EllipticCurvePrivateKey]:
     return identity, identity.load_or_create_key()
 
 
-def test_the_node_gives_opened_secrets_to_the_process_environment_only(tmp_path: Path) -> None:
+def test_the_node_opens_its_secrets_with_its_key_and_never_shows_them(tmp_path: Path) -> None:
     identity, key = node_dir(tmp_path)
     raw = {"job_id": JOB, "attempt": 1, "command": ["env"], "secrets": sealed_for(key)}
     spec = AttemptSpec.parse(raw, node_secrets(identity, NODE))
-    assert attempt_env(spec, NODE, tmp_path)["DB_PASSWORD"] == SECRET
+    assert spec.secret_env == {"DB_PASSWORD": SECRET} and spec.env == {}
     assert SECRET not in repr(spec)
 
 

@@ -283,6 +283,8 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
         "sh -c 'echo hello; sleep 1; echo oops >&2; printf \"caf\\303\\251 \\377\\n\"; exit 3'",
         Environment="GREETING=kept-out-of-pages",
         **{"Secret variable 1": "DB_PASSWORD", "Secret value 1": "secret-out-of-pages"},
+        Memory="512M",
+        CPU="0.5",
     )
     page.evaluate("window.notReloaded = true")
     # jobs.js follows the job: the state and output change in place, without a reload.
@@ -294,6 +296,8 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert page.locator("pre .stderr").first.inner_text().startswith("oops")
     assert "café \ufffd" in output.inner_text()  # UTF-8, the bad byte replaced
     assert page.get_by_role("button", name="Cancel job").count() == 0
+    # What the attempt's node applied (limits), once it has ended, also in place.
+    assert page.locator("[data-field=applied] li").inner_text().startswith("attempt 1: ")
     shot(page, where, "job-ended-live.png")
 
     # The page as the server renders it says the same, with the attempt and its node.
@@ -306,6 +310,9 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert attempt.count() == 1 and "exit" in attempt.inner_text()
     link = attempt.get_by_role("link", name=ui.node_id)
     assert link.get_attribute("href") == f"/nodes/{ui.node_id}"
+    assert page.locator("[data-field=limits]").inner_text() == "memory 512 MiB, cpu 0.5"
+    assert page.locator("[data-field=applied] li").inner_text().startswith("attempt 1: ")
+    assert ui.api.get(f"/api/v1/jobs/{job_id}")["limits"] == {"memory": 512 << 20, "cpu": 0.5}
     # The environment's names are shown, its values (perhaps secrets) never.
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
     assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
@@ -375,6 +382,8 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
             "KEY is given both in env and in secret_env",
         ),
         ({"Command": "true", "Secret value 2": "never-sent-back"}, "Secrets: a secret value"),
+        ({"Command": "true", "Memory": "lots"}, "Memory: invalid size 'lots'"),
+        ({"Command": "true", "CPU": "0"}, "CPU: invalid cpu '0'"),
     ]:
         page.goto(f"{BASE}/jobs/new")
         for label, value in fields.items():

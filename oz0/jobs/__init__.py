@@ -1,6 +1,8 @@
 """Jobs: commands run on the fleet's nodes through Temporal.
 
 - `spec.py`: what an operator asks for, checked (`job run`'s body).
+- `limits.py`: the resource limits a job asks for each attempt, and what a node says it
+  applied; standard library only, so the command line parses sizes with it too.
 - `store.py`: the rows operators list and show (jobs, attempts, output).
 - `placement.py`: which node runs an attempt, recorded as it is chosen; or why none can.
 - `workflow.py`: the job's workflow, run by every server's job worker; it picks where each

@@ -4,6 +4,9 @@ They run in the worker's asyncio thread and query through the server's pool from
 of their own (`Database.transaction_in_thread`); each is one transaction and may be run
 twice (a retry after a lost answer) with the same result.
 
+Each attempt placed comes back with its grant (grant.py), signed here, by the server that
+placed it, in the placement's transaction: the node runs only an attempt the cluster
+signed, and the workflow passes the grant on as an activity's result (deterministic).
 Placing an attempt also seals the job's secrets to the placed node's key (secret_env.py),
 in the same transaction: the sealed string goes to the workflow in the activity's result
 (the workflow itself may not read a database). A server that cannot do so fails the step
@@ -20,6 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0.jobs import placement, secret_env, store
+from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import SECRETS_UNAVAILABLE, AttemptEnd, Finish, Placed
 from oz0.store.pool import Database
 
@@ -27,8 +31,11 @@ T = TypeVar("T")
 
 
 class JobActivities:
-    def __init__(self, db: Database, keeper: secret_env.SecretKeeper | None = None) -> None:
+    def __init__(
+        self, db: Database, signer: AttemptSigner, keeper: secret_env.SecretKeeper | None = None
+    ) -> None:
         self.db = db
+        self.signer = signer
         self.keeper = keeper
 
     async def _run(self, work: Callable[[store.Conn], T]) -> T:
@@ -37,46 +44,59 @@ class JobActivities:
         except secret_env.SecretsUnavailable as e:
             raise ApplicationError(str(e), type=SECRETS_UNAVAILABLE, non_retryable=True) from None
 
-    def _placed(self, conn: store.Conn, job_id: str, p: placement.Placed) -> Placed:
-        """P for the workflow, with the job's secrets sealed to its node for that attempt."""
-        sealed = (
-            secret_env.for_attempt(conn, self.keeper, job_id, p.number, p.node)
-            if p.node is not None
-            else ""
-        )
-        return Placed(p.number, p.node, p.reason, p.ended, p.part, sealed)
-
     @activity.defn(name="oz0.jobs.place")
     async def place(self, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
         return await self._run(
-            lambda conn: self._placed(
-                conn, job_id, placement.place(conn, job_id, number, part, tried)
+            lambda conn: self._granted(
+                conn, store.locked_job(conn, job_id),
+                placement.place(conn, job_id, number, part, tried),
             )
-        )
+        )  # fmt: skip
 
     @activity.defn(name="oz0.jobs.place_everywhere")
     async def place_everywhere(self, job_id: str, first_number: int) -> list[Placed]:
-        return await self._run(
-            lambda conn: [
-                self._placed(conn, job_id, p)
-                for p in placement.place_everywhere(conn, job_id, first_number)
-            ]
-        )
-
-    @activity.defn(name="oz0.jobs.place_on")
-    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> str:
-        """The attempt's sealed secrets ("" for a job without)."""
-
-        def work(conn: store.Conn) -> str:
-            placement.place_on(conn, job_id, number, part, node_id)
-            return secret_env.for_attempt(conn, self.keeper, job_id, number, node_id)
+        def work(conn: store.Conn) -> list[Placed]:
+            job = store.locked_job(conn, job_id)
+            placed = placement.place_everywhere(conn, job_id, first_number)
+            return [self._granted(conn, job, p) for p in placed]
 
         return await self._run(work)
+
+    @activity.defn(name="oz0.jobs.place_on")
+    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
+        """Attempt NUMBER recorded on NODE_ID, with its grant and sealed secrets."""
+
+        def work(conn: store.Conn) -> Placed:
+            placement.place_on(conn, job_id, number, part, node_id)
+            job = store.locked_job(conn, job_id)
+            return self._granted(conn, job, placement.Placed(number, node_id, part=part))
+
+        return await self._run(work)
+
+    def _grant(self, job: store.Job, number: int, node_id: str, sealed: str) -> dict[str, str]:
+        # The limits as the workflow passes them: only when some were asked; the sealed
+        # secrets as the attempt carries them (one opaque string, in the env digest).
+        return self.signer.grant(
+            job, number, node_id, secrets=sealed or None, limits=job.limits or None
+        )
+
+    def _granted(self, conn: store.Conn, job: store.Job, placed: placement.Placed) -> Placed:
+        """PLACED for the workflow, with the job's secrets sealed to its node for that
+        attempt and its grant; in the placement's transaction."""
+        if placed.node is None:
+            return Placed(placed.number, None, placed.reason, placed.ended, placed.part)
+        sealed = secret_env.for_attempt(conn, self.keeper, job.id, placed.number, placed.node)
+        grant = self._grant(job, placed.number, placed.node, sealed)
+        return Placed(
+            placed.number, placed.node, placed.reason, placed.ended, placed.part, grant, sealed
+        )
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:
         return await self._run(
-            lambda conn: store.end_attempt(conn, end.job_id, end.number, end.because, end.exit_code)
+            lambda conn: store.end_attempt(
+                conn, end.job_id, end.number, end.because, end.exit_code, end.applied
+            )
         )
 
     @activity.defn(name="oz0.jobs.finish")

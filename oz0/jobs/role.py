@@ -31,8 +31,10 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from oz0 import pki
 from oz0.jobs import secret_env, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
@@ -66,9 +68,13 @@ class JobsRole:
         hub: EventHub,
         frontend: Callable[[], FrontendAccess],
         server_id: str,
+        *,
+        ca: pki.CertificateAuthority,
         keeper: secret_env.SecretKeeper | None = None,
     ) -> None:
         self.db = db
+        # The cluster CA: it signs each attempt placed (grant.py).
+        self.ca = ca
         # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
         self.keeper = keeper
         self.hub = hub
@@ -212,6 +218,7 @@ class JobsRole:
                     all_nodes=job.all_nodes,
                     no_move=job.no_move,
                     queue_timeout=job.queue_timeout,
+                    limits=job.limits,
                 ),
                 id=job.id,
                 task_queue=JOBS_QUEUE,
@@ -227,7 +234,7 @@ class JobsRole:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
         self._reconnect = asyncio.Event()
-        activities = JobActivities(self.db, self.keeper)
+        activities = JobActivities(self.db, AttemptSigner(self.ca), self.keeper)
         delay = CONNECT_RETRY_FIRST
         while True:
             try:

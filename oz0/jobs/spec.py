@@ -9,6 +9,7 @@ from typing import Any
 
 from oz0 import nodes
 from oz0.errors import Oz0Error
+from oz0.jobs import limits as job_limits
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -69,6 +70,8 @@ class JobSpec:
     name: str | None = None
     no_move: bool = False
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+    # Resource limits for each attempt (limits.py): sizes in bytes, only those asked.
+    limits: dict[str, int | float] = field(default_factory=dict)
     # Secret values: sealed as the job is made, never kept with it, shown or logged (not
     # even in this spec's repr).
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
@@ -112,13 +115,14 @@ class JobSpec:
                 body.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT), "queue_timeout",
                 MAX_QUEUE_TIMEOUT, optional=False,
             ) or DEFAULT_QUEUE_TIMEOUT,
+            limits=_limits(body.get("limits", {})),
             secret_env=_secret_env(body.get("secret_env", {}), env),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout", "secret_env",
+    "no_move", "queue_timeout", "limits", "secret_env",
 }  # fmt: skip
 
 
@@ -173,6 +177,15 @@ def _env(value: object, what: str = "env") -> dict[str, str]:
         if not isinstance(text, str) or "\0" in text or len(text) > MAX_ENV_VALUE:
             raise JobError(f"invalid value for environment variable {key}")
     return dict(value)
+
+
+def _limits(value: object) -> dict[str, int | float]:
+    if value is None:
+        return {}
+    try:
+        return job_limits.check(value)
+    except ValueError as e:
+        raise JobError(str(e)) from None
 
 
 def _secret_env(value: object, env: dict[str, str]) -> dict[str, str]:

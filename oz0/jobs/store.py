@@ -17,6 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
+from oz0.jobs import limits as job_limits
 from oz0.jobs import secret_env
 from oz0.jobs.spec import (
     ENDED_STATES,
@@ -32,6 +33,12 @@ Conn = psycopg.Connection[Any]
 # Raw output kept per attempt (stdout and stderr together); the rest is dropped, marked.
 OUTPUT_CAP = 1024 * 1024
 MAX_CHUNK = 32 * 1024
+# One page of output, whoever reads it (the API, `job logs`, the web UI): at most this many
+# chunks (PAGE_CHUNKS unless asked otherwise) and this many bytes, so that a node that sent
+# many tiny chunks cannot make one read unbounded.
+PAGE_CHUNKS = 500
+MAX_PAGE_CHUNKS = 1000
+PAGE_BYTES = OUTPUT_CAP
 # How long a server that claimed a job may take to start its workflow before another may.
 START_CLAIM = dt.timedelta(seconds=30)
 MAX_LIST = 1000
@@ -49,6 +56,8 @@ class Attempt:
     ended_because: str | None
     output_bytes: int
     truncated: bool
+    # What the node said it applied (limits.py); None: it said nothing.
+    applied: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +71,7 @@ class Attempt:
             "ended_because": self.ended_because,
             "output_bytes": self.output_bytes,
             "truncated": self.truncated,
+            "applied": self.applied,
         }
 
 
@@ -86,6 +96,7 @@ class Job:
     created_at: dt.datetime
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    limits: dict[str, int | float]
     # The names of its secret environment; the values are in job_secrets (secret_env.py).
     secret_env: list[str] = field(default_factory=list)
     attempts: tuple[Attempt, ...] = ()
@@ -117,6 +128,7 @@ class Job:
             "started_at": _iso(self.started_at),
             "ended_at": _iso(self.ended_at),
             "created_by": self.created_by,
+            "limits": self.limits,
             "attempts": [a.to_json() for a in self.attempts],
         }
 
@@ -128,11 +140,11 @@ def _iso(at: dt.datetime | None) -> str | None:
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
-    " secret_env"
+    " limits, secret_env"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
-    " output_bytes, truncated"
+    " output_bytes, truncated, applied"
 )
 
 
@@ -224,12 +236,12 @@ def create(
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
-        " timeout_s, queue_timeout_s, retries, no_move, created_by, secret_env)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
-            spec.retries, spec.no_move, f"{actor.kind}:{actor.name}",
+            spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
             Jsonb(sorted(spec.secret_env)),
         ),
     )  # fmt: skip
@@ -246,6 +258,7 @@ def create(
             "node": spec.node,
             "all": spec.all_nodes,
             "env": sorted(spec.env),
+            **({"limits": spec.limits} if spec.limits else {}),
             "secret_env": sorted(spec.secret_env),
         },
         tenants=[spec.tenant],
@@ -387,10 +400,16 @@ def locked_job(conn: Conn, job_id: str) -> Job:
 
 
 def end_attempt(
-    conn: Conn, job_id: str, number: int, because: str | None, exit_code: int | None
+    conn: Conn,
+    job_id: str,
+    number: int,
+    because: str | None,
+    exit_code: int | None,
+    applied: object = None,
 ) -> str:
-    """Record how attempt NUMBER ended; BECAUSE None: from what became of its node. Returns
-    the reason recorded (the first one, if it had ended already)."""
+    """Record how attempt NUMBER ended, and what its node said it APPLIED (limits.py; None
+    or malformed: not reported); BECAUSE None: from what became of its node. Returns the
+    reason recorded (the first one, if it had ended already)."""
     row = conn.execute(
         f"SELECT a.state, a.ended_because, {_NODE_FATE} FROM job_attempts a"
         " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.job_id = %s AND a.number = %s"
@@ -402,10 +421,11 @@ def end_attempt(
     if row[0] == "ended":
         return str(row[1])
     recorded = because or gone_because(row[2])
+    kept = job_limits.applied_from_node(applied)
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-        " exit_code = %s WHERE job_id = %s AND number = %s",
-        (recorded, exit_code, job_id, number),
+        " exit_code = %s, applied = %s WHERE job_id = %s AND number = %s",
+        (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
     )
     return recorded
 
@@ -449,19 +469,27 @@ def append_output(
 ) -> bool:
     """Store a chunk a node sent; False if that attempt no longer runs on that node.
 
-    What goes past OUTPUT_CAP is dropped and the attempt marked truncated; a chunk sent
-    again (same seq) is stored once.
+    What goes past OUTPUT_CAP is dropped: the chunk that reaches it (or the node's own
+    `truncated` mark) is stored cut, as the attempt's one truncation mark, and every chunk
+    after it is acknowledged (True) but stores nothing, whatever its seq. An empty chunk
+    that marks nothing stores nothing either (an honest node sends none). A chunk sent
+    again (same seq) is stored once. So a node, hostile or not, adds at most one row per
+    byte of the cap, plus the mark, to an attempt.
     """
     row = conn.execute(
-        "SELECT state, node_id, output_bytes FROM job_attempts"
+        "SELECT state, node_id, output_bytes, truncated FROM job_attempts"
         " WHERE job_id = %s AND number = %s FOR UPDATE",
         (job_id, attempt),
     ).fetchone()
     if row is None or row[0] != "running" or row[1] != node_id:
         return False
+    if row[3]:
+        return True  # past the mark: acknowledged, so the node moves on; nothing kept
     room = max(0, OUTPUT_CAP - int(row[2]))
     if len(data) > room:
         data, truncated = data[:room], True
+    if not data and not truncated:
+        return True
     stored = conn.execute(
         "INSERT INTO job_output (job_id, attempt, seq, stream, data, truncated)"
         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id",
@@ -497,15 +525,50 @@ class Chunk:
         }
 
 
+@dataclass(frozen=True)
+class OutputPage:
+    """Chunks in order; `more`: the page stopped at one of its bounds, and the next page
+    (after the last chunk's cursor) has more right away."""
+
+    chunks: list[Chunk]
+    more: bool
+
+    @property
+    def cursor(self) -> int | None:
+        return self.chunks[-1].cursor if self.chunks else None
+
+
 def output_page(
-    conn: Conn, job_id: str, *, after: int = 0, attempt: int | None = None, limit: int = 500
-) -> list[Chunk]:
+    conn: Conn,
+    job_id: str,
+    *,
+    after: int = 0,
+    attempt: int | None = None,
+    limit: int = PAGE_CHUNKS,
+    max_bytes: int = PAGE_BYTES,
+) -> OutputPage:
+    """The chunks after cursor AFTER: at most LIMIT of them (1 to MAX_PAGE_CHUNKS) and at
+    most MAX_BYTES bytes of output together (but always one chunk, if there is one), so
+    that no page costs more than that, however many rows a node made.
+
+    The window sums the bytes in cursor order over at most LIMIT + 1 rows; those past a
+    bound come back without their data and only say that there is more.
+    """
+    limit = max(1, min(limit, MAX_PAGE_CHUNKS))
     rows = conn.execute(
-        "SELECT o.id, o.attempt, a.node_id, o.stream, o.data, o.truncated FROM job_output o"
-        " JOIN job_attempts a ON a.job_id = o.job_id AND a.number = o.attempt"
-        " WHERE o.job_id = %(job)s AND o.id > %(after)s"
-        "   AND (%(attempt)s::int IS NULL OR o.attempt = %(attempt)s)"
-        " ORDER BY o.id LIMIT %(limit)s",
-        {"job": job_id, "after": after, "attempt": attempt, "limit": max(1, min(limit, 1000))},
+        "SELECT id, attempt, node_id, stream,"
+        "   CASE WHEN kept THEN data ELSE ''::bytea END, truncated, kept"
+        " FROM (SELECT *, n = 1 OR (n <= %(limit)s AND upto <= %(bytes)s) AS kept"
+        "   FROM (SELECT o.id, o.attempt, a.node_id, o.stream, o.data, o.truncated,"
+        "       row_number() OVER w AS n, sum(octet_length(o.data)) OVER w AS upto"
+        "     FROM job_output o"
+        "     JOIN job_attempts a ON a.job_id = o.job_id AND a.number = o.attempt"
+        "     WHERE o.job_id = %(job)s AND o.id > %(after)s"
+        "       AND (%(attempt)s::int IS NULL OR o.attempt = %(attempt)s)"
+        "     WINDOW w AS (ORDER BY o.id)"
+        "     ORDER BY o.id LIMIT %(limit)s + 1) AS window_rows) AS page"
+        " ORDER BY id",
+        {"job": job_id, "after": after, "attempt": attempt, "limit": limit, "bytes": max_bytes},
     ).fetchall()
-    return [Chunk(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+    chunks = [Chunk(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows if r[6]]
+    return OutputPage(chunks, more=len(chunks) < len(rows))

@@ -9,7 +9,10 @@ runs. An attempt ends when:
 - its node is taken away: the sweeper signals `node_removed` (block, purge, delete), or
   the node falls silent (heartbeat timeout) or never takes it (schedule-to-start). Then
   the attempt moves to another node, unless the job may not move (`no_move`, `all`);
-  moves do not count against `retries`, but are capped at MAX_MOVES.
+  moves do not count against `retries`, but are capped at MAX_MOVES;
+- its node refuses it (`AttemptRefused`: the grant placement signed does not hold there,
+  docs/node-protocol.md): the job fails at once, neither retried nor moved, since the
+  next node would refuse it the same way.
 Whatever the activity returns later for an attempt the workflow has moved on from is
 ignored. Only temporalio and the standard library are imported here (the sandbox).
 """
@@ -38,6 +41,8 @@ T = TypeVar("T")
 JOBS_QUEUE = "oz0-jobs"
 WORKFLOW = "oz0.job"
 NODE_ACTIVITY = "oz0.job.attempt"
+# The node's error type for an attempt it will not run (oz0_node/jobs/attempt.py).
+ATTEMPT_REFUSED = "AttemptRefused"
 MAX_MOVES = 20
 # The placing step's failure when its server cannot hand the job's secrets over: the job
 # fails with its message. SECRETS_UNREADABLE: the node's, when they do not open with its
@@ -70,6 +75,18 @@ class JobInput:
     all_nodes: bool = False
     no_move: bool = False
     queue_timeout: float = 600.0
+    # Resource limits for each attempt (oz0/jobs/limits.py), passed to the node as asked.
+    # Typed Any: temporalio converts to `int | float` by trying int first (cpu 0.5 -> 0).
+    limits: dict[str, Any] = field(default_factory=dict)
+
+
+def schedule_to_start(all_nodes: bool, queue_timeout: float) -> dt.timedelta:
+    """How long an attempt may wait on its node's queue: a part of an --all job is placed
+    whether or not its node has a free slot, so it may wait there as long as the job may
+    wait for a node. Its grant expires after that (oz0/jobs/grant.py)."""
+    if all_nodes:
+        return max(SCHEDULE_TO_START, dt.timedelta(seconds=queue_timeout))
+    return SCHEDULE_TO_START
 
 
 @dataclass
@@ -79,6 +96,8 @@ class Placed:
     reason: str | None = None
     ended: bool = False
     part: int = 0
+    # The attempt's grant, signed by the server that placed it: the node runs nothing else.
+    grant: dict[str, str] | None = None
     # The job's secrets sealed to NODE's key for attempt NUMBER ("" for none): the
     # attempt's `secrets`, opaque here (oz0_common/sealed_env.py).
     secrets: str = ""
@@ -90,6 +109,8 @@ class AttemptEnd:
     number: int
     because: str | None  # None: from what became of the node
     exit_code: int | None
+    # What the node said it applied (its result's `applied`), checked by the store.
+    applied: dict[str, Any] | None = None
 
 
 @dataclass
@@ -104,6 +125,8 @@ class Finish:
 class Outcome:
     because: str
     exit_code: int | None
+    # Which node refused which attempt, and why (because "refused").
+    refusal: str | None = None
 
     @property
     def moved(self) -> bool:
@@ -158,9 +181,11 @@ class JobWorkflow:
         while True:
             placed = await self._place(job, tried)
             assert placed.node is not None
-            outcome = await self._attempt(job, placed.number, placed.node, placed.secrets)
+            outcome = await self._attempt(job, placed)
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return "succeeded", 0, None
+            if outcome.refusal is not None:
+                return "failed", None, outcome.refusal
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -214,7 +239,11 @@ class JobWorkflow:
         lost = [r for r in results if r.moved]
         if failed:
             first = failed[0]
-            return "failed", first.exit_code, f"{len(failed)} of {len(results)} nodes failed"
+            why = f"{len(failed)} of {len(results)} nodes failed"
+            refused = [r.refusal for r in results if r.refusal is not None]
+            if refused:
+                why += f" ({refused[0]})"
+            return "failed", first.exit_code, why
         if lost:
             return (
                 "lost",
@@ -226,25 +255,35 @@ class JobWorkflow:
     async def _part(self, job: JobInput, first: Placed) -> Outcome:
         """One node's part of an `--all` job: retried there, never moved."""
         assert first.node is not None
-        number, failures, secrets = first.number, 0, first.secrets
+        number, failures, placed = first.number, 0, first
         while True:
-            outcome = await self._attempt(job, number, first.node, secrets)
-            if outcome.moved or (outcome.because == "exit" and outcome.exit_code == 0):
+            outcome = await self._attempt(job, placed)
+            if outcome.moved or outcome.refusal is not None:
+                return outcome
+            if outcome.because == "exit" and outcome.exit_code == 0:
                 return outcome
             failures += 1
             if failures > job.retries:
                 return outcome
             self.number += 1
             number = self.number
-            secrets = await _step(
-                "oz0.jobs.place_on", job.job_id, number, first.part, first.node, result_type=str
+            placed = await _step(
+                "oz0.jobs.place_on",
+                job.job_id,
+                number,
+                first.part,
+                first.node,
+                result_type=Placed,
             )
 
     # --- one attempt ---------------------------------------------------------------------
 
-    async def _attempt(self, job: JobInput, number: int, node: str, secrets: str) -> Outcome:
-        """Run attempt NUMBER on NODE until it ends, its node is taken away, or the job is
-        cancelled; its end is recorded before this returns. SECRETS: sealed to NODE."""
+    async def _attempt(self, job: JobInput, placed: Placed) -> Outcome:
+        """Run PLACED's attempt on its node (with the grant its placement signed and the
+        secrets it sealed to that node) until it ends, its node is taken away, or the job
+        is cancelled; its end is recorded before this returns."""
+        number, node = placed.number, placed.node
+        assert node is not None
         timeout = job.timeout
         attempt: dict[str, Any] = {
             "job_id": job.job_id,
@@ -252,20 +291,17 @@ class JobWorkflow:
             "command": job.command,
             "env": job.env,
             "timeout": timeout,
+            "grant": placed.grant,
         }
-        if secrets:  # one opaque string, as the node protocol has it
-            attempt["secrets"] = secrets
+        if job.limits:  # only when asked: an older node ignores what it does not know
+            attempt["limits"] = job.limits
+        if placed.secrets:  # one opaque string, as the node protocol has it
+            attempt["secrets"] = placed.secrets
         handle = workflow.start_activity(
             NODE_ACTIVITY,
             attempt,
             task_queue=node,
-            # A part of an --all job is placed whether or not its node has a free slot: it
-            # may wait there as long as the job may wait for a node.
-            schedule_to_start_timeout=(
-                max(SCHEDULE_TO_START, dt.timedelta(seconds=job.queue_timeout))
-                if job.all_nodes
-                else SCHEDULE_TO_START
-            ),
+            schedule_to_start_timeout=schedule_to_start(job.all_nodes, job.queue_timeout),
             start_to_close_timeout=(
                 dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
             ),
@@ -295,12 +331,22 @@ class JobWorkflow:
         try:
             result = handle.result()
         except ActivityError as e:
+            refusal = _refusal(e)
+            if refusal is not None:
+                because = await _end(AttemptEnd(job.job_id, number, "refused", None))
+                return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
             because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
             return Outcome(because, None)
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
         exit_code = result.get("exit_code")
         code = exit_code if isinstance(exit_code, int) else None
-        because = await _end(AttemptEnd(job.job_id, number, ended_because, code))
+        applied = result.get("applied")
+        because = await _end(
+            AttemptEnd(
+                job.job_id, number, ended_because, code,
+                applied if isinstance(applied, dict) else None,
+            )
+        )  # fmt: skip
         return Outcome(because, code)
 
 
@@ -344,6 +390,14 @@ def _secrets_unavailable(error: BaseException) -> str | None:
     return None
 
 
+def _refusal(error: ActivityError) -> str | None:
+    """The node's reason, if it refused the attempt (its grant did not hold there)."""
+    cause = error.cause
+    if isinstance(cause, ApplicationError) and cause.type == ATTEMPT_REFUSED:
+        return cause.message
+    return None
+
+
 def _failed(outcome: Outcome, job: JobInput) -> str:
     if outcome.because == "timeout":
         return f"timed out after {job.timeout:g} s"
@@ -367,7 +421,8 @@ async def _unstoppable(work: Awaitable[T]) -> T:
                 raise
 
 
-async def _step(name: str, *args: object, result_type: type | None = None) -> Any:
+# RESULT_TYPE: a type, or a union of types (temporalio converts to either).
+async def _step(name: str, *args: object, result_type: Any = None) -> Any:
     """A step that touches the database, on the servers' job workers."""
     return await workflow.execute_activity(
         name,

@@ -68,6 +68,7 @@ from oz0.nodes._rules import (
     check_node_id,
     is_node_id,
     new_node_id,
+    under_token,
 )
 from oz0.nodes._states import (
     ACTIONS_FROM,
@@ -163,5 +164,6 @@ __all__ = [
     "streams_recorded",
     "unblock",
     "unblock_many",
+    "under_token",
     "write_changes",
 ]

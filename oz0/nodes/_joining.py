@@ -21,6 +21,7 @@ from oz0.nodes._rules import (
     NodeNotFound,
     check_labels,
     new_node_id,
+    under_token,
 )
 
 # Serialises tokenless joins so that concurrent ones cannot pass the limit together.
@@ -75,13 +76,12 @@ def join(
         public_key = pki.csr_public_key(csr_pem.encode())
     except ValueError as e:
         raise NodeError(f"bad certificate request: {e}") from None
-    labels = check_labels(labels)
+    labels = under_token(token_labels or {}, check_labels(labels))
     hostname = hostname[:253] if isinstance(hostname, str) else ""
     node_id = new_node_id()
     accepted = token_id is not None
     state = "accepted" if accepted else "pending"
     tenant = token_tenant if accepted and token_tenant else DEFAULT_TENANT
-    merged = {**(token_labels or {}), **labels}
     certificate = issue_certificate(ca, node_id, public_key) if accepted else None
     conn.execute(
         "INSERT INTO nodes (id, tenant, state, labels, hostname, token_id, public_key,"
@@ -90,7 +90,7 @@ def join(
             node_id,
             tenant,
             state,
-            Jsonb(merged),
+            Jsonb(labels),
             hostname,
             token_id,
             public_key.public_bytes(

@@ -20,6 +20,7 @@ from oz0.node_rules import (
     check_labels,
     check_node_id,
     is_node_id,
+    under_token,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "check_node_id",
     "is_node_id",
     "new_node_id",
+    "under_token",
 ]
 
 STATES = ("pending", "accepted", "rejected", "blocked", "purging")

@@ -157,7 +157,10 @@ async def run_server(
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
         metrics.supervisor = temporal.supervisor
-        jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id, SecretKeeper.of(cluster))
+        jobs = JobsRole(
+            db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca,
+            keeper=SecretKeeper.of(cluster),
+        )  # fmt: skip
 
         async def reconnect_jobs() -> None:
             jobs.renewed()

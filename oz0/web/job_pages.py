@@ -18,6 +18,7 @@ from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
 
 from oz0 import access, nodes, tenants
+from oz0.jobs import limits as job_limits
 from oz0.jobs import store
 from oz0.jobs.secret_env import SecretKeeper
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
@@ -27,9 +28,12 @@ from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
 from oz0.web.pages import NOTICES, Page, Pages, Refused, text_arg
 
-# A job page shows at most this much output; the rest is for `orchestrator-zero job logs`.
+# A job page shows at most this much output, in at most this many chunks (a node may have
+# sent many tiny ones); the rest is for `orchestrator-zero job logs`.
 SHOWN_OUTPUT = 2 * 1024 * 1024
-# Chunks a poll of live.json answers at most; the next poll takes the rest.
+SHOWN_CHUNKS = 5000
+# Chunks a poll of live.json answers at most (and at most store.PAGE_BYTES); the next poll
+# takes the rest.
 LIVE_CHUNKS = 500
 COMMAND_WIDTH = 60
 DEFAULT_QUEUE_TIMEOUT = "10m"
@@ -82,6 +86,14 @@ def when(at: dt.datetime | None) -> str | None:
     return at.strftime(_WHEN) if at else None
 
 
+def applied_lines(job: store.Job) -> list[str]:
+    """What each attempt's node applied (limits.py), one line an attempt; none for a job
+    without limits whose nodes said nothing."""
+    return job_limits.applied_lines(
+        job.limits, [(a.number, a.state == "running", a.applied) for a in job.attempts]
+    )
+
+
 def job_nodes(job: store.Job) -> list[str]:
     """The nodes the job ran on, in order, each once."""
     return list(dict.fromkeys(a.node for a in job.attempts))
@@ -112,6 +124,14 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     timeout = form.get("timeout", "").strip()
     if timeout:
         body["timeout"] = _field("Timeout", parse_duration, timeout)
+    limits: dict[str, int | float] = {}
+    memory, cpu = form.get("memory", "").strip(), form.get("cpu", "").strip()
+    if memory:
+        limits["memory"] = _field("Memory", job_limits.parse_size, memory)
+    if cpu:
+        limits["cpu"] = _field("CPU", job_limits.parse_cpu, cpu)
+    if limits:
+        body["limits"] = limits
     body["secret_env"] = secrets_from_form(form)
     return JobSpec.from_json(body)
 
@@ -149,25 +169,28 @@ def _field(name: str, parse: Any, value: Any) -> Any:
 
 def output_of(conn: store.Conn, job: store.Job) -> tuple[list[AttemptOutput], int, bool]:
     """The job's output by attempt, the cursor after the last chunk read, and whether
-    SHOWN_OUTPUT cut it short."""
+    SHOWN_OUTPUT or SHOWN_CHUNKS cut it short."""
     by_attempt = {
         a.number: AttemptOutput(a.number, a.node, truncated=a.truncated) for a in job.attempts
     }
-    cursor, size = 0, 0
-    while size < SHOWN_OUTPUT:
-        chunks = store.output_page(conn, job.id, after=cursor, limit=1000)
-        for c in chunks:
+    cursor, size, count = 0, 0, 0
+    more = True
+    while more and size < SHOWN_OUTPUT and count < SHOWN_CHUNKS:
+        page = store.output_page(
+            conn, job.id, after=cursor, limit=SHOWN_CHUNKS - count, max_bytes=SHOWN_OUTPUT - size
+        )
+        for c in page.chunks:
             shown = by_attempt.setdefault(c.attempt, AttemptOutput(c.attempt, c.node))
             shown.add(c.stream, c.data)
             shown.truncated = shown.truncated or c.truncated
             size += len(c.data)
             cursor = c.cursor
-        if len(chunks) < 1000:
-            return sorted(by_attempt.values(), key=lambda a: a.number), cursor, False
-    return sorted(by_attempt.values(), key=lambda a: a.number), cursor, True
+        count += len(page.chunks)
+        more = page.more
+    return sorted(by_attempt.values(), key=lambda a: a.number), cursor, more
 
 
-def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str, Any]:
+def live_json(job: store.Job, page: store.OutputPage, after: int) -> dict[str, Any]:
     """What jobs.js updates a running job's page from."""
     return {
         "state": job.state,
@@ -189,8 +212,10 @@ def live_json(job: store.Job, chunks: list[store.Chunk], after: int) -> dict[str
             }
             for a in job.attempts
         ],
-        "chunks": [c.to_json() for c in chunks],
-        "cursor": chunks[-1].cursor if chunks else after,
+        "applied": applied_lines(job),
+        "chunks": [c.to_json() for c in page.chunks],
+        "cursor": page.cursor or after,
+        "more": page.more,
     }
 
 
@@ -276,7 +301,8 @@ def add(web: Blueprint, pages: Pages) -> None:
         return await pages.render(
             "job.html", session, status, job=job, output=output, cursor=cursor, cut=cut,
             error=error or None, command_text=command_text, shown_limit=SHOWN_OUTPUT,
-            output_cap=store.OUTPUT_CAP,
+            shown_chunks=SHOWN_CHUNKS, output_cap=store.OUTPUT_CAP,
+            limits_text=job_limits.describe(job.limits), applied=applied_lines(job),
         )  # fmt: skip
 
     @web.get("/jobs/<job_id>")
@@ -296,17 +322,17 @@ def add(web: Blueprint, pages: Pages) -> None:
         except ValueError:
             return jsonify({"error": "after must be a whole number"}), 400
 
-        def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
+        def read(conn: store.Conn) -> tuple[store.Job, store.OutputPage]:
             job = store.get(conn, job_id, scope=scope)
             if not reads_output:
-                return job, []
+                return job, store.OutputPage([], more=False)
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
         try:
-            job, chunks = await db.transaction(read)
+            job, page = await db.transaction(read)
         except JobNotFound as e:
             return jsonify({"error": str(e)}), 404
-        return jsonify(live_json(job, chunks, after)), 200
+        return jsonify(live_json(job, page, after)), 200
 
     @web.post("/jobs/<job_id>/cancel")
     async def job_cancel(job_id: str) -> Page:

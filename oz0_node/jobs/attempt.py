@@ -1,20 +1,25 @@
 """`oz0.job.attempt`: one attempt of a job, run as a process on this node.
 
 The workflow (server side) schedules it on the node's own task queue with one JSON
-object (docs/node-protocol.md, "Jobs"). The command runs with no shell, stdin from
-/dev/null, in a session of its own, in a fresh directory DATA_DIR/runtimes/JOB-ATTEMPT/
-that is removed when the attempt ends, whatever ends it. Its output goes to the edge as it
+object (docs/node-protocol.md, "Jobs"). Before anything else, its grant is checked
+(grants.py): an attempt the cluster did not sign for this node, now, once, is refused
+(non-retryable AttemptRefused), reported to the edge (`attempt_refused`), and not run.
+The command runs with no shell, stdin from /dev/null, in a session of its own, as the job
+user, in a clean environment and a fresh directory of its own that is removed when the
+attempt ends, whatever ends it, with the limits it asked for (isolation.py says how). Its
+output goes to the edge as it
 comes (output.py). It ends by:
 
-- exiting: then whatever it left in its process group is ended too, the output is
-  flushed, and the result says how it exited;
-- its timeout: the group gets SIGTERM, SIGKILL after KILL_GRACE; `ended_because` timeout;
-- cancellation (the workflow cancels it; the worker sees that through a heartbeat): the
-  group is ended the same way and CancelledError goes on up;
-- the cluster saying, in an output ack, that the attempt has ended here: the group is ended
-  and the activity fails with AttemptEnded;
+- exiting: then whatever it left running (double-forked, setsid, daemonised: its cgroup or
+  its tracked descendants) is ended too, the output is flushed, and the result says how it
+  exited, and what isolation and limits were applied;
+- its timeout: its processes get SIGTERM, SIGKILL after KILL_GRACE; `ended_because` timeout;
+- cancellation (the workflow cancels it; the worker sees that through a heartbeat): its
+  processes are ended the same way and CancelledError goes on up;
+- the cluster saying, in an output ack, that the attempt has ended here: its processes are
+  ended and the activity fails with AttemptEnded;
 - the runtime stopping (block, purge, SIGTERM, stream lost): `RunningAttempts.stop_all`
-  ends the group before the worker stops, and the activity fails with NodeStopping.
+  ends its processes before the worker stops, and the activity fails with NodeStopping.
 
 An attempt may carry the job's secrets (`secrets`: sealed to this node's key for this job,
 attempt and node; oz0_common/sealed_env.py). They are opened with the node's key as the
@@ -31,10 +36,8 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import re
-import shutil
-import stat
+import subprocess
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,16 +47,23 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0_common import certs, sealed_env
-from oz0_node import layout
 from oz0_node.identity import IdentityDir
-from oz0_node.jobs.link import OutputLink
+from oz0_node.jobs.grants import AttemptRefused, GrantCheck
+from oz0_node.jobs.isolation import (
+    SCAN_EVERY,
+    SUBREAPER,
+    Isolation,
+    Limits,
+    Placement,
+    parse_limits,
+)
+from oz0_node.jobs.link import LinkDown, OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
-from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, members, spawn
+from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, spawn
 
 log = logging.getLogger(__name__)
 
 ACTIVITY = "oz0.job.attempt"
-RUNTIMES_DIR = layout.RUNTIMES_DIR
 HEARTBEAT_EVERY = 1.0
 # Once the group is gone, how long its pipes may stay open (held by a process that left
 # the group with setsid) before the attempt stops reading them. Not shorter: on a loaded
@@ -73,6 +83,10 @@ SECRETS_UNREADABLE = "SecretsUnreadable"
 # Opens an attempt's `secrets` (the text, the job ID, the attempt's number): its values,
 # or sealed_env.SealedEnvError.
 SecretOpener = Callable[[str, str, int], dict[str, str]]
+ATTEMPT_REFUSED = "AttemptRefused"
+# The message that tells the edge of a refusal, and how long its sending may take.
+REFUSED = "attempt_refused"
+REPORT_WITHIN = 5.0
 
 T = TypeVar("T")
 
@@ -84,12 +98,9 @@ class AttemptSpec:
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
+    limits: Limits = field(default_factory=Limits)
     # Opened from the attempt's `secrets`; never in a repr (nor a log line made from one).
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def dir_name(self) -> str:
-        return f"{self.job_id}-{self.attempt}"
 
     @classmethod
     def parse(cls, raw: object, open_secrets: SecretOpener | None = None) -> AttemptSpec:
@@ -128,12 +139,16 @@ class AttemptSpec:
             or timeout <= 0
         ):
             raise _bad(f"timeout must be a positive number of seconds or null, not {timeout!r}")
+        limits = parse_limits(raw.get("limits"))
+        if isinstance(limits, str):
+            raise _bad(limits)
         return cls(
             job_id=job_id,
             attempt=number,
             command=tuple(command),
             env=dict(env),
             timeout=float(timeout) if timeout is not None else None,
+            limits=limits,
             secret_env=_secret_env(raw.get("secrets"), job_id, number, open_secrets),
         )
 
@@ -240,65 +255,7 @@ class RunningAttempts:
             log.warning("%d job attempt(s) did not end in %g s", len(late), STOP_ALL_TIMEOUT)
 
 
-# --- the working directory -------------------------------------------------------------
-
-
-def runtimes_dir(data_dir: Path) -> Path:
-    return data_dir / RUNTIMES_DIR
-
-
-def fresh_workdir(data_dir: Path, spec: AttemptSpec) -> Path:
-    """An empty DATA_DIR/runtimes/JOB-ATTEMPT/ (0700); what a crash left there goes first."""
-    parent = runtimes_dir(data_dir)
-    parent.mkdir(mode=0o700, exist_ok=True)
-    workdir = parent / spec.dir_name
-    if workdir.is_symlink() or workdir.exists():
-        remove_tree(workdir)
-    workdir.mkdir(mode=0o700)
-    return workdir
-
-
-def remove_tree(path: Path) -> None:
-    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
-
-    A command may leave directories it made unwritable; those are made writable (never
-    through a link) and the removal tried once more."""
-    if path.is_symlink() or not path.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except OSError:
-        pass
-    for root, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            with contextlib.suppress(OSError):
-                target = Path(root, name)
-                if not target.is_symlink():
-                    target.chmod(stat.S_IRWXU)
-    try:
-        shutil.rmtree(path)
-    except OSError as e:
-        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
 # --- the attempt -----------------------------------------------------------------------
-
-
-def attempt_env(spec: AttemptSpec, node_id: str, data_dir: Path) -> dict[str, str]:
-    """The agent's environment, the job's on top (its secrets too), and the three OZ0_ names
-    on top of that; DIR/tools/ first on the PATH that results."""
-    env = {
-        **os.environ,
-        **spec.env,
-        **spec.secret_env,
-        "OZ0_JOB_ID": spec.job_id,
-        "OZ0_ATTEMPT": str(spec.attempt),
-        "OZ0_NODE_ID": node_id,
-    }
-    return layout.with_tools_on_path(env, data_dir)
 
 
 def _result(
@@ -307,6 +264,7 @@ def _result(
     ended_because: str,
     relay: OutputRelay,
     complete: bool,
+    place: Placement,
 ) -> dict[str, object]:
     return {
         "exit_code": exit_code,
@@ -315,6 +273,7 @@ def _result(
         "output_bytes": relay.output_bytes,
         "truncated": relay.truncated,
         "output_complete": complete,
+        "applied": place.applied,
     }
 
 
@@ -322,37 +281,66 @@ async def run_attempt(
     raw: object,
     *,
     node_id: str,
-    data_dir: Path,
     link: OutputLink,
     attempts: RunningAttempts,
+    grants: GrantCheck,
+    isolation: Isolation,
+    open_secrets: SecretOpener | None = None,
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
-    """Run the attempt RAW describes (see the module's docstring); its result object."""
-    spec = AttemptSpec.parse(raw, node_secrets(IdentityDir(data_dir), node_id))
+    """Run the attempt RAW describes (see the module's docstring); its result object.
+    OPEN_SECRETS opens its `secrets` (node_secrets); without it, secrets are refused."""
+    await _check_grant(raw, grants, link)
+    spec = AttemptSpec.parse(raw, open_secrets)
     running = attempts.enter(spec)
     try:
         try:
-            workdir = fresh_workdir(data_dir, spec)
+            # The secrets join the job's environment here only: the process's, nowhere else.
+            env = {**spec.env, **spec.secret_env}
+            place = isolation.begin(node_id, spec.job_id, spec.attempt, env, spec.limits)
         except OSError as e:
             raise ApplicationError(
                 f"job {spec.job_id} attempt {spec.attempt}: cannot make its working directory "
-                f"in {runtimes_dir(data_dir)}: {e.strerror or e}",
+                f"or cgroup ({e.filename or isolation.temp_dir}): {e.strerror or e}",
                 type=NO_WORKDIR,
                 non_retryable=True,
             ) from None
         try:
-            return await _run(spec, workdir, data_dir, node_id, link, running, heartbeat)
+            return await _run(spec, place, isolation, link, running, heartbeat)
         finally:
-            remove_tree(workdir)
+            isolation.end(place)
     finally:
         attempts.leave(running)
 
 
+async def _check_grant(raw: object, grants: GrantCheck, link: OutputLink) -> None:
+    """Return if RAW's grant holds; else say so to the edge and fail non-retryable."""
+    fields = raw if isinstance(raw, dict) else {}
+    try:
+        grants.check(fields)
+        return
+    except AttemptRefused as e:
+        reason = e.reason
+    # The node's word on what it was sent, unchecked: the edge bounds and audits it.
+    job_id, number = fields.get("job_id"), fields.get("attempt")
+    job_id = job_id if isinstance(job_id, str) and JOB_ID.fullmatch(job_id) else None
+    number = number if isinstance(number, int) and not isinstance(number, bool) else None
+    log.warning("refused job %s attempt %s: %s", job_id, number, reason)
+    try:
+        await link.notify(
+            REFUSED, {"job": job_id, "attempt": number, "reason": reason}, REPORT_WITHIN
+        )
+    except LinkDown as e:
+        log.warning("cannot report the refusal to the edge: %s", e)
+    raise ApplicationError(
+        f"job {job_id} attempt {number}: {reason}", type=ATTEMPT_REFUSED, non_retryable=True
+    )
+
+
 async def _run(
     spec: AttemptSpec,
-    workdir: Path,
-    data_dir: Path,
-    node_id: str,
+    place: Placement,
+    isolation: Isolation,
     link: OutputLink,
     running: Running,
     heartbeat: Callable[[], None],
@@ -365,20 +353,33 @@ async def _run(
             group.create_task(_heartbeats(heartbeat, ended))
             try:
                 try:
-                    env = attempt_env(spec, node_id, data_dir)
-                    child = await spawn(spec.command, cwd=workdir, env=env, on_output=relay.add)
-                except OSError as e:
-                    code = 127 if isinstance(e, FileNotFoundError) else 126
-                    why = e.strerror or str(e)
+                    child = await spawn(
+                        spec.command,
+                        cwd=place.workdir,
+                        env=place.env,
+                        on_output=relay.add,
+                        tracking=place.tracking,
+                        preexec=place.preexec,
+                    )
+                except (OSError, subprocess.SubprocessError) as e:
+                    if isinstance(e, OSError):
+                        code = 127 if isinstance(e, FileNotFoundError) else 126
+                        why = e.strerror or str(e)
+                    else:  # the child's steps before exec (cgroup, rlimits, user) failed
+                        code, why = 126, "cannot isolate it (cgroup, limits or job user)"
+                        log.warning("job %s attempt %d: %s", spec.job_id, spec.attempt, why)
                     relay.add(
                         "stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode()
                     )
-                    return _result(code, None, "exit", relay, await _finish(relay, spec, running))
+                    complete = await _finish(relay, spec, running)
+                    return _result(code, None, "exit", relay, complete, place)
+                if place.tracking.kind == SUBREAPER:
+                    group.create_task(_follow(isolation, place, ended))
                 log.info(
                     "job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid
                 )
                 try:
-                    return await _supervise(spec, child, relay, running)
+                    return await _supervise(spec, child, relay, running, place)
                 finally:
                     # Whatever ended the attempt, nothing of it outlives it.
                     await _to_completion(child.end())
@@ -390,8 +391,18 @@ async def _run(
         _raise_the_one(failed)  # the heartbeats raise nothing: the attempt's own error
 
 
+async def _follow(isolation: Isolation, place: Placement, ended: asyncio.Event) -> None:
+    """Subreaper tracking: look for the attempt's new processes (and reap the adopted ones
+    that ended) every SCAN_EVERY, recording them for a next start after a crash."""
+    while not ended.is_set():
+        if place.tracking.refresh():
+            isolation.note(place)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), SCAN_EVERY)
+
+
 async def _supervise(
-    spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running
+    spec: AttemptSpec, child: Child, relay: OutputRelay, running: Running, place: Placement
 ) -> dict[str, object]:
     try:
         with contextlib.suppress(TimeoutError):
@@ -415,7 +426,7 @@ async def _supervise(
             spec.attempt,
             spec.timeout,
         )
-    elif members(child.pid):
+    elif child.tracking.alive():
         log.info(
             "job %s attempt %d: ending what the command left running",
             spec.job_id,
@@ -423,16 +434,16 @@ async def _supervise(
         )
     await _to_completion(child.end())
     with contextlib.suppress(TimeoutError):
-        # A pipe held by a process that left the group (setsid) is not waited for.
+        # A pipe held by a process that escaped its tracking is not waited for.
         await asyncio.wait_for(child.pipes_closed.wait(), DRAIN_TIMEOUT)
     complete = await _finish(relay, spec, running)
     code = child.returncode
     signal = -code if code is not None and code < 0 else None
     if timed_out:
-        return _result(None, signal, "timeout", relay, complete)
+        return _result(None, signal, "timeout", relay, complete, place)
     assert code is not None
     exit_code = 128 + signal if signal is not None else code
-    return _result(exit_code, signal, "exit", relay, complete)
+    return _result(exit_code, signal, "exit", relay, complete, place)
 
 
 def attempt_ended(spec: AttemptSpec) -> ApplicationError:
@@ -522,14 +533,23 @@ async def _to_completion(work: Coroutine[Any, Any, T]) -> T:
 
 
 def attempt_activity(
-    node_id: str, data_dir: Path, link: OutputLink, attempts: RunningAttempts
+    node_id: str,
+    data_dir: Path,
+    link: OutputLink,
+    attempts: RunningAttempts,
+    grants: GrantCheck,
+    isolation: Isolation | None = None,
 ) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
-    """The `oz0.job.attempt` activity of one runtime."""
+    """The `oz0.job.attempt` activity of one runtime; ISOLATION the agent's (else what
+    this machine allows, with the default job user)."""
+    isolated = isolation if isolation is not None else Isolation.detect(data_dir)
+    open_secrets = node_secrets(IdentityDir(data_dir), node_id)
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
         return await run_attempt(
-            raw, node_id=node_id, data_dir=data_dir, link=link, attempts=attempts
-        )
+            raw, node_id=node_id, link=link, attempts=attempts, grants=grants,
+            isolation=isolated, open_secrets=open_secrets,
+        )  # fmt: skip
 
     return attempt

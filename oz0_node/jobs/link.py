@@ -1,4 +1,5 @@
-"""The attempts' way to the edge: `job_output` out over the control stream, its ack back.
+"""The attempts' way to the edge: `job_output` out over the control stream, its ack back;
+and `attempt_refused`, which nothing answers.
 
 Attempts run in the runtime's asyncio thread; the control stream lives in Trio. A send
 crosses over with `trio.from_thread.run` from an executor thread and is bounded on the
@@ -49,6 +50,10 @@ class OutputLink(Protocol):
         None when no ack came in time; LinkDown when it could not be sent."""
         ...
 
+    async def notify(self, kind: str, fields: Message, within: float) -> None:
+        """Send a message of KIND that nothing answers; LinkDown if not sent within WITHIN."""
+        ...
+
 
 class Sender(Protocol):
     """What of the control stream the link uses (`transport.EdgeConnection`)."""
@@ -84,15 +89,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-async def send_bounded(conn: Sender, fields: Message, within: float) -> None:
-    """In Trio: send a `job_output` on CONN, or LinkDown if it takes more than WITHIN s."""
+async def send_bounded(conn: Sender, fields: Message, within: float, kind: str = OUTPUT) -> None:
+    """In Trio: send a KIND on CONN, or LinkDown if it takes more than WITHIN s."""
     with trio.move_on_after(within):
         try:
-            await conn.send(OUTPUT, **fields)
+            await conn.send(kind, **fields)
         except EdgeUnavailable as e:
             raise LinkDown(str(e)) from None
         return
-    raise LinkDown(f"edge {conn.address} did not take a job_output within {within:g} s")
+    raise LinkDown(f"edge {conn.address} did not take a {kind} within {within:g} s")
 
 
 class StreamLink:
@@ -145,10 +150,16 @@ class StreamLink:
                 if self._waiting.get(key, (None, None))[1] is future:
                     del self._waiting[key]
 
-    def _send(self, fields: Message, within: float) -> None:
+    async def notify(self, kind: str, fields: Message, within: float) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._send, fields, within, kind)
+
+    def _send(self, fields: Message, within: float, kind: str = OUTPUT) -> None:
         """In an executor thread: run the send in Trio and wait for it."""
         try:
-            trio.from_thread.run(send_bounded, self.conn, fields, within, trio_token=self._token)
+            trio.from_thread.run(
+                send_bounded, self.conn, fields, within, kind, trio_token=self._token
+            )
         except (trio.RunFinishedError, trio.Cancelled):
             raise LinkDown(f"the control stream to edge {self.conn.address} has ended") from None
 

@@ -1,12 +1,11 @@
-"""An attempt's process: started in a group of its own, its output handed on as it comes,
-and ended, all of its group, when the attempt ends.
+"""An attempt's process: started in a session of its own, its output handed on as it
+comes, and ended, with every process it started, when the attempt ends.
 
-The command is started in a session (and so a process group) of its own; whatever it
-starts stays in that group unless it leaves on purpose (`setsid`), so the group is what
-an attempt's end kills. A member counts as alive unless it is a zombie: orphans are
-reparented to PID 1, which may never reap them (some containers' init does not), and a
-zombie holds no resources worth waiting for. Linux's /proc tells zombies apart; elsewhere
-`killpg(pgid, 0)` is the best there is.
+Which processes are the attempt's is its tracking's to say (isolation.py): its cgroup, or
+its descendants followed by the agent as subreaper, or (where neither can be had) its
+process group. A process counts as alive unless it is a zombie: orphans may be reparented
+to a PID 1 that never reaps them (some containers' init does not), and a zombie holds no
+resources worth waiting for.
 
 The command's exit is watched apart from its pipes (`Child.exited`): a process it left
 behind may hold them open long after it exited.
@@ -21,7 +20,10 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from oz0_node.jobs.isolation import Tracking
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,9 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
 class Child(asyncio.SubprocessProtocol):
     """The command's process, as its asyncio protocol: output to ON_OUTPUT, exit noticed."""
 
-    def __init__(self, on_output: OnOutput) -> None:
+    def __init__(self, on_output: OnOutput, tracking: Tracking) -> None:
         self._on_output = on_output
+        self.tracking = tracking
         self.exited = asyncio.Event()
         self.pipes_closed = asyncio.Event()
         self._open_pipes = set(STREAMS)
@@ -111,36 +114,39 @@ class Child(asyncio.SubprocessProtocol):
         return self._transport.get_returncode()
 
     async def end(self, *, grace: float = KILL_GRACE) -> None:
-        """End every process of the group: SIGTERM, then SIGKILL after GRACE seconds.
+        """End every process of the attempt: SIGTERM, then SIGKILL after GRACE seconds.
 
-        Returns once the group is gone and the command has been reaped (or REAP_TIMEOUT
-        after the SIGKILL, if the kernel holds on to it). Signals nothing to an empty group.
+        Returns once they are gone and the command has been reaped (or REAP_TIMEOUT after
+        the SIGKILL, if the kernel holds on to one). Signals nothing when none is left.
         """
-        pgid = self.pid  # its own session: the group's ID is the leader's PID
-        if self.exited.is_set() and not members(pgid):
+        tracking = self.tracking
+        if self.exited.is_set() and not tracking.alive():
             return
         loop = asyncio.get_running_loop()
-        signal_group(pgid, signal.SIGTERM)
+        tracking.signal_all(signal.SIGTERM)
         deadline = loop.time() + grace
-        # Nothing tells when the last member of a group is gone: look.
-        while members(pgid) and loop.time() < deadline:  # noqa: ASYNC110
+        # Nothing tells when the last of them is gone: look.
+        while tracking.alive() and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(GONE_POLL)
-        left = members(pgid)
+        left = tracking.alive()
         if left:
             log.info(
-                "process group %d: %d process(es) still there %g s after SIGTERM; SIGKILL",
-                pgid,
+                "process %d: %d process(es) of its attempt still there %g s after SIGTERM; SIGKILL",
+                self.pid,
                 len(left),
                 grace,
             )
-            signal_group(pgid, signal.SIGKILL)
+            tracking.kill_all()
         deadline = loop.time() + REAP_TIMEOUT
-        while members(pgid) and loop.time() < deadline:  # noqa: ASYNC110
+        # Again and again: one that forked meanwhile (subreaper, process group) dies too.
+        while tracking.alive() and loop.time() < deadline:
+            tracking.kill_all()
             await asyncio.sleep(GONE_POLL)
         try:
             await asyncio.wait_for(self.exited.wait(), max(deadline - loop.time(), 0))
         except TimeoutError:
-            log.warning("process %d did not end %g s after SIGKILL", pgid, REAP_TIMEOUT)
+            log.warning("process %d did not end %g s after SIGKILL", self.pid, REAP_TIMEOUT)
+        tracking.refresh()  # reap what was adopted
 
     def close(self) -> None:
         """Let go of the pipes (the group has been ended)."""
@@ -149,14 +155,22 @@ class Child(asyncio.SubprocessProtocol):
 
 
 async def spawn(
-    argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], on_output: OnOutput
+    argv: tuple[str, ...],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    on_output: OnOutput,
+    tracking: Tracking,
+    preexec: Callable[[], None] | None = None,
 ) -> Child:
-    """Start ARGV in a session of its own, stdin /dev/null, its output to ON_OUTPUT.
+    """Start ARGV in a session of its own, stdin /dev/null, its output to ON_OUTPUT; the
+    child runs PREEXEC (isolation.py: cgroups, rlimits, the job user) just before exec.
 
-    Raises OSError when it cannot be started (not found, not executable)."""
+    Raises OSError when it cannot be started (not found, not executable), and
+    subprocess.SubprocessError when PREEXEC failed."""
     loop = asyncio.get_running_loop()
     _, child = await loop.subprocess_exec(
-        lambda: Child(on_output),
+        lambda: Child(on_output, tracking),
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -164,5 +178,7 @@ async def spawn(
         cwd=cwd,
         env=dict(env),
         start_new_session=True,
+        preexec_fn=preexec,
     )
+    tracking.started(child.pid)
     return child

@@ -60,22 +60,23 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         scope = (await operator(state)).scope
         _check_id(job_id)
         after = _int_arg("after", 0, 0, 2**62)
-        limit = _int_arg("limit", 500, 1, 1000)
+        limit = _int_arg("limit", store.PAGE_CHUNKS, 1, store.MAX_PAGE_CHUNKS)
         attempt_arg = request.args.get("attempt")
         attempt = None if attempt_arg is None else _int_arg("attempt", 1, 1, 1_000_000)
 
-        def read(conn: store.Conn) -> tuple[store.Job, list[store.Chunk]]:
+        def read(conn: store.Conn) -> tuple[store.Job, store.OutputPage]:
             # The job first: once it has ended, its output is complete (the node's last
             # chunk is stored before its attempt can end), so no chunk is missed. Another
             # tenant's job than the caller's is not found, so neither is its output.
             job = store.get(conn, job_id, scope=scope)
             return job, store.output_page(conn, job_id, after=after, attempt=attempt, limit=limit)
 
-        job, chunks = await _do(state, read)
+        job, page = await _do(state, read)
         return jsonify(
             {
-                "chunks": [c.to_json() for c in chunks],
-                "cursor": chunks[-1].cursor if chunks else after,
+                "chunks": [c.to_json() for c in page.chunks],
+                "cursor": page.cursor or after,
+                "more": page.more,
                 "ended": job.ended,
                 "job": job.to_json(),
             }

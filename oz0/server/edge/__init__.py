@@ -9,6 +9,8 @@ optional at the handshake and required by `/control`.
 - `join`: `/join`, joining and picking a certificate up.
 - `join_batch`: joins with a token, written many to a transaction.
 - `join_refusals`: refused joins in the audit log, at a bounded rate.
+- `attempt_refusals`: job attempts nodes refused to run, in the audit log, at a bounded
+  rate per node.
 - `control`: `/control`, the node's stream while it is accepted.
 - `purge`: the signed purge command on a control stream.
 - `renew`: a node's new certificate, asked for on its control stream.

@@ -12,6 +12,7 @@ import trio
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
+from oz0.server.edge.attempt_refusals import AttemptRefusals
 from oz0.server.edge.directory import EdgeDirectory
 from oz0.server.edge.heartbeats import Heartbeats
 from oz0.server.edge.join_batch import JoinBatcher
@@ -82,8 +83,11 @@ class Edge:
     # Re-reads of changed nodes (nodes.ControlStateRead) that come together share one
     # statement, on `prompt`; its `serve` is started with the edge.
     state_reads: Batches = field(init=False)
+    # Attempts nodes refused, audited at a bounded rate; its `run` is started with the edge.
+    attempt_refusals: AttemptRefusals = field(init=False)
 
     def __post_init__(self) -> None:
+        self.attempt_refusals = AttemptRefusals(self.db)
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
         self.state_reads = state_reads(self.prompt)

@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.server.edge import job_output, renew
+from oz0.server.edge import attempt_refusals, job_output, renew
 from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
@@ -96,6 +96,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     edge,
                     ws,
                     beat,
+                    node.tenant,
                     key,
                     answers,
                     ending,
@@ -150,6 +151,7 @@ async def _receive_from_node(
     edge: Edge,
     ws: Wire,
     beat: Beat,
+    tenant: str,
     key: ec.EllipticCurvePublicKey,
     answers: PurgeAnswers,
     ending: trio.Event,
@@ -159,7 +161,8 @@ async def _receive_from_node(
     """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
 
     Answers to a purge command go to whoever sent it, who alone records them; a `renew`
-    is answered (renew.py); a job's output is stored and acknowledged (job_output.py).
+    is answered (renew.py); a job's output is stored and acknowledged (job_output.py); an
+    attempt the node refused is audited, within its budget (attempt_refusals.py).
     """
     node_id = beat.node_id
     try:
@@ -178,6 +181,8 @@ async def _receive_from_node(
                     await renew.answer(edge, ws, node_id, key, message)
             elif message.get("type") == job_output.OUTPUT:
                 await job_output.receive(edge, ws, node_id, message)
+            elif message.get("type") == attempt_refusals.REFUSED:
+                await edge.attempt_refusals.refused(node_id, tenant, message)
     except Closed:
         pass
     scope.cancel()

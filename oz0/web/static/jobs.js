@@ -8,7 +8,6 @@ document.addEventListener("DOMContentLoaded", () => {
   const jobId = root.dataset.job;
   let cursor = Number(root.dataset.cursor) || 0;
   const decoders = new Map();
-  const MORE = 500; // live.json's most chunks an answer (job_pages.LIVE_CHUNKS)
   const field = (name) => root.querySelector(`[data-field="${name}"]`);
   const live = field("live");
   const refresh = field("refresh");
@@ -102,6 +101,10 @@ document.addEventListener("DOMContentLoaded", () => {
     setText("ended", data.ended_at);
     const nodes = new Map(data.attempts.map((a) => [a.number, a.node]));
     attemptsTable(data.attempts);
+    const applied = field("applied");
+    const lines = data.applied || []; // what each attempt's node applied (limits)
+    applied.replaceChildren(...lines.map((line) => el("li", null, line)));
+    applied.hidden = !lines.length;
     for (const chunk of data.chunks) append(chunk, nodes);
     cursor = data.cursor;
   }
@@ -129,7 +132,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     failures = 0;
     show(data);
-    if (data.chunks.length >= MORE) return poll(); // a full answer: more is waiting
+    if (data.more) return poll(); // a full answer (rows or bytes): more is waiting
     if (data.ended) {
       const cancel = field("cancel");
       if (cancel) cancel.remove();

@@ -1,0 +1,904 @@
+"""Where and as whom an attempt runs, what it may use, and how all of its processes end
+(docs/manage-nodes.md, "What a job can reach").
+
+- **As whom**: when the agent runs as root, every attempt runs as the job user
+  (`--job-user`, default `oz0-job`, made by `oz0-node install-service`): its uid, gid and
+  that user's own supplementary groups. `--job-user root` must be said to run jobs as root.
+  An agent that is not root runs jobs as itself (nothing else is possible).
+- **Where**: a fresh directory in the system's temporary directory (0700, the job user's),
+  its HOME and TMPDIR, removed when the attempt ends; never in the data directory, which
+  the job user cannot read.
+- **With what**: a clean environment (a standard PATH, HOME, USER, LOGNAME, LANG when the
+  agent has one, TMPDIR), then the job's names, then OZ0_JOB_ID, OZ0_ATTEMPT, OZ0_NODE_ID.
+- **Tracked how**: a cgroup v2 per attempt under `<agent's cgroup>/oz0-node-<node ID>/`
+  where the agent can write its own v2 cgroup (its end: SIGTERM to every member, SIGKILL
+  through `cgroup.kill` after the grace, then the cgroup is removed); else the agent is a
+  child subreaper and follows the attempt's descendants in /proc (PID and start time).
+- **Limited how**: memory, cpu and processes through a cgroup controller (v2 where the
+  agent's subtree has it, else the machine's v1 hierarchy), open files and address space
+  through rlimits; the result says what was applied and how.
+- **Left by a crash**: DIR/attempts.json (0600, replaced atomically) records each running
+  attempt's directory, cgroups and (subreaper) processes with their start times; the next
+  start of the agent ends what is left of them (`end_leftovers`) and removes the directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import os
+import pwd
+import resource
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from oz0_common.files import write_private
+from oz0_node import layout, service
+from oz0_node.errors import AgentError
+from oz0_node.jobs import procfs
+from oz0_node.jobs.procfs import ProcStat
+
+log = logging.getLogger(__name__)
+
+DEFAULT_JOB_USER = service.DEFAULT_JOB_USER
+# Not the agent's PATH: a job finds the system's programs, nothing the agent's user added.
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RECORD_FILE = "attempts.json"
+WORKDIR_PREFIX = "oz0-job-"
+SUBTREE_PREFIX = "oz0-node-"
+# OZ0_NODE_TRACKING=subreaper: track by /proc even where cgroup v2 could be used (tests,
+# and machines whose v2 hierarchy another manager owns).
+TRACKING_ENV = "OZ0_NODE_TRACKING"
+CGROUP_V2 = "cgroup v2"
+SUBREAPER = "subreaper"
+PROCESS_GROUP = "process group"
+# Subreaper tracking: how often the attempt's processes are looked for. A process that
+# forks and exits between two looks leaves its child unseen (then found by its OZ0_ names).
+SCAN_EVERY = 0.2
+# How long removing a cgroup waits for the kernel to let its last processes go.
+RMDIR_WAIT = 2.0
+CPU_PERIOD_US = 100_000
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+LIMIT_KEYS = ("memory", "cpu", "max_processes", "max_open_files", "address_space")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# --- the job user --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobUser:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def named(cls, name: str) -> JobUser | None:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return None
+        # That user's own groups only, never the agent's.
+        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+    @classmethod
+    def of_agent(cls) -> JobUser:
+        uid = os.geteuid()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        return cls(name, uid, os.getegid(), tuple(os.getgroups()))
+
+
+def resolve_job_user(requested: str | None, *, euid: int | None = None) -> JobUser:
+    """The user jobs run as (see the module's docstring); AgentError when it cannot be."""
+    euid = os.geteuid() if euid is None else euid
+    agent = JobUser.of_agent()
+    if euid != 0:
+        if requested is not None and requested not in (agent.name, str(agent.uid)):
+            raise AgentError(
+                f"--job-user {requested}: only an agent running as root can run jobs as "
+                f"another user; this one runs as {agent.name}, and so do its jobs"
+            )
+        return agent
+    name = requested or DEFAULT_JOB_USER
+    user = JobUser.named(name)
+    if user is None:
+        hint = (
+            "run `oz0-node install-service` (which creates it) or `useradd --system "
+            f"--no-create-home --shell /usr/sbin/nologin {name}`, or give --job-user NAME"
+            if requested is None
+            else "create it, or give another --job-user"
+        )
+        raise AgentError(f"the job user {name} does not exist, so no job can run: {hint}")
+    return user
+
+
+def check_private(paths: list[Path], *, enforce: bool) -> None:
+    """Each of PATHS (if it exists) owned by the agent's user and closed to group and others.
+
+    ENFORCE (root): a mode that lets others in is set to 0700. Otherwise (an agent whose jobs
+    run as itself) refuse: such a directory would let other users of the machine in."""
+    euid = os.geteuid()
+    for path in paths:
+        try:
+            info = path.stat()  # a data directory may be a link to one: what it names
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise AgentError(f"cannot check {path}: {e.strerror or e}") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise AgentError(f"{path} must be a directory")
+        if info.st_uid != euid:
+            raise AgentError(
+                f"{path} is owned by uid {info.st_uid}, not by the agent's user ({euid}): "
+                "no job runs until it is (chown it, or use another --data-dir)"
+            )
+        if info.st_mode & 0o077:
+            if not enforce:
+                raise AgentError(
+                    f"{path} is open to group or others (mode {stat.S_IMODE(info.st_mode):o}): "
+                    f"no job runs until it is closed (chmod 0700 {path})"
+                )
+            path.chmod(0o700)
+            log.info("%s was open to group or others: now 0700", path)
+
+
+# --- limits -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: int | None = None
+    cpu: float | None = None
+    max_processes: int | None = None
+    max_open_files: int | None = None
+    address_space: int | None = None
+    # Names this node does not know (a newer server's): reported as not applied.
+    unknown: tuple[str, ...] = ()
+
+    def asked(self) -> list[str]:
+        return [k for k in LIMIT_KEYS if getattr(self, k) is not None]
+
+
+def parse_limits(raw: object) -> Limits | str:
+    """The attempt's `limits` object as Limits, or why it is malformed."""
+    if raw is None:
+        return Limits()
+    if not isinstance(raw, dict):
+        return "limits must be a JSON object or null"
+    values: dict[str, int | float | None] = {}
+    for key in LIMIT_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if key == "cpu":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                return f"limits.cpu must be a positive fraction of one CPU, not {value!r}"
+            values[key] = float(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"limits.{key} must be a whole number from 1, not {value!r}"
+            values[key] = value
+    unknown = tuple(sorted(str(k) for k in raw if k not in LIMIT_KEYS))
+    return Limits(unknown=unknown, **values)  # type: ignore[arg-type]
+
+
+# --- tracking an attempt's processes ------------------------------------------------------
+
+
+class Tracking(Protocol):
+    kind: str
+
+    def started(self, pid: int) -> None:
+        """The command's process is PID."""
+
+    def alive(self) -> list[int]:
+        """The attempt's processes that still run (zombies do not count)."""
+
+    def signal_all(self, sig: signal.Signals) -> None: ...
+
+    def kill_all(self) -> None:
+        """SIGKILL to every one of them."""
+
+    def refresh(self) -> bool:
+        """Look for new processes (and reap adopted ones); whether the record changed."""
+
+    def recorded(self) -> list[list[int]]:
+        """[PID, start time] of each process followed, for DIR/attempts.json."""
+
+
+def _not_zombies(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        found = procfs.read_stat(pid)
+        if found is not None and not found.zombie:
+            alive.append(pid)
+    return alive
+
+
+def cgroup_members(path: Path) -> list[int]:
+    try:
+        text = (path / "cgroup.procs").read_text()
+    except OSError:
+        return []
+    return [int(word) for word in text.split() if word.isdigit()]
+
+
+def _kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+@dataclass
+class CgroupTracking:
+    """The attempt's own cgroup v2: whatever its processes start stays in it."""
+
+    path: Path
+    kind: str = CGROUP_V2
+
+    def started(self, pid: int) -> None:
+        pass
+
+    def alive(self) -> list[int]:
+        return _not_zombies(cgroup_members(self.path))
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        for pid in cgroup_members(self.path):
+            _kill(pid, sig)
+
+    def kill_all(self) -> None:
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:  # before Linux 5.14: one by one (the loop that waits repeats it)
+            self.signal_all(signal.SIGKILL)
+
+    def refresh(self) -> bool:
+        return False
+
+    def recorded(self) -> list[list[int]]:
+        return []
+
+
+@dataclass
+class SubreaperTracking:
+    """The command's descendants, followed in /proc by PID and start time. The agent is a
+    child subreaper, so an orphan comes to it rather than to init: its parent chain still
+    leads here, and the agent reaps it (asyncio waits only for the command)."""
+
+    marker: Mapping[str, str]
+    tracked: dict[int, int] = field(default_factory=dict)
+    command: int | None = None
+    kind: str = SUBREAPER
+
+    def started(self, pid: int) -> None:
+        self.command = pid
+        found = procfs.read_stat(pid)
+        if found is not None:
+            self.tracked[pid] = found.start_time
+
+    def refresh(self) -> bool:
+        stats = list(procfs.all_stats())
+        by_pid = {s.pid: s for s in stats}
+        before = dict(self.tracked)
+        live = {p: t for p, t in self.tracked.items() if _same(by_pid.get(p), t)}
+        me = os.getpid()
+        roots = set(live)
+        for s in stats:
+            # An orphan whose parent died before it was seen: it came to the agent, and
+            # its OZ0_ names say whose it is.
+            if (
+                s.ppid == me
+                and s.pid not in live
+                and s.pid != self.command
+                and not s.zombie
+                and procfs.environ_has(s.pid, self.marker)
+            ):
+                roots.add(s.pid)
+        for pid in procfs.descendants(roots, stats):
+            found = by_pid.get(pid)
+            if found is None:
+                continue
+            if found.zombie and found.ppid == me and pid != self.command:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                continue
+            live.setdefault(pid, found.start_time)
+        self.tracked = live
+        return live != before
+
+    def alive(self) -> list[int]:
+        self.refresh()
+        return _not_zombies(list(self.tracked))
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        self.refresh()
+        for pid, start in list(self.tracked.items()):
+            if procfs.same_process(pid, start) is not None:
+                _kill(pid, sig)
+
+    def kill_all(self) -> None:
+        self.signal_all(signal.SIGKILL)
+
+    def recorded(self) -> list[list[int]]:
+        return [[pid, start] for pid, start in sorted(self.tracked.items())]
+
+
+def _same(found: ProcStat | None, start_time: int) -> bool:
+    return found is not None and found.start_time == start_time
+
+
+@dataclass
+class GroupTracking:
+    """Neither cgroup v2 nor a subreaper: the command's process group, as before (what
+    leaves it with setsid escapes)."""
+
+    pgid: int = 0
+    kind: str = PROCESS_GROUP
+
+    def started(self, pid: int) -> None:
+        self.pgid = pid  # its own session: the group's ID is its PID
+
+    def alive(self) -> list[int]:
+        from oz0_node.jobs.process import members
+
+        return members(self.pgid) if self.pgid else []
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        if self.pgid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, sig)
+
+    def kill_all(self) -> None:
+        self.signal_all(signal.SIGKILL)
+
+    def refresh(self) -> bool:
+        return False
+
+    def recorded(self) -> list[list[int]]:
+        return []
+
+
+# --- what a crash left: DIR/attempts.json -------------------------------------------------
+
+
+class AttemptRecord:
+    """The running attempts' directories, cgroups and processes, on disk for the next start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # attempts of two runtimes may overlap at a stop
+        self._entries: dict[str, dict[str, object]] = {}
+
+    def put(self, key: str, entry: dict[str, object]) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._write()
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            if self._entries.pop(key, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        data = {"agent_pid": os.getpid(), "attempts": self._entries}
+        try:
+            write_private(self.path, (json.dumps(data, indent=1) + "\n").encode())
+        except OSError as e:
+            log.warning("cannot write %s: %s", self.path, e.strerror or e)
+
+    def load(self) -> dict[str, dict[str, object]]:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s: %s; no leftovers ended", self.path, e)
+            return {}
+        attempts = raw.get("attempts") if isinstance(raw, dict) else None
+        if not isinstance(attempts, dict):
+            return {}
+        return {str(k): v for k, v in attempts.items() if isinstance(v, dict)}
+
+
+# --- one attempt's place ------------------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """What one attempt runs in: made by Isolation.begin, undone by Isolation.end."""
+
+    key: str
+    workdir: Path
+    env: dict[str, str]
+    preexec: Callable[[], None]
+    tracking: Tracking
+    cgroups: list[Path]
+    applied: dict[str, object]
+
+
+def remove_tree(path: Path) -> None:
+    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
+
+    A command may leave directories it made unwritable; those are made writable (never
+    through a link) and the removal tried once more."""
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    for root, dirs, _ in os.walk(path):
+        for name in [".", *dirs]:
+            with contextlib.suppress(OSError):
+                target = Path(root, name)
+                if not target.is_symlink():
+                    target.chmod(stat.S_IRWXU)
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
+
+
+def remove_cgroup(path: Path) -> None:
+    """rmdir PATH once the kernel has let its processes go (bounded); a failure is logged."""
+    deadline = time.monotonic() + RMDIR_WAIT
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                log.warning("cannot remove cgroup %s: %s", path, e.strerror or e)
+                return
+            time.sleep(0.02)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _preexec(
+    procs: list[bytes], rlimits: list[tuple[int, int]], user: JobUser | None
+) -> Callable[[], None]:
+    """The child's last steps before exec, in this order: join the attempt's cgroups (as
+    root: the job user could not), set the hard rlimits (only root may raise them again),
+    then drop to the job user.
+
+    It runs between fork and exec in a copy of an agent that has several threads (Trio's,
+    the runtime's asyncio loop, Temporal's core): another thread may have held a lock at the
+    fork, so it uses only values computed before (bytes, ints) and plain system calls, no
+    logging and nothing that allocates much. CPython applies Popen's user=/group= before
+    preexec_fn, so those are not used: the cgroup must be joined while still root."""
+    o_wronly = os.O_WRONLY
+
+    def preexec() -> None:
+        for path in procs:
+            fd = os.open(path, o_wronly)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        for which, value in rlimits:
+            resource.setrlimit(which, (value, value))
+        if user is not None:
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+
+    return preexec
+
+
+@dataclass
+class Isolation:
+    """How this agent runs attempts (one per agent process; see the module's docstring)."""
+
+    data_dir: Path
+    user: JobUser
+    drop: bool  # change to the job user in the child (an agent running as root)
+    tracking: str
+    v2_own: Path | None = None  # the agent's own cgroup v2 (the subtree goes under it)
+    v1_own: dict[str, Path] = field(default_factory=dict)
+    temp_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    record: AttemptRecord = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.record = AttemptRecord(self.data_dir / RECORD_FILE)
+
+    @classmethod
+    def detect(
+        cls, data_dir: Path, job_user: str | None = None, *, tracking: str | None = None
+    ) -> Isolation:
+        """What this machine and this agent allow: the job user, cgroups, subreaper."""
+        user = resolve_job_user(job_user)
+        drop = os.geteuid() == 0 and user.uid != 0
+        mounts: list[procfs.Mount] = []
+        own: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            mounts = procfs.parse_mountinfo((procfs.PROC / "self" / "mountinfo").read_text())
+            own = procfs.parse_proc_cgroup((procfs.PROC / "self" / "cgroup").read_text())
+        v2 = procfs.cgroup_dir(mounts, own, "")
+        v1 = {}
+        for controller in V1_CONTROLLERS:
+            found = procfs.cgroup_dir(mounts, own, controller)
+            if found is not None and os.access(found, os.W_OK):
+                v1[controller] = found
+        wanted = tracking or os.environ.get(TRACKING_ENV) or None
+        usable_v2 = (
+            v2 is not None
+            and os.access(v2, os.W_OK)
+            and os.access(v2 / "cgroup.procs", os.W_OK)
+            and wanted != SUBREAPER
+        )
+        if usable_v2:
+            kind = CGROUP_V2
+        else:
+            kind = SUBREAPER if become_subreaper() else PROCESS_GROUP
+            v2 = None
+        return cls(data_dir, user, drop, kind, v2_own=v2, v1_own=v1)
+
+    def subtree(self, node_id: str) -> Path | None:
+        return self.v2_own / f"{SUBTREE_PREFIX}{node_id}" if self.v2_own is not None else None
+
+    def describe(self, node_id: str | None) -> dict[str, str]:
+        tracking = self.tracking
+        if self.tracking == CGROUP_V2 and node_id is not None:
+            tracking = f"{CGROUP_V2} {self.subtree(node_id)}"
+        return {"job_user": self.user.name, "tracking": tracking}
+
+    @property
+    def tools_on_path(self) -> bool:
+        # DIR/tools/ is for plugins; a job user who is not the agent's cannot read it.
+        return not self.drop and self.user.uid == os.geteuid()
+
+    def environment(
+        self, workdir: Path, job_env: Mapping[str, str], oz0: Mapping[str, str]
+    ) -> dict[str, str]:
+        env = {
+            "PATH": STANDARD_PATH,
+            "HOME": str(workdir),
+            "USER": self.user.name,
+            "LOGNAME": self.user.name,
+            "TMPDIR": str(workdir),
+        }
+        if "LANG" in os.environ:
+            env["LANG"] = os.environ["LANG"]
+        merged = {**env, **job_env, **oz0}
+        # First even on a PATH the job sets, as for plugins.
+        return layout.with_tools_on_path(merged, self.data_dir) if self.tools_on_path else merged
+
+    # --- an attempt's place ---------------------------------------------------------------
+
+    def begin(
+        self,
+        node_id: str,
+        job_id: str,
+        attempt: int,
+        job_env: Mapping[str, str],
+        limits: Limits,
+    ) -> Placement:
+        """Make the attempt's directory and cgroups, and the child's steps; OSError when
+        they cannot be made (what was made is undone)."""
+        key = f"{job_id}-{attempt}"
+        workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{key}-", dir=self.temp_dir))
+        made: list[Path] = []
+        try:
+            workdir.chmod(0o700)
+            if self.drop:
+                os.chown(workdir, self.user.uid, self.user.gid)
+            self.record.put(key, {"workdir": str(workdir), "cgroups": [], "pids": []})
+            procs: list[Path] = []
+            tracking: Tracking
+            if self.tracking == CGROUP_V2:
+                subtree = self.subtree(node_id)
+                assert subtree is not None
+                cgroup = _fresh_cgroup(subtree, key, v2=True)
+                made.append(cgroup)
+                procs.append(cgroup / "cgroup.procs")
+                tracking = CgroupTracking(cgroup)
+            elif self.tracking == SUBREAPER:
+                tracking = SubreaperTracking(
+                    {"OZ0_NODE_ID": node_id, "OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt)}
+                )
+            else:
+                tracking = GroupTracking()
+            applied_limits, rlimits = self._limits(node_id, key, limits, made, procs)
+            self.record.put(
+                key, {"workdir": str(workdir), "cgroups": [str(p) for p in made], "pids": []}
+            )
+        except BaseException:
+            for cgroup in reversed(made):
+                remove_cgroup(cgroup)
+            remove_tree(workdir)
+            self.record.drop(key)
+            raise
+        oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
+        preexec = _preexec(
+            [os.fsencode(p) for p in procs], rlimits, self.user if self.drop else None
+        )
+        applied: dict[str, object] = {
+            "user": self.user.name,
+            "tracking": tracking.kind,
+            "limits": applied_limits,
+        }
+        return Placement(
+            key=key,
+            workdir=workdir,
+            env=self.environment(workdir, job_env, oz0),
+            preexec=preexec,
+            tracking=tracking,
+            cgroups=made,
+            applied=applied,
+        )
+
+    def note(self, placement: Placement) -> None:
+        """Record PLACEMENT's processes as they are now (subreaper tracking)."""
+        self.record.put(
+            placement.key,
+            {
+                "workdir": str(placement.workdir),
+                "cgroups": [str(p) for p in placement.cgroups],
+                "pids": placement.tracking.recorded(),
+            },
+        )
+
+    def end(self, placement: Placement) -> None:
+        """Undo begin: its cgroups (empty by now) and directory go, and its record."""
+        for cgroup in reversed(placement.cgroups):
+            remove_cgroup(cgroup)
+            # The agent's subtree too once no attempt is left in it: nothing stays behind.
+            with contextlib.suppress(OSError):
+                cgroup.parent.rmdir()
+        remove_tree(placement.workdir)
+        self.record.drop(placement.key)
+
+    def _limits(
+        self, node_id: str, key: str, limits: Limits, made: list[Path], procs: list[Path]
+    ) -> tuple[dict[str, str], list[tuple[int, int]]]:
+        """Apply LIMITS: cgroup files written now (cgroups made are added to MADE and to
+        PROCS, to be joined), rlimits returned for the child; what was applied, and how."""
+        applied: dict[str, str] = {}
+        rlimits: list[tuple[int, int]] = []
+        v2_cgroup = made[0] if self.tracking == CGROUP_V2 and made else None
+        v2_has: set[str] = set()
+        if v2_cgroup is not None:
+            with contextlib.suppress(OSError):
+                v2_has = set((v2_cgroup / "cgroup.controllers").read_text().split())
+        v1_made: dict[str, Path] = {}
+
+        def v1(controller: str) -> Path | None:
+            if controller in v1_made:
+                return v1_made[controller]
+            own = self.v1_own.get(controller)
+            if own is None:
+                return None
+            try:
+                cgroup = _fresh_cgroup(own / f"{SUBTREE_PREFIX}{node_id}", key, v2=False)
+            except OSError as e:
+                log.warning("cannot make a %s cgroup in %s: %s", controller, own, e.strerror or e)
+                return None
+            made.append(cgroup)
+            procs.append(cgroup / "cgroup.procs")
+            v1_made[controller] = cgroup
+            return cgroup
+
+        if limits.memory is not None:
+            if "memory" in v2_has and v2_cgroup is not None:
+                _write(v2_cgroup / "memory.max", str(limits.memory))
+                with contextlib.suppress(OSError):  # swap would stretch the limit
+                    _write(v2_cgroup / "memory.swap.max", "0")
+                applied["memory"] = CGROUP_V2
+            elif (cgroup := v1("memory")) is not None:
+                _write(cgroup / "memory.limit_in_bytes", str(limits.memory))
+                with contextlib.suppress(OSError):  # no swap accounting: the limit alone
+                    _write(cgroup / "memory.memsw.limit_in_bytes", str(limits.memory))
+                applied["memory"] = "cgroup v1"
+            else:
+                applied["memory"] = "not applied: no memory controller"
+        if limits.cpu is not None:
+            quota = max(1000, int(limits.cpu * CPU_PERIOD_US))
+            if "cpu" in v2_has and v2_cgroup is not None:
+                _write(v2_cgroup / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+                applied["cpu"] = CGROUP_V2
+            elif (cgroup := v1("cpu")) is not None:
+                _write(cgroup / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(cgroup / "cpu.cfs_quota_us", str(quota))
+                applied["cpu"] = "cgroup v1"
+            else:
+                applied["cpu"] = "not applied: no cpu controller"
+        if limits.max_processes is not None:
+            if "pids" in v2_has and v2_cgroup is not None:
+                _write(v2_cgroup / "pids.max", str(limits.max_processes))
+                applied["max_processes"] = CGROUP_V2
+            elif (cgroup := v1("pids")) is not None:
+                _write(cgroup / "pids.max", str(limits.max_processes))
+                applied["max_processes"] = "cgroup v1"
+            elif self.user.uid == 0:
+                applied["max_processes"] = (
+                    "not applied: no pids controller, and root has no process rlimit"
+                )
+            else:
+                rlimits.append((resource.RLIMIT_NPROC, limits.max_processes))
+                applied["max_processes"] = (
+                    f"rlimit (per user: counts every process of {self.user.name})"
+                )
+        if limits.max_open_files is not None:
+            rlimits.append((resource.RLIMIT_NOFILE, limits.max_open_files))
+            applied["max_open_files"] = "rlimit"
+        if limits.address_space is not None:
+            rlimits.append((resource.RLIMIT_AS, limits.address_space))
+            applied["address_space"] = "rlimit"
+        for name in limits.unknown:
+            applied[name] = "not applied: this node does not know it"
+        return applied, rlimits
+
+    # --- what a previous agent process left ----------------------------------------------
+
+    def end_leftovers(self, node_id: str | None) -> int:
+        """End the processes of the attempts a previous agent process left running (killed
+        with -9, crashed), remove their cgroups and directories; how many attempts."""
+        ended = 0
+        entries = self.record.load()
+        for key, entry in entries.items():
+            processes = 0
+            for raw in _strings(entry.get("cgroups")):
+                path = Path(raw)
+                if _is_attempt_cgroup(path):
+                    processes += end_cgroup(path)
+            pairs = entry.get("pids")
+            for pair in pairs if isinstance(pairs, list) else []:
+                if (
+                    isinstance(pair, list)
+                    and len(pair) == 2
+                    and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+                    and pair[0] > 1
+                    and procfs.same_process(pair[0], pair[1]) is not None
+                ):
+                    _kill(pair[0], signal.SIGKILL)
+                    processes += 1
+            workdir = entry.get("workdir")
+            removed = ""
+            if isinstance(workdir, str) and Path(workdir).name.startswith(WORKDIR_PREFIX):
+                path = Path(workdir)
+                if path.is_absolute() and path.is_dir() and not path.is_symlink():
+                    remove_tree(path)
+                    removed = f", removed {path}"
+            log.info(
+                "attempt %s of a previous agent process: ended %d process(es)%s",
+                key,
+                processes,
+                removed,
+            )
+            ended += 1
+        subtree = self.subtree(node_id) if node_id is not None else None
+        if subtree is not None and subtree.is_dir():
+            for cgroup in sorted(p for p in subtree.iterdir() if p.is_dir()):
+                if cgroup.name in entries:
+                    continue
+                processes = end_cgroup(cgroup)
+                log.info(
+                    "attempt %s of a previous agent process: ended %d process(es) in %s",
+                    cgroup.name,
+                    processes,
+                    cgroup,
+                )
+                ended += 1
+        if entries:
+            self.record.path.unlink(missing_ok=True)
+        return ended
+
+
+def _strings(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _is_attempt_cgroup(path: Path) -> bool:
+    """A cgroup directory this agent makes for attempts: <cgroup fs>/.../oz0-node-X/job-..."""
+    return (
+        path.is_absolute()
+        and path.parent.name.startswith(SUBTREE_PREFIX)
+        and path.name.startswith("job-")
+        and (path / "cgroup.procs").is_file()
+    )
+
+
+def end_cgroup(path: Path) -> int:
+    """SIGKILL every process in cgroup PATH (cgroup.kill where there is one), wait until it
+    is empty (bounded), remove it; how many processes it held."""
+    members = cgroup_members(path)
+    if members:
+        try:
+            (path / "cgroup.kill").write_text("1")
+        except OSError:
+            for pid in members:
+                _kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + RMDIR_WAIT
+    while cgroup_members(path) and time.monotonic() < deadline:
+        for pid in cgroup_members(path):
+            _kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    remove_cgroup(path)
+    return len(members)
+
+
+def _fresh_cgroup(parent: Path, name: str, *, v2: bool) -> Path:
+    """An empty cgroup PARENT/NAME (PARENT made if needed; a leftover of that name is
+    ended first). In v2, PARENT passes the memory, cpu and pids controllers it has on."""
+    if not parent.is_dir():
+        parent.mkdir(exist_ok=True)
+        if v2:
+            _enable_controllers(parent)
+    cgroup = parent / name
+    if cgroup.is_dir():
+        end_cgroup(cgroup)
+    cgroup.mkdir()
+    return cgroup
+
+
+def _enable_controllers(subtree: Path) -> None:
+    """Turn on, for the attempts' cgroups, the controllers SUBTREE has (those its parent
+    enabled for it). SUBTREE holds no process, so v2 allows it."""
+    try:
+        available = set((subtree / "cgroup.controllers").read_text().split())
+    except OSError:
+        return
+    for controller in ("memory", "cpu", "pids"):
+        if controller in available:
+            try:
+                (subtree / "cgroup.subtree_control").write_text(f"+{controller}")
+            except OSError as e:
+                log.info("cannot enable %s for attempts in %s: %s", controller, subtree, e)
+
+
+_subreaper = False
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux 3.4+): orphans of its descendants come to
+    it rather than to init. Whether it is one."""
+    global _subreaper
+    if _subreaper:
+        return True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            log.warning("cannot become a child subreaper: %s", os.strerror(ctypes.get_errno()))
+            return False
+    except (OSError, AttributeError):
+        return False
+    _subreaper = True
+    return True
+
+
+def stop_being_subreaper() -> None:
+    """Undo become_subreaper: for a process (a test runner) that forced the subreaper
+    tracking for a while and must not adopt its other tests' orphans from then on."""
+    global _subreaper
+    if _subreaper:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        _subreaper = False
