@@ -20,6 +20,8 @@ from cli.job_params import (
     env_pairs,
     parse_env,
     parse_selector,
+    secret_names,
+    secret_values,
     selector_pairs,
     size_bytes,
     usage_error,
@@ -71,6 +73,9 @@ def run(
     env: Annotated[
         list[str] | None, Parameter(negative=(), converter=env_pairs, metavar="NAME=VALUE")
     ] = None,
+    secret_env: Annotated[
+        list[str] | None, Parameter(negative=(), converter=secret_names, metavar="NAME")
+    ] = None,
     name: str | None = None,
     no_move: Flag = False,
     queue_timeout: Annotated[
@@ -111,7 +116,12 @@ def run(
     retries
         Run the command again this many times when it fails (moves do not count).
     env
-        NAME=VALUE for the command's environment; repeat for several.
+        NAME=VALUE for the command's environment; repeat for several. Not secret: stored
+        and shown in clear; use --secret-env for passwords and keys.
+    secret_env
+        NAME: a secret for the command's environment, its value taken from this
+        environment (export it first); repeat for several. Sealed, given to the command's
+        process only, never shown, deleted when the job ends.
     name
         A name to recognise the job by.
     no_move
@@ -162,6 +172,8 @@ def run(
                 limits[limit] = job_limits.check_one(limit, value)
             except ValueError as e:
                 raise usage_error(f"{flag}: {e}") from None
+    # Read before anything is sent: a name not set sends nothing.
+    secrets = secret_values(secret_env or [], os.environ)
     body: dict[str, Any] = {
         "tenant": tenant,
         "command": list(command),
@@ -177,6 +189,8 @@ def run(
     }
     if limits:  # only when asked: a server without limits refuses the field
         body["limits"] = limits
+    if secrets:
+        body["secret_env"] = secrets
     client = ApiClient(select(context))
     try:
         job = client.post("/api/v1/jobs", body)
@@ -261,6 +275,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             ("queue timeout", _seconds(job["queue_timeout"])),
             ("env", ",".join(job["env"]) or "-"),
             ("limits", job_limits.describe(asked)),
+            ("secrets", ",".join(job.get("secret_env", [])) or "-"),
             ("exit code", _exit(job["exit_code"])),
             ("created", f"{_time(job['created_at'])} by {job['created_by']}"),
             ("started", _time(job["started_at"])),

@@ -8,15 +8,18 @@ Each converter raises ValueError, which cyclopts turns into one line naming the 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cyclopts import CycloptsError, Token
 
 from oz0.jobs.limits import parse_cpu, parse_size
-from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
+from oz0.jobs.spec_text import parse_duration, parse_env, parse_secret_names, parse_selector
 
-__all__ = ["parse_cpu", "parse_duration", "parse_env", "parse_selector", "parse_size"]
+__all__ = [
+    "parse_cpu", "parse_duration", "parse_env", "parse_secret_names", "parse_selector",
+    "parse_size",
+]  # fmt: skip
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 
@@ -48,6 +51,26 @@ def env_pairs(type_: Any, tokens: Sequence[Token]) -> list[str]:
     values = [t.value for t in tokens]
     parse_env(values)
     return values
+
+
+def secret_names(type_: Any, tokens: Sequence[Token]) -> list[str]:
+    """cyclopts converter for `--secret-env`: names only (the values are read from the
+    environment, never from the command line)."""
+    values = [t.value for t in tokens]
+    parse_secret_names(values)
+    return values
+
+
+def secret_values(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Each NAME's value from ENVIRON (the CLI's own environment); a usage error naming
+    the first that is not set."""
+    missing = [name for name in names if name not in environ]
+    if missing:
+        raise usage_error(
+            f"--secret-env {missing[0]}: {missing[0]} is not set in this environment;"
+            f" export it first (the value is read from there, never from the command line)"
+        )
+    return {name: environ[name] for name in names}
 
 
 def check_job_id(job_id: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -41,6 +41,9 @@ class Cluster:
     internode_ca: pki.CertificateAuthority
     # None until a server of this release started (`ensure_ui_ca`).
     ui_ca: pki.CertificateAuthority | None = None
+    # Kept by a running server (as the CA keys it unsealed are) to seal and unseal jobs'
+    # secrets (oz0/jobs/secret_env.py); None where the cluster was made without it.
+    master_key: bytes | None = field(default=None, repr=False, compare=False)
 
     # Worked out once: the edge greets every connection with them.
     @cached_property
@@ -110,6 +113,7 @@ def load(conn: psycopg.Connection[Any], master_key: bytes) -> Cluster:
             legacy=legacy,
         ),
         ui_ca=ui_ca,
+        master_key=master_key,
     )
 
 

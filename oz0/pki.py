@@ -83,10 +83,21 @@ class Sealed(enum.StrEnum):
     CLUSTER_CA_KEY = "cluster-ca-key"
     INTERNODE_CA_KEY = "internode-ca-key"
     UI_CA_KEY = "ui-ca-key"
+    # A job's secret environment value; bound to its job ID and name (oz0/jobs/secret_env.py).
+    JOB_SECRET = "job-secret"
 
 
-def _associated_data(cluster_name: str, what: Sealed) -> bytes:
-    return b"\0".join((b"oz0-sealed-v2", cluster_name.encode(), what.value.encode()))
+def _associated_data(cluster_name: str, what: Sealed, bound: tuple[str, ...] = ()) -> bytes:
+    # BOUND (none for the CAs: their associated data stays as it was) names which one of
+    # its kind a secret is, so that it cannot be moved to stand for another.
+    return b"\0".join(
+        (
+            b"oz0-sealed-v2",
+            cluster_name.encode(),
+            what.value.encode(),
+            *(part.encode() for part in bound),
+        )
+    )
 
 
 CA_VALIDITY = dt.timedelta(days=3650)
@@ -135,23 +146,37 @@ def read_master_key(path: Path) -> bytes:
     return data
 
 
-def seal(master_key: bytes, plaintext: bytes, cluster_name: str, what: Sealed) -> bytes:
+def seal(
+    master_key: bytes,
+    plaintext: bytes,
+    cluster_name: str,
+    what: Sealed,
+    *,
+    bound: tuple[str, ...] = (),
+) -> bytes:
     nonce = secrets.token_bytes(_NONCE_BYTES)
-    ad = _associated_data(cluster_name, what)
+    ad = _associated_data(cluster_name, what, bound)
     return _SEAL_V2 + nonce + AESGCM(master_key).encrypt(nonce, plaintext, ad)
 
 
 def unseal(
-    master_key: bytes, sealed: bytes, cluster_name: str, what: Sealed, *, legacy: bool = False
+    master_key: bytes,
+    sealed: bytes,
+    cluster_name: str,
+    what: Sealed,
+    *,
+    legacy: bool = False,
+    bound: tuple[str, ...] = (),
 ) -> bytes:
-    """The plaintext of SEALED, if the master key sealed it as WHAT of CLUSTER_NAME.
+    """The plaintext of SEALED, if the master key sealed it as WHAT of CLUSTER_NAME (and,
+    given BOUND, as that one of its kind, such as a job's ID and a name).
 
     LEGACY also accepts version 1, which names only the cluster: only for a cluster whose
     secrets were never re-sealed (see `cluster.reseal_legacy`).
     """
     version = sealed[:1]
     if version == _SEAL_V2:
-        ad = _associated_data(cluster_name, what)
+        ad = _associated_data(cluster_name, what, bound)
     elif version == _SEAL_V1 and legacy:
         ad = cluster_name.encode()
     else:

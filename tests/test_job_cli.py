@@ -627,6 +627,39 @@ def test_list_and_show_escape_what_the_server_sends(cli: CliRunner, api: Recordi
     assert "r\\x1b[2J" in shown.out and "ATTEMPT" in shown.out
 
 
+def test_secret_env_takes_each_value_from_the_cli_environment(
+    cli: CliRunner, api: RecordingApi
+) -> None:
+    result = cli(
+        "job", "run", "--secret-env", "DB_PASSWORD", "--secret-env", "API_KEY", "--detach",
+        "--", "true", env={"DB_PASSWORD": "from-env-1", "API_KEY": "from-env-2"},
+    )  # fmt: skip
+    assert result.code == 0, result
+    [(_, body)] = api.posts
+    assert body["secret_env"] == {"DB_PASSWORD": "from-env-1", "API_KEY": "from-env-2"}
+    assert "from-env" not in result.out + result.err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--secret-env", "OZ0_TEST_NOT_SET"], "OZ0_TEST_NOT_SET is not set in this environment"),
+        (["--secret-env", "DB_PASSWORD=on-the-line"], "give only the NAME"),
+        (["--secret-env", "1X"], "invalid secret env '1X'"),
+        (["--secret-env", "OZ0_JOB_ID"], "the node sets OZ0_JOB_ID itself"),
+        (["--secret-env", "A", "--secret-env", "A"], "secret env A is given more than once"),
+    ],
+)
+def test_a_bad_secret_env_is_one_line_exit_2_and_sends_nothing(
+    cli: CliRunner, api: RecordingApi, args: list[str], says: str
+) -> None:
+    result = cli("job", "run", *args, "--", "true", env={"A": "x"})
+    assert result.code == 2, result
+    assert says in result.err and result.err.count("\n") == 1, result.err
+    assert "on-the-line" not in result.err
+    assert api.posts == []
+
+
 def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
     cli: CliRunner, api: RecordingApi
 ) -> None:

@@ -111,6 +111,10 @@ class Fleet:
         # only once the workflow is gone (its heartbeat then finds no activity).
         self.finish_waits_for_nodes = False
         self.running_at_finish: list[int] = []
+        # The sealed secrets place hands each attempt (as the real step seals them to the
+        # node), or the refusal of a server that cannot (SecretsUnavailable).
+        self.sealed = ""
+        self.secrets_refused: str | None = None
 
     def node(self, short: str) -> str:
         return self.names[short]
@@ -145,11 +149,16 @@ class Fleet:
         if self.queued_for > 0:
             self.queued_for -= 1
             return Placed(number, None, WHY_QUEUED)
+        if self.secrets_refused is not None:
+            raise ApplicationError(
+                self.secrets_refused, type=wf.SECRETS_UNAVAILABLE, non_retryable=True
+            )
         # As the store: nodes already tried last.
         nodes = list(self.behaviours)
         fresh = [n for n in nodes if n not in tried]
         node = (fresh or nodes)[0]
-        self.placed[number] = Placed(number, node, grant=grant_of(number, node))
+        sealed = f"{self.sealed}{number}@{node}" if self.sealed else ""
+        self.placed[number] = Placed(number, node, grant=grant_of(number, node), secrets=sealed)
         return self.placed[number]
 
     @activity.defn(name="oz0.jobs.place_everywhere")
@@ -166,9 +175,9 @@ class Fleet:
         ]
 
     @activity.defn(name="oz0.jobs.place_on")
-    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> dict[str, str]:
+    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
         self.places_on.append((number, part, node_id))
-        return grant_of(number, node_id)
+        return Placed(number, node_id, part=part, grant=grant_of(number, node_id))
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:
@@ -892,5 +901,56 @@ def test_cancelling_an_all_nodes_job_cancels_every_part(operator: Credentials) -
         assert fleet.running_at_finish == []
         assert {(e.number, e.because) for e in fleet.ends} == {(1, "cancelled"), (2, "cancelled")}
         assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
+
+    run(scenario)
+
+
+# --- secrets ------------------------------------------------------------------------------
+
+
+def test_each_attempt_carries_only_the_secrets_sealed_for_it_and_its_node(
+    operator: Credentials,
+) -> None:
+    async def unreadable(attempt: Attempt) -> Result:
+        raise ApplicationError(
+            "its secrets cannot be read on this node", type=wf.SECRETS_UNREADABLE,
+            non_retryable=True,
+        )  # fmt: skip
+
+    fleet = Fleet({"a": unreadable, "b": exits(0)})
+    fleet.sealed = "sealed:"
+    job = job_input(env={"K": "V"}, no_move=False)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        a, b = fleet.node("a"), fleet.node("b")
+        assert [x.payload["secrets"] for x in fleet.attempts] == [f"sealed:1@{a}", f"sealed:2@{b}"]
+        assert all(x.payload["env"] == {"K": "V"} for x in fleet.attempts)
+        # Secrets the node cannot open (its key renewed since): placed again, sealed again.
+        assert fleet.ends[0] == AttemptEnd(job.job_id, 1, "node could not read secrets", None)
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+def test_a_server_that_cannot_hand_the_secrets_over_fails_the_job_saying_why(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.secrets_refused = "this server does not hold the cluster's master key"
+    job = job_input()
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        assert fleet.attempts == [] and len(fleet.places) == 1
+        assert fleet.finished == [
+            Finish(
+                job.job_id, "failed", None,
+                "cannot give the job's secrets to a node: this server does not hold the"
+                " cluster's master key",
+            )
+        ]  # fmt: skip
 
     run(scenario)

@@ -1,15 +1,17 @@
 """Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
 
 What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
-`--all`, queueing with the reason, limits, cancellation; and what the cluster does when the
+`--all`, queueing with the reason, limits, cancellation; what the cluster does when the
 node running an attempt is blocked, purged, or killed: the process is gone and the job goes
-on on another node.
+on on another node; and where a job's secret goes (its process) and does not (the
+databases, Temporal's history, the logs).
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 import pwd
 import secrets
@@ -376,6 +378,96 @@ def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
         f" after {len(done['attempts'])} attempt(s): "
         + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
     )
+
+
+def everything_in_the_database(files: ClusterFiles) -> str:
+    """Every row of every table of the cluster's databases (its own and Temporal's), as
+    text (bytea as hex)."""
+    dumped: list[str] = []
+    for name in files.url.names.all():
+        with psycopg.connect(files.url.for_database(name)) as conn:
+            tables = conn.execute(
+                "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name)"
+                " FROM information_schema.tables WHERE table_type = 'BASE TABLE'"
+                " AND table_schema NOT IN ('pg_catalog', 'information_schema')"
+            ).fetchall()
+            for (table,) in tables:
+                rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()
+                dumped.extend(f"{table} {row[0]}" for row in rows)
+    return "\n".join(dumped)
+
+
+async def attempt_history(files: ClusterFiles, job_id: str) -> tuple[list[bytes], list[Any]]:
+    """The job's workflow history as Temporal holds it: each event's bytes, and the input
+    of each attempt's activity as the node receives it."""
+    client = await Client.connect(
+        f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    attempts = [
+        json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "oz0.job.attempt"
+    ]
+    return [e.SerializeToString() for e in history.events], attempts
+
+
+@pytest.mark.slow
+def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    tmp_path: Path,
+    agents: list[AgentProcess],
+) -> None:
+    files, env = cluster_files, cluster_files.cli_env
+    server = start_server(files, SERVER)
+    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    secret = "s3cret-" + secrets.token_hex(16)
+    forms = (secret.encode(), secret.encode().hex().encode(), base64.b64encode(secret.encode()))
+
+    missing = cli("job", "run", "--secret-env", "OZ0_TEST_UNSET_SECRET", "--", "true", env=env)
+    assert missing.code != 0 and "OZ0_TEST_UNSET_SECRET is not set" in missing.err
+    assert len(missing.err.strip().splitlines()) == 1, missing.err
+    assert cli("job", "list", "--json", env=env).json() == [], "a job was sent without its secret"
+
+    run = cli(
+        "job", "run", "--secret-env", "DB_PASSWORD", "--detach", "--json", "--",
+        "sh", "-c", 'printf %s "$DB_PASSWORD" | sha256sum; sleep 1',
+        env={**env, "DB_PASSWORD": secret},
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    job_id = run.json()["id"]
+    assert run.json()["secret_env"] == ["DB_PASSWORD"]
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        kept = conn.execute(
+            "SELECT name, sealed FROM job_secrets WHERE job_id = %s", (job_id,)
+        ).fetchall()
+    assert [name for name, _ in kept] == ["DB_PASSWORD"]
+    assert secret.encode() not in bytes(kept[0][1])
+
+    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
+    assert done["state"] == "succeeded", done
+    printed = b"".join(data for _, _, data in output_of(files, job_id))
+    assert printed.split()[0].decode() == hashlib.sha256(secret.encode()).hexdigest()
+    shown = cli("job", "show", job_id, env=env)
+    assert shown.code == 0 and "DB_PASSWORD" in shown.out, shown.err
+
+    events, attempts = run_async(lambda: attempt_history(files, job_id))
+    [attempt] = attempts
+    assert isinstance(attempt["secrets"], str) and attempt["secrets"]
+    assert "DB_PASSWORD" not in attempt["env"]
+    assert not [e for e in events if any(form in e for form in forms)], "secret in history"
+    dumped = everything_in_the_database(files).encode()
+    assert not [form for form in forms if form in dumped], "secret in the database"
+    assert f"public.job_secrets ({job_id}," not in dumped.decode(), "kept after the job's end"
+    audit = cli("audit", "list", "--json", env=env).json()
+    [ran] = [e for e in audit if e["action"] == "job.run"]
+    assert ran["details"]["secret_env"] == ["DB_PASSWORD"]
+    logs = (server.stderr() + agents[0].log() + json.dumps(agents[0].status())).encode()
+    assert not [form for form in forms if form in logs], "secret in a log"
+    assert node in agents[0].log()
 
 
 # --- what reaches a node's queue without the cluster's grant ------------------------------

@@ -16,10 +16,11 @@ from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
-from oz0 import audit, nodes
-from oz0.jobs import placement, store
+from oz0 import audit, nodes, pki
+from oz0.jobs import placement, secret_env, store
 from oz0.jobs.spec import JobEnded, JobError, JobSpec
 from oz0.web import job_pages
+from oz0_common import certs, sealed_env
 
 ADMIN = audit.Actor("operator", "admin")
 SERVER = "server-0123456789ab"
@@ -66,10 +67,14 @@ def add_node(
     return node_id
 
 
-def new_job(conn: psycopg.Connection[Any], **fields: Any) -> store.Job:
+def new_job(
+    conn: psycopg.Connection[Any],
+    keeper: secret_env.SecretKeeper | None = None,
+    **fields: Any,
+) -> store.Job:
     body = {"command": ["true"], **fields}
     with conn.transaction():
-        return store.create(conn, JobSpec.from_json(body), ADMIN)
+        return store.create(conn, JobSpec.from_json(body), ADMIN, keeper)
 
 
 def place(
@@ -435,3 +440,55 @@ def test_placement_takes_only_accepted_nodes_even_when_another_is_connected_and_
     assert conn.execute(
         "SELECT count(*) FROM job_attempts WHERE node_id = %s", (other,)
     ).fetchone() == (0,)
+
+
+def sealed_rows(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[str, bytes]]:
+    rows = conn.execute(
+        "SELECT name, sealed FROM job_secrets WHERE job_id = %s ORDER BY name", (job_id,)
+    ).fetchall()
+    return [(r[0], bytes(r[1])) for r in rows]
+
+
+def test_secrets_are_sealed_apart_sealed_to_the_placed_node_and_deleted_at_any_end(
+    conn: psycopg.Connection[Any], one_cluster: ClusterFiles
+) -> None:
+    keeper = secret_env.SecretKeeper("test", pki.read_master_key(one_cluster.master_key))
+    value = "v-" + secrets.token_hex(8)
+    node_key = certs.new_private_key()
+    node = add_node(conn)
+    cert = pki.new_ca("test", "cluster").issue(
+        node_key.public_key(), name=node, role=pki.Role.NODE, validity=pki.NODE_VALIDITY
+    )
+    conn.execute(
+        "UPDATE nodes SET certificate = %s WHERE id = %s", (pki.cert_to_pem(cert).decode(), node)
+    )
+    job = new_job(conn, keeper, secret_env={"DB_PASSWORD": value})
+    assert job.secret_env == ["DB_PASSWORD"] and job.to_json()["secret_env"] == ["DB_PASSWORD"]
+    [(name, sealed)] = sealed_rows(conn, job.id)
+    assert name == "DB_PASSWORD" and value.encode() not in sealed
+    assert keeper.unseal(job.id, name, sealed) == value
+    row = conn.execute("SELECT j::text FROM jobs j WHERE id = %s", (job.id,)).fetchone()
+    audited = conn.execute("SELECT details::text FROM audit_log").fetchall()
+    assert row is not None and value not in row[0] and value not in str(audited)
+
+    placed = place(conn, job, 1)
+    with conn.transaction():
+        text = secret_env.for_attempt(conn, keeper, job.id, 1, node)
+    opened = sealed_env.open_sealed(node_key, text, job_id=job.id, attempt=1, node_id=node)
+    assert placed.node == node and opened == {"DB_PASSWORD": value}
+    with conn.transaction():
+        store.finish(conn, job.id, "succeeded", 0, None)
+    assert sealed_rows(conn, job.id) == []
+    with pytest.raises(secret_env.SecretsUnavailable, match="no longer kept"):
+        secret_env.for_attempt(conn, keeper, job.id, 2, node)
+
+    # A cancel before any workflow ends the job at once: its secrets go with it.
+    cancelled = new_job(conn, keeper, secret_env={"DB_PASSWORD": value})
+    with conn.transaction():
+        store.request_cancel(conn, cancelled.id, ADMIN)
+    assert sealed_rows(conn, cancelled.id) == []
+
+    # A job without secrets hands over none; one with secrets needs a keeper.
+    assert secret_env.for_attempt(conn, None, new_job(conn).id, 1, node) == ""
+    with pytest.raises(secret_env.SecretsUnavailable):
+        new_job(conn, None, secret_env={"DB_PASSWORD": value})

@@ -282,6 +282,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
         page,
         "sh -c 'echo hello; sleep 1; echo oops >&2; printf \"caf\\303\\251 \\377\\n\"; exit 3'",
         Environment="GREETING=kept-out-of-pages",
+        **{"Secret variable 1": "DB_PASSWORD", "Secret value 1": "secret-out-of-pages"},
         Memory="512M",
         CPU="0.5",
     )
@@ -314,6 +315,8 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert ui.api.get(f"/api/v1/jobs/{job_id}")["limits"] == {"memory": 512 << 20, "cpu": 0.5}
     # The environment's names are shown, its values (perhaps secrets) never.
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
+    assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
+    assert ui.api.get(f"/api/v1/jobs/{job_id}")["secret_env"] == ["DB_PASSWORD"]
     shot(page, where, "job-ended.png")
     [run] = ui.audit(f"job:{job_id}")
     assert run[:3] == ("ui", "admin", "job.run")
@@ -369,6 +372,16 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         ({"Command": "true", "Selector": "Role=web"}, "Selector: invalid selector 'Role=web'"),
         ({"Command": "true", "Environment": "OZ0_NODE_ID=x"}, "Environment: invalid env"),
         ({"Command": "true", "Retries": "101"}, "retries must be a whole number from 0 to 100"),
+        (
+            {
+                "Command": "true",
+                "Environment": "KEY=x",
+                "Secret variable 1": "KEY",
+                "Secret value 1": "never-sent-back",
+            },
+            "KEY is given both in env and in secret_env",
+        ),
+        ({"Command": "true", "Secret value 2": "never-sent-back"}, "Secrets: a secret value"),
         ({"Command": "true", "Memory": "lots"}, "Memory: invalid size 'lots'"),
         ({"Command": "true", "CPU": "0"}, "CPU: invalid cpu '0'"),
     ]:
@@ -380,6 +393,8 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         alerts = page.get_by_role("alert")
         assert alerts.count() == 1 and alerts.inner_text().startswith(error), error
         assert page.get_by_label("Command").input_value() == fields["Command"]
+        # A secret's value is asked for again, never sent back in the page.
+        assert "never-sent-back" not in page.content()
         if not fields["Command"]:
             shot(page, where, "job-run-form-error.png")
     assert len(ui.api.get("/api/v1/jobs")["jobs"]) == before

@@ -8,6 +8,8 @@
 - `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
   attempt runs and moves it off a node that is blocked, purged or silent.
 - `activities.py`: the workflow's steps that touch the database, run by the same workers.
+- `secret_env.py`: jobs' secret values, sealed at rest with the master key and sealed again
+  to the placed node's key for each attempt; deleted when the job ends.
 - `role.py`: the job role every server runs: its Temporal worker (one per tenant namespace)
   and the sweeper that starts workflows, sends cancellations and tells workflows of nodes
   taken away.

@@ -5,8 +5,12 @@ of their own (`Database.transaction_in_thread`); each is one transaction and may
 twice (a retry after a lost answer) with the same result.
 
 Each attempt placed comes back with its grant (grant.py), signed here, by the server that
-placed it, once the placement is committed: the node runs only an attempt the cluster
+placed it, in the placement's transaction: the node runs only an attempt the cluster
 signed, and the workflow passes the grant on as an activity's result (deterministic).
+Placing an attempt also seals the job's secrets to the placed node's key (secret_env.py),
+in the same transaction: the sealed string goes to the workflow in the activity's result
+(the workflow itself may not read a database). A server that cannot do so fails the step
+without retries (SECRETS_UNAVAILABLE), nothing placed, and the workflow fails the job.
 """
 
 from __future__ import annotations
@@ -16,61 +20,76 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from oz0.jobs import placement, store
+from oz0.jobs import placement, secret_env, store
 from oz0.jobs.grant import AttemptSigner
-from oz0.jobs.workflow import AttemptEnd, Finish, Placed
+from oz0.jobs.workflow import SECRETS_UNAVAILABLE, AttemptEnd, Finish, Placed
 from oz0.store.pool import Database
 
 T = TypeVar("T")
 
 
 class JobActivities:
-    def __init__(self, db: Database, signer: AttemptSigner) -> None:
+    def __init__(
+        self, db: Database, signer: AttemptSigner, keeper: secret_env.SecretKeeper | None = None
+    ) -> None:
         self.db = db
         self.signer = signer
+        self.keeper = keeper
 
     async def _run(self, work: Callable[[store.Conn], T]) -> T:
-        return await asyncio.to_thread(self.db.transaction_in_thread, work)
+        try:
+            return await asyncio.to_thread(self.db.transaction_in_thread, work)
+        except secret_env.SecretsUnavailable as e:
+            raise ApplicationError(str(e), type=SECRETS_UNAVAILABLE, non_retryable=True) from None
 
     @activity.defn(name="oz0.jobs.place")
     async def place(self, job_id: str, number: int, part: int, tried: list[str]) -> Placed:
-        placed, job = await self._run(
-            lambda conn: (
+        return await self._run(
+            lambda conn: self._granted(
+                conn, store.locked_job(conn, job_id),
                 placement.place(conn, job_id, number, part, tried),
-                store.locked_job(conn, job_id),
             )
-        )
-        return self._granted(job, placed)
+        )  # fmt: skip
 
     @activity.defn(name="oz0.jobs.place_everywhere")
     async def place_everywhere(self, job_id: str, first_number: int) -> list[Placed]:
-        placed, job = await self._run(
-            lambda conn: (
-                placement.place_everywhere(conn, job_id, first_number),
-                store.locked_job(conn, job_id),
-            )
-        )
-        return [self._granted(job, p) for p in placed]
+        def work(conn: store.Conn) -> list[Placed]:
+            job = store.locked_job(conn, job_id)
+            placed = placement.place_everywhere(conn, job_id, first_number)
+            return [self._granted(conn, job, p) for p in placed]
+
+        return await self._run(work)
 
     @activity.defn(name="oz0.jobs.place_on")
-    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> dict[str, str]:
-        """The attempt's grant, once it is recorded on NODE_ID."""
+    async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
+        """Attempt NUMBER recorded on NODE_ID, with its grant and sealed secrets."""
 
-        def place_on(conn: store.Conn) -> store.Job:
+        def work(conn: store.Conn) -> Placed:
             placement.place_on(conn, job_id, number, part, node_id)
-            return store.locked_job(conn, job_id)
+            job = store.locked_job(conn, job_id)
+            return self._granted(conn, job, placement.Placed(number, node_id, part=part))
 
-        job = await self._run(place_on)
-        return self._grant(job, number, node_id)
+        return await self._run(work)
 
-    def _grant(self, job: store.Job, number: int, node_id: str) -> dict[str, str]:
-        # The limits as the workflow passes them: only when some were asked.
-        return self.signer.grant(job, number, node_id, limits=job.limits or None)
+    def _grant(self, job: store.Job, number: int, node_id: str, sealed: str) -> dict[str, str]:
+        # The limits as the workflow passes them: only when some were asked; the sealed
+        # secrets as the attempt carries them (one opaque string, in the env digest).
+        return self.signer.grant(
+            job, number, node_id, secrets=sealed or None, limits=job.limits or None
+        )
 
-    def _granted(self, job: store.Job, placed: placement.Placed) -> Placed:
-        grant = None if placed.node is None else self._grant(job, placed.number, placed.node)
-        return Placed(placed.number, placed.node, placed.reason, placed.ended, placed.part, grant)
+    def _granted(self, conn: store.Conn, job: store.Job, placed: placement.Placed) -> Placed:
+        """PLACED for the workflow, with the job's secrets sealed to its node for that
+        attempt and its grant; in the placement's transaction."""
+        if placed.node is None:
+            return Placed(placed.number, None, placed.reason, placed.ended, placed.part)
+        sealed = secret_env.for_attempt(conn, self.keeper, job.id, placed.number, placed.node)
+        grant = self._grant(job, placed.number, placed.node, sealed)
+        return Placed(
+            placed.number, placed.node, placed.reason, placed.ended, placed.part, grant, sealed
+        )
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:

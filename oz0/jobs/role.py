@@ -32,7 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from oz0 import pki
-from oz0.jobs import store
+from oz0.jobs import secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
@@ -70,10 +70,13 @@ class JobsRole:
         server_id: str,
         *,
         ca: pki.CertificateAuthority,
+        keeper: secret_env.SecretKeeper | None = None,
     ) -> None:
         self.db = db
         # The cluster CA: it signs each attempt placed (grant.py).
         self.ca = ca
+        # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
+        self.keeper = keeper
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
@@ -231,7 +234,7 @@ class JobsRole:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
         self._reconnect = asyncio.Event()
-        activities = JobActivities(self.db, AttemptSigner(self.ca))
+        activities = JobActivities(self.db, AttemptSigner(self.ca), self.keeper)
         delay = CONNECT_RETRY_FIRST
         while True:
             try:

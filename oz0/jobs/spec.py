@@ -72,6 +72,9 @@ class JobSpec:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     # Resource limits for each attempt (limits.py): sizes in bytes, only those asked.
     limits: dict[str, int | float] = field(default_factory=dict)
+    # Secret values: sealed as the job is made, never kept with it, shown or logged (not
+    # even in this spec's repr).
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobSpec:
@@ -96,6 +99,7 @@ class JobSpec:
             selector = nodes.check_labels(body.get("selector", {}))
         except nodes.NodeError as e:
             raise JobError(f"selector: {e}") from None
+        env = _env(body.get("env", {}))
         return cls(
             tenant=tenant,
             command=_command(body.get("command")),
@@ -104,7 +108,7 @@ class JobSpec:
             all_nodes=all_nodes,
             timeout=_seconds(body.get("timeout"), "timeout", MAX_TIMEOUT, optional=True),
             retries=_retries(body.get("retries", 0)),
-            env=_env(body.get("env", {})),
+            env=env,
             name=_name(body.get("name")),
             no_move=_flag(body, "no_move"),
             queue_timeout=_seconds(
@@ -112,12 +116,13 @@ class JobSpec:
                 MAX_QUEUE_TIMEOUT, optional=False,
             ) or DEFAULT_QUEUE_TIMEOUT,
             limits=_limits(body.get("limits", {})),
+            secret_env=_secret_env(body.get("secret_env", {}), env),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout", "limits",
+    "no_move", "queue_timeout", "limits", "secret_env",
 }  # fmt: skip
 
 
@@ -160,9 +165,10 @@ def _retries(value: object) -> int:
     return value
 
 
-def _env(value: object) -> dict[str, str]:
+def _env(value: object, what: str = "env") -> dict[str, str]:
+    # The messages name variables, never values: a secret_env's are secret.
     if not isinstance(value, dict) or len(value) > MAX_ENV:
-        raise JobError(f"env must be an object of at most {MAX_ENV} NAME: VALUE pairs")
+        raise JobError(f"{what} must be an object of at most {MAX_ENV} NAME: VALUE pairs")
     for key, text in value.items():
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise JobError(f"invalid environment variable name {key!r}")
@@ -180,6 +186,16 @@ def _limits(value: object) -> dict[str, int | float]:
         return job_limits.check(value)
     except ValueError as e:
         raise JobError(str(e)) from None
+
+
+def _secret_env(value: object, env: dict[str, str]) -> dict[str, str]:
+    secret = _env(value, "secret_env")
+    both = sorted(set(secret) & set(env))
+    if both:
+        raise JobError(f"{both[0]} is given both in env and in secret_env: give it once")
+    if len(secret) + len(env) > MAX_ENV:
+        raise JobError(f"env and secret_env hold more than {MAX_ENV} variables together")
+    return secret
 
 
 def _name(value: object) -> str | None:

@@ -85,3 +85,25 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
             raise ValueError(f"env {name} is given more than once")
         env[name] = value
     return env
+
+
+def parse_secret_names(names: Sequence[str]) -> list[str]:
+    """Names of secret environment variables (`job run --secret-env NAME`), each once."""
+    seen: list[str] = []
+    for name in names:
+        if "=" in name:
+            raise ValueError(
+                f"invalid secret env {name.partition('=')[0]!r}=...: give only the NAME; its"
+                " value is read from this environment, never from the command line"
+            )
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"invalid secret env {name!r}: a name is letters, digits and '_', not starting"
+                " with a digit"
+            )
+        if name in RESERVED_ENV:
+            raise ValueError(f"invalid secret env {name!r}: the node sets {name} itself")
+        if name in seen:
+            raise ValueError(f"secret env {name} is given more than once")
+        seen.append(name)
+    return seen

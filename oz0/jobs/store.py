@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
 from oz0.jobs import limits as job_limits
+from oz0.jobs import secret_env
 from oz0.jobs.spec import (
     ENDED_STATES,
     STATES,
@@ -96,6 +97,8 @@ class Job:
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
     limits: dict[str, int | float]
+    # The names of its secret environment; the values are in job_secrets (secret_env.py).
+    secret_env: list[str] = field(default_factory=list)
     attempts: tuple[Attempt, ...] = ()
 
     @property
@@ -119,6 +122,7 @@ class Job:
             "no_move": self.no_move,
             # Values may be secrets of the operator's: they are kept to run the job, not shown.
             "env": sorted(self.env),
+            "secret_env": sorted(self.secret_env),
             "exit_code": self.exit_code,
             "created_at": self.created_at.isoformat(),
             "started_at": _iso(self.started_at),
@@ -136,7 +140,7 @@ def _iso(at: dt.datetime | None) -> str | None:
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
-    " limits"
+    " limits, secret_env"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -218,8 +222,11 @@ class TenantNotFound(JobNotFound):
     pass
 
 
-def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
-    """A new job, queued, and its `job.run` audit row; a server starts its workflow."""
+def create(
+    conn: Conn, spec: JobSpec, actor: audit.Actor, keeper: secret_env.SecretKeeper | None = None
+) -> Job:
+    """A new job, queued, and its `job.run` audit row; a server starts its workflow. Its
+    secret values are sealed by KEEPER (none without one: SecretsUnavailable)."""
     if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (spec.tenant,)).fetchone() is None:
         raise TenantNotFound(f"tenant {spec.tenant} not found")
     if spec.node is not None:
@@ -229,14 +236,16 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
-        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
             spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
+            Jsonb(sorted(spec.secret_env)),
         ),
     )  # fmt: skip
+    secret_env.keep(conn, keeper, job_id, spec.secret_env)
     audit.record(
         conn,
         actor,
@@ -250,6 +259,7 @@ def create(conn: Conn, spec: JobSpec, actor: audit.Actor) -> Job:
             "all": spec.all_nodes,
             "env": sorted(spec.env),
             **({"limits": spec.limits} if spec.limits else {}),
+            "secret_env": sorted(spec.secret_env),
         },
         tenants=[spec.tenant],
     )
@@ -280,6 +290,7 @@ def request_cancel(
                 " cancel_sent = true WHERE id = %s",
                 (job_id,),
             )
+            secret_env.forget(conn, job_id)
         else:
             conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
         audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state}, tenants=[tenant])
@@ -427,7 +438,8 @@ def set_queued(conn: Conn, job_id: str, reason: str) -> None:
 
 
 def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
-    """The job's end; attempts still shown running end with it (cancelled)."""
+    """The job's end; attempts still shown running end with it (cancelled), and its secrets
+    are deleted."""
     assert state in ENDED_STATES
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
@@ -439,6 +451,7 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         " WHERE id = %s AND ended_at IS NULL",
         (state, exit_code, reason, job_id),
     )
+    secret_env.forget(conn, job_id)
 
 
 # --- output (output.py, api.py) ----------------------------------------------------------

@@ -44,6 +44,11 @@ NODE_ACTIVITY = "oz0.job.attempt"
 # The node's error type for an attempt it will not run (oz0_node/jobs/attempt.py).
 ATTEMPT_REFUSED = "AttemptRefused"
 MAX_MOVES = 20
+# The placing step's failure when its server cannot hand the job's secrets over: the job
+# fails with its message. SECRETS_UNREADABLE: the node's, when they do not open with its
+# key (renewed since they were sealed): the attempt moves, sealed again to the new key.
+SECRETS_UNAVAILABLE = "SecretsUnavailable"
+SECRETS_UNREADABLE = "SecretsUnreadable"
 # A node that does not take its attempt by then, or stops heartbeating (it beats every
 # second), has lost it: "given up when its heartbeat times out (<= 15 s)".
 SCHEDULE_TO_START = dt.timedelta(seconds=15)
@@ -93,6 +98,9 @@ class Placed:
     part: int = 0
     # The attempt's grant, signed by the server that placed it: the node runs nothing else.
     grant: dict[str, str] | None = None
+    # The job's secrets sealed to NODE's key for attempt NUMBER ("" for none): the
+    # attempt's `secrets`, opaque here (oz0_common/sealed_env.py).
+    secrets: str = ""
 
 
 @dataclass
@@ -155,9 +163,13 @@ class JobWorkflow:
         except (asyncio.CancelledError, ActivityError) as e:
             # A cancellation that comes while a step runs (placing, recording an end) is
             # that step's ActivityError, not a CancelledError.
-            if not is_cancelled_exception(e):
+            unavailable = _secrets_unavailable(e)
+            if unavailable is not None:
+                state, exit_code, reason = "failed", None, unavailable
+            elif not is_cancelled_exception(e):
                 raise
-            state, exit_code, reason = "cancelled", None, "cancelled by an operator"
+            else:
+                state, exit_code, reason = "cancelled", None, "cancelled by an operator"
         await _unstoppable(_step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason)))
         return state
 
@@ -169,7 +181,7 @@ class JobWorkflow:
         while True:
             placed = await self._place(job, tried)
             assert placed.node is not None
-            outcome = await self._attempt(job, placed.number, placed.node, placed.grant)
+            outcome = await self._attempt(job, placed)
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return "succeeded", 0, None
             if outcome.refusal is not None:
@@ -243,9 +255,9 @@ class JobWorkflow:
     async def _part(self, job: JobInput, first: Placed) -> Outcome:
         """One node's part of an `--all` job: retried there, never moved."""
         assert first.node is not None
-        number, failures, grant = first.number, 0, first.grant
+        number, failures, placed = first.number, 0, first
         while True:
-            outcome = await self._attempt(job, number, first.node, grant)
+            outcome = await self._attempt(job, placed)
             if outcome.moved or outcome.refusal is not None:
                 return outcome
             if outcome.because == "exit" and outcome.exit_code == 0:
@@ -255,23 +267,23 @@ class JobWorkflow:
                 return outcome
             self.number += 1
             number = self.number
-            grant = await _step(
+            placed = await _step(
                 "oz0.jobs.place_on",
                 job.job_id,
                 number,
                 first.part,
                 first.node,
-                result_type=dict[str, str] | None,
+                result_type=Placed,
             )
 
     # --- one attempt ---------------------------------------------------------------------
 
-    async def _attempt(
-        self, job: JobInput, number: int, node: str, grant: dict[str, str] | None
-    ) -> Outcome:
-        """Run attempt NUMBER on NODE (with the GRANT its placement signed) until it ends,
-        its node is taken away, or the job is cancelled; its end is recorded before this
-        returns."""
+    async def _attempt(self, job: JobInput, placed: Placed) -> Outcome:
+        """Run PLACED's attempt on its node (with the grant its placement signed and the
+        secrets it sealed to that node) until it ends, its node is taken away, or the job
+        is cancelled; its end is recorded before this returns."""
+        number, node = placed.number, placed.node
+        assert node is not None
         timeout = job.timeout
         attempt: dict[str, Any] = {
             "job_id": job.job_id,
@@ -279,10 +291,12 @@ class JobWorkflow:
             "command": job.command,
             "env": job.env,
             "timeout": timeout,
-            "grant": grant,
+            "grant": placed.grant,
         }
         if job.limits:  # only when asked: an older node ignores what it does not know
             attempt["limits"] = job.limits
+        if placed.secrets:  # one opaque string, as the node protocol has it
+            attempt["secrets"] = placed.secrets
         handle = workflow.start_activity(
             NODE_ACTIVITY,
             attempt,
@@ -362,6 +376,17 @@ def _failure_because(error: ActivityError) -> str | None:
     cause = error.cause
     if isinstance(cause, TimeoutError) and cause.type == TimeoutType.START_TO_CLOSE:
         return "timeout"
+    if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNREADABLE:
+        return "node could not read secrets"  # a move: placed again, sealed again
+    return None
+
+
+def _secrets_unavailable(error: BaseException) -> str | None:
+    """The message of a placing step that could not hand the job's secrets over."""
+    if isinstance(error, ActivityError):
+        cause = error.cause
+        if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNAVAILABLE:
+            return f"cannot give the job's secrets to a node: {cause.message}"
     return None
 
 

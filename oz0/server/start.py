@@ -19,6 +19,7 @@ from oz0 import membership, nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
 from oz0.jobs.role import JobsRole
+from oz0.jobs.secret_env import SecretKeeper
 from oz0.server import edge, gc_tuning, loop_lag, management, tls
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
@@ -156,7 +157,10 @@ async def run_server(
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
         metrics.supervisor = temporal.supervisor
-        jobs = JobsRole(db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca)
+        jobs = JobsRole(
+            db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca,
+            keeper=SecretKeeper.of(cluster),
+        )  # fmt: skip
 
         async def reconnect_jobs() -> None:
             jobs.renewed()

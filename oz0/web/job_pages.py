@@ -20,6 +20,7 @@ from werkzeug.datastructures import MultiDict
 from oz0 import access, nodes, tenants
 from oz0.jobs import limits as job_limits
 from oz0.jobs import store
+from oz0.jobs.secret_env import SecretKeeper
 from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
 from oz0.ui_sessions import Session
@@ -36,6 +37,8 @@ SHOWN_CHUNKS = 5000
 LIVE_CHUNKS = 500
 COMMAND_WIDTH = 60
 DEFAULT_QUEUE_TIMEOUT = "10m"
+# The run form's secret fields (name and value): as many as the form shows.
+SECRET_FIELDS = 3
 # As the `m.when` macro shows a time.
 _WHEN = "%Y-%m-%d %H:%M:%S"
 
@@ -129,7 +132,32 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
         limits["cpu"] = _field("CPU", job_limits.parse_cpu, cpu)
     if limits:
         body["limits"] = limits
+    body["secret_env"] = secrets_from_form(form)
     return JobSpec.from_json(body)
+
+
+def secrets_from_form(form: MultiDict[str, str]) -> dict[str, str]:
+    """The secret fields' NAME: VALUE pairs (rows left blank skipped); JobError naming the
+    field, never its value."""
+    secrets: dict[str, str] = {}
+    names, values = form.getlist("secret_name"), form.getlist("secret_value")
+    for name, value in zip(names, values, strict=False):
+        name = name.strip()
+        if not name and not value:
+            continue
+        if not name:
+            raise JobError("Secrets: a secret value needs its variable's name")
+        if name in secrets:
+            raise JobError(f"Secrets: {name} is given more than once")
+        secrets[name] = value
+    return secrets
+
+
+def _secret_names(form: MultiDict[str, str]) -> list[str]:
+    """The names to show again in the secret fields (SECRET_FIELDS of them, blank ones
+    too); their values are never sent back: the form asks for them again."""
+    names = [n.strip() for n in form.getlist("secret_name")][:SECRET_FIELDS]
+    return names + [""] * (SECRET_FIELDS - len(names))
 
 
 def _field(name: str, parse: Any, value: Any) -> Any:
@@ -233,6 +261,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         return await pages.render(
             "job_new.html", session, status, form=form, error=error,
             tenants=await tenant_names(session), default_queue_timeout=DEFAULT_QUEUE_TIMEOUT,
+            secret_names=_secret_names(form),
         )  # fmt: skip
 
     @web.get("/jobs/new")
@@ -245,7 +274,8 @@ def add(web: Blueprint, pages: Pages) -> None:
         try:
             spec = spec_from_form(form)
             session.person.check(access.Right.OPERATE, "run jobs", tenant=spec.tenant)
-            job = await db.transaction(lambda conn: store.create(conn, spec, session.actor))
+            keeper = SecretKeeper.of(pages.state.cluster)
+            job = await db.transaction(lambda conn: store.create(conn, spec, session.actor, keeper))
         except access.Forbidden as e:
             raise Refused(str(e)) from None
         except JobError as e:

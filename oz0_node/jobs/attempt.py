@@ -21,6 +21,12 @@ comes (output.py). It ends by:
 - the runtime stopping (block, purge, SIGTERM, stream lost): `RunningAttempts.stop_all`
   ends its processes before the worker stops, and the activity fails with NodeStopping.
 
+An attempt may carry the job's secrets (`secrets`: sealed to this node's key for this job,
+attempt and node; oz0_common/sealed_env.py). They are opened with the node's key as the
+attempt is read and given to the process's environment only: never logged, never in the
+status or an error message. Secrets that do not open fail the attempt (SecretsUnreadable,
+not retried here: the workflow places it again, sealed to the node's key as it is then).
+
 Runs in the runtime's asyncio loop (temporalio is asyncio-only), never in Trio.
 """
 
@@ -40,6 +46,8 @@ from typing import Any, NoReturn, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from oz0_common import certs, sealed_env
+from oz0_node.identity import IdentityDir
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
 from oz0_node.jobs.isolation import (
     SCAN_EVERY,
@@ -70,6 +78,11 @@ BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
 NO_WORKDIR = "NoWorkingDirectory"
+SECRETS_UNREADABLE = "SecretsUnreadable"
+
+# Opens an attempt's `secrets` (the text, the job ID, the attempt's number): its values,
+# or sealed_env.SealedEnvError.
+SecretOpener = Callable[[str, str, int], dict[str, str]]
 ATTEMPT_REFUSED = "AttemptRefused"
 # The message that tells the edge of a refusal, and how long its sending may take.
 REFUSED = "attempt_refused"
@@ -86,10 +99,13 @@ class AttemptSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     limits: Limits = field(default_factory=Limits)
+    # Opened from the attempt's `secrets`; never in a repr (nor a log line made from one).
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def parse(cls, raw: object) -> AttemptSpec:
-        """The attempt RAW describes; a non-retryable BadAttempt error if it is malformed."""
+    def parse(cls, raw: object, open_secrets: SecretOpener | None = None) -> AttemptSpec:
+        """The attempt RAW describes; a non-retryable BadAttempt error if it is malformed,
+        SecretsUnreadable if its secrets do not open with OPEN_SECRETS."""
         if not isinstance(raw, dict):
             raise _bad("the attempt is not a JSON object")
         job_id, number = raw.get("job_id"), raw.get("attempt")
@@ -133,7 +149,45 @@ class AttemptSpec:
             env=dict(env),
             timeout=float(timeout) if timeout is not None else None,
             limits=limits,
+            secret_env=_secret_env(raw.get("secrets"), job_id, number, open_secrets),
         )
+
+
+def _secret_env(
+    text: object, job_id: str, number: int, open_secrets: SecretOpener | None
+) -> dict[str, str]:
+    if text is None:
+        return {}
+    if not isinstance(text, str) or not text:
+        raise _bad("secrets must be a non-empty string")
+    try:
+        if open_secrets is None:
+            raise sealed_env.SealedEnvError("this agent has no key to open them with")
+        values = open_secrets(text, job_id, number)
+    except sealed_env.SealedEnvError as e:
+        # The reason only: what the envelope holds is never part of a message.
+        raise ApplicationError(
+            f"job {job_id} attempt {number}: its secrets cannot be read on this node: {e}",
+            type=SECRETS_UNREADABLE,
+            non_retryable=True,
+        ) from None
+    if not all(k and "=" not in k and "\0" not in k and "\0" not in v for k, v in values.items()):
+        raise _bad("secrets must map names (no '=' or NUL) to strings without NUL")
+    return values
+
+
+def node_secrets(identity: IdentityDir, node_id: str) -> SecretOpener:
+    """Opens attempts' secrets with the node's key as it is on disk when the attempt comes
+    (after a renewal, the new one: secrets sealed to the old key are refused)."""
+
+    def open_secrets(text: str, job_id: str, number: int) -> dict[str, str]:
+        try:
+            key = certs.key_from_pem(identity.key_path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise sealed_env.SealedEnvError(f"cannot read the node's key: {e}") from None
+        return sealed_env.open_sealed(key, text, job_id=job_id, attempt=number, node_id=node_id)
+
+    return open_secrets
 
 
 def _bad(why: str) -> ApplicationError:
@@ -231,15 +285,19 @@ async def run_attempt(
     attempts: RunningAttempts,
     grants: GrantCheck,
     isolation: Isolation,
+    open_secrets: SecretOpener | None = None,
     heartbeat: Callable[[], None] = activity.heartbeat,
 ) -> dict[str, object]:
-    """Run the attempt RAW describes (see the module's docstring); its result object."""
+    """Run the attempt RAW describes (see the module's docstring); its result object.
+    OPEN_SECRETS opens its `secrets` (node_secrets); without it, secrets are refused."""
     await _check_grant(raw, grants, link)
-    spec = AttemptSpec.parse(raw)
+    spec = AttemptSpec.parse(raw, open_secrets)
     running = attempts.enter(spec)
     try:
         try:
-            place = isolation.begin(node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
+            # The secrets join the job's environment here only: the process's, nowhere else.
+            env = {**spec.env, **spec.secret_env}
+            place = isolation.begin(node_id, spec.job_id, spec.attempt, env, spec.limits)
         except OSError as e:
             raise ApplicationError(
                 f"job {spec.job_id} attempt {spec.attempt}: cannot make its working directory "
@@ -485,11 +543,13 @@ def attempt_activity(
     """The `oz0.job.attempt` activity of one runtime; ISOLATION the agent's (else what
     this machine allows, with the default job user)."""
     isolated = isolation if isolation is not None else Isolation.detect(data_dir)
+    open_secrets = node_secrets(IdentityDir(data_dir), node_id)
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
         return await run_attempt(
-            raw, node_id=node_id, link=link, attempts=attempts, grants=grants, isolation=isolated
-        )
+            raw, node_id=node_id, link=link, attempts=attempts, grants=grants,
+            isolation=isolated, open_secrets=open_secrets,
+        )  # fmt: skip
 
     return attempt

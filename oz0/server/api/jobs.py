@@ -11,6 +11,7 @@ from quart_trio import QuartTrio
 
 from oz0 import access
 from oz0.jobs import store
+from oz0.jobs.secret_env import SecretKeeper
 from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, is_job_id
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
@@ -29,7 +30,8 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             actor.check(access.Right.OPERATE, "run jobs", tenant=spec.tenant)
         except access.Forbidden as e:
             raise ApiError(403, str(e)) from None
-        job = await _do(state, lambda conn: store.create(conn, spec, actor))
+        keeper = SecretKeeper.of(state.cluster)
+        job = await _do(state, lambda conn: store.create(conn, spec, actor, keeper))
         state.kick_jobs()
         return jsonify(job.to_json()), 201
 
