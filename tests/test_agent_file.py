@@ -110,6 +110,51 @@ def test_help_runs_with_a_bare_python(agent_file: Path, tmp_path: Path, python: 
 NOBODY = 65534
 
 
+def test_the_bootstrap_unpacks_a_changed_layer_again_and_refuses_what_others_can_write(
+    agent_file: Path, tmp_path: Path
+) -> None:
+    machine = _machine(tmp_path)
+    data = machine / "node"
+
+    def run_help() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["env", "-i", *(f"{k}={v}" for k, v in _bare_env(machine).items()),
+             f"OZ0_NODE_DATA_DIR={data}", STOCK_PYTHON, str(agent_file), "--help"],
+            cwd=machine / "cwd", capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    assert run_help().returncode == 0
+    (unpacked,) = (data / "python").iterdir()
+    layer = unpacked / "site-packages"
+    main = layer / "oz0_node" / "main.py"
+    pristine = main.read_bytes()
+    main.write_bytes(pristine + b'\nprint("CHANGED RAN")\n')
+    again = run_help()
+    assert again.returncode == 0 and "CHANGED RAN" not in again.stdout
+    assert again.stderr == (
+        f"oz0-node: {layer} holds oz0_node/main.py changed since it was unpacked; "
+        "unpacking it again\n"
+    )
+    assert main.read_bytes() == pristine
+
+    data.chmod(0o720)
+    refused = run_help()
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"oz0-node: refusing to run: {data} is writable by group (mode 0720); chmod g-w it\n"
+    )
+    data.chmod(0o700)
+    os.chown(layer, NOBODY, NOBODY)
+    refused = run_help()
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"oz0-node: refusing to run: {layer} is owned by nobody (uid {NOBODY}), not by root "
+        "or the agent's user root (uid 0); chown it\n"
+    )
+    os.chown(layer, 0, 0)
+    assert run_help().returncode == 0
+
+
 def _owned_by_nobody() -> dict[str, str]:
     """What user nobody has in the machine's temp directories: a file's SHA-256 or `dir`."""
     found = {}
