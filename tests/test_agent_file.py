@@ -238,7 +238,13 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
 
     home, work = bare_machine / "home", bare_machine / "work"
     data = home / ".local" / "share" / "oz0-node"
-    before = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
+    # Pasted where the user cannot write, next to a file named like the agent: neither
+    # matters, the line works in a private directory of its own.
+    os.chown(work, 0, 0)
+    (work / "oz0-node").write_text("#!/bin/sh\necho impostor\n")
+    (work / "oz0-node").chmod(0o755)
+    tmp_before = _owned_by_nobody()
+    before = {"home": snapshot(home), "work": snapshot(work), "tmp": tmp_before}
     log = tmp_path / "pasted.log"
     # Pasted: the shell reads the line from its input, as from a terminal (`sh -c LINE`
     # would put the token in the shell's arguments, which a paste does not).
@@ -266,7 +272,11 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         assert _in_any_argv(secret) == []
         (unpacked,) = (data / "python").iterdir()
         assert (unpacked / "site-packages" / "temporalio").is_dir()
-        assert (work / "oz0-node").read_bytes() == agent_file.read_bytes()
+        # The agent file is in a directory of nobody's own that the line made in /tmp.
+        now = _owned_by_nobody()
+        (made,) = [Path(p) for p in set(now) - set(tmp_before) if now[p] == "dir"]
+        assert made.stat().st_mode & 0o777 == 0o700
+        assert (made / "oz0-node").read_bytes() == agent_file.read_bytes()
 
         assert cli("node", "purge", node_id, "--yes", env=env).code == 0
         assert pasted.wait(60) == 0, log.read_text()
@@ -276,7 +286,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
     assert _nobody_processes(home) == []
     after = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
     assert after == before, log.read_text()
-    assert not data.exists() and not (work / "oz0-node").exists()
+    assert not data.exists() and (work / "oz0-node").read_text().endswith("impostor\n")
 
 
 def test_a_server_without_the_file_answers_404_and_warns(
