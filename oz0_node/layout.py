@@ -36,12 +36,16 @@ def tools_dir(data_dir: Path) -> Path:
 def tools_refusal(data_dir: Path) -> str | None:
     """Why DIR/tools/ may not go on PATH (strict modes, oz0_common.strict_modes), or None.
     PATH is searched by the job's shell, not by us, so one bad entry refuses the whole
-    directory. A missing tools/ is judged by DIR: only who may write DIR can make it."""
+    directory. A missing tools/ is judged by DIR (or what exists above it)."""
     tools = tools_dir(data_dir)
     try:
         entries = sorted(tools.iterdir())
     except FileNotFoundError:
-        return strict_modes.refusal(data_dir)
+        # Judged by the nearest directory that exists: only who may write it can make tools/.
+        existing = data_dir
+        while not os.path.lexists(existing):
+            existing = existing.parent
+        return strict_modes.refusal(existing)
     except OSError as e:
         return f"{tools} cannot be read: {e.strerror or e}"
     why = strict_modes.refusal(tools)

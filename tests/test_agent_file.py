@@ -274,7 +274,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         assert (unpacked / "site-packages" / "temporalio").is_dir()
         # The agent file is in a directory of nobody's own that the line made in /tmp.
         now = _owned_by_nobody()
-        (made,) = [Path(p) for p in set(now) - set(tmp_before) if now[p] == "dir"]
+        (made,) = [Path(p) for p in set(now) - set(tmp_before) if Path(p).parent == Path("/tmp")]
         assert made.stat().st_mode & 0o777 == 0o700
         assert (made / "oz0-node").read_bytes() == agent_file.read_bytes()
 
