@@ -144,11 +144,12 @@ def test_the_bootstrap_unpacks_a_changed_layer_again_and_refuses_what_others_can
         f"oz0-node: refusing to run: {data} is writable by group (mode 0720); chmod g-w it\n"
     )
     data.chmod(0o700)
-    os.chown(layer, NOBODY, NOBODY)
+    # A user ID no account has, not nobody: the pasted command's test watches nobody's files.
+    os.chown(layer, 12345, 12345)
     refused = run_help()
     assert (refused.returncode, refused.stdout) == (1, "")
     assert refused.stderr == (
-        f"oz0-node: refusing to run: {layer} is owned by nobody (uid {NOBODY}), not by root "
+        f"oz0-node: refusing to run: {layer} is owned by uid 12345, not by root "
         "or the agent's user root (uid 0); chown it\n"
     )
     os.chown(layer, 0, 0)

@@ -278,7 +278,9 @@ async def test_a_real_plugin_that_exits_is_started_again(tmp_path: Path) -> None
 
 # --- strict modes ----------------------------------------------------------------------
 
-NOBODY = 65534
+# A user ID no account has: anything of user nobody's in /tmp is what the pasted join
+# command's test (tests/test_agent_file.py) watches, maybe at the same time.
+STRANGER = 12345
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -325,13 +327,13 @@ def test_a_link_to_a_file_owned_by_another_user_is_refused(
     target = elsewhere / "theirs"
     target.write_text("#!/bin/sh\nexit 0\n")
     target.chmod(0o755)
-    os.chown(target, NOBODY, NOBODY)
+    os.chown(target, STRANGER, STRANGER)
     link = tmp_path / "plugins" / "linked"
     link.symlink_to(target)
     assert plugins.discover(tmp_path) == [tmp_path / "plugins" / "probe"]
     assert refusals(caplog) == [
-        f"plugin linked refused: {target} is owned by nobody (uid {NOBODY}), not by root or "
-        f"the agent's user root (uid 0); chown it (reached through {link})"
+        f"plugin linked refused: {target} is owned by uid {STRANGER}, not by root or the "
+        f"agent's user root (uid 0); chown it (reached through {link})"
     ]
 
 

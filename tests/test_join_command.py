@@ -116,13 +116,15 @@ def test_a_file_with_another_sha256_is_deleted_and_never_run(tmp_path: Path) -> 
     assert not (tmp_path / "out" / "agent-args").exists()
 
 
-NOBODY = 65534
+# A user ID no account has (not nobody, whose files in /tmp tests/test_agent_file.py
+# watches, maybe at the same time).
+STRANGER = 12345
 
 
 @pytest.fixture
 def shared_machine() -> Iterator[Path]:
-    """A directory user nobody can reach (pytest's temp tree is root's alone): the line is
-    pasted there as nobody, so a directory of root's is one it cannot write."""
+    """A directory any user can reach (pytest's temp tree is root's alone): the line is
+    pasted there as STRANGER, so a directory of root's is one it cannot write."""
     machine = Path(tempfile.mkdtemp(prefix="oz0-join-line-"))
     machine.chmod(0o755)
     try:
@@ -143,11 +145,11 @@ def test_pasted_in_an_unwritable_directory_holding_an_oz0_node_it_runs_the_agent
         (work / name).chmod(0o755)
     for owned in (out, tmp):
         owned.mkdir()
-        os.chown(owned, NOBODY, NOBODY)
+        os.chown(owned, STRANGER, STRANGER)
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in work.iterdir()}
     # Pasted: the shell reads the line from its input, as from a terminal.
     done = subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        ["setpriv", f"--reuid={STRANGER}", f"--regid={STRANGER}", "--clear-groups",
          "env", "-i", f"PATH={fake}:/usr/bin:/bin", "HOME=/nonexistent", f"TMPDIR={tmp}",
          f"OZ0_TEST_OUT={out}", "sh"],
         input=render(TOKEN, CA_HASH, ["10.0.0.11"], AGENT_SHA) + "\n",
