@@ -78,8 +78,8 @@ def create(
         print("servers have no agent file to serve; see docs/manage-nodes.md):")
     else:
         print("A node joins with it, accepted at once: paste this on the node (it needs curl")
-        print("and python3 >= 3.11; it downloads the agent into ./oz0-node, checks its SHA-256")
-        print("and keeps the token out of the agent's arguments):")
+        print("and python3 >= 3.11; it downloads the agent into a private temporary directory,")
+        print("checks its SHA-256 and keeps the token out of the agent's arguments):")
     print()
     print(token["join_command"])
     return 0

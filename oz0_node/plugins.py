@@ -14,7 +14,11 @@ If it ends by itself (or cannot be started), what is left of its group is ended 
 way and it is started again after RESTART_FIRST, doubling up to RESTART_MAX; a plugin
 that ran STABLE_AFTER or longer starts again from RESTART_FIRST.
 Only regular files (or links to them) with an execute bit, whose names do not start with a
-dot, are plugins; anything else there is skipped with a warning.
+dot, are plugins; anything else there is skipped with a warning. A plugin is run only under
+strict modes (oz0_common.strict_modes): it, a link's target and every directory above each
+of them owned by the agent's user or root and writable by nobody else; a plugin that is not
+is refused with one warning naming the path at fault, checked when the plugins are read
+and again before each restart, and the others run.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Protocol
 
 import trio
 
+from oz0_common import strict_modes
 from oz0_node import layout
 from oz0_node.jobs.process import members
 
@@ -77,6 +82,10 @@ def discover(data_dir: Path) -> list[Path]:
             continue
         if not stat.S_ISREG(mode) or not mode & 0o111:
             log.warning("plugin %s skipped: not an executable file", path)
+            continue
+        why = strict_modes.refusal(path)
+        if why is not None:
+            log.warning("plugin %s refused: %s", path.name, why)
             continue
         found.append(path)
     return found
@@ -195,6 +204,11 @@ async def supervise(plugin: Path, settings: PluginSettings, launch: Launch) -> N
     delay = RESTART_FIRST
     while True:
         began = trio.current_time()
+        # Again at each start: what was safe when the plugins were read may be no longer.
+        why = strict_modes.refusal(plugin)
+        if why is not None:
+            log.warning("plugin %s refused: %s; not starting it again", plugin.name, why)
+            return
         try:
             process = await launch(plugin, log_path, settings.env(), settings.data_dir)
         except OSError as e:

@@ -110,6 +110,52 @@ def test_help_runs_with_a_bare_python(agent_file: Path, tmp_path: Path, python: 
 NOBODY = 65534
 
 
+def test_the_bootstrap_unpacks_a_changed_layer_again_and_refuses_what_others_can_write(
+    agent_file: Path, tmp_path: Path
+) -> None:
+    machine = _machine(tmp_path)
+    data = machine / "node"
+
+    def run_help() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["env", "-i", *(f"{k}={v}" for k, v in _bare_env(machine).items()),
+             f"OZ0_NODE_DATA_DIR={data}", STOCK_PYTHON, str(agent_file), "--help"],
+            cwd=machine / "cwd", capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    assert run_help().returncode == 0
+    (unpacked,) = (data / "python").iterdir()
+    layer = unpacked / "site-packages"
+    main = layer / "oz0_node" / "main.py"
+    pristine = main.read_bytes()
+    main.write_bytes(pristine + b'\nprint("CHANGED RAN")\n')
+    again = run_help()
+    assert again.returncode == 0 and "CHANGED RAN" not in again.stdout
+    assert again.stderr == (
+        f"oz0-node: {layer} holds oz0_node/main.py changed since it was unpacked; "
+        "unpacking it again\n"
+    )
+    assert main.read_bytes() == pristine
+
+    data.chmod(0o720)
+    refused = run_help()
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"oz0-node: refusing to run: {data} is writable by group (mode 0720); chmod g-w it\n"
+    )
+    data.chmod(0o700)
+    # A user ID no account has, not nobody: the pasted command's test watches nobody's files.
+    os.chown(layer, 12345, 12345)
+    refused = run_help()
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"oz0-node: refusing to run: {layer} is owned by uid 12345, not by root "
+        "or the agent's user root (uid 0); chown it\n"
+    )
+    os.chown(layer, 0, 0)
+    assert run_help().returncode == 0
+
+
 def _owned_by_nobody() -> dict[str, str]:
     """What user nobody has in the machine's temp directories: a file's SHA-256 or `dir`."""
     found = {}
@@ -193,7 +239,13 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
 
     home, work = bare_machine / "home", bare_machine / "work"
     data = home / ".local" / "share" / "oz0-node"
-    before = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
+    # Pasted where the user cannot write, next to a file named like the agent: neither
+    # matters, the line works in a private directory of its own.
+    os.chown(work, 0, 0)
+    (work / "oz0-node").write_text("#!/bin/sh\necho impostor\n")
+    (work / "oz0-node").chmod(0o755)
+    tmp_before = _owned_by_nobody()
+    before = {"home": snapshot(home), "work": snapshot(work), "tmp": tmp_before}
     log = tmp_path / "pasted.log"
     # Pasted: the shell reads the line from its input, as from a terminal (`sh -c LINE`
     # would put the token in the shell's arguments, which a paste does not).
@@ -221,7 +273,11 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         assert _in_any_argv(secret) == []
         (unpacked,) = (data / "python").iterdir()
         assert (unpacked / "site-packages" / "temporalio").is_dir()
-        assert (work / "oz0-node").read_bytes() == agent_file.read_bytes()
+        # The agent file is in a directory of nobody's own that the line made in /tmp.
+        now = _owned_by_nobody()
+        (made,) = [Path(p) for p in set(now) - set(tmp_before) if Path(p).parent == Path("/tmp")]
+        assert made.stat().st_mode & 0o777 == 0o700
+        assert (made / "oz0-node").read_bytes() == agent_file.read_bytes()
 
         assert cli("node", "purge", node_id, "--yes", env=env).code == 0
         assert pasted.wait(60) == 0, log.read_text()
@@ -231,7 +287,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
     assert _nobody_processes(home) == []
     after = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
     assert after == before, log.read_text()
-    assert not data.exists() and not (work / "oz0-node").exists()
+    assert not data.exists() and (work / "oz0-node").read_text().endswith("impostor\n")
 
 
 def test_a_server_without_the_file_answers_404_and_warns(

@@ -3,6 +3,7 @@ processes, then real plugin processes: their environment, their logs, their stop
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -12,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from oz0_node import plugins
+from oz0_node import layout, plugins
 
 # Real processes on a loaded machine: generous.
 WAIT_BOUND = 15.0
@@ -273,3 +274,93 @@ async def test_a_real_plugin_that_exits_is_started_again(tmp_path: Path) -> None
         nursery.cancel_scope.cancel()
     runs = [line for line in log_path.read_text().splitlines() if line.startswith("run ")]
     assert len(set(runs)) == len(runs) >= 2, "each run is a new process"
+
+
+# --- strict modes ----------------------------------------------------------------------
+
+# A user ID no account has: anything of user nobody's in /tmp is what the pasted join
+# command's test (tests/test_agent_file.py) watches, maybe at the same time.
+STRANGER = 12345
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+
+
+async def test_a_group_writable_plugin_is_refused_with_one_line_and_the_others_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data_dir = tmp_path / "node"
+    one_plugin(data_dir, "good", 'echo "good ran"\nwhile :; do sleep 0.1; done')
+    bad = one_plugin(data_dir, "backup", "touch backup-ran")
+    bad.chmod(0o775)
+    async with trio.open_nursery() as nursery:
+        found = await nursery.start(plugins.run_all, settings(data_dir))
+        await wait_for(data_dir / "logs" / "plugin-good.log", "good ran")
+        nursery.cancel_scope.cancel()
+    assert [p.name for p in found] == ["good"]
+    assert not (data_dir / "backup-ran").exists()
+    assert not (data_dir / "logs" / "plugin-backup.log").exists()
+    assert refusals(caplog) == [
+        f"plugin backup refused: {bad} is writable by group (mode 0775); chmod g-w it"
+    ]
+
+
+def test_a_plugin_in_an_other_writable_directory_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    one_plugin(tmp_path, "probe")
+    (tmp_path / "plugins").chmod(0o757)
+    assert plugins.discover(tmp_path) == []
+    assert refusals(caplog) == [
+        f"plugin probe refused: {tmp_path / 'plugins'} is writable by others (mode 0757); "
+        "chmod o-w it"
+    ]
+
+
+def test_a_link_to_a_file_owned_by_another_user_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    one_plugin(tmp_path, "probe")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "theirs"
+    target.write_text("#!/bin/sh\nexit 0\n")
+    target.chmod(0o755)
+    os.chown(target, STRANGER, STRANGER)
+    link = tmp_path / "plugins" / "linked"
+    link.symlink_to(target)
+    assert plugins.discover(tmp_path) == [tmp_path / "plugins" / "probe"]
+    assert refusals(caplog) == [
+        f"plugin linked refused: {target} is owned by uid {STRANGER}, not by root or the "
+        f"agent's user root (uid 0); chown it (reached through {link})"
+    ]
+
+
+def test_a_plugin_below_a_sticky_world_writable_directory_is_run_as_below_tmp(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    plugin = one_plugin(shared / "node", "probe")
+    assert plugins.discover(shared / "node") == [plugin]
+
+
+def test_a_tools_dir_holding_a_group_writable_tool_stays_off_path_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    tool = tools / "helper"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o775)
+    env = {"PATH": "/usr/bin:/bin", "OTHER": "kept"}
+    assert layout.with_tools_on_path(env, tmp_path) == env
+    assert layout.with_tools_on_path(env, tmp_path) == env
+    assert refusals(caplog) == [
+        f"tools {tools} refused, not put on PATH: {tool} is writable by group (mode 0775); "
+        "chmod g-w it"
+    ]
+    tool.chmod(0o755)
+    assert layout.with_tools_on_path(env, tmp_path)["PATH"] == f"{tools}:/usr/bin:/bin"

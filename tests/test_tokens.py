@@ -447,7 +447,7 @@ def test_cli_creates_lists_and_revokes_tokens(
     # The join command, on its own last line: it starts the file it downloaded when the
     # server has one to serve, else an installed oz0-node.
     join = shown.out.rstrip("\n").splitlines()[-1]
-    started = re.search(r"OZ0_JOIN_TOKEN=(\S+) (\./)?oz0-node start --ca-hash (\S+) ", join)
+    started = re.search(r"OZ0_JOIN_TOKEN=(\S+) (exec \./)?oz0-node start --ca-hash (\S+) ", join)
     assert started is not None, join
     assert started.group(1) == plain and started.group(3) == cluster_files.ca_hash
     assert "--token " not in shown.out

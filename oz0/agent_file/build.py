@@ -157,6 +157,7 @@ def stage(work: Path) -> dict[str, object]:
 
     shutil.copy2(Path(__file__).with_name("bootstrap.py"), work / "__main__.py")
     shutil.copy2(REPO / "oz0_common" / "datadir.py", work / "_oz0_data_dir.py")
+    shutil.copy2(REPO / "oz0_common" / "strict_modes.py", work / "_oz0_strict_modes.py")
     manifest: dict[str, object] = {
         "hash": content_hash(work),
         "pythons": pythons,

@@ -3,9 +3,12 @@ web UI's token page give it (docs/manage-nodes.md, "Join a node").
 
 Pasted on a machine that reaches a server, it downloads the agent file from the first
 server that is up and serves the file with the SHA-256 the command names (so `curl -k`
-is safe: a file that does not match is deleted, never run), into `./oz0-node`, and starts
-it with every edge that is up, the CA hash and the default data directory. The token goes
-in the agent's environment, never in an argument (every user of a machine reads those).
+is safe: a file that does not match is deleted, never run), into a fresh private
+directory (`mktemp -d`, 0700), and starts it from there with every edge that is up, the
+CA hash and the default data directory; when the agent ends, the directory goes. Never the
+current directory: others may be able to write it (swap the file between its check and
+its start, or plant a link where curl writes), and it is left as it was. The token goes in
+the agent's environment, never in an argument (every user of a machine reads those).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from oz0.server.edge.directory import edge_address
 from oz0.store.pool import Database
 
 MANAGEMENT_PORT = 8443
-PARTIAL = f"{FILE_NAME}.part"
 # Per server: a server that is up answers at once, a slow network gets its 24 MB through.
 CONNECT_TIMEOUT = 5
 DOWNLOAD_TIMEOUT = 300
@@ -64,18 +66,21 @@ def render(token: str, ca_hash: str, servers: Sequence[str], agent_sha256: str |
     urls = " ".join(q(download_url(s)) for s in servers)
     fetch = (
         f"curl -fsSk --connect-timeout {CONNECT_TIMEOUT} --max-time {DOWNLOAD_TIMEOUT}"
-        f' -o {PARTIAL} "$oz0_url"'
+        f' -o {FILE_NAME} "$oz0_url"'
     )
-    check = f'echo "{agent_sha256}  {PARTIAL}" | sha256sum -c --status'
+    check = f'echo "{agent_sha256}  {FILE_NAME}" | sha256sum -c --status'
     failed = (
         f'echo "oz0-node: no server gave the agent file with SHA-256 {agent_sha256}'
         f' (tried {len(servers)})" >&2; false'
     )
-    # The loop leaves PARTIAL only when a file matched: every other try deletes it.
+    # In a subshell, so the user's shell stays where it was; `exec`, so Ctrl-C reaches the
+    # agent alone and the line goes on to remove the directory, ending with the agent's
+    # status. The loop leaves the file only when one matched: every other try deletes it.
     return (
-        f"for oz0_url in {urls}; do {fetch} && {check} && break; rm -f {PARTIAL}; done; "
-        f"if [ -f {PARTIAL} ]; then chmod 755 {PARTIAL} && mv -f {PARTIAL} {FILE_NAME} && "
-        f"{start('./' + FILE_NAME)}; else {failed}; fi"
+        f'oz0_dir=$(mktemp -d) && (cd "$oz0_dir" && for oz0_url in {urls}; do {fetch} && '
+        f"{check} && break; rm -f {FILE_NAME}; done; if [ -f {FILE_NAME} ]; then chmod 700 "
+        f"{FILE_NAME} && {start('exec ./' + FILE_NAME)}; else {failed}; fi); "
+        'oz0_status=$?; rm -rf "$oz0_dir"; (exit $oz0_status)'
     )
 
 
