@@ -24,7 +24,8 @@ from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
 from oz0.store.dburl import DatabaseUrl
-from oz0_node.jobs.isolation import DEFAULT_JOB_USER, stop_being_subreaper
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER
+from oz0_node.jobs.tracking import stop_being_subreaper
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,6 @@ def not_a_subreaper_after() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def job_user() -> str:
     """The default job user (`oz0-job`), which an agent running as root needs to run jobs
-    (oz0_node/jobs/isolation.py): made here as `oz0-node install-service` would make it."""
+    (oz0_node/jobs/job_user.py): made here as `oz0-node install-service` would make it."""
     ensure_job_user(DEFAULT_JOB_USER)
     return DEFAULT_JOB_USER

@@ -18,17 +18,10 @@ from oz0_node import agent, main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import procfs
-from oz0_node.jobs.isolation import (
-    DEFAULT_JOB_USER,
-    SUBREAPER,
-    Isolation,
-    Limits,
-    SubreaperTracking,
-    check_private,
-    parse_limits,
-    resolve_job_user,
-)
+from oz0_node.jobs.isolation import Isolation, Limits, parse_limits
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER, check_private, resolve_job_user
 from oz0_node.jobs.procfs import Mount, ProcStat
+from oz0_node.jobs.tracking import SUBREAPER, SubreaperTracking
 
 # This machine's: cgroup v1 hierarchies and a v2 one at /sys/fs/cgroup/unified.
 HYBRID = """\

@@ -43,7 +43,7 @@ from oz0 import cluster, pki
 from oz0.context import Context
 from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
-from oz0_node.jobs.isolation import DEFAULT_JOB_USER
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
 
@@ -201,21 +201,27 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert sorted(everywhere.out.split()) == sorted([web, db])
 
     # Limits: kept with the job, sent in the attempt's input (read from Temporal's history
-    # with a server's client), and what the node applied shown per attempt.
+    # with a server's client), applied by the node (an allocation loop past the memory
+    # limit is killed: this machine has cgroup v1's memory controller) and what it applied
+    # shown per attempt.
     limited = cli(
-        "job", "run", "--node", web, "--memory", "512M", "--max-open-files", "64", "--detach",
-        "--json", "--", "true", env=env,
+        "job", "run", "--node", web, "--memory", "64M", "--max-open-files", "64", "--detach",
+        "--json", "--", "python3", "-c",
+        "a = [b'x' * (1 << 20) for _ in range(400)]; print('allocated')", env=env,
     )  # fmt: skip
     assert limited.code == 0, limited.err
-    limits = {"memory": 512 << 20, "max_open_files": 64}
+    limits = {"memory": 64 << 20, "max_open_files": 64}
     assert limited.json()["limits"] == limits
     done = wait_job(files, limited.json()["id"], lambda j: j["ended_at"] is not None, 15)
-    assert done["state"] == "succeeded", done
+    assert (done["state"], done["exit_code"]) == ("failed", 128 + signal.SIGKILL), done
     [inputs] = run_async(lambda: attempt_inputs(files, SERVER, done["id"]))
     assert inputs["limits"] == limits
     shown_text = cli("job", "show", done["id"], env=env).out.splitlines()
-    assert "limits:        memory 512 MiB, open files 64" in shown_text
-    assert shown_text[-1].startswith("attempt 1: ")
+    assert "limits:        memory 64 MiB, open files 64" in shown_text
+    assert shown_text[-1] == (
+        f"attempt 1: user {DEFAULT_JOB_USER}, tracked by cgroup v2; "
+        "limits: memory 64 MiB (cgroup v1), open files 64 (rlimit)"
+    ), shown_text
 
     queued = cli(
         "job", "run", "--selector", "role=gpu", "--queue-timeout", "3s", "--detach", "--json",

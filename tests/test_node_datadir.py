@@ -16,7 +16,8 @@ from oz0_common.datadir import CREATED_PARENTS_FILE, ENV_VAR, node_data_dir
 from oz0_node import identity, main, purge, service
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
-from oz0_node.jobs.isolation import DEFAULT_JOB_USER, STANDARD_PATH, Isolation, JobUser
+from oz0_node.jobs.isolation import STANDARD_PATH, Isolation
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER, JobUser
 
 RECORD = NodeRecord(cluster="prod", ca_hash="sha256:" + "ab" * 32, node_id="node-00ff")
 

@@ -46,19 +46,12 @@ from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import output
 from oz0_node.jobs.attempt import ACTIVITY, NODE_STOPPING, RunningAttempts, attempt_activity
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
-from oz0_node.jobs.isolation import (
-    CGROUP_V2,
-    DEFAULT_JOB_USER,
-    RECORD_FILE,
-    SCAN_EVERY,
-    STANDARD_PATH,
-    SUBREAPER,
-    WORKDIR_PREFIX,
-    Isolation,
-)
+from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.link import Ack, LinkDown, StreamLink, send_bounded
 from oz0_node.jobs.process import KILL_GRACE, members
 from oz0_node.jobs.procfs import read_stat
+from oz0_node.jobs.tracking import CGROUP_V2, SCAN_EVERY, SUBREAPER
 from oz0_node.runtime import STOP_TIMEOUT, NodeRuntime, RuntimeSettings, grant_check
 
 NODE_ID = "node-0123456789ab"

@@ -49,17 +49,11 @@ from temporalio.exceptions import ApplicationError
 from oz0_common import certs, sealed_env
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
-from oz0_node.jobs.isolation import (
-    SCAN_EVERY,
-    SUBREAPER,
-    Isolation,
-    Limits,
-    Placement,
-    parse_limits,
-)
+from oz0_node.jobs.isolation import Isolation, Limits, Placement, parse_limits
 from oz0_node.jobs.link import LinkDown, OutputLink
 from oz0_node.jobs.output import AttemptEnded, OutputRelay
 from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, Child, spawn
+from oz0_node.jobs.tracking import SCAN_EVERY, SUBREAPER
 
 log = logging.getLogger(__name__)
 

@@ -25,33 +25,41 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import math
 import os
-import pwd
 import resource
 import shutil
 import signal
 import stat
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from oz0_common.files import write_private
-from oz0_node import layout, service
-from oz0_node.errors import AgentError
+from oz0_node import layout
 from oz0_node.jobs import procfs
-from oz0_node.jobs.procfs import ProcStat
+from oz0_node.jobs.job_user import JobUser, resolve_job_user
+from oz0_node.jobs.tracking import (
+    CGROUP_V2,
+    PROCESS_GROUP,
+    SUBREAPER,
+    CgroupTracking,
+    GroupTracking,
+    SubreaperTracking,
+    Tracking,
+    become_subreaper,
+    end_cgroup,
+    fresh_cgroup,
+    remove_cgroup,
+    signal_quietly,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_JOB_USER = service.DEFAULT_JOB_USER
 # Not the agent's PATH: a job finds the system's programs, nothing the agent's user added.
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECORD_FILE = "attempts.json"
@@ -60,102 +68,9 @@ SUBTREE_PREFIX = "oz0-node-"
 # OZ0_NODE_TRACKING=subreaper: track by /proc even where cgroup v2 could be used (tests,
 # and machines whose v2 hierarchy another manager owns).
 TRACKING_ENV = "OZ0_NODE_TRACKING"
-CGROUP_V2 = "cgroup v2"
-SUBREAPER = "subreaper"
-PROCESS_GROUP = "process group"
-# Subreaper tracking: how often the attempt's processes are looked for. A process that
-# forks and exits between two looks leaves its child unseen (then found by its OZ0_ names).
-SCAN_EVERY = 0.2
-# How long removing a cgroup waits for the kernel to let its last processes go.
-RMDIR_WAIT = 2.0
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 LIMIT_KEYS = ("memory", "cpu", "max_processes", "max_open_files", "address_space")
-PR_SET_CHILD_SUBREAPER = 36
-
-
-# --- the job user --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobUser:
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @classmethod
-    def named(cls, name: str) -> JobUser | None:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            return None
-        # That user's own groups only, never the agent's.
-        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
-
-    @classmethod
-    def of_agent(cls) -> JobUser:
-        uid = os.geteuid()
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        return cls(name, uid, os.getegid(), tuple(os.getgroups()))
-
-
-def resolve_job_user(requested: str | None, *, euid: int | None = None) -> JobUser:
-    """The user jobs run as (see the module's docstring); AgentError when it cannot be."""
-    euid = os.geteuid() if euid is None else euid
-    agent = JobUser.of_agent()
-    if euid != 0:
-        if requested is not None and requested not in (agent.name, str(agent.uid)):
-            raise AgentError(
-                f"--job-user {requested}: only an agent running as root can run jobs as "
-                f"another user; this one runs as {agent.name}, and so do its jobs"
-            )
-        return agent
-    name = requested or DEFAULT_JOB_USER
-    user = JobUser.named(name)
-    if user is None:
-        hint = (
-            "run `oz0-node install-service` (which creates it) or `useradd --system "
-            f"--no-create-home --shell /usr/sbin/nologin {name}`, or give --job-user NAME"
-            if requested is None
-            else "create it, or give another --job-user"
-        )
-        raise AgentError(f"the job user {name} does not exist, so no job can run: {hint}")
-    return user
-
-
-def check_private(paths: list[Path], *, enforce: bool) -> None:
-    """Each of PATHS (if it exists) owned by the agent's user and closed to group and others.
-
-    ENFORCE (root): a mode that lets others in is set to 0700. Otherwise (an agent whose jobs
-    run as itself) refuse: such a directory would let other users of the machine in."""
-    euid = os.geteuid()
-    for path in paths:
-        try:
-            info = path.stat()  # a data directory may be a link to one: what it names
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise AgentError(f"cannot check {path}: {e.strerror or e}") from None
-        if not stat.S_ISDIR(info.st_mode):
-            raise AgentError(f"{path} must be a directory")
-        if info.st_uid != euid:
-            raise AgentError(
-                f"{path} is owned by uid {info.st_uid}, not by the agent's user ({euid}): "
-                "no job runs until it is (chown it, or use another --data-dir)"
-            )
-        if info.st_mode & 0o077:
-            if not enforce:
-                raise AgentError(
-                    f"{path} is open to group or others (mode {stat.S_IMODE(info.st_mode):o}): "
-                    f"no job runs until it is closed (chmod 0700 {path})"
-                )
-            path.chmod(0o700)
-            log.info("%s was open to group or others: now 0700", path)
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -201,181 +116,6 @@ def parse_limits(raw: object) -> Limits | str:
             values[key] = value
     unknown = tuple(sorted(str(k) for k in raw if k not in LIMIT_KEYS))
     return Limits(unknown=unknown, **values)  # type: ignore[arg-type]
-
-
-# --- tracking an attempt's processes ------------------------------------------------------
-
-
-class Tracking(Protocol):
-    kind: str
-
-    def started(self, pid: int) -> None:
-        """The command's process is PID."""
-
-    def alive(self) -> list[int]:
-        """The attempt's processes that still run (zombies do not count)."""
-
-    def signal_all(self, sig: signal.Signals) -> None: ...
-
-    def kill_all(self) -> None:
-        """SIGKILL to every one of them."""
-
-    def refresh(self) -> bool:
-        """Look for new processes (and reap adopted ones); whether the record changed."""
-
-    def recorded(self) -> list[list[int]]:
-        """[PID, start time] of each process followed, for DIR/attempts.json."""
-
-
-def _not_zombies(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        found = procfs.read_stat(pid)
-        if found is not None and not found.zombie:
-            alive.append(pid)
-    return alive
-
-
-def cgroup_members(path: Path) -> list[int]:
-    try:
-        text = (path / "cgroup.procs").read_text()
-    except OSError:
-        return []
-    return [int(word) for word in text.split() if word.isdigit()]
-
-
-def _kill(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-@dataclass
-class CgroupTracking:
-    """The attempt's own cgroup v2: whatever its processes start stays in it."""
-
-    path: Path
-    kind: str = CGROUP_V2
-
-    def started(self, pid: int) -> None:
-        pass
-
-    def alive(self) -> list[int]:
-        return _not_zombies(cgroup_members(self.path))
-
-    def signal_all(self, sig: signal.Signals) -> None:
-        for pid in cgroup_members(self.path):
-            _kill(pid, sig)
-
-    def kill_all(self) -> None:
-        try:
-            (self.path / "cgroup.kill").write_text("1")
-        except OSError:  # before Linux 5.14: one by one (the loop that waits repeats it)
-            self.signal_all(signal.SIGKILL)
-
-    def refresh(self) -> bool:
-        return False
-
-    def recorded(self) -> list[list[int]]:
-        return []
-
-
-@dataclass
-class SubreaperTracking:
-    """The command's descendants, followed in /proc by PID and start time. The agent is a
-    child subreaper, so an orphan comes to it rather than to init: its parent chain still
-    leads here, and the agent reaps it (asyncio waits only for the command)."""
-
-    marker: Mapping[str, str]
-    tracked: dict[int, int] = field(default_factory=dict)
-    command: int | None = None
-    kind: str = SUBREAPER
-
-    def started(self, pid: int) -> None:
-        self.command = pid
-        found = procfs.read_stat(pid)
-        if found is not None:
-            self.tracked[pid] = found.start_time
-
-    def refresh(self) -> bool:
-        stats = list(procfs.all_stats())
-        by_pid = {s.pid: s for s in stats}
-        before = dict(self.tracked)
-        live = {p: t for p, t in self.tracked.items() if _same(by_pid.get(p), t)}
-        me = os.getpid()
-        roots = set(live)
-        for s in stats:
-            # An orphan whose parent died before it was seen: it came to the agent, and
-            # its OZ0_ names say whose it is.
-            if (
-                s.ppid == me
-                and s.pid not in live
-                and s.pid != self.command
-                and not s.zombie
-                and procfs.environ_has(s.pid, self.marker)
-            ):
-                roots.add(s.pid)
-        for pid in procfs.descendants(roots, stats):
-            found = by_pid.get(pid)
-            if found is None:
-                continue
-            if found.zombie and found.ppid == me and pid != self.command:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                continue
-            live.setdefault(pid, found.start_time)
-        self.tracked = live
-        return live != before
-
-    def alive(self) -> list[int]:
-        self.refresh()
-        return _not_zombies(list(self.tracked))
-
-    def signal_all(self, sig: signal.Signals) -> None:
-        self.refresh()
-        for pid, start in list(self.tracked.items()):
-            if procfs.same_process(pid, start) is not None:
-                _kill(pid, sig)
-
-    def kill_all(self) -> None:
-        self.signal_all(signal.SIGKILL)
-
-    def recorded(self) -> list[list[int]]:
-        return [[pid, start] for pid, start in sorted(self.tracked.items())]
-
-
-def _same(found: ProcStat | None, start_time: int) -> bool:
-    return found is not None and found.start_time == start_time
-
-
-@dataclass
-class GroupTracking:
-    """Neither cgroup v2 nor a subreaper: the command's process group, as before (what
-    leaves it with setsid escapes)."""
-
-    pgid: int = 0
-    kind: str = PROCESS_GROUP
-
-    def started(self, pid: int) -> None:
-        self.pgid = pid  # its own session: the group's ID is its PID
-
-    def alive(self) -> list[int]:
-        from oz0_node.jobs.process import members
-
-        return members(self.pgid) if self.pgid else []
-
-    def signal_all(self, sig: signal.Signals) -> None:
-        if self.pgid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, sig)
-
-    def kill_all(self) -> None:
-        self.signal_all(signal.SIGKILL)
-
-    def refresh(self) -> bool:
-        return False
-
-    def recorded(self) -> list[list[int]]:
-        return []
 
 
 # --- what a crash left: DIR/attempts.json -------------------------------------------------
@@ -460,22 +200,6 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path)
     except OSError as e:
         log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
-def remove_cgroup(path: Path) -> None:
-    """rmdir PATH once the kernel has let its processes go (bounded); a failure is logged."""
-    deadline = time.monotonic() + RMDIR_WAIT
-    while True:
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                log.warning("cannot remove cgroup %s: %s", path, e.strerror or e)
-                return
-            time.sleep(0.02)
 
 
 def _write(path: Path, text: str) -> None:
@@ -616,7 +340,7 @@ class Isolation:
             if self.tracking == CGROUP_V2:
                 subtree = self.subtree(node_id)
                 assert subtree is not None
-                cgroup = _fresh_cgroup(subtree, key, v2=True)
+                cgroup = fresh_cgroup(subtree, key, v2=True)
                 made.append(cgroup)
                 procs.append(cgroup / "cgroup.procs")
                 tracking = CgroupTracking(cgroup)
@@ -697,7 +421,7 @@ class Isolation:
             if own is None:
                 return None
             try:
-                cgroup = _fresh_cgroup(own / f"{SUBTREE_PREFIX}{node_id}", key, v2=False)
+                cgroup = fresh_cgroup(own / f"{SUBTREE_PREFIX}{node_id}", key, v2=False)
             except OSError as e:
                 log.warning("cannot make a %s cgroup in %s: %s", controller, own, e.strerror or e)
                 return None
@@ -778,7 +502,7 @@ class Isolation:
                     and pair[0] > 1
                     and procfs.same_process(pair[0], pair[1]) is not None
                 ):
-                    _kill(pair[0], signal.SIGKILL)
+                    signal_quietly(pair[0], signal.SIGKILL)
                     processes += 1
             workdir = entry.get("workdir")
             removed = ""
@@ -824,81 +548,3 @@ def _is_attempt_cgroup(path: Path) -> bool:
         and path.name.startswith("job-")
         and (path / "cgroup.procs").is_file()
     )
-
-
-def end_cgroup(path: Path) -> int:
-    """SIGKILL every process in cgroup PATH (cgroup.kill where there is one), wait until it
-    is empty (bounded), remove it; how many processes it held."""
-    members = cgroup_members(path)
-    if members:
-        try:
-            (path / "cgroup.kill").write_text("1")
-        except OSError:
-            for pid in members:
-                _kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + RMDIR_WAIT
-    while cgroup_members(path) and time.monotonic() < deadline:
-        for pid in cgroup_members(path):
-            _kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
-    remove_cgroup(path)
-    return len(members)
-
-
-def _fresh_cgroup(parent: Path, name: str, *, v2: bool) -> Path:
-    """An empty cgroup PARENT/NAME (PARENT made if needed; a leftover of that name is
-    ended first). In v2, PARENT passes the memory, cpu and pids controllers it has on."""
-    if not parent.is_dir():
-        parent.mkdir(exist_ok=True)
-        if v2:
-            _enable_controllers(parent)
-    cgroup = parent / name
-    if cgroup.is_dir():
-        end_cgroup(cgroup)
-    cgroup.mkdir()
-    return cgroup
-
-
-def _enable_controllers(subtree: Path) -> None:
-    """Turn on, for the attempts' cgroups, the controllers SUBTREE has (those its parent
-    enabled for it). SUBTREE holds no process, so v2 allows it."""
-    try:
-        available = set((subtree / "cgroup.controllers").read_text().split())
-    except OSError:
-        return
-    for controller in ("memory", "cpu", "pids"):
-        if controller in available:
-            try:
-                (subtree / "cgroup.subtree_control").write_text(f"+{controller}")
-            except OSError as e:
-                log.info("cannot enable %s for attempts in %s: %s", controller, subtree, e)
-
-
-_subreaper = False
-
-
-def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux 3.4+): orphans of its descendants come to
-    it rather than to init. Whether it is one."""
-    global _subreaper
-    if _subreaper:
-        return True
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            log.warning("cannot become a child subreaper: %s", os.strerror(ctypes.get_errno()))
-            return False
-    except (OSError, AttributeError):
-        return False
-    _subreaper = True
-    return True
-
-
-def stop_being_subreaper() -> None:
-    """Undo become_subreaper: for a process (a test runner) that forced the subreaper
-    tracking for a while and must not adopt its other tests' orphans from then on."""
-    global _subreaper
-    if _subreaper:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        _subreaper = False

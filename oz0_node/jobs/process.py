@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from oz0_node.jobs.isolation import Tracking
+    from oz0_node.jobs.tracking import Tracking
 
 log = logging.getLogger(__name__)
 
