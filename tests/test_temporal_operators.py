@@ -259,7 +259,9 @@ async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(
             # `server init`'s admin: cluster-wide.
             assert first == {"admin": {"serial": serial, "role": "admin", "tenants": []}}
             await nursery.start(sync.run)
-            for role, tenants in (("viewer", []), ("viewer", ["beta", "acme"])):
+            for pushes, (role, tenants) in enumerate(
+                (("viewer", []), ("viewer", ["beta", "acme"])), start=1
+            ):
                 await trio.to_thread.run_sync(
                     partial(
                         sql,
@@ -270,12 +272,12 @@ async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(
                     )
                 )
                 with trio.fail_after(BOUND):
-                    await host.changed.wait()
+                    await host.pushed_at_least(pushes)
             await trio.to_thread.run_sync(
                 lambda: sql(cluster_files, "DELETE FROM operators WHERE name = 'admin'")
             )
             with trio.fail_after(BOUND):
-                await host.changed.wait()
+                await host.pushed_at_least(3)
             assert host.pushed == [
                 {"admin": {"serial": serial, "role": "viewer", "tenants": []}},
                 {"admin": {"serial": serial, "role": "viewer", "tenants": ["acme", "beta"]}},

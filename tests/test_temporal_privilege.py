@@ -619,7 +619,7 @@ async def test_a_renewal_reaches_the_host_by_notification(
             await nursery.start(sync.run)
             await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
             with trio.fail_after(RENEWAL_BOUND):
-                await host.changed.wait()
+                await host.pushed_at_least(1)
             assert host.pushed == [{"admin": {"serial": "4242", "role": "admin", "tenants": []}}]
             nursery.cancel_scope.cancel()
 
@@ -663,6 +663,13 @@ class NodeTableHost:
         self.changed.set()
         self.changed = trio.Event()
         return {"ack": len(self.pushed)}
+
+    async def pushed_at_least(self, count: int) -> None:
+        """Until COUNT tables have been pushed. Waiting on `changed` alone would miss a
+        push that came before the wait began (the sync is quick: it may beat the test's
+        own thread back) and then wait for one that never comes."""
+        while len(self.pushed) < count:
+            await self.changed.wait()
 
 
 def write_node(files: ClusterFiles, sql: str, *params: object) -> None:
@@ -721,7 +728,7 @@ async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_
                 )
             )
             with trio.fail_after(RENEWAL_BOUND):
-                await host.changed.wait()
+                await host.pushed_at_least(1)
             assert host.pushed == [
                 {
                     accepted: {
