@@ -41,10 +41,12 @@ import trio
 from bench.measure import server_log, servers_up
 from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.edge_client import error_name
+from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.private_postgres import PrivatePostgres, private_postgres
 from oz0 import audit, tokens
 from oz0.store.dburl import DatabaseUrl
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 
 # Every scenario, by the name `python -m bench NAME` takes.
 SCENARIOS = (
@@ -281,6 +283,9 @@ def run(scenario: Scenario, argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if (problem := scenario.check(args)) is not None:
         parser.error(problem)
+    # The benchmarks' agents run as root, so their jobs run as the job user: made once per
+    # machine, as `oz0-node install-service` makes it (else the agents refuse to start).
+    ensure_job_user(DEFAULT_JOB_USER)
     addresses = list(scenario.servers(args))
     given = sys.argv[1:] if argv is None else list(argv)
     out: dict[str, Any] = {
