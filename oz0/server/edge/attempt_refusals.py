@@ -22,6 +22,7 @@ import trio
 
 from oz0 import audit
 from oz0.jobs.spec import is_job_id
+from oz0.server.edge.summaries import flush_every
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ ACTION = "attempt.refused"
 SUMMARY_EVERY = 60.0
 AUDITED_EACH = 10
 MAX_REASON = 500
-_FLUSH_AT_STOP = 2.0
 
 
 class AttemptRefusals:
@@ -63,21 +63,7 @@ class AttemptRefusals:
         await self._db.transaction(partial(_record, node_id, tenant, target, details))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        try:
-            while True:
-                await trio.sleep(self._every)
-                await self._flush_or_keep()
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(_FLUSH_AT_STOP):
-                await self._flush_or_keep()
-
-    async def _flush_or_keep(self) -> None:
-        try:
-            await self.flush()
-        except psycopg.Error as e:
-            # Kept for the next interval: a database outage must not end the edge.
-            log.warning("cannot write the summary of refused attempts yet: %s", e)
+        await flush_every(self._every, self.flush, "refused attempts", task_status=task_status)
 
     async def flush(self) -> None:
         """One summary row per node that went over its budget; every budget starts anew."""

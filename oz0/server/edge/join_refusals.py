@@ -18,13 +18,13 @@ import psycopg
 import trio
 
 from oz0 import audit
+from oz0.server.edge.summaries import flush_every
 from oz0.store.pool import Database
 
 log = logging.getLogger(__name__)
 
 SUMMARY_EVERY = 60.0
 AUDITED_EACH = 20
-_FLUSH_AT_STOP = 2.0
 
 
 class JoinRefusals:
@@ -52,23 +52,7 @@ class JoinRefusals:
             self._summed[reason] += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        try:
-            while True:
-                await trio.sleep(self._every)
-                await self._flush_or_keep()
-        finally:
-            # What was summed since the last interval is written on the way out, if the
-            # database lets us in time.
-            with trio.CancelScope(shield=True), trio.move_on_after(_FLUSH_AT_STOP):
-                await self._flush_or_keep()
-
-    async def _flush_or_keep(self) -> None:
-        try:
-            await self.flush()
-        except psycopg.Error as e:
-            # Kept for the next interval: a database outage must not end the edge.
-            log.warning("cannot write the summary of refused joins yet: %s", e)
+        await flush_every(self._every, self.flush, "refused joins", task_status=task_status)
 
     async def flush(self) -> None:
         """Write the summary of this interval, if refusals went over budget, and start anew."""
