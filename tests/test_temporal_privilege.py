@@ -650,28 +650,6 @@ async def test_operator_sync_survives_a_database_outage(
 # --- pushing nodes' keys to the host (real PostgreSQL, no Temporal) ------------------------
 
 
-class NodeTableHost:
-    """Stands in for the supervisor: records the node tables that would reach the host."""
-
-    def __init__(self) -> None:
-        self.pushed: list[dict[str, dict[str, str] | None]] = []
-        self.changed = trio.Event()
-
-    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
-        assert op == "authz"
-        self.pushed.append(dict(fields["nodes"]))
-        self.changed.set()
-        self.changed = trio.Event()
-        return {"ack": len(self.pushed)}
-
-    async def pushed_at_least(self, count: int) -> None:
-        """Until COUNT tables have been pushed. Waiting on `changed` alone would miss a
-        push that came before the wait began (the sync is quick: it may beat the test's
-        own thread back) and then wait for one that never comes."""
-        while len(self.pushed) < count:
-            await self.changed.wait()
-
-
 def write_node(files: ClusterFiles, sql: str, *params: object) -> None:
     with psycopg.connect(main_db(files)) as conn:
         conn.execute(sql, params)
@@ -693,7 +671,7 @@ async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_
         "pending",
         "ab" * 32,
     )
-    host = NodeTableHost()
+    host = RecordingHost("authz", "nodes")
     with trio.fail_after(20):
         async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
             hub = EventHub(main_db(cluster_files))
