@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from oz0 import audit, operators, passwords, pki, tenants
+from oz0 import audit, membership, operators, passwords, pki, tenants
 from oz0.context import CONTEXT_FILE, Context, server_address
 from oz0.errors import Oz0Error
 from oz0.store import databases, migrations
@@ -184,11 +184,17 @@ def upgrade(
                 f"database {url.names.main} holds no cluster; run `server init` without --upgrade"
             )
         with conn.transaction():
-            applied = migrations.apply(conn)
+            # Beside the servers up now, as a server starting would (oz0/store/migrations.py).
+            steps = migrations.apply(conn, membership.live_schemas(conn))
     _report_temporal_schema(
         temporal_host.setup_schema(TemporalStores(url, visibility_sqlite)), progress
     )
-    return applied
+    if steps.waiting:
+        progress(
+            f"contract migrations {[m.version for m in steps.waiting]} wait until no server of "
+            "an earlier schema is up; run this again then"
+        )
+    return [m.version for m in steps.apply]
 
 
 def _report_temporal_schema(changes: list[dict[str, Any]], progress: Callable[[str], None]) -> None:

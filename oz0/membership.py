@@ -12,6 +12,7 @@ import psycopg
 import trio
 
 from oz0 import __version__
+from oz0.store import migrations
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 
@@ -52,6 +53,22 @@ def servers_up(conn: psycopg.Connection[Any], window: dt.timedelta = UP_WINDOW) 
     return [ServerRow(*r) for r in rows]
 
 
+def live_schemas(
+    conn: psycopg.Connection[Any], window: dt.timedelta = UP_WINDOW
+) -> list[int | None]:
+    """The schema of each server up (oz0/store/migrations.py): None for a server of a
+    release before servers said theirs, or on a database that has no such column yet."""
+    if not migrations.has_column(conn, "servers", "schema_version"):
+        rows = conn.execute(
+            "SELECT NULL FROM servers WHERE last_heartbeat > now() - %s", (window,)
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT schema_version FROM servers WHERE last_heartbeat > now() - %s", (window,)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     """A server's row as the Servers page shows it, up or not."""
@@ -89,21 +106,24 @@ async def run(
 ) -> None:
     """Heartbeat every INTERVAL; on the way out, remove the row so others see us gone now.
 
-    ON_BEAT is called after each heartbeat written (the first is the row's insert)."""
+    ON_BEAT is called after each heartbeat written (the first is the row's insert). The row
+    says this server's schema, which a newer server starting reads before it applies a
+    contract migration (oz0/store/migrations.py)."""
+    schema = migrations.code_version()
 
     def register(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
-            "INSERT INTO servers (id, advertise, version) VALUES (%s, %s, %s)",
-            (server_id, advertise, __version__),
+            "INSERT INTO servers (id, advertise, version, schema_version) VALUES (%s, %s, %s, %s)",
+            (server_id, advertise, __version__, schema),
         )
         conn.execute("DELETE FROM servers WHERE last_heartbeat < now() - %s", (FORGET_AFTER,))
 
     def beat(conn: psycopg.Connection[Any]) -> None:
         # An upsert: after a database outage the row may have been forgotten meanwhile.
         conn.execute(
-            "INSERT INTO servers (id, advertise, version) VALUES (%s, %s, %s)"
+            "INSERT INTO servers (id, advertise, version, schema_version) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (id) DO UPDATE SET last_heartbeat = clock_timestamp()",
-            (server_id, advertise, __version__),
+            (server_id, advertise, __version__, schema),
         )
 
     def leave(conn: psycopg.Connection[Any]) -> None:

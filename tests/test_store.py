@@ -5,6 +5,7 @@ import pytest
 import trio
 
 from fixtures.cluster import ClusterFiles
+from oz0.errors import SchemaMismatch
 from oz0.store import migrations
 from oz0.store.listen import ListenConnectionLost, Notification, listen
 from oz0.store.pool import open_database
@@ -21,43 +22,105 @@ def start_args(files: ClusterFiles) -> list[str]:
     ]  # fmt: skip
 
 
-def test_start_refuses_a_database_newer_than_the_code(
-    cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str]
-) -> None:
-    with psycopg.connect(main_db(cluster_files)) as conn:
-        conn.execute("INSERT INTO oz0_schema (version, name) VALUES (99, 'future')")
-    result = cli(*start_args(cluster_files), env=cluster_env)
-    assert result.code == 1
-    assert result.err == (
-        "error: database schema is at version 99, newer than this orchestrator-zero "
-        f"(it knows up to version {migrations.code_version()}); install the newer release\n"
+def _future(version: int, *, contract: bool = False) -> migrations.Migration:
+    return migrations.Migration(
+        version, f"future_{version}", f"CREATE TABLE future_{version} (x int);", contract
     )
 
 
-def test_start_asks_for_upgrade_on_an_older_database_and_upgrade_applies_it(
+def test_start_refuses_a_database_whose_oldest_server_schema_is_newer_than_it_knows(
+    cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str]
+) -> None:
+    known = migrations.code_version()
+    with psycopg.connect(main_db(cluster_files)) as conn:
+        # What a release of schema 99 leaves after a contract migration 95.
+        conn.execute(
+            "INSERT INTO oz0_schema (version, name, oldest_server) VALUES (99, 'future', 95)"
+        )
+    result = cli(*start_args(cluster_files), env=cluster_env)
+    assert result.code == 1
+    assert result.err == (
+        f"error: database schema 99 needs servers of schema 95 or newer; this server knows "
+        f"{known}: upgrade it\n"
+    )
+    # `server init --upgrade` refuses it alike, and writes nothing.
+    upgraded = cli("server", "init", "--upgrade", env=cluster_env)
+    assert (upgraded.code, upgraded.err) == (1, result.err)
+
+
+def test_a_server_runs_beside_a_newer_database_whose_oldest_server_schema_it_meets(
+    cluster_files: ClusterFiles,
+) -> None:
+    known = migrations.code_version()
+    with psycopg.connect(main_db(cluster_files)) as conn:
+        conn.execute(
+            "INSERT INTO oz0_schema (version, name, oldest_server) VALUES (%s, 'future', %s)",
+            (known + 2, known),
+        )
+        assert migrations.apply(conn, [known + 2]) == migrations.Plan()
+        migrations.check_current(conn)
+        assert migrations.database_version(conn) == known + 2
+
+
+def test_start_refuses_a_database_older_than_this_release_migrates_from(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     cluster_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = migrations.load()
-    future = migrations.Migration(len(real) + 1, "future", "CREATE TABLE future_table (x int);")
-    monkeypatch.setattr(migrations, "load", lambda: [*real, future])
-
+    monkeypatch.setattr(migrations, "load", lambda: [*real, _future(len(real) + 1)])
+    monkeypatch.setattr(migrations, "MIGRATES_FROM", len(real) + 1)
     result = cli(*start_args(cluster_files), env=cluster_env)
     assert result.code == 1
-    assert (
-        f"schema is at version {len(real)}, this orchestrator-zero needs version {future.version}"
-        in result.err
+    assert result.err == (
+        f"error: database schema {len(real)} is older than this release migrates from "
+        f"(schema {len(real) + 1}); upgrade it with an earlier release first, then with "
+        "this one\n"
     )
-    assert "server init --upgrade" in result.err
+    with psycopg.connect(main_db(cluster_files)) as conn:
+        assert migrations.database_version(conn) == len(real)
 
+
+def test_expand_migrations_apply_beside_older_servers_and_contract_ones_wait_for_them(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = migrations.load()
+    now = len(real)
+    expand, contract = _future(now + 1), _future(now + 2, contract=True)
+    monkeypatch.setattr(migrations, "load", lambda: [*real, expand, contract])
+    with psycopg.connect(main_db(cluster_files)) as conn:
+        # A server of this schema is up, and one of a release before servers said theirs.
+        steps = migrations.apply(conn, [now, None])
+        assert steps == migrations.Plan([expand], [contract])
+        assert migrations.database_version(conn) == now + 1
+        assert migrations.database_floor(conn) == migrations.floor_at(now, real)
+        # The contract step waits; the code runs without it (contract steps only).
+        migrations.check_current(conn)
+
+        assert migrations.apply(conn, [now + 2]) == migrations.Plan([contract])
+        assert migrations.database_version(conn) == now + 2
+        table = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (contract.name,)).fetchone()
+        assert table == (True,)
+        assert migrations.database_floor(conn) == now + 2
+
+
+def test_init_upgrade_applies_a_newer_release_s_migrations(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = migrations.load()
+    future = _future(len(real) + 1)
+    monkeypatch.setattr(migrations, "load", lambda: [*real, future])
     upgraded = cli("server", "init", "--upgrade", "--json", env=cluster_env)
     assert upgraded.code == 0, upgraded.err
     assert upgraded.json() == {"applied": [future.version]}
     with psycopg.connect(main_db(cluster_files)) as conn:
         assert migrations.database_version(conn) == future.version
-        assert conn.execute("SELECT to_regclass('future_table') IS NOT NULL").fetchone() == (True,)
+        table = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (future.name,)).fetchone()
+        assert table == (True,)
     again = cli("server", "init", "--upgrade", env=cluster_env)
     assert again.out == "schema already up to date\n"
 
@@ -65,6 +128,40 @@ def test_start_asks_for_upgrade_on_an_older_database_and_upgrade_applies_it(
 def test_migrations_are_numbered_without_gaps() -> None:
     versions = [m.version for m in migrations.load()]
     assert versions == list(range(1, len(versions) + 1))
+
+
+def test_every_migration_declares_its_kind_expand_unless_its_header_says_contract() -> None:
+    # Parsing every file is load()'s; these two change what earlier servers rely on.
+    assert [m.version for m in migrations.load() if m.contract] == [4, 13]
+
+
+def test_a_header_that_is_neither_expand_nor_contract_is_refused() -> None:
+    assert migrations.kind_of("-- oz0: contract\nDROP TABLE t;") is True
+    assert migrations.kind_of("-- oz0: expand\nCREATE TABLE t ();") is False
+    assert migrations.kind_of("CREATE TABLE t ();") is False
+    with pytest.raises(RuntimeError, match="is not a header"):
+        migrations.kind_of("-- oz0: contact\nDROP TABLE t;")
+    with pytest.raises(RuntimeError, match="is not a header"):
+        migrations.kind_of("-- why\n-- oz0: contract\nDROP TABLE t;")
+
+
+def test_a_contract_step_waits_for_every_older_server_and_an_expand_step_behind_it_refuses() -> (
+    None
+):
+    one, two = _future(1), _future(2, contract=True)
+    three = _future(3)
+    known = [one, two, three]
+    assert migrations.plan(1, 1, [], known) == migrations.Plan([two, three])
+    assert migrations.plan(1, 1, [3], known) == migrations.Plan([two, three])
+    with pytest.raises(SchemaMismatch) as refused:
+        migrations.plan(1, 1, [3, 1], known)
+    assert str(refused.value) == (
+        "database schema 1: migration 3 waits behind contract migration 2, which servers of "
+        "schema 1 still running cannot run beside; upgrade them first"
+    )
+    # A server of a release before servers said their schema counts as older than any.
+    assert migrations.plan(1, 1, [None], [one, two]) == migrations.Plan([], [two])
+    assert migrations.plan(2, 2, [None], known) == migrations.Plan([three])
 
 
 async def test_listen_delivers_notifications(cluster_files: ClusterFiles) -> None:

@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import trio
 
 from oz0 import cluster as cluster_mod
@@ -30,6 +32,7 @@ from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
 from oz0.store.pool import open_database
+from oz0.temporal import host as temporal_host
 from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
 from oz0.temporal.supervisor import HostSettings
@@ -107,7 +110,7 @@ def prepare(options: StartOptions) -> Cluster:
     master_key = pki.read_master_key(options.master_key_file)
     with databases.connect(options.url.for_database(options.url.names.main)) as conn:
         databases.check_server_version(conn)
-        migrations.check_current(conn)
+        _migrate(conn, options)
         # Committed when the connection closes; a wrong master key raises before any write.
         cluster_mod.reseal_legacy(conn, master_key)
         # Loaded first: a wrong master key must not seal a new UI CA's key.
@@ -116,6 +119,24 @@ def prepare(options: StartOptions) -> Cluster:
             return cluster
         cluster_mod.ensure_ui_ca(conn, master_key, (options.advertise, *options.sans))
         return cluster_mod.load(conn, master_key)
+
+
+def _migrate(conn: psycopg.Connection[Any], options: StartOptions) -> None:
+    """Bring the database to this release's schema as far as the servers running beside
+    this one allow, or refuse it (oz0/store/migrations.py has the rule)."""
+    with conn.transaction():
+        steps = migrations.apply(conn, membership.live_schemas(conn))
+    conn.commit()  # the migrations' lock is not held through the rest of the start
+    if steps.apply:
+        log.info("applied migrations %s", [m.version for m in steps.apply])
+        # Ours and Temporal's go together, as `server init --upgrade` applies them.
+        temporal_host.setup_schema(TemporalStores(options.url, options.visibility_sqlite))
+    if steps.waiting:
+        log.warning(
+            "contract migrations %s wait until no server of an earlier schema is up; the "
+            "next start (or `server init --upgrade`) with none up applies them",
+            [m.version for m in steps.waiting],
+        )
 
 
 async def run_server(

@@ -1,3 +1,6 @@
+-- oz0: contract
+-- (The unique index refuses what servers before it could insert; the servers of its release
+-- re-seal the CA keys in a form earlier ones cannot open.)
 -- One key is one node, however many joins race (the second insert fails and sees the
 -- first). A database that already holds two nodes for one key is refused, not guessed
 -- at: the operator deletes one of them with `node delete`, then upgrades.

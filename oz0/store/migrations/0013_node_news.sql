@@ -1,3 +1,5 @@
+-- oz0: contract
+-- (Servers before it do not understand the new notification.)
 -- A block ends the node's control stream on whichever server holds it. The notification
 -- on `oz0_nodes` now carries what that server needs to act at once, without reading the
 -- node back (at 10,000 streams per server the read back waited 5-44 ms for the
