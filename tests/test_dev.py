@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -10,7 +12,27 @@ import pytest
 from fixtures.cluster import REPO, ServerProcess, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from oz0.context import Context
+from oz0.store import migrations
 from tests.conftest import CliRunner
+
+_DEV_SQL = """
+import sys
+from pathlib import Path
+import psycopg
+from oz0 import devmode
+with devmode.embedded_postgres(Path(sys.argv[1])) as url:
+    with psycopg.connect(url.for_database(url.names.main)) as conn:
+        conn.execute(sys.argv[2])
+"""
+
+
+def dev_sql(data_dir: Path, sql: str) -> None:
+    """Run SQL in the dev cluster's database, its PostgreSQL started for it and stopped
+    after, in a process of its own (this one has a handle of the last run's cached)."""
+    subprocess.run(
+        [sys.executable, "-c", _DEV_SQL, str(data_dir), sql],
+        env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, timeout=60,
+    )  # fmt: skip
 
 
 def dev_server(data_dir: Path, workdir: Path) -> ServerProcess:
@@ -60,6 +82,20 @@ def test_dev_mode_initialises_once_and_reuses_its_directory(cli: CliRunner, tmp_
         assert_no_file_holds_key_of(public, [data_dir, tmp_path, Path(tempfile.gettempdir())])
     finally:
         first.stop(signal.SIGTERM)
+
+    # A database a newer release left, which needs servers newer than this one: refused in
+    # the one line `server start` gives (oz0/store/migrations.py), nothing written.
+    dev_sql(data_dir, "INSERT INTO oz0_schema (version, name, oldest_server) VALUES (99, 'f', 95)")
+    too_new = dev_server(data_dir, tmp_path / "run-refused")
+    refused = subprocess.run(
+        too_new.args, env=too_new.env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.endswith(
+        "error: database schema 99 needs servers of schema 95 or newer; this server knows "
+        f"{migrations.code_version()}: upgrade it\n"
+    ), refused.stderr
+    dev_sql(data_dir, "DELETE FROM oz0_schema WHERE version = 99")
 
     second = dev_server(data_dir, tmp_path / "run2")
     try:
