@@ -223,7 +223,7 @@ def check_current(conn: psycopg.Connection[Any]) -> None:
     own migrations applied but contract ones."""
     known = load()
     found = database_version(conn)
-    steps = plan(found, database_floor(conn), (), known) if found else plan(0, 0, (), known)
+    steps = plan(found, database_floor(conn), (), known)
     needed = [m.version for m in steps.apply if not m.contract]
     if needed:
         raise SchemaMismatch(
