@@ -23,8 +23,8 @@ from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
-from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs import supervisor
+from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
 from oz0_node.jobs.manager import STOP_WITHIN, AttemptManager
 from oz0_node.node import Node

@@ -10,8 +10,9 @@ node's runtime runs (`runtime.py`), in the frontend and namespace the welcome na
 its plugins with it (`plugins.py`); both stop when the stream ends, whatever ends it. The
 job attempts do not: they are the agent's (`jobs/manager.py`), and each stream is their
 link to the cluster while it is up (`jobs.EdgeLink`: attached once welcomed, detached when
-it ends), whose acks `commands.dispatch` hands back to them. A node blocked ends them. Whatever ends a stream, the reconnect policy picks
-the next edge; a `move` (the edge's server is stopping) makes that another edge, at once.
+it ends), whose acks `commands.dispatch` hands back to them; a node blocked ends them.
+Whatever ends a stream, the reconnect policy picks the next edge; a `move` (the edge's
+server is stopping) makes that another edge, at once.
 """
 
 from __future__ import annotations

@@ -178,8 +178,6 @@ def node_stopping(spec: AttemptSpec) -> ApplicationError:
     )
 
 
-
-
 class AttemptPort(Protocol):
     """The agent's attempt manager as this activity reaches it (manager.AttemptPort)."""
 

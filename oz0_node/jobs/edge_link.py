@@ -10,6 +10,7 @@ stream's receive loop); all of it in Trio.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Protocol
 
@@ -137,7 +138,5 @@ class EdgeLink:
         if waiter is None:
             log.debug("ignoring an ack nobody waits for (late or repeated): %s", key)
             return
-        try:
+        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
             waiter.send_nowait(message)
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass

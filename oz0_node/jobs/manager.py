@@ -102,7 +102,9 @@ class RelayState:
     def save(self, directory: Path) -> None:
         write_private(
             directory / STATE_FILE,
-            json.dumps({"seq": self.seq, "offset": self.offset, "inflight": self.inflight}),
+            json.dumps(
+                {"seq": self.seq, "offset": self.offset, "inflight": self.inflight}
+            ).encode(),
         )
 
 
@@ -180,7 +182,9 @@ class AttemptManager:
             supervised = await trio.to_thread.run_sync(
                 supervisor.launch, self.data_dir, spec, self.isolation
             )
-            write_private(supervised.dir / META_FILE, json.dumps({"lost_after": lost_after}))
+            write_private(
+                supervised.dir / META_FILE, json.dumps({"lost_after": lost_after}).encode()
+            )
             self._track(supervised, lost_after)
         finally:
             self.release()
@@ -322,18 +326,18 @@ class AttemptManager:
         sup, state = tracked.supervised, tracked.state
         while not tracked.output_dropped:
             if state.inflight is None:
-                records, end = await trio.to_thread.run_sync(
+                records, _ = await trio.to_thread.run_sync(
                     sup.read_output, state.offset, MESSAGE_DATA
                 )
                 message = _one_message(records, state.offset)
                 if message is None:
                     return True
-                count, end = message
+                _, end = message
                 state.inflight = (state.seq, state.offset, end)
                 await trio.to_thread.run_sync(state.save, sup.dir)
             seq, start, end = state.inflight
             records, _ = await trio.to_thread.run_sync(sup.read_output, start, MESSAGE_DATA)
-            fields = _fields(tracked, seq, [r for r in records if r.end <= end])
+            fields = _fields(tracked, seq, _upto(records, start, end))
             if not self.link.is_up:
                 return False
             try:
@@ -385,7 +389,7 @@ def _one_message(records: list[OutputRecord], start: int) -> tuple[int, int] | N
         return None
     first = records[0]
     if first.truncated:
-        return 1, first.end
+        return 1, start + _size(first)
     size, count, end = 0, 0, start
     for record in records:
         if record.truncated or record.stream != first.stream:
@@ -394,8 +398,24 @@ def _one_message(records: list[OutputRecord], start: int) -> tuple[int, int] | N
             break
         size += len(record.data)
         count += 1
-        end = record.end
+        end += _size(record)
     return count, end
+
+
+def _size(record: OutputRecord) -> int:
+    """How much of the output file RECORD takes (supervisor.py frames each one)."""
+    return supervisor.HEADER.size + len(record.data)
+
+
+def _upto(records: list[OutputRecord], start: int, end: int) -> list[OutputRecord]:
+    """The RECORDS (read from START) that end by END: the message in flight, again."""
+    kept, at = [], start
+    for record in records:
+        at += _size(record)
+        if at > end:
+            break
+        kept.append(record)
+    return kept
 
 
 def _fields(tracked: Tracked, seq: int, records: list[OutputRecord]) -> Message:
