@@ -203,16 +203,15 @@ class TrioPort:
 
 @contextlib.asynccontextmanager
 async def node_manager(
-    data_dir: Path, edge: FakeEdge | None, isolation: Isolation | None = None
+    data_dir: Path, edge: FakeEdge, isolation: Isolation | None = None, *, attached: bool = True
 ) -> AsyncIterator[AttemptManager]:
-    """An agent's attempt manager for DATA_DIR, its link attached to EDGE (None: no stream);
-    when the block ends the agent is gone (its supervisors run on)."""
-    link = edge.link if edge is not None else EdgeLink()
-    manager = AttemptManager(data_dir, isolation or Isolation.detect(data_dir), link)
+    """An agent's attempt manager for DATA_DIR, its link EDGE's, attached to it unless told
+    not (no stream yet); when the block ends the agent is gone (its supervisors run on)."""
+    manager = AttemptManager(data_dir, isolation or Isolation.detect(data_dir), edge.link)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
-        if edge is not None:
-            link.attach(edge)
+        if attached:
+            edge.link.attach(edge)
         yield manager
         nursery.cancel_scope.cancel()
 
@@ -392,16 +391,22 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     assert not workdirs() and not workdirs(2)
 
 
-def handed(raw: dict[str, Any], data_dir: Path) -> FakeEdge:
-    """Hand RAW over (as the activity does) on a node with a stream to a fake edge: what
-    that edge heard. ApplicationError if the hand-over refuses it."""
-    edge = FakeEdge()
+def handed(raw: dict[str, Any], data_dir: Path, edge: FakeEdge | None = None) -> FakeEdge:
+    """Hand RAW over (as the activity does) on a node with a stream to EDGE (a fake edge):
+    what that edge heard. ApplicationError if the hand-over refuses it."""
+    edge = edge if edge is not None else FakeEdge()
+    failed: list[ApplicationError] = []
 
     async def main() -> None:
         async with node_manager(data_dir, edge) as manager:
-            await hand(manager, raw)
+            try:
+                await hand(manager, raw)
+            except ApplicationError as e:
+                failed.append(e)
 
     trio.run(main)
+    if failed:
+        raise failed[0]
     return edge
 
 
@@ -433,13 +438,8 @@ def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path
 
 def refused(raw: dict[str, Any], data_dir: Path) -> tuple[ApplicationError, FakeEdge]:
     edge = FakeEdge()
-
-    async def main() -> None:
-        async with node_manager(data_dir, edge) as manager:
-            await hand(manager, raw)
-
     with pytest.raises(ApplicationError) as raised:
-        trio.run(main)
+        handed(raw, data_dir, edge)
     assert raised.value.type == "AttemptRefused" and raised.value.non_retryable
     return raised.value, edge
 
@@ -688,7 +688,7 @@ def test_output_made_while_no_stream_is_up_is_kept_and_sent_in_order_when_one_is
     edge = FakeEdge()
 
     async def main() -> None:
-        async with node_manager(tmp_path, None) as manager:
+        async with node_manager(tmp_path, edge, attached=False) as manager:
             script = "for i in 1 2 3; do echo out $i; echo err $i >&2; sleep 0.1; done"
             await hand(manager, spec("sh", "-c", script))
             await trio.sleep(1.5)  # it has ended meanwhile, with no stream to tell
@@ -913,7 +913,7 @@ async def test_the_agent_hands_attempts_to_its_manager_which_reports_over_the_st
 
     def factory(settings: RuntimeSettings) -> AttemptRuntime:
         # Signed as the cluster signs it for this node, in its tenant.
-        raw = unsigned("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2')
+        raw = unsigned("sh", "-c", 'echo "$OZ0_NODE_ID"; echo oops >&2; sleep 1.5')
         grant = signed(raw, net.cluster.ca, node_id=settings.node_id, tenant=settings.namespace)
         return AttemptRuntime(settings, grant, outcomes)
 
