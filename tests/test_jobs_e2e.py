@@ -333,20 +333,6 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     )
 
 
-async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str:
-    """The server whose job worker took the job's latest workflow task (its identity)."""
-    client = await Client.connect(
-        f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
-    )
-    history = await client.get_workflow_handle(job_id).fetch_history()
-    identities = [
-        e.workflow_task_started_event_attributes.identity
-        for e in history.events
-        if e.HasField("workflow_task_started_event_attributes")
-    ]
-    return identities[-1].split()[0]
-
-
 async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
     """What the job's workflow gave each attempt's node: the activities' inputs."""
     client = await Client.connect(
@@ -361,43 +347,94 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
     ]
 
 
+def pid_alive(pid: int) -> bool:
+    stat = read_stat(pid)
+    return stat is not None and not stat.zombie
+
+
 @pytest.mark.slow
-def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
+def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     start_server: StartServer,
     tmp_path: Path,
     agents: list[AgentProcess],
 ) -> None:
+    """Two servers, A and B; node 1 streams to A running a 30 s command. A is SIGKILLed,
+    B drained with SIGTERM, node 1's agent killed with -9 and started again: the same
+    process runs on through all of it, and the job succeeds with one attempt and all of its
+    output, once, in order. Meanwhile node 2's agent is frozen (SIGSTOP) under a job that
+    may not outlive its node (`--on-lost fail`): the job ends lost after its lost-after,
+    and the agent, thawed, is told so and ends its copy."""
     files, env = cluster_files, cluster_files.cli_env
     servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
-    # The CLI may reach either server; the agent either edge.
+    # The CLI may reach either server; the agents learn both edges from their first.
     context = json.loads(files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
-    join_agents(cli, files, tmp_path, agents, [{}], edges=[f"{a}:7443" for a in servers])
+    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}])
+    first, second = agents[-2:]
+    lines = 30
     run = cli(
-        "job", "run", "--detach", "--json", "--",
-        "sh", "-c", "echo pid $$; sleep 8; echo done", env=env,
+        "job", "run", "--detach", "--json", "--selector", "n=1", "--",
+        "sh", "-c", f"echo pid $$; for i in $(seq {lines}); do echo line $i; sleep 1; done",
+        env=env,
     )  # fmt: skip
     assert run.code == 0, run.err
     job_id = run.json()["id"]
-    started_pid(files, job_id, 1)
-    worker = run_async(lambda: workflow_worker(files, SERVER, job_id))
-    up = api(files).get("/api/v1/cluster")["servers"]
-    [victim] = [s["advertise"] for s in up if s["id"] == worker]
-    servers[victim].stop(signal.SIGKILL)
-    began = time.monotonic()
-    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 120)
+    fragile = cli(
+        "job", "run", "--detach", "--json", "--selector", "n=2", "--on-lost", "fail",
+        "--lost-after", "5s", "--", "sh", "-c", "echo pid $$; exec sleep 120", env=env,
+    )  # fmt: skip
+    assert fragile.code == 0, fragile.err
+    fragile_id = fragile.json()["id"]
+    pid = started_pid(files, job_id, 1)
+    fragile_pid = started_pid(files, fragile_id, 1)
+    assert second.process is not None
+    second.process.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+
+    # 1. SIGKILL of the server node 1 streams to: it moves to the other; the command runs on.
+    servers[SERVER].stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    print(f"server SIGKILLed: node back on a stream {time.monotonic() - killed_at:.2f} s later")
+    assert pid_alive(pid), "the server's death ended the command"
+    servers[SERVER] = start_server(files, SERVER)
+
+    # 2. SIGTERM of the other: it drains, the node moves back; the command runs on.
+    servers[SECOND].stop(signal.SIGTERM)
+    first.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    assert pid_alive(pid), "the server's drain ended the command"
+
+    # 3. kill -9 of the agent, and a new one: it finds the command and carries on.
+    assert first.process is not None
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    time.sleep(1)
+    assert pid_alive(pid), "the agent's death ended the command"
+    restarted = AgentProcess.resuming(first.data_dir).start()
+    agents.append(restarted)
+    restarted.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    assert f"re-attached job {job_id} attempt 1" in restarted.log()
+
+    # Node 2's job failed as asked once its node was lost for 5 s; thawed, the node is
+    # told, and ends the command it still ran.
+    lost = wait_job(files, fragile_id, lambda j: j["ended_at"] is not None, 60)
+    assert lost["state"] == "lost", lost
+    assert len(lost["attempts"]) == 1
+    assert time.monotonic() - frozen_at >= 5
+    assert pid_alive(fragile_pid), "a frozen agent's command runs on"
+    second.process.send_signal(signal.SIGCONT)
+    assert pid_gone(fragile_pid, 30), "the node that came back did not end its copy"
+
+    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 90)
     assert done["state"] == "succeeded", done
-    assert b"done" in b"".join(data for _, _, data in output_of(files, job_id))
-    survivor = SECOND if victim == SERVER else SERVER
-    assert run_async(lambda: workflow_worker(files, survivor, job_id)) != worker
-    print(
-        f"workflow on {victim} SIGKILLed; job ended {time.monotonic() - began:.1f} s later"
-        f" after {len(done['attempts'])} attempt(s): "
-        + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
-    )
+    assert [(a["node"], a["ended_because"]) for a in done["attempts"]] == [(one, "exit")]
+    stdout = b"".join(data for _, stream, data in output_of(files, job_id) if stream == "stdout")
+    want = f"pid {pid}\n" + "".join(f"line {i}\n" for i in range(1, lines + 1))
+    assert stdout.decode() == want, "all of the output, once, in order"
+    assert two != one
 
 
 def everything_in_the_database(files: ClusterFiles) -> str:
