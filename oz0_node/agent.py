@@ -132,16 +132,19 @@ async def run(
                 isolation=node.isolation,
                 manager=manager,
             )
+            failed: AgentError | None = None
             try:
                 command = await _stay_connected(
                     node, key, ca_pem, options.request, open_stream, rng, runtimes, clock
                 )
-            except AgentError:
+                purged = await _carry_out_purge(node, command, options, runtimes)
+            except AgentError as e:
                 # Rejected, deleted, expired: no cluster will take this node's reports.
                 await runtimes.end_attempts("the node can no longer reach its cluster")
-                raise
-            purged = await _carry_out_purge(node, command, options, runtimes)
+                failed = e  # raised as itself, not in the nursery's exception group
             nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
         return purged
 
 

@@ -155,7 +155,9 @@ class AttemptManager:
         self._started_at = trio.current_time()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for found in await trio.to_thread.run_sync(supervisor.find_all, self.data_dir):
+            # Read in Trio's thread: a directory listing, once, before anything else runs
+            # (and a worker thread would let a test's autojump clock race ahead of it).
+            for found in supervisor.find_all(self.data_dir):
                 state = "running" if found.alive() else "ended"
                 log.info("re-attached job %s attempt %d (%s)", found.job_id, found.attempt, state)
                 self._track(found, _meta(found.dir))
