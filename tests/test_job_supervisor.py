@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,6 +356,26 @@ def test_stop_sends_sigterm_then_kills_after_the_grace_and_leaves_nothing(
     assert gone(int(shell)) and not cgroup.exists() and no_cgroup_left()
     assert not Path(workdir).exists()
     supervised.stop()  # an ended supervisor: nothing to signal, nothing raised
+
+
+def test_stop_works_for_a_supervisor_launched_from_a_thread_that_blocks_sigterm(
+    data_dir: Path,
+) -> None:
+    launched: list[Supervised] = []
+
+    def launch_blocked() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        launched.append(
+            launch(data_dir, spec_of("sleep", "600"), isolation_for(data_dir, CGROUP_V2))
+        )
+
+    thread = threading.Thread(target=launch_blocked)
+    thread.start()
+    thread.join()
+    (supervised,) = launched
+    supervised.stop()
+    status = wait_status(supervised, 5.0)
+    assert (status["ended_because"], status["signal"]) == ("stopped", signal.SIGTERM)
 
 
 def test_a_timeout_ends_the_command_and_says_so(data_dir: Path) -> None:

@@ -193,7 +193,8 @@ class Supervised:
     def read_output(self, offset: int, limit: int) -> tuple[list[OutputRecord], int]:
         """The whole records from byte OFFSET of DIR/output, at most LIMIT bytes of data
         (one record at least, if there is one), and the offset after them. A record still
-        being written is left for the next call."""
+        being written is left for the next call. ValueError if the file is not one of
+        these (a stream code this node does not write)."""
         records: list[OutputRecord] = []
         taken = 0
         try:
@@ -515,6 +516,9 @@ def _parse(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
 def main() -> None:
     """The supervisor's process (started by `launch` as `python -c BOOT`)."""
     raw = json.loads(sys.stdin.buffer.read())
+    # Whatever the agent's thread that launched it blocked (a fork keeps its signal mask):
+    # a stop must get through, and the command must not start with signals blocked.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     # A SIGTERM from now on is a stop (`Supervised.stop`), not its death.
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
