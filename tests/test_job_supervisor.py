@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from oz0_node.jobs import output, procfs
+from oz0_node.jobs import attempt, output, process, procfs, supervisor
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.process import KILL_GRACE
@@ -227,6 +227,23 @@ def test_output_past_the_cap_is_marked_once_then_dropped_and_the_command_does_no
     assert (supervised.dir / "output").stat().st_size < OUTPUT_CAP + 5 * (
         OUTPUT_CAP // RECORD_DATA + 2
     )
+
+
+def test_the_supervisor_imports_no_event_loop_and_keeps_the_agents_bounds() -> None:
+    # Its start-up is part of every dispatch: asyncio, trio and temporalio stay out.
+    loaded = subprocess.run(
+        [sys.executable, "-P", "-c",
+         "import sys, oz0_node.jobs.supervisor; "
+         "print(sorted(m for m in ('asyncio', 'trio', 'temporalio') if m in sys.modules))"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert loaded.stdout.strip() == "[]"
+    assert (supervisor.KILL_GRACE, supervisor.GONE_POLL, supervisor.REAP_TIMEOUT) == (
+        process.KILL_GRACE,
+        process.GONE_POLL,
+        process.REAP_TIMEOUT,
+    )
+    assert supervisor.DRAIN_TIMEOUT == attempt.DRAIN_TIMEOUT
 
 
 def test_a_record_half_written_at_the_end_is_not_returned_until_it_is_whole(
