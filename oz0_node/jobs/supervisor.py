@@ -10,7 +10,8 @@ disk nor on a command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
-  tracking, the limits) and starts the command (process.py), then says "ready" to `launch`;
+  tracking, the limits), starts the command (as process.py does, without asyncio), then
+  says "ready" to `launch`;
 - appends the command's output to DIR/output as it comes (below);
 - ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
   then SIGKILL (cgroup.kill) after KILL_GRACE; once the command has exited, ends whatever
@@ -18,7 +19,7 @@ disk nor on a command line. It then
 - records in DIR/tracking.json (0600, replaced atomically) what is left to end if it is
   killed itself (its cgroups, its processes with their start times): `end_leftovers`;
 - removes the working directory and cgroups, then writes DIR/status.json (0600,
-  atomically): the attempt has ended and nothing of it is left;
+  atomically): the attempt has ended, nothing of it is left, DIR/output is complete;
 - holds an exclusive flock on DIR/lock for its whole life (taken by `launch` before the
   supervisor exists, and handed down to it): `alive` is whether that lock is held.
 
