@@ -10,7 +10,8 @@ disk nor on a command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
-  tracking, the limits) and starts the command (process.py), then says "ready" to `launch`;
+  tracking, the limits), starts the command (as process.py does, without asyncio), then
+  says "ready" to `launch`;
 - appends the command's output to DIR/output as it comes (below);
 - ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
   then SIGKILL (cgroup.kill) after KILL_GRACE; once the command has exited, ends whatever
@@ -18,7 +19,7 @@ disk nor on a command line. It then
 - records in DIR/tracking.json (0600, replaced atomically) what is left to end if it is
   killed itself (its cgroups, its processes with their start times): `end_leftovers`;
 - removes the working directory and cgroups, then writes DIR/status.json (0600,
-  atomically): the attempt has ended and nothing of it is left;
+  atomically): the attempt has ended, nothing of it is left, DIR/output is complete;
 - holds an exclusive flock on DIR/lock for its whole life (taken by `launch` before the
   supervisor exists, and handed down to it): `alive` is whether that lock is held.
 
@@ -38,7 +39,6 @@ attempt's output while it has no stream to deliver it on, or while its agent res
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -47,6 +47,7 @@ import logging
 import os
 import re
 import select
+import selectors
 import signal
 import struct
 import subprocess
@@ -69,7 +70,6 @@ from oz0_node.jobs.isolation import (
     remove_tree,
 )
 from oz0_node.jobs.job_user import JobUser
-from oz0_node.jobs.process import KILL_GRACE, REAP_TIMEOUT, spawn
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,11 @@ STREAM_CODES = {"stdout": STDOUT, "stderr": STDERR}
 CODE_STREAMS = {code: name for name, code in STREAM_CODES.items()}
 HEADER = struct.Struct(">BI")
 LOG_CAP = 256 << 10
+# process.py's KILL_GRACE, GONE_POLL and REAP_TIMEOUT (not imported: process.py brings
+# asyncio; a test checks they agree).
+KILL_GRACE = 3.0
+GONE_POLL = 0.05
+REAP_TIMEOUT = 2.0
 # attempt.py's DRAIN_TIMEOUT: how long pipes held by a process that escaped its tracking
 # are read once the command's processes are gone.
 DRAIN_TIMEOUT = 5.0
@@ -193,7 +198,8 @@ class Supervised:
     def read_output(self, offset: int, limit: int) -> tuple[list[OutputRecord], int]:
         """The whole records from byte OFFSET of DIR/output, at most LIMIT bytes of data
         (one record at least, if there is one), and the offset after them. A record still
-        being written is left for the next call."""
+        being written is left for the next call. ValueError if the file is not one of
+        these (a stream code this node does not write)."""
         records: list[OutputRecord] = []
         taken = 0
         try:
@@ -515,6 +521,9 @@ def _parse(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
 def main() -> None:
     """The supervisor's process (started by `launch` as `python -c BOOT`)."""
     raw = json.loads(sys.stdin.buffer.read())
+    # Whatever the agent's thread that launched it blocked (a fork keeps its signal mask):
+    # a stop must get through, and the command must not start with signals blocked.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     # A SIGTERM from now on is a stop (`Supervised.stop`), not its death.
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
@@ -541,7 +550,7 @@ def main() -> None:
         isolation.tracking = PROCESS_GROUP
     output = OutputFile(directory / OUTPUT_FILE)
     try:
-        status = asyncio.run(_supervise(spec, isolation, output, stopping))
+        status = _supervise(spec, isolation, output, stopping)
     finally:
         output.close()
     write_private(directory / STATUS_FILE, (json.dumps(status) + "\n").encode())
@@ -575,45 +584,42 @@ def _status(
     }
 
 
-async def _supervise(
+def _supervise(
     spec: SupervisedSpec, isolation: Isolation, output: OutputFile, stopping: list[int]
 ) -> dict[str, object]:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    if stopping:
-        stop.set()
     try:
         place = isolation.begin(spec.node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
     except OSError as e:
         why = f"{e.strerror or e} ({e.filename or isolation.temp_dir})"
         log.warning("job %s attempt %d: cannot set it up: %s", spec.job_id, spec.attempt, why)
-        output.add(
-            "stderr", f"oz0-node: cannot make its working directory or cgroup: {why}\n".encode()
-        )
+        line = f"oz0-node: cannot make its working directory or cgroup: {why}\n"
+        output.add("stderr", line.encode())
         _ready()
         return _status(126, None, "exit", output, {})
     try:
-        return await _run(spec, isolation, place, output, stop)
+        return _run(spec, isolation, place, output, stopping)
     finally:
         isolation.end(place)
 
 
-async def _run(
+def _run(
     spec: SupervisedSpec,
     isolation: Isolation,
     place: Placement,
     output: OutputFile,
-    stop: asyncio.Event,
+    stopping: list[int],
 ) -> dict[str, object]:
     try:
-        child = await spawn(
+        # As process.spawn does it: its own session, stdin /dev/null, the isolation's steps.
+        popen = subprocess.Popen(
             spec.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             cwd=place.workdir,
             env=place.env,
-            on_output=output.add,
-            tracking=place.tracking,
-            preexec=place.preexec,
+            start_new_session=True,
+            preexec_fn=place.preexec,
         )
     except (OSError, subprocess.SubprocessError) as e:
         # As attempt.py says it: 127 not found, 126 not runnable or not isolated.
@@ -626,48 +632,178 @@ async def _run(
         output.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
         _ready()
         return _status(code, None, "exit", output, place.applied)
-    command_start = procfs.read_stat(child.pid)
-    _note(isolation, place, child.pid, command_start)
+    place.tracking.started(popen.pid)
+    command = _Command(popen, place, output, stopping, isolation)
+    command.note()
     _ready()
-    log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, child.pid)
-    follow = None
-    if place.tracking.kind == SUBREAPER:
-        follow = asyncio.create_task(_follow(isolation, place, child.pid, command_start))
+    log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, popen.pid)
     try:
-        waits = [asyncio.create_task(child.exited.wait()), asyncio.create_task(stop.wait())]
-        try:
-            await asyncio.wait(waits, timeout=spec.timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        exited = child.exited.is_set()
-        if exited:
-            ended_because = "exit"
-            if child.tracking.alive():
-                log.info(
-                    "job %s attempt %d: ending what the command left running",
-                    spec.job_id,
-                    spec.attempt,
-                )
-        else:
-            ended_because = "stopped" if stop.is_set() else "timeout"
-            why = "asked to stop" if stop.is_set() else f"timed out after {spec.timeout:g} s"
+        deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
+        ended_because = command.run_until(deadline)
+        if ended_because == "exit" and place.tracking.alive():
+            log.info(
+                "job %s attempt %d: ending what the command left running",
+                spec.job_id,
+                spec.attempt,
+            )
+        elif ended_because != "exit":
+            why = "asked to stop" if stopping else f"timed out after {spec.timeout:g} s"
             log.info("job %s attempt %d: %s; ending it", spec.job_id, spec.attempt, why)
-        await child.end(grace=KILL_GRACE)
-        with contextlib.suppress(TimeoutError):
-            # A pipe held by a process that escaped its tracking is not waited for.
-            await asyncio.wait_for(child.pipes_closed.wait(), DRAIN_TIMEOUT)
+        command.end(KILL_GRACE)
+        # A pipe held by a process that escaped its tracking is not waited for.
+        command.drain(DRAIN_TIMEOUT)
     finally:
-        if follow is not None:
-            follow.cancel()
-        child.close()
-    returned = child.returncode
+        command.close()
+    returned = popen.returncode
     sig = -returned if returned is not None and returned < 0 else None
     if ended_because != "exit":
         return _status(None, sig, ended_because, output, place.applied)
     assert returned is not None
     exit_code = 128 + sig if sig is not None else returned
     return _status(exit_code, sig, "exit", output, place.applied)
+
+
+class _Command:
+    """The command's process as the supervisor follows it, in one thread and no event loop
+    (asyncio's import alone would add a third to the supervisor's start): its pipes read
+    into the output file, its exit seen through a pidfd, a SIGTERM through a wake-up pipe,
+    its descendants looked for every SCAN_EVERY (subreaper tracking). What process.Child
+    does for attempts the agent runs itself."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        place: Placement,
+        output: OutputFile,
+        stopping: list[int],
+        isolation: Isolation,
+    ) -> None:
+        self.popen = popen
+        self.place = place
+        self.tracking = place.tracking
+        self.output = output
+        self.stopping = stopping
+        self.isolation = isolation
+        self.start = procfs.read_stat(popen.pid)
+        self.selector = selectors.DefaultSelector()
+        self.pipes: dict[int, str] = {}
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self.selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
+            self.pipes[pipe.fileno()] = stream
+        self.pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):  # before Linux 5.3: polled
+            self.pidfd = os.pidfd_open(popen.pid)
+            self.selector.register(self.pidfd, selectors.EVENT_READ, None)
+        # A signal's number is written here by the interpreter: select wakes up at once.
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.next_scan = time.monotonic()
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def pump(self, timeout: float | None) -> None:
+        """Wait at most TIMEOUT for output, the command's exit or a signal; take the output."""
+        if self.pidfd is None:
+            timeout = GONE_POLL if timeout is None else min(timeout, GONE_POLL)
+        if self.tracking.kind == SUBREAPER:
+            until_scan = max(self.next_scan - time.monotonic(), 0.0)
+            timeout = until_scan if timeout is None else min(timeout, until_scan)
+        for key, _ in self.selector.select(timeout):
+            fd = key.fd
+            if fd in self.pipes:
+                self._read(fd)
+            elif fd == self.wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(fd, 512)
+            elif fd == self.pidfd:
+                # It stays readable once the command has exited: not looked at again.
+                self.selector.unregister(fd)
+                self.popen.poll()
+        if self.tracking.kind == SUBREAPER and time.monotonic() >= self.next_scan:
+            self.next_scan = time.monotonic() + SCAN_EVERY
+            if self.tracking.refresh():
+                self.note()
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.output.add(self.pipes[fd], data)
+            return
+        self.selector.unregister(fd)
+        del self.pipes[fd]
+
+    def note(self) -> None:
+        _note(self.isolation, self.place, self.popen.pid, self.start)
+
+    def run_until(self, deadline: float | None) -> str:
+        """Follow the command until it exits ("exit"), a stop ("stopped") or DEADLINE
+        ("timeout")."""
+        while True:
+            if self.exited():
+                return "exit"
+            if self.stopping:
+                return "stopped"
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            self.pump(deadline - now if deadline is not None else None)
+
+    def end(self, grace: float) -> None:
+        """End every process of the attempt: SIGTERM, then SIGKILL after GRACE seconds;
+        return once they are gone and the command reaped (or REAP_TIMEOUT after the
+        SIGKILL). Signals nothing when none is left. As process.Child.end."""
+        tracking = self.tracking
+        if self.exited() and not tracking.alive():
+            return
+        tracking.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        # Nothing tells when the last of them is gone: look (reading their output meanwhile).
+        while tracking.alive() and time.monotonic() < deadline:
+            self.pump(GONE_POLL)
+        left = tracking.alive()
+        if left:
+            log.info(
+                "process %d: %d process(es) of its attempt still there %g s after SIGTERM; SIGKILL",
+                self.popen.pid,
+                len(left),
+                grace,
+            )
+            tracking.kill_all()
+        deadline = time.monotonic() + REAP_TIMEOUT
+        # Again and again: one that forked meanwhile (subreaper, process group) dies too.
+        while tracking.alive() and time.monotonic() < deadline:
+            tracking.kill_all()
+            self.pump(GONE_POLL)
+        while not self.exited() and time.monotonic() < deadline:
+            self.pump(GONE_POLL)
+        if not self.exited():
+            log.warning("process %d did not end %g s after SIGKILL", self.popen.pid, REAP_TIMEOUT)
+        tracking.refresh()  # reap what was adopted
+
+    def drain(self, within: float) -> None:
+        """Read the pipes until they close, at most WITHIN seconds."""
+        deadline = time.monotonic() + within
+        while self.pipes and time.monotonic() < deadline:
+            self.pump(deadline - time.monotonic())
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        for fd in (self.wake_r, self.wake_w, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _note(
@@ -682,14 +818,3 @@ def _note(
         place.key,
         {"workdir": str(place.workdir), "cgroups": [str(p) for p in place.cgroups], "pids": pids},
     )
-
-
-async def _follow(
-    isolation: Isolation, place: Placement, command: int, start: procfs.ProcStat | None
-) -> None:
-    """Subreaper tracking: look for the attempt's new processes (and reap adopted ones that
-    ended) every SCAN_EVERY, recording them for `end_leftovers`."""
-    while True:
-        if place.tracking.refresh():
-            _note(isolation, place, command, start)
-        await asyncio.sleep(SCAN_EVERY)
