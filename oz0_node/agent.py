@@ -227,7 +227,8 @@ async def _stop_runtimes_and_plugins(runtimes: Runtimes, data_dir: Path) -> None
     """
     await runtimes.stop_all()
     await runtimes.end_attempts("the node is purged")
-    await trio.to_thread.run_sync(supervisor.stop_all, data_dir, STOP_WITHIN)
+    if supervisor.find_all(data_dir):  # what a dead supervisor left, and any stragglers
+        await trio.to_thread.run_sync(supervisor.stop_all, data_dir, STOP_WITHIN)
 
 
 def _ignored_join_options(options: StartOptions) -> bool:

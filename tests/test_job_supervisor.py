@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from oz0_node.jobs import attempt, output, process, procfs, supervisor
+from oz0_node.jobs import output, process, procfs, supervisor
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.process import KILL_GRACE
@@ -243,7 +243,6 @@ def test_the_supervisor_imports_no_event_loop_and_keeps_the_agents_bounds() -> N
         process.GONE_POLL,
         process.REAP_TIMEOUT,
     )
-    assert supervisor.DRAIN_TIMEOUT == attempt.DRAIN_TIMEOUT
 
 
 def test_a_record_half_written_at_the_end_is_not_returned_until_it_is_whole(
