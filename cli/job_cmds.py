@@ -18,6 +18,8 @@ from cli.job_params import (
     cpus,
     duration,
     env_pairs,
+    lost_after_duration,
+    on_lost_choice,
     parse_env,
     parse_selector,
     secret_names,
@@ -31,6 +33,7 @@ from cli.params import ContextPath, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 from oz0.jobs import limits as job_limits
+from oz0.jobs.spec_text import DEFAULT_ON_LOST, describe_on_lost
 
 app = App(name="job", help_format="markdown")  # help: cli/main.py
 
@@ -78,6 +81,13 @@ def run(
     ] = None,
     name: str | None = None,
     no_move: Flag = False,
+    on_lost: Annotated[
+        str, Parameter(converter=on_lost_choice, metavar="move|wait|fail", show_default=False)
+    ] = DEFAULT_ON_LOST,
+    lost_after: Annotated[
+        float | None,
+        Parameter(converter=lost_after_duration, metavar="DURATION", show_default=False),
+    ] = None,
     queue_timeout: Annotated[
         float, Parameter(converter=duration, metavar="DURATION", show_default=False)
     ] = DEFAULT_QUEUE_TIMEOUT,
@@ -126,6 +136,14 @@ def run(
         A name to recognise the job by.
     no_move
         A blocked, purged or lost node's attempt ends the job lost instead of moving it.
+    on_lost
+        When the node running it is lost (no server has heard from it for --lost-after):
+        move the job to another node (the default), wait for the node to come back
+        (moved once --lost-after has passed), or fail the job. A node that comes back
+        after its attempt moved or failed stops it. [default: move]
+    lost_after
+        How long a node may be unheard of before it is lost, from 5s to 7d. [default: 15s;
+        10m with --on-lost wait]
     queue_timeout
         Fail the job if no node can take it for this long. [default: 10m]
     memory
@@ -189,6 +207,10 @@ def run(
     }
     if limits:  # only when asked: a server without limits refuses the field
         body["limits"] = limits
+    if on_lost != DEFAULT_ON_LOST:  # the same: an older server refuses what it lacks
+        body["on_lost"] = on_lost
+    if lost_after is not None:
+        body["lost_after"] = lost_after
     if secrets:
         body["secret_env"] = secrets
     client = ApiClient(select(context))
@@ -273,6 +295,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             ("retries", job["retries"]),
             ("timeout", _seconds(job["timeout"]) if job["timeout"] is not None else "none"),
             ("queue timeout", _seconds(job["queue_timeout"])),
+            ("if its node is lost", _on_lost(job)),
             ("env", ",".join(job["env"]) or "-"),
             ("limits", job_limits.describe(asked)),
             ("secrets", ",".join(job.get("secret_env", [])) or "-"),
@@ -427,6 +450,13 @@ def _print_applied(asked: dict[str, Any], attempts: list[dict[str, Any]]) -> Non
         print()
     for line in lines:
         print(terminal_safe(line))
+
+
+def _on_lost(job: dict[str, Any]) -> str:
+    # A server older than on_lost sends neither: its jobs move after the old 10 s.
+    if "on_lost" not in job:
+        return "move after 10 s"
+    return describe_on_lost(str(job["on_lost"]), job.get("lost_after"))
 
 
 def _command(argv: list[str]) -> str:

@@ -14,11 +14,18 @@ from typing import Any
 from cyclopts import CycloptsError, Token
 
 from oz0.jobs.limits import parse_cpu, parse_size
-from oz0.jobs.spec_text import parse_duration, parse_env, parse_secret_names, parse_selector
+from oz0.jobs.spec_text import (
+    parse_duration,
+    parse_env,
+    parse_lost_after,
+    parse_on_lost,
+    parse_secret_names,
+    parse_selector,
+)
 
 __all__ = [
-    "parse_cpu", "parse_duration", "parse_env", "parse_secret_names", "parse_selector",
-    "parse_size",
+    "parse_cpu", "parse_duration", "parse_env", "parse_lost_after", "parse_on_lost",
+    "parse_secret_names", "parse_selector", "parse_size",
 ]  # fmt: skip
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
@@ -27,6 +34,16 @@ _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 def duration(type_: Any, tokens: Sequence[Token]) -> float:
     """cyclopts converter for a DURATION option."""
     return parse_duration(tokens[0].value)
+
+
+def lost_after_duration(type_: Any, tokens: Sequence[Token]) -> float:
+    """cyclopts converter for `--lost-after`: a DURATION from 5s to 7d."""
+    return parse_lost_after(tokens[0].value)
+
+
+def on_lost_choice(type_: Any, tokens: Sequence[Token]) -> str:
+    """cyclopts converter for `--on-lost`: move, wait or fail."""
+    return parse_on_lost(tokens[0].value)
 
 
 def size_bytes(type_: Any, tokens: Sequence[Token]) -> int:

@@ -23,8 +23,10 @@ from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.jobs import supervisor
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
+from oz0_node.jobs.manager import STOP_WITHIN, AttemptManager
 from oz0_node.node import Node
 from oz0_node.runtime import NodeRuntime, RuntimeFactory, Runtimes
 from oz0_node.tls import edge_context
@@ -120,14 +122,30 @@ async def run(
         key = identity.load_or_create_key()
         ca_pem = identity.load_ca_pem()
         node.publish()
-        runtimes = Runtimes(
-            runtime_factory if runtime_factory is not None else NodeRuntime,
-            isolation=node.isolation,
-        )
-        command = await _stay_connected(
-            node, key, ca_pem, options.request, open_stream, rng, runtimes, clock
-        )
-        return await _carry_out_purge(node, command, options, runtimes)
+        async with trio.open_nursery() as nursery:
+            # The attempts are the agent's: they outlive every stream, and the supervisors
+            # they run under outlive the agent itself (a restart re-attaches them here).
+            manager = AttemptManager(options.data_dir, isolation)
+            await nursery.start(manager.run)
+            runtimes = Runtimes(
+                runtime_factory if runtime_factory is not None else NodeRuntime,
+                isolation=node.isolation,
+                manager=manager,
+            )
+            failed: AgentError | None = None
+            try:
+                command = await _stay_connected(
+                    node, key, ca_pem, options.request, open_stream, rng, runtimes, clock
+                )
+                purged = await _carry_out_purge(node, command, options, runtimes)
+            except AgentError as e:
+                # Rejected, deleted, expired: no cluster will take this node's reports.
+                await runtimes.end_attempts("the node can no longer reach its cluster")
+                failed = e  # raised as itself, not in the nursery's exception group
+            nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return purged
 
 
 def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | None) -> Isolation:
@@ -188,7 +206,7 @@ async def _carry_out_purge(
     node: Node, command: purge.PurgeCommand, options: StartOptions, runtimes: Runtimes
 ) -> purge.Purged:
     """Stop everything, then delete DIR and the launcher; still holding DIR's lock."""
-    await _stop_runtimes_and_plugins(runtimes)
+    await _stop_runtimes_and_plugins(runtimes, node.identity.data_dir)
     remembered = node.record.launcher
     launcher = Path(remembered) if remembered is not None else options.default_launcher
     data_dir = node.identity.data_dir
@@ -200,13 +218,17 @@ async def _carry_out_purge(
     return purge.Purged(node_id=command.node_id, data_dir=data_dir, launcher=deleted_launcher)
 
 
-async def _stop_runtimes_and_plugins(runtimes: Runtimes) -> None:
-    """The one place where a purge stops the node's runtimes and plugins, before their files
-    go, each within a time limit. The runtime and the plugins of the stream that delivered
-    the purge stopped with that stream (plugins run in its nursery, so none can outlive
-    it); this stops whatever runtime still runs.
+async def _stop_runtimes_and_plugins(runtimes: Runtimes, data_dir: Path) -> None:
+    """The one place where a purge stops the node's runtimes, attempts and plugins, before
+    their files go, each within a time limit. The runtime and the plugins of the stream that
+    delivered the purge stopped with that stream (plugins run in its nursery, so none can
+    outlive it); this stops whatever runtime still runs, then every attempt's supervisor
+    (and what a dead one left), so nothing of a job is left on the machine.
     """
     await runtimes.stop_all()
+    await runtimes.end_attempts("the node is purged")
+    if supervisor.find_all(data_dir):  # what a dead supervisor left, and any stragglers
+        await trio.to_thread.run_sync(supervisor.stop_all, data_dir, STOP_WITHIN)
 
 
 def _ignored_join_options(options: StartOptions) -> bool:

@@ -17,7 +17,8 @@ import trio
 
 from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeLeaving, EdgeUnavailable
-from oz0_node.jobs import StreamLink
+from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink
+from oz0_node.jobs.manager import AttemptManager
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
 from oz0_node.transport import EdgeConnection
@@ -37,8 +38,10 @@ class LiveStream:
     ca_pem: bytes
     hello: Hello
     nonces: purge.PurgeMemory
-    # Job output goes out through it, and its acks come back to it (`job_output_ack`).
-    jobs: StreamLink
+    # The attempts' link while this stream is up: their acks come back to it.
+    jobs: EdgeLink
+    # The agent's attempts, which the edge may tell to stop (`attempt_stop`).
+    attempts: AttemptManager | None = None
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
@@ -94,7 +97,25 @@ async def _on_move(stream: LiveStream, message: Message) -> None:
 
 
 async def _on_job_output_ack(stream: LiveStream, message: Message) -> None:
-    stream.jobs.deliver(message)
+    stream.jobs.deliver(OUTPUT_ACK, message)
+
+
+async def _on_attempt_done_ack(stream: LiveStream, message: Message) -> None:
+    stream.jobs.deliver(DONE_ACK, message)
+
+
+async def _on_attempt_stop(stream: LiveStream, message: Message) -> None:
+    """The cluster no longer runs that attempt here (cancelled, moved on, failed): end it."""
+    job, attempt, why = message.get("job"), message.get("attempt"), message.get("why")
+    if (
+        not isinstance(job, str)
+        or not isinstance(attempt, int)
+        or isinstance(attempt, bool)
+        or stream.attempts is None
+    ):
+        log.warning("ignoring a malformed attempt_stop from edge %s", stream.conn.address)
+        return
+    stream.attempts.stop(job, attempt, why if isinstance(why, str) and why else "ended")
 
 
 async def _on_refused(stream: LiveStream, message: Message) -> None:
@@ -175,6 +196,8 @@ HANDLERS: dict[str, Handler] = {
     "renewed": renewal.on_renewed,
     "renew_refused": renewal.on_renew_refused,
     "job_output_ack": _on_job_output_ack,
+    "attempt_done_ack": _on_attempt_done_ack,
+    "attempt_stop": _on_attempt_stop,
 }
 
 

@@ -8,9 +8,11 @@ from the edge mean the stream is dead. Messages on a live stream go to
 (`renewal.py`; a renewal ends the stream, the next uses the new certificate) and the
 node's runtime runs (`runtime.py`), in the frontend and namespace the welcome names, and
 its plugins with it (`plugins.py`); both stop when the stream ends, whatever ends it. The
-runtime's job attempts send their output on the stream (`jobs.StreamLink`), whose acks
-`commands.dispatch` hands back to them. Whatever ends a stream, the reconnect policy picks
-the next edge; a `move` (the edge's server is stopping) makes that another edge, at once.
+job attempts do not: they are the agent's (`jobs/manager.py`), and each stream is their
+link to the cluster while it is up (`jobs.EdgeLink`: attached once welcomed, detached when
+it ends), whose acks `commands.dispatch` hands back to them; a node blocked ends them.
+Whatever ends a stream, the reconnect policy picks the next edge; a `move` (the edge's
+server is stopping) makes that another edge, at once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from oz0_common import certs
 from oz0_node import plugins, purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeLeaving, EdgeUnavailable, one_error
-from oz0_node.jobs import StreamLink
+from oz0_node.jobs.edge_link import EdgeLink
+from oz0_node.jobs.manager import AttemptPort
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
@@ -78,6 +81,9 @@ async def run(
             policy.same_edge_again(refused=False)
         except NodeRefused as e:
             log.info("%s; trying again", e)
+            if node.record.state == "blocked":
+                # Its attempts were moved to other nodes when it was blocked.
+                await runtimes.end_attempts("the node is blocked")
             policy.same_edge_again()
         except EdgeLeaving as e:
             log.info("%s; moving to another edge now", e)
@@ -102,8 +108,9 @@ async def _one_stream(
         address, CONTROL_PATH, tls, cluster=node.record.cluster, open_stream=open_stream
     ) as conn:
         hello = Hello.parse(await conn.receive(WELCOME_TIMEOUT), address)
-        link = StreamLink(conn, trio.lowlevel.current_trio_token())
-        stream = LiveStream(node, conn, ca_pem, hello, nonces, link)
+        manager = runtimes.manager
+        link = manager.link if manager is not None else EdgeLink()
+        stream = LiveStream(node, conn, ca_pem, hello, nonces, link, manager)
         answer = await conn.receive(WELCOME_TIMEOUT)
         while kind(answer) == "purge":
             # Refused (it returned): the edge goes on with `refused`, code `purging`.
@@ -133,25 +140,25 @@ async def _one_stream(
             welcome.server,
             welcome.heartbeat,
         )
+        link.attach(conn)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
-                nursery.start_soon(_keep_runtime, node, welcome, address, runtimes, link)
+                nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
                 nursery.start_soon(renewal.keep_fresh, stream, clock)
                 await _receive(stream, welcome.heartbeat)
         except BaseExceptionGroup as group:
             raise one_error(group) from None
         finally:
+            link.detach(conn)
             node.stream_down()
             policy.stream_down()
 
 
-async def _keep_runtime(
-    node: Node, welcome: Welcome, address: str, runtimes: Runtimes, link: StreamLink
-) -> None:
+async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Runtimes) -> None:
     """Run the node's runtime for as long as the stream is up; a failure is retried on it.
 
-    Its job attempts send their output over LINK, this stream."""
+    It hands the attempts it takes to the agent's attempt manager."""
     if welcome.temporal is None or welcome.tenant is None:
         log.warning(
             "edge %s named no Temporal frontend or tenant (an older server?): "
@@ -167,7 +174,11 @@ async def _keep_runtime(
         temporal=welcome.temporal,
         identity=node.identity,
         cluster=node.record.cluster,
-        output=link,
+        attempts=(
+            AttemptPort(runtimes.manager, trio.lowlevel.current_trio_token())
+            if runtimes.manager is not None
+            else None
+        ),
         isolation=runtimes.isolation,
     )
     async with trio.open_nursery() as nursery:

@@ -5,6 +5,7 @@
     plugins/    executables run alongside the runtime (plugins.py)
     tools/      helper programs, first on PATH for plugins (and for jobs run as the agent's user)
     logs/       the plugins' output
+    attempts/   one directory per job attempt, kept by its supervisor (jobs/supervisor.py)
     status.json, agent.lock, purge-nonces, attempts-run, created-parents, attempts.json: the
     agent's own
 

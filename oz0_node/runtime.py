@@ -5,15 +5,16 @@ welcomed (the welcome names the Temporal frontend and the tenant), stopped when 
 ends for any reason (refused, purge, edge lost, SIGTERM). It connects with the node's own
 certificate, verifies the frontend against the pinned cluster CA, and works in the namespace
 of the node's tenant. It offers the agent's built-in activities only (no workflows):
-`oz0.node.describe`, and `oz0.job.attempt` (oz0_node/jobs/) when the stream handed it an
-output link; that one runs only attempts whose grant holds (jobs/grants.py), checked
-against the cluster CA pinned in the node's identity and the cluster and tenant below.
+`oz0.node.describe`, and `oz0.job.attempt` (oz0_node/jobs/) when the agent has an attempt
+manager; that one takes only attempts whose grant holds (jobs/grants.py), checked against
+the cluster CA pinned in the node's identity and the cluster and tenant below, and hands
+them to the manager: the attempts are the agent's, not the runtime's, and run on when it
+stops (a server's restart, a move to another edge).
 
 temporalio is asyncio-only: the Client and the Worker are made and run on the loop of an
-asyncio portal (oz0_common/asyncio_portal.py) that run() owns. Stopping is bounded: every
-running job attempt is ended first (its process group gets SIGTERM, SIGKILL after
-jobs.KILL_GRACE), then the worker shuts down (activities get GRACEFUL_SHUTDOWN), and the
-portal's thread is waited for, all within STOP_TIMEOUT; a thread that outlives it is logged
+asyncio portal (oz0_common/asyncio_portal.py) that run() owns. Stopping is bounded: the
+worker shuts down (activities get GRACEFUL_SHUTDOWN), and the portal's thread is waited
+for, all within STOP_TIMEOUT; a thread that outlives it is logged
 and left behind as a daemon, never holding up the agent's exit.
 """
 
@@ -36,19 +37,13 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from oz0_common import __version__, certs
-from oz0_common.asyncio_portal import (
-    CallCancelled,
-    Portal,
-    PortalClosed,
-    PortalStuck,
-    asyncio_portal,
-)
+from oz0_common.asyncio_portal import PortalStuck, asyncio_portal
 from oz0_node import plugins
 from oz0_node.identity import IdentityDir
-from oz0_node.jobs import OutputLink, RunningAttempts, attempt_activity
-from oz0_node.jobs.attempt import STOP_ALL_TIMEOUT
+from oz0_node.jobs.attempt import AttemptPort, attempt_activity
 from oz0_node.jobs.grants import GrantCheck, RunRecord
 from oz0_node.jobs.isolation import Isolation
+from oz0_node.jobs.manager import AttemptManager
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +55,8 @@ GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
 # Heartbeats reach Temporal at least this often, so a cancellation reaches an attempt
 # (it comes back in a heartbeat's answer) within about this long.
 HEARTBEAT_THROTTLE = dt.timedelta(seconds=1)
-# Ending the running attempts, then the worker's graceful shutdown, then a margin.
-STOP_TIMEOUT = STOP_ALL_TIMEOUT + GRACEFUL_SHUTDOWN.total_seconds() + 1.0
+# The worker's graceful shutdown, then a margin.
+STOP_TIMEOUT = GRACEFUL_SHUTDOWN.total_seconds() + 2.0
 # What the portal has after the attempts ended: the worker's graceful shutdown, a margin.
 PORTAL_STOP = GRACEFUL_SHUTDOWN.total_seconds() + 1.0
 RUNNING_POLL = 0.05
@@ -80,9 +75,9 @@ class RuntimeSettings:
     temporal: str  # HOST:PORT of a Temporal frontend
     identity: IdentityDir
     cluster: str  # the cluster the node joined: its attempts' grants must name it
-    # Where job output goes: the control stream this runtime runs for. Without one the
-    # runtime offers no job activity.
-    output: OutputLink | None = None
+    # Who takes the attempts (the agent's attempt manager). Without one the runtime
+    # offers no job activity.
+    attempts: AttemptPort | None = None
     # How attempts run (the agent's, checked at its start); None: what the machine allows.
     isolation: Isolation | None = None
 
@@ -147,8 +142,6 @@ class NodeRuntime:
         self._stopping = False
         self._stop_scope: trio.CancelScope | None = None
         self._ended = trio.Event()
-        # Used on the portal's asyncio loop only.
-        self.attempts = RunningAttempts()
 
     @property
     def thread_name(self) -> str:
@@ -188,10 +181,10 @@ class NodeRuntime:
         self, token: trio.lowlevel.TrioToken, running: Callable[[], None]
     ) -> str | None:
         """Serve until stopped or cancelled (None), or until the worker ends by itself
-        (why it did). Whichever it is, the attempts end first, then the worker."""
+        (why it did)."""
         reason: str | None = None
         # The worker's call is shielded: a stop or a cancellation reaches it only through
-        # _end_attempts_then, after the attempts.
+        # `serving`, once the nursery is done.
         serving = trio.CancelScope(shield=True)
         try:
             async with (
@@ -216,36 +209,23 @@ class NodeRuntime:
                 try:
                     await trio.sleep_forever()
                 finally:
-                    with trio.CancelScope(shield=True):
-                        await self._end_attempts_then(portal, serving)
+                    serving.cancel()
         except PortalStuck:
             pass  # logged, with where it is stuck; the daemon thread never holds up exit
         return None if serving.cancelled_caught else reason
-
-    async def _end_attempts_then(self, portal: Portal, serving: trio.CancelScope) -> None:
-        """Jobs first: their processes must not outlive the stop, whatever the worker does."""
-        try:
-            with trio.move_on_after(STOP_ALL_TIMEOUT + 1.0):
-                await portal.call(self.attempts.stop_all)
-        except (PortalClosed, CallCancelled):
-            pass  # the loop is gone, and the attempts with it
-        finally:
-            serving.cancel()
 
     # --- on the portal's asyncio loop -----------------------------------------------------
 
     def _activities(self) -> list[Callable[..., Any]]:
         settings = self.settings
         activities: list[Callable[..., Any]] = [describe_activity(settings.node_id)]
-        if settings.output is not None:
+        if settings.attempts is not None:
             activities.append(
                 attempt_activity(
                     settings.node_id,
                     settings.identity.data_dir,
-                    settings.output,
-                    self.attempts,
+                    settings.attempts,
                     grant_check(settings),
-                    settings.isolation,
                 )
             )
         return activities
@@ -298,26 +278,30 @@ class NodeRuntime:
         except* Exception as failed:
             error = failed.exceptions[0]  # the worker's own error, not a group
             raise error from error.__cause__
-        finally:
-            # The worker failed or was stopped: nothing it started may run on. (On a stop,
-            # _end_attempts_then has done this already, before the worker was told.)
-            await self.attempts.stop_all()
 
 
 class Runtimes:
-    """The runtimes the agent has started, so a purge can stop what still runs; and how
-    its plugins are started (tests pass fakes)."""
+    """The runtimes the agent has started, so a purge can stop what still runs; how its
+    plugins are started (tests pass fakes); and the agent's attempt manager, which the
+    runtimes hand attempts to and which outlives them."""
 
     def __init__(
         self,
         factory: RuntimeFactory = NodeRuntime,
         launch_plugin: plugins.Launch = plugins.launch_process,
         isolation: Isolation | None = None,
+        manager: AttemptManager | None = None,
     ) -> None:
         self.factory = factory
         self.launch_plugin = launch_plugin
         self.isolation = isolation
+        self.manager = manager
         self.live: set[Runtime] = set()
+
+    async def end_attempts(self, why: str) -> None:
+        """End every attempt this node runs (it was blocked, deleted or purged: WHY)."""
+        if self.manager is not None:
+            await self.manager.stop_all(why)
 
     async def run(self, settings: RuntimeSettings, running: Callable[[], None]) -> None:
         runtime = self.factory(settings)

@@ -6,10 +6,12 @@ the unit must then stay down for good. Two things see to that, and neither needs
 to touch systemd (it deletes nothing outside what it unpacked, and needs no bus access):
 `Restart=on-failure` never restarts after status 0, and `ConditionPathExists=` on the
 binary makes every later start (a failed run's restart, the next boot) skip the unit
-instead of failing to execute a deleted file over and over. `KillMode=mixed` lets the
-agent stop its plugins and job attempts itself (SIGTERM to it alone); what is left when
-`TimeoutStopSec` runs out is killed by systemd. `Delegate=yes` hands the agent its
-service's cgroup (v2), where it makes a cgroup per job attempt (jobs/isolation.py).
+instead of failing to execute a deleted file over and over. `KillMode=process` (as Nomad's
+unit has it): `systemctl stop` and `restart` signal the agent alone, which stops its
+plugins itself; its job attempts' supervisors run on, so an agent's restart or upgrade
+never ends a command (the next agent re-attaches them, jobs/manager.py); only the agent is
+killed if `TimeoutStopSec` runs out. `Delegate=yes` hands the agent its service's cgroup
+(v2), where each attempt gets a cgroup of its own (jobs/isolation.py).
 
 Run as root, it also makes the system user jobs run as (`oz0-job`) unless it exists.
 """
@@ -58,10 +60,11 @@ ExecStart={binary} start --data-dir {data_dir}
 # Status 0 is a purge (or a clean stop): no restart.
 Restart=on-failure
 RestartSec={RESTART_SEC}
-KillMode=mixed
+# The agent alone: its job attempts' supervisors outlive its restart (they are re-attached).
+KillMode=process
 TimeoutStopSec={STOP_TIMEOUT}
-# The agent makes a cgroup per job attempt under its own, to end all of an attempt's
-# processes and apply its limits.
+# Each job attempt gets a cgroup under the agent's, to end all of its processes and apply
+# its limits.
 Delegate=yes
 
 [Install]

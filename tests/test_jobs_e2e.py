@@ -31,7 +31,8 @@ import trio.testing
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from cli.client import ApiClient
@@ -43,6 +44,7 @@ from oz0 import cluster, pki
 from oz0.context import Context
 from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
+from oz0_node.jobs import supervisor
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
@@ -217,7 +219,10 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     [inputs] = run_async(lambda: attempt_inputs(files, SERVER, done["id"]))
     assert inputs["limits"] == limits
     shown_text = cli("job", "show", done["id"], env=env).out.splitlines()
-    assert "limits:        memory 64 MiB, open files 64" in shown_text
+    # Labels are padded to the longest one: compare the words.
+    assert ["limits:", "memory", "64", "MiB,", "open", "files", "64"] in [
+        line.split() for line in shown_text
+    ]
     assert shown_text[-1] == (
         f"attempt 1: user {DEFAULT_JOB_USER}, tracked by cgroup v2; "
         "limits: memory 64 MiB (cgroup v1), open files 64 (rlimit)"
@@ -286,23 +291,32 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
             assert agent.process is not None
             agent.process.send_signal(signal.SIGKILL)
             bound = SILENCE_BOUND
+        if action == "kill":
+            # The agent died, the attempt's supervisor did not: the command runs to its end
+            # (and what it left is ended with it, as ever) with no agent to see it.
+            attempt_dir = supervisor.attempts_root(agent.data_dir) / f"{job_id}-1"
+            deadline = time.monotonic() + 10
+            while not (attempt_dir / supervisor.STATUS_FILE).exists():
+                assert time.monotonic() < deadline, "the kill -9 of the agent ended its command"
+                time.sleep(0.1)
+            status = json.loads((attempt_dir / supervisor.STATUS_FILE).read_text())
+            assert (status["ended_because"], status["exit_code"]) == ("exit", 0), status
+            assert pid_gone(left, GONE_BOUND), "what the attempt left outlived it"
         took[action] = moved(files, job_id, bound)
         if action != "kill":
-            # The agent's runtime stop kills its attempts: block and purge leave nothing.
+            # A blocked or purged node ends its attempts: block and purge leave nothing.
             assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
             assert pid_gone(left, GONE_BOUND), f"{action}: what the attempt left runs on"
         else:
-            # The agent died without stopping its attempt: its next start ends what is left.
-            assert not pid_gone(left, 0.1), "the kill -9 left the attempt's processes"
+            # No server heard of the node for the job's lost-after: the job moved. A new
+            # agent re-attaches the attempt and, told it moved, reports nothing and forgets it.
             agent = AgentProcess.resuming(agent.data_dir).start()
             agents.append(agent)
-            line = f"attempt {job_id}-1 of a previous agent process: ended"
-            deadline = time.monotonic() + 30
-            while line not in agent.log():
+            deadline = time.monotonic() + 15
+            while attempt_dir.exists():
                 assert time.monotonic() < deadline, agent.log()
-                time.sleep(0.05)
-            assert pid_gone(pid, 5.0) and pid_gone(left, 5.0), "the restart left them running"
-            print(f"after kill -9, the restart ended them by {agent.status()['jobs']['tracking']}")
+                time.sleep(0.1)
+            assert f"re-attached job {job_id} attempt 1" in agent.log(), agent.log()
         done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
         assert done["state"] == "succeeded", done
         one, two = done["attempts"]
@@ -319,20 +333,6 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     )
 
 
-async def workflow_worker(files: ClusterFiles, address: str, job_id: str) -> str:
-    """The server whose job worker took the job's latest workflow task (its identity)."""
-    client = await Client.connect(
-        f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
-    )
-    history = await client.get_workflow_handle(job_id).fetch_history()
-    identities = [
-        e.workflow_task_started_event_attributes.identity
-        for e in history.events
-        if e.HasField("workflow_task_started_event_attributes")
-    ]
-    return identities[-1].split()[0]
-
-
 async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
     """What the job's workflow gave each attempt's node: the activities' inputs."""
     client = await Client.connect(
@@ -347,43 +347,94 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
     ]
 
 
+def pid_alive(pid: int) -> bool:
+    stat = read_stat(pid)
+    return stat is not None and not stat.zombie
+
+
 @pytest.mark.slow
-def test_the_job_completes_when_the_server_running_its_workflow_is_killed(
+def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     start_server: StartServer,
     tmp_path: Path,
     agents: list[AgentProcess],
 ) -> None:
+    """Two servers, A and B; node 1 streams to A running a 30 s command. A is SIGKILLed,
+    B drained with SIGTERM, node 1's agent killed with -9 and started again: the same
+    process runs on through all of it, and the job succeeds with one attempt and all of its
+    output, once, in order. Meanwhile node 2's agent is frozen (SIGSTOP) under a job that
+    may not outlive its node (`--on-lost fail`): the job ends lost after its lost-after,
+    and the agent, thawed, is told so and ends its copy."""
     files, env = cluster_files, cluster_files.cli_env
     servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
-    # The CLI may reach either server; the agent either edge.
+    # The CLI may reach either server; the agents learn both edges from their first.
     context = json.loads(files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
-    join_agents(cli, files, tmp_path, agents, [{}], edges=[f"{a}:7443" for a in servers])
+    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}])
+    first, second = agents[-2:]
+    lines = 30
     run = cli(
-        "job", "run", "--detach", "--json", "--",
-        "sh", "-c", "echo pid $$; sleep 8; echo done", env=env,
+        "job", "run", "--detach", "--json", "--selector", "n=1", "--",
+        "sh", "-c", f"echo pid $$; for i in $(seq {lines}); do echo line $i; sleep 1; done",
+        env=env,
     )  # fmt: skip
     assert run.code == 0, run.err
     job_id = run.json()["id"]
-    started_pid(files, job_id, 1)
-    worker = run_async(lambda: workflow_worker(files, SERVER, job_id))
-    up = api(files).get("/api/v1/cluster")["servers"]
-    [victim] = [s["advertise"] for s in up if s["id"] == worker]
-    servers[victim].stop(signal.SIGKILL)
-    began = time.monotonic()
-    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 120)
+    fragile = cli(
+        "job", "run", "--detach", "--json", "--selector", "n=2", "--on-lost", "fail",
+        "--lost-after", "5s", "--", "sh", "-c", "echo pid $$; exec sleep 120", env=env,
+    )  # fmt: skip
+    assert fragile.code == 0, fragile.err
+    fragile_id = fragile.json()["id"]
+    pid = started_pid(files, job_id, 1)
+    fragile_pid = started_pid(files, fragile_id, 1)
+    assert second.process is not None
+    second.process.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+
+    # 1. SIGKILL of the server node 1 streams to: it moves to the other; the command runs on.
+    servers[SERVER].stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    print(f"server SIGKILLed: node back on a stream {time.monotonic() - killed_at:.2f} s later")
+    assert pid_alive(pid), "the server's death ended the command"
+    servers[SERVER] = start_server(files, SERVER)
+
+    # 2. SIGTERM of the other: it drains, the node moves back; the command runs on.
+    servers[SECOND].stop(signal.SIGTERM)
+    first.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    assert pid_alive(pid), "the server's drain ended the command"
+
+    # 3. kill -9 of the agent, and a new one: it finds the command and carries on.
+    assert first.process is not None
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    time.sleep(1)
+    assert pid_alive(pid), "the agent's death ended the command"
+    restarted = AgentProcess.resuming(first.data_dir).start()
+    agents.append(restarted)
+    restarted.wait_status(lambda st: st.get("connected") is True, timeout=30)
+    assert f"re-attached job {job_id} attempt 1" in restarted.log()
+
+    # Node 2's job failed as asked once its node was lost for 5 s; thawed, the node is
+    # told, and ends the command it still ran.
+    lost = wait_job(files, fragile_id, lambda j: j["ended_at"] is not None, 60)
+    assert lost["state"] == "lost", lost
+    assert len(lost["attempts"]) == 1
+    assert time.monotonic() - frozen_at >= 5
+    assert pid_alive(fragile_pid), "a frozen agent's command runs on"
+    second.process.send_signal(signal.SIGCONT)
+    assert pid_gone(fragile_pid, 30), "the node that came back did not end its copy"
+
+    done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 90)
     assert done["state"] == "succeeded", done
-    assert b"done" in b"".join(data for _, _, data in output_of(files, job_id))
-    survivor = SECOND if victim == SERVER else SERVER
-    assert run_async(lambda: workflow_worker(files, survivor, job_id)) != worker
-    print(
-        f"workflow on {victim} SIGKILLed; job ended {time.monotonic() - began:.1f} s later"
-        f" after {len(done['attempts'])} attempt(s): "
-        + ", ".join(f"{a['node']} {a['ended_because']}" for a in done["attempts"])
-    )
+    assert [(a["node"], a["ended_because"]) for a in done["attempts"]] == [(one, "exit")]
+    stdout = b"".join(data for _, stream, data in output_of(files, job_id) if stream == "stdout")
+    want = f"pid {pid}\n" + "".join(f"line {i}\n" for i in range(1, lines + 1))
+    assert stdout.decode() == want, "all of the output, once, in order"
+    assert two != one
 
 
 def everything_in_the_database(files: ClusterFiles) -> str:
@@ -482,23 +533,28 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
 @workflow.defn(name="test.rogue-attempt")
 class RogueAttempt:
     """Put an attempt straight on a node's queue, as anyone with a server's Temporal
-    certificate could: what the node answered, or the error type it failed with."""
+    certificate could: the error type the node failed it with, or "taken" when the node
+    took it (handed it to a supervisor: the node completes it asynchronously, through an
+    edge, which speaks only for attempts of the cluster's own jobs, so its heartbeats stop)."""
 
     @workflow.run
     async def run(self, queue: str, raw: dict[str, Any]) -> str:
         try:
-            result: dict[str, Any] = await workflow.execute_activity(
+            await workflow.execute_activity(
                 "oz0.job.attempt",
                 raw,
                 task_queue=queue,
                 schedule_to_start_timeout=dt.timedelta(seconds=15),
                 start_to_close_timeout=dt.timedelta(seconds=20),
+                heartbeat_timeout=dt.timedelta(seconds=2),
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
         except ActivityError as e:
             cause = e.cause
+            if isinstance(cause, TemporalTimeout) and cause.type == TimeoutType.HEARTBEAT:
+                return "taken"
             return (cause.type or "") if isinstance(cause, ApplicationError) else repr(cause)
-        return f"exit {result['exit_code']}"
+        return "completed"
 
 
 async def put_on_queue(files: ClusterFiles, node_id: str, raws: list[dict[str, Any]]) -> list[str]:
@@ -562,8 +618,11 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
     granted = signed(attempt("touch", str(replayed_marker)), ca, node_id=node)
     answers = run_async(lambda: put_on_queue(files, node, [unsigned, tampered, granted]))
     # What the cluster signed runs: the check is not simply refusing everything.
-    assert answers == ["AttemptRefused", "AttemptRefused", "exit 0"]
-    assert replayed_marker.exists()
+    assert answers == ["AttemptRefused", "AttemptRefused", "taken"]
+    deadline = time.monotonic() + 10
+    while not replayed_marker.exists():
+        assert time.monotonic() < deadline, "the granted attempt did not run"
+        time.sleep(0.05)
     replayed_marker.unlink()
     assert run_async(lambda: put_on_queue(files, node, [granted])) == ["AttemptRefused"]
     assert not unsigned_marker.exists() and not tampered_marker.exists()

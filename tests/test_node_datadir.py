@@ -176,7 +176,7 @@ def test_install_service_writes_a_unit_that_stays_down_once_purged(
     lines = text.splitlines()
     assert f"ExecStart={binary} start --data-dir {data_dir}" in lines
     assert f"ConditionPathExists={binary}" in lines
-    assert "Restart=on-failure" in lines and "KillMode=mixed" in lines
+    assert "Restart=on-failure" in lines and "KillMode=process" in lines
     assert unit.stat().st_mode & 0o777 == 0o644
     # The same unit again is fine; a different one needs --force.
     assert main.run([*args, "--unit-path", str(unit)]) == 0

@@ -172,6 +172,17 @@ class JobsRole:
         temporal.worked()
         return True
 
+    async def in_namespace(
+        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
+    ) -> T:
+        """MAKE(a client of NAMESPACE on the worker's connection), run on the worker's
+        event loop within WITHIN seconds (the edge's calls for nodes' attempts, edge/attempts.py).
+        JobsUnavailable while not connected; TimeoutError past WITHIN."""
+        portal = self._portal
+        if portal is None:
+            raise JobsUnavailable("the job worker is not running")
+        return await portal.call(self._bounded_in, namespace, make, within)
+
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run MAKE() on the worker's event loop, within CALL_TIMEOUT."""
         portal = self._portal
@@ -185,6 +196,13 @@ class JobsRole:
         if self._client is None:
             raise JobsUnavailable("the job worker is not connected to Temporal now")
         return await asyncio.wait_for(make(), CALL_TIMEOUT)
+
+    async def _bounded_in(
+        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
+    ) -> T:
+        if self._client is None:
+            raise JobsUnavailable("the job worker is not connected to Temporal now")
+        return await asyncio.wait_for(make(self._client_for(namespace)), within)
 
     def _client_for(self, namespace: str) -> Client:
         client = self._clients.get(namespace)
@@ -219,6 +237,8 @@ class JobsRole:
                     no_move=job.no_move,
                     queue_timeout=job.queue_timeout,
                     limits=job.limits,
+                    on_lost=job.on_lost,
+                    lost_after=job.lost_after,
                 ),
                 id=job.id,
                 task_queue=JOBS_QUEUE,

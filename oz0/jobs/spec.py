@@ -10,6 +10,7 @@ from typing import Any
 from oz0 import nodes
 from oz0.errors import Oz0Error
 from oz0.jobs import limits as job_limits
+from oz0.jobs.spec_text import DEFAULT_ON_LOST, MAX_LOST_AFTER, MIN_LOST_AFTER, ON_LOST
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -72,6 +73,10 @@ class JobSpec:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     # Resource limits for each attempt (limits.py): sizes in bytes, only those asked.
     limits: dict[str, int | float] = field(default_factory=dict)
+    # What its attempt does when its node is lost, and after how long unheard of (None:
+    # the default for ON_LOST, spec_text.LOST_AFTER).
+    on_lost: str = DEFAULT_ON_LOST
+    lost_after: float | None = None
     # Secret values: sealed as the job is made, never kept with it, shown or logged (not
     # even in this spec's repr).
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
@@ -116,14 +121,34 @@ class JobSpec:
                 MAX_QUEUE_TIMEOUT, optional=False,
             ) or DEFAULT_QUEUE_TIMEOUT,
             limits=_limits(body.get("limits", {})),
+            on_lost=_on_lost(body.get("on_lost", DEFAULT_ON_LOST)),
+            lost_after=_lost_after(body.get("lost_after")),
             secret_env=_secret_env(body.get("secret_env", {}), env),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout", "limits", "secret_env",
+    "no_move", "queue_timeout", "limits", "secret_env", "on_lost", "lost_after",
 }  # fmt: skip
+
+
+def _on_lost(value: object) -> str:
+    if not isinstance(value, str) or value not in ON_LOST:
+        raise JobError("on_lost must be move, wait or fail")
+    return value
+
+
+def _lost_after(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JobError("lost_after must be a number of seconds")
+    if not MIN_LOST_AFTER <= value <= MAX_LOST_AFTER:
+        raise JobError(
+            f"lost_after must be from {MIN_LOST_AFTER:g} to {MAX_LOST_AFTER:g} seconds (7 days)"
+        )
+    return float(value)
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:

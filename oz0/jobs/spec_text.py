@@ -19,6 +19,15 @@ _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The node sets these for every attempt; a job's own value would be overwritten.
 RESERVED_ENV = ("OZ0_JOB_ID", "OZ0_ATTEMPT", "OZ0_NODE_ID")
+# What a job does when its attempt's node is lost (`job run --on-lost`), and after how
+# long without news from the node it counts as lost when `--lost-after` is not given (the
+# workflow's own copy is oz0.jobs.workflow.LOST_AFTER: a test says they agree). `wait`
+# waits as Nomad's disconnect block with `replace = false` would: 10 minutes.
+ON_LOST = ("move", "wait", "fail")
+DEFAULT_ON_LOST = "move"
+LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
+MIN_LOST_AFTER = 5.0
+MAX_LOST_AFTER = 7 * 24 * 3600.0
 
 
 def parse_duration(text: str) -> float:
@@ -39,6 +48,41 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"invalid duration {text!r}: it must be longer than 0s")
     return seconds
+
+
+def parse_on_lost(text: str) -> str:
+    """`--on-lost`: move, wait or fail."""
+    if text not in ON_LOST:
+        raise ValueError(f"invalid on-lost {text!r}: use move, wait or fail")
+    return text
+
+
+def parse_lost_after(text: str) -> float:
+    """`--lost-after`: a duration from MIN_LOST_AFTER to MAX_LOST_AFTER."""
+    seconds = parse_duration(text)
+    if not MIN_LOST_AFTER <= seconds <= MAX_LOST_AFTER:
+        raise ValueError(f"invalid lost-after {text!r}: give from 5s to 7d")
+    return seconds
+
+
+def lost_after_of(on_lost: str, lost_after: float | None) -> float:
+    """How long a job's node may go unheard of before it is lost: as asked, else the
+    default for its ON_LOST."""
+    return lost_after if lost_after is not None else LOST_AFTER.get(on_lost, LOST_AFTER["move"])
+
+
+def describe_on_lost(on_lost: str, lost_after: float | None) -> str:
+    """What `job show` and the job page say after "if its node is lost: ": "move after
+    15 s", "wait 10 min, then move", "fail after 15 s"."""
+    took = _short_duration(lost_after_of(on_lost, lost_after))
+    return f"wait {took}, then move" if on_lost == "wait" else f"{on_lost} after {took}"
+
+
+def _short_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 def _split(pair: str, what: str, example: str) -> tuple[str, str]:

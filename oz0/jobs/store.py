@@ -28,6 +28,7 @@ from oz0.jobs.spec import (
     JobSpec,
     new_job_id,
 )
+from oz0.jobs.spec_text import DEFAULT_ON_LOST
 
 Conn = psycopg.Connection[Any]
 # Raw output kept per attempt (stdout and stderr together); the rest is dropped, marked.
@@ -99,6 +100,10 @@ class Job:
     limits: dict[str, int | float]
     # The names of its secret environment; the values are in job_secrets (secret_env.py).
     secret_env: list[str] = field(default_factory=list)
+    # What its attempt does when its node is lost, and after how long (None: the default
+    # for on_lost, spec_text.LOST_AFTER).
+    on_lost: str = DEFAULT_ON_LOST
+    lost_after: float | None = None
     attempts: tuple[Attempt, ...] = ()
 
     @property
@@ -129,6 +134,8 @@ class Job:
             "ended_at": _iso(self.ended_at),
             "created_by": self.created_by,
             "limits": self.limits,
+            "on_lost": self.on_lost,
+            "lost_after": self.lost_after,
             "attempts": [a.to_json() for a in self.attempts],
         }
 
@@ -140,7 +147,7 @@ def _iso(at: dt.datetime | None) -> str | None:
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
-    " limits, secret_env"
+    " limits, secret_env, on_lost, lost_after_s"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -236,13 +243,14 @@ def create(
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
-        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env,"
+        " on_lost, lost_after_s)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
             spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
-            Jsonb(sorted(spec.secret_env)),
+            Jsonb(sorted(spec.secret_env)), spec.on_lost, spec.lost_after,
         ),
     )  # fmt: skip
     secret_env.keep(conn, keeper, job_id, spec.secret_env)
@@ -259,6 +267,8 @@ def create(
             "all": spec.all_nodes,
             "env": sorted(spec.env),
             **({"limits": spec.limits} if spec.limits else {}),
+            **({"on_lost": spec.on_lost} if spec.on_lost != DEFAULT_ON_LOST else {}),
+            **({"lost_after": spec.lost_after} if spec.lost_after is not None else {}),
             "secret_env": sorted(spec.secret_env),
         },
         tenants=[spec.tenant],
@@ -502,6 +512,37 @@ def append_output(
             (len(data), truncated, job_id, attempt),
         )
     return True
+
+
+# What an attempt is to the node that reports on it (attempts_of_node).
+RUNNING, ENDED, CANCELLED, NOT_ITS = "running", "ended", "cancelled", "not its"
+
+
+def attempts_of_node(conn: Conn, node_id: str, asked: list[tuple[str, int]]) -> list[str]:
+    """For each (job, attempt number) in ASKED, in order, what it is to NODE_ID: RUNNING
+    (placed on it and not ended), CANCELLED (placed on it and ended with its job's
+    cancellation), ENDED (placed on it and ended otherwise), or NOT_ITS (placed on another
+    node, or no such attempt). One statement for the batch (the edge's check of a node's
+    attempt_alive and attempt_done, oz0/server/edge/attempts.py)."""
+    if not asked:
+        return []
+    rows = conn.execute(
+        "SELECT w.i, a.node_id = %s, a.state, a.ended_because"
+        " FROM unnest(%s::text[], %s::int[]) WITH ORDINALITY AS w(job_id, number, i)"
+        " LEFT JOIN job_attempts a ON a.job_id = w.job_id AND a.number = w.number",
+        (node_id, [job for job, _ in asked], [number for _, number in asked]),
+    ).fetchall()
+    found = {int(r[0]): r[1:] for r in rows}
+    answers = []
+    for i in range(1, len(asked) + 1):
+        mine, state, because = found.get(i, (None, None, None))
+        if not mine:
+            answers.append(NOT_ITS)
+        elif state == "running":
+            answers.append(RUNNING)
+        else:
+            answers.append(CANCELLED if because == "cancelled" else ENDED)
+    return answers
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,13 @@ Temporal retries none of them (maximum_attempts 1): this workflow picks where th
 runs. An attempt ends when:
 - the command ends (exit or timeout): a failure counts against `retries`;
 - its node is taken away: the sweeper signals `node_removed` (block, purge, delete), or
-  the node falls silent (heartbeat timeout) or never takes it (schedule-to-start). Then
-  the attempt moves to another node, unless the job may not move (`no_move`, `all`);
-  moves do not count against `retries`, but are capped at MAX_MOVES;
+  the node never takes it (schedule-to-start), or the node is lost: no server heard from
+  it for the job's lost-after (its heartbeat timeout; the node's attempt_alive messages
+  reach Temporal through whichever server it streams to, oz0/server/edge/attempts.py).
+  Then the attempt moves to another node, unless the job may not move (`no_move`, `all`),
+  or, lost, its `on_lost` is `fail` (the job ends lost: at most once); `wait` is `move`
+  with a longer default lost-after. Moves do not count against `retries`, but are capped
+  at MAX_MOVES;
 - its node refuses it (`AttemptRefused`: the grant placement signed does not hold there,
   docs/node-protocol.md): the job fails at once, neither retried nor moved, since the
   next node would refuse it the same way.
@@ -49,10 +53,17 @@ MAX_MOVES = 20
 # key (renewed since they were sealed): the attempt moves, sealed again to the new key.
 SECRETS_UNAVAILABLE = "SecretsUnavailable"
 SECRETS_UNREADABLE = "SecretsUnreadable"
-# A node that does not take its attempt by then, or stops heartbeating (it beats every
-# second), has lost it: "given up when its heartbeat times out (<= 15 s)".
+# A node that does not take its attempt by then has lost it.
 SCHEDULE_TO_START = dt.timedelta(seconds=15)
+# Workflows started before attempts had IDs of their own heartbeat on the node's own
+# Temporal connection and are lost after HEARTBEAT_TIMEOUT; from ATTEMPT_BY_ID on, each
+# attempt is the activity `attempt-N`, heartbeated by ID by the server its node streams
+# to, and lost after the job's lost-after: LOST_AFTER[on_lost] unless it asks (the same
+# defaults as oz0.jobs.spec_text's, which a test compares: this module imports no oz0).
 HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
+ATTEMPT_BY_ID = "oz0-attempt-by-id"
+ON_LOST = ("move", "wait", "fail")
+LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 # No job timeout: heartbeats alone keep the attempt honest.
 NO_TIMEOUT = dt.timedelta(days=365)
 TIMEOUT_MARGIN = dt.timedelta(seconds=60)
@@ -78,6 +89,16 @@ class JobInput:
     # Resource limits for each attempt (oz0/jobs/limits.py), passed to the node as asked.
     # Typed Any: temporalio converts to `int | float` by trying int first (cpu 0.5 -> 0).
     limits: dict[str, Any] = field(default_factory=dict)
+    # When its attempt's node is lost: "move", "wait" or "fail"; after LOST_AFTER seconds
+    # unheard of (None: LOST_AFTER[on_lost]). Defaults only: older histories replay.
+    on_lost: str = "move"
+    lost_after: float | None = None
+
+    @property
+    def lost_after_s(self) -> float:
+        if self.lost_after is not None:
+            return self.lost_after
+        return LOST_AFTER.get(self.on_lost, LOST_AFTER["move"])
 
 
 def schedule_to_start(all_nodes: bool, queue_timeout: float) -> dt.timedelta:
@@ -127,6 +148,8 @@ class Outcome:
     exit_code: int | None
     # Which node refused which attempt, and why (because "refused").
     refusal: str | None = None
+    # The node was lost: no heartbeat reached Temporal for the job's lost-after.
+    lost: bool = False
 
     @property
     def moved(self) -> bool:
@@ -186,6 +209,15 @@ class JobWorkflow:
                 return "succeeded", 0, None
             if outcome.refusal is not None:
                 return "failed", None, outcome.refusal
+            if outcome.lost and job.on_lost == "fail":
+                return (
+                    "lost",
+                    None,
+                    (
+                        f"node {placed.node} was lost for more than {job.lost_after_s:g} s"
+                        " (--on-lost fail)"
+                    ),
+                )
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -297,15 +329,20 @@ class JobWorkflow:
             attempt["limits"] = job.limits
         if placed.secrets:  # one opaque string, as the node protocol has it
             attempt["secrets"] = placed.secrets
+        # Replayed, a history from before attempts had IDs of their own keeps its own.
+        by_id = workflow.patched(ATTEMPT_BY_ID)
         handle = workflow.start_activity(
             NODE_ACTIVITY,
             attempt,
+            activity_id=f"attempt-{number}" if by_id else None,
             task_queue=node,
             schedule_to_start_timeout=schedule_to_start(job.all_nodes, job.queue_timeout),
             start_to_close_timeout=(
                 dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
             ),
-            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            heartbeat_timeout=(
+                dt.timedelta(seconds=job.lost_after_s) if by_id else HEARTBEAT_TIMEOUT
+            ),
             retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
             result_type=dict,
@@ -336,7 +373,7 @@ class JobWorkflow:
                 because = await _end(AttemptEnd(job.job_id, number, "refused", None))
                 return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
             because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
-            return Outcome(because, None)
+            return Outcome(because, None, lost=_heartbeat_timed_out(e))
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
         exit_code = result.get("exit_code")
         code = exit_code if isinstance(exit_code, int) else None
@@ -379,6 +416,13 @@ def _failure_because(error: ActivityError) -> str | None:
     if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNREADABLE:
         return "node could not read secrets"  # a move: placed again, sealed again
     return None
+
+
+def _heartbeat_timed_out(error: ActivityError) -> bool:
+    """Whether no heartbeat reached Temporal for the attempt's heartbeat timeout: its node
+    was lost (connected to no server, or its attempt gone from it)."""
+    cause = error.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
 
 
 def _secrets_unavailable(error: BaseException) -> str | None:

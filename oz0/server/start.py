@@ -213,6 +213,7 @@ async def run_server(
                 reconcile_every=options.reconcile_every,
                 max_pending=options.max_pending_nodes,
                 metrics=metrics.edge,
+                in_namespace=jobs.in_namespace,
             )
         )
         metrics.streams_open = lambda: len(streaming.streams)

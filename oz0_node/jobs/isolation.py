@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 # Not the agent's PATH: a job finds the system's programs, nothing the agent's user added.
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECORD_FILE = "attempts.json"
+# DATA_DIR/attempts/<job>-<n>/: one attempt's supervisor's directory (supervisor.py).
+ATTEMPTS_DIR = "attempts"
 WORKDIR_PREFIX = "oz0-job-"
 SUBTREE_PREFIX = "oz0-node-"
 # OZ0_NODE_TRACKING=subreaper: track by /proc even where cgroup v2 could be used (tests,
@@ -255,9 +257,17 @@ class Isolation:
 
     @classmethod
     def detect(
-        cls, data_dir: Path, job_user: str | None = None, *, tracking: str | None = None
+        cls,
+        data_dir: Path,
+        job_user: str | None = None,
+        *,
+        tracking: str | None = None,
+        supervised: bool = False,
     ) -> Isolation:
-        """What this machine and this agent allow: the job user, cgroups, subreaper."""
+        """What this machine and this agent allow: the job user, cgroups, subreaper.
+
+        SUPERVISED: attempts run under supervisors (supervisor.py), each its command's
+        subreaper; this process does not become one (it would adopt them all)."""
         user = resolve_job_user(job_user)
         drop = os.geteuid() == 0 and user.uid != 0
         mounts: list[procfs.Mount] = []
@@ -281,7 +291,7 @@ class Isolation:
         if usable_v2:
             kind = CGROUP_V2
         else:
-            kind = SUBREAPER if become_subreaper() else PROCESS_GROUP
+            kind = SUBREAPER if supervised or become_subreaper() else PROCESS_GROUP
             v2 = None
         return cls(data_dir, user, drop, kind, v2_own=v2, v1_own=v1)
 
@@ -488,40 +498,20 @@ class Isolation:
         ended = 0
         entries = self.record.load()
         for key, entry in entries.items():
-            processes = 0
-            for raw in _strings(entry.get("cgroups")):
-                path = Path(raw)
-                if _is_attempt_cgroup(path):
-                    processes += end_cgroup(path)
-            pairs = entry.get("pids")
-            for pair in pairs if isinstance(pairs, list) else []:
-                if (
-                    isinstance(pair, list)
-                    and len(pair) == 2
-                    and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
-                    and pair[0] > 1
-                    and procfs.same_process(pair[0], pair[1]) is not None
-                ):
-                    signal_quietly(pair[0], signal.SIGKILL)
-                    processes += 1
-            workdir = entry.get("workdir")
-            removed = ""
-            if isinstance(workdir, str) and Path(workdir).name.startswith(WORKDIR_PREFIX):
-                path = Path(workdir)
-                if path.is_absolute() and path.is_dir() and not path.is_symlink():
-                    remove_tree(path)
-                    removed = f", removed {path}"
+            processes, removed = end_recorded(entry)
             log.info(
                 "attempt %s of a previous agent process: ended %d process(es)%s",
                 key,
                 processes,
-                removed,
+                f", removed {removed}" if removed is not None else "",
             )
             ended += 1
         subtree = self.subtree(node_id) if node_id is not None else None
         if subtree is not None and subtree.is_dir():
             for cgroup in sorted(p for p in subtree.iterdir() if p.is_dir()):
-                if cgroup.name in entries:
+                # An attempt with a directory of its own under DIR/attempts/ has a supervisor
+                # (supervisor.py): alive, it runs on; dead, its tracking.json says what to end.
+                if cgroup.name in entries or (self.data_dir / ATTEMPTS_DIR / cgroup.name).is_dir():
                     continue
                 processes = end_cgroup(cgroup)
                 log.info(
@@ -534,6 +524,36 @@ class Isolation:
         if entries:
             self.record.path.unlink(missing_ok=True)
         return ended
+
+
+def end_recorded(entry: Mapping[str, object]) -> tuple[int, Path | None]:
+    """End what ENTRY (one attempt's record: workdir, cgroups, [PID, start time] pairs)
+    says is left of an attempt: its cgroups' processes, its recorded processes that are
+    still the ones recorded (never a process that reused a PID), its directory. How many
+    processes, and the directory removed (or None)."""
+    processes = 0
+    for raw in _strings(entry.get("cgroups")):
+        path = Path(raw)
+        if _is_attempt_cgroup(path):
+            processes += end_cgroup(path)
+    pairs = entry.get("pids")
+    for pair in pairs if isinstance(pairs, list) else []:
+        if (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+            and pair[0] > 1
+            and procfs.same_process(pair[0], pair[1]) is not None
+        ):
+            signal_quietly(pair[0], signal.SIGKILL)
+            processes += 1
+    workdir = entry.get("workdir")
+    if isinstance(workdir, str) and Path(workdir).name.startswith(WORKDIR_PREFIX):
+        path = Path(workdir)
+        if path.is_absolute() and path.is_dir() and not path.is_symlink():
+            remove_tree(path)
+            return processes, path
+    return processes, None
 
 
 def _strings(value: object) -> list[str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -25,6 +25,9 @@ from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
 
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -41,6 +44,18 @@ TLS_TICKETS = 0
 # Streams whose nodes changed together (a selector's block of hundreds) read them back in
 # statements of at most this many nodes.
 STATE_READS = 256
+# Nodes' attempt messages (attempts.py) this edge has at Temporal at once; past that, one
+# is dropped (counted): the node says it again within a second.
+ATTEMPT_CALLS = 64
+
+
+class InNamespace(Protocol):
+    """The jobs role's Temporal calls (JobsRole.in_namespace): MAKE run with a client of
+    NAMESPACE on the server's one connection, within WITHIN seconds."""
+
+    async def __call__(
+        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
+    ) -> T: ...
 
 
 def state_reads(db: Database) -> Batches:
@@ -77,6 +92,13 @@ class Edge:
     # Set when the server begins to stop: the edge accepts no more connections, and each
     # control stream tells its node to move to another server and ends.
     leaving: trio.Event = field(default_factory=trio.Event)
+    # Temporal for the attempts nodes report on (attempts.py); None: this edge makes no
+    # such call (it answers `unavailable`).
+    in_namespace: InNamespace | None = None
+    # Those calls under way, at most ATTEMPT_CALLS (taken and given back by attempts.py).
+    attempt_calls: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(ATTEMPT_CALLS)
+    )
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)

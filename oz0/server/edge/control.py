@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.server.edge import attempt_refusals, job_output, renew
+from oz0.server.edge import attempt_refusals, attempts, job_output, renew
 from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
@@ -91,12 +91,14 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
             renewing = trio.Lock()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
+                reports = attempts.NodeAttempts(edge, ws, node_id, node.tenant, nursery)
                 nursery.start_soon(
                     _receive_from_node,
                     edge,
                     ws,
                     beat,
                     node.tenant,
+                    reports,
                     key,
                     answers,
                     ending,
@@ -152,6 +154,7 @@ async def _receive_from_node(
     ws: Wire,
     beat: Beat,
     tenant: str,
+    reports: attempts.NodeAttempts,
     key: ec.EllipticCurvePublicKey,
     answers: PurgeAnswers,
     ending: trio.Event,
@@ -162,7 +165,9 @@ async def _receive_from_node(
 
     Answers to a purge command go to whoever sent it, who alone records them; a `renew`
     is answered (renew.py); a job's output is stored and acknowledged (job_output.py); an
-    attempt the node refused is audited, within its budget (attempt_refusals.py).
+    attempt the node refused is audited, within its budget (attempt_refusals.py); what
+    the node says of its running attempts goes to Temporal (attempts.py), in tasks of
+    their own.
     """
     node_id = beat.node_id
     try:
@@ -183,6 +188,8 @@ async def _receive_from_node(
                 await job_output.receive(edge, ws, node_id, message)
             elif message.get("type") == attempt_refusals.REFUSED:
                 await edge.attempt_refusals.refused(node_id, tenant, message)
+            elif message.get("type") in (attempts.ALIVE, attempts.DONE):
+                await reports.received(message)
     except Closed:
         pass
     scope.cancel()

@@ -19,6 +19,7 @@ from oz0.server.edge.common import (
     MAX_MESSAGE_SIZE,
     DatabaseUnavailable,
     Edge,
+    InNamespace,
     close,
     send,
 )
@@ -58,6 +59,7 @@ async def run(
     reconcile_every: float = RECONCILE_EVERY,
     max_pending: int = nodes.MAX_PENDING,
     metrics: EdgeMetrics | None = None,
+    in_namespace: InNamespace | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     # Thousands of nodes reconnecting at once (a server lost) query the database once
@@ -77,6 +79,7 @@ async def run(
         max_pending=max_pending,
         metrics=metrics or EdgeMetrics(),
         prompt_db=pool,
+        in_namespace=in_namespace,
     )
     admission = Admission(f"edge {host}:{port}", on_refused=edge.metrics.connection_over_limit)
     turns = Turns(f"edge {host}:{port}", on_busy=edge.metrics.connection_shed)

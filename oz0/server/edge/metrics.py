@@ -71,6 +71,23 @@ class EdgeMetrics:
             " reaches the edge with the node's new state and needs no read.",
             registry=registry,
         )
+        dropped = Counter(
+            "oz0_edge_attempt_messages_dropped",
+            "Nodes' attempt messages this server's edge set aside unanswered, by kind: an"
+            " attempt_alive while the stream's previous one was still at Temporal, or while"
+            " the edge had 64 such calls under way (the node sends another within a second);"
+            " an attempt_done the edge had no room for (answered unavailable).",
+            ["kind"],
+            registry=registry,
+        )
+        self._attempt_unavailable = Counter(
+            "oz0_edge_attempt_calls_unavailable",
+            "Nodes' attempt messages this server's edge could not take to Temporal or the"
+            " database (down, or slower than the call's deadline); the node's next one tries"
+            " again.",
+            registry=registry,
+        )
+        self._attempt_dropped = {kind: dropped.labels(kind) for kind in ("alive", "done")}
         self._joins = {state: joins.labels(state) for state in JOINED_STATES}
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._closes = {state: closes.labels(state) for state in ENDED_BY}
@@ -88,6 +105,12 @@ class EdgeMetrics:
 
     def node_reread(self) -> None:
         self._rereads.inc()
+
+    def attempt_message_dropped(self, kind: str) -> None:
+        self._attempt_dropped[kind].inc()
+
+    def attempt_call_unavailable(self) -> None:
+        self._attempt_unavailable.inc()
 
     def join_refused(self, reason: str) -> None:
         self._refusals.get(reason, self._refusals["bad_request"]).inc()

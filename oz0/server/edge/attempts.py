@@ -1,0 +1,331 @@
+"""The edge's side of attempts that outlive their node's control stream (issue 30).
+
+A node hands each attempt to a supervisor of its own and completes the attempt's Temporal
+activity asynchronously; from then on it reports on the attempt over whatever control
+stream it has, to whichever server, and that server's edge talks to Temporal for it, by
+activity ID (namespace: the node's tenant; workflow: the job; activity: `attempt-N`),
+with the server's own Temporal connection (the jobs role's, JobsRole.in_namespace). The
+node's own Temporal connection could not: the Temporal host admits a node's heartbeat or
+completion only for a task token that host handed it. Instead the edge checks, in the
+database, that the attempt is placed on this very node (docs/node-protocol.md):
+
+- `attempt_alive` {"attempts": [{"job", "attempt"}, ...]} (at most MAX_ALIVE): each
+  attempt of this node's that runs is heartbeated; one whose job was cancelled is told
+  `attempt_stop` "cancelled"; one that is not this node's, has ended, or that Temporal no
+  longer has (it timed out: the node was lost, the job moved on) is told `attempt_stop`
+  "ended". The database or Temporal unavailable: nothing is said (the node runs on; if
+  it lasts, the heartbeat timeout speaks).
+- `attempt_done` {"job", "attempt", "result" | "failure" | "cancelled"}: the activity
+  completed, failed (non-retryable, of the node's type and message) or reported cancelled,
+  answered `attempt_done_ack` {"stored", "reason": null | "ended" | "unavailable"}.
+
+Every Temporal call has a deadline (CALL_TIMEOUT) and runs in a task of the stream's own:
+the stream goes on reading meanwhile. A stream has one attempt_alive at Temporal at a time
+and DONE_IN_FLIGHT attempt_done; the edge has at most ATTEMPT_CALLS messages there; past
+those, an attempt_alive is dropped (the node sends one every second) and an attempt_done
+answered "unavailable", each counted (EdgeMetrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle, Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from oz0.jobs import store
+from oz0.jobs.role import JobsUnavailable
+from oz0.jobs.spec import is_job_id
+from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.wire import Closed, Wire
+from oz0_common.asyncio_portal import CallCancelled, PortalClosed
+
+log = logging.getLogger(__name__)
+
+ALIVE = "attempt_alive"
+DONE = "attempt_done"
+STOP = "attempt_stop"
+DONE_ACK = "attempt_done_ack"
+MAX_ALIVE = 100
+# A result is a few numbers and flags (today's activity result); a failure one line.
+MAX_RESULT = 16 * 1024
+MAX_FAILURE_TYPE = 100
+MAX_FAILURE_MESSAGE = 4 * 1024
+# One message's Temporal calls (all of an attempt_alive's heartbeats together).
+CALL_TIMEOUT = 5.0
+DONE_IN_FLIGHT = 8
+_UNAVAILABLE = (JobsUnavailable, TimeoutError, CallCancelled, PortalClosed, RPCError)
+
+
+class BadAttemptMessage(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    job: str
+    number: int
+
+    @property
+    def activity_id(self) -> str:
+        return f"attempt-{self.number}"
+
+    @classmethod
+    def parse(cls, entry: object) -> AttemptRef:
+        if not isinstance(entry, dict):
+            raise BadAttemptMessage("an attempt is an object with job and attempt")
+        job, number = entry.get("job"), entry.get("attempt")
+        if not isinstance(job, str) or not is_job_id(job):
+            raise BadAttemptMessage("no valid job ID")
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31:
+            raise BadAttemptMessage("no valid attempt number")
+        return cls(job, number)
+
+
+@dataclass(frozen=True)
+class Done:
+    """How an attempt ended, as the node says: exactly one of RESULT, FAILURE (type,
+    message) or CANCELLED."""
+
+    ref: AttemptRef
+    result: dict[str, Any] | None = None
+    failure: tuple[str, str] | None = None
+    cancelled: bool = False
+
+    @classmethod
+    def parse(cls, message: dict[str, Any]) -> Done:
+        ref = AttemptRef.parse(message)
+        given = [k for k in ("result", "failure", "cancelled") if k in message]
+        if len(given) != 1:
+            raise BadAttemptMessage("give one of result, failure or cancelled")
+        if "result" in message:
+            result = message["result"]
+            if not isinstance(result, dict) or len(json.dumps(result)) > MAX_RESULT:
+                raise BadAttemptMessage(f"a result is an object of at most {MAX_RESULT} bytes")
+            return cls(ref, result=result)
+        if "failure" in message:
+            failure = message["failure"]
+            kind = failure.get("type") if isinstance(failure, dict) else None
+            text = failure.get("message") if isinstance(failure, dict) else None
+            if not isinstance(kind, str) or not kind or len(kind) > MAX_FAILURE_TYPE:
+                raise BadAttemptMessage("a failure has a type")
+            if not isinstance(text, str) or len(text) > MAX_FAILURE_MESSAGE:
+                raise BadAttemptMessage("a failure has a message")
+            return cls(ref, failure=(kind, text))
+        if message["cancelled"] is not True:
+            raise BadAttemptMessage("cancelled must be true")
+        return cls(ref, cancelled=True)
+
+
+class NodeAttempts:
+    """One control stream's attempt messages; their tasks run in NURSERY (the stream's)."""
+
+    def __init__(
+        self, edge: Edge, ws: Wire, node_id: str, tenant: str, nursery: trio.Nursery
+    ) -> None:
+        self._edge = edge
+        self._ws = ws
+        self._node_id = node_id
+        self._tenant = tenant
+        self._nursery = nursery
+        # Attempts found placed on this node and running: an attempt's node never changes,
+        # so that holds for the stream's life (its end is Temporal's NOT_FOUND).
+        self._confirmed: set[AttemptRef] = set()
+        self._alive_busy = False
+        self._done_busy = 0
+
+    async def received(self, message: dict[str, Any]) -> None:
+        """An attempt_alive or attempt_done from the node: its calls started in a task
+        of their own (or dropped, counted), never awaited here."""
+        kind = message.get("type")
+        try:
+            if kind == ALIVE:
+                self._alive(message)
+            elif kind == DONE:
+                await self._done(Done.parse(message))
+        except BadAttemptMessage as e:
+            log.warning("node %s sent an %s that is not one (%s); ignored", self._node_id, kind, e)
+
+    def _alive(self, message: dict[str, Any]) -> None:
+        entries = message.get("attempts")
+        if not isinstance(entries, list) or len(entries) > MAX_ALIVE:
+            raise BadAttemptMessage(f"attempts is a list of at most {MAX_ALIVE}")
+        refs = list(dict.fromkeys(AttemptRef.parse(e) for e in entries))
+        if not refs:
+            return
+        token = self._take_call(not self._alive_busy)
+        if token is None:
+            self._edge.metrics.attempt_message_dropped("alive")
+            return
+        self._alive_busy = True
+        self._nursery.start_soon(self._heartbeat, refs, token)
+
+    async def _done(self, done: Done) -> None:
+        token = self._take_call(self._done_busy < DONE_IN_FLIGHT)
+        if token is None:
+            self._edge.metrics.attempt_message_dropped("done")
+            await self._ack(done.ref, False, "unavailable")
+            return
+        self._done_busy += 1
+        self._nursery.start_soon(self._settle, done, token)
+
+    def _take_call(self, room_here: bool) -> object | None:
+        """A token of the edge's ATTEMPT_CALLS if this stream has room too, else None."""
+        if not room_here:
+            return None
+        token = object()
+        try:
+            self._edge.attempt_calls.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            return None
+        return token
+
+    async def _heartbeat(self, refs: list[AttemptRef], token: object) -> None:
+        stops: list[tuple[AttemptRef, str]] = []
+        try:
+            running = await self._running(refs, stops, cached=True)
+            beats = await self._call(heartbeats(running)) if running else None
+            if beats is not None:
+                stops += [(r, b) for r, b in zip(running, beats, strict=True) if b == "cancelled"]
+                # Gone from Temporal: the database says why (a cancellation, or anything
+                # else the node need not tell apart).
+                gone = [r for r, b in zip(running, beats, strict=True) if b == "ended"]
+                self._confirmed.difference_update(gone)
+                await self._running(gone, stops, cached=False)
+        except DatabaseUnavailable:
+            self._edge.metrics.attempt_call_unavailable()
+        finally:
+            self._alive_busy = False
+            self._edge.attempt_calls.release_on_behalf_of(token)
+        for ref, why in stops:
+            if not await self._say(STOP, job=ref.job, attempt=ref.number, why=why):
+                return
+
+    async def _settle(self, done: Done, token: object) -> None:
+        try:
+            reason: str | None = "unavailable"
+            try:
+                if await self._running([done.ref], [], cached=False):
+                    answer = await self._call(settling(done))
+                    reason = None if answer == "stored" else answer or "unavailable"
+                else:
+                    reason = "ended"
+            except DatabaseUnavailable:
+                self._edge.metrics.attempt_call_unavailable()
+            if reason != "unavailable":
+                self._confirmed.discard(done.ref)  # its activity is over, either way
+        finally:
+            self._done_busy -= 1
+            self._edge.attempt_calls.release_on_behalf_of(token)
+        await self._ack(done.ref, reason is None, reason)
+
+    async def _running(
+        self, refs: list[AttemptRef], stops: list[tuple[AttemptRef, str]], *, cached: bool
+    ) -> list[AttemptRef]:
+        """Those of REFS placed on this node and not ended (CACHED: those confirmed on this
+        stream are not read again); the others go to STOPS, "cancelled" if they ended with
+        their job's cancellation, else "ended"."""
+        asked = [r for r in refs if not (cached and r in self._confirmed)]
+        if not asked:
+            return list(refs)
+        states = await self._edge.transaction(
+            lambda conn: store.attempts_of_node(
+                conn, self._node_id, [(r.job, r.number) for r in asked]
+            )
+        )
+        for ref, state in zip(asked, states, strict=True):
+            if state == store.RUNNING:
+                self._confirmed.add(ref)
+                continue
+            if state == store.NOT_ITS:  # not logged louder: a hostile node could flood it
+                log.debug(
+                    "node %s reported on job %s attempt %d, which is not its own",
+                    self._node_id, ref.job, ref.number,
+                )  # fmt: skip
+            stops.append((ref, "cancelled" if state == store.CANCELLED else "ended"))
+        return [r for r in refs if r in self._confirmed]
+
+    async def _call(self, make: Callable[[Client], Awaitable[Any]]) -> Any:
+        """MAKE in the node's tenant's namespace; None (counted) if Temporal cannot be
+        reached in time."""
+        in_namespace = self._edge.in_namespace
+        try:
+            if in_namespace is None:
+                raise JobsUnavailable("this edge has no Temporal connection")
+            return await in_namespace(self._tenant, make, CALL_TIMEOUT)
+        except _UNAVAILABLE as e:
+            self._edge.metrics.attempt_call_unavailable()
+            log.debug("node %s: an attempt call to Temporal failed: %r", self._node_id, e)
+            return None
+
+    async def _ack(self, ref: AttemptRef, stored: bool, reason: str | None) -> None:
+        await self._say(
+            DONE_ACK, job=ref.job, attempt=ref.number, stored=stored, reason=reason
+        )  # fmt: skip
+
+    async def _say(self, kind: str, **fields: Any) -> bool:
+        """Send to the node; False once its stream is closed (the stream's end is its
+        reader's to handle)."""
+        try:
+            await send(self._ws, kind, **fields)
+        except Closed:
+            return False
+        return True
+
+
+# --- on the jobs role's asyncio loop (JobsRole.in_namespace) ------------------------------
+
+
+def _handle(client: Client, ref: AttemptRef) -> AsyncActivityHandle:
+    return client.get_async_activity_handle(
+        workflow_id=ref.job, run_id=None, activity_id=ref.activity_id
+    )
+
+
+def heartbeats(refs: list[AttemptRef]) -> Callable[[Client], Awaitable[list[str]]]:
+    """For each of REFS: "running", "cancelled" (its job was cancelled), "ended" (Temporal
+    has no such activity: timed out, or the workflow moved on or ended) or "unavailable"."""
+
+    async def beat(client: Client, ref: AttemptRef) -> str:
+        try:
+            await _handle(client, ref).heartbeat(rpc_timeout=dt.timedelta(seconds=CALL_TIMEOUT))
+        except AsyncActivityCancelledError as e:
+            return "cancelled" if e.details is None or e.details.cancel_requested else "running"
+        except RPCError as e:
+            return "ended" if e.status == RPCStatusCode.NOT_FOUND else "unavailable"
+        return "running"
+
+    async def make(client: Client) -> list[str]:
+        return list(await asyncio.gather(*(beat(client, r) for r in refs)))
+
+    return make
+
+
+def settling(done: Done) -> Callable[[Client], Awaitable[str]]:
+    """DONE given to Temporal: "stored", "ended" (it has no such activity) or
+    "unavailable"."""
+
+    async def make(client: Client) -> str:
+        handle, timeout = _handle(client, done.ref), dt.timedelta(seconds=CALL_TIMEOUT)
+        try:
+            if done.result is not None:
+                await handle.complete(done.result, rpc_timeout=timeout)
+            elif done.failure is not None:
+                kind, message = done.failure
+                error = ApplicationError(message, type=kind, non_retryable=True)
+                await handle.fail(error, rpc_timeout=timeout)
+            else:
+                await handle.report_cancellation(rpc_timeout=timeout)
+        except RPCError as e:
+            return "ended" if e.status == RPCStatusCode.NOT_FOUND else "unavailable"
+        return "stored"
+
+    return make

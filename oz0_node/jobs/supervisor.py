@@ -1,0 +1,820 @@
+"""One attempt's supervisor: a process of its own, not the agent, that owns the attempt's
+command, its output and its exit status, so that the agent's restart, crash or upgrade
+does not touch the command (Nomad's executor is the same idea).
+
+The agent starts one per attempt (`launch`): Python running this module, in a session of
+its own and no longer the agent's child (it forks once at start and its first process
+exits), so neither the agent's exit, SIGTERM, SIGKILL nor a kill of the agent's process
+group reaches it. The attempt (with its secrets) comes over its stdin as JSON, never on
+disk nor on a command line. It then
+
+- sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
+  environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
+  tracking, the limits), starts the command (as process.py does, without asyncio), then
+  says "ready" to `launch`;
+- appends the command's output to DIR/output as it comes (below);
+- ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
+  then SIGKILL (cgroup.kill) after KILL_GRACE; once the command has exited, ends whatever
+  it left running (its cgroup, or its tracked descendants);
+- records in DIR/tracking.json (0600, replaced atomically) what is left to end if it is
+  killed itself (its cgroups, its processes with their start times): `end_leftovers`;
+- removes the working directory and cgroups, then writes DIR/status.json (0600,
+  atomically): the attempt has ended, nothing of it is left, DIR/output is complete;
+- holds an exclusive flock on DIR/lock for its whole life (taken by `launch` before the
+  supervisor exists, and handed down to it): `alive` is whether that lock is held.
+
+Its own log lines go to DIR/supervisor.log (at most LOG_CAP bytes; never an environment
+value). DIR is DATA_DIR/attempts/<job>-<n> (0700): a new agent finds every attempt there
+(`find_all`), re-attaches to the live ones, reads the ended ones' status and output, ends
+what dead ones left, and `remove`s each once reported.
+
+DIR/output: records of one byte (STDOUT 1, STDERR 2, or MARK|stream for the cap's mark),
+a 4-byte big-endian length, then that many bytes of data (at most RECORD_DATA), in the
+order the output came. At OUTPUT_CAP bytes of data (both streams together, as the relay to
+the edge counts, output.py) one mark record with no data, then the rest is read and
+dropped, so the command never blocks on a full pipe. So an attempt's output file holds at
+most OUTPUT_CAP plus 5 bytes a record (about 1.2 MiB): that is what a node keeps of an
+attempt's output while it has no stream to deliver it on, or while its agent restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import select
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from oz0_common.files import write_private
+from oz0_node.jobs import procfs
+from oz0_node.jobs.isolation import (
+    ATTEMPTS_DIR,
+    AttemptRecord,
+    Isolation,
+    Limits,
+    Placement,
+    end_recorded,
+    remove_tree,
+)
+from oz0_node.jobs.job_user import JobUser
+from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
+
+log = logging.getLogger(__name__)
+
+# output.py's OUTPUT_CAP (not imported: output.py brings trio; a test checks they agree).
+OUTPUT_CAP = 1 << 20
+RECORD_DATA = 32 << 10
+STDOUT, STDERR, MARK = 1, 2, 0x80
+STREAM_CODES = {"stdout": STDOUT, "stderr": STDERR}
+CODE_STREAMS = {code: name for name, code in STREAM_CODES.items()}
+HEADER = struct.Struct(">BI")
+LOG_CAP = 256 << 10
+# process.py's KILL_GRACE, GONE_POLL and REAP_TIMEOUT (not imported: process.py brings
+# asyncio; a test checks they agree).
+KILL_GRACE = 3.0
+GONE_POLL = 0.05
+REAP_TIMEOUT = 2.0
+# attempt.py's DRAIN_TIMEOUT: how long pipes held by a process that escaped its tracking
+# are read once the command's processes are gone.
+DRAIN_TIMEOUT = 5.0
+# How long `launch` waits for the supervisor to say it started the command (or failed to).
+START_WITHIN = 30.0
+
+LOCK_FILE = "lock"
+PID_FILE = "supervisor.json"
+OUTPUT_FILE = "output"
+TRACKING_FILE = "tracking.json"
+STATUS_FILE = "status.json"
+LOG_FILE = "supervisor.log"
+ATTEMPT_DIR = re.compile(r"(job-[0-9a-f]{12})-([1-9][0-9]*)\Z")
+READY = b"ready\n"
+BOOT = "from oz0_node.jobs.supervisor import main; main()"
+
+
+# --- what the agent hands over --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SupervisedSpec:
+    """One attempt, as the agent hands it to its supervisor; never written to disk (ENV
+    carries the opened secrets)."""
+
+    node_id: str
+    job_id: str
+    attempt: int
+    command: tuple[str, ...]
+    # The job's environment with its opened secrets merged in: never in a repr.
+    env: Mapping[str, str] = field(repr=False)
+    timeout: float | None
+    limits: Limits
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}-{self.attempt}"
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    stream: str  # "stdout" or "stderr"
+    data: bytes
+    truncated: bool = False  # the cap's mark (data b""): what came after was dropped
+
+
+def attempts_root(data_dir: Path) -> Path:
+    """DATA_DIR/attempts: one directory per attempt, <job>-<n>."""
+    return data_dir / ATTEMPTS_DIR
+
+
+# --- the agent's side -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """One attempt's directory and the supervisor that has (or had) it."""
+
+    job_id: str
+    attempt: int
+    dir: Path
+
+    def alive(self) -> bool:
+        """Whether its supervisor still runs: it holds DIR/lock for its whole life."""
+        try:
+            fd = os.open(self.dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # releases the lock, if this took it
+        return False
+
+    def status(self) -> dict[str, object] | None:
+        """The attempt's status once it has ended and its leftovers are gone, else None:
+        exit_code, signal, ended_because ("exit", "timeout", "stopped"), output_bytes,
+        truncated, applied."""
+        try:
+            raw = json.loads((self.dir / STATUS_FILE).read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s: %s", self.dir / STATUS_FILE, e)
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    def stop(self) -> None:
+        """Ask the supervisor to end the attempt now (SIGTERM; its PID is checked with its
+        start time, so never a process that reused it). Returns at once: `status` says
+        "stopped" once it has ended."""
+        found = self._supervisor()
+        if found is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(found, signal.SIGTERM)
+
+    def _supervisor(self) -> int | None:
+        """The supervisor's PID while it is the process that wrote DIR/supervisor.json."""
+        try:
+            raw = json.loads((self.dir / PID_FILE).read_bytes())
+            pid, start = int(raw["pid"]), int(raw["start_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        stat = procfs.same_process(pid, start) if pid > 1 else None
+        return pid if stat is not None and not stat.zombie else None
+
+    def read_output(self, offset: int, limit: int) -> tuple[list[OutputRecord], int]:
+        """The whole records from byte OFFSET of DIR/output, at most LIMIT bytes of data
+        (one record at least, if there is one), and the offset after them. A record still
+        being written is left for the next call. ValueError if the file is not one of
+        these (a stream code this node does not write)."""
+        records: list[OutputRecord] = []
+        taken = 0
+        try:
+            f = (self.dir / OUTPUT_FILE).open("rb")
+        except FileNotFoundError:
+            return records, offset
+        with f:
+            f.seek(offset)
+            while True:
+                header = f.read(HEADER.size)
+                if len(header) < HEADER.size:
+                    break
+                code, length = HEADER.unpack(header)
+                if records and taken + length > limit:
+                    break
+                data = f.read(length)
+                if len(data) < length:
+                    break
+                stream = CODE_STREAMS.get(code & ~MARK)
+                if stream is None:
+                    raise ValueError(f"{self.dir / OUTPUT_FILE}: no such stream code {code}")
+                records.append(OutputRecord(stream, data, truncated=bool(code & MARK)))
+                taken += length
+                offset += HEADER.size + length
+        return records, offset
+
+    def end_leftovers(self) -> None:
+        """Its supervisor died without a status (kill -9, OOM): end what is left of its
+        command (its cgroups; its recorded processes, each checked by its start time) and
+        remove its working directory and cgroups. Nothing while the supervisor lives."""
+        if self.alive():
+            return
+        entries = AttemptRecord(self.dir / TRACKING_FILE).load()
+        for key, entry in entries.items():
+            processes, removed = end_recorded(entry)
+            cgroups = entry.get("cgroups")
+            for raw in cgroups if isinstance(cgroups, list) else []:
+                # The node's subtree too once no attempt is left in it, as Isolation.end.
+                with contextlib.suppress(OSError, TypeError):
+                    Path(raw).parent.rmdir()
+            log.info(
+                "attempt %s: its supervisor died; ended %d process(es)%s",
+                key,
+                processes,
+                f", removed {removed}" if removed is not None else "",
+            )
+        # Said once only: a second call finds nothing to end.
+        (self.dir / TRACKING_FILE).unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Delete DIR (once the agent has reported the attempt)."""
+        remove_tree(self.dir)
+
+
+def find_all(data_dir: Path) -> list[Supervised]:
+    """Every attempt directory under DATA_DIR/attempts (for a new agent), sorted."""
+    found = []
+    try:
+        names = sorted(p.name for p in attempts_root(data_dir).iterdir())
+    except FileNotFoundError:
+        return []
+    for name in names:
+        match = ATTEMPT_DIR.fullmatch(name)
+        if match is not None:
+            found.append(Supervised(match[1], int(match[2]), attempts_root(data_dir) / name))
+    return found
+
+
+def stop_all(data_dir: Path, within: float) -> int:
+    """Stop every live supervisor, wait for them (at most WITHIN seconds; then SIGKILL),
+    end what dead ones left and remove every attempt directory: after a purge nothing of
+    any attempt is left. How many attempts there were."""
+    every = find_all(data_dir)
+    for supervised in every:
+        supervised.stop()
+    deadline = time.monotonic() + within
+    while any(s.alive() for s in every) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for supervised in every:
+        pid = supervised._supervisor() if supervised.alive() else None
+        if pid is not None:
+            log.warning(
+                "attempt %s: its supervisor did not stop in %g s; SIGKILL",
+                supervised.dir.name,
+                within,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            end = time.monotonic() + REAP_TIMEOUT
+            while supervised.alive() and time.monotonic() < end:
+                time.sleep(0.02)
+        supervised.end_leftovers()
+        supervised.remove()
+    return len(every)
+
+
+def launch(data_dir: Path, spec: SupervisedSpec, isolation: Isolation) -> Supervised:
+    """Start SPEC's supervisor; return once it has started the command or failed to (then
+    its status says exit 127 or 126 and its output has a line on stderr saying why).
+
+    OSError when the attempt's directory cannot be made (or Python cannot be started);
+    FileExistsError when a live supervisor already has it."""
+    root = attempts_root(data_dir)
+    root.mkdir(mode=0o700, exist_ok=True)
+    root.chmod(0o700)
+    supervised = Supervised(spec.job_id, spec.attempt, root / spec.key)
+    if supervised.dir.exists():
+        if supervised.alive():
+            raise FileExistsError(
+                errno.EEXIST, "a supervisor already runs this attempt", str(supervised.dir)
+            )
+        # What a previous run of the same attempt left (its status already reported).
+        supervised.end_leftovers()
+        supervised.remove()
+    supervised.dir.mkdir(mode=0o700)
+    # Locked here and handed down: held from before the supervisor exists to its end.
+    lock = os.open(supervised.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        logs = os.open(
+            supervised.dir / LOG_FILE,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            process = subprocess.Popen(
+                # -P: nothing imported from the working directory.
+                [sys.executable, "-P", "-c", BOOT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=logs,
+                pass_fds=(lock,),
+                start_new_session=True,
+                cwd="/",
+                env=_supervisor_env(),
+            )
+        finally:
+            os.close(logs)
+        assert process.stdin is not None and process.stdout is not None
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(_handover(spec, isolation, supervised.dir, lock))
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
+        ready = _read_ready(process.stdout, START_WITHIN)
+        process.stdout.close()
+        try:
+            # Its first process exits as soon as it has forked the supervisor.
+            process.wait(START_WITHIN)
+        except subprocess.TimeoutExpired:
+            log.warning("attempt %s: its supervisor's first process did not exit", spec.key)
+    finally:
+        os.close(lock)
+    if not ready:
+        log.warning(
+            "attempt %s: its supervisor did not say it started the command (%s)",
+            spec.key,
+            supervised.dir / LOG_FILE,
+        )
+    return supervised
+
+
+def _supervisor_env() -> dict[str, str]:
+    """The agent's environment (LANG for the job; no job's values), and its sys.path, so
+    the supervisor imports what the agent does (the one-file agent's unpacked layers too)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def _handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock: int) -> bytes:
+    limits = spec.limits
+    raw = {
+        "dir": str(directory),
+        "lock_fd": lock,
+        "node_id": spec.node_id,
+        "job_id": spec.job_id,
+        "attempt": spec.attempt,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "timeout": spec.timeout,
+        "limits": {
+            "memory": limits.memory,
+            "cpu": limits.cpu,
+            "max_processes": limits.max_processes,
+            "max_open_files": limits.max_open_files,
+            "address_space": limits.address_space,
+            "unknown": list(limits.unknown),
+        },
+        "isolation": {
+            "data_dir": str(isolation.data_dir),
+            "user": {
+                "name": isolation.user.name,
+                "uid": isolation.user.uid,
+                "gid": isolation.user.gid,
+                "groups": list(isolation.user.groups),
+            },
+            "drop": isolation.drop,
+            "tracking": isolation.tracking,
+            "v2_own": str(isolation.v2_own) if isolation.v2_own is not None else None,
+            "v1_own": {k: str(v) for k, v in isolation.v1_own.items()},
+            "temp_dir": str(isolation.temp_dir),
+        },
+    }
+    return json.dumps(raw).encode()
+
+
+def _read_ready(stream: IO[bytes], within: float) -> bool:
+    """Whether STREAM says READY within WITHIN seconds (EOF: the supervisor died)."""
+    deadline = time.monotonic() + within
+    got = b""
+    fd = stream.fileno()
+    while not got.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return False
+        piece = os.read(fd, 64)
+        if not piece:
+            return False
+        got += piece
+    return got == READY
+
+
+# --- the supervisor's side ------------------------------------------------------------------
+
+
+class OutputFile:
+    """DIR/output, appended as the command's output comes (see the module's docstring)."""
+
+    def __init__(self, path: Path, cap: int = OUTPUT_CAP) -> None:
+        self.cap = cap
+        self.output_bytes = 0
+        self.truncated = False
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+    def add(self, stream: str, data: bytes) -> None:
+        if self.truncated or not data:
+            return
+        code = STREAM_CODES[stream]
+        kept = data[: self.cap - self.output_bytes]
+        for start in range(0, len(kept), RECORD_DATA):
+            self._write(code, kept[start : start + RECORD_DATA])
+        self.output_bytes += len(kept)
+        if len(kept) < len(data):
+            self._write(code | MARK, b"")
+            self.truncated = True
+
+    def _write(self, code: int, data: bytes) -> None:
+        if self.truncated:
+            return
+        try:
+            os.write(self._fd, HEADER.pack(code, len(data)) + data)
+        except OSError as e:
+            # The disk is full: the output ends here, as at the cap (nothing more is kept).
+            log.warning("cannot write the output: %s; the rest is dropped", e.strerror or e)
+            self.truncated = True
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _BoundedLog(logging.Handler):
+    """Log lines to STREAM until LOG_CAP bytes were written, then one line saying so."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.written = 0
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.written >= LOG_CAP:
+            return
+        line = self.format(record) + "\n"
+        if self.written + len(line) > LOG_CAP:
+            line = "supervisor.log is full: later lines are dropped\n"
+            self.written = LOG_CAP
+        else:
+            self.written += len(line)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(line)
+            self.stream.flush()
+
+
+def _parse(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
+    """The handover `launch` wrote (trusted: the agent's own)."""
+    iso, limits = raw["isolation"], raw["limits"]
+    user = iso["user"]
+    v2_own = iso["v2_own"]
+    timeout = raw["timeout"]
+    isolation = Isolation(
+        data_dir=Path(iso["data_dir"]),
+        user=JobUser(user["name"], int(user["uid"]), int(user["gid"]), tuple(user["groups"])),
+        drop=bool(iso["drop"]),
+        tracking=str(iso["tracking"]),
+        v2_own=Path(v2_own) if v2_own is not None else None,
+        v1_own={k: Path(v) for k, v in iso["v1_own"].items()},
+        temp_dir=Path(iso["temp_dir"]),
+    )
+    command, env = raw["command"], raw["env"]
+    spec = SupervisedSpec(
+        node_id=str(raw["node_id"]),
+        job_id=str(raw["job_id"]),
+        attempt=int(raw["attempt"]),
+        command=tuple(str(a) for a in command),
+        env={str(k): str(v) for k, v in env.items()},
+        timeout=float(timeout) if isinstance(timeout, int | float) else None,
+        limits=Limits(
+            memory=limits["memory"],
+            cpu=limits["cpu"],
+            max_processes=limits["max_processes"],
+            max_open_files=limits["max_open_files"],
+            address_space=limits["address_space"],
+            unknown=tuple(limits["unknown"]),
+        ),
+    )
+    return spec, isolation, Path(raw["dir"]), int(raw["lock_fd"])
+
+
+def main() -> None:
+    """The supervisor's process (started by `launch` as `python -c BOOT`)."""
+    raw = json.loads(sys.stdin.buffer.read())
+    # Whatever the agent's thread that launched it blocked (a fork keeps its signal mask):
+    # a stop must get through, and the command must not start with signals blocked.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # A SIGTERM from now on is a stop (`Supervised.stop`), not its death.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    # Not the agent's child from now on: the first process exits, the agent reaps it.
+    if os.fork() != 0:
+        os._exit(0)
+    spec, isolation, directory, lock = _parse(raw)
+    del raw  # the job's environment stays in SPEC only
+    os.set_inheritable(lock, False)  # held to the end, never given to the command
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    handler = _BoundedLog(sys.stderr)
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    me = procfs.read_stat(os.getpid())
+    assert me is not None
+    write_private(
+        directory / PID_FILE,
+        json.dumps({"pid": me.pid, "start_time": me.start_time}).encode(),
+    )
+    # What it records of its attempt goes to DIR/tracking.json, not the agent's record.
+    isolation.record = AttemptRecord(directory / TRACKING_FILE)
+    if isolation.tracking == SUBREAPER and not become_subreaper():
+        isolation.tracking = PROCESS_GROUP
+    output = OutputFile(directory / OUTPUT_FILE)
+    try:
+        status = _supervise(spec, isolation, output, stopping)
+    finally:
+        output.close()
+    write_private(directory / STATUS_FILE, (json.dumps(status) + "\n").encode())
+    log.info("job %s attempt %d: ended (%s)", spec.job_id, spec.attempt, status["ended_because"])
+    # Exiting releases the lock: the status is there before the agent can see it dead.
+
+
+def _ready() -> None:
+    """Tell `launch` the command has started (or failed to); stdout is /dev/null after."""
+    with contextlib.suppress(OSError):
+        os.write(1, READY)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def _status(
+    exit_code: int | None,
+    sig: int | None,
+    ended_because: str,
+    output: OutputFile,
+    applied: dict[str, object],
+) -> dict[str, object]:
+    return {
+        "exit_code": exit_code,
+        "signal": sig,
+        "ended_because": ended_because,
+        "output_bytes": output.output_bytes,
+        "truncated": output.truncated,
+        "applied": applied,
+    }
+
+
+def _supervise(
+    spec: SupervisedSpec, isolation: Isolation, output: OutputFile, stopping: list[int]
+) -> dict[str, object]:
+    try:
+        place = isolation.begin(spec.node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
+    except OSError as e:
+        why = f"{e.strerror or e} ({e.filename or isolation.temp_dir})"
+        log.warning("job %s attempt %d: cannot set it up: %s", spec.job_id, spec.attempt, why)
+        line = f"oz0-node: cannot make its working directory or cgroup: {why}\n"
+        output.add("stderr", line.encode())
+        _ready()
+        return _status(126, None, "exit", output, {})
+    try:
+        return _run(spec, isolation, place, output, stopping)
+    finally:
+        isolation.end(place)
+
+
+def _run(
+    spec: SupervisedSpec,
+    isolation: Isolation,
+    place: Placement,
+    output: OutputFile,
+    stopping: list[int],
+) -> dict[str, object]:
+    try:
+        # As process.spawn does it: its own session, stdin /dev/null, the isolation's steps.
+        popen = subprocess.Popen(
+            spec.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=place.workdir,
+            env=place.env,
+            start_new_session=True,
+            preexec_fn=place.preexec,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        # As attempt.py says it: 127 not found, 126 not runnable or not isolated.
+        if isinstance(e, OSError):
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            why = e.strerror or str(e)
+        else:
+            code, why = 126, "cannot isolate it (cgroup, limits or job user)"
+            log.warning("job %s attempt %d: %s", spec.job_id, spec.attempt, why)
+        output.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
+        _ready()
+        return _status(code, None, "exit", output, place.applied)
+    place.tracking.started(popen.pid)
+    command = _Command(popen, place, output, stopping, isolation)
+    command.note()
+    _ready()
+    log.info("job %s attempt %d: started process %d", spec.job_id, spec.attempt, popen.pid)
+    try:
+        deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
+        ended_because = command.run_until(deadline)
+        if ended_because == "exit" and place.tracking.alive():
+            log.info(
+                "job %s attempt %d: ending what the command left running",
+                spec.job_id,
+                spec.attempt,
+            )
+        elif ended_because != "exit":
+            why = "asked to stop" if stopping else f"timed out after {spec.timeout:g} s"
+            log.info("job %s attempt %d: %s; ending it", spec.job_id, spec.attempt, why)
+        command.end(KILL_GRACE)
+        # A pipe held by a process that escaped its tracking is not waited for.
+        command.drain(DRAIN_TIMEOUT)
+    finally:
+        command.close()
+    returned = popen.returncode
+    sig = -returned if returned is not None and returned < 0 else None
+    if ended_because != "exit":
+        return _status(None, sig, ended_because, output, place.applied)
+    assert returned is not None
+    exit_code = 128 + sig if sig is not None else returned
+    return _status(exit_code, sig, "exit", output, place.applied)
+
+
+class _Command:
+    """The command's process as the supervisor follows it, in one thread and no event loop
+    (asyncio's import alone would add a third to the supervisor's start): its pipes read
+    into the output file, its exit seen through a pidfd, a SIGTERM through a wake-up pipe,
+    its descendants looked for every SCAN_EVERY (subreaper tracking). What process.Child
+    does for attempts the agent runs itself."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        place: Placement,
+        output: OutputFile,
+        stopping: list[int],
+        isolation: Isolation,
+    ) -> None:
+        self.popen = popen
+        self.place = place
+        self.tracking = place.tracking
+        self.output = output
+        self.stopping = stopping
+        self.isolation = isolation
+        self.start = procfs.read_stat(popen.pid)
+        self.selector = selectors.DefaultSelector()
+        self.pipes: dict[int, str] = {}
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self.selector.register(pipe.fileno(), selectors.EVENT_READ, stream)
+            self.pipes[pipe.fileno()] = stream
+        self.pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):  # before Linux 5.3: polled
+            self.pidfd = os.pidfd_open(popen.pid)
+            self.selector.register(self.pidfd, selectors.EVENT_READ, None)
+        # A signal's number is written here by the interpreter: select wakes up at once.
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.next_scan = time.monotonic()
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def pump(self, timeout: float | None) -> None:
+        """Wait at most TIMEOUT for output, the command's exit or a signal; take the output."""
+        if self.pidfd is None:
+            timeout = GONE_POLL if timeout is None else min(timeout, GONE_POLL)
+        if self.tracking.kind == SUBREAPER:
+            until_scan = max(self.next_scan - time.monotonic(), 0.0)
+            timeout = until_scan if timeout is None else min(timeout, until_scan)
+        for key, _ in self.selector.select(timeout):
+            fd = key.fd
+            if fd in self.pipes:
+                self._read(fd)
+            elif fd == self.wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(fd, 512)
+            elif fd == self.pidfd:
+                # It stays readable once the command has exited: not looked at again.
+                self.selector.unregister(fd)
+                self.popen.poll()
+        if self.tracking.kind == SUBREAPER and time.monotonic() >= self.next_scan:
+            self.next_scan = time.monotonic() + SCAN_EVERY
+            if self.tracking.refresh():
+                self.note()
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.output.add(self.pipes[fd], data)
+            return
+        self.selector.unregister(fd)
+        del self.pipes[fd]
+
+    def note(self) -> None:
+        _note(self.isolation, self.place, self.popen.pid, self.start)
+
+    def run_until(self, deadline: float | None) -> str:
+        """Follow the command until it exits ("exit"), a stop ("stopped") or DEADLINE
+        ("timeout")."""
+        while True:
+            if self.exited():
+                return "exit"
+            if self.stopping:
+                return "stopped"
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            self.pump(deadline - now if deadline is not None else None)
+
+    def end(self, grace: float) -> None:
+        """End every process of the attempt: SIGTERM, then SIGKILL after GRACE seconds;
+        return once they are gone and the command reaped (or REAP_TIMEOUT after the
+        SIGKILL). Signals nothing when none is left. As process.Child.end."""
+        tracking = self.tracking
+        if self.exited() and not tracking.alive():
+            return
+        tracking.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        # Nothing tells when the last of them is gone: look (reading their output meanwhile).
+        while tracking.alive() and time.monotonic() < deadline:
+            self.pump(GONE_POLL)
+        left = tracking.alive()
+        if left:
+            log.info(
+                "process %d: %d process(es) of its attempt still there %g s after SIGTERM; SIGKILL",
+                self.popen.pid,
+                len(left),
+                grace,
+            )
+            tracking.kill_all()
+        deadline = time.monotonic() + REAP_TIMEOUT
+        # Again and again: one that forked meanwhile (subreaper, process group) dies too.
+        while tracking.alive() and time.monotonic() < deadline:
+            tracking.kill_all()
+            self.pump(GONE_POLL)
+        while not self.exited() and time.monotonic() < deadline:
+            self.pump(GONE_POLL)
+        if not self.exited():
+            log.warning("process %d did not end %g s after SIGKILL", self.popen.pid, REAP_TIMEOUT)
+        tracking.refresh()  # reap what was adopted
+
+    def drain(self, within: float) -> None:
+        """Read the pipes until they close, at most WITHIN seconds."""
+        deadline = time.monotonic() + within
+        while self.pipes and time.monotonic() < deadline:
+            self.pump(deadline - time.monotonic())
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        for fd in (self.wake_r, self.wake_w, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _note(
+    isolation: Isolation, place: Placement, command: int, start: procfs.ProcStat | None
+) -> None:
+    """DIR/tracking.json: PLACE's directory, cgroups and processes, with the command itself
+    whatever the tracking (its PID and start time: never a process that reused it)."""
+    pids = place.tracking.recorded()
+    if start is not None and all(pid != command for pid, _ in pids):
+        pids.append([command, start.start_time])
+    isolation.record.put(
+        place.key,
+        {"workdir": str(place.workdir), "cgroups": [str(p) for p in place.cgroups], "pids": pids},
+    )
