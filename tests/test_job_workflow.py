@@ -730,6 +730,25 @@ def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> Non
     run(scenario)
 
 
+def test_a_queued_job_looks_as_often_as_before_in_its_first_minute_then_less_up_to_every_30_s() -> (
+    None
+):
+    """The schedule alone (`queued_pause`, what the workflow sleeps between placements)."""
+    looks: list[tuple[float, float]] = []  # (waited so far, pause)
+    waited, delay = 0.0, wf.QUEUED_POLL_FIRST
+    while waited < 3600:
+        pause = wf.queued_pause(waited, delay)
+        looks.append((waited, pause))
+        waited += pause
+        delay = min(2 * delay, wf.QUEUED_POLL_MAX)
+    assert [p for w, p in looks if w < 60] == [1, 2, 4] + [5] * 11, "as before the backoff"
+    later = [p for w, p in looks if w >= 60]
+    assert later == sorted(later) and 5 < later[0] < 7, "longer, gradually"
+    assert all(p == 30 for w, p in looks if w >= 300), "every 30 s from 5 minutes on"
+    # An hour queued: about 150 looks instead of the 5 s schedule's 720.
+    assert len(looks) < 160
+
+
 def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> None:
     fleet = Fleet({"a": hangs, "b": exits(0)})
     fleet.finish_waits_for_nodes = True
