@@ -76,7 +76,10 @@ def audit_retention(value: str | int | None) -> int | None:
     """The audit log's retention in seconds; None (`keep`): for ever."""
     if value is None or value == KEEP:
         return None
-    seconds = parse_duration(value) if isinstance(value, str) else value
+    try:
+        seconds = parse_duration(value) if isinstance(value, str) else value
+    except RetentionError as e:
+        raise RetentionError(f"{e}; or {KEEP} (for ever)") from None
     return _within("audit retention", seconds, AUDIT_RETENTION_MIN, AUDIT_RETENTION_MAX)
 
 

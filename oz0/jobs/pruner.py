@@ -35,7 +35,7 @@ from oz0.store.pool import Database
 log = logging.getLogger(__name__)
 
 PASS_EVERY = 300.0
-CHECK_EVERY = 5.0
+CHECK_EVERY = 2.0
 JOBS_PER_BATCH = 200
 OUTPUT_ROWS_PER_DELETE = 5_000
 AUDIT_ROWS_PER_BATCH = 1_000
