@@ -622,7 +622,7 @@ def test_the_servers_delete_a_finished_job_past_its_retention_and_keep_a_younger
         metrics = https.getresponse().read().decode()
     finally:
         https.close()
-    pruned = re.search(r'^oz0_pruned_total\{what="jobs"\} (\S+)$', metrics, re.M)
+    pruned = re.search(r"^oz0_pruned_jobs_total (\S+)$", metrics, re.M)
     assert pruned is not None and float(pruned.group(1)) >= 1
 
     # The audit log's retention: a cluster setting, its change an audit row of its own.

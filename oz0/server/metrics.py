@@ -136,23 +136,27 @@ class ServerMetrics:
             "Pruning passes this server made (one server of the cluster prunes at a time).",
             registry=self.registry,
         )
-        self._pruned = Counter(
-            "oz0_pruned",
-            "Rows this server's pruning passes deleted, by what they were: finished jobs past"
-            " their tenant's retention, their attempts and output rows, audit rows past the"
-            " audit retention.",
-            labelnames=["what"],
-            registry=self.registry,
-        )
-        for what in ("jobs", "attempts", "output_rows", "audit_rows"):
-            self._pruned.labels(what)  # every series from the start, zeros too
+        # No labels: each is its own counter (a label names only states and reasons).
+        self._pruned = {
+            what: Counter(
+                f"oz0_pruned_{what}",
+                f"{doc} this server's pruning passes deleted.",
+                registry=self.registry,
+            )
+            for what, doc in (
+                ("jobs", "Finished jobs past their tenant's retention"),
+                ("attempts", "Attempts of those jobs"),
+                ("output_rows", "Output rows of those jobs"),
+                ("audit_rows", "Audit rows past the audit retention"),
+            )
+        }
         self.registry.register(_ReadAtScrape(self))
 
     def pruned(self, done: Pruned) -> None:
         """A pruning pass of this server's ended, having deleted DONE."""
         self._prune_passes.inc()
-        for what in ("jobs", "attempts", "output_rows", "audit_rows"):
-            self._pruned.labels(what).inc(getattr(done, what))
+        for what, counter in self._pruned.items():
+            counter.inc(getattr(done, what))
 
     def loop_lag(self, seconds: float) -> None:
         self._lag.observe(seconds)
