@@ -62,9 +62,13 @@ class Settings:
     max_queued_jobs: int | None = None
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> Settings:
+    def from_json(cls, body: dict[str, Any], *, also: tuple[str, ...] = ()) -> Settings:
         """From an API body: `job_retention` (seconds, or text such as "30d") and
-        `max_queued_jobs`; RetentionError (as a TenantRefused) if either is out of bounds."""
+        `max_queued_jobs`, and the fields ALSO (read by the caller); TenantRefused if either
+        is out of bounds, or the body has another field (a misspelt one would be lost)."""
+        unknown = sorted(set(body) - {"job_retention", "max_queued_jobs", *also})
+        if unknown:
+            raise TenantRefused(f"unknown field {unknown[0]!r}")
         try:
             retention = body.get("job_retention")
             queued = body.get("max_queued_jobs")

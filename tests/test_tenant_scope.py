@@ -526,6 +526,14 @@ def test_a_tenants_retention_and_queued_cap_are_set_shown_and_its_namespace_keep
         done = cli("tenant", "set", KEPT, *bad, env=world.admin)
         assert done.code == 2 and len(done.err.strip().splitlines()) == 1, done.err
         assert why in done.err
+    # The API checks what it is sent the same way, and a misspelt field is not lost quietly.
+    for path, body, why in [
+        (f"/api/v1/tenants/{KEPT}", {"job_retentoin": "1d"}, "unknown field 'job_retentoin'"),
+        (f"/api/v1/tenants/{KEPT}", {"job_retention": 60}, "job retention must be from 1h"),
+        ("/api/v1/cluster", {"audit_retention": "1h"}, "audit retention must be from 1d"),
+    ]:
+        status, answer = api(world.admin, "PATCH", path, body)
+        assert status == 400 and answer["error"].startswith(why), (status, answer)
     changed = listed(cli, world.admin, "tenant", "set", KEPT, "--job-retention", "2d")
     assert changed["job_retention"] == "2d" and changed["max_queued_jobs"] == 2
     assert namespace_retention(world.files, KEPT) == "172800s"

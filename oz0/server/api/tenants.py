@@ -24,7 +24,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         if not isinstance(name, str):
             raise ApiError(400, "body must be a JSON object with a `name`")
         try:
-            settings = tenants.Settings.from_json(body)
+            settings = tenants.Settings.from_json(body, also=("name",))
             tenant = await tenants.create_with_namespace(
                 state.db, state.temporal, name, actor, settings
             )
