@@ -62,7 +62,7 @@ TIMEOUT_MARGIN = dt.timedelta(seconds=60)
 # the database every 5 s (`queued_pause`). Workflows that began waiting before this backoff
 # (no QUEUED_BACKOFF marker in their history) keep the 5 s their history was made with.
 QUEUED_POLL_FIRST, QUEUED_POLL_MAX = 1.0, 5.0
-QUEUED_PATIENT, QUEUED_POLL_LONGEST = 60.0, 30.0
+QUEUED_PATIENT, QUEUED_POLL_LONGEST, QUEUED_SHARE = 60.0, 30.0, 0.1
 QUEUED_BACKOFF = "oz0-queued-backoff"
 STEP = dt.timedelta(seconds=10)
 # The database's outages are waited out: a step retried for as long as it takes.
@@ -382,10 +382,11 @@ async def _until_placed(
 def queued_pause(waited: float, delay: float) -> float:
     """How long a job that has waited WAITED seconds for a node waits before it looks again:
     DELAY (1 s doubling up to QUEUED_POLL_MAX) for its first QUEUED_PATIENT, as responsive as
-    ever; then a tenth of its wait so far, from QUEUED_POLL_MAX up to QUEUED_POLL_LONGEST."""
+    ever; then a tenth (QUEUED_SHARE) of its wait so far, from QUEUED_POLL_MAX up to
+    QUEUED_POLL_LONGEST."""
     if waited < QUEUED_PATIENT:
         return delay
-    return min(QUEUED_POLL_LONGEST, max(QUEUED_POLL_MAX, waited / 10))
+    return min(QUEUED_POLL_LONGEST, max(QUEUED_POLL_MAX, waited * QUEUED_SHARE))
 
 
 def _failure_because(error: ActivityError) -> str | None:
