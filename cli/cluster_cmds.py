@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from cyclopts import App
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from cyclopts import App, Parameter, Token
 
 from cli.client import ApiClient
 from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
+from oz0 import retention_rules as rules
 from oz0.context import select
 
 app = App(name="cluster", help_format="markdown")  # help: cli/main.py
@@ -21,6 +25,7 @@ def info(*, json: JsonFlag = False, context: ContextPath = None) -> int:
         return 0
     print(f"cluster: {data['name']}")
     print(f"CA hash: {data['ca_hash']}")
+    print(f"audit log kept: {_kept(data['audit_retention'])}")
     print(f"servers up: {len(data['servers'])}")
     print_table(
         ["ID", "ADVERTISE", "TEMPORAL", "STARTED", "LAST HEARTBEAT"],
@@ -29,4 +34,45 @@ def info(*, json: JsonFlag = False, context: ContextPath = None) -> int:
             for s in data["servers"]
         ],
     )
+    return 0
+
+
+def _kept(retention: str) -> str:
+    return "for ever" if retention == rules.KEEP else retention
+
+
+def _audit_retention(type_: Any, tokens: Sequence[Token]) -> str:
+    """cyclopts converter for `--audit-retention`: checked here (one line, exit 2, nothing
+    sent), sent as typed."""
+    try:
+        rules.audit_retention(tokens[0].value)
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+    return tokens[0].value
+
+
+@app.command(name="set")
+def set_(
+    *,
+    audit_retention: Annotated[
+        str, Parameter(converter=_audit_retention, metavar="DURATION|keep", negative=())
+    ],
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Change the cluster's settings; the change is in the audit log (who, from what to what).
+
+    Parameters
+    ----------
+    audit_retention
+        How long the audit log keeps a row: 1d to 3650d, such as 400d, or `keep` (for
+        ever, the default). Older rows are deleted within minutes.
+    """
+    data = ApiClient(select(context)).request(
+        "PATCH", "/api/v1/cluster", {"audit_retention": audit_retention}
+    )
+    if json:
+        print_json(data)
+    else:
+        print(f"audit log kept: {_kept(data['audit_retention'])}")
     return 0

@@ -2,18 +2,64 @@
 
 from __future__ import annotations
 
-from cyclopts import App
+from collections.abc import Sequence
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from cyclopts import App, Parameter, Token
 
 from cli.client import ApiClient
-from cli.output import print_json, print_table
+from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
+from oz0 import retention_rules as rules
 from oz0.context import select
+from oz0.errors import Oz0Error
 
 app = App(name="tenant", help_format="markdown")  # help: cli/main.py
 
 
+def _retention(type_: Any, tokens: Sequence[Token]) -> int:
+    """cyclopts converter for `--job-retention`: seconds, within the bounds (else one line,
+    exit 2, nothing sent)."""
+    try:
+        return rules.job_retention(tokens[0].value)
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+
+
+def _queued(type_: Any, tokens: Sequence[Token]) -> int:
+    try:
+        return rules.max_queued(int(tokens[0].value))
+    except ValueError:
+        raise ValueError(f"invalid number {tokens[0].value!r}: give a whole number") from None
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+
+
+JobRetention = Annotated[
+    int | None, Parameter(converter=_retention, metavar="DURATION", negative=())
+]
+MaxQueued = Annotated[int | None, Parameter(converter=_queued, metavar="N", negative=())]
+
+
+def _body(job_retention: int | None, max_queued_jobs: int | None) -> dict[str, object]:
+    body: dict[str, object] = {}
+    if job_retention is not None:
+        body["job_retention"] = job_retention
+    if max_queued_jobs is not None:
+        body["max_queued_jobs"] = max_queued_jobs
+    return body
+
+
 @app.command
-def create(name: str, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def create(
+    name: str,
+    *,
+    job_retention: JobRetention = None,
+    max_queued_jobs: MaxQueued = None,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
     """Create tenant NAME and its Temporal namespace.
 
     Refused when NAME is one of Temporal's own namespaces (it starts with 'temporal-') or
@@ -23,12 +69,72 @@ def create(name: str, *, json: JsonFlag = False, context: ContextPath = None) ->
     ----------
     name
         Lowercase letters, digits and '-', not starting with 'temporal-'.
+    job_retention
+        How long finished jobs (their attempts and output) are kept after they end, and
+        the namespace's workflow histories: 1h to 3650d, such as 12h or 90d (default 30d).
+    max_queued_jobs
+        How many of its jobs may wait for a node at once; `job run` past it is refused
+        (default 10000).
     """
-    tenant = ApiClient(select(context)).post("/api/v1/tenants", {"name": name})
+    body = {"name": name, **_body(job_retention, max_queued_jobs)}
+    tenant = ApiClient(select(context)).post("/api/v1/tenants", body)
     if json:
         print_json(tenant)
     else:
         print(f"tenant {tenant['name']} created (namespace {tenant['namespace']})")
+    return 0
+
+
+@app.command(name="set")
+def set_(
+    name: str,
+    *,
+    job_retention: JobRetention = None,
+    max_queued_jobs: MaxQueued = None,
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Change tenant NAME's job retention (its namespace's too) or its queued-jobs cap.
+
+    A shorter retention deletes what it no longer keeps within seconds.
+
+    Parameters
+    ----------
+    job_retention
+        How long finished jobs are kept after they end: 1h to 3650d, such as 12h or 90d.
+    max_queued_jobs
+        How many of its jobs may wait for a node at once.
+    """
+    body = _body(job_retention, max_queued_jobs)
+    if not body:
+        raise Oz0Error("nothing to change: give --job-retention or --max-queued-jobs")
+    tenant = ApiClient(select(context)).request("PATCH", f"/api/v1/tenants/{quote(name)}", body)
+    if json:
+        print_json(tenant)
+    else:
+        print(
+            f"tenant {tenant['name']}: keeps finished jobs {tenant['job_retention']},"
+            f" at most {tenant['max_queued_jobs']} queued"
+        )
+    return 0
+
+
+@app.command
+def show(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+    """Tenant NAME: its namespace, job retention and queued-jobs cap."""
+    tenant = ApiClient(select(context)).get(f"/api/v1/tenants/{quote(name)}")
+    if json:
+        print_json(tenant)
+        return 0
+    print_fields(
+        [
+            ("name", tenant["name"]),
+            ("namespace", tenant["namespace"]),
+            ("created", tenant["created_at"]),
+            ("job retention", tenant["job_retention"]),
+            ("max queued jobs", tenant["max_queued_jobs"]),
+        ]
+    )
     return 0
 
 
@@ -40,7 +146,10 @@ def list_(*, json: JsonFlag = False, context: ContextPath = None) -> int:
         print_json(tenants)
         return 0
     print_table(
-        ["NAME", "NAMESPACE", "CREATED"],
-        [[t["name"], t["namespace"], t["created_at"]] for t in tenants],
+        ["NAME", "NAMESPACE", "JOB RETENTION", "MAX QUEUED", "CREATED"],
+        [
+            [t["name"], t["namespace"], t["job_retention"], t["max_queued_jobs"], t["created_at"]]
+            for t in tenants
+        ],
     )
     return 0

@@ -32,7 +32,8 @@ class Right(enum.Enum):
     OPERATE = "operate"  # run and cancel jobs; accept, reject, block, unblock; tokens
     ADMINISTER = "administer"  # delete and purge nodes
     MANAGE_OPERATORS = "manage operators"  # list, add, change and remove operators
-    CREATE_TENANTS = "create tenants"  # cluster-wide admins only
+    # Cluster-wide admins only: create and change tenants, change the cluster's settings.
+    CREATE_TENANTS = "create tenants"
 
 
 ROLE_RIGHTS: dict[Role, frozenset[Right]] = {
@@ -142,6 +143,7 @@ RULES: dict[str, Rule] = {
     "static": _rule(Right.PUBLIC),
     # The API (operator certificates).
     "cluster_info": _rule(Right.READ, "read the cluster"),
+    "cluster_set": _rule(Right.CREATE_TENANTS, "change the cluster's settings"),
     "operator_renew": _rule(Right.SELF, "renew its certificate"),
     # A new person has no identity yet: its one-time code is its proof (oz0/enrollment.py).
     "operator_enroll": _rule(Right.PUBLIC),
@@ -152,6 +154,8 @@ RULES: dict[str, Rule] = {
     "operator_remove": _rule(Right.MANAGE_OPERATORS, "remove operators"),
     "tenant_list": _rule(Right.READ, "list tenants"),
     "tenant_create": _rule(Right.CREATE_TENANTS, "create tenants"),
+    "tenant_show": _rule(Right.READ, "read tenants"),
+    "tenant_set": _rule(Right.CREATE_TENANTS, "change tenants"),
     "token_list": _rule(Right.READ, "list join tokens"),
     "token_create": _rule(Right.OPERATE, "create join tokens"),
     "token_revoke": _rule(Right.OPERATE, "revoke join tokens"),

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from oz0 import listing
+from oz0.retention_rules import describe
 
 ActorKind = Literal["operator", "node", "server", "ui"]
 
@@ -287,3 +288,29 @@ def actions_seen(conn: psycopg.Connection[Any]) -> list[str]:
         ") SELECT action FROM seen WHERE action IS NOT NULL"
     ).fetchall()
     return [str(r[0]) for r in rows]
+
+
+# --- how long the log is kept (a cluster setting; the pruner deletes, oz0/jobs/pruner.py) --
+
+
+def retention(conn: psycopg.Connection[Any]) -> int | None:
+    """Seconds the audit log keeps a row; None: for ever (the default)."""
+    row = conn.execute("SELECT audit_retention_s FROM cluster_settings").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def set_retention(conn: psycopg.Connection[Any], seconds: int | None, actor: Actor) -> int | None:
+    """Keep rows SECONDS (None: for ever); the change is itself a row (who, from what to
+    what), never pruned before the new retention has passed. Returns the old retention."""
+    row = conn.execute("SELECT audit_retention_s FROM cluster_settings FOR UPDATE").fetchone()
+    before = None if row is None or row[0] is None else int(row[0])
+    if before != seconds:
+        conn.execute(
+            "UPDATE cluster_settings SET audit_retention_s = %s, prune_due_at = now()",
+            (seconds,),
+        )
+        record(
+            conn, actor, "cluster.set", "cluster",
+            {"audit_retention": {"from": describe(before), "to": describe(seconds)}},
+        )  # fmt: skip
+    return before

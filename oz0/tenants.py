@@ -1,7 +1,9 @@
-"""Tenants: each has a Temporal namespace of the same name."""
+"""Tenants: each has a Temporal namespace of the same name, a job retention (the namespace's
+retention matches it) and a cap on its jobs queued at once (oz0/retention_rules.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -11,6 +13,7 @@ from typing import Any, Protocol
 import psycopg
 
 from oz0 import audit, listing
+from oz0 import retention_rules as rules
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
 
@@ -37,23 +40,69 @@ class NamespaceUnavailable(TenantRefused):
     status = 503
 
 
+class TenantNotFound(TenantRefused):
+    status = 404
+
+
 class Namespaces(Protocol):
-    async def register_tenant_namespace(self, name: str) -> None:
-        """Registers the namespace NAME, or finds it registered by us before; TenantExists
-        if Temporal has one of that name that is not ours."""
+    async def register_tenant_namespace(self, name: str, retention: int) -> None:
+        """Registers the namespace NAME keeping closed workflows RETENTION seconds, or
+        finds it registered by us before; TenantExists if Temporal has one of that name
+        that is not ours."""
+
+    async def set_namespace_retention(self, name: str, retention: int) -> None:
+        """Temporal keeps NAME's closed workflows RETENTION seconds from now on."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `tenant create/set` may change: None keeps (or, at creation, defaults) it."""
+
+    job_retention: int | None = None
+    max_queued_jobs: int | None = None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], *, also: tuple[str, ...] = ()) -> Settings:
+        """From an API body: `job_retention` (seconds, or text such as "30d") and
+        `max_queued_jobs`, and the fields ALSO (read by the caller); TenantRefused if either
+        is out of bounds, or the body has another field (a misspelt one would be lost)."""
+        unknown = sorted(set(body) - {"job_retention", "max_queued_jobs", *also})
+        if unknown:
+            raise TenantRefused(f"unknown field {unknown[0]!r}")
+        try:
+            retention = body.get("job_retention")
+            queued = body.get("max_queued_jobs")
+            if retention is not None and (
+                isinstance(retention, bool) or not isinstance(retention, str | int)
+            ):
+                raise rules.RetentionError("job_retention must be seconds or a duration")
+            return cls(
+                None if retention is None else rules.job_retention(retention),
+                None if queued is None else rules.max_queued(queued),
+            )
+        except rules.RetentionError as e:
+            raise TenantRefused(str(e)) from None
 
 
 @dataclass(frozen=True)
 class Tenant:
     name: str
     created_at: dt.datetime
+    job_retention: int = rules.JOB_RETENTION_DEFAULT
+    max_queued_jobs: int = rules.MAX_QUEUED_DEFAULT
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "namespace": self.name,
             "created_at": self.created_at.isoformat(),
+            "job_retention": rules.describe(self.job_retention),
+            "job_retention_seconds": self.job_retention,
+            "max_queued_jobs": self.max_queued_jobs,
         }
+
+
+_COLUMNS = "name, created_at, job_retention_s, max_queued_jobs"
 
 
 # Temporal's own namespaces (temporal-system, and whatever it adds) take this prefix.
@@ -78,21 +127,39 @@ def exists(conn: psycopg.Connection[Any], name: str) -> bool:
     return conn.execute("SELECT 1 FROM tenants WHERE name = %s", (name,)).fetchone() is not None
 
 
-def create(conn: psycopg.Connection[Any], name: str, actor: audit.Actor) -> Tenant:
+def create(
+    conn: psycopg.Connection[Any], name: str, actor: audit.Actor, settings: Settings = Settings()
+) -> Tenant:
+    retention = settings.job_retention or rules.JOB_RETENTION_DEFAULT
+    queued = settings.max_queued_jobs or rules.MAX_QUEUED_DEFAULT
     row = conn.execute(
-        "INSERT INTO tenants (name) VALUES (%s) ON CONFLICT DO NOTHING RETURNING name, created_at",
-        (check_name(name),),
+        "INSERT INTO tenants (name, job_retention_s, max_queued_jobs) VALUES (%s, %s, %s)"
+        f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
+        (check_name(name), retention, queued),
     ).fetchone()
     if row is None:
         raise TenantExists(f"tenant {name} already exists")
     audit.record(
-        conn, actor, "tenant.create", f"tenant:{name}", {"namespace": name}, tenants=[name]
+        conn,
+        actor,
+        "tenant.create",
+        f"tenant:{name}",
+        {
+            "namespace": name,
+            "job_retention": rules.describe(retention),
+            "max_queued_jobs": queued,
+        },
+        tenants=[name],
     )
     return Tenant(*row)
 
 
 async def create_with_namespace(
-    db: Database, temporal: Namespaces, name: str, actor: audit.Actor
+    db: Database,
+    temporal: Namespaces,
+    name: str,
+    actor: audit.Actor,
+    settings: Settings = Settings(),
 ) -> Tenant:
     """A new tenant and its Temporal namespace, as the API and the web UI make it;
     TenantRefused (with its HTTP status) if not, and then nothing is created."""
@@ -101,21 +168,94 @@ async def create_with_namespace(
         raise TenantExists(f"tenant {name} already exists")
     # The namespace first: registering is idempotent, so a failure after it leaves
     # nothing a retry would trip over, while a tenant row without a namespace would.
+    retention = settings.job_retention or rules.JOB_RETENTION_DEFAULT
     try:
-        await temporal.register_tenant_namespace(name)
+        await temporal.register_tenant_namespace(name, retention)
     except TenantExists:
         raise
     except Exception as e:
         log.warning("registering namespace %s failed: %r", name, e)
         raise NamespaceUnavailable(f"could not register Temporal namespace {name}: {e}") from None
-    return await db.transaction(lambda conn: create(conn, name, actor))
+    return await db.transaction(lambda conn: create(conn, name, actor, settings))
+
+
+def get(conn: psycopg.Connection[Any], name: str, *, scope: listing.Scope = None) -> Tenant:
+    """Tenant NAME if SCOPE reaches it (None: any); TenantNotFound if not."""
+    where = listing.Where().also("name = %(name)s", name=name).within("name", scope)
+    row = conn.execute(f"SELECT {_COLUMNS} FROM tenants" + where.sql, where.params).fetchone()
+    if row is None:
+        raise TenantNotFound(f"tenant {name} not found")
+    return Tenant(*row)
+
+
+def change(
+    conn: psycopg.Connection[Any], name: str, settings: Settings, actor: audit.Actor
+) -> tuple[Tenant, Tenant]:
+    """Tenant NAME before and after SETTINGS, with a `tenant.set` audit row saying what
+    changed from what (none if nothing did). Its namespace's retention is the caller's to
+    change (`set_with_namespace`)."""
+    before_row = conn.execute(
+        f"SELECT {_COLUMNS} FROM tenants WHERE name = %s FOR UPDATE", (name,)
+    ).fetchone()
+    if before_row is None:
+        raise TenantNotFound(f"tenant {name} not found")
+    before = Tenant(*before_row)
+    after = dataclasses.replace(
+        before,
+        job_retention=settings.job_retention or before.job_retention,
+        max_queued_jobs=settings.max_queued_jobs or before.max_queued_jobs,
+    )
+    changed: dict[str, dict[str, Any]] = {}
+    if before.job_retention != after.job_retention:
+        changed["job_retention"] = {
+            "from": rules.describe(before.job_retention),
+            "to": rules.describe(after.job_retention),
+        }
+    if before.max_queued_jobs != after.max_queued_jobs:
+        changed["max_queued_jobs"] = {"from": before.max_queued_jobs, "to": after.max_queued_jobs}
+    if changed:
+        conn.execute(
+            "UPDATE tenants SET job_retention_s = %s, max_queued_jobs = %s WHERE name = %s",
+            (after.job_retention, after.max_queued_jobs, name),
+        )
+        if "job_retention" in changed:
+            # A shorter retention should take effect now, not at the next scheduled pass.
+            conn.execute("UPDATE cluster_settings SET prune_due_at = now()")
+        audit.record(conn, actor, "tenant.set", f"tenant:{name}", changed, tenants=[name])
+    return before, after
+
+
+async def set_with_namespace(
+    db: Database,
+    temporal: Namespaces,
+    name: str,
+    settings: Settings,
+    actor: audit.Actor,
+    *,
+    scope: listing.Scope = None,
+) -> Tenant:
+    """Change tenant NAME (if SCOPE reaches it), then its namespace's retention to match;
+    NamespaceUnavailable if Temporal could not be told (the tenant's row is changed, and
+    every server's start sets the namespace's retention to the row's again)."""
+    await db.transaction(lambda conn: get(conn, name, scope=scope))
+    before, after = await db.transaction(lambda conn: change(conn, name, settings, actor))
+    if before.job_retention != after.job_retention:
+        try:
+            await temporal.set_namespace_retention(name, after.job_retention)
+        except Exception as e:
+            log.warning("setting namespace %s's retention failed: %r", name, e)
+            raise NamespaceUnavailable(
+                f"tenant {name} changed, but Temporal's namespace {name} still keeps its"
+                f" retention: {e}; run the same `tenant set` again"
+            ) from None
+    return after
 
 
 def list_tenants(conn: psycopg.Connection[Any], *, scope: listing.Scope = None) -> list[Tenant]:
     """The tenants of SCOPE (None: every tenant), by name."""
     where = listing.Where().within("name", scope)
     rows = conn.execute(
-        "SELECT name, created_at FROM tenants" + where.sql + " ORDER BY name", where.params
+        f"SELECT {_COLUMNS} FROM tenants" + where.sql + " ORDER BY name", where.params
     )
     return [Tenant(*r) for r in rows]
 

@@ -28,7 +28,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from trio_websocket import WebSocketConnection
 
@@ -794,6 +794,66 @@ def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> Non
         async with running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert [n for n, _, _ in fleet.places] == [1, 1] and fleet.ran("a") == [1]
+
+    run(scenario)
+
+
+def test_a_queued_job_looks_as_often_as_before_in_its_first_minute_then_less_up_to_every_30_s() -> (
+    None
+):
+    """The schedule alone (`queued_pause`, what the workflow sleeps between placements)."""
+    looks: list[tuple[float, float]] = []  # (waited so far, pause)
+    waited, delay = 0.0, wf.QUEUED_POLL_FIRST
+    while waited < 3600:
+        pause = wf.queued_pause(waited, delay)
+        looks.append((waited, pause))
+        waited += pause
+        delay = min(2 * delay, wf.QUEUED_POLL_MAX)
+    assert [p for w, p in looks if w < 60] == [1, 2, 4] + [5] * 11, "as before the backoff"
+    later = [p for w, p in looks if w >= 60]
+    assert later == sorted(later) and 5 < later[0] < 7, "longer, gradually"
+    assert all(p == 30 for w, p in looks if w >= 300), "every 30 s from 5 minutes on"
+    # An hour queued: about 150 looks instead of the 5 s schedule's 720.
+    assert len(looks) < 160
+
+
+def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
+    operator: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The schedule in tenths of a second, so that the backoff begins within the test:
+    # 0.1 s doubling to 0.2 s until 0.5 s waited, then all of the wait so far, up to 1 s.
+    for name, value in [("QUEUED_POLL_FIRST", 0.1), ("QUEUED_POLL_MAX", 0.2),
+                        ("QUEUED_PATIENT", 0.5), ("QUEUED_POLL_LONGEST", 1.0),
+                        ("QUEUED_SHARE", 1.0)]:  # fmt: skip
+        monkeypatch.setattr(wf, name, value)
+    fleet = Fleet({"a": exits(0)})
+    fleet.queued_for = 6
+    job = job_input(queue_timeout=30.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job, patched=True) as j:
+            assert await j.result() == "succeeded"
+            history = await j.handle.fetch_history()
+        timers = [
+            e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
+            for e in history.events
+            if e.HasField("timer_started_event_attributes")
+        ]
+        assert timers == pytest.approx([0.1, 0.2, 0.2, 0.5, 1.0, 1.0])
+        markers = [
+            e.marker_recorded_event_attributes.marker_name
+            for e in history.events
+            if e.HasField("marker_recorded_event_attributes")
+        ]
+        assert markers == ["core_patch"], "workflows from before it keep their 5 s timers"
+        # A worker of this release replays the history it made (as after a restart).
+        runner = SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(wf.__name__)
+        )
+        replayed = await Replayer(workflows=[JobWorkflow], workflow_runner=runner).replay_workflow(
+            history
+        )
+        assert replayed.replay_failure is None
 
     run(scenario)
 

@@ -80,6 +80,8 @@ def test_metrics_need_no_certificate_and_label_nothing_but_states_and_reasons(
         "oz0_worker_threads_in_use", "oz0_worker_threads_waiting",
         "oz0_event_loop_lag_seconds", "oz0_event_loop_lag_last_seconds",
         "oz0_membership_heartbeat_age_seconds", "oz0_edge_node_rereads",
+        "oz0_prune_passes", "oz0_pruned_jobs", "oz0_pruned_attempts", "oz0_pruned_output_rows",
+        "oz0_pruned_audit_rows",
     } <= ours, sorted(ours)  # fmt: skip
     for name in ours:
         for s in families[name].samples:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import shutil
 import ssl
 import subprocess
+import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ import trio
 from cli import client
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, Served, cli_command
+from fixtures.polling import wait_until
 from oz0 import listing, passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
@@ -483,3 +486,166 @@ def test_a_scope_of_one_tenant_is_compared_as_equal_and_of_several_as_any() -> N
     assert dict(several.params) == {"scope": ["acme", "beta"]}
     assert listing.reaches(None, "x") and listing.reaches(("a", "b"), "b")
     assert not listing.reaches(("a",), "b")
+
+
+# --- retention and the queued-jobs cap (issue 30); last, as they add a tenant and rows ------
+
+KEPT = "kept"  # a tenant of these tests' own
+
+
+def namespace_retention(files: ClusterFiles, name: str) -> str:
+    """Namespace NAME's retention as the real `temporal` CLI shows it (`43200s`), asked with
+    the admin's operator certificate (an operator may read on Temporal)."""
+    ctx = files.context_dir
+    temporal = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    done = subprocess.run(
+        [
+            temporal, "operator", "namespace", "describe", "--namespace", name, "-o", "json",
+            "--address", f"{ADDRESS}:7233", "--tls-ca-path", str(ctx / "ca.crt"),
+            "--tls-cert-path", str(ctx / "operator.crt"),
+            "--tls-key-path", str(ctx / "operator.key"), "--command-timeout", "10s",
+        ],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["config"]["workflowExecutionRetentionTtl"])
+
+
+def test_a_tenants_retention_and_queued_cap_are_set_shown_and_its_namespace_keeps_as_long(
+    cli: CliRunner, world: World
+) -> None:
+    made = listed(cli, world.admin, "tenant", "create", KEPT, "--job-retention", "12h",
+                  "--max-queued-jobs", "2")  # fmt: skip
+    assert (made["job_retention"], made["max_queued_jobs"]) == ("12h", 2)
+    assert namespace_retention(world.files, KEPT) == "43200s"
+    for bad, why in [
+        (["--job-retention", "10m"], "job retention must be from 1h to 3650d, not 10m"),
+        (["--job-retention", "soon"], "invalid duration 'soon'"),
+        (["--max-queued-jobs", "0"], "max queued jobs must be from 1 to 1000000, not 0"),
+    ]:
+        done = cli("tenant", "set", KEPT, *bad, env=world.admin)
+        assert done.code == 2 and len(done.err.strip().splitlines()) == 1, done.err
+        assert why in done.err
+    # The API checks what it is sent the same way, and a misspelt field is not lost quietly.
+    for path, body, why in [
+        (f"/api/v1/tenants/{KEPT}", {"job_retentoin": "1d"}, "unknown field 'job_retentoin'"),
+        (f"/api/v1/tenants/{KEPT}", {"job_retention": 60}, "job retention must be from 1h"),
+        ("/api/v1/cluster", {"audit_retention": "1h"}, "audit retention must be from 1d"),
+    ]:
+        status, answer = api(world.admin, "PATCH", path, body)
+        assert status == 400 and answer["error"].startswith(why), (status, answer)
+    changed = listed(cli, world.admin, "tenant", "set", KEPT, "--job-retention", "2d")
+    assert changed["job_retention"] == "2d" and changed["max_queued_jobs"] == 2
+    assert namespace_retention(world.files, KEPT) == "172800s"
+    shown = listed(cli, world.admin, "tenant", "show", KEPT)
+    assert (shown["job_retention_seconds"], shown["max_queued_jobs"]) == (172800, 2)
+    assert refused(cli, world.bob, "tenant", "set", "acme", "--job-retention", "1d") == (
+        "error: operator bob (operator of acme) may not change tenants"
+    )
+
+
+def test_a_job_past_its_tenants_queued_cap_is_refused_by_the_cli_the_api_and_the_web_form(
+    cli: CliRunner, world: World
+) -> None:
+    def run() -> tuple[str, ...]:
+        return ("job", "run", "--tenant", KEPT, "--detach", "--json", "--queue-timeout", "1h",
+                "--", "true")  # fmt: skip
+
+    for _ in range(2):  # no node of its own: they stay queued
+        done = cli(*run(), env=world.admin)
+        assert done.code == 0, done.err
+    message = (
+        f"tenant {KEPT} has 2 jobs queued, its limit (tenant set --max-queued-jobs);"
+        " wait or cancel some"
+    )
+    assert refused(cli, world.admin, *run()) == f"error: {message}"
+    status, answer = api(world.admin, "POST", "/api/v1/jobs", {"tenant": KEPT, "command": ["x"]})
+    assert (status, answer) == (429, {"error": message})
+    assert len(ok(world.admin, "GET", f"/api/v1/jobs?tenant={KEPT}")["jobs"]) == 2
+    # The web run form says so too (bob, an operator of acme, with acme at its cap).
+    queued = ok(world.admin, "GET", "/api/v1/jobs?tenant=acme&state=queued")["jobs"]
+    ok(world.admin, "PATCH", "/api/v1/tenants/acme", {"max_queued_jobs": len(queued)})
+    try:
+        bob = sign_in(world.files, "bob", WEB_PASSWORD)
+        found = re.search(r'name="csrf" value="([^"]+)"', page(world.files, bob, "/jobs/new"))
+        assert found is not None
+        form = {"csrf": found.group(1), "tenant": "acme", "command": "true"}
+        status, text = web_post_page(world.files, bob, "/jobs", form)
+        assert status == 429 and f"tenant acme has {len(queued)} jobs queued" in text
+    finally:
+        ok(world.admin, "PATCH", "/api/v1/tenants/acme", {"max_queued_jobs": 10000})
+
+
+def web_post_page(
+    files: ClusterFiles, cookie: str, path: str, form: dict[str, str]
+) -> tuple[int, str]:
+    """FORM posted to PATH as the UI's own page posts it: the status and the page."""
+    https = _https(files)
+    try:
+        https.request(
+            "POST", path, urllib.parse.urlencode(form),
+            {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded",
+             "Sec-Fetch-Site": "same-origin", "Accept": "text/html"},
+        )  # fmt: skip
+        answer = https.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        https.close()
+
+
+def test_the_servers_delete_a_finished_job_past_its_retention_and_keep_a_younger_one(
+    cli: CliRunner, world: World
+) -> None:
+    jobs = [j["id"] for j in ok(world.admin, "GET", f"/api/v1/jobs?tenant={KEPT}")["jobs"]]
+    assert len(jobs) == 2, "the queued jobs of the test before"
+    for job_id in jobs:  # ended for real: cancelled
+        assert cli("job", "cancel", job_id, env=world.admin).code == 0
+    wait_until(
+        lambda: all(listed(cli, world.admin, "job", "show", j)["ended_at"] for j in jobs),
+        20, "both jobs ended",
+    )  # fmt: skip
+    old, young = jobs
+    with psycopg.connect(world.files.url.conninfo, autocommit=True) as conn:
+        # Made old honestly: only its end is moved back, three days.
+        conn.execute(
+            "UPDATE jobs SET ended_at = ended_at - interval '3 days' WHERE id = %s", (old,)
+        )
+        # An audit row of the same age: the audit log is kept for ever unless told.
+        conn.execute(
+            "UPDATE audit_log SET at = at - interval '400 days' WHERE target = %s",
+            (f"job:{old}",),
+        )
+    # A retention shorter than the old one's age, longer than the young one's: a pass is
+    # due at once, and one of the servers makes it.
+    listed(cli, world.admin, "tenant", "set", KEPT, "--job-retention", "1d")
+    wait_until(
+        lambda: api(world.admin, "GET", f"/api/v1/jobs/{old}")[0] == 404, 20, "the old job gone"
+    )
+    assert listed(cli, world.admin, "job", "show", young)["state"] == "cancelled"
+    rows = ok(world.admin, "GET", "/api/v1/audit?limit=1000")["entries"]
+    assert any(e["target"] == f"job:{old}" for e in rows), "audit rows kept: no retention"
+    https = _https(world.files)
+    try:
+        https.request("GET", "/metrics")
+        metrics = https.getresponse().read().decode()
+    finally:
+        https.close()
+    pruned = re.search(r"^oz0_pruned_jobs_total (\S+)$", metrics, re.M)
+    assert pruned is not None and float(pruned.group(1)) >= 1
+
+    # The audit log's retention: a cluster setting, its change an audit row of its own.
+    assert listed(cli, world.admin, "cluster", "info")["audit_retention"] == "keep"
+    assert listed(cli, world.admin, "cluster", "set", "--audit-retention", "30d") == {
+        "audit_retention": "30d", "audit_retention_seconds": 30 * 86400,
+    }  # fmt: skip
+
+    def old_rows() -> list[dict[str, Any]]:
+        entries = ok(world.admin, "GET", "/api/v1/audit?limit=1000")["entries"]
+        return [e for e in entries if e["target"] == f"job:{old}"]
+
+    wait_until(lambda: not old_rows(), 20, "the 400-day-old audit rows gone")
+    entries = ok(world.admin, "GET", "/api/v1/audit?limit=1000")["entries"]
+    [change] = [e for e in entries if e["action"] == "cluster.set"]
+    assert change["details"] == {"audit_retention": {"from": "keep", "to": "30d"}}
+    assert any(e["target"] == f"job:{young}" for e in entries)
+    listed(cli, world.admin, "cluster", "set", "--audit-retention", "keep")

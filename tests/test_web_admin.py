@@ -228,6 +228,9 @@ def test_create_tenant_and_a_bad_name_refused(
     assert counts.all_inner_texts() == ["pending 1", "accepted 2", "blocked 1"]
     assert counts.first.get_attribute("href") == "/nodes?tenant=blue-team&state=pending"
     assert page.locator("tr[data-tenant='default'] td").nth(1).inner_text() == "no nodes"
+    # How long it keeps finished jobs and how many may be queued (`tenant set`).
+    cells = page.locator("tr[data-tenant='blue-team'] td").all_inner_texts()
+    assert cells[2:4] == ["30d", "10000"]
 
     before = conn.execute("SELECT count(*) FROM tenants").fetchone()
     for bad, says in (

@@ -50,6 +50,11 @@ class JobEnded(JobError):
     """The job has ended: it cannot be changed any more."""
 
 
+class TooManyQueued(JobError):
+    """The tenant has as many jobs queued as its cap allows (`tenant set --max-queued-jobs`):
+    nothing was created. The API answers 429."""
+
+
 def new_job_id() -> str:
     return "job-" + secrets.token_hex(6)
 

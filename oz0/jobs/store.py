@@ -26,6 +26,7 @@ from oz0.jobs.spec import (
     JobError,
     JobNotFound,
     JobSpec,
+    TooManyQueued,
     new_job_id,
 )
 from oz0.jobs.spec_text import DEFAULT_ON_LOST
@@ -233,13 +234,18 @@ def create(
     conn: Conn, spec: JobSpec, actor: audit.Actor, keeper: secret_env.SecretKeeper | None = None
 ) -> Job:
     """A new job, queued, and its `job.run` audit row; a server starts its workflow. Its
-    secret values are sealed by KEEPER (none without one: SecretsUnavailable)."""
-    if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (spec.tenant,)).fetchone() is None:
+    secret values are sealed by KEEPER (none without one: SecretsUnavailable). TooManyQueued
+    if its tenant has its cap of jobs queued already."""
+    row = conn.execute(
+        "SELECT max_queued_jobs FROM tenants WHERE name = %s", (spec.tenant,)
+    ).fetchone()
+    if row is None:
         raise TenantNotFound(f"tenant {spec.tenant} not found")
     if spec.node is not None:
-        row = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (spec.node,)).fetchone()
-        if row is None or row[0] != spec.tenant:
+        node = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (spec.node,)).fetchone()
+        if node is None or node[0] != spec.tenant:
             raise JobError(f"node {spec.node} is not a node of tenant {spec.tenant}")
+    _check_queued(conn, spec.tenant, int(row[0]))
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
@@ -274,6 +280,25 @@ def create(
         tenants=[spec.tenant],
     )
     return get(conn, job_id)
+
+
+def _check_queued(conn: Conn, tenant: str, cap: int) -> None:
+    """TooManyQueued if TENANT has CAP jobs queued. Creators of the tenant's jobs take turns
+    from here to their commit (a transaction-scoped lock of the tenant's own), so that two
+    at once cannot both see room for one; the count stops at CAP (jobs_queued, a partial
+    index), so a full queue costs no more than the cap's rows."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.create:' || %s))", (tenant,))
+    row = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE tenant = %s AND state = 'queued'"
+        " LIMIT %s) AS queued",
+        (tenant, cap),
+    ).fetchone()
+    queued = int(row[0]) if row else 0
+    if queued >= cap:
+        raise TooManyQueued(
+            f"tenant {tenant} has {queued} jobs queued, its limit (tenant set"
+            " --max-queued-jobs); wait or cancel some"
+        )
 
 
 def request_cancel(

@@ -67,8 +67,14 @@ LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 # No job timeout: heartbeats alone keep the attempt honest.
 NO_TIMEOUT = dt.timedelta(days=365)
 TIMEOUT_MARGIN = dt.timedelta(seconds=60)
-# While no node can take the job: look again after 1 s, doubling up to QUEUED_POLL_MAX.
+# While no node can take the job: look again after 1 s, doubling up to QUEUED_POLL_MAX;
+# once it has waited QUEUED_PATIENT, after a tenth of its wait so far, up to
+# QUEUED_POLL_LONGEST (reached at 5 minutes), so that thousands of queued jobs do not ask
+# the database every 5 s (`queued_pause`). Workflows that began waiting before this backoff
+# (no QUEUED_BACKOFF marker in their history) keep the 5 s their history was made with.
 QUEUED_POLL_FIRST, QUEUED_POLL_MAX = 1.0, 5.0
+QUEUED_PATIENT, QUEUED_POLL_LONGEST, QUEUED_SHARE = 60.0, 30.0, 0.1
+QUEUED_BACKOFF = "oz0-queued-backoff"
 STEP = dt.timedelta(seconds=10)
 # The database's outages are waited out: a step retried for as long as it takes.
 STEP_RETRY = RetryPolicy(
@@ -390,9 +396,12 @@ class JobWorkflow:
 async def _until_placed(
     job: JobInput, place: Callable[[], Awaitable[list[Placed]]], too_long: str
 ) -> list[Placed]:
-    """PLACE until it names a node; between tries the job waits queued (1 s, doubling up to
-    QUEUED_POLL_MAX) until its queue timeout fails it with TOO_LONG and the last reason."""
+    """PLACE until it names a node; between tries the job waits queued (`queued_pause`)
+    until its queue timeout fails it with TOO_LONG and the last reason."""
     waited, delay = 0.0, QUEUED_POLL_FIRST
+    # A marker in the history: replaying a workflow from before the backoff, this is False
+    # and its timers are the ones it started; every workflow after it waits longer.
+    backs_off = workflow.patched(QUEUED_BACKOFF)
     while True:
         placed = await place()
         if placed[0].ended:
@@ -401,10 +410,20 @@ async def _until_placed(
             return placed
         if waited >= job.queue_timeout:
             raise _Ended("failed", f"{too_long}: {placed[0].reason}")
-        pause = min(delay, job.queue_timeout - waited)
+        pause = min(queued_pause(waited, delay) if backs_off else delay, job.queue_timeout - waited)
         await workflow.sleep(pause)
         waited += pause
         delay = min(2 * delay, QUEUED_POLL_MAX)
+
+
+def queued_pause(waited: float, delay: float) -> float:
+    """How long a job that has waited WAITED seconds for a node waits before it looks again:
+    DELAY (1 s doubling up to QUEUED_POLL_MAX) for its first QUEUED_PATIENT, as responsive as
+    ever; then a tenth (QUEUED_SHARE) of its wait so far, from QUEUED_POLL_MAX up to
+    QUEUED_POLL_LONGEST."""
+    if waited < QUEUED_PATIENT:
+        return delay
+    return min(QUEUED_POLL_LONGEST, max(QUEUED_POLL_MAX, waited * QUEUED_SHARE))
 
 
 def _failure_because(error: ActivityError) -> str | None:

@@ -40,6 +40,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.registry import Collector
 
 from oz0 import __version__, nodes
+from oz0.jobs.pruner import Pruned
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
@@ -130,7 +131,32 @@ class ServerMetrics:
             "The latest of oz0_event_loop_lag_seconds.",
             registry=self.registry,
         )
+        self._prune_passes = Counter(
+            "oz0_prune_passes",
+            "Pruning passes this server made (one server of the cluster prunes at a time).",
+            registry=self.registry,
+        )
+        # No labels: each is its own counter (a label names only states and reasons).
+        self._pruned = {
+            what: Counter(
+                f"oz0_pruned_{what}",
+                f"{doc} this server's pruning passes deleted.",
+                registry=self.registry,
+            )
+            for what, doc in (
+                ("jobs", "Finished jobs past their tenant's retention"),
+                ("attempts", "Attempts of those jobs"),
+                ("output_rows", "Output rows of those jobs"),
+                ("audit_rows", "Audit rows past the audit retention"),
+            )
+        }
         self.registry.register(_ReadAtScrape(self))
+
+    def pruned(self, done: Pruned) -> None:
+        """A pruning pass of this server's ended, having deleted DONE."""
+        self._prune_passes.inc()
+        for what, counter in self._pruned.items():
+            counter.inc(getattr(done, what))
 
     def loop_lag(self, seconds: float) -> None:
         self._lag.observe(seconds)

@@ -20,6 +20,7 @@ from oz0 import cluster as cluster_mod
 from oz0 import membership, nodes, pki
 from oz0.cluster import Cluster
 from oz0.errors import Oz0Error
+from oz0.jobs import pruner
 from oz0.jobs.role import JobsRole
 from oz0.jobs.secret_env import SecretKeeper
 from oz0.server import edge, gc_tuning, loop_lag, management, tls
@@ -188,6 +189,7 @@ async def run_server(
 
         certs.on_renew.append(reconnect_jobs)
         await nursery.start(jobs.run)
+        await nursery.start(pruner.run, db, metrics.pruned)
         state = ManagementState(
             db=db,
             cluster=cluster,

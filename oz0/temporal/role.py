@@ -57,15 +57,18 @@ class Temporal:
             key_pem=self.certs.key_pem,
         )
 
-    async def ensure_namespaces(self, names: list[str]) -> list[str]:
-        return await namespaces.ensure(self.portal, self.frontend, names)
+    async def ensure_namespaces(self, retentions: dict[str, int]) -> list[str]:
+        return await namespaces.ensure(self.portal, self.frontend, retentions)
 
-    async def register_tenant_namespace(self, name: str) -> None:
+    async def register_tenant_namespace(self, name: str, retention: int) -> None:
         """The namespace of a new tenant; TenantExists if Temporal has one not ours."""
         try:
-            await namespaces.register_for_tenant(self.portal, self.frontend, name)
+            await namespaces.register_for_tenant(self.portal, self.frontend, name, retention)
         except namespaces.NamespaceTaken as e:
             raise tenants.TenantExists(str(e)) from None
+
+    async def set_namespace_retention(self, name: str, retention: int) -> None:
+        await namespaces.set_retention(self.portal, self.frontend, name, retention)
 
 
 @dataclass
@@ -111,8 +114,10 @@ class StateRecorder:
         self.outage.worked()
 
 
-def tenant_names(conn: psycopg.Connection[Any]) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]
+def tenant_retentions(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Each tenant's job retention in seconds, which its namespace keeps too."""
+    rows = conn.execute("SELECT name, job_retention_s FROM tenants ORDER BY name")
+    return {str(name): int(seconds) for name, seconds in rows}
 
 
 async def run(
@@ -159,7 +164,7 @@ async def run(
         await nursery.start(sync.run)
         await nursery.start(operator_sync.run)
         temporal = Temporal(supervisor, certs, settings.advertise, portal)
-        registered = await temporal.ensure_namespaces(await db.transaction(tenant_names))
+        registered = await temporal.ensure_namespaces(await db.transaction(tenant_retentions))
         if registered:
             log.info("registered namespaces %s", ", ".join(registered))
         task_status.started(temporal)

@@ -21,7 +21,15 @@ from oz0 import access, nodes, tenants
 from oz0.jobs import limits as job_limits
 from oz0.jobs import store
 from oz0.jobs.secret_env import SecretKeeper
-from oz0.jobs.spec import STATES, JobEnded, JobError, JobNotFound, JobSpec, is_job_id
+from oz0.jobs.spec import (
+    STATES,
+    JobEnded,
+    JobError,
+    JobNotFound,
+    JobSpec,
+    TooManyQueued,
+    is_job_id,
+)
 from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
 from oz0.ui_sessions import Session
 from oz0.web import paging
@@ -278,6 +286,8 @@ def add(web: Blueprint, pages: Pages) -> None:
             job = await db.transaction(lambda conn: store.create(conn, spec, session.actor, keeper))
         except access.Forbidden as e:
             raise Refused(str(e)) from None
+        except TooManyQueued as e:
+            return await run_form(session, form, 429, str(e))
         except JobError as e:
             return await run_form(session, form, 400, str(e))
         pages.state.kick_jobs()

@@ -12,7 +12,7 @@ from quart_trio import QuartTrio
 from oz0 import access
 from oz0.jobs import store
 from oz0.jobs.secret_env import SecretKeeper
-from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, is_job_id
+from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, TooManyQueued, is_job_id
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
 T = TypeVar("T")
@@ -118,5 +118,7 @@ async def _do(state: ManagementState, work: Callable[[store.Conn], T]) -> T:
         raise ApiError(404, str(e)) from None
     except JobEnded as e:
         raise ApiError(409, str(e)) from None
+    except TooManyQueued as e:
+        raise ApiError(429, str(e)) from None
     except JobError as e:
         raise ApiError(400, str(e)) from None

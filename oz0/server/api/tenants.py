@@ -1,4 +1,4 @@
-"""GET and POST /api/v1/tenants"""
+"""GET and POST /api/v1/tenants, GET and PATCH /api/v1/tenants/<name>"""
 
 from __future__ import annotations
 
@@ -19,11 +19,36 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/tenants")
     async def tenant_create() -> Response:
         actor = await operator(state)
-        name = (await json_object()).get("name")
+        body = await json_object()
+        name = body.get("name")
         if not isinstance(name, str):
             raise ApiError(400, "body must be a JSON object with a `name`")
         try:
-            tenant = await tenants.create_with_namespace(state.db, state.temporal, name, actor)
+            settings = tenants.Settings.from_json(body, also=("name",))
+            tenant = await tenants.create_with_namespace(
+                state.db, state.temporal, name, actor, settings
+            )
+        except tenants.TenantRefused as e:
+            raise ApiError(e.status, str(e)) from None
+        return jsonify(tenant.to_json())
+
+    @app.get("/api/v1/tenants/<name>")
+    async def tenant_show(name: str) -> Response:
+        scope = (await operator(state)).scope
+        try:
+            tenant = await state.db.transaction(lambda conn: tenants.get(conn, name, scope=scope))
+        except tenants.TenantRefused as e:
+            raise ApiError(e.status, str(e)) from None
+        return jsonify(tenant.to_json())
+
+    @app.patch("/api/v1/tenants/<name>")
+    async def tenant_set(name: str) -> Response:
+        actor = await operator(state)
+        try:
+            settings = tenants.Settings.from_json(await json_object())
+            tenant = await tenants.set_with_namespace(
+                state.db, state.temporal, name, settings, actor, scope=actor.scope
+            )
         except tenants.TenantRefused as e:
             raise ApiError(e.status, str(e)) from None
         return jsonify(tenant.to_json())
