@@ -16,8 +16,8 @@ from fixtures.cluster import (
     ClusterFiles,
     Served,
     ServerProcess,
+    end_all,
     initialise,
-    kill_all,
     serving,
 )
 from fixtures.job_user import ensure_job_user
@@ -162,7 +162,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         return server.start()
 
     yield start
-    kill_all(started)
+    end_all(started)
 
 
 @pytest.fixture
