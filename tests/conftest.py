@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from fixtures.cluster import (
     ClusterFiles,
     Served,
     ServerProcess,
+    end_all,
     initialise,
-    kill_all,
     serving,
 )
 from fixtures.job_user import ensure_job_user
@@ -78,6 +79,30 @@ def address_scopes(texts: dict[str, str]) -> dict[str, str]:
     return {file: root(file) for file in texts}
 
 
+# What each test file took (setup, call and teardown of its tests, in seconds) in the last
+# whole run that stored it (`pytest -n 2 --store-durations`). The scheduler hands out the
+# longest scope first: ordered by their number of tests (xdist's way), the long files of
+# one or two end-to-end tests came last, and one worker waited for the other's.
+DURATIONS = Path(__file__).with_name("durations.json")
+# A file not stored yet (a new one) is taken to cost this much a test.
+UNKNOWN_PER_TEST = 2.0
+
+
+def scope_cost(nodeids: Iterable[str], durations: Mapping[str, float]) -> float:
+    """What the tests NODEIDS are expected to take: their files' stored seconds, or for a
+    file not stored, UNKNOWN_PER_TEST a test."""
+    files = Counter(nodeid.split("::", 1)[0] for nodeid in nodeids)
+    return sum(durations.get(file, n * UNKNOWN_PER_TEST) for file, n in files.items())
+
+
+def stored_durations() -> dict[str, float]:
+    try:
+        stored: dict[str, float] = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return stored
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
@@ -85,15 +110,51 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     scopes = address_scopes(
         {f"tests/{p.name}": p.read_text(encoding="utf-8") for p in tests.glob("test_*.py")}
     )
+    durations = stored_durations()
 
     class ByAddresses(LoadScopeScheduling):  # type: ignore[misc]
-        """One scope a test file, or one for the files sharing addresses."""
+        """One scope a test file, or one for the files sharing addresses; the longest
+        first."""
 
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
             return scopes.get(file, file)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            # xdist hands out the front of its queue: put the costliest scope there (with
+            # no stored durations at all, its own order stays).
+            if durations:
+                longest = max(
+                    self.workqueue, key=lambda s: scope_cost(self.workqueue[s], durations)
+                )
+                self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
     return ByAddresses(config, log)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help="after a whole run, write what each test file took to tests/durations.json",
+    )
+
+
+_took: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _took[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Only the process that saw every report: xdist's controller, or a run without it.
+    if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
+        return
+    durations = stored_durations() | {file: round(took, 1) for file, took in _took.items()}
+    kept = {f: d for f, d in sorted(durations.items()) if (session.config.rootpath / f).is_file()}
+    DURATIONS.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
 
 
 @pytest.fixture
@@ -162,7 +223,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         return server.start()
 
     yield start
-    kill_all(started)
+    end_all(started)
 
 
 @pytest.fixture
