@@ -6,16 +6,23 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
 
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
 from fixtures.tls import as_our_client, assert_refused_at_tls
 from oz0 import pki
+from oz0.jobs import store
+from oz0.server.edge import attempts
+from oz0.server.edge.common import Edge
+from oz0.server.edge.metrics import EdgeMetrics
+from oz0.server.edge.wire import Wire
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -481,3 +488,100 @@ async def test_a_connected_node_learns_a_server_that_comes_up(
                 if message["type"] == "edges":
                     break
         assert message["edges"] == [EDGE_A, EDGE_B]
+
+
+# --- what a node may say of its attempts (oz0/server/edge/attempts.py), parsed -------------
+
+
+def test_attempt_reports_are_bounded_and_checked_before_anything_is_asked() -> None:
+    job = "job-0123456789ab"
+    done = attempts.Done.parse({"job": job, "attempt": 2, "result": {"exit_code": 0}})
+    assert (done.ref, done.result) == (attempts.AttemptRef(job, 2), {"exit_code": 0})
+    failed = attempts.Done.parse(
+        {"job": job, "attempt": 1, "failure": {"type": "AttemptEnded", "message": "x"}}
+    )
+    assert failed.failure == ("AttemptEnded", "x")
+    assert attempts.Done.parse({"job": job, "attempt": 1, "cancelled": True}).cancelled
+    assert attempts.AttemptRef(job, 3).activity_id == "attempt-3"
+    big = {"exit_code": 0, "pad": "x" * attempts.MAX_RESULT}
+    for bad in [
+        {"job": "job-1", "attempt": 1, "cancelled": True},
+        {"job": job, "attempt": 0, "cancelled": True},
+        {"job": job, "attempt": True, "cancelled": True},
+        {"job": job, "attempt": 1},
+        {"job": job, "attempt": 1, "cancelled": True, "result": {}},
+        {"job": job, "attempt": 1, "cancelled": False},
+        {"job": job, "attempt": 1, "result": [0]},
+        {"job": job, "attempt": 1, "result": big},
+        {"job": job, "attempt": 1, "failure": {"type": "", "message": "x"}},
+        {"job": job, "attempt": 1, "failure": {"type": "T" * 101, "message": "x"}},
+        {"job": job, "attempt": 1, "failure": {"type": "T", "message": "m" * 4097}},
+        {"job": job, "attempt": 1, "failure": "broke"},
+    ]:
+        with pytest.raises(attempts.BadAttemptMessage):
+            attempts.Done.parse(bad)
+
+
+class StubStream:
+    """What the edge sends one node (a stand-in for its websocket: the fault is Temporal's)."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send_message(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+
+
+@dataclass
+class SlowTemporalEdge:
+    """The parts of an Edge that attempts.py uses: every attempt placed on its node and
+    running (the database), and a Temporal that answers node-slow's calls only at their
+    deadline (an injected fault) and the others' at once."""
+
+    metrics: EdgeMetrics
+    attempt_calls: trio.CapacityLimiter
+    calls: list[str]
+
+    async def transaction(self, work: Callable[..., Any]) -> list[str]:
+        return [store.RUNNING]
+
+    async def in_namespace(self, namespace: str, make: Any, within: float) -> list[str]:
+        self.calls.append(namespace)
+        if namespace == "slow":
+            await trio.sleep(within)
+            raise TimeoutError
+        return ["running"]
+
+
+async def test_a_slow_temporal_call_holds_up_no_other_stream_and_what_is_dropped_is_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = CollectorRegistry()
+    metrics = EdgeMetrics(registry)
+    edge = SlowTemporalEdge(metrics, trio.CapacityLimiter(2), [])
+    alive = {"type": "attempt_alive", "attempts": [{"job": "job-0123456789ab", "attempt": 1}]}
+    async with trio.open_nursery() as nursery:
+        slow, quick, third = (
+            attempts.NodeAttempts(
+                cast(Edge, edge), cast(Wire, StubStream()), f"node-{n}", tenant, nursery
+            )
+            for n, tenant in (("a", "slow"), ("b", "quick"), ("c", "slow"))
+        )
+        began = trio.current_time()
+        await slow.received(alive)
+        await slow.received(alive)  # its first is still at Temporal: set aside
+        for _ in range(3):
+            await quick.received(alive)  # heartbeated at once, each time
+            await trio.sleep(0.1)
+        assert sorted(edge.calls) == ["quick", "quick", "quick", "slow"]
+        assert trio.current_time() - began < 1
+        # The edge's two calls at once: node-a's, and node-c's that waits its deadline too.
+        await third.received(alive)
+        await quick.received(alive)  # no room left on the edge: set aside
+        await trio.sleep(0.1)
+        assert sorted(edge.calls) == ["quick", "quick", "quick", "slow", "slow"]
+    # The calls that waited gave up at their deadline, and made room again.
+    assert trio.current_time() - began == pytest.approx(attempts.CALL_TIMEOUT, abs=0.5)
+    assert edge.attempt_calls.borrowed_tokens == 0
+    assert registry.get_sample_value("oz0_edge_attempt_alives_dropped_total") == 2
+    assert registry.get_sample_value("oz0_edge_attempt_calls_unavailable_total") == 2

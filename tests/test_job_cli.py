@@ -17,6 +17,9 @@ import pytest
 from cli import job_cmds
 from cli.job_follow import Follower, outcome
 from cli.job_params import parse_cpu, parse_duration, parse_env, parse_selector, parse_size
+from oz0.jobs import spec_text
+from oz0.jobs import workflow as wf
+from oz0.jobs.spec import JobError, JobSpec
 from tests.conftest import CliRunner
 
 JOB = "job-0123456789ab"
@@ -699,3 +702,99 @@ def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
     [limits] = [line for line in before.out.splitlines() if line.startswith("limits:")]
     assert limits.split() == ["limits:", "none"]
     assert "attempt 1:" not in before.out and before.out.rstrip().splitlines()[-1].startswith("1")
+
+
+# --- if its node is lost: --on-lost, --lost-after ---------------------------------------------
+
+
+def test_on_lost_and_lost_after_are_sent_only_when_asked(cli: CliRunner, api: RecordingApi) -> None:
+    for args in (
+        ["--on-lost", "wait"],
+        ["--on-lost", "fail", "--lost-after", "30s"],
+        ["--lost-after", "1d"],
+        ["--lost-after", "2h", "--on-lost", "move"],
+        [],
+    ):
+        assert cli("job", "run", *args, "--detach", "--", "true").code == 0
+    sent = [
+        {k: v for k, v in body.items() if k in ("on_lost", "lost_after")} for _, body in api.posts
+    ]
+    # Neither by default: a server older than them refuses a field it does not know.
+    assert sent == [
+        {"on_lost": "wait"},
+        {"on_lost": "fail", "lost_after": 30.0},
+        {"lost_after": 86400.0},
+        {"lost_after": 7200.0},
+        {},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--on-lost", "sometimes"], "invalid on-lost 'sometimes': use move, wait or fail"),
+        (["--on-lost", "Move"], "invalid on-lost 'Move'"),
+        (["--lost-after", "4s"], "invalid lost-after '4s': give from 5s to 7d"),
+        (["--lost-after", "8d"], "invalid lost-after '8d': give from 5s to 7d"),
+        (["--lost-after", "soon"], "invalid duration 'soon'"),
+        (["--lost-after", "0"], "longer than 0s"),
+    ],
+)
+def test_a_bad_on_lost_or_lost_after_is_one_line_exit_2_and_sends_nothing(
+    cli: CliRunner, api: RecordingApi, args: list[str], says: str
+) -> None:
+    result = cli("job", "run", *args, "--", "true")
+    assert result.code == 2, result
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1, result.err
+    assert says in result.err and args[0] in result.err
+    assert api.posts == []
+
+
+@pytest.mark.parametrize(
+    ("on_lost", "lost_after", "says"),
+    [("move", None, "move after 15 s"), ("wait", None, "wait 10 min, then move"),
+     ("fail", 30.0, "fail after 30 s"), ("fail", 90.0, "fail after 90 s"),
+     ("wait", 86400.0, "wait 1 d, then move"), (None, None, "move after 10 s")],
+)  # fmt: skip
+def test_show_says_what_becomes_of_the_job_if_its_node_is_lost(
+    cli: CliRunner, api: RecordingApi, on_lost: str | None, lost_after: float | None, says: str
+) -> None:
+    job = job_object(state="running")
+    if on_lost is not None:  # None: a server older than on_lost sends neither
+        job.update(on_lost=on_lost, lost_after=lost_after)
+    api.pages = [job]
+    shown = cli("job", "show", JOB)
+    assert shown.code == 0, shown
+    [line] = [x for x in shown.out.splitlines() if x.startswith("if its node is lost:")]
+    assert line.split(":", 1)[1].strip() == says
+
+
+def test_the_api_takes_on_lost_and_lost_after_within_their_bounds() -> None:
+    base = {"command": ["true"]}
+    spec = JobSpec.from_json(base)
+    assert (spec.on_lost, spec.lost_after) == ("move", None)
+    spec = JobSpec.from_json({**base, "on_lost": "fail", "lost_after": 5})
+    assert (spec.on_lost, spec.lost_after) == ("fail", 5.0)
+    assert JobSpec.from_json({**base, "lost_after": 7 * 86400}).lost_after == 604800.0
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"on_lost": "later"}, "on_lost must be move, wait or fail"),
+        ({"on_lost": None}, "on_lost must be move, wait or fail"),
+        ({"lost_after": 4.9}, "lost_after must be from 5 to 604800 seconds"),
+        ({"lost_after": 604801}, "lost_after must be from 5 to 604800 seconds"),
+        ({"lost_after": "15s"}, "lost_after must be a number of seconds"),
+        ({"lost_after": True}, "lost_after must be a number of seconds"),
+        ({"lost_after": float("nan")}, "lost_after must be from 5"),
+    ]
+    for bad, says in cases:
+        with pytest.raises(JobError) as caught:
+            JobSpec.from_json({**base, **bad})
+        assert says in str(caught.value), bad
+
+
+def test_the_workflow_s_lost_after_defaults_are_the_command_line_s() -> None:
+    # The workflow keeps its own copy (its sandbox imports nothing of ours).
+    assert wf.ON_LOST == spec_text.ON_LOST
+    assert wf.LOST_AFTER == spec_text.LOST_AFTER
+    assert wf.JobInput("job-0123456789ab", ["true"]).lost_after_s == 15.0
+    assert wf.JobInput("job-0123456789ab", ["true"], on_lost="wait").lost_after_s == 600.0
+    assert wf.JobInput("job-0123456789ab", ["true"], lost_after=7.0).lost_after_s == 7.0

@@ -693,6 +693,25 @@ def test_on_lost_fail_ends_the_job_lost_when_its_node_is_lost_and_runs_it_nowher
     run(scenario)
 
 
+def test_on_lost_fail_does_not_run_again_what_a_stopping_node_killed(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": stops, "b": exits(0)})
+    fleet.gone = "node lost"
+    job = job_input(on_lost="fail")
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "lost"
+        assert fleet.ran("b") == []
+        assert fleet.finished[0].reason == (
+            f"node {fleet.node('a')} stopped attempt 1 before its end"
+            " (--on-lost fail: not run again)"
+        )
+
+    run(scenario)
+
+
 def test_on_lost_fail_still_moves_an_attempt_off_a_blocked_node(operator: Credentials) -> None:
     fleet = Fleet({"a": hangs, "b": exits(0)})
     job = job_input(on_lost="fail", lost_after=60.0)
@@ -1146,7 +1165,6 @@ class StreamNode:
 
     def __init__(self, keys: edge_client.NodeKeys, ws: WebSocketConnection) -> None:
         self.keys, self.ws = keys, ws
-        self.stops: list[dict[str, Any]] = []
         self._answers: dict[str, list[dict[str, Any]]] = {
             "attempt_stop": [],
             "attempt_done_ack": [],

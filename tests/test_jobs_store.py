@@ -691,3 +691,46 @@ def test_jobs_run_at_once_cannot_pass_the_queued_cap_together(
         t.join(timeout=30)
     assert sorted(outcomes) == ["made"] * cap + ["refused"] * (tries - cap)
     assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'queued'").fetchone() == (cap,)
+
+
+def test_on_lost_and_lost_after_are_kept_with_the_job(conn: psycopg.Connection[Any]) -> None:
+    job = new_job(conn, on_lost="wait", lost_after=1800)
+    assert (job.on_lost, job.lost_after) == ("wait", 1800.0)
+    assert {k: job.to_json()[k] for k in ("on_lost", "lost_after")} == {
+        "on_lost": "wait",
+        "lost_after": 1800.0,
+    }
+    plain = new_job(conn)
+    assert (plain.on_lost, plain.lost_after) == ("move", None)
+    # A job written by a server older than them (neither column given) moves, by default.
+    conn.execute(
+        "INSERT INTO jobs (id, tenant, command, queue_timeout_s, created_by) VALUES"
+        " ('job-00000000a0a0', 'default', '[\"true\"]', 600, 'operator:admin')"
+    )
+    older = store.get(conn, "job-00000000a0a0")
+    assert (older.on_lost, older.lost_after) == ("move", None)
+
+
+def test_what_each_reported_attempt_is_to_a_node_is_one_batch_in_order(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node, other = add_node(conn), add_node(conn)
+    running, ended, cancelled = (new_job(conn, node=node) for _ in range(3))
+    theirs = new_job(conn, node=other)
+    for job in (running, ended, cancelled, theirs):
+        assert place(conn, job, 1).node is not None
+    with conn.transaction():
+        store.end_attempt(conn, ended.id, 1, "exit", 0)
+        store.finish(conn, cancelled.id, "cancelled", None, "cancelled by an operator")
+    asked = [
+        (theirs.id, 1), (running.id, 1), (running.id, 2), (ended.id, 1), ("job-0000000000ff", 1),
+        (cancelled.id, 1), (running.id, 1),
+    ]  # fmt: skip
+    with conn.transaction():
+        answers = store.attempts_of_node(conn, node, asked)
+    assert answers == [
+        store.NOT_ITS, store.RUNNING, store.NOT_ITS, store.ENDED, store.NOT_ITS,
+        store.CANCELLED, store.RUNNING,
+    ]  # fmt: skip
+    assert store.attempts_of_node(conn, other, [(theirs.id, 1)]) == [store.RUNNING]
+    assert store.attempts_of_node(conn, node, []) == []

@@ -261,7 +261,11 @@ def run_from_form(page: Page, command: str, **fields: str) -> str:
     page.goto(f"{BASE}/jobs/new")
     page.get_by_label("Command").fill(command)
     for label, value in fields.items():
-        page.get_by_label(label).fill(value)
+        field = page.get_by_label(label)
+        if field.evaluate("e => e.tagName") == "SELECT":
+            field.select_option(value)
+        else:
+            field.fill(value)
     page.get_by_role("button", name="Run").click()
     return job_id_of(page)
 
@@ -285,6 +289,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
         **{"Secret variable 1": "DB_PASSWORD", "Secret value 1": "secret-out-of-pages"},
         Memory="512M",
         CPU="0.5",
+        **{"If its node is lost": "wait", "Lost after": "2h"},
     )
     page.evaluate("window.notReloaded = true")
     # jobs.js follows the job: the state and output change in place, without a reload.
@@ -313,6 +318,9 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert page.locator("[data-field=limits]").inner_text() == "memory 512 MiB, cpu 0.5"
     assert page.locator("[data-field=applied] li").inner_text().startswith("attempt 1: ")
     assert ui.api.get(f"/api/v1/jobs/{job_id}")["limits"] == {"memory": 512 << 20, "cpu": 0.5}
+    assert page.locator("[data-field=on-lost]").inner_text() == "wait 2 h, then move"
+    shown = ui.api.get(f"/api/v1/jobs/{job_id}")
+    assert (shown["on_lost"], shown["lost_after"]) == ("wait", 7200.0)
     # The environment's names are shown, its values (perhaps secrets) never.
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
     assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
@@ -384,6 +392,7 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         ({"Command": "true", "Secret value 2": "never-sent-back"}, "Secrets: a secret value"),
         ({"Command": "true", "Memory": "lots"}, "Memory: invalid size 'lots'"),
         ({"Command": "true", "CPU": "0"}, "CPU: invalid cpu '0'"),
+        ({"Command": "true", "Lost after": "2s"}, "Lost after: invalid lost-after '2s'"),
     ]:
         page.goto(f"{BASE}/jobs/new")
         for label, value in fields.items():

@@ -47,6 +47,9 @@ WORKFLOW = "oz0.job"
 NODE_ACTIVITY = "oz0.job.attempt"
 # The node's error type for an attempt it will not run (oz0_node/jobs/attempt.py).
 ATTEMPT_REFUSED = "AttemptRefused"
+# The node's error type for an attempt whose command it killed as its runtime stopped
+# (its stream ended, the agent stopped): the command may have run part of the way.
+NODE_STOPPING = "NodeStopping"
 MAX_MOVES = 20
 # The placing step's failure when its server cannot hand the job's secrets over: the job
 # fails with its message. SECRETS_UNREADABLE: the node's, when they do not open with its
@@ -154,8 +157,11 @@ class Outcome:
     exit_code: int | None
     # Which node refused which attempt, and why (because "refused").
     refusal: str | None = None
-    # The node was lost: no heartbeat reached Temporal for the job's lost-after.
-    lost: bool = False
+    # Why the node's copy of the command ended unseen, or may run on: LOST (no heartbeat
+    # reached Temporal for the job's lost-after) or STOPPED (the node killed it as it
+    # stopped); None when it did not start, or ended as it should (on_lost "fail": the
+    # job ends lost rather than run it again elsewhere).
+    lost: str | None = None
 
     @property
     def moved(self) -> bool:
@@ -215,15 +221,8 @@ class JobWorkflow:
                 return "succeeded", 0, None
             if outcome.refusal is not None:
                 return "failed", None, outcome.refusal
-            if outcome.lost and job.on_lost == "fail":
-                return (
-                    "lost",
-                    None,
-                    (
-                        f"node {placed.node} was lost for more than {job.lost_after_s:g} s"
-                        " (--on-lost fail)"
-                    ),
-                )
+            if outcome.lost is not None and job.on_lost == "fail":
+                return "lost", None, _lost(outcome.lost, placed, job)
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -379,7 +378,7 @@ class JobWorkflow:
                 because = await _end(AttemptEnd(job.job_id, number, "refused", None))
                 return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
             because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
-            return Outcome(because, None, lost=_heartbeat_timed_out(e))
+            return Outcome(because, None, lost=_lost_how(e))
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
         exit_code = result.get("exit_code")
         code = exit_code if isinstance(exit_code, int) else None
@@ -437,11 +436,29 @@ def _failure_because(error: ActivityError) -> str | None:
     return None
 
 
-def _heartbeat_timed_out(error: ActivityError) -> bool:
-    """Whether no heartbeat reached Temporal for the attempt's heartbeat timeout: its node
-    was lost (connected to no server, or its attempt gone from it)."""
+LOST, STOPPED = "lost", "stopped"
+
+
+def _lost_how(error: ActivityError) -> str | None:
+    """LOST if no heartbeat reached Temporal for the attempt's heartbeat timeout (its node
+    was connected to no server, or its attempt gone from it); STOPPED if the node killed
+    the command as its runtime stopped; else None."""
     cause = error.cause
-    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
+    if isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT:
+        return LOST
+    if isinstance(cause, ApplicationError) and cause.type == NODE_STOPPING:
+        return STOPPED
+    return None
+
+
+def _lost(how: str, placed: Placed, job: JobInput) -> str:
+    """The reason of a job ended lost by `--on-lost fail`."""
+    if how == STOPPED:
+        return (
+            f"node {placed.node} stopped attempt {placed.number} before its end"
+            " (--on-lost fail: not run again)"
+        )
+    return f"node {placed.node} was lost for more than {job.lost_after_s:g} s (--on-lost fail)"
 
 
 def _secrets_unavailable(error: BaseException) -> str | None:

@@ -30,7 +30,14 @@ from oz0.jobs.spec import (
     TooManyQueued,
     is_job_id,
 )
-from oz0.jobs.spec_text import parse_duration, parse_env, parse_selector
+from oz0.jobs.spec_text import (
+    describe_on_lost,
+    parse_duration,
+    parse_env,
+    parse_lost_after,
+    parse_on_lost,
+    parse_selector,
+)
 from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
@@ -132,6 +139,10 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     timeout = form.get("timeout", "").strip()
     if timeout:
         body["timeout"] = _field("Timeout", parse_duration, timeout)
+    body["on_lost"] = _field("If its node is lost", parse_on_lost, form.get("on_lost", "move"))
+    lost_after = form.get("lost_after", "").strip()
+    if lost_after:
+        body["lost_after"] = _field("Lost after", parse_lost_after, lost_after)
     limits: dict[str, int | float] = {}
     memory, cpu = form.get("memory", "").strip(), form.get("cpu", "").strip()
     if memory:
@@ -313,6 +324,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             error=error or None, command_text=command_text, shown_limit=SHOWN_OUTPUT,
             shown_chunks=SHOWN_CHUNKS, output_cap=store.OUTPUT_CAP,
             limits_text=job_limits.describe(job.limits), applied=applied_lines(job),
+            on_lost_text=describe_on_lost(job.on_lost, job.lost_after),
         )  # fmt: skip
 
     @web.get("/jobs/<job_id>")

@@ -163,7 +163,7 @@ class NodeAttempts:
             return
         token = self._take_call(not self._alive_busy)
         if token is None:
-            self._edge.metrics.attempt_message_dropped("alive")
+            self._edge.metrics.attempt_alive_dropped()
             return
         self._alive_busy = True
         self._nursery.start_soon(self._heartbeat, refs, token)
@@ -171,7 +171,7 @@ class NodeAttempts:
     async def _done(self, done: Done) -> None:
         token = self._take_call(self._done_busy < DONE_IN_FLIGHT)
         if token is None:
-            self._edge.metrics.attempt_message_dropped("done")
+            self._edge.metrics.attempt_done_refused()
             await self._ack(done.ref, False, "unavailable")
             return
         self._done_busy += 1

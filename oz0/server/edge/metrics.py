@@ -71,13 +71,18 @@ class EdgeMetrics:
             " reaches the edge with the node's new state and needs no read.",
             registry=registry,
         )
-        dropped = Counter(
-            "oz0_edge_attempt_messages_dropped",
-            "Nodes' attempt messages this server's edge set aside unanswered, by kind: an"
-            " attempt_alive while the stream's previous one was still at Temporal, or while"
-            " the edge had 64 such calls under way (the node sends another within a second);"
-            " an attempt_done the edge had no room for (answered unavailable).",
-            ["kind"],
+        self._alives_dropped = Counter(
+            "oz0_edge_attempt_alives_dropped",
+            "attempt_alive messages this server's edge set aside unanswered: the stream's"
+            " previous one was still at Temporal, or the edge had 64 attempt calls under way"
+            " (the node sends another within a second).",
+            registry=registry,
+        )
+        self._dones_refused = Counter(
+            "oz0_edge_attempt_dones_refused",
+            "attempt_done messages this server's edge answered unavailable at once, having no"
+            " room for them (8 per stream, 64 attempt calls per edge); the node sends them"
+            " again.",
             registry=registry,
         )
         self._attempt_unavailable = Counter(
@@ -87,7 +92,6 @@ class EdgeMetrics:
             " again.",
             registry=registry,
         )
-        self._attempt_dropped = {kind: dropped.labels(kind) for kind in ("alive", "done")}
         self._joins = {state: joins.labels(state) for state in JOINED_STATES}
         self._refusals = {reason: refusals.labels(reason) for reason in REFUSAL_REASONS}
         self._closes = {state: closes.labels(state) for state in ENDED_BY}
@@ -106,8 +110,11 @@ class EdgeMetrics:
     def node_reread(self) -> None:
         self._rereads.inc()
 
-    def attempt_message_dropped(self, kind: str) -> None:
-        self._attempt_dropped[kind].inc()
+    def attempt_alive_dropped(self) -> None:
+        self._alives_dropped.inc()
+
+    def attempt_done_refused(self) -> None:
+        self._dones_refused.inc()
 
     def attempt_call_unavailable(self) -> None:
         self._attempt_unavailable.inc()
