@@ -32,9 +32,11 @@ DIR/output: records of one byte (STDOUT 1, STDERR 2, or MARK|stream for the cap'
 a 4-byte big-endian length, then that many bytes of data (at most RECORD_DATA), in the
 order the output came. At OUTPUT_CAP bytes of data (both streams together, as the relay to
 the edge counts, output.py) one mark record with no data, then the rest is read and
-dropped, so the command never blocks on a full pipe. So an attempt's output file holds at
-most OUTPUT_CAP plus 5 bytes a record (about 1.2 MiB): that is what a node keeps of an
-attempt's output while it has no stream to deliver it on, or while its agent restarts.
+dropped, so the command never blocks on a full pipe. A record is written per read of a
+pipe (split at RECORD_DATA), so an attempt's output file holds at most OUTPUT_CAP bytes of
+data plus 5 a record: about 1.1 MiB for output written in lines, 6 MiB at the very worst
+(a command writing one byte at a time). That is what a node keeps of an attempt's output
+while it has no stream to deliver it on, or while its agent restarts.
 """
 
 from __future__ import annotations
