@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from oz0_node.jobs import output, process, procfs, supervisor
+from oz0_node.jobs import procfs
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.process import KILL_GRACE
@@ -213,7 +213,6 @@ def test_a_command_that_cannot_start_has_a_status_and_a_line_on_stderr(data_dir:
 def test_output_past_the_cap_is_marked_once_then_dropped_and_the_command_does_not_block(
     data_dir: Path,
 ) -> None:
-    assert OUTPUT_CAP == output.OUTPUT_CAP, "the file keeps what the relay would send"
     command = f"head -c {3 * OUTPUT_CAP} /dev/zero; echo done >&2"
     supervised = launch(data_dir, spec_of("sh", "-c", command), isolation_for(data_dir, CGROUP_V2))
     status = wait_status(supervised)
@@ -238,11 +237,6 @@ def test_the_supervisor_imports_no_event_loop_and_keeps_the_agents_bounds() -> N
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert loaded.stdout.strip() == "[]"
-    assert (supervisor.KILL_GRACE, supervisor.GONE_POLL, supervisor.REAP_TIMEOUT) == (
-        process.KILL_GRACE,
-        process.GONE_POLL,
-        process.REAP_TIMEOUT,
-    )
 
 
 def test_a_record_half_written_at_the_end_is_not_returned_until_it_is_whole(

@@ -48,11 +48,10 @@ from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
-from oz0_node.jobs.manager import AttemptManager
-from oz0_node.jobs.output import MESSAGE_DATA, OUTPUT_CAP
+from oz0_node.jobs.manager import MESSAGE_DATA, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.procfs import read_stat
-from oz0_node.jobs.supervisor import SupervisedSpec
+from oz0_node.jobs.supervisor import OUTPUT_CAP, SupervisedSpec
 from oz0_node.jobs.tracking import CGROUP_V2, SUBREAPER
 from oz0_node.runtime import NodeRuntime, RuntimeSettings
 

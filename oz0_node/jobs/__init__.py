@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from oz0_node.jobs.attempt import ACTIVITY, attempt_activity
     from oz0_node.jobs.edge_link import EdgeLink
-    from oz0_node.jobs.output import OUTPUT_CAP
     from oz0_node.jobs.process import KILL_GRACE
+    from oz0_node.jobs.supervisor import OUTPUT_CAP
 
 _WHERE = {
     "ACTIVITY": "attempt",
     "attempt_activity": "attempt",
     "EdgeLink": "edge_link",
-    "OUTPUT_CAP": "output",
+    "OUTPUT_CAP": "supervisor",
     "KILL_GRACE": "process",
 }
 

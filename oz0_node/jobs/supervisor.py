@@ -10,7 +10,7 @@ disk nor on a command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
-  tracking, the limits), starts the command (as process.py does, without asyncio), then
+  tracking, the limits), starts the command (without asyncio: its import alone is slow), then
   says "ready" to `launch`;
 - appends the command's output to DIR/output as it comes (below);
 - ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
@@ -30,8 +30,8 @@ what dead ones left, and `remove`s each once reported.
 
 DIR/output: records of one byte (STDOUT 1, STDERR 2, or MARK|stream for the cap's mark),
 a 4-byte big-endian length, then that many bytes of data (at most RECORD_DATA), in the
-order the output came. At OUTPUT_CAP bytes of data (both streams together, as the relay to
-the edge counts, output.py) one mark record with no data, then the rest is read and
+order the output came. At OUTPUT_CAP bytes of data (both streams together, as the
+manager's relay to the edge counts) one mark record with no data, then the rest is read and
 dropped, so the command never blocks on a full pipe. A record is written per read of a
 pipe (split at RECORD_DATA), so an attempt's output file holds at most OUTPUT_CAP bytes of
 data plus 5 a record: about 1.1 MiB for output written in lines, 6 MiB at the very worst
@@ -72,11 +72,12 @@ from oz0_node.jobs.isolation import (
     remove_tree,
 )
 from oz0_node.jobs.job_user import JobUser
+from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
 log = logging.getLogger(__name__)
 
-# output.py's OUTPUT_CAP (not imported: output.py brings trio; a test checks they agree).
+# What a node keeps of an attempt's output (both streams together), and sends to the edge.
 OUTPUT_CAP = 1 << 20
 RECORD_DATA = 32 << 10
 STDOUT, STDERR, MARK = 1, 2, 0x80
@@ -84,11 +85,6 @@ STREAM_CODES = {"stdout": STDOUT, "stderr": STDERR}
 CODE_STREAMS = {code: name for name, code in STREAM_CODES.items()}
 HEADER = struct.Struct(">BI")
 LOG_CAP = 256 << 10
-# process.py's KILL_GRACE, GONE_POLL and REAP_TIMEOUT (not imported: process.py brings
-# asyncio; a test checks they agree).
-KILL_GRACE = 3.0
-GONE_POLL = 0.05
-REAP_TIMEOUT = 2.0
 # attempt.py's DRAIN_TIMEOUT: how long pipes held by a process that escaped its tracking
 # are read once the command's processes are gone.
 DRAIN_TIMEOUT = 5.0
