@@ -153,7 +153,9 @@ def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | No
     user exists, DIR and DIR/identity are the agent's alone; then what a previous agent
     process left running (killed with -9, crashed) is ended. AgentError when no job could
     run safely."""
-    isolation = Isolation.detect(options.data_dir, options.job_user)
+    # supervised: the attempts' supervisors follow their commands; the agent is no
+    # subreaper (it would adopt every supervisor it started, and never reap them).
+    isolation = Isolation.detect(options.data_dir, options.job_user, supervised=True)
     root = os.geteuid() == 0
     # Root: closed here (0700). An agent whose jobs run as itself refuses instead: it
     # cannot tell who opened them, nor why.

@@ -867,7 +867,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
         # Its own marker among them (the attempts' activity IDs have one too).
         assert "core_patch" in markers, "workflows from before it keep their 5 s timers"
         patches = [
-            e.marker_recorded_event_attributes.details["patch_data"].payloads[0].data
+            e.marker_recorded_event_attributes.SerializeToString()
             for e in history.events
             if e.HasField("marker_recorded_event_attributes")
         ]
