@@ -129,7 +129,6 @@ async def run(
             await nursery.start(manager.run)
             runtimes = Runtimes(
                 runtime_factory if runtime_factory is not None else NodeRuntime,
-                isolation=node.isolation,
                 manager=manager,
             )
             failed: AgentError | None = None

@@ -179,7 +179,6 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
             if runtimes.manager is not None
             else None
         ),
-        isolation=runtimes.isolation,
     )
     async with trio.open_nursery() as nursery:
         # Plugins run alongside the runtime: whatever ends this stream stops both.

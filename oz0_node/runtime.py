@@ -42,7 +42,6 @@ from oz0_node import plugins
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.attempt import AttemptPort, attempt_activity
 from oz0_node.jobs.grants import GrantCheck, RunRecord
-from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.manager import AttemptManager
 
 log = logging.getLogger(__name__)
@@ -78,8 +77,6 @@ class RuntimeSettings:
     # Who takes the attempts (the agent's attempt manager). Without one the runtime
     # offers no job activity.
     attempts: AttemptPort | None = None
-    # How attempts run (the agent's, checked at its start); None: what the machine allows.
-    isolation: Isolation | None = None
 
     @property
     def task_queue(self) -> str:
@@ -289,12 +286,10 @@ class Runtimes:
         self,
         factory: RuntimeFactory = NodeRuntime,
         launch_plugin: plugins.Launch = plugins.launch_process,
-        isolation: Isolation | None = None,
         manager: AttemptManager | None = None,
     ) -> None:
         self.factory = factory
         self.launch_plugin = launch_plugin
-        self.isolation = isolation
         self.manager = manager
         self.live: set[Runtime] = set()
 

@@ -170,14 +170,6 @@ def _bad(why: str) -> ApplicationError:
     return ApplicationError(f"bad attempt: {why}", type=BAD_ATTEMPT, non_retryable=True)
 
 
-def node_stopping(spec: AttemptSpec) -> ApplicationError:
-    return ApplicationError(
-        f"job {spec.job_id} attempt {spec.attempt}: the node's runtime is stopping",
-        type=NODE_STOPPING,
-        non_retryable=True,
-    )
-
-
 class AttemptPort(Protocol):
     """The agent's attempt manager as this activity reaches it (manager.AttemptPort)."""
 

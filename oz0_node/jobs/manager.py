@@ -41,6 +41,7 @@ import trio
 
 from oz0_common.files import write_private
 from oz0_node.jobs import supervisor
+from oz0_node.jobs.attempt import NODE_STOPPING
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.process import KILL_GRACE
@@ -143,7 +144,6 @@ class AttemptManager:
         self._live: dict[Key, Tracked] = {}
         self._reserved = 0
         self._nursery: trio.Nursery | None = None
-        self._slot_freed = trio.Event()
         self._started_at = 0.0
 
     def __len__(self) -> int:
@@ -237,8 +237,6 @@ class AttemptManager:
         finally:
             self._live.pop(tracked.key, None)
             tracked.done.set()
-            self._slot_freed.set()
-            self._slot_freed = trio.Event()
 
     async def _relay_until_ended(self, tracked: Tracked) -> Message | None:
         """Relay the output until the attempt has ended and all of it is stored; what to
@@ -287,7 +285,7 @@ class AttemptManager:
                 fields["cancelled"] = True
             else:
                 fields["failure"] = {
-                    "type": "NodeStopping",
+                    "type": NODE_STOPPING,
                     "message": f"job {tracked.label}: ended on the node "
                     f"({tracked.stop_why or 'its supervisor was stopped'})",
                 }
