@@ -23,7 +23,7 @@ from fixtures.cluster import ClusterFiles, Served, cli_command
 from oz0 import audit, passwords, ui_accounts
 from oz0 import ui_sessions as sessions
 from oz0.context import Context
-from tests.web_support import browser, curl, shots, sign_in
+from tests.web_support import browser, click_to_load, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, used by name
 
@@ -124,7 +124,7 @@ def test_audit_filters_and_keyset_pages(
     seen, pages_seen = shown_ids(page), 1
     assert len(seen) == 50
     while page.get_by_role("link", name="Next →").count():
-        page.get_by_role("link", name="Next →").click()
+        click_to_load(page, page.get_by_role("link", name="Next →"))
         assert re.search(r"[?&]before=\d+", page.url)
         ids = shown_ids(page)
         assert 0 < len(ids) <= 50
@@ -132,10 +132,10 @@ def test_audit_filters_and_keyset_pages(
         pages_seen += 1
     assert seen == everything and pages_seen == -(-len(everything) // 50)
     # Previous goes back a page exactly: the second page, then the first (no cursor).
-    page.get_by_role("link", name="← Previous").click()
+    click_to_load(page, page.get_by_role("link", name="← Previous"))
     assert shown_ids(page) == everything[(pages_seen - 2) * 50 : (pages_seen - 1) * 50]
     page.goto(f"{BASE}/audit?before={everything[50] + 1}")
-    page.get_by_role("link", name="← Previous").click()
+    click_to_load(page, page.get_by_role("link", name="← Previous"))
     assert page.url == f"{BASE}/audit" and shown_ids(page) == everything[:50]
     for junk in ("x", "²", "-1", "9" * 40):  # not a cursor: the newest page
         assert page.goto(f"{BASE}/audit?before={junk}").status == 200
@@ -146,17 +146,17 @@ def test_audit_filters_and_keyset_pages(
     offered = page.locator("#actions-seen option").evaluate_all("o => o.map(x => x.value)")
     assert {"test.block", "test.cancel", "test.other", "ui.login"} <= set(offered)
     page.get_by_label("Action").fill("test.block")
-    page.get_by_role("button", name="Filter").click()
+    click_to_load(page, page.get_by_role("button", name="Filter"))
     assert "action=test.block" in page.url
     assert shown_ids(page) == [e.id for e in audit_rows(conn, action="test.block")]
     page.get_by_label("Actor").fill("operator:alice")
-    page.get_by_role("button", name="Filter").click()
+    click_to_load(page, page.get_by_role("button", name="Filter"))
     assert shown_ids(page) == [e.id for e in audit_rows(conn, action="test.block")]
     page.get_by_label("Action").fill("")
-    page.get_by_role("button", name="Filter").click()
+    click_to_load(page, page.get_by_role("button", name="Filter"))
     alice_ids = [e.id for e in audit_rows(conn, actor="operator:alice")]
     assert len(alice_ids) > 50 and shown_ids(page) == alice_ids[:50]
-    page.get_by_role("link", name="Next →").click()  # paging keeps the filter
+    click_to_load(page, page.get_by_role("link", name="Next →"))  # paging keeps the filter
     assert "actor=operator%3Aalice" in page.url and shown_ids(page) == alice_ids[50:100]
 
     page.goto(f"{BASE}/audit?actor=ui:bob")

@@ -29,7 +29,7 @@ from fixtures.polling import wait_until
 from oz0 import tokens
 from oz0.context import Context
 from oz0.server import join_command
-from tests.web_support import browser, curl, shots, sign_in
+from tests.web_support import browser, click_to_load, curl, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, imported for the tests below
 
@@ -236,7 +236,7 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
         page.goto(f"{BASE}/tokens/new")
         page.get_by_label("Description").fill("kept on error")
         page.get_by_label(field).fill(value)
-        page.get_by_role("button", name="Create token").click()
+        click_to_load(page, page.get_by_role("button", name="Create token"))
         alerts = page.get_by_role("alert")
         assert alerts.count() == 1 and alerts.inner_text().startswith(error), error
         assert page.get_by_label(field).input_value() == value  # the form keeps it

@@ -20,7 +20,7 @@ from oz0.context import Context
 
 CHROMIUM = Path("/usr/bin/chromium")
 
-__all__ = ["CHROMIUM", "browser", "curl", "person", "shots", "sign_in"]
+__all__ = ["CHROMIUM", "browser", "click_to_load", "curl", "person", "shots", "sign_in"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,15 @@ def sign_in(page: object, address: str, password: str) -> None:
     page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
     page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
     page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
+
+
+def click_to_load(page: object, target: object) -> None:
+    """Click TARGET (a link or a form's button) and return once the page it leads to has
+    loaded. Playwright's click returns when the navigation has begun, when `page.url` may
+    already be the new one while the old document (or none) is still what a count or an
+    `evaluate_all` reads: those do not wait the way a locator's assertions do."""
+    with page.expect_navigation(wait_until="load"):  # type: ignore[attr-defined]
+        target.click()  # type: ignore[attr-defined]
 
 
 def person(
