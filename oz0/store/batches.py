@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import trio
+import trio.testing
 
 from oz0.store.pool import Conn, Database
 
@@ -61,12 +62,8 @@ async def next_batch(
     return batch
 
 
-def _others_runnable() -> bool:
-    return trio.lowlevel.current_statistics().tasks_runnable > 0
-
-
 async def _while_others_run(receive: trio.MemoryReceiveChannel[Any], longest: float) -> None:
-    """Yield to the other runnable tasks until none is, until no change has come to RECEIVE
+    """Let the other tasks run until none is runnable, until no change has come to RECEIVE
     for QUIET seconds, or for LONGEST seconds.
 
     A burst's requests reach the batcher one by one over tens of milliseconds, each parsed
@@ -74,25 +71,30 @@ async def _while_others_run(receive: trio.MemoryReceiveChannel[Any], longest: fl
     whose worker thread waits for the interpreter's lock between each of its statements
     while the others are parsed (25-36 ms for a few changes, 10 ms for fifty on a quiet
     server), and the rest wait for it. Once nothing else is runnable, they are all here.
+
+    "Nothing runnable" is the run loop's own judgement (`wait_all_tasks_blocked`: no task
+    runnable, and none woken by I/O that is ready, at a turn's end). Counting the run queue
+    from inside a turn is not: Trio empties it as a turn begins, so a task that runs first in
+    its turn sees the queue empty while the rest of the turn has yet to run.
     """
-    queued, since = receive.statistics().current_buffer_used, trio.current_time()
-
-    async def others_run() -> bool:
-        nonlocal queued, since
-        while _others_runnable():
-            await trio.lowlevel.checkpoint()
-            now = receive.statistics().current_buffer_used
-            if now != queued:
-                queued, since = now, trio.current_time()
-            elif trio.current_time() - since > QUIET:
-                return False
-        return True
-
     with trio.move_on_after(longest):
-        if await others_run():
-            # The requests whose bytes arrived meanwhile are found by the next turn's poll.
-            await trio.lowlevel.checkpoint()
-            await others_run()
+        async with trio.open_nursery() as nursery:
+
+            async def all_blocked() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+
+            async def quiet() -> None:
+                queued = receive.statistics().current_buffer_used
+                while True:
+                    await trio.sleep(QUIET)
+                    now = receive.statistics().current_buffer_used
+                    if now == queued:
+                        nursery.cancel_scope.cancel()
+                    queued = now
+
+            nursery.start_soon(all_blocked)
+            nursery.start_soon(quiet)
 
 
 @dataclass(eq=False)
