@@ -185,7 +185,7 @@ def upgrade(
             )
         with conn.transaction():
             # Beside the servers up now, as a server starting would (oz0/store/migrations.py).
-            steps = migrations.apply(conn, membership.live_schemas(conn))
+            steps = migrations.apply(conn, membership.live_schemas)
     _report_temporal_schema(
         temporal_host.setup_schema(TemporalStores(url, visibility_sqlite)), progress
     )

@@ -112,19 +112,21 @@ async def run(
     schema = migrations.code_version()
 
     def register(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(
-            "INSERT INTO servers (id, advertise, version, schema_version) VALUES (%s, %s, %s, %s)",
-            (server_id, advertise, __version__, schema),
-        )
-        conn.execute("DELETE FROM servers WHERE last_heartbeat < now() - %s", (FORGET_AFTER,))
-
-    def beat(conn: psycopg.Connection[Any]) -> None:
-        # An upsert: after a database outage the row may have been forgotten meanwhile.
+        # Not on a database a newer server has contracted since this one's start checked it.
+        migrations.admit(conn, schema)
         conn.execute(
             "INSERT INTO servers (id, advertise, version, schema_version) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (id) DO UPDATE SET last_heartbeat = clock_timestamp()",
             (server_id, advertise, __version__, schema),
         )
+        conn.execute("DELETE FROM servers WHERE last_heartbeat < now() - %s", (FORGET_AFTER,))
+
+    def beat(conn: psycopg.Connection[Any]) -> None:
+        beaten = conn.execute(
+            "UPDATE servers SET last_heartbeat = clock_timestamp() WHERE id = %s", (server_id,)
+        ).rowcount
+        if not beaten:  # forgotten meanwhile (after a database outage): in again, as at start
+            register(conn)
 
     def leave(conn: psycopg.Connection[Any]) -> None:
         conn.execute("DELETE FROM servers WHERE id = %s", (server_id,))

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 import trio
 
 from fixtures.cluster import ClusterFiles
+from oz0 import membership
 from oz0.errors import SchemaMismatch
 from oz0.store import migrations
 from oz0.store.listen import ListenConnectionLost, Notification, listen
@@ -107,6 +111,50 @@ def test_expand_migrations_apply_beside_older_servers_and_contract_ones_wait_for
         table = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (contract.name,)).fetchone()
         assert table == (True,)
         assert migrations.database_floor(conn) == now + 2
+
+
+def test_a_contract_step_and_an_older_server_registering_meanwhile_cannot_cross(
+    cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = migrations.load()
+    now = len(real)
+    contract = _future(now + 1, contract=True)
+    with psycopg.connect(main_db(cluster_files)) as older:
+        # A server of this schema registers (its start checked the schema a moment ago)...
+        migrations.admit(older, now)
+        older.execute(
+            "INSERT INTO servers (id, advertise, version, schema_version)"
+            " VALUES ('older', '127.0.0.11', 'test', %s)",
+            (now,),
+        )
+        # ... while a newer server's start would apply a contract step: it waits for the
+        # registration, then sees that server up, and the step waits for it.
+        monkeypatch.setattr(migrations, "load", lambda: [*real, contract])
+        newer: list[migrations.Plan] = []
+
+        def start_newer() -> None:
+            with psycopg.connect(main_db(cluster_files)) as conn:
+                newer.append(migrations.apply(conn, membership.live_schemas))
+
+        thread = threading.Thread(target=start_newer)
+        thread.start()
+        time.sleep(0.5)
+        assert thread.is_alive(), "the migration did not wait for the registration"
+        older.commit()
+        thread.join(30)
+    assert newer == [migrations.Plan([], [contract])]
+
+    # The other order: the step applied while no older server was up, and then one of them
+    # registers (its start having checked before the step): refused.
+    with psycopg.connect(main_db(cluster_files)) as conn:
+        conn.execute("DELETE FROM servers WHERE id = 'older'")
+        assert migrations.apply(conn, membership.live_schemas) == migrations.Plan([contract])
+    with psycopg.connect(main_db(cluster_files)) as conn, pytest.raises(SchemaMismatch) as no:
+        migrations.admit(conn, now)
+    assert str(no.value) == (
+        f"database schema {now + 1} needs servers of schema {now + 1} or newer; "
+        f"this server knows {now}: upgrade it"
+    )
 
 
 def test_init_upgrade_applies_a_newer_release_s_migrations(

@@ -126,7 +126,7 @@ def _migrate(conn: psycopg.Connection[Any], options: StartOptions) -> None:
     """Bring the database to this release's schema as far as the servers running beside
     this one allow, or refuse it (oz0/store/migrations.py has the rule)."""
     with conn.transaction():
-        steps = migrations.apply(conn, membership.live_schemas(conn))
+        steps = migrations.apply(conn, membership.live_schemas)
     conn.commit()  # the migrations' lock is not held through the rest of the start
     if steps.apply:
         log.info("applied migrations %s", [m.version for m in steps.apply])
@@ -223,8 +223,9 @@ async def run_server(
         gc_tuning.tune_after_start_up()
 
         async def drain() -> None:
-            # Everything else (the database, Temporal, the jobs role) runs on meanwhile:
-            # the requests in flight need them.
+            # Everything else (the database, Temporal, the jobs role's client and sweeper)
+            # runs on meanwhile: the requests in flight need them. The job workers stop
+            # now, while Temporal is still up under them (JobsRole.drain).
             requests, streams = served.requests, len(streaming.streams)
             log.info(
                 "draining: %d request(s) in flight, %d node stream(s) told to move; "
@@ -238,6 +239,7 @@ async def run_server(
                 async with trio.open_nursery() as draining:
                     draining.start_soon(management.drain, state, served)
                     draining.start_soon(edge.drain, streaming)
+                    draining.start_soon(jobs.drain)
             cut_requests, cut_streams = served.requests, len(streaming.streams)
             if cut_requests:
                 # A request whose thread waits on the database (a lock held elsewhere)

@@ -37,7 +37,7 @@ The rule, at `server start`, `server init --upgrade` and `--dev` alike (`plan`):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -173,10 +173,15 @@ def plan(found: int, floor: int, live: Sequence[int | None], known: Sequence[Mig
     return Plan(pending)
 
 
-def apply(conn: psycopg.Connection[Any], live: Sequence[int | None] = ()) -> Plan:
+Live = Sequence[int | None] | Callable[[psycopg.Connection[Any]], Sequence[int | None]]
+
+
+def apply(conn: psycopg.Connection[Any], live: Live = ()) -> Plan:
     """Apply what the rule allows, inside the caller's transaction, beside servers of the
-    LIVE schemas; a database never touched gets every migration. Raises SchemaMismatch,
-    having written nothing, when this server may not run on the database."""
+    LIVE schemas (or what LIVE(conn) reads, once the migrations' lock is held: a server
+    registering meanwhile is then either seen or refused, see `admit`); a database never
+    touched gets every migration. Raises SchemaMismatch, having written nothing, when this
+    server may not run on the database."""
     conn.execute(
         "CREATE TABLE IF NOT EXISTS oz0_schema ("
         " version integer PRIMARY KEY, name text NOT NULL,"
@@ -187,6 +192,8 @@ def apply(conn: psycopg.Connection[Any], live: Sequence[int | None] = ()) -> Pla
     conn.execute("LOCK TABLE oz0_schema IN EXCLUSIVE MODE")
     known = load()
     current = database_version(conn)
+    if callable(live):
+        live = live(conn) if current else ()
     steps = Plan(known) if current == 0 else plan(current, database_floor(conn), live, known)
     if current > known[-1].version:
         return steps  # a newer server keeps the books
@@ -214,6 +221,22 @@ def _keep_books(conn: psycopg.Connection[Any], known: Sequence[Migration]) -> No
         conn.execute(
             "UPDATE oz0_schema SET oldest_server = %s WHERE version = %s",
             (floor_at(version, known), version),
+        )
+
+
+def admit(conn: psycopg.Connection[Any], schema: int) -> None:
+    """Before a server of SCHEMA writes its row in `servers`, in that transaction: the
+    database must still be one it may run beside. Its lock (SHARE) and a migration's
+    (EXCLUSIVE) exclude each other, and `apply` reads the live servers under its own: so a
+    contract migration and the registration of a server it would leave behind cannot cross
+    (a server checks the schema at its start, seconds before it registers). Raises
+    SchemaMismatch."""
+    conn.execute("LOCK TABLE oz0_schema IN SHARE MODE")
+    floor = database_floor(conn)
+    if floor > schema:
+        raise SchemaMismatch(
+            f"database schema {database_version(conn)} needs servers of schema {floor} or "
+            f"newer; this server knows {schema}: upgrade it"
         )
 
 
