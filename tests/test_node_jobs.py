@@ -21,6 +21,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
-from oz0_node.jobs.manager import MESSAGE_DATA, AttemptManager
+from oz0_node.jobs.manager import MESSAGE_DATA, NODE_FAULT, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.procfs import read_stat
 from oz0_node.jobs.supervisor import OUTPUT_CAP, SupervisedSpec
@@ -752,6 +753,63 @@ def test_a_supervisor_killed_is_reported_and_what_it_left_is_ended(
     (pid,) = printed_pids(edge, pids)
     assert gone(pid)
     assert not workdirs()
+
+
+def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_carry_on(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    edge = FakeEdge()
+
+    async def main() -> None:
+        async with node_manager(tmp_path, edge) as manager:
+            await hand(manager, spec("sh", "-c", "echo $$; exec sleep 60"))
+            await until(lambda: bool(edge.sent))
+            await hand(manager, spec("sh", "-c", "sleep 1; echo second", attempt=2))
+            # A record of no stream this node knows at the end of the first's output file.
+            [damaged] = [s for s in supervisor.find_all(tmp_path) if s.attempt == 1]
+            with (damaged.dir / supervisor.OUTPUT_FILE).open("ab") as f:
+                f.write(supervisor.HEADER.pack(9, 1) + b"x")
+            await until(lambda: len(edge.done) == 2)
+            await until(lambda: not len(manager))
+
+    trio.run(main)
+    faulted, second = sorted(edge.done, key=lambda d: d["attempt"])
+    assert faulted["failure"]["type"] == NODE_FAULT
+    assert "no such stream code 9" in faulted["failure"]["message"]
+    assert second["result"]["exit_code"] == 0
+    (pid,) = printed_pids(edge, pids)
+    assert gone(pid)
+    assert not workdirs(1) and not supervisor.find_all(tmp_path)
+
+
+def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
+    tmp_path: Path, pids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A launch slowed down (as on a loaded machine) so that the block comes during it.
+    launching, launched = threading.Event(), threading.Event()
+    real_launch = supervisor.launch
+
+    def slow_launch(*args: Any) -> supervisor.Supervised:
+        launching.set()
+        supervised = real_launch(*args)
+        launched.wait(10)
+        return supervised
+
+    monkeypatch.setattr(supervisor, "launch", slow_launch)
+    edge = FakeEdge()
+
+    async def main() -> None:
+        async with node_manager(tmp_path, edge) as manager, trio.open_nursery() as nursery:
+            nursery.start_soon(hand, manager, spec("sh", "-c", "echo $$; exec sleep 60"))
+            await until(launching.is_set)
+            await manager.stop_all("blocked")
+            launched.set()
+            # Ended (a command left running would hold it for 60 s), and not reported.
+            await until(lambda: not len(manager), KILL_GRACE + 10)
+
+    trio.run(main)
+    assert all(gone(pid) for pid in printed_pids(edge, pids))
+    assert edge.done == [] and not supervisor.find_all(tmp_path)
 
 
 def test_a_node_no_server_heard_from_for_its_lost_after_ends_the_attempt_unreported(

@@ -69,6 +69,9 @@ META_FILE = "attempt.json"
 # Why the node ended an attempt, when its end is not worth a report: the cluster has
 # moved on from it already (or is about to forget the node).
 UNREPORTED = ("ended", "blocked", "removed", "purged", "lost")
+# Why, and the failure's type, when the node itself could not follow an attempt further.
+FAULT = "fault"
+NODE_FAULT = "NodeFault"
 
 Key = tuple[str, int]
 
@@ -143,6 +146,10 @@ class AttemptManager:
         self.link = link if link is not None else EdgeLink()
         self._live: dict[Key, Tracked] = {}
         self._reserved = 0
+        # How many times stop_all has run, and why last: an attempt whose supervisor was
+        # being launched meanwhile is ended as soon as it is (`start`).
+        self._stops = 0
+        self._stopped_why = ""
         self._nursery: trio.Nursery | None = None
         self._started_at = 0.0
 
@@ -180,6 +187,7 @@ class AttemptManager:
     async def start(self, spec: SupervisedSpec, lost_after: float) -> None:
         """Start SPEC's supervisor in a reserved slot and follow it; OSError if its
         directory cannot be made (the supervisor reports a command that cannot start)."""
+        stops = self._stops
         try:
             supervised = await trio.to_thread.run_sync(
                 supervisor.launch, self.data_dir, spec, self.isolation
@@ -187,15 +195,19 @@ class AttemptManager:
             write_private(
                 supervised.dir / META_FILE, json.dumps({"lost_after": lost_after}).encode()
             )
-            self._track(supervised, lost_after)
+            tracked = self._track(supervised, lost_after)
+            if self._stops != stops:
+                # The node was blocked, deleted or purged while this one was launched.
+                self._stop(tracked, self._stopped_why)
         finally:
             self.release()
 
-    def _track(self, supervised: Supervised, lost_after: float) -> None:
+    def _track(self, supervised: Supervised, lost_after: float) -> Tracked:
         assert self._nursery is not None, "start() before run()"
         tracked = Tracked(supervised, lost_after, RelayState.load(supervised.dir))
         self._live[tracked.key] = tracked
         self._nursery.start_soon(self._follow, tracked)
+        return tracked
 
     # --- ending ---------------------------------------------------------------------------
 
@@ -217,6 +229,8 @@ class AttemptManager:
 
     async def stop_all(self, why: str, within: float = STOP_WITHIN) -> None:
         """End every attempt (blocked, deleted, purged): WHY; wait at most WITHIN for them."""
+        self._stops += 1
+        self._stopped_why = why
         live = list(self._live.values())
         if live:
             log.info("ending %d job attempt(s): %s", len(live), why)
@@ -230,13 +244,42 @@ class AttemptManager:
 
     async def _follow(self, tracked: Tracked) -> None:
         try:
-            outcome = await self._relay_until_ended(tracked)
+            try:
+                outcome = await self._relay_until_ended(tracked)
+            except Exception as e:  # noqa: BLE001: one attempt's fault must not end the agent
+                # A damaged output or relay file, a full disk, a bug: this attempt cannot
+                # be followed further. It is ended and reported failed; the agent and its
+                # other attempts carry on.
+                log.exception("job %s: cannot follow it further; ending it", tracked.label)
+                outcome = await self._fault(tracked, e)
             if outcome is not None:
                 await self._report(tracked, outcome)
-            await trio.to_thread.run_sync(tracked.supervised.remove)
+            try:
+                await trio.to_thread.run_sync(tracked.supervised.remove)
+            except OSError as e:
+                log.warning("job %s: its directory is not removed: %s", tracked.label, e)
         finally:
             self._live.pop(tracked.key, None)
             tracked.done.set()
+
+    async def _fault(self, tracked: Tracked, error: Exception) -> Message | None:
+        """End TRACKED after the node failed to follow it (ERROR): what to report."""
+        fresh = tracked.stop_why is None
+        if fresh:
+            tracked.stop_why = FAULT
+        await trio.to_thread.run_sync(tracked.supervised.end_now, STOP_WITHIN)
+        if not fresh and tracked.stop_why in UNREPORTED:
+            return None
+        job, number = tracked.key
+        return {
+            "job": job,
+            "attempt": number,
+            "failure": {
+                "type": NODE_FAULT,
+                "message": f"job {tracked.label}: the node could not follow it further "
+                f"({type(error).__name__}: {str(error)[:200]}); it was ended",
+            },
+        }
 
     async def _relay_until_ended(self, tracked: Tracked) -> Message | None:
         """Relay the output until the attempt has ended and all of it is stored; what to

@@ -247,6 +247,30 @@ class Supervised:
         # Said once only: a second call finds nothing to end.
         (self.dir / TRACKING_FILE).unlink(missing_ok=True)
 
+    def end_now(self, within: float) -> None:
+        """Stop the attempt and wait for it (at most WITHIN seconds; then SIGKILL), then end
+        whatever its supervisor left: the attempt is over when this returns."""
+        self.stop()
+        deadline = time.monotonic() + within
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.kill_late(within)
+
+    def kill_late(self, waited: float) -> None:
+        """After a stop that WAITED seconds: SIGKILL a supervisor still up, then end what
+        it left."""
+        pid = self._supervisor() if self.alive() else None
+        if pid is not None:
+            log.warning(
+                "attempt %s: its supervisor did not stop in %g s; SIGKILL", self.dir.name, waited
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            end = time.monotonic() + REAP_TIMEOUT
+            while self.alive() and time.monotonic() < end:
+                time.sleep(0.02)
+        self.end_leftovers()
+
     def remove(self) -> None:
         """Delete DIR (once the agent has reported the attempt)."""
         remove_tree(self.dir)
@@ -277,19 +301,7 @@ def stop_all(data_dir: Path, within: float) -> int:
     while any(s.alive() for s in every) and time.monotonic() < deadline:
         time.sleep(0.05)
     for supervised in every:
-        pid = supervised._supervisor() if supervised.alive() else None
-        if pid is not None:
-            log.warning(
-                "attempt %s: its supervisor did not stop in %g s; SIGKILL",
-                supervised.dir.name,
-                within,
-            )
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            end = time.monotonic() + REAP_TIMEOUT
-            while supervised.alive() and time.monotonic() < end:
-                time.sleep(0.02)
-        supervised.end_leftovers()
+        supervised.kill_late(within)
         supervised.remove()
     return len(every)
 
