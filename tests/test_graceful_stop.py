@@ -12,15 +12,21 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 
+from cli.client import ApiClient
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
 from fixtures.polling import wait_until
+from fixtures.temporal import run_async, server_credentials
+from oz0.context import Context
 from oz0.server.start import SHUTDOWN_GRACE
 from tests.conftest import CliRunner
 
@@ -186,3 +192,80 @@ def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
         server_a.stderr()
     )
     assert on_b["node_id"] == on_a["node_id"]
+
+
+def ended(client: ApiClient, job_id: str) -> dict[str, Any] | None:
+    job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}")
+    return job if job["ended_at"] is not None else None
+
+
+def _workflow_task_timeouts(files: ClusterFiles, address: str, job_ids: list[str]) -> list[str]:
+    """The jobs whose workflow histories have a workflow task that timed out (one a
+    stopped worker took and never finished, or one left on its sticky queue)."""
+
+    async def look() -> list[str]:
+        client = await Client.connect(
+            f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
+        )
+        timed_out = []
+        for job_id in job_ids:
+            history = await client.get_workflow_handle(job_id).fetch_history()
+            if any(
+                e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT for e in history.events
+            ):
+                timed_out.append(job_id)
+        return timed_out
+
+    return run_async(look)
+
+
+@pytest.mark.slow
+def test_a_stopping_servers_job_workflows_go_on_at_once_on_the_other(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    """Jobs whose workflows only A's job worker has run so far (B starts later), their
+    commands running while A is drained: A's worker finishes what it has and lets go of the
+    workflows (its sticky queue), so B's worker takes each next step at once. A worker
+    stopped with the Temporal host under it would leave those steps to time out (10 s)."""
+    files = cluster_files
+    server_a = start_server(files, SERVER_A)
+    context = json.loads(files.context_path.read_text())
+    context["servers"] = [f"{SERVER_A}:8443", f"{SERVER_B}:8443"]
+    files.context_path.write_text(json.dumps(context))
+    created = cli("token", "create", "--tenant", "default", "--json", env=files.cli_env)
+    assert created.code == 0, created.err
+    agent = AgentProcess.joining(
+        tmp_path / "node", [EDGE_A], files.ca_hash, token=created.json()["token"]
+    ).start()
+    agents.append(agent)
+    agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+    seconds = 8
+    job_ids = []
+    for _ in range(3):
+        run = cli("job", "run", "--detach", "--json", "--all", "--",
+                  "sh", "-c", f"echo up; exec sleep {seconds}", env=files.cli_env)  # fmt: skip
+        assert run.code == 0, run.err
+        job_ids.append(run.json()["id"])
+    client = ApiClient(Context.load(files.context_path))
+
+    def running(job_id: str) -> bool:
+        return bool(client.get(f"/api/v1/jobs/{job_id}/output")["chunks"])
+
+    wait_until(lambda: all(running(j) for j in job_ids), 30, "every command started", step=0.1)
+    start_server(files, SERVER_B)
+    node_json = tmp_path / "node" / "identity" / "node.json"
+    wait_until(
+        lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known", step=0.05
+    )
+    server_a.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert server_a.wait(SHUTDOWN_GRACE + CLEANUP_BOUND) == 0
+    assert "job worker(s) stopped" in server_a.stderr()
+
+    for job_id in job_ids:
+        job = wait_until(partial(ended, client, job_id), 90, f"{job_id} ended")
+        assert job["state"] == "succeeded" and len(job["attempts"]) == 1, job
+    assert _workflow_task_timeouts(files, SERVER_B, job_ids) == []

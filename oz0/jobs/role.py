@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -51,6 +54,9 @@ TENANTS_EVERY = 5.0
 CALL_TIMEOUT = 10.0
 CONNECT_RETRY_FIRST, CONNECT_RETRY_MAX = 0.5, 5.0
 WORKER_SHUTDOWN = 2.0
+# How long a stopping worker lets its activities (database steps, milliseconds each) run
+# on before it cancels them; within WORKER_SHUTDOWN.
+WORKER_GRACE = dt.timedelta(seconds=1)
 # The workers' graceful shutdown, then a margin for the loop's own end.
 STOP_WITHIN = WORKER_SHUTDOWN + 3.0
 T = TypeVar("T")
@@ -86,6 +92,11 @@ class JobsRole:
         self._client: Client | None = None
         self._clients: dict[str, Client] = {}
         self._reconnect: asyncio.Event | None = None
+        # Set by a drain: the workers stop for good (the client stays, for the sweeper and
+        # the edge, until the role stops); `_drained` once they have.
+        self._draining = False
+        self._workers = 0
+        self._drained: asyncio.Event | None = None
 
     # --- Trio side -----------------------------------------------------------------------
 
@@ -99,6 +110,27 @@ class JobsRole:
         if portal is not None:
             with contextlib.suppress(PortalClosed):  # stopping: nothing to reconnect
                 portal.call_soon(self._reconnect_now)
+
+    async def drain(self) -> None:
+        """Stop the job workers gracefully while Temporal still runs under them (a server's
+        drain, before its roles stop): each finishes the workflow tasks and database steps
+        it has and gives up its sticky queue, so another server's worker takes each
+        workflow's next step at once. At most WORKER_SHUTDOWN and a margin."""
+        portal = self._portal
+        if portal is None:
+            return
+        began = time.monotonic()
+        with trio.move_on_after(STOP_WITHIN):
+            try:
+                stopped = await portal.call(self._drain_workers)
+            except (PortalClosed, CallCancelled, TimeoutError) as e:
+                log.warning("job workers not stopped gracefully: %r", e)
+                return
+            log.info(
+                "%d job worker(s) stopped in %.2f s: another server's take over",
+                stopped,
+                time.monotonic() - began,
+            )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.hub.subscribe(NODES, self._node_changed)
@@ -246,6 +278,15 @@ class JobsRole:
             )
         log.debug("job %s: workflow started in namespace %s", job.id, job.tenant)
 
+    async def _drain_workers(self) -> int:
+        self._draining = True
+        if self._client is None or self._reconnect is None or self._drained is None:
+            return 0  # not connected: no worker runs
+        count = self._workers
+        self._reconnect.set()
+        await asyncio.wait_for(self._drained.wait(), WORKER_SHUTDOWN + 1.0)
+        return count
+
     def _reconnect_now(self) -> None:
         if self._reconnect is not None:
             self._reconnect.set()
@@ -253,7 +294,7 @@ class JobsRole:
     async def _serve(self) -> None:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
-        self._reconnect = asyncio.Event()
+        self._reconnect, self._drained = asyncio.Event(), asyncio.Event()
         activities = JobActivities(self.db, AttemptSigner(self.ca), self.keeper)
         delay = CONNECT_RETRY_FIRST
         while True:
@@ -268,6 +309,9 @@ class JobsRole:
             self._reconnect.clear()
             try:
                 await self._work(activities)
+                if self._draining:
+                    self._drained.set()
+                    await asyncio.Event().wait()  # the client serves on until cancelled
             except Exception:  # a bug or a surprise of the SDK's: log it, connect again
                 log.exception("the job worker failed; connecting to Temporal again")
                 await asyncio.sleep(CONNECT_RETRY_MAX)
@@ -294,7 +338,7 @@ class JobsRole:
         workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
         async with asyncio.TaskGroup() as group:
             try:
-                while not self._reconnect.is_set():
+                while not self._reconnect.is_set() and not self._draining:
                     try:
                         names = await asyncio.to_thread(self.db.transaction_in_thread, _tenants)
                     except DATABASE_ERRORS:
@@ -310,9 +354,11 @@ class JobsRole:
                                 workflows=[JobWorkflow],
                                 activities=activities.all(),
                                 identity=f"{self.server_id} jobs",
+                                graceful_shutdown_timeout=WORKER_GRACE,
                             )
                             task = group.create_task(_run_worker(name, worker))
                             workers[name] = (worker, task)
+                    self._workers = len(workers)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._reconnect.wait(), TENANTS_EVERY)
             finally:
@@ -327,10 +373,16 @@ async def _run_worker(namespace: str, worker: Worker) -> None:
     except Exception:
         log.exception("job worker for namespace %s died; starting it again", namespace)
     else:
-        log.warning("job worker for namespace %s ended; starting it again", namespace)
+        if worker not in _STOPPING:
+            log.warning("job worker for namespace %s ended; starting it again", namespace)
+
+
+# Workers being shut down on purpose: their run() returning is no news.
+_STOPPING: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 async def _shutdown(namespace: str, worker: Worker, task: asyncio.Task[None]) -> None:
+    _STOPPING.add(worker)
     try:
         await asyncio.wait_for(worker.shutdown(), WORKER_SHUTDOWN)
     except Exception as e:
