@@ -61,6 +61,7 @@ SCENARIOS = (
     "listings",
     "node_removal",
     "operator_removal",
+    "outlive",
     "silent_strangers",
     "temporal_host",
     "web_live",

@@ -22,7 +22,7 @@ from oz0_common import certs
 from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
-from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
@@ -46,6 +46,9 @@ class StartOptions:
     default_launcher: Path | None = None
     # The user jobs run as (--job-user); None: oz0-job for an agent running as root.
     job_user: str | None = None
+    # How many attempts run at once (--max-jobs). Given: remembered in node.json. Else
+    # what node.json remembers, else DEFAULT_MAX_JOBS.
+    max_jobs: int | None = None
 
 
 def check_options(record: NodeRecord | None, options: StartOptions) -> None:
@@ -112,6 +115,7 @@ async def run(
         node.remember(
             edges=options.edges,
             launcher=str(options.launcher) if options.launcher is not None else None,
+            max_jobs=options.max_jobs,
         )
         if record.node_id is not None and _ignored_join_options(options):
             log.warning(
@@ -125,7 +129,9 @@ async def run(
         async with trio.open_nursery() as nursery:
             # The attempts are the agent's: they outlive every stream, and the supervisors
             # they run under outlive the agent itself (a restart re-attaches them here).
-            manager = AttemptManager(options.data_dir, isolation)
+            manager = AttemptManager(
+                options.data_dir, isolation, max_running=node.record.max_jobs or DEFAULT_MAX_JOBS
+            )
             await nursery.start(manager.run)
             runtimes = Runtimes(
                 runtime_factory if runtime_factory is not None else NodeRuntime,

@@ -11,6 +11,7 @@ its plugins with it (`plugins.py`); both stop when the stream ends, whatever end
 job attempts do not: they are the agent's (`jobs/manager.py`), and each stream is their
 link to the cluster while it is up (`jobs.EdgeLink`: attached once welcomed, detached when
 it ends), whose acks `commands.dispatch` hands back to them; a node blocked ends them.
+Each stream first tells the edge how many attempts the node runs at once (`max_jobs`).
 Whatever ends a stream, the reconnect policy picks the next edge; a `move` (the edge's
 server is stopping) makes that another edge, at once.
 """
@@ -35,13 +36,20 @@ from oz0_node.jobs.manager import AttemptPort
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
-from oz0_node.runtime import RuntimeFailed, Runtimes, RuntimeSettings
+from oz0_node.runtime import (
+    MAX_CONCURRENT_ACTIVITIES,
+    RuntimeFailed,
+    Runtimes,
+    RuntimeSettings,
+)
 from oz0_node.tls import edge_context
 from oz0_node.transport import EdgeConnection, OpenStream, open_edge, open_tcp
 
 log = logging.getLogger(__name__)
 
 CONTROL_PATH = "/control"
+# Told once on each stream: how many attempts this node runs at once (`--max-jobs`).
+MAX_JOBS = "max_jobs"
 WELCOME_TIMEOUT = 10.0
 MISSED_HEARTBEATS = 3
 # After a runtime failed to start (or its worker failed), on the same stream.
@@ -142,6 +150,9 @@ async def _one_stream(
         )
         link.attach(conn)
         try:
+            if manager is not None:
+                # Placement puts no more attempts on this node than it runs at once.
+                await conn.send(MAX_JOBS, max_jobs=manager.max_running)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
                 nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
@@ -178,6 +189,11 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
             AttemptPort(runtimes.manager, trio.lowlevel.current_trio_token())
             if runtimes.manager is not None
             else None
+        ),
+        max_activities=(
+            runtimes.manager.max_running
+            if runtimes.manager is not None
+            else MAX_CONCURRENT_ACTIVITIES
         ),
     )
     async with trio.open_nursery() as nursery:

@@ -3,8 +3,9 @@
     node.key   P-256 private key, 0600, created once and never overwritten
     node.crt   the node's certificate from the cluster CA (only once accepted)
     ca.crt     the pinned cluster CA certificate
-    node.json  cluster, CA hash, node ID, tenant, known edges, state as last known, and
-               the launcher a purge deletes (when `--launcher` named one)
+    node.json  cluster, CA hash, node ID, tenant, known edges, state as last known, the
+               launcher a purge deletes (when `--launcher` named one), and how many
+               attempts the node runs at once (when `--max-jobs` said)
     node.key.next, node.crt.next
                a renewal under way (renewal.py): the next key (0600), made before it is
                sent; then its certificate; both replace node.key and node.crt at once
@@ -47,6 +48,11 @@ LOCK_FILE = "agent.lock"
 # What a flat layout (identity files directly in DIR) holds.
 IDENTITY_FILES = (KEY_FILE, CERT_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, CA_FILE, RECORD_FILE)
 
+# `start --max-jobs`: how many attempts the node runs at once (jobs/manager.py), unless
+# node.json remembers another; the cluster holds the same bounds (its nodes table).
+DEFAULT_MAX_JOBS = 4
+MAX_JOBS = 256
+
 # The node has pinned the CA but has no answer to its join yet.
 STATE_JOINING = "joining"
 
@@ -62,6 +68,7 @@ class NodeRecord:
     state: str = STATE_JOINING
     edges: list[str] = field(default_factory=list)
     launcher: str | None = None
+    max_jobs: int | None = None
 
     @classmethod
     def from_json(cls, raw: object) -> NodeRecord:
@@ -82,10 +89,17 @@ class NodeRecord:
             raise ValueError("edges must be a list of strings")
         if not (launcher is None or isinstance(launcher, str)):
             raise ValueError("launcher must be a string or null")
-        return cls(cluster, ca_hash, node_id, tenant, state, list(edges), launcher)
+        max_jobs = raw.get("max_jobs")
+        if not (max_jobs is None or valid_max_jobs(max_jobs)):
+            raise ValueError(f"max_jobs must be a whole number from 1 to {MAX_JOBS} or null")
+        return cls(cluster, ca_hash, node_id, tenant, state, list(edges), launcher, max_jobs)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+
+def valid_max_jobs(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_JOBS
 
 
 class IdentityDir:

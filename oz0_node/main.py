@@ -2,7 +2,7 @@
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
         [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] [--data-dir DIR]
-        [--job-user NAME]
+        [--job-user NAME] [--max-jobs N]
     OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
     oz0-node start [--data-dir DIR]          # resume from what DIR remembers
     oz0-node status [--data-dir DIR] [--json]
@@ -32,6 +32,7 @@ from oz0_common.datadir import node_data_dir
 from oz0_node import addresses, join_token, service
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
+from oz0_node.identity import MAX_JOBS, valid_max_jobs
 
 app = App(name="oz0-node", help="The orchestrator-zero node agent.", version=__version__)
 
@@ -59,6 +60,7 @@ def start(
     label: Annotated[tuple[str, ...], Many] = (),
     launcher: Path | None = None,
     job_user: str | None = None,
+    max_jobs: int | None = None,
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
     """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
@@ -92,6 +94,9 @@ def start(
         The user jobs run as when the agent runs as root (default: oz0-job, which
         `oz0-node install-service` creates); `--job-user root` runs them as root, and says
         so. An agent that is not root runs jobs as itself.
+    max_jobs
+        How many job attempts this node runs at once, 1 to 256 (default 4); the cluster
+        places no more on it. Remembered in DIR, so later starts need not repeat it.
     verbose
         Log debug messages too.
     """
@@ -112,6 +117,7 @@ def start(
         launcher=_parse_launcher(launcher),
         default_launcher=console_script(sys.argv[0]),
         job_user=job_user,
+        max_jobs=_parse_max_jobs(max_jobs),
     )
     _configure_logging(verbose)
     purged = trio.run(agent.run_until_signalled, options)
@@ -148,7 +154,10 @@ def status(
     print(f"runtime:   {report['runtime']}")
     jobs = report.get("jobs")
     if isinstance(jobs, dict):
-        print(f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}")
+        at_once = f", at most {jobs['max_jobs']} at once" if "max_jobs" in jobs else ""
+        print(
+            f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}" + at_once
+        )
     cert = report["certificate"]
     if isinstance(cert, dict):
         if cert["expired"]:
@@ -218,6 +227,12 @@ def _parse_launcher(value: Path | None) -> Path | None:
     if path.is_dir():
         raise AgentError(f"--launcher must name a file, and {path} is a directory")
     return path
+
+
+def _parse_max_jobs(value: int | None) -> int | None:
+    if value is not None and not valid_max_jobs(value):
+        raise AgentError(f"--max-jobs must be a whole number from 1 to {MAX_JOBS}, not {value}")
+    return value
 
 
 def _parse_ca_hash(value: str | None) -> str | None:

@@ -1,6 +1,7 @@
 """What the agent knows about itself while it runs, kept on disk as it changes.
 
-node.json remembers (cluster, node ID, tenant, edges, state as last known, launcher);
+node.json remembers (cluster, node ID, tenant, edges, state as last known, launcher,
+max jobs);
 status.json reports (that plus whether a control stream is up and to which server, and
 whether the runtime runs). Every
 change goes through here, so neither file ever lags behind the other.
@@ -13,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from oz0_node import addresses, status
-from oz0_node.identity import IdentityDir, NodeRecord
+from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
 from oz0_node.jobs.isolation import Isolation
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Node:
         state: str | None = None,
         edges: Iterable[str] = (),
         launcher: str | None = None,
+        max_jobs: int | None = None,
     ) -> None:
         """Record what the edge told; unchanged files are not rewritten."""
         before = dataclasses.replace(self.record, edges=list(self.record.edges))
@@ -56,6 +58,8 @@ class Node:
             self.record.state = state
         if launcher is not None:
             self.record.launcher = launcher
+        if max_jobs is not None:
+            self.record.max_jobs = max_jobs
         merged = addresses.merge(self.record.edges, edges)
         if merged != self.record.edges:
             log.info("known edges: %s", ", ".join(merged))
@@ -79,6 +83,15 @@ class Node:
             self.runtime = state
             self.publish()
 
+    def _jobs(self) -> dict[str, object] | None:
+        """How jobs run here: as whom, tracked how, how many at once."""
+        if self.isolation is None:
+            return None
+        return {
+            **self.isolation.describe(self.record.node_id),
+            "max_jobs": self.record.max_jobs or DEFAULT_MAX_JOBS,
+        }
+
     def publish(self) -> None:
         status.write(
             self.identity.data_dir,
@@ -89,6 +102,6 @@ class Node:
                 connected=self.connected,
                 server=self.server,
                 runtime=self.runtime,
-                jobs=self.isolation.describe(self.record.node_id) if self.isolation else None,
+                jobs=self._jobs(),
             ),
         )

@@ -39,7 +39,7 @@ from temporalio.worker import Worker
 from oz0_common import __version__, certs
 from oz0_common.asyncio_portal import PortalStuck, asyncio_portal
 from oz0_node import plugins
-from oz0_node.identity import IdentityDir
+from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir
 from oz0_node.jobs.attempt import AttemptPort, attempt_activity
 from oz0_node.jobs.grants import GrantCheck, RunRecord
 from oz0_node.jobs.manager import AttemptManager
@@ -47,8 +47,11 @@ from oz0_node.jobs.manager import AttemptManager
 log = logging.getLogger(__name__)
 
 DESCRIBE_ACTIVITY = "oz0.node.describe"
-# A node runs what it is given next to its owner's work: keep the worker small.
-MAX_CONCURRENT_ACTIVITIES = 4
+# A node runs what it is given next to its owner's work: keep the worker small. Its
+# attempts' activities only hand them over (then complete asynchronously), each waiting
+# while the manager has no free slot: the worker takes as many at once as the manager runs
+# (`--max-jobs`), so none waits on the worker instead.
+MAX_CONCURRENT_ACTIVITIES = DEFAULT_MAX_JOBS
 CONNECT_TIMEOUT = 10.0
 GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
 # Heartbeats reach Temporal at least this often, so a cancellation reaches an attempt
@@ -77,6 +80,8 @@ class RuntimeSettings:
     # Who takes the attempts (the agent's attempt manager). Without one the runtime
     # offers no job activity.
     attempts: AttemptPort | None = None
+    # How many activities the worker takes at once (the manager's max_running).
+    max_activities: int = MAX_CONCURRENT_ACTIVITIES
 
     @property
     def task_queue(self) -> str:
@@ -247,7 +252,7 @@ class NodeRuntime:
             client,
             task_queue=settings.task_queue,
             activities=self._activities(),
-            max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+            max_concurrent_activities=settings.max_activities,
             graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

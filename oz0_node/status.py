@@ -31,8 +31,9 @@ class Status:
     runtime: str = "stopped"
     pid: int | None = None
     updated_at: str | None = None
-    # {"job_user": NAME, "tracking": "cgroup v2 PATH" | "subreaper" | "process group"}
-    jobs: dict[str, str] | None = None
+    # {"job_user": NAME, "tracking": "cgroup v2 PATH" | "subreaper" | "process group",
+    #  "max_jobs": N}
+    jobs: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {

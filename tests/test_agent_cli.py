@@ -119,6 +119,14 @@ def test_status_before_the_agent_ever_ran_reads_node_json(
             ["start", "--edge", "a:1", "--ca-hash", "sha256:" + "0" * 64, "--label", "novalue"],
             "--label must be KEY=VALUE",
         ),
+        (
+            ["start", "--edge", "a:1", "--ca-hash", "sha256:" + "0" * 64, "--max-jobs", "0"],
+            "--max-jobs must be a whole number from 1 to 256, not 0",
+        ),
+        (
+            ["start", "--max-jobs", "257"],
+            "--max-jobs must be a whole number from 1 to 256, not 257",
+        ),
     ],
 )
 def test_failures_are_one_line_on_stderr(

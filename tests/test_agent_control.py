@@ -179,6 +179,35 @@ async def test_edges_from_the_edge_are_added_to_node_json(
     ]
 
 
+async def test_max_jobs_is_told_on_every_stream_shown_in_the_status_and_remembered(
+    net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """`--max-jobs 6`: the edge is told on each stream (placement puts no more there), the
+    status shows it, and a later start without it (what the systemd unit runs) keeps it."""
+    data = tmp_path / "node"
+    await join_and_stop(net, data, max_jobs=6)
+    for start in (1, 2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data))
+            await net.cluster.wait_for("welcome", start)
+            await trio.sleep(1)
+            jobs = read_json(data / "status.json")["jobs"]
+            nursery.cancel_scope.cancel()
+        assert jobs["max_jobs"] == 6
+    told = [e.detail for e in net.cluster.of_kind("from-node") if e.detail["type"] == "max_jobs"]
+    assert told == [{"type": "max_jobs", "max_jobs": 6}] * 2
+    assert read_json(data / "identity" / "node.json")["max_jobs"] == 6
+    # Given again, it replaces what was remembered.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data, max_jobs=2))
+        await net.cluster.wait_for("welcome", 3)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    told = [e.detail for e in net.cluster.of_kind("from-node") if e.detail["type"] == "max_jobs"]
+    assert told[-1] == {"type": "max_jobs", "max_jobs": 2}
+    assert read_json(data / "identity" / "node.json")["max_jobs"] == 2
+
+
 async def test_unknown_messages_are_ignored_and_the_stream_stays_up(
     net: FakeNet, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -65,7 +65,9 @@ async def test_a_joined_node_keeps_its_identity_in_private_files(
     for path in root.iterdir():
         assert _mode(path) == 0o600, path
     record = read_json(root / "node.json")
-    assert set(record) == {"cluster", "ca_hash", "node_id", "tenant", "state", "edges", "launcher"}
+    assert set(record) == {
+        "cluster", "ca_hash", "node_id", "tenant", "state", "edges", "launcher", "max_jobs"
+    }  # fmt: skip
     assert record["ca_hash"] == cluster.ca_hash
     assert _mode(data / "status.json") == 0o600
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
+import psycopg
 import pytest
 import trio
 import trio.testing
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from fixtures import edge_client
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import NodeKeys
+from fixtures.polling import trio_until
 from fixtures.tls import as_our_client, assert_refused_at_tls
 from oz0 import pki
 from oz0.jobs import store
@@ -460,9 +462,26 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
     )
     ctx = edge_client.verified_context(stranger.ca_pem, stranger)
     await trio.to_thread.run_sync(assert_refused_at_tls, "127.0.0.11", 7443, ctx, "/control")
-    # And the edge still serves the nodes it knows.
-    async with edge_client.control(EDGE_A, known) as (_, first):
+
+    # And the edge still serves the nodes it knows, and records how many attempts one
+    # says it runs at once (placement's bound); what is not 1 to 256 it ignores.
+    def max_jobs() -> int:
+        with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as c:
+            row = c.execute("SELECT max_jobs FROM nodes WHERE id = %s", (known.node_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert max_jobs() == 4
+    async with edge_client.control(EDGE_A, known) as (ws, first):
         assert first["type"] == "welcome" and first["node_id"] == known.node_id
+        await ws.send_message(json.dumps({"type": "max_jobs", "max_jobs": 6}))
+        await trio_until(lambda: max_jobs() == 6, 10, "max_jobs recorded", in_thread=True)
+        for wrong in (0, 257, "7", True, None):
+            await ws.send_message(json.dumps({"type": "max_jobs", "max_jobs": wrong}))
+        await trio.sleep(1)
+        assert await trio.to_thread.run_sync(max_jobs) == 6
+        await ws.send_message(json.dumps({"type": "max_jobs", "max_jobs": 9}))
+        await trio_until(lambda: max_jobs() == 9, 10, "the next max_jobs", in_thread=True)
 
 
 @pytest.mark.slow

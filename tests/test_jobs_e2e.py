@@ -66,8 +66,10 @@ def join_agents(
     agents: list[AgentProcess],
     labels: list[dict[str, str]],
     edges: list[str] | None = None,
+    max_jobs: int | None = None,
 ) -> list[str]:
-    """Agents joined with a token (accepted at once), each with its labels; their IDs."""
+    """Agents joined with a token (accepted at once), each with its labels (and
+    `--max-jobs` if given); their IDs."""
     created = cli(
         "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=files.cli_env
     )
@@ -80,6 +82,7 @@ def join_agents(
             files.ca_hash,
             token=created.json()["token"],
             labels=node_labels,
+            max_jobs=max_jobs,
         ).start()
         agents.append(agent)
         started.append(agent)
@@ -253,6 +256,40 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert ended["attempts"][0]["ended_because"] == "cancelled"
     audit = cli("audit", "list", "--json", env=env).json()
     assert {"job.run", "job.cancel"} <= {e["action"] for e in audit}
+
+
+@pytest.mark.slow
+def test_a_node_started_with_max_jobs_6_runs_6_attempts_at_once(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    """`oz0-node start --max-jobs 6`: six jobs for the node run together (each one's run
+    overlaps every other's), not four then two: the agent takes six, and the cluster,
+    told so on the node's stream, places six there."""
+    files, env = one_server, one_server.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], max_jobs=6)
+    assert agents[0].status()["jobs"]["max_jobs"] == 6
+    length = 6.0
+    ids = []
+    for _ in range(6):
+        ran = cli(
+            "job", "run", "--node", node, "--detach", "--json", "--",
+            "sh", "-c", f"date +%s.%N; sleep {length:g}; date +%s.%N", env=env,
+        )  # fmt: skip
+        assert ran.code == 0, ran.err
+        ids.append(ran.json()["id"])
+    spans = []
+    for job_id in ids:
+        done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 60)
+        assert done["state"] == "succeeded", done
+        assert len(done["attempts"]) == 1
+        began, ended = (
+            float(t) for t in b"".join(d for _, _, d in output_of(files, job_id)).split()
+        )
+        spans.append((began, ended))
+    latest_start = max(b for b, _ in spans)
+    earliest_end = min(e for _, e in spans)
+    print(f"6 attempts: started within {latest_start - min(b for b, _ in spans):.2f} s")
+    assert latest_start < earliest_end, f"not all six ran at once: {sorted(spans)}"
 
 
 def moved(files: ClusterFiles, job_id: str, timeout: float) -> float:

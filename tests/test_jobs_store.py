@@ -425,6 +425,30 @@ def test_a_node_with_every_slot_taken_gets_no_more_attempts(
     assert place(conn, full, 1).node == node  # a slot is free again
 
 
+def test_a_node_takes_as_many_attempts_as_its_agent_says_it_runs(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """`oz0-node start --max-jobs 6`: its edge records 6, and placement goes by it."""
+    node = add_node(conn)
+    with conn.transaction():
+        nodes.set_max_jobs(conn, node, 6)
+    running = [new_job(conn) for _ in range(6)]
+    for job in running:
+        assert place(conn, job, 1).node == node
+    placed = place(conn, new_job(conn), 1)
+    assert placed.node is None
+    assert placed.reason == "the one connected node is busy: it runs 6 attempts, its most"
+    # Said lower (a restart with --max-jobs 2): nothing more until it runs fewer than 2.
+    with conn.transaction():
+        nodes.set_max_jobs(conn, node, 2)
+        for job in running[:4]:
+            store.end_attempt(conn, job.id, 1, "exit", 0)
+    assert place(conn, new_job(conn), 1).node is None
+    with conn.transaction():
+        store.end_attempt(conn, running[4].id, 1, "exit", 0)
+    assert place(conn, new_job(conn), 1).node == node
+
+
 @pytest.mark.parametrize("state", ["blocked", "pending", "rejected", "purging"])
 def test_placement_takes_only_accepted_nodes_even_when_another_is_connected_and_idle(
     conn: psycopg.Connection[Any], state: str

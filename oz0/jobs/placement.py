@@ -2,8 +2,9 @@
 choice; or, when no node can take it now, why (what `job show` says while it waits).
 
 Candidates are accepted, connected nodes (oz0.nodes.CONNECTED) of the job's tenant with
-every label of its selector, and its one node if it names one; a node runs NODE_SLOTS
-attempts at most.
+every label of its selector, and its one node if it names one; a node runs at most as many
+attempts as it says it takes (`oz0-node start --max-jobs`, the row's max_jobs; NODE_SLOTS
+until it says).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def _lock_for_placement(conn: Conn, tenant: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
 
 
-# A node runs this many activities at once (oz0_node.runtime.MAX_CONCURRENT_ACTIVITIES):
-# an attempt is placed only where a slot is free, so none waits on a full node's queue.
+# A node runs as many attempts at once as its row's max_jobs (what its agent said on its
+# control stream; this by default, oz0_node.identity.DEFAULT_MAX_JOBS): an attempt is placed
+# only where a slot is free, so none waits on a full node's queue.
 NODE_SLOTS = 4
 _RUNNING_ON_NODE = (
     "(SELECT count(*) FROM job_attempts a WHERE a.node_id = nodes.id AND a.state = 'running')"
@@ -75,7 +77,7 @@ def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> 
     if job.ended:
         return Placed(number, None, ended=True)
     _lock_for_placement(conn, job.tenant)
-    candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < %(slots)s", slots=NODE_SLOTS)
+    candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < nodes.max_jobs")
     row = conn.execute(
         "SELECT nodes.id FROM nodes" + candidates.sql
         + f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random() LIMIT 1",
@@ -146,15 +148,16 @@ def _why_no_node(conn: Conn, job: Job) -> str:
     selector = ",".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
     wanted = _matching(job)
     row = conn.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {nodes.CONNECTED}) FROM nodes" + wanted.sql,
+        f"SELECT count(*), count(*) FILTER (WHERE {nodes.CONNECTED}),"
+        f" max(nodes.max_jobs) FILTER (WHERE {nodes.CONNECTED}) FROM nodes" + wanted.sql,
         {**wanted.params, **nodes.CONNECTED_PARAMS},
     ).fetchone()
     matching, connected = (int(row[0]), int(row[1])) if row else (0, 0)
     if connected == 1:
         which = f"node {job.node}" if job.node else "the one connected node"
-        return f"{which} is busy: it runs {NODE_SLOTS} attempts, its most"
+        return f"{which} is busy: it runs {row[2] if row else NODE_SLOTS} attempts, its most"
     if connected:
-        return f"all {connected} connected nodes are busy: each runs {NODE_SLOTS} attempts"
+        return f"all {connected} connected nodes are busy: each runs as many attempts as it takes"
     if job.node:
         if matching:
             return f"node {job.node} is not connected"

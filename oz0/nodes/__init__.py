@@ -94,6 +94,7 @@ from oz0.nodes._streams import (
     disconnected,
     not_accepted,
     seen,
+    set_max_jobs,
     streams_recorded,
 )
 
@@ -161,6 +162,7 @@ __all__ = [
     "seen",
     "select_ids",
     "select_labels",
+    "set_max_jobs",
     "streams_recorded",
     "unblock",
     "unblock_many",

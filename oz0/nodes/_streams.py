@@ -96,6 +96,15 @@ def connected(conn: psycopg.Connection[Any], node_id: str, server_id: str) -> No
     )
 
 
+def set_max_jobs(conn: psycopg.Connection[Any], node_id: str, count: int) -> None:
+    """How many attempts the node says it runs at once (placement's bound); unchanged rows
+    are not written, as every stream of the node says it again."""
+    conn.execute(
+        "UPDATE nodes SET max_jobs = %s WHERE id = %s AND max_jobs <> %s",
+        (count, node_id, count),
+    )
+
+
 def _id_list(node_ids: list[str]) -> str:
     """NODE_IDS as one text parameter for string_to_array: an edge sends thousands of IDs
     every second or so, and one string costs psycopg nothing next to a list's dumper.

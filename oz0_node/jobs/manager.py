@@ -5,9 +5,10 @@ command, its output file and its exit status, so neither a server's restart nor 
 agent's touches the command. This manager, one per agent and in Trio:
 
 - starts an attempt's supervisor when the runtime's activity hands the attempt over
-  (`start`, from the runtime's asyncio thread through AttemptPort), at most MAX_RUNNING at
-  once; the activity then completes asynchronously: from here on the node speaks for the
-  attempt over whatever control stream it has, and the edge speaks to Temporal for it;
+  (`start`, from the runtime's asyncio thread through AttemptPort), at most `max_running`
+  at once (`oz0-node start --max-jobs`); the activity then completes asynchronously: from
+  here on the node speaks for the attempt over whatever control stream it has, and the
+  edge speaks to Temporal for it;
 - tells the cluster every ALIVE_EVERY which attempts run here (`attempt_alive`): the edge
   records a heartbeat for each, so a node is lost for a job only once no server has heard
   from it for the job's lost-after;
@@ -40,6 +41,7 @@ from typing import Any
 import trio
 
 from oz0_common.files import write_private
+from oz0_node.identity import DEFAULT_MAX_JOBS
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import NODE_STOPPING
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
@@ -50,7 +52,6 @@ from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)
 
-MAX_RUNNING = 4
 ALIVE_EVERY = 1.0
 # How often a followed attempt's output file and status are looked at.
 FOLLOW_EVERY = 0.1
@@ -140,9 +141,17 @@ def _meta(directory: Path) -> float:
 
 
 class AttemptManager:
-    def __init__(self, data_dir: Path, isolation: Isolation, link: EdgeLink | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        isolation: Isolation,
+        link: EdgeLink | None = None,
+        *,
+        max_running: int = DEFAULT_MAX_JOBS,
+    ) -> None:
         self.data_dir = data_dir
         self.isolation = isolation
+        self.max_running = max_running
         self.link = link if link is not None else EdgeLink()
         self._live: dict[Key, Tracked] = {}
         self._reserved = 0
@@ -176,7 +185,7 @@ class AttemptManager:
 
     def try_reserve(self) -> bool:
         """A slot for one more attempt, if one is free (AttemptPort waits for one)."""
-        if len(self._live) + self._reserved >= MAX_RUNNING:
+        if len(self._live) + self._reserved >= self.max_running:
             return False
         self._reserved += 1
         return True

@@ -18,6 +18,9 @@ database, that the attempt is placed on this very node (docs/node-protocol.md):
 - `attempt_done` {"job", "attempt", "result" | "failure" | "cancelled"}: the activity
   completed, failed (non-retryable, of the node's type and message) or reported cancelled,
   answered `attempt_done_ack` {"stored", "reason": null | "ended" | "unavailable"}.
+- `max_jobs` {"max_jobs": N} (1..MAX_JOBS): how many attempts the node runs at once,
+  sent once on each stream; recorded on the node's row for placement, tried again while the
+  database is away. Nothing is answered.
 
 Every Temporal call has a deadline (CALL_TIMEOUT) and runs in a task of the stream's own:
 the stream goes on reading meanwhile. A stream has one attempt_alive at Temporal at a time
@@ -41,11 +44,13 @@ from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle, 
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from oz0 import nodes
 from oz0.jobs import store
 from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.wire import Closed, Wire
+from oz0.store.outage import Outage, until_it_works
 from oz0_common.asyncio_portal import CallCancelled, PortalClosed
 
 log = logging.getLogger(__name__)
@@ -54,7 +59,11 @@ ALIVE = "attempt_alive"
 DONE = "attempt_done"
 STOP = "attempt_stop"
 DONE_ACK = "attempt_done_ack"
+MAX_JOBS_SAID = "max_jobs"
 MAX_ALIVE = 100
+# The bounds of a node's max_jobs: the nodes table's check, `oz0-node start --max-jobs`
+# (oz0_node.identity.MAX_JOBS).
+MAX_JOBS = 256
 # A result is a few numbers and flags (today's activity result); a failure one line.
 MAX_RESULT = 16 * 1024
 MAX_FAILURE_TYPE = 100
@@ -151,8 +160,22 @@ class NodeAttempts:
                 self._alive(message)
             elif kind == DONE:
                 await self._done(Done.parse(message))
+            elif kind == MAX_JOBS_SAID:
+                self._nursery.start_soon(self._record_max_jobs, _max_jobs(message))
         except BadAttemptMessage as e:
             log.warning("node %s sent an %s that is not one (%s); ignored", self._node_id, kind, e)
+
+    async def _record_max_jobs(self, count: int) -> None:
+        """The node's max_jobs on its row, once the database takes it (the stream's life
+        at most): placement would otherwise go on with the old figure until the next
+        stream."""
+        outage = Outage(f"recording node {self._node_id}'s max_jobs", log)
+        await until_it_works(
+            outage,
+            lambda: self._edge.db.transaction(
+                lambda conn: nodes.set_max_jobs(conn, self._node_id, count)
+            ),
+        )
 
     def _alive(self, message: dict[str, Any]) -> None:
         entries = message.get("attempts")
@@ -279,6 +302,13 @@ class NodeAttempts:
         except Closed:
             return False
         return True
+
+
+def _max_jobs(message: dict[str, Any]) -> int:
+    count = message.get("max_jobs")
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_JOBS:
+        raise BadAttemptMessage(f"max_jobs is a whole number from 1 to {MAX_JOBS}")
+    return count
 
 
 # --- on the jobs role's asyncio loop (JobsRole.in_namespace) ------------------------------

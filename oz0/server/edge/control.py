@@ -167,7 +167,7 @@ async def _receive_from_node(
     is answered (renew.py); a job's output is stored and acknowledged (job_output.py); an
     attempt the node refused is audited, within its budget (attempt_refusals.py); what
     the node says of its running attempts goes to Temporal (attempts.py), in tasks of
-    their own.
+    their own, and how many it runs at once to its row.
     """
     node_id = beat.node_id
     try:
@@ -188,7 +188,7 @@ async def _receive_from_node(
                 await job_output.receive(edge, ws, node_id, message)
             elif message.get("type") == attempt_refusals.REFUSED:
                 await edge.attempt_refusals.refused(node_id, tenant, message)
-            elif message.get("type") in (attempts.ALIVE, attempts.DONE):
+            elif message.get("type") in (attempts.ALIVE, attempts.DONE, attempts.MAX_JOBS_SAID):
                 await reports.received(message)
     except Closed:
         pass
