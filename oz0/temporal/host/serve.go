@@ -62,6 +62,15 @@ func ack(id json.RawMessage, extra map[string]any) {
 	emit(m)
 }
 
+// surviveBrokenPipes: our stdout and stderr are pipes to the server. When the server dies
+// (SIGKILL), stdin's EOF starts a graceful stop, whose first log line meets a broken pipe:
+// Go's default for a write to fd 1 or 2 then is to die of SIGPIPE, before the host has
+// left Temporal's membership, and the other hosts wait out the membership timeout for its
+// shards. Ignored, the write fails (the line is lost with its reader) and the stop finishes.
+func surviveBrokenPipes() {
+	signal.Ignore(syscall.SIGPIPE)
+}
+
 func serve(cfg *HostConfig, in *bufio.Reader) int {
 	t0 := time.Now()
 	logger := newLogger(cfg.LogLevel)
@@ -72,6 +81,8 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 	}
 	table := newAuthz(cfg.Nodes)
 	table.setOperators(cfg.Operators)
+
+	surviveBrokenPipes()
 
 	// stop reasons: "eof", "stop", "signal"
 	stopCh := make(chan string, 4)
