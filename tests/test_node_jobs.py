@@ -763,7 +763,7 @@ def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_ca
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
             await hand(manager, spec("sh", "-c", "echo $$; exec sleep 60"))
-            await until(lambda: bool(edge.sent))
+            await until(lambda: edge.text().strip().isdigit())  # its PID, stored
             await hand(manager, spec("sh", "-c", "sleep 1; echo second", attempt=2))
             # A record of no stream this node knows at the end of the first's output file.
             [damaged] = [s for s in supervisor.find_all(tmp_path) if s.attempt == 1]
