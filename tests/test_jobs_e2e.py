@@ -580,6 +580,9 @@ class RogueAttempt:
             await workflow.execute_activity(
                 "oz0.job.attempt",
                 raw,
+                # As the job workflow names attempts (under Temporal's own ID the node would
+                # hold the activity and answer it itself, tests/test_jobs_before_upgrade.py).
+                activity_id=f"attempt-{raw['attempt']}",
                 task_queue=queue,
                 schedule_to_start_timeout=dt.timedelta(seconds=15),
                 start_to_close_timeout=dt.timedelta(seconds=20),

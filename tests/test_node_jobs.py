@@ -9,8 +9,11 @@ Processes run on real time, with generous bounds.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import dataclasses
+import datetime as dt
 import itertools
 import json
 import logging
@@ -61,6 +64,8 @@ JOB = "job-00000000abcd"
 CLUSTER_CA = pki.new_ca("test", "cluster")
 # Generous: the slowest case is a kill after the grace.
 ATTEMPT_BOUND = 20.0
+# What workflows from before attempts had IDs of their own schedule (oz0/jobs/workflow.py).
+OLD_HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
 
 # How the fake edge answers one job_output: an ack's fields, no answer (None), or the
 # stream failing under the send (LinkDown).
@@ -190,15 +195,22 @@ class TrioPort:
     manager: AttemptManager
 
     async def start(
-        self, spec: SupervisedSpec, lost_after: float, beat: Callable[[], None]
+        self,
+        spec: SupervisedSpec,
+        lost_after: float,
+        beat: Callable[[], None],
+        answer: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         while not self.manager.try_reserve():
             beat()
             await trio.sleep(0.2)
-        await self.manager.start(spec, lost_after)
+        await self.manager.start(spec, lost_after, answer)
 
     async def notify(self, kind: str, fields: dict[str, Any], within: float) -> None:
         await self.manager.link.send(kind, fields, within)
+
+    async def stop(self, job_id: str, attempt: int, why: str) -> None:
+        self.manager.stop(job_id, attempt, why)
 
 
 @contextlib.asynccontextmanager
@@ -925,27 +937,53 @@ async def net(nursery: trio.Nursery) -> AsyncIterator[FakeNet]:
 @dataclass(eq=False)
 class AttemptRuntime:
     """A runtime whose worker takes one real attempt (the real activity, in asyncio on a
-    thread of its own, as the worker runs it) and hands it over to the agent's manager."""
+    thread of its own, as the worker runs it) and hands it over to the agent's manager.
+
+    Its activity is ACTIVITY_ID, as the workflow scheduled it (anything but `attempt-1`:
+    by a workflow from before the upgrade); its heartbeats' times go to BEATS. Once
+    CANCEL is set its activity is cancelled, as by its worker's stop if SHUTDOWN."""
 
     settings: RuntimeSettings
     raw: dict[str, Any]
     outcomes: list[object]
+    activity_id: str = "attempt-1"
+    beats: list[float] = field(default_factory=list)
+    cancel: threading.Event | None = None
+    shutdown: bool = False
 
     async def run(self, running: Callable[[], None]) -> None:
         running()
         if self.outcomes:  # one attempt per test, not one per stream
             await trio.sleep_forever()
         fn = NodeRuntime(self.settings)._activities()[1]
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(
+            env.info, activity_id=self.activity_id, heartbeat_timeout=OLD_HEARTBEAT_TIMEOUT
+        )
+        env.on_heartbeat = lambda *_: self.beats.append(time.monotonic())
 
         def in_asyncio() -> object:
+            async def cancel_when_told(cancel: threading.Event) -> None:
+                await asyncio.to_thread(cancel.wait)
+                if self.shutdown:
+                    env.worker_shutdown()
+                env.cancel()
+
             async def attempt() -> object:
-                return await ActivityEnvironment().run(fn, self.raw)
+                if self.cancel is None:
+                    return await env.run(fn, self.raw)
+                told = asyncio.ensure_future(cancel_when_told(self.cancel))
+                try:
+                    return await env.run(fn, self.raw)
+                finally:
+                    self.cancel.set()  # the waiting thread ends either way
+                    await told
 
             try:
                 return asyncio_run(attempt())
             except ApplicationError as e:
                 return e
-            except BaseException as e:  # raise_complete_async: handed over
+            except BaseException as e:  # raise_complete_async: handed over; cancelled
                 return type(e).__name__
 
         self.outcomes.append(await trio.to_thread.run_sync(in_asyncio))
@@ -956,8 +994,6 @@ class AttemptRuntime:
 
 
 def asyncio_run(coroutine: Any) -> object:
-    import asyncio
-
     return asyncio.run(coroutine)
 
 
@@ -1002,6 +1038,125 @@ async def test_the_agent_hands_attempts_to_its_manager_which_reports_over_the_st
         e.detail for e in net.cluster.of_kind("from-node") if e.detail["type"] == "attempt_alive"
     ]
     assert alive and alive[0]["attempts"] == [{"job": JOB, "attempt": 1}]
+
+
+def from_node(net: FakeNet, kind: str) -> list[dict[str, Any]]:
+    return [e.detail for e in net.cluster.of_kind("from-node") if e.detail["type"] == kind]
+
+
+async def held_attempt(
+    net: FakeNet, data: Path, script: str, **options: Any
+) -> tuple[AttemptRuntime, str]:
+    """An agent whose runtime takes one attempt of SCRIPT under a numeric activity ID, as a
+    workflow from before the upgrade schedules it (OPTIONS: AttemptRuntime's), until the
+    activity has returned; the runtime and the node's ID."""
+    node_id = await join_and_stop(net, data)
+    runtimes: list[AttemptRuntime] = []
+
+    def factory(settings: RuntimeSettings) -> AttemptRuntime:
+        raw = unsigned("sh", "-c", script)
+        grant = signed(raw, net.cluster.ca, node_id=settings.node_id, tenant=settings.namespace)
+        runtimes.append(AttemptRuntime(settings, grant, [], activity_id="7", **options))
+        return runtimes[-1]
+
+    with trio.fail_after(ATTEMPT_BOUND):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda: agent.run(
+                    agent.StartOptions(data_dir=data),
+                    open_stream=net.open_stream,
+                    rng=LongestWait(),
+                    runtime_factory=factory,
+                )
+            )
+            await until(lambda: bool(runtimes) and bool(runtimes[0].outcomes))
+            # Whatever the manager would still say about it, said by now.
+            await until(lambda: not supervisor.find_all(data))
+            await trio.sleep(1.5)
+            nursery.cancel_scope.cancel()
+    return runtimes[0], node_id
+
+
+async def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_result(
+    net: FakeNet, tmp_path: Path
+) -> None:
+    runtime, node_id = await held_attempt(
+        net, tmp_path / "node", 'echo "$OZ0_NODE_ID"; sleep 2.5; echo done'
+    )
+    [result] = runtime.outcomes
+    assert isinstance(result, dict), result
+    assert (result["exit_code"], result["ended_because"]) == (0, "exit")
+    assert result["output_complete"] is True
+    # Its own heartbeats, at least every HEARTBEAT_EVERY while it ran.
+    assert len(runtime.beats) >= 3
+    gaps = [b - a for a, b in itertools.pairwise(runtime.beats)]
+    assert max(gaps) < attempt_module.HEARTBEAT_EVERY + 0.5, gaps
+    # Its output goes to the edge as any attempt's; nothing else does.
+    sent = from_node(net, "job_output")
+    text = b"".join(base64.b64decode(m["data"]) for m in sorted(sent, key=lambda m: m["seq"]))
+    assert text == f"{node_id}\ndone\n".encode()
+    assert from_node(net, "attempt_alive") == [] and from_node(net, "attempt_done") == []
+
+
+@pytest.mark.parametrize("shutdown", [False, True])
+async def test_a_held_attempt_cancelled_ends_its_command_first(
+    net: FakeNet, tmp_path: Path, pids: list[int], shutdown: bool
+) -> None:
+    cancel = threading.Event()
+    data = tmp_path / "node"
+
+    async def cancel_once_running() -> None:
+        await until(lambda: bool(from_node(net, "job_output")))
+        cancel.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_once_running)
+        runtime, _ = await held_attempt(
+            net, data, "echo $$; exec sleep 60", cancel=cancel, shutdown=shutdown
+        )
+    [sent] = from_node(net, "job_output")
+    pid = int(base64.b64decode(sent["data"]))
+    pids.append(pid)
+    assert gone(pid)
+    [outcome] = runtime.outcomes
+    if shutdown:
+        # As before the upgrade: the runtime's stop ends it, and says so.
+        assert isinstance(outcome, ApplicationError), outcome
+        assert outcome.type == attempt_module.NODE_STOPPING
+    else:
+        assert outcome == "CancelledError"
+    assert from_node(net, "attempt_alive") == [] and from_node(net, "attempt_done") == []
+
+
+def test_a_new_agent_ends_a_held_attempt_it_finds_and_reports_nothing_of_it(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    first, second = FakeEdge(), FakeEdge()
+    answers: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        async with node_manager(tmp_path, first) as manager:
+            # Held, as the activity hands over an attempt scheduled before the upgrade.
+            await hand_over(
+                spec("sh", "-c", "echo $$; exec sleep 60"),
+                node_id=NODE_ID,
+                port=TrioPort(manager),
+                grants=grants_for(manager.data_dir),
+                lost_after=10.0,
+                answer=answers.append,
+            )
+            await until(lambda: bool(first.sent))
+        (pid,) = printed_pids(first, pids)
+        assert not gone(pid)
+        async with node_manager(tmp_path, second) as manager:
+            assert len(manager) == 1, "the new agent found the attempt"
+            await until(lambda: not len(manager))
+        assert gone(pid)
+        await trio.sleep(1.5)  # an attempt_alive would have gone by now
+
+    trio.run(main)
+    assert first.alive == [] and second.alive == []
+    assert first.done == [] and second.done == [] and answers == []
 
 
 def test_logging_names_the_attempt(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:

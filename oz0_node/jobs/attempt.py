@@ -12,6 +12,17 @@ Once handed over the activity completes asynchronously (`raise_complete_async`):
 speaks for the attempt over whatever control stream it has, and the edge speaks to
 Temporal for it by activity ID, so neither a server's restart nor the agent's ends it.
 
+Unless its activity is not `attempt-N`: a workflow started before attempts had IDs of their
+own (a job queued or running across a rolling upgrade) replays without that patch and
+schedules attempts under Temporal's numeric IDs, with the old short heartbeat timeout. No
+edge can complete those by ID, so such an attempt is *held*, the old way (`run_held`): the
+activity stays open for the command's life, heartbeats on this runtime's worker every
+HEARTBEAT_EVERY and returns the attempt's result itself, or fails as the edge would have
+failed it. The manager still relays its output, but reports nothing else of it to the edge
+(nothing there could act on it). It ends with the runtime (NodeStopping), as attempts did
+before the upgrade, and a new agent that finds one ends it: nobody can complete its
+activity any more (docs/run-a-cluster.md, "Upgrade a cluster").
+
 An attempt may carry the job's secrets (`secrets`: sealed to this node's key for this job,
 attempt and node; oz0_common/sealed_env.py). They are opened with the node's key as the
 attempt is read and given to the supervisor over a pipe, for the process's environment
@@ -24,6 +35,8 @@ Runs in the runtime's asyncio loop (temporalio is asyncio-only), never in Trio.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -40,6 +53,7 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
 from oz0_node.jobs.isolation import Limits, parse_limits
+from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.supervisor import SupervisedSpec
 from oz0_node.messages import Message
 
@@ -65,6 +79,21 @@ ATTEMPT_REFUSED = "AttemptRefused"
 # The message that tells the edge of a refusal, and how long its sending may take.
 REFUSED = "attempt_refused"
 REPORT_WITHIN = 5.0
+
+# A held attempt's heartbeats: well inside the heartbeat timeout workflows from before the
+# upgrade schedule it with (oz0/jobs/workflow.py HEARTBEAT_TIMEOUT, 10 s).
+HEARTBEAT_EVERY = 1.0
+# Why a held attempt is ended when its activity is: cancelled (by its workflow, or gone
+# from Temporal), or its worker stopping with the runtime.
+CANCELLED = "cancelled"
+RUNTIME_STOPPING = "the runtime stopped"
+# How long a cancelled held attempt waits for its command to have ended before the
+# cancellation is reported (the supervisor's SIGTERM, then SIGKILL after KILL_GRACE).
+CANCEL_WITHIN = KILL_GRACE + 5.0
+
+# What a held attempt's manager answers it with once it has ended: the fields an
+# attempt_done would carry (one of result, failure, cancelled). Called in Trio's thread.
+Answer = Callable[[Message], None]
 
 
 @dataclass(frozen=True)
@@ -174,10 +203,22 @@ class AttemptPort(Protocol):
     """The agent's attempt manager as this activity reaches it (manager.AttemptPort)."""
 
     async def start(
-        self, spec: SupervisedSpec, lost_after: float, beat: Callable[[], None]
+        self,
+        spec: SupervisedSpec,
+        lost_after: float,
+        beat: Callable[[], None],
+        answer: Answer | None = None,
     ) -> None: ...
 
     async def notify(self, kind: str, fields: Message, within: float) -> None: ...
+
+    async def stop(self, job_id: str, attempt: int, why: str) -> None: ...
+
+
+def by_id(raw: object, activity_id: str) -> bool:
+    """Whether ACTIVITY_ID is `attempt-N` for RAW's attempt N: scheduled by a workflow
+    that has the ID patch, so the edge completes it (else it is held)."""
+    return isinstance(raw, dict) and activity_id == f"attempt-{raw.get('attempt')}"
 
 
 async def hand_over(
@@ -189,10 +230,12 @@ async def hand_over(
     open_secrets: SecretOpener | None = None,
     lost_after: float = DEFAULT_LOST_AFTER,
     beat: Callable[[], None] = lambda: None,
+    answer: Answer | None = None,
 ) -> SupervisedSpec:
     """Check RAW's grant, read it, and hand it to the manager (which starts its supervisor
     once a slot is free, BEAT called meanwhile); what was handed over. OPEN_SECRETS opens
-    its `secrets` (node_secrets); without it, secrets are refused."""
+    its `secrets` (node_secrets); without it, secrets are refused. With ANSWER the attempt
+    is held: its end is given to ANSWER, not reported to the edge."""
     await _check_grant(raw, grants, port)
     spec = AttemptSpec.parse(raw, open_secrets)
     supervised = SupervisedSpec(
@@ -206,7 +249,7 @@ async def hand_over(
         limits=spec.limits,
     )
     try:
-        await port.start(supervised, lost_after, beat)
+        await port.start(supervised, lost_after, beat, answer)
     except OSError as e:
         raise ApplicationError(
             f"job {spec.job_id} attempt {spec.attempt}: cannot make its directory on the "
@@ -214,8 +257,96 @@ async def hand_over(
             type=NO_WORKDIR,
             non_retryable=True,
         ) from None
-    log.info("job %s attempt %d: handed to its supervisor", spec.job_id, spec.attempt)
+    log.info(
+        "job %s attempt %d: handed to its supervisor%s",
+        spec.job_id,
+        spec.attempt,
+        "" if answer is None else " (held: scheduled by a workflow from before the upgrade)",
+    )
     return supervised
+
+
+async def run_held(
+    raw: object,
+    *,
+    node_id: str,
+    port: AttemptPort,
+    grants: GrantCheck,
+    open_secrets: SecretOpener | None = None,
+    lost_after: float = DEFAULT_LOST_AFTER,
+    heartbeat: Callable[[], None] = activity.heartbeat,
+    worker_stopping: Callable[[], bool] = activity.is_worker_shutdown,
+) -> dict[str, object]:
+    """Hand RAW over as a held attempt and keep this activity open until it has ended,
+    HEARTBEAT every HEARTBEAT_EVERY: its result, or its failure raised as the edge would
+    have failed its activity. Cancelled, the command is ended first; the cancellation goes
+    on up, or, when WORKER_STOPPING (the runtime stops), NodeStopping, as before the
+    upgrade."""
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[Message] = loop.create_future()
+
+    def answer(fields: Message) -> None:
+        with contextlib.suppress(RuntimeError):  # the runtime's loop is gone: nobody waits
+            loop.call_soon_threadsafe(_settle, answered, fields)
+
+    spec = await hand_over(
+        raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
+        lost_after=lost_after, beat=heartbeat, answer=answer,
+    )  # fmt: skip
+    try:
+        fields = await _beating(answered, heartbeat)
+    except asyncio.CancelledError:
+        stopping = worker_stopping()
+        await port.stop(spec.job_id, spec.attempt, RUNTIME_STOPPING if stopping else CANCELLED)
+        if stopping:
+            raise ApplicationError(
+                f"job {spec.job_id} attempt {spec.attempt}: the node's runtime stopped "
+                "(an attempt scheduled before the upgrade ends with it)",
+                type=NODE_STOPPING,
+                non_retryable=True,
+            ) from None
+        log.info("job %s attempt %d: cancelled; ending it", spec.job_id, spec.attempt)
+        # Reported cancelled once the command has ended (the old activity's promise too).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(answered), CANCEL_WITHIN)
+        raise
+    return returned(fields)
+
+
+def _settle(answered: asyncio.Future[Message], fields: Message) -> None:
+    if not answered.done():
+        answered.set_result(fields)
+
+
+async def _beating(answered: asyncio.Future[Message], heartbeat: Callable[[], None]) -> Message:
+    """ANSWERED's fields once it has them, HEARTBEAT called every HEARTBEAT_EVERY until."""
+    while True:
+        heartbeat()
+        try:
+            return await asyncio.wait_for(asyncio.shield(answered), HEARTBEAT_EVERY)
+        except TimeoutError:
+            continue
+
+
+def returned(fields: Message) -> dict[str, object]:
+    """What the activity gives Temporal for an attempt_done's FIELDS: what the edge would
+    (oz0/server/edge/attempts.py `settling`): the result, or its failure (non-retryable,
+    of the node's type and message)."""
+    result = fields.get("result")
+    if isinstance(result, dict):
+        return result
+    failure = fields.get("failure")
+    if isinstance(failure, dict):
+        raise ApplicationError(
+            str(failure.get("message")), type=str(failure.get("type")), non_retryable=True
+        )
+    # Ended as cancelled while its activity was not: only the cluster's word could do that,
+    # which a held attempt never asks for (it sends no attempt_alive).
+    raise ApplicationError(
+        f"job {fields.get('job')} attempt {fields.get('attempt')}: ended on the node",
+        type=NODE_STOPPING,
+        non_retryable=True,
+    )
 
 
 async def _check_grant(raw: object, grants: GrantCheck, port: AttemptPort) -> None:
@@ -247,17 +378,24 @@ def attempt_activity(
     data_dir: Path,
     port: AttemptPort,
     grants: GrantCheck,
-) -> Callable[[dict[str, Any]], Coroutine[Any, Any, None]]:
+) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
     """The `oz0.job.attempt` activity of one runtime: hands each attempt to PORT."""
     open_secrets = node_secrets(IdentityDir(data_dir), node_id)
 
     @activity.defn(name=ACTIVITY)
-    async def attempt(raw: dict[str, Any]) -> None:
-        timeout = activity.info().heartbeat_timeout
+    async def attempt(raw: dict[str, Any]) -> dict[str, object]:
+        info = activity.info()
+        timeout = info.heartbeat_timeout
+        lost_after = timeout.total_seconds() if timeout else DEFAULT_LOST_AFTER
+        if not by_id(raw, info.activity_id):
+            # Scheduled by a workflow from before the upgrade: no edge can complete it.
+            return await run_held(
+                raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
+                lost_after=lost_after,
+            )  # fmt: skip
         await hand_over(
             raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
-            lost_after=timeout.total_seconds() if timeout else DEFAULT_LOST_AFTER,
-            beat=activity.heartbeat,
+            lost_after=lost_after, beat=activity.heartbeat,
         )  # fmt: skip
         # From here the node reports on it over its control stream; the edge completes it.
         activity.raise_complete_async()

@@ -24,12 +24,20 @@ agent's touches the command. This manager, one per agent and in Trio:
   has given it up by then: "a command is ended with its attempt").
 
 A new agent finds the attempts of the last one (`supervisor.find_all`) and carries on.
+
+A *held* attempt (scheduled by a workflow from before the upgrade, attempt.py `run_held`)
+is the same but for its end and its heartbeats, which are its activity's own: the manager
+sends no `attempt_alive` for it (no edge could heartbeat an activity that is not
+`attempt-N`) and gives its end to the activity (`answer`) rather than as an
+`attempt_done`. DIR/attempt.json says it is held, so that a new agent ends it: the
+activity went with the last agent and nobody can complete it any more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -43,7 +51,7 @@ import trio
 from oz0_common.files import write_private
 from oz0_node.identity import DEFAULT_MAX_JOBS
 from oz0_node.jobs import supervisor
-from oz0_node.jobs.attempt import NODE_STOPPING
+from oz0_node.jobs.attempt import ATTEMPT_ENDED, NODE_STOPPING, Answer
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.process import KILL_GRACE
@@ -73,6 +81,8 @@ UNREPORTED = ("ended", "blocked", "removed", "purged", "lost")
 # Why, and the failure's type, when the node itself could not follow an attempt further.
 FAULT = "fault"
 NODE_FAULT = "NodeFault"
+# Why a new agent ends a held attempt it finds.
+ORPHANED = "its activity went with the previous agent"
 
 Key = tuple[str, int]
 
@@ -122,6 +132,10 @@ class Tracked:
     stop_why: str | None = None
     output_dropped: bool = False
     done: trio.Event = field(default_factory=trio.Event)
+    # Held: its activity, not the edge, takes its end (ANSWER; None once that activity
+    # is gone with a previous agent).
+    held: bool = False
+    answer: Answer | None = None
 
     @property
     def key(self) -> Key:
@@ -132,12 +146,14 @@ class Tracked:
         return f"{self.supervised.job_id} attempt {self.supervised.attempt}"
 
 
-def _meta(directory: Path) -> float:
+def _meta(directory: Path) -> tuple[float, bool]:
+    """DIR/attempt.json: the attempt's lost-after, and whether it is held."""
     try:
-        value = float(json.loads((directory / META_FILE).read_text())["lost_after"])
-        return value if value > 0 else DEFAULT_LOST_AFTER
-    except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_LOST_AFTER
+        raw = json.loads((directory / META_FILE).read_text())
+        value = float(raw["lost_after"])
+        return (value if value > 0 else DEFAULT_LOST_AFTER), raw.get("held") is True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return DEFAULT_LOST_AFTER, False
 
 
 class AttemptManager:
@@ -176,7 +192,11 @@ class AttemptManager:
             for found in supervisor.find_all(self.data_dir):
                 state = "running" if found.alive() else "ended"
                 log.info("re-attached job %s attempt %d (%s)", found.job_id, found.attempt, state)
-                self._track(found, _meta(found.dir))
+                lost_after, held = _meta(found.dir)
+                tracked = self._track(found, lost_after, held=held)
+                if held:
+                    # Its output is still relayed; its end goes to nobody.
+                    self._stop(tracked, ORPHANED)
             nursery.start_soon(self._tell_alive)
             task_status.started()
             await trio.sleep_forever()
@@ -193,27 +213,39 @@ class AttemptManager:
     def release(self) -> None:
         self._reserved -= 1
 
-    async def start(self, spec: SupervisedSpec, lost_after: float) -> None:
+    async def start(
+        self, spec: SupervisedSpec, lost_after: float, answer: Answer | None = None
+    ) -> None:
         """Start SPEC's supervisor in a reserved slot and follow it; OSError if its
-        directory cannot be made (the supervisor reports a command that cannot start)."""
+        directory cannot be made (the supervisor reports a command that cannot start).
+        With ANSWER it is held: its end goes to ANSWER, and the edge hears only its output."""
+        held = answer is not None
         stops = self._stops
         try:
             supervised = await trio.to_thread.run_sync(
                 supervisor.launch, self.data_dir, spec, self.isolation
             )
-            write_private(
-                supervised.dir / META_FILE, json.dumps({"lost_after": lost_after}).encode()
-            )
-            tracked = self._track(supervised, lost_after)
+            meta = {"lost_after": lost_after, **({"held": True} if held else {})}
+            write_private(supervised.dir / META_FILE, json.dumps(meta).encode())
+            tracked = self._track(supervised, lost_after, held=held, answer=answer)
             if self._stops != stops:
                 # The node was blocked, deleted or purged while this one was launched.
                 self._stop(tracked, self._stopped_why)
         finally:
             self.release()
 
-    def _track(self, supervised: Supervised, lost_after: float) -> Tracked:
+    def _track(
+        self,
+        supervised: Supervised,
+        lost_after: float,
+        *,
+        held: bool = False,
+        answer: Answer | None = None,
+    ) -> Tracked:
         assert self._nursery is not None, "start() before run()"
-        tracked = Tracked(supervised, lost_after, RelayState.load(supervised.dir))
+        tracked = Tracked(
+            supervised, lost_after, RelayState.load(supervised.dir), held=held, answer=answer
+        )
         self._live[tracked.key] = tracked
         self._nursery.start_soon(self._follow, tracked)
         return tracked
@@ -255,13 +287,16 @@ class AttemptManager:
         try:
             try:
                 outcome = await self._relay_until_ended(tracked)
-            except Exception as e:  # noqa: BLE001: one attempt's fault must not end the agent
+            except Exception as e:  # noqa: BLE001 (one attempt's fault must not end the agent)
                 # A damaged output or relay file, a full disk, a bug: this attempt cannot
                 # be followed further. It is ended and reported failed; the agent and its
                 # other attempts carry on.
                 log.exception("job %s: cannot follow it further; ending it", tracked.label)
                 outcome = await self._fault(tracked, e)
-            if outcome is not None:
+            if tracked.held:
+                if outcome is not None and tracked.answer is not None:
+                    tracked.answer(outcome)
+            elif outcome is not None:
                 await self._report(tracked, outcome)
             try:
                 await trio.to_thread.run_sync(tracked.supervised.remove)
@@ -307,7 +342,7 @@ class AttemptManager:
                 if status is None:
                     log.warning("job %s: its supervisor died; ending what it left", tracked.label)
                     await trio.to_thread.run_sync(sup.end_leftovers)
-                if tracked.stop_why in UNREPORTED:
+                if tracked.stop_why in UNREPORTED and not tracked.held:
                     return None
                 tracked.output_dropped = tracked.output_dropped or not caught_up
                 return self._outcome(tracked, status)
@@ -337,7 +372,8 @@ class AttemptManager:
                 fields["cancelled"] = True
             else:
                 fields["failure"] = {
-                    "type": NODE_STOPPING,
+                    # Only a held attempt's activity hears of an end the cluster asked for.
+                    "type": ATTEMPT_ENDED if tracked.stop_why == "ended" else NODE_STOPPING,
                     "message": f"job {tracked.label}: ended on the node "
                     f"({tracked.stop_why or 'its supervisor was stopped'})",
                 }
@@ -413,10 +449,11 @@ class AttemptManager:
 
     async def _tell_alive(self) -> None:
         while True:
+            # Not the held ones: no edge can heartbeat their activities (attempt.py).
             entries = [
                 {"job": job, "attempt": number}
                 for (job, number), tracked in self._live.items()
-                if tracked.stop_why not in UNREPORTED
+                if tracked.stop_why not in UNREPORTED and not tracked.held
             ]
             if entries and self.link.is_up:
                 for at in range(0, len(entries), ALIVE_BATCH):
@@ -497,14 +534,28 @@ class AttemptPort:
         )
 
     async def start(
-        self, spec: SupervisedSpec, lost_after: float, beat: Callable[[], None]
+        self,
+        spec: SupervisedSpec,
+        lost_after: float,
+        beat: Callable[[], None],
+        answer: Answer | None = None,
     ) -> None:
-        """Start SPEC once a slot is free (BEAT called meanwhile, to keep the activity)."""
+        """Start SPEC once a slot is free (BEAT called meanwhile, to keep the activity);
+        held if ANSWER (called in Trio's thread)."""
         while not trio.from_thread.run_sync(self.manager.try_reserve, trio_token=self._token):
             beat()
             await asyncio.sleep(0.2)
-        await self._in_trio(self.manager.start, spec, lost_after)
+        await self._in_trio(self.manager.start, spec, lost_after, answer)
 
     async def notify(self, kind: str, fields: Message, within: float) -> None:
         """Send a KIND nothing answers; LinkDown if no stream takes it within WITHIN."""
         await self._in_trio(self.manager.link.send, kind, fields, within)
+
+    async def stop(self, job_id: str, attempt: int, why: str) -> None:
+        """End that attempt (its held activity was cancelled); returns at once."""
+        # The agent may be ending (Trio gone, or the manager's nursery closed: RuntimeError):
+        # its supervisors are the next agent's to end then.
+        with contextlib.suppress(RuntimeError):
+            trio.from_thread.run_sync(
+                self.manager.stop, job_id, attempt, why, trio_token=self._token
+            )
