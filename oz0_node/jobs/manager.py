@@ -287,7 +287,7 @@ class AttemptManager:
         try:
             try:
                 outcome = await self._relay_until_ended(tracked)
-            except Exception as e:  # noqa: BLE001 (one attempt's fault must not end the agent)
+            except Exception as e:  # one attempt's fault must not end the agent
                 # A damaged output or relay file, a full disk, a bug: this attempt cannot
                 # be followed further. It is ended and reported failed; the agent and its
                 # other attempts carry on.
