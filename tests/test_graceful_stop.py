@@ -229,8 +229,8 @@ def test_a_stopping_servers_job_workflows_go_on_at_once_on_the_other(
 ) -> None:
     """Jobs whose workflows only A's job worker has run so far (B starts later), their
     commands running while A is drained: A's worker finishes what it has and lets go of the
-    workflows (its sticky queue), so B's worker takes each next step at once. A worker
-    stopped with the Temporal host under it would leave those steps to time out (10 s)."""
+    workflows (its sticky queue), so B's worker takes each next step at once. A worker not
+    shut down so (seen: `_shutdown` skipped) leaves each step to time out first (10 s)."""
     files = cluster_files
     server_a = start_server(files, SERVER_A)
     context = json.loads(files.context_path.read_text())

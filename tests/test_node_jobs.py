@@ -776,6 +776,7 @@ def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_ca
         async with node_manager(tmp_path, edge) as manager:
             await hand(manager, spec("sh", "-c", "echo $$; exec sleep 60"))
             await until(lambda: edge.text().strip().isdigit())  # its PID, stored
+            printed_pids(edge, pids)  # (the fake edge keys output by seq alone)
             await hand(manager, spec("sh", "-c", "sleep 1; echo second", attempt=2))
             # A record of no stream this node knows at the end of the first's output file.
             [damaged] = [s for s in supervisor.find_all(tmp_path) if s.attempt == 1]
@@ -789,7 +790,7 @@ def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_ca
     assert faulted["failure"]["type"] == NODE_FAULT
     assert "no such stream code 9" in faulted["failure"]["message"]
     assert second["result"]["exit_code"] == 0
-    (pid,) = printed_pids(edge, pids)
+    (pid,) = pids
     assert gone(pid)
     assert not workdirs(1) and not supervisor.find_all(tmp_path)
 
@@ -811,11 +812,18 @@ def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
     edge = FakeEdge()
 
     async def main() -> None:
+        handed = trio.Event()
+
+        async def hand_it(manager: AttemptManager) -> None:
+            await hand(manager, spec("sh", "-c", "echo $$; exec sleep 60"))
+            handed.set()
+
         async with node_manager(tmp_path, edge) as manager, trio.open_nursery() as nursery:
-            nursery.start_soon(hand, manager, spec("sh", "-c", "echo $$; exec sleep 60"))
+            nursery.start_soon(hand_it, manager)
             await until(launching.is_set)
             await manager.stop_all("blocked")
             launched.set()
+            await handed.wait()
             # Ended (a command left running would hold it for 60 s), and not reported.
             await until(lambda: not len(manager), KILL_GRACE + 10)
 
