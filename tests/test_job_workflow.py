@@ -1303,6 +1303,43 @@ async def test_attempt_alive_keeps_a_handed_off_attempt_running_and_attempt_done
         assert (ack["stored"], ack["reason"]) == (False, "ended")
 
 
+def last_heartbeat(served: Served, job_id: str) -> dt.datetime | None:
+    """When Temporal last recorded a heartbeat of the job's pending attempt."""
+
+    async def describe() -> dt.datetime | None:
+        client = await Client.connect(
+            TEMPORAL, namespace="default", tls=server_credentials(served.files).tls()
+        )
+        described = await client.get_workflow_handle(job_id).describe()
+        [pending] = described.raw_description.pending_activities
+        if not pending.HasField("last_heartbeat_time"):
+            return None
+        return pending.last_heartbeat_time.ToDatetime()
+
+    return run_async(describe)
+
+
+async def test_the_edge_heartbeats_an_attempt_once_a_quarter_of_its_lost_after(
+    cli: CliRunner, served: Served
+) -> None:
+    # Temporal writes each heartbeat to the workflow's shard: a node that says alive four
+    # times a second (it says so every second) gets one every 2 s with an 8 s lost-after.
+    async with scripted_nodes(cli, served, 1) as ([node], [queue_], _tag):
+        job_id = await job_run(cli, served, "--node", node.node_id, "--lost-after", "8s")
+        await queue_.next_attempt()
+        seen: set[dt.datetime] = set()
+        began = time.monotonic()
+        while time.monotonic() - began < 6.0:
+            await node.alive((job_id, 1))
+            await trio.sleep(0.25)
+            beat = await trio.to_thread.run_sync(last_heartbeat, served, job_id)
+            if beat is not None:
+                seen.add(beat)
+        assert 2 <= len(seen) <= 4, sorted(seen)
+        ack = await node.done(job_id, 1, result=EXIT_0)
+        assert ack["stored"] is True
+
+
 async def test_a_cancelled_job_s_attempt_is_told_to_stop_at_its_next_attempt_alive(
     cli: CliRunner, served: Served
 ) -> None:

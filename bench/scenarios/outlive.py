@@ -76,6 +76,8 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0.server.edge.attempts import BEAT_MAX
+from oz0_node.jobs.manager import ALIVE_EVERY
 
 ADDRESSES = ("127.0.0.244", "127.0.0.245", "127.0.0.246")
 EDGES = [f"{address}:7443" for address in ADDRESSES]
@@ -99,11 +101,12 @@ RECOVERY_BOUND = 60.0
 AGENT_EXIT_TIMEOUT = 15.0
 END_MARGIN = 120.0  # past a command's own length, for its job to end
 HEARTBEAT_POLL = 0.25
-# A node reports its attempts every second (oz0_node/jobs/manager.py ALIVE_EVERY): a longer
+# A node reports its attempts every second (oz0_node/jobs/manager.py ALIVE_EVERY) and its
+# edge heartbeats each at most every BEAT_MAX (oz0/server/edge/attempts.py): a longer
 # silence than this is the fault's. An attempt is watched until it has a heartbeat SETTLE
 # after the fault, so that a silence after one already under way at the fault is seen.
-NORMAL_GAP = 2.0
-SETTLE = 3.0
+NORMAL_GAP = BEAT_MAX + ALIVE_EVERY + 0.5
+SETTLE = NORMAL_GAP + 1.0
 STATUS_POLL = 0.05
 SLOW_RECONNECT = 1.0
 DESCRIBES_AT_ONCE = 16

@@ -29,7 +29,7 @@ from oz0.jobs.spec import (
     TooManyQueued,
     new_job_id,
 )
-from oz0.jobs.spec_text import DEFAULT_ON_LOST
+from oz0.jobs.spec_text import DEFAULT_ON_LOST, LOST_AFTER
 
 Conn = psycopg.Connection[Any]
 # Raw output kept per attempt (stdout and stderr together); the rest is dropped, marked.
@@ -568,6 +568,20 @@ def attempts_of_node(conn: Conn, node_id: str, asked: list[tuple[str, int]]) -> 
         else:
             answers.append(CANCELLED if because == "cancelled" else ENDED)
     return answers
+
+
+def lost_after_of(conn: Conn, job_ids: list[str]) -> dict[str, float]:
+    """Each of JOB_IDS' lost-after in seconds, as its workflow has it (a default by its
+    on-lost when none was asked: spec_text.LOST_AFTER)."""
+    rows = conn.execute(
+        "SELECT id, lost_after_s, on_lost FROM jobs WHERE id = ANY(%s)", (job_ids,)
+    ).fetchall()
+    return {
+        str(job): float(seconds)
+        if seconds is not None
+        else LOST_AFTER.get(str(on_lost), LOST_AFTER["move"])
+        for job, seconds, on_lost in rows
+    }
 
 
 @dataclass(frozen=True)

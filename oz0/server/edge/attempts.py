@@ -35,6 +35,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,14 @@ STOP = "attempt_stop"
 DONE_ACK = "attempt_done_ack"
 MAX_JOBS_SAID = "max_jobs"
 MAX_ALIVE = 100
+# Temporal writes every heartbeat to the workflow's history shard: one per attempt a second
+# (each attempt_alive) was 100 writes a second at 100 running attempts, which starved a
+# shard here until workflow tasks on it timed out again and again (bench.outlive, 100
+# nodes). An attempt is heartbeated once BEAT_SHARE of its lost-after (its heartbeat
+# timeout) has passed since this stream last did, between BEAT_MIN and BEAT_MAX: a new
+# stream heartbeats at once, and a cancellation reaches the node within BEAT_MAX or so.
+BEAT_SHARE = 0.25
+BEAT_MIN, BEAT_MAX = 1.0, 3.0
 # The bounds of a node's max_jobs: the nodes table's check, `oz0-node start --max-jobs`
 # (oz0_node.identity.MAX_JOBS).
 MAX_JOBS = 256
@@ -148,6 +157,9 @@ class NodeAttempts:
         # Attempts found placed on this node and running: an attempt's node never changes,
         # so that holds for the stream's life (its end is Temporal's NOT_FOUND).
         self._confirmed: set[AttemptRef] = set()
+        # Per attempt confirmed: how often it is heartbeated, and when it last was.
+        self._beat_every: dict[AttemptRef, float] = {}
+        self._beaten: dict[AttemptRef, float] = {}
         self._alive_busy = False
         self._done_busy = 0
 
@@ -215,13 +227,22 @@ class NodeAttempts:
         stops: list[tuple[AttemptRef, str]] = []
         try:
             running = await self._running(refs, stops, cached=True)
-            beats = await self._call(heartbeats(running)) if running else None
+            now = trio.current_time()
+            due = [
+                r
+                for r in running
+                if now - self._beaten.get(r, -math.inf) >= self._beat_every.get(r, BEAT_MIN)
+            ]
+            beats = await self._call(heartbeats(due)) if due else None
             if beats is not None:
-                stops += [(r, b) for r, b in zip(running, beats, strict=True) if b == "cancelled"]
+                for ref, beat in zip(due, beats, strict=True):
+                    if beat in ("running", "cancelled"):
+                        self._beaten[ref] = now
+                stops += [(r, b) for r, b in zip(due, beats, strict=True) if b == "cancelled"]
                 # Gone from Temporal: the database says why (a cancellation, or anything
                 # else the node need not tell apart).
-                gone = [r for r, b in zip(running, beats, strict=True) if b == "ended"]
-                self._confirmed.difference_update(gone)
+                gone = [r for r, b in zip(due, beats, strict=True) if b == "ended"]
+                self._forget(gone)
                 await self._running(gone, stops, cached=False)
         except DatabaseUnavailable:
             self._edge.metrics.attempt_call_unavailable()
@@ -244,7 +265,7 @@ class NodeAttempts:
             except DatabaseUnavailable:
                 self._edge.metrics.attempt_call_unavailable()
             if reason != "unavailable":
-                self._confirmed.discard(done.ref)  # its activity is over, either way
+                self._forget([done.ref])  # its activity is over, either way
         finally:
             self._done_busy -= 1
             self._edge.attempt_calls.release_on_behalf_of(token)
@@ -259,14 +280,20 @@ class NodeAttempts:
         asked = [r for r in refs if not (cached and r in self._confirmed)]
         if not asked:
             return list(refs)
-        states = await self._edge.transaction(
-            lambda conn: store.attempts_of_node(
-                conn, self._node_id, [(r.job, r.number) for r in asked]
-            )
-        )
+
+        def read(conn: store.Conn) -> tuple[list[str], dict[str, float]]:
+            states = store.attempts_of_node(conn, self._node_id, [(r.job, r.number) for r in asked])
+            running = [
+                r.job for r, state in zip(asked, states, strict=True) if state == store.RUNNING
+            ]
+            return states, store.lost_after_of(conn, running) if running else {}
+
+        states, lost_after = await self._edge.transaction(read)
         for ref, state in zip(asked, states, strict=True):
             if state == store.RUNNING:
                 self._confirmed.add(ref)
+                every = lost_after.get(ref.job, BEAT_MIN / BEAT_SHARE) * BEAT_SHARE
+                self._beat_every[ref] = min(max(every, BEAT_MIN), BEAT_MAX)
                 continue
             if state == store.NOT_ITS:  # not logged louder: a hostile node could flood it
                 log.debug(
@@ -275,6 +302,12 @@ class NodeAttempts:
                 )  # fmt: skip
             stops.append((ref, "cancelled" if state == store.CANCELLED else "ended"))
         return [r for r in refs if r in self._confirmed]
+
+    def _forget(self, refs: list[AttemptRef]) -> None:
+        for ref in refs:
+            self._confirmed.discard(ref)
+            self._beat_every.pop(ref, None)
+            self._beaten.pop(ref, None)
 
     async def _call(self, make: Callable[[Client], Awaitable[Any]]) -> Any:
         """MAKE in the node's tenant's namespace; None (counted) if Temporal cannot be
