@@ -561,8 +561,8 @@ class SlowTemporalEdge:
     attempt_calls: trio.CapacityLimiter
     calls: list[str]
 
-    async def transaction(self, work: Callable[..., Any]) -> list[str]:
-        return [store.RUNNING]
+    async def transaction(self, work: Callable[..., Any]) -> tuple[list[str], dict[str, float]]:
+        return [store.RUNNING], {}  # running, its lost-after unknown: heartbeated every BEAT_MIN
 
     async def in_namespace(self, namespace: str, make: Any, within: float) -> list[str]:
         self.calls.append(namespace)
@@ -590,17 +590,19 @@ async def test_a_slow_temporal_call_holds_up_no_other_stream_and_what_is_dropped
         await slow.received(alive)
         await slow.received(alive)  # its first is still at Temporal: set aside
         for _ in range(3):
-            await quick.received(alive)  # heartbeated at once, each time
-            await trio.sleep(0.1)
+            await quick.received(alive)  # heartbeated at once, each time it is due
+            await trio.sleep(attempts.BEAT_MIN)
         assert sorted(edge.calls) == ["quick", "quick", "quick", "slow"]
-        assert trio.current_time() - began < 1
+        assert trio.current_time() - began < 3 * attempts.BEAT_MIN + 0.5
         # The edge's two calls at once: node-a's, and node-c's that waits its deadline too.
         await third.received(alive)
         await quick.received(alive)  # no room left on the edge: set aside
         await trio.sleep(0.1)
         assert sorted(edge.calls) == ["quick", "quick", "quick", "slow", "slow"]
     # The calls that waited gave up at their deadline, and made room again.
-    assert trio.current_time() - began == pytest.approx(attempts.CALL_TIMEOUT, abs=0.5)
+    assert trio.current_time() - began == pytest.approx(
+        3 * attempts.BEAT_MIN + attempts.CALL_TIMEOUT, abs=0.5
+    )
     assert edge.attempt_calls.borrowed_tokens == 0
     assert registry.get_sample_value("oz0_edge_attempt_alives_dropped_total") == 2
     assert registry.get_sample_value("oz0_edge_attempt_calls_unavailable_total") == 2
