@@ -6,8 +6,10 @@ and each call is one transaction, as the workflow's steps and the API make them.
 
 from __future__ import annotations
 
+import random
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -310,6 +312,64 @@ def test_output_is_stored_once_capped_and_only_from_the_attempts_node(
     with conn.transaction():
         store.end_attempt(conn, job.id, 1, "exit", 0)
     assert not append(3, b"late")  # the attempt has ended: nothing more is kept
+
+
+def test_a_follower_reading_while_many_parts_write_at_once_misses_no_chunk(
+    conn: psycopg.Connection[Any], one_cluster: ClusterFiles
+) -> None:
+    # An `--all` job's parts write their output at once, each in its own transaction, as
+    # each node's edge stores it; a follower (`job run`, `job logs --follow`, the web UI's
+    # live page) reads pages after its cursor meanwhile. Each writer is held up a little
+    # between its insert and its commit (as a busy server is), so that commits come out of
+    # the rows' order unless the store keeps them in it.
+    parts, chunks = 8, 25
+    job = new_job(conn, all=True)
+    nodes_ = [add_node(conn) for _ in range(parts)]
+    for number, node in enumerate(nodes_, start=1):
+        conn.execute(
+            "INSERT INTO job_attempts (job_id, number, part, node_id) VALUES (%s, %s, %s, %s)",
+            (job.id, number, number, node),
+        )
+    start, writing = threading.Barrier(parts + 1), threading.Event()
+    failures: list[BaseException] = []
+
+    def write(number: int, node: str) -> None:
+        jitter = random.Random(number)
+        try:
+            with psycopg.connect(main_url(one_cluster), autocommit=True) as mine:
+                start.wait(timeout=10)
+                for seq in range(chunks):
+                    with mine.transaction():
+                        data = f"part {number} chunk {seq}\n".encode()
+                        assert store.append_output(mine, node, job.id, number, seq, "stdout",
+                                                   data, False)  # fmt: skip
+                        time.sleep(jitter.uniform(0, 0.004))
+        except BaseException as e:  # reported below, not lost in the thread
+            failures.append(e)
+
+    writers = [
+        threading.Thread(target=write, args=(n, node)) for n, node in enumerate(nodes_, start=1)
+    ]
+    for t in writers:
+        t.start()
+    followed: list[int] = []
+    with psycopg.connect(main_url(one_cluster), autocommit=True) as reader:
+        start.wait(timeout=10)
+        cursor = 0
+        while any(t.is_alive() for t in writers) or not writing.is_set():
+            if not any(t.is_alive() for t in writers):
+                writing.set()  # one more read after the last commit
+            page = store.output_page(reader, job.id, after=cursor)
+            followed += [c.cursor for c in page.chunks]
+            cursor = page.cursor or cursor
+    for t in writers:
+        t.join(timeout=30)
+    assert not failures, failures
+    stored = [r[0] for r in conn.execute(
+        "SELECT id FROM job_output WHERE job_id = %s ORDER BY id", (job.id,)
+    )]  # fmt: skip
+    assert len(stored) == parts * chunks
+    assert followed == stored, f"the follower missed {len(set(stored) - set(followed))} chunks"
 
 
 def test_a_hostile_node_past_the_cap_adds_one_mark_and_every_chunk_is_acknowledged(

@@ -510,7 +510,13 @@ def append_output(
     that marks nothing stores nothing either (an honest node sends none). A chunk sent
     again (same seq) is stored once. So a node, hostile or not, adds at most one row per
     byte of the cap, plus the mark, to an attempt.
+
+    One job's chunks are written one transaction at a time (a lock of the job's own, held
+    to the commit), so they commit in the order of their IDs: a reader's cursor (the last
+    ID it has seen) never passes a chunk of that job still to commit. Without it, the parts
+    of an `--all` job committing out of ID order made a follower skip chunks.
     """
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.output:' || %s))", (job_id,))
     row = conn.execute(
         "SELECT state, node_id, output_bytes, truncated FROM job_attempts"
         " WHERE job_id = %s AND number = %s FOR UPDATE",
