@@ -12,7 +12,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from cli.client import ApiClient
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
 from fixtures.polling import wait_until
 from fixtures.temporal import run_async, server_credentials
-from oz0.context import Context
 from oz0.server.start import SHUTDOWN_GRACE
 from tests.conftest import CliRunner
+from tests.test_jobs_e2e import output_of, wait_job
 
 StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.237", "127.0.0.238"
@@ -194,11 +192,6 @@ def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
     assert on_b["node_id"] == on_a["node_id"]
 
 
-def ended(client: ApiClient, job_id: str) -> dict[str, Any] | None:
-    job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}")
-    return job if job["ended_at"] is not None else None
-
-
 def _workflow_task_timeouts(files: ClusterFiles, address: str, job_ids: list[str]) -> list[str]:
     """The jobs whose workflow histories have a workflow task that timed out (one a
     stopped worker took and never finished, or one left on its sticky queue)."""
@@ -250,12 +243,9 @@ def test_a_stopping_servers_job_workflows_go_on_at_once_on_the_other(
                   "sh", "-c", f"echo up; exec sleep {seconds}", env=files.cli_env)  # fmt: skip
         assert run.code == 0, run.err
         job_ids.append(run.json()["id"])
-    client = ApiClient(Context.load(files.context_path))
 
-    def running(job_id: str) -> bool:
-        return bool(client.get(f"/api/v1/jobs/{job_id}/output")["chunks"])
-
-    wait_until(lambda: all(running(j) for j in job_ids), 30, "every command started", step=0.1)
+    wait_until(lambda: all(output_of(files, j) for j in job_ids), 30, "every command started",
+               step=0.1)  # fmt: skip
     start_server(files, SERVER_B)
     node_json = tmp_path / "node" / "identity" / "node.json"
     wait_until(
@@ -266,6 +256,6 @@ def test_a_stopping_servers_job_workflows_go_on_at_once_on_the_other(
     assert "job worker(s) stopped" in server_a.stderr()
 
     for job_id in job_ids:
-        job = wait_until(partial(ended, client, job_id), 90, f"{job_id} ended")
+        job = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 90)
         assert job["state"] == "succeeded" and len(job["attempts"]) == 1, job
     assert _workflow_task_timeouts(files, SERVER_B, job_ids) == []

@@ -15,7 +15,6 @@ ones (placement, grants, the job's rows), its attempts go to the real agent.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import secrets
 import signal
@@ -33,12 +32,10 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, Served
 from fixtures.temporal import server_credentials
 from oz0 import audit
-from oz0.context import Context
 from oz0.jobs import store
 from oz0.jobs import workflow as wf
 from oz0.jobs.spec import JobSpec
@@ -46,6 +43,7 @@ from oz0.jobs.workflow import JobInput, JobWorkflow
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner, create_token
+from tests.test_jobs_e2e import output_of, wait_job
 
 SERVER = "127.0.0.247"
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
@@ -186,31 +184,8 @@ def new_job(files: ClusterFiles, node_id: str, command: list[str]) -> store.Job:
     return job
 
 
-def api(files: ClusterFiles) -> ApiClient:
-    return ApiClient(Context.load(files.context_path))
-
-
-def wait_job(
-    files: ClusterFiles, job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float
-) -> dict[str, Any]:
-    client = api(files)
-    deadline = time.monotonic() + timeout
-    while True:
-        job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}")
-        if done(job):
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job}")
-        time.sleep(0.2)
-
-
 def ended(files: ClusterFiles, job_id: str) -> dict[str, Any]:
     return wait_job(files, job_id, lambda j: j["ended_at"] is not None, JOB_BOUND)
-
-
-def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
-    page = api(files).get(f"/api/v1/jobs/{job_id}/output")
-    return [(c["attempt"], c["stream"], base64.b64decode(c["data"])) for c in page["chunks"]]
 
 
 def stdout_of(files: ClusterFiles, job_id: str, attempt: int) -> str:
