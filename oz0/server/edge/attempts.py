@@ -154,11 +154,11 @@ class NodeAttempts:
         self._node_id = node_id
         self._tenant = tenant
         self._nursery = nursery
-        # Attempts found placed on this node and running: an attempt's node never changes,
-        # so that holds for the stream's life (its end is Temporal's NOT_FOUND).
-        self._confirmed: set[AttemptRef] = set()
-        # Per attempt confirmed: how often it is heartbeated, and when it last was.
-        self._beat_every: dict[AttemptRef, float] = {}
+        # Attempts found placed on this node and running (an attempt's node never changes,
+        # so that holds for the stream's life; its end is Temporal's NOT_FOUND), each with
+        # how often it is heartbeated.
+        self._confirmed: dict[AttemptRef, float] = {}
+        # When this stream last heartbeated each.
         self._beaten: dict[AttemptRef, float] = {}
         self._alive_busy = False
         self._done_busy = 0
@@ -228,11 +228,7 @@ class NodeAttempts:
         try:
             running = await self._running(refs, stops, cached=True)
             now = trio.current_time()
-            due = [
-                r
-                for r in running
-                if now - self._beaten.get(r, -math.inf) >= self._beat_every.get(r, BEAT_MIN)
-            ]
+            due = [r for r in running if now - self._beaten.get(r, -math.inf) >= self._confirmed[r]]
             beats = await self._call(heartbeats(due)) if due else None
             if beats is not None:
                 for ref, beat in zip(due, beats, strict=True):
@@ -291,9 +287,8 @@ class NodeAttempts:
         states, lost_after = await self._edge.transaction(read)
         for ref, state in zip(asked, states, strict=True):
             if state == store.RUNNING:
-                self._confirmed.add(ref)
                 every = lost_after.get(ref.job, BEAT_MIN / BEAT_SHARE) * BEAT_SHARE
-                self._beat_every[ref] = min(max(every, BEAT_MIN), BEAT_MAX)
+                self._confirmed[ref] = min(max(every, BEAT_MIN), BEAT_MAX)
                 continue
             if state == store.NOT_ITS:  # not logged louder: a hostile node could flood it
                 log.debug(
@@ -305,8 +300,7 @@ class NodeAttempts:
 
     def _forget(self, refs: list[AttemptRef]) -> None:
         for ref in refs:
-            self._confirmed.discard(ref)
-            self._beat_every.pop(ref, None)
+            self._confirmed.pop(ref, None)
             self._beaten.pop(ref, None)
 
     async def _call(self, make: Callable[[Client], Awaitable[Any]]) -> Any:
