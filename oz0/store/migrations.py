@@ -146,10 +146,7 @@ def plan(found: int, floor: int, live: Sequence[int | None], known: Sequence[Mig
         raise SchemaMismatch("database holds no orchestrator-zero cluster; run `server init` first")
     if found >= code:
         if floor > code:
-            raise SchemaMismatch(
-                f"database schema {found} needs servers of schema {floor} or newer; "
-                f"this server knows {code}: upgrade it"
-            )
+            raise _too_old_for(found, floor, code)
         return Plan()
     if found < MIGRATES_FROM:
         raise SchemaMismatch(
@@ -234,10 +231,15 @@ def admit(conn: psycopg.Connection[Any], schema: int) -> None:
     conn.execute("LOCK TABLE oz0_schema IN SHARE MODE")
     floor = database_floor(conn)
     if floor > schema:
-        raise SchemaMismatch(
-            f"database schema {database_version(conn)} needs servers of schema {floor} or "
-            f"newer; this server knows {schema}: upgrade it"
-        )
+        raise _too_old_for(database_version(conn), floor, schema)
+
+
+def _too_old_for(found: int, floor: int, code: int) -> SchemaMismatch:
+    """A server of schema CODE on a database of schema FOUND, whose floor is FLOOR."""
+    return SchemaMismatch(
+        f"database schema {found} needs servers of schema {floor} or newer; "
+        f"this server knows {code}: upgrade it"
+    )
 
 
 def check_current(conn: psycopg.Connection[Any]) -> None:
