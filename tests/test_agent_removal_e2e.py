@@ -138,7 +138,7 @@ def test_a_blocked_agent_keeps_its_files_and_is_back_within_10_s_of_the_unblock(
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
-    before, record_before = snapshot(data_dir), node_json(data_dir)
+    before, record_before = snapshot(data_dir, live=True), node_json(data_dir)
 
     blocked = cli("node", "block", node_id, "--reason", "lost laptop", env=cluster_env)
     assert blocked.code == 0, blocked.err
@@ -159,7 +159,7 @@ def test_a_blocked_agent_keeps_its_files_and_is_back_within_10_s_of_the_unblock(
     assert max(gaps) < MAX_BACKOFF + 0.5, f"asked again after {max(gaps):.2f} s"
     assert "lost laptop" not in agent.log(), "the reason is for the audit log only"
 
-    after = snapshot(data_dir)
+    after = snapshot(data_dir, live=True)
     assert after.keys() == before.keys()
     for name in IDENTITY_FILES:
         assert after[name] == before[name], name
@@ -176,7 +176,7 @@ def test_a_blocked_agent_keeps_its_files_and_is_back_within_10_s_of_the_unblock(
     assert connected(agent.status())
     shown_by_server = cli("node", "show", node_id, "--json", env=cluster_env).json()
     assert shown_by_server["state"] == "accepted" and shown_by_server["connected"] is True
-    assert snapshot(data_dir).keys() == before.keys()
+    assert snapshot(data_dir, live=True).keys() == before.keys()
     assert node_json(data_dir) == record_before
     actions = [(r["action"], r["details"]) for r in audit_of(cli, node_id, cluster_env)]
     assert actions[:2] == [
@@ -437,7 +437,7 @@ async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_not_audit
         status = await trio.to_thread.run_sync(agent.wait_status, connected, 30)
         assert status["node_id"] == node_id and status["server"] == server_id
         assert node_json(data_dir)["edges"] == [ROGUE], "the agent knows only the rogue"
-        before = snapshot(data_dir)
+        before = snapshot(data_dir, live=True)
 
         # A genuine command for another node: node B, purged, its command captured.
         other = await pinned_keys(cluster_files, EDGE_A)
