@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from temporalio.client import Client
+from temporalio.worker import Replayer
 from werkzeug.datastructures import MultiDict
 
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.temporal import run_async, server_credentials
 from oz0.jobs.spec import JobError, JobSpec
 from oz0.jobs.spec_text import describe_batch, parse_batch, parse_batch_wait, parse_max_failures
-from oz0.jobs.workflow import share_of
+from oz0.jobs.workflow import JobWorkflow, share_of
 from oz0.web import job_pages
 from tests.conftest import CliRunner
 from tests.test_jobs_e2e import api, wait_job
@@ -217,6 +220,21 @@ def most_at_once(runs: list[Span]) -> int:
     return most
 
 
+def replays(files: ClusterFiles, job_id: str) -> None:
+    """The job's history, fetched from the server's Temporal, replays in a fresh worker of
+    this release: the lanes and their timers decided the same steps (deterministic)."""
+
+    async def replay() -> None:
+        client = await Client.connect(
+            f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+        )
+        history = await client.get_workflow_handle(job_id).fetch_history()
+        replayed = await Replayer(workflows=[JobWorkflow]).replay_workflow(history)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
+    run_async(replay)
+
+
 def detached(cli: CliRunner, fleet: Fleet, *args: str) -> str:
     ran = cli("job", "run", "--detach", "--json", *args, env=fleet.env)
     assert ran.code == 0, ran.err
@@ -260,6 +278,7 @@ def test_batch_2_runs_at_most_2_at_once_and_starts_the_next_as_soon_as_one_ends(
         "total": 5, "waiting": 0, "running": 0, "ended": 5, "not_started": 0,
         "waiting_nodes": [],
     }  # fmt: skip
+    replays(fleet.files, job_id)
 
 
 @pytest.mark.slow
@@ -296,6 +315,7 @@ def test_batch_wait_rests_between_an_end_and_the_next_start(cli: CliRunner, flee
     gaps = [(b.started - a.ended).total_seconds() for a, b in itertools.pairwise(runs)]
     print(f"--batch-wait {wait:g}s: gaps between an end and the next start {gaps}")
     assert all(wait <= gap < wait + 10 for gap in gaps), gaps
+    replays(fleet.files, job_id)
 
 
 @pytest.mark.slow
