@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from werkzeug.datastructures import MultiDict
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, Served
 from fixtures.temporal import run_async, server_credentials
+from fixtures.web_events import curl, signed_in
 from oz0.jobs.spec import JobError, JobSpec
 from oz0.jobs.spec_text import describe_batch, parse_batch, parse_batch_wait, parse_max_failures
 from oz0.jobs.workflow import JobWorkflow, share_of
@@ -316,6 +320,37 @@ def test_batch_wait_rests_between_an_end_and_the_next_start(cli: CliRunner, flee
     print(f"--batch-wait {wait:g}s: gaps between an end and the next start {gaps}")
     assert all(wait <= gap < wait + 10 for gap in gaps), gaps
     replays(fleet.files, job_id)
+
+
+@pytest.mark.slow
+def test_the_web_uis_run_form_runs_a_batch_and_its_page_shows_the_parts(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    base, jar = f"https://{SERVER}:8443", tmp_path / "cookies"
+    signed_in(SERVER, fleet.files.ui_password, jar)
+    form = curl("-b", str(jar), f"{base}/jobs/new").stdout
+    assert all(f'name="{field}"' in form for field in ("batch", "batch_wait", "max_failures"))
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+    assert csrf is not None, form
+    posted = curl(
+        "-b", str(jar), "-o", "/dev/null", "-w", "%{http_code} %{redirect_url}",
+        "-H", f"Origin: {base}", "--data-urlencode", f"csrf={csrf[1]}",
+        "--data-urlencode", "command=sleep 1", "--data-urlencode", "selector=group=x",
+        "-d", "all=on", "-d", "batch=1", "-d", "batch_wait=1s", "-d", "max_failures=0",
+        "-d", "tenant=default", "-d", "retries=0", f"{base}/jobs",
+    ).stdout.split()  # fmt: skip
+    assert posted[0] == "303", posted
+    job_id = posted[1].rsplit("/", 1)[1].split("?")[0]
+    wait_job(fleet.files, job_id, lambda j: j["parts"]["running"] == 1, 20)
+    page = curl("-b", str(jar), f"{base}/jobs/{job_id}").stdout
+    assert "1 at a time, 1 s between, no new part once more than 0 failed" in page, page
+    assert re.search(r'data-field="parts">3: [0-2] waiting, 1 running', page), page
+    live = json.loads(curl("-b", str(jar), f"{base}/jobs/{job_id}/live.json").stdout)
+    assert live["parts"].startswith("3: ") and "not started" in live["parts"], live
+    done = ended(fleet, job_id)
+    assert done["state"] == "succeeded" and done["created_by"] == "ui:admin", done
+    assert done["batch"] == {"size": "1", "wait": 1.0, "max_failures": "0"}
+    assert most_at_once(spans(done)) == 1
 
 
 @pytest.mark.slow
