@@ -278,6 +278,10 @@ def test_batch_2_runs_at_most_2_at_once_and_starts_the_next_as_soon_as_one_ends(
     assert most_at_once(runs) == 2, runs
     by_node = {s.node: s for s in runs}
     assert by_node[fleet.nodes[2]].started < by_node[slow].ended, runs
+    # The other lane's parts, one after another: how soon the next starts after an end.
+    lane = sorted((s for s in runs if s.node != slow), key=lambda s: s.started)
+    slide = [(b.started - a.ended).total_seconds() for a, b in itertools.pairwise(lane)]
+    print(f"--batch 2: next part placed {', '.join(f'{g:.3f}' for g in slide)} s after an end")
     assert done["parts"] == {
         "total": 5, "waiting": 0, "running": 0, "ended": 5, "not_started": 0,
         "waiting_nodes": [],
