@@ -14,11 +14,14 @@ from cyclopts import App, Parameter
 from cli.client import ApiClient, ApiError
 from cli.job_follow import ENDED_STATES, Follower, outcome
 from cli.job_params import (
+    batch_share,
+    batch_wait_duration,
     check_job_id,
     cpus,
     duration,
     env_pairs,
     lost_after_duration,
+    max_failures_share,
     on_lost_choice,
     parse_env,
     parse_selector,
@@ -33,7 +36,7 @@ from cli.params import ContextPath, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 from oz0.jobs import limits as job_limits
-from oz0.jobs.spec_text import DEFAULT_ON_LOST, describe_on_lost
+from oz0.jobs.spec_text import DEFAULT_ON_LOST, describe_batch, describe_on_lost
 
 app = App(name="job", help_format="markdown")  # help: cli/main.py
 
@@ -71,6 +74,13 @@ def run(
     ] = None,
     node: str | None = None,
     all: Flag = False,
+    batch: Annotated[str | None, Parameter(converter=batch_share, metavar="N|P%")] = None,
+    batch_wait: Annotated[
+        float | None, Parameter(converter=batch_wait_duration, metavar="DURATION")
+    ] = None,
+    max_failures: Annotated[
+        str | None, Parameter(converter=max_failures_share, metavar="N|P%")
+    ] = None,
     timeout: Annotated[float | None, Parameter(converter=duration, metavar="DURATION")] = None,
     retries: int = 0,
     env: Annotated[
@@ -121,6 +131,15 @@ def run(
         Only this node (node-...).
     all
         Once on every node that matches now; such a job is not moved.
+    batch
+        With --all: a rolling batch, at most N nodes (or P% of the matching nodes, at
+        least 1) at once; as one ends the next starts.
+    batch_wait
+        With --batch: rest this long after a node's part ends before its slot takes the
+        next node, such as 30s. [default: 0]
+    max_failures
+        With --batch: once more than N parts (or P% of them) have failed, start no new
+        part; those running finish and the job fails. [default: no limit]
     timeout
         Stop an attempt running longer, such as 90s, 5m or 1h30m (default: no limit).
     retries
@@ -171,6 +190,14 @@ def run(
             raise usage_error(str(e)) from None
         if all:
             raise usage_error("--node and --all cannot go together: --node picks one node")
+    if batch is not None and not all:
+        raise usage_error(
+            "--batch goes with --all: a rolling batch runs the command on every matching"
+            " node, a few at a time"
+        )
+    for flag, given in (("--batch-wait", batch_wait), ("--max-failures", max_failures)):
+        if given is not None and batch is None:
+            raise usage_error(f"{flag} goes with --batch: without it every node starts at once")
     if json and not detach:
         raise usage_error(
             "--json goes with --detach: a followed job prints its command's own output"
@@ -211,6 +238,12 @@ def run(
         body["on_lost"] = on_lost
     if lost_after is not None:
         body["lost_after"] = lost_after
+    if batch is not None:  # only when asked: an older server refuses what it lacks
+        body["batch"] = batch
+        if batch_wait:
+            body["batch_wait"] = batch_wait
+        if max_failures is not None:
+            body["max_failures"] = max_failures
     if secrets:
         body["secret_env"] = secrets
     client = ApiClient(select(context))
@@ -291,6 +324,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             ("selector", _labels(job["selector"]) or "-"),
             ("node", job["node"] or "-"),
             ("all", "yes" if job["all"] else "no"),
+            *_batch_fields(job),
             ("moves", "no (--no-move)" if job["no_move"] else "yes"),
             ("retries", job["retries"]),
             ("timeout", _seconds(job["timeout"]) if job["timeout"] is not None else "none"),
@@ -450,6 +484,38 @@ def _print_applied(asked: dict[str, Any], attempts: list[dict[str, Any]]) -> Non
         print()
     for line in lines:
         print(terminal_safe(line))
+
+
+def _batch_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`job show`'s lines for an --all job: its batch, and its parts by state."""
+    if not job["all"]:
+        return []
+    batch = job.get("batch")  # a server older than batches sends neither
+    fields: list[tuple[str, Any]] = [
+        (
+            "batch",
+            describe_batch(None, 0, None)
+            if batch is None
+            else describe_batch(batch["size"], batch["wait"], batch["max_failures"]),
+        )
+    ]
+    parts = job.get("parts")
+    if parts:
+        fields.append(
+            (
+                "parts",
+                f"{parts['total']}: {parts['waiting']} waiting, {parts['running']} running,"
+                f" {parts['ended']} ended, {parts['not_started']} not started",
+            )
+        )
+        if parts["waiting_nodes"]:
+            fields.append(("waiting", _few(parts["waiting_nodes"])))
+    return fields
+
+
+def _few(names: list[str], shown: int = 5) -> str:
+    more = len(names) - shown
+    return ",".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _on_lost(job: dict[str, Any]) -> str:

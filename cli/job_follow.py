@@ -155,14 +155,20 @@ def _ended(attempt: dict[str, Any]) -> str:
 def outcome(job: dict[str, Any]) -> tuple[int, str | None]:
     """The exit code for an ended job, and the line to print on stderr (None: none).
 
-    The command's own exit code when it has one (a `--all` job: the job's exit_code); any
-    other end (lost, cancelled, timeout, queue timeout, failed before it could run) is 1
-    with a line naming the job and why.
+    The command's own exit code when it has one (a `--all` job: the job's exit_code; with
+    a line saying why if a rolling batch left parts unstarted); any other end (lost,
+    cancelled, timeout, queue timeout, failed before it could run) is 1 with a line naming
+    the job and why.
     """
     state = job.get("state")
     code = job.get("exit_code")
     if state in ("succeeded", "failed") and isinstance(code, int):
-        return (code if 0 <= code <= 255 else 1), None
+        # A rolling batch stopped by its failures: say how many parts it never started.
+        stopped = (job.get("parts") or {}).get("not_started")
+        line = (
+            terminal_safe(f"job {job.get('id')} failed: {job.get('reason')}") if stopped else None
+        )
+        return (code if 0 <= code <= 255 else 1), line
     if state == "succeeded":
         return 0, None
     reason = job.get("reason") or _last_ended_because(job) or "no reason given"

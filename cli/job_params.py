@@ -15,9 +15,12 @@ from cyclopts import CycloptsError, Token
 
 from oz0.jobs.limits import parse_cpu, parse_size
 from oz0.jobs.spec_text import (
+    parse_batch,
+    parse_batch_wait,
     parse_duration,
     parse_env,
     parse_lost_after,
+    parse_max_failures,
     parse_on_lost,
     parse_secret_names,
     parse_selector,
@@ -34,6 +37,21 @@ _JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 def duration(type_: Any, tokens: Sequence[Token]) -> float:
     """cyclopts converter for a DURATION option."""
     return parse_duration(tokens[0].value)
+
+
+def batch_share(type_: Any, tokens: Sequence[Token]) -> str:
+    """cyclopts converter for `--batch`: N nodes (from 1) or P% of the matching nodes."""
+    return parse_batch(tokens[0].value)
+
+
+def max_failures_share(type_: Any, tokens: Sequence[Token]) -> str:
+    """cyclopts converter for `--max-failures`: N parts (from 0) or P% of them."""
+    return parse_max_failures(tokens[0].value)
+
+
+def batch_wait_duration(type_: Any, tokens: Sequence[Token]) -> float:
+    """cyclopts converter for `--batch-wait`: a DURATION from 0 to 1d."""
+    return parse_batch_wait(tokens[0].value)
 
 
 def lost_after_duration(type_: Any, tokens: Sequence[Token]) -> float:

@@ -62,6 +62,25 @@ class JobActivities:
 
         return await self._run(work)
 
+    @activity.defn(name="oz0.jobs.list_parts")
+    async def list_parts(self, job_id: str) -> list[Placed]:
+        """A rolling batch's parts, recorded waiting: nodes without grants (none is placed)."""
+        return [
+            Placed(p.number, p.node, p.reason, p.ended, p.part)
+            for p in await self._run(lambda conn: placement.list_parts(conn, job_id))
+        ]
+
+    @activity.defn(name="oz0.jobs.place_part")
+    async def place_part(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
+        """A waiting part's first attempt NUMBER on NODE_ID, with its grant and sealed
+        secrets (from now: its slot opened), or why it cannot start there."""
+
+        def work(conn: store.Conn) -> Placed:
+            placed = placement.place_part(conn, job_id, number, part, node_id)
+            return self._granted(conn, store.locked_job(conn, job_id), placed)
+
+        return await self._run(work)
+
     @activity.defn(name="oz0.jobs.place_on")
     async def place_on(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
         """Attempt NUMBER recorded on NODE_ID, with its grant and sealed secrets."""
@@ -112,6 +131,8 @@ class JobActivities:
             self.place,
             self.place_everywhere,
             self.place_on,
+            self.list_parts,
+            self.place_part,
             self.end_attempt,
             self.finish,
         ]

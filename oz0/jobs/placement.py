@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from psycopg.types.json import Jsonb
 
 from oz0 import listing, nodes
-from oz0.jobs.store import Conn, Job, locked_job, set_queued
+from oz0.jobs.spec import JobNotFound
+from oz0.jobs.store import Conn, Job, gone_because, locked_job, node_fate, set_queued
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,82 @@ def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]
         _start_attempt(conn, job_id, first_number + part, part, node_id)
         placed.append(Placed(first_number + part, node_id, part=part))
     return placed
+
+
+def list_parts(conn: Conn, job_id: str) -> list[Placed]:
+    """For a rolling batch (`--batch`): the parts, one per node that matches now, each
+    recorded waiting for its slot; part P's first attempt will be number P + 1. None
+    matching: the job is queued, with the reason. Idempotent like `place`: the parts
+    recorded already are the answer.
+
+    No attempt is recorded yet: each is placed as its slot opens (`place_part`), with a
+    grant good from then, so a part that waits an hour holds nothing that expires."""
+    job = locked_job(conn, job_id)
+    existing = conn.execute(
+        "SELECT part, node_id FROM job_parts WHERE job_id = %s ORDER BY part", (job_id,)
+    ).fetchall()
+    if existing:
+        return [Placed(part + 1, node_id, part=part) for part, node_id in existing]
+    if job.ended:
+        return [Placed(1, None, ended=True)]
+    candidates = _candidates(job)
+    found = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT nodes.id FROM nodes" + candidates.sql + " ORDER BY nodes.id", candidates.params
+        )
+    ]
+    if not found:
+        reason = _why_no_node(conn, job)
+        set_queued(conn, job_id, reason)
+        return [Placed(1, None, reason)]
+    conn.execute(
+        "INSERT INTO job_parts (job_id, part, node_id)"
+        " SELECT %s, n - 1, node_id FROM unnest(%s::text[]) WITH ORDINALITY AS u(node_id, n)",
+        (job_id, found),
+    )
+    # Started: its rollout has begun (and it no longer counts against the tenant's queue).
+    conn.execute(
+        "UPDATE jobs SET state = 'running', reason = NULL, started_at = coalesce(started_at,"
+        " now()) WHERE id = %s AND ended_at IS NULL",
+        (job_id,),
+    )
+    return [Placed(part + 1, node_id, part=part) for part, node_id in enumerate(found)]
+
+
+def place_part(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> Placed:
+    """A batch's part PART, its slot open: its first attempt NUMBER recorded on its node;
+    or, if the node was blocked, purged or deleted while the part waited, the part not
+    started, with why (node None, reason "node blocked" and so on: the workflow counts it
+    lost, as a part whose node is taken away while it runs). Idempotent like `place`."""
+    job = locked_job(conn, job_id)
+    row = conn.execute(
+        "SELECT state, because FROM job_parts WHERE job_id = %s AND part = %s FOR UPDATE",
+        (job_id, part),
+    ).fetchone()
+    if row is None:
+        raise JobNotFound(f"job {job_id} has no part {part}")
+    state, because = row
+    if state == "placed":
+        return Placed(number, node_id, part=part)
+    if state == "not started":
+        return Placed(number, None, because, ended=job.ended, part=part)
+    if job.ended:
+        return Placed(number, None, ended=True, part=part)
+    fate = node_fate(conn, node_id)
+    if fate != "accepted":
+        because = gone_because(fate)
+        conn.execute(
+            "UPDATE job_parts SET state = 'not started', because = %s"
+            " WHERE job_id = %s AND part = %s",
+            (because, job_id, part),
+        )
+        return Placed(number, None, because, part=part)
+    _start_attempt(conn, job_id, number, part, node_id)
+    conn.execute(
+        "UPDATE job_parts SET state = 'placed' WHERE job_id = %s AND part = %s", (job_id, part)
+    )
+    return Placed(number, node_id, part=part)
 
 
 def place_on(conn: Conn, job_id: str, number: int, part: int, node_id: str) -> None:

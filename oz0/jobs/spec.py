@@ -10,7 +10,14 @@ from typing import Any
 from oz0 import nodes
 from oz0.errors import Oz0Error
 from oz0.jobs import limits as job_limits
-from oz0.jobs.spec_text import DEFAULT_ON_LOST, MAX_LOST_AFTER, MIN_LOST_AFTER, ON_LOST
+from oz0.jobs.spec_text import (
+    DEFAULT_ON_LOST,
+    MAX_BATCH_WAIT,
+    MAX_LOST_AFTER,
+    MIN_LOST_AFTER,
+    ON_LOST,
+    parse_share,
+)
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -82,6 +89,12 @@ class JobSpec:
     # the default for ON_LOST, spec_text.LOST_AFTER).
     on_lost: str = DEFAULT_ON_LOST
     lost_after: float | None = None
+    # A rolling batch (all_nodes only): at most BATCH parts at once ("N" or "P%" of the
+    # matching nodes), each slot idle BATCH_WAIT seconds after its part ends, no new part
+    # once more than MAX_FAILURES ("N" or "P%") have failed. None: every part at once.
+    batch: str | None = None
+    batch_wait: float = 0.0
+    max_failures: str | None = None
     # Secret values: sealed as the job is made, never kept with it, shown or logged (not
     # even in this spec's repr).
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
@@ -110,6 +123,7 @@ class JobSpec:
         except nodes.NodeError as e:
             raise JobError(f"selector: {e}") from None
         env = _env(body.get("env", {}))
+        batch, batch_wait, max_failures = _batch(body, all_nodes)
         return cls(
             tenant=tenant,
             command=_command(body.get("command")),
@@ -128,14 +142,54 @@ class JobSpec:
             limits=_limits(body.get("limits", {})),
             on_lost=_on_lost(body.get("on_lost", DEFAULT_ON_LOST)),
             lost_after=_lost_after(body.get("lost_after")),
+            batch=batch,
+            batch_wait=batch_wait,
+            max_failures=max_failures,
             secret_env=_secret_env(body.get("secret_env", {}), env),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout", "limits", "secret_env", "on_lost", "lost_after",
+    "no_move", "queue_timeout", "limits", "secret_env", "on_lost", "lost_after", "batch",
+    "batch_wait", "max_failures",
 }  # fmt: skip
+
+
+def _batch(body: dict[str, Any], all_nodes: bool) -> tuple[str | None, float, str | None]:
+    """The rolling batch asked (batch, batch_wait, max_failures): each checked, and the
+    two others only with a batch, which goes only with all."""
+    batch = _share(body.get("batch"), "batch", least=1)
+    wait = body.get("batch_wait", 0)
+    if (
+        isinstance(wait, bool)
+        or not isinstance(wait, int | float)
+        or not (0 <= wait <= MAX_BATCH_WAIT)
+    ):
+        raise JobError(f"batch_wait must be a number of seconds from 0 to {MAX_BATCH_WAIT:g}")
+    max_failures = _share(body.get("max_failures"), "max_failures", least=0)
+    if batch is not None and not all_nodes:
+        raise JobError("batch goes with all: a rolling batch runs on every matching node")
+    if batch is None and wait:
+        raise JobError("batch_wait goes with batch: it is the pause between a batch's parts")
+    if batch is None and max_failures is not None:
+        raise JobError(
+            "max_failures goes with batch: without one every part starts at once, so no"
+            " failure can stop the others from starting"
+        )
+    return batch, float(wait), max_failures
+
+
+def _share(value: object, key: str, *, least: int) -> str | None:
+    """A batch's share: N (a whole number, or its text) or "P%"; None if not given."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise JobError(f'{key} must be a number of nodes or a percentage such as "25%"')
+    try:
+        return parse_share(str(value), key, least=least)
+    except ValueError as e:
+        raise JobError(str(e)) from None
 
 
 def _on_lost(value: object) -> str:

@@ -28,6 +28,12 @@ DEFAULT_ON_LOST = "move"
 LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 MIN_LOST_AFTER = 5.0
 MAX_LOST_AFTER = 7 * 24 * 3600.0
+# Rolling batches (`job run --all --batch N|P% --batch-wait D --max-failures N|P%`): a
+# share is a number of parts or a whole percentage of the matching nodes, kept as text
+# ("2", "25%") and counted once the job knows its nodes (oz0.jobs.workflow.share_of).
+MAX_BATCH = 100_000
+MAX_BATCH_WAIT = 24 * 3600.0
+_SHARE = re.compile(r"(\d{1,6})(%?)")
 
 
 def parse_duration(text: str) -> float:
@@ -63,6 +69,51 @@ def parse_lost_after(text: str) -> float:
     if not MIN_LOST_AFTER <= seconds <= MAX_LOST_AFTER:
         raise ValueError(f"invalid lost-after {text!r}: give from 5s to 7d")
     return seconds
+
+
+def parse_share(text: str, what: str, *, least: int) -> str:
+    """A `--batch` (LEAST 1) or `--max-failures` (LEAST 0): N parts, from LEAST to
+    MAX_BATCH, or P% of the matching nodes, from LEAST% to 100%; as the job keeps it."""
+    match = _SHARE.fullmatch(text.strip())
+    if match is not None:
+        number, percent = int(match[1]), match[2]
+        if least <= number <= (100 if percent else MAX_BATCH):
+            return f"{number}{percent}"
+    raise ValueError(
+        f"invalid {what} {text!r}: give a number of nodes from {least} to {MAX_BATCH}"
+        f" or a percentage of the matching nodes from {least}% to 100%, such as 2 or 25%"
+    )
+
+
+def parse_batch(text: str) -> str:
+    """`--batch`: how many parts run at once, at least 1."""
+    return parse_share(text, "batch", least=1)
+
+
+def parse_max_failures(text: str) -> str:
+    """`--max-failures`: how many failed parts a rolling batch goes on after, from 0."""
+    return parse_share(text, "max-failures", least=0)
+
+
+def parse_batch_wait(text: str) -> float:
+    """`--batch-wait`: a DURATION from 0 to MAX_BATCH_WAIT (1 day)."""
+    seconds = 0.0 if text.strip() in ("0", "0s") else parse_duration(text)
+    if seconds > MAX_BATCH_WAIT:
+        raise ValueError(f"invalid batch-wait {text!r}: give at most 1d")
+    return seconds
+
+
+def describe_batch(batch: str | None, batch_wait: float, max_failures: str | None) -> str:
+    """What `job show` and the job page say of a job's batch: "2 at a time, 5 s between,
+    no new part once more than 1 failed"; without one, every node at once."""
+    if batch is None:
+        return "no (every node at once)"
+    text = f"{batch} of the nodes at a time" if batch.endswith("%") else f"{batch} at a time"
+    if batch_wait:
+        text += f", {_short_duration(batch_wait)} between"
+    if max_failures is not None:
+        text += f", no new part once more than {max_failures} failed"
+    return text
 
 
 def lost_after_of(on_lost: str, lost_after: float | None) -> float:

@@ -78,6 +78,21 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Part:
+    """A rolling batch's part (job_parts): its node, chosen as the job started, and whether
+    it waits for a slot, was placed (its attempts tell the rest) or was never started."""
+
+    part: int
+    node: str
+    state: str
+    because: str | None
+
+
+# A part of an --all job as `job show` counts it.
+WAITING, RUNNING_PART, ENDED_PART, NOT_STARTED = "waiting", "running", "ended", "not started"
+
+
+@dataclass(frozen=True)
 class Job:
     id: str
     tenant: str
@@ -105,11 +120,39 @@ class Job:
     # for on_lost, spec_text.LOST_AFTER).
     on_lost: str = DEFAULT_ON_LOST
     lost_after: float | None = None
+    # Its rolling batch (spec.JobSpec): None, every part at once.
+    batch: str | None = None
+    batch_wait: float = 0.0
+    max_failures: str | None = None
     attempts: tuple[Attempt, ...] = ()
+    # A batch job's parts (job_parts); other jobs have none.
+    parts: tuple[Part, ...] = ()
 
     @property
     def ended(self) -> bool:
         return self.state in ENDED_STATES
+
+    def part_states(self) -> dict[int, str]:
+        """Each part of an --all job by number: WAITING, RUNNING_PART, ENDED_PART or
+        NOT_STARTED; a part that was placed is where its last attempt is."""
+        states = {p.part: p.state for p in self.parts if p.state != "placed"}
+        for attempt in self.attempts:  # in order of number: the last one wins
+            states[attempt.part] = RUNNING_PART if attempt.state == "running" else ENDED_PART
+        return states
+
+    def parts_json(self) -> dict[str, Any] | None:
+        """How many parts of an --all job wait, run, have ended or were never started,
+        and which nodes wait; None for a job on one node."""
+        if not self.all_nodes:
+            return None
+        states = self.part_states()
+        counts = {k: sum(1 for s in states.values() if s == k) for k in _PART_KEYS}
+        waiting = [p.node for p in self.parts if states.get(p.part) == WAITING]
+        return {
+            "total": len(states),
+            **{key: counts[state] for state, key in _PART_KEYS.items()},
+            "waiting_nodes": waiting,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,8 +180,17 @@ class Job:
             "limits": self.limits,
             "on_lost": self.on_lost,
             "lost_after": self.lost_after,
+            "batch": None
+            if self.batch is None
+            else {"size": self.batch, "wait": self.batch_wait, "max_failures": self.max_failures},
+            "parts": self.parts_json(),
             "attempts": [a.to_json() for a in self.attempts],
         }
+
+
+_PART_KEYS = {
+    WAITING: "waiting", RUNNING_PART: "running", ENDED_PART: "ended", NOT_STARTED: "not_started",
+}  # fmt: skip
 
 
 def _iso(at: dt.datetime | None) -> str | None:
@@ -148,7 +200,7 @@ def _iso(at: dt.datetime | None) -> str | None:
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
-    " limits, secret_env, on_lost, lost_after_s"
+    " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -165,6 +217,27 @@ def _attempts(conn: Conn, job_ids: list[str]) -> dict[str, list[Attempt]]:
     ):
         found[row[0]].append(Attempt(*row[1:]))
     return found
+
+
+def _parts(conn: Conn, job_ids: list[str]) -> dict[str, list[Part]]:
+    found: dict[str, list[Part]] = {job_id: [] for job_id in job_ids}
+    for row in conn.execute(
+        "SELECT job_id, part, node_id, state, because FROM job_parts WHERE job_id = ANY(%s)"
+        " ORDER BY job_id, part",
+        (job_ids,),
+    ):
+        found[row[0]].append(Part(*row[1:]))
+    return found
+
+
+def _with_rows(conn: Conn, rows: list[Any]) -> list[Job]:
+    """Jobs of ROWS (their _JOB_COLUMNS) with their attempts and parts."""
+    ids = [r[0] for r in rows]
+    attempts, parts = _attempts(conn, ids), _parts(conn, ids)
+    return [
+        dataclasses.replace(Job(*r), attempts=tuple(attempts[r[0]]), parts=tuple(parts[r[0]]))
+        for r in rows
+    ]
 
 
 @dataclass(frozen=True)
@@ -197,7 +270,8 @@ def get(conn: Conn, job_id: str, *, scope: listing.Scope = None) -> Job:
     row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs" + where.sql, where.params).fetchone()
     if row is None:
         raise JobNotFound(f"job {job_id} not found")
-    return dataclasses.replace(Job(*row), attempts=tuple(_attempts(conn, [job_id])[job_id]))
+    [job] = _with_rows(conn, [row])
+    return job
 
 
 def list_jobs(
@@ -222,8 +296,7 @@ def list_jobs(
         + " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
         {**where.params, "limit": max(1, min(limit, MAX_LIST)), "offset": max(0, offset)},
     ).fetchall()  # fmt: skip
-    attempts = _attempts(conn, [r[0] for r in rows])
-    return [dataclasses.replace(Job(*r), attempts=tuple(attempts[r[0]])) for r in rows]
+    return _with_rows(conn, rows)
 
 
 class TenantNotFound(JobNotFound):
@@ -250,13 +323,15 @@ def create(
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
         " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env,"
-        " on_lost, lost_after_s)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " on_lost, lost_after_s, batch, batch_wait_s, max_failures)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+        " %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
             spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
-            Jsonb(sorted(spec.secret_env)), spec.on_lost, spec.lost_after,
+            Jsonb(sorted(spec.secret_env)), spec.on_lost, spec.lost_after, spec.batch,
+            spec.batch_wait, spec.max_failures,
         ),
     )  # fmt: skip
     secret_env.keep(conn, keeper, job_id, spec.secret_env)
@@ -275,6 +350,15 @@ def create(
             **({"limits": spec.limits} if spec.limits else {}),
             **({"on_lost": spec.on_lost} if spec.on_lost != DEFAULT_ON_LOST else {}),
             **({"lost_after": spec.lost_after} if spec.lost_after is not None else {}),
+            **(
+                {
+                    "batch": spec.batch,
+                    "batch_wait": spec.batch_wait,
+                    "max_failures": spec.max_failures,
+                }
+                if spec.batch is not None
+                else {}
+            ),
             "secret_env": sorted(spec.secret_env),
         },
         tenants=[spec.tenant],
@@ -392,6 +476,17 @@ _NODE_FATE = (
 )
 
 
+def node_fate(conn: Conn, node_id: str) -> str | None:
+    """What became of NODE_ID, as _NODE_FATE reads it: its state ("accepted" while it may
+    run work), "purged", or None for a node deleted or never known."""
+    row = conn.execute(
+        f"SELECT {_NODE_FATE} FROM (SELECT %s::text AS node_id) AS a"
+        " LEFT JOIN nodes n ON n.id = a.node_id",
+        (node_id,),
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
 def removed_attempts(conn: Conn) -> list[Removed]:
     """The running attempts whose node was taken away, their workflow not told yet."""
     rows = conn.execute(
@@ -473,9 +568,14 @@ def set_queued(conn: Conn, job_id: str, reason: str) -> None:
 
 
 def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
-    """The job's end; attempts still shown running end with it (cancelled), and its secrets
-    are deleted."""
+    """The job's end; attempts still shown running end with it (cancelled), parts of a
+    batch still waiting are not started, and its secrets are deleted."""
     assert state in ENDED_STATES
+    conn.execute(
+        "UPDATE job_parts SET state = 'not started', because = 'job ' || %s"
+        " WHERE job_id = %s AND state = 'waiting'",
+        (state, job_id),
+    )
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
         " ended_because = 'cancelled' WHERE job_id = %s AND state = 'running'",

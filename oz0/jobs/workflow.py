@@ -102,12 +102,27 @@ class JobInput:
     # unheard of (None: LOST_AFTER[on_lost]). Defaults only: older histories replay.
     on_lost: str = "move"
     lost_after: float | None = None
+    # A rolling batch (`--all --batch`): at most BATCH parts at once ("N", or "P%" of the
+    # matching nodes), each slot idle BATCH_WAIT seconds after its part ends; no new part
+    # once more than MAX_FAILURES ("N" or "P%") have failed. None: every part at once, as
+    # every history before batches has it (defaults only: they replay unchanged).
+    batch: str | None = None
+    batch_wait: float = 0.0
+    max_failures: str | None = None
 
     @property
     def lost_after_s(self) -> float:
         if self.lost_after is not None:
             return self.lost_after
         return LOST_AFTER.get(self.on_lost, LOST_AFTER["move"])
+
+
+def share_of(share: str, total: int, *, least: int) -> int:
+    """SHARE ("N" or "P%", as oz0.jobs.spec_text.parse_share keeps it) of TOTAL parts, at
+    least LEAST: a percentage rounds down, as Salt's `--batch 10%` does."""
+    if share.endswith("%"):
+        return max(least, total * int(share[:-1]) // 100)
+    return max(least, int(share))
 
 
 def schedule_to_start(all_nodes: bool, queue_timeout: float) -> dt.timedelta:
@@ -189,7 +204,9 @@ class JobWorkflow:
     @workflow.run
     async def run(self, job: JobInput) -> str:
         try:
-            if job.all_nodes:
+            if job.all_nodes and job.batch is not None:
+                state, exit_code, reason = await self._in_batches(job)
+            elif job.all_nodes:
                 state, exit_code, reason = await self._everywhere(job)
             else:
                 state, exit_code, reason = await self._once(job)
@@ -288,6 +305,67 @@ class JobWorkflow:
                 f"{len(lost)} of {len(results)} nodes were lost ({lost[0].because})",
             )
         return "succeeded", 0, None
+
+    # --- on every matching node, a few at a time (--batch) -------------------------------
+
+    async def _in_batches(self, job: JobInput) -> tuple[str, int | None, str | None]:
+        """Salt's `--batch` as a sliding window: the parts (one per node matching now) are
+        recorded waiting; WINDOW lanes each take the next waiting part, run it to its end,
+        rest `batch_wait`, and take the next, so at most WINDOW run at once and a part
+        starts as soon as one ends. Once more than `max_failures` parts have failed, no
+        lane takes another; those running finish. Only workflow timers and the lanes'
+        own state decide, so a replay makes the same steps."""
+        assert job.batch is not None
+
+        async def listed() -> list[Placed]:
+            parts: list[Placed] = await _step(
+                "oz0.jobs.list_parts", job.job_id, result_type=list[Placed]
+            )
+            return parts
+
+        waiting = await _until_placed(
+            job, listed, f"no node matched within the queue timeout of {job.queue_timeout:g} s"
+        )
+        total = len(waiting)
+        window = share_of(job.batch, total, least=1)
+        allowed = None if job.max_failures is None else share_of(job.max_failures, total, least=0)
+        self.number = total  # first attempts are 1..total; retries number on from there
+        results: list[Outcome] = []
+
+        def stopped() -> bool:
+            return allowed is not None and sum(map(_part_failed, results)) > allowed
+
+        async def lane() -> None:
+            while waiting and not stopped():
+                results.append(await self._waited_part(job, waiting.pop(0)))
+                if job.batch_wait > 0 and waiting and not stopped():
+                    await workflow.sleep(job.batch_wait)
+
+        lanes = [asyncio.create_task(lane()) for _ in range(min(window, total))]
+        try:
+            await asyncio.gather(*lanes)
+        except BaseException:
+            # Cancelled, or a step that failed the job: no lane goes on without the job.
+            for task in lanes:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*lanes, return_exceptions=True)
+            raise
+        return _verdict(results, total, len(waiting), job)
+
+    async def _waited_part(self, job: JobInput, part: Placed) -> Outcome:
+        """PART, its slot open: its first attempt placed now (grant and secrets from now),
+        then run as any part; a node taken away while the part waited ends it unrun."""
+        assert part.node is not None
+        placed: Placed = await _step(
+            "oz0.jobs.place_part", job.job_id, part.number, part.part, part.node,
+            result_type=Placed,
+        )  # fmt: skip
+        if placed.ended:
+            raise _Ended("cancelled", "cancelled by an operator")
+        if placed.node is None:
+            return Outcome(placed.reason or "node lost", None)
+        return await self._part(job, placed)
 
     async def _part(self, job: JobInput, first: Placed) -> Outcome:
         """One node's part of an `--all` job: retried there, never moved."""
@@ -390,6 +468,32 @@ class JobWorkflow:
             )
         )  # fmt: skip
         return Outcome(because, code)
+
+
+def _part_failed(outcome: Outcome) -> bool:
+    """A part that ran and failed (not one whose node was taken away)."""
+    return not outcome.moved and outcome.exit_code != 0
+
+
+def _verdict(
+    results: list[Outcome], total: int, not_started: int, job: JobInput
+) -> tuple[str, int | None, str | None]:
+    """A batch job's end from its parts' RESULTS, of TOTAL, NOT_STARTED of which never
+    started (stopped by --max-failures): failed if any failed, else lost if any node was
+    taken away, else succeeded."""
+    failed = [r for r in results if _part_failed(r)]
+    lost = [r for r in results if r.moved]
+    if failed:
+        why = f"{len(failed)} of {total} nodes failed"
+        refused = [r.refusal for r in results if r.refusal is not None]
+        if refused:
+            why += f" ({refused[0]})"
+        if not_started:
+            why += f"; {not_started} parts not started (--max-failures {job.max_failures})"
+        return "failed", failed[0].exit_code, why
+    if lost:
+        return "lost", None, f"{len(lost)} of {total} nodes were lost ({lost[0].because})"
+    return "succeeded", 0, None
 
 
 async def _until_placed(

@@ -31,10 +31,14 @@ from oz0.jobs.spec import (
     is_job_id,
 )
 from oz0.jobs.spec_text import (
+    describe_batch,
     describe_on_lost,
+    parse_batch,
+    parse_batch_wait,
     parse_duration,
     parse_env,
     parse_lost_after,
+    parse_max_failures,
     parse_on_lost,
     parse_selector,
 )
@@ -114,6 +118,17 @@ def job_nodes(job: store.Job) -> list[str]:
     return list(dict.fromkeys(a.node for a in job.attempts))
 
 
+def parts_text(job: store.Job) -> str | None:
+    """An --all job's parts by state, as the job page shows them (None for one node)."""
+    parts = job.parts_json()
+    if parts is None:
+        return None
+    return (
+        f"{parts['total']}: {parts['waiting']} waiting, {parts['running']} running,"
+        f" {parts['ended']} ended, {parts['not_started']} not started"
+    )
+
+
 def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     """The run form as the API's JSON body, checked by JobSpec.from_json; JobError or
     ValueError with one line saying which field is wrong."""
@@ -143,6 +158,15 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     lost_after = form.get("lost_after", "").strip()
     if lost_after:
         body["lost_after"] = _field("Lost after", parse_lost_after, lost_after)
+    # A rolling batch; JobSpec refuses its wait or failures without it, and it without all.
+    for key, label, parse in (
+        ("batch", "Batch", parse_batch),
+        ("batch_wait", "Batch wait", parse_batch_wait),
+        ("max_failures", "Max failures", parse_max_failures),
+    ):
+        text = form.get(key, "").strip()
+        if text:
+            body[key] = _field(label, parse, text)
     limits: dict[str, int | float] = {}
     memory, cpu = form.get("memory", "").strip(), form.get("cpu", "").strip()
     if memory:
@@ -232,6 +256,7 @@ def live_json(job: store.Job, page: store.OutputPage, after: int) -> dict[str, A
             for a in job.attempts
         ],
         "applied": applied_lines(job),
+        "parts": parts_text(job),
         "chunks": [c.to_json() for c in page.chunks],
         "cursor": page.cursor or after,
         "more": page.more,
@@ -325,6 +350,8 @@ def add(web: Blueprint, pages: Pages) -> None:
             shown_chunks=SHOWN_CHUNKS, output_cap=store.OUTPUT_CAP,
             limits_text=job_limits.describe(job.limits), applied=applied_lines(job),
             on_lost_text=describe_on_lost(job.on_lost, job.lost_after),
+            batch_text=describe_batch(job.batch, job.batch_wait, job.max_failures),
+            parts_text=parts_text(job),
         )  # fmt: skip
 
     @web.get("/jobs/<job_id>")

@@ -99,6 +99,7 @@ document.addEventListener("DOMContentLoaded", () => {
     setText("exit-code", data.exit_code);
     setText("started", data.started);
     setText("ended", data.ended_at);
+    if (data.parts) setText("parts", data.parts); // an --all job's parts by state
     const nodes = new Map(data.attempts.map((a) => [a.number, a.node]));
     attemptsTable(data.attempts);
     const applied = field("applied");
