@@ -175,6 +175,14 @@ RULES: dict[str, Rule] = {
     "job_show": _rule(Right.READ, "read jobs"),
     "job_output": _rule(Right.READ_OUTPUT, "read job output"),
     "job_cancel": _rule(Right.OPERATE, "cancel jobs"),
+    # Schedules: who may run jobs in a tenant may make and change its schedules.
+    "schedule_create": _rule(Right.OPERATE, "create schedules"),
+    "schedule_list": _rule(Right.READ, "list schedules"),
+    "schedule_show": _rule(Right.READ, "read schedules"),
+    "schedule_pause": _rule(Right.OPERATE, "pause schedules"),
+    "schedule_unpause": _rule(Right.OPERATE, "unpause schedules"),
+    "schedule_trigger": _rule(Right.OPERATE, "trigger schedules"),
+    "schedule_delete": _rule(Right.OPERATE, "delete schedules"),
     # The web UI (a session of the person's web account).
     "web.static": _rule(Right.PUBLIC),
     "web.home": _rule(Right.PUBLIC),
