@@ -82,7 +82,7 @@ async def create(client: Client, schedule_id: str, spec: schedules.ScheduleSpec)
         await client.create_schedule(schedule_id, schedule_of(schedule_id, spec))
     except RPCError as e:
         if e.status == RPCStatusCode.INVALID_ARGUMENT:
-            raise schedules.ScheduleError(f"Temporal refused the schedule: {e.message}") from None
+            raise schedules.ScheduleError(f"Temporal refused {spec.when()}: {e.message}") from None
         raise
 
 
@@ -128,7 +128,8 @@ async def describe(client: Client, schedule_id: str) -> Timing:
         found=True,
         paused=state.paused,
         note=state.note,
-        next_times=tuple(info.next_action_times[:NEXT_TIMES]),
+        # Temporal lists them paused too; none of them comes while it stays paused.
+        next_times=() if state.paused else tuple(info.next_action_times[:NEXT_TIMES]),
         running=tuple(getattr(r, "workflow_id", "") for r in info.running_actions),
         actions=info.num_actions,
         skipped_overlap=info.num_actions_skipped_overlap,
