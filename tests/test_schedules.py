@@ -11,18 +11,26 @@ every minute starts a job just after the minute; a server killed does not stop a
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
+import re
 import signal
+import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from cli import client
 from fixtures import operator_certs
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles
+from oz0 import passwords
+from oz0.context import Context
 from tests.conftest import CliRunner
 from tests.test_jobs_e2e import StartServer, api, join_agents
 
@@ -34,6 +42,7 @@ NEVER = "0 0 1 1 *"
 # Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
 RUN_BOUND = 30.0
 CRON_BOUND = 10.0
+WEB_PASSWORD = "a long enough web password"
 
 
 def jobs_of(cli: CliRunner, env: dict[str, str], schedule_id: str) -> list[dict[str, Any]]:
@@ -79,6 +88,49 @@ def overlapping(files: ClusterFiles, jobs: list[dict[str, Any]]) -> list[tuple[s
         for b in spans[i + 1 :]
         if a[0] != b[0] and a[1] < b[2] and b[1] < a[2]
     ]
+
+
+def web(
+    files: ClusterFiles,
+    method: str,
+    path: str,
+    cookie: str = "",
+    form: dict[str, str] | None = None,
+) -> tuple[int, str, str]:
+    """One request to the web UI as its own pages make it: status, body, Set-Cookie."""
+    ctx = Context.load(files.context_path)
+    tls = ssl.create_default_context(cafile=str(ctx.ca_path))
+    tls.check_hostname = False
+    https: http.client.HTTPSConnection = client.connection(SERVER, 8443, tls, timeout=10)
+    try:
+        headers = {"Cookie": cookie, "Accept": "text/html", "Sec-Fetch-Site": "same-origin"}
+        body = None
+        if form is not None:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            body = urllib.parse.urlencode(form)
+        https.request(method, path, body, headers)
+        answer = https.getresponse()
+        return answer.status, answer.read().decode(), answer.getheader("Set-Cookie") or ""
+    finally:
+        https.close()
+
+
+def web_account(files: ClusterFiles, name: str) -> tuple[str, str]:
+    """A web UI account for operator NAME, signed in: its cookie and CSRF token."""
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO ui_accounts (username, password_hash) VALUES (%s, %s)",
+            (name, passwords.hash_password(WEB_PASSWORD)),
+        )
+    status, _, cookie = web(
+        files, "POST", "/sign-in", form={"username": name, "password": WEB_PASSWORD}
+    )
+    assert status == 303, status
+    cookie = cookie.split(";", 1)[0]
+    _, page, _ = web(files, "GET", "/schedules", cookie)
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, page[:500]
+    return cookie, found.group(1)
 
 
 @pytest.mark.slow
@@ -167,6 +219,21 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     theirs = create(cli, bob_env, "--cron", NEVER, "--tenant", "acme", "--", "true")
     assert [s["id"] for s in cli("schedule", "list", "--json", env=bob_env).json()] == [theirs]
 
+    # The web UI's Schedules page: the same, for bob's web account.
+    cookie, csrf = web_account(files, "bob")
+    status, page, _ = web(files, "GET", "/schedules", cookie)
+    assert status == 200 and theirs in page and now not in page
+    assert web(files, "POST", f"/schedules/{theirs}/pause", cookie, {"csrf": csrf})[0] == 303
+    assert cli("schedule", "show", theirs, "--json", env=bob_env).json()["paused"] is True
+    assert web(files, "POST", f"/schedules/{now}/trigger", cookie, {"csrf": csrf})[0] == 404
+    assert web(files, "POST", f"/schedules/{theirs}/trigger", cookie, {})[0] == 403  # no CSRF
+    made_on_web = {"csrf": csrf, "when": "every", "every": "1h", "command": "true",
+                   "tenant": "acme"}  # fmt: skip
+    assert web(files, "POST", "/schedules", cookie, made_on_web)[0] == 303
+    assert len(cli("schedule", "list", "--json", env=bob_env).json()) == 2
+    status, page, _ = web(files, "POST", "/schedules", cookie, {**made_on_web, "every": "soon"})
+    assert status == 400 and "Every: invalid duration" in page
+
     # A bad cron expression or time zone: one line, nothing made.
     bad_specs: list[tuple[tuple[str, ...], str]] = [
         (("--cron", "61 * * * *"), "'61 * * * *' (UTC): Invalid schedule spec: Minute is not"),
@@ -178,7 +245,7 @@ def test_trigger_skip_pause_scope_and_bad_specs(
         bad = cli("schedule", "create", *args, "--", "true", env=env)
         assert bad.code != 0 and says in bad.err, (args, bad)
         assert len(bad.err.strip().splitlines()) == 1, bad.err
-    assert len(cli("schedule", "list", "--json", env=env).json()) == 3
+    assert len(cli("schedule", "list", "--json", env=env).json()) == 4
 
 
 @pytest.mark.slow

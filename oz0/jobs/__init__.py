@@ -19,8 +19,8 @@
   taken away.
 
 Above this layer (tests/test_layers.py): the management API's `/api/v1/jobs` routes are
-`oz0/server/api/jobs.py` (schedules': `oz0/server/api/schedules.py`), and the edge's side of the output nodes send over their control
-streams is `oz0/server/edge/job_output.py`.
+`oz0/server/api/jobs.py` (schedules': `oz0/server/api/schedules.py`), and the edge's
+side of the output nodes send over their control streams is `oz0/server/edge/job_output.py`.
 
 The node's side (the attempt activity and its process) is in `oz0_node/jobs/`.
 """
