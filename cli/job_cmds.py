@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -181,71 +182,13 @@ def run(
     detach
         Print the job ID and leave it running.
     """
-    if not command:
-        raise usage_error("job run needs a command after --, such as: -- uptime")
-    if node is not None:
-        try:
-            node_rules.check_node_id(node)
-        except node_rules.NodeError as e:
-            raise usage_error(str(e)) from None
-        if all:
-            raise usage_error("--node and --all cannot go together: --node picks one node")
-    if batch is not None and not all:
-        raise usage_error(
-            "--batch goes with --all: a rolling batch runs the command on every matching"
-            " node, a few at a time"
-        )
-    for flag, given in (("--batch-wait", batch_wait), ("--max-failures", max_failures)):
-        if given is not None and batch is None:
-            raise usage_error(f"{flag} goes with --batch: without it every node starts at once")
+    # Every option of the job itself, as `schedule create` takes them too (job_body).
+    options = {k: v for k, v in locals().items() if k not in _NOT_THE_JOBS}
     if json and not detach:
         raise usage_error(
             "--json goes with --detach: a followed job prints its command's own output"
         )
-    if retries < 0:
-        raise usage_error(f"invalid --retries {retries}: give 0 or more")
-    limits: dict[str, int | float] = {}
-    for flag, limit, value in (
-        ("--memory", "memory", memory),
-        ("--cpu", "cpu", cpu),
-        ("--max-processes", "max_processes", max_processes),
-        ("--max-open-files", "max_open_files", max_open_files),
-        ("--max-address-space", "address_space", max_address_space),
-    ):
-        if value is not None:
-            try:
-                limits[limit] = job_limits.check_one(limit, value)
-            except ValueError as e:
-                raise usage_error(f"{flag}: {e}") from None
-    # Read before anything is sent: a name not set sends nothing.
-    secrets = secret_values(secret_env or [], os.environ)
-    body: dict[str, Any] = {
-        "tenant": tenant,
-        "command": list(command),
-        "selector": parse_selector(selector or []),
-        "node": node,
-        "all": all,
-        "timeout": timeout,
-        "retries": retries,
-        "env": parse_env(env or []),
-        "name": name,
-        "no_move": no_move,
-        "queue_timeout": queue_timeout,
-    }
-    if limits:  # only when asked: a server without limits refuses the field
-        body["limits"] = limits
-    if on_lost != DEFAULT_ON_LOST:  # the same: an older server refuses what it lacks
-        body["on_lost"] = on_lost
-    if lost_after is not None:
-        body["lost_after"] = lost_after
-    if batch is not None:  # only when asked: an older server refuses what it lacks
-        body["batch"] = batch
-        if batch_wait:
-            body["batch_wait"] = batch_wait
-        if max_failures is not None:
-            body["max_failures"] = max_failures
-    if secrets:
-        body["secret_env"] = secrets
+    body = job_body(command, options)
     client = ApiClient(select(context))
     try:
         job = client.post("/api/v1/jobs", body)
@@ -269,6 +212,7 @@ def list_(
     *,
     tenant: str | None = None,
     state: str | None = None,
+    schedule: str | None = None,
     limit: int = 50,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -281,13 +225,15 @@ def list_(
         Only jobs of this tenant.
     state
         queued, running, succeeded, failed, cancelled or lost.
+    schedule
+        Only the runs of this schedule (sched-...).
     limit
         At most this many jobs.
     """
     if limit < 1:
         raise usage_error(f"invalid --limit {limit}: give 1 or more")
     found = ApiClient(select(context)).get(
-        "/api/v1/jobs", {"tenant": tenant, "state": state, "limit": limit}
+        "/api/v1/jobs", {"tenant": tenant, "state": state, "schedule": schedule, "limit": limit}
     )
     jobs = found["jobs"]
     if json:
@@ -564,3 +510,84 @@ def _time(iso: str | None) -> str:
     if iso is None:
         return "-"
     return dt.datetime.fromisoformat(iso).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+# `job run`'s own parameters that are not the job's: how the command line follows it.
+_NOT_THE_JOBS = frozenset({"command", "detach", "json", "context"})
+
+
+def job_body(command: Sequence[str], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's job body (oz0.jobs.spec.JobSpec) from `job run`'s COMMAND and OPTIONS (its
+    parameters by name, each given or its default): checked here as far as the command
+    line can, so a mistake is one line before anything is sent. `schedule create` takes
+    the same options, parsed by `job run`'s own signature (cli/schedule_cmds.py)."""
+    o = options
+    tenant, selector, node, all = o["tenant"], o["selector"], o["node"], o["all"]
+    timeout, retries, env, name = o["timeout"], o["retries"], o["env"], o["name"]
+    no_move, on_lost, lost_after = o["no_move"], o["on_lost"], o["lost_after"]
+    batch, batch_wait, max_failures = o["batch"], o["batch_wait"], o["max_failures"]
+    queue_timeout, secret_env = o["queue_timeout"], o["secret_env"]
+    memory, cpu, max_processes = o["memory"], o["cpu"], o["max_processes"]
+    max_open_files, max_address_space = o["max_open_files"], o["max_address_space"]
+    if not command:
+        raise usage_error("job run needs a command after --, such as: -- uptime")
+    if node is not None:
+        try:
+            node_rules.check_node_id(node)
+        except node_rules.NodeError as e:
+            raise usage_error(str(e)) from None
+        if all:
+            raise usage_error("--node and --all cannot go together: --node picks one node")
+    if batch is not None and not all:
+        raise usage_error(
+            "--batch goes with --all: a rolling batch runs the command on every matching"
+            " node, a few at a time"
+        )
+    for flag, given in (("--batch-wait", batch_wait), ("--max-failures", max_failures)):
+        if given is not None and batch is None:
+            raise usage_error(f"{flag} goes with --batch: without it every node starts at once")
+    if retries < 0:
+        raise usage_error(f"invalid --retries {retries}: give 0 or more")
+    limits: dict[str, int | float] = {}
+    for flag, limit, value in (
+        ("--memory", "memory", memory),
+        ("--cpu", "cpu", cpu),
+        ("--max-processes", "max_processes", max_processes),
+        ("--max-open-files", "max_open_files", max_open_files),
+        ("--max-address-space", "address_space", max_address_space),
+    ):
+        if value is not None:
+            try:
+                limits[limit] = job_limits.check_one(limit, value)
+            except ValueError as e:
+                raise usage_error(f"{flag}: {e}") from None
+    # Read before anything is sent: a name not set sends nothing.
+    secrets = secret_values(secret_env or [], os.environ)
+    body: dict[str, Any] = {
+        "tenant": tenant,
+        "command": list(command),
+        "selector": parse_selector(selector or []),
+        "node": node,
+        "all": all,
+        "timeout": timeout,
+        "retries": retries,
+        "env": parse_env(env or []),
+        "name": name,
+        "no_move": no_move,
+        "queue_timeout": queue_timeout,
+    }
+    if limits:  # only when asked: a server without limits refuses the field
+        body["limits"] = limits
+    if on_lost != DEFAULT_ON_LOST:  # the same: an older server refuses what it lacks
+        body["on_lost"] = on_lost
+    if lost_after is not None:
+        body["lost_after"] = lost_after
+    if batch is not None:  # only when asked: an older server refuses what it lacks
+        body["batch"] = batch
+        if batch_wait:
+            body["batch_wait"] = batch_wait
+        if max_failures is not None:
+            body["max_failures"] = max_failures
+    if secrets:
+        body["secret_env"] = secrets
+    return body

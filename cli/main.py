@@ -50,6 +50,11 @@ app.command(
 app.command("cli.audit_cmds:app", name="audit", help="The audit log of every change.")
 # Through its meta app, which checks that `job run` has its `--` (see job_cmds).
 app.command("cli.job_cmds:meta", name="job", help="Jobs: commands run on the fleet's nodes.")
+app.command(
+    "cli.schedule_cmds:meta",
+    name="schedule",
+    help="Schedules: jobs run on a cron or an interval (Temporal Schedules).",
+)
 
 
 def run(tokens: Sequence[str]) -> int:

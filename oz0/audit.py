@@ -13,7 +13,8 @@ from psycopg.types.json import Jsonb
 from oz0 import listing
 from oz0.retention_rules import describe
 
-ActorKind = Literal["operator", "node", "server", "ui"]
+# "schedule": a schedule's run, starting its job (oz0/jobs/schedules.py).
+ActorKind = Literal["operator", "node", "server", "ui", "schedule"]
 
 
 @dataclass(frozen=True)

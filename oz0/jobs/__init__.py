@@ -10,13 +10,17 @@
 - `activities.py`: the workflow's steps that touch the database, run by the same workers.
 - `secret_env.py`: jobs' secret values, sealed at rest with the master key and sealed again
   to the placed node's key for each attempt; deleted when the job ends.
+- `schedules.py`: schedules' rows and specs (a job run on a cron or an interval), and a
+  run's job, made once; `schedule_calls.py`: their Temporal Schedules, in the tenant's
+  namespace; `scheduled.py`: the workflow each run starts (it makes the job and runs the
+  job's workflow as its child); `schedule_steps.py`: its database step.
 - `role.py`: the job role every server runs: its Temporal worker (one per tenant namespace)
   and the sweeper that starts workflows, sends cancellations and tells workflows of nodes
   taken away.
 
 Above this layer (tests/test_layers.py): the management API's `/api/v1/jobs` routes are
-`oz0/server/api/jobs.py`, and the edge's side of the output nodes send over their control
-streams is `oz0/server/edge/job_output.py`.
+`oz0/server/api/jobs.py` (schedules': `oz0/server/api/schedules.py`), and the edge's
+side of the output nodes send over their control streams is `oz0/server/edge/job_output.py`.
 
 The node's side (the attempt activity and its process) is in `oz0_node/jobs/`.
 """

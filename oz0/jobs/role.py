@@ -38,6 +38,8 @@ from oz0 import pki
 from oz0.jobs import secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
+from oz0.jobs.schedule_steps import ScheduleSteps
+from oz0.jobs.scheduled import ScheduledWorkflow
 from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
@@ -338,6 +340,7 @@ class JobsRole:
     async def _work(self, activities: JobActivities) -> None:
         """Run a worker per tenant namespace until asked to reconnect (or cancelled)."""
         assert self._reconnect is not None
+        schedule_steps = ScheduleSteps(self.db)
         workers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
         async with asyncio.TaskGroup() as group:
             try:
@@ -354,8 +357,9 @@ class JobsRole:
                             worker = Worker(
                                 self._client_for(name),
                                 task_queue=JOBS_QUEUE,
-                                workflows=[JobWorkflow],
-                                activities=activities.all(),
+                                # Schedules' runs (scheduled.py) beside the jobs.
+                                workflows=[JobWorkflow, ScheduledWorkflow],
+                                activities=[*activities.all(), *schedule_steps.all()],
                                 identity=f"{self.server_id} jobs",
                                 graceful_shutdown_timeout=WORKER_GRACE,
                             )

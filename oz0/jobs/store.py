@@ -124,6 +124,8 @@ class Job:
     batch: str | None = None
     batch_wait: float = 0.0
     max_failures: str | None = None
+    # The schedule whose run made it (schedules.py), if one did.
+    schedule_id: str | None = None
     attempts: tuple[Attempt, ...] = ()
     # A batch job's parts (job_parts); other jobs have none.
     parts: tuple[Part, ...] = ()
@@ -184,6 +186,7 @@ class Job:
             if self.batch is None
             else {"size": self.batch, "wait": self.batch_wait, "max_failures": self.max_failures},
             "parts": self.parts_json(),
+            "schedule": self.schedule_id,
             "attempts": [a.to_json() for a in self.attempts],
         }
 
@@ -200,7 +203,8 @@ def _iso(at: dt.datetime | None) -> str | None:
 _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
-    " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures"
+    " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures,"
+    " schedule_id"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -282,15 +286,22 @@ def list_jobs(
     limit: int = 100,
     offset: int = 0,
     scope: listing.Scope = None,
+    schedule: str | None = None,
 ) -> list[Job]:
     """The newest jobs first, of TENANT and in STATE if given, of SCOPE's tenants (None:
     all); OFFSET skips that many (the web UI's pages). The WHERE names only the filters
     given (listing.Where): a tenant (or a scope of one) reads jobs_listing (tenant,
     created_at DESC), a state jobs_by_state (state, created_at DESC), newest first, in a
-    prepared statement's generic plan too."""
+    prepared statement's generic plan too; a SCHEDULE's jobs read jobs_by_schedule."""
     if state is not None and state not in STATES:
         raise JobError(f"unknown job state {state!r}: one of {', '.join(STATES)}")
-    where = listing.Where().equal("tenant", tenant).equal("state", state).within("tenant", scope)
+    where = (
+        listing.Where()
+        .equal("tenant", tenant)
+        .equal("state", state)
+        .equal("schedule_id", schedule)
+        .within("tenant", scope)
+    )
     rows = conn.execute(
         f"SELECT {_JOB_COLUMNS} FROM jobs" + where.sql
         + " ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
@@ -303,12 +314,28 @@ class TenantNotFound(JobNotFound):
     pass
 
 
+@dataclass(frozen=True)
+class ScheduledRun:
+    """A job a schedule's run makes (schedules.start_run): which schedule, the run's key
+    (unique: one job a run), and who made the schedule (the job's creator)."""
+
+    schedule_id: str
+    run_key: str
+    created_by: str
+
+
 def create(
-    conn: Conn, spec: JobSpec, actor: audit.Actor, keeper: secret_env.SecretKeeper | None = None
+    conn: Conn,
+    spec: JobSpec,
+    actor: audit.Actor,
+    keeper: secret_env.SecretKeeper | None = None,
+    *,
+    run: ScheduledRun | None = None,
 ) -> Job:
     """A new job, queued, and its `job.run` audit row; a server starts its workflow. Its
     secret values are sealed by KEEPER (none without one: SecretsUnavailable). TooManyQueued
-    if its tenant has its cap of jobs queued already."""
+    if its tenant has its cap of jobs queued already. A schedule's RUN's job is made with
+    its workflow started: the run starts it, as its child."""
     row = conn.execute(
         "SELECT max_queued_jobs FROM tenants WHERE name = %s", (spec.tenant,)
     ).fetchone()
@@ -334,6 +361,12 @@ def create(
             spec.batch_wait, spec.max_failures,
         ),
     )  # fmt: skip
+    if run is not None:
+        conn.execute(
+            "UPDATE jobs SET schedule_id = %s, run_key = %s, created_by = %s,"
+            " workflow_started = true WHERE id = %s",
+            (run.schedule_id, run.run_key, run.created_by, job_id),
+        )
     secret_env.keep(conn, keeper, job_id, spec.secret_env)
     audit.record(
         conn,
@@ -360,6 +393,7 @@ def create(
                 else {}
             ),
             "secret_env": sorted(spec.secret_env),
+            **({"schedule": run.schedule_id, "created_by": run.created_by} if run else {}),
         },
         tenants=[spec.tenant],
     )

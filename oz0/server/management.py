@@ -24,6 +24,7 @@ from oz0.server.api import (
     jobs,
     nodes,
     operators,
+    schedules,
     tenants,
     tokens,
 )
@@ -70,6 +71,7 @@ API_MODULES = (
     nodes,
     audit,
     jobs,
+    schedules,
     agent_file,
     health,
     web_routes,

@@ -198,6 +198,7 @@ async def run_server(
             metrics=metrics,
             readiness=Readiness(db, metrics.heartbeat_age, metrics.temporal_state),
             kick_jobs=jobs.kick,
+            in_namespace=jobs.in_namespace,
             hub=hub,
         )
         management_tls = certs.management_context(tickets=management.TLS_TICKETS)

@@ -132,6 +132,12 @@ def parts_text(job: store.Job) -> str | None:
 def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     """The run form as the API's JSON body, checked by JobSpec.from_json; JobError or
     ValueError with one line saying which field is wrong."""
+    return JobSpec.from_json(body_from_form(form))
+
+
+def body_from_form(form: MultiDict[str, str]) -> dict[str, Any]:
+    """The run form's fields as the API's JSON body (the Schedules page's job fields too);
+    JobError naming the field that does not parse."""
     command_line = form.get("command", "").strip()
     if not command_line:
         raise JobError("Command: give the program to run and its arguments, such as uptime")
@@ -176,7 +182,7 @@ def spec_from_form(form: MultiDict[str, str]) -> JobSpec:
     if limits:
         body["limits"] = limits
     body["secret_env"] = secrets_from_form(form)
-    return JobSpec.from_json(body)
+    return body
 
 
 def secrets_from_form(form: MultiDict[str, str]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from oz0.web import (
     live,
     node_pages,
     overview,
+    schedule_pages,
     sign_in,
     token_pages,
 )
@@ -37,6 +38,7 @@ PAGE_MODULES = (
     node_pages,
     token_pages,
     job_pages,
+    schedule_pages,
     audit_pages,
     admin_pages,
     account,

@@ -11,6 +11,7 @@ from quart import g, request
 
 from oz0 import access, nodes, operators, pki
 from oz0.cluster import Cluster
+from oz0.jobs.schedule_calls import InNamespace
 from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.https import peer_cert_der
@@ -32,6 +33,9 @@ class ManagementState:
     readiness: Readiness
     # Tells this server's job sweeper to look now (a job was created or cancelled).
     kick_jobs: Callable[[], None] = lambda: None
+    # This server's Temporal calls in a tenant's namespace (the job role's), for schedules;
+    # None: schedules are unavailable here.
+    in_namespace: InNamespace | None = None
     # This server's notifications, for the web UI's live updates (None: no live updates).
     hub: EventHub | None = None
     # Operator certificates found current a moment ago (see operator_cache).

@@ -39,11 +39,12 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def job_list() -> Response:
         scope = (await operator(state)).scope
         tenant, wanted = request.args.get("tenant"), request.args.get("state")
+        schedule = request.args.get("schedule")  # a schedule's runs (schedules.py)
         limit = _int_arg("limit", 100, 1, store.MAX_LIST)
         found = await _do(
             state,
             lambda conn: store.list_jobs(
-                conn, tenant=tenant, state=wanted, limit=limit, scope=scope
+                conn, tenant=tenant, state=wanted, limit=limit, scope=scope, schedule=schedule
             ),
         )
         return jsonify({"jobs": [j.to_json() for j in found]})

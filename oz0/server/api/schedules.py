@@ -1,0 +1,258 @@
+"""POST/GET /api/v1/schedules, GET /api/v1/schedules/<id>, POST .../pause, .../unpause,
+.../trigger, DELETE /api/v1/schedules/<id>.
+
+A schedule is a row (oz0/jobs/schedules.py) and a Temporal Schedule in its tenant's
+namespace (oz0/jobs/schedule_calls.py), reached through this server's job role. The
+functions below do each operation for the API and the web UI's Schedules page alike, and
+raise ApiError with the status and the one line to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from oz0 import access
+from oz0.jobs import schedule_calls, schedules, store
+from oz0.jobs.schedules import Schedule, ScheduleError, ScheduleNotFound, ScheduleSpec
+from oz0.jobs.spec import JobError
+from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# The runs `schedule show` lists, newest first.
+SHOWN_RUNS = 10
+ACTIONS = ("pause", "unpause", "trigger")
+TEMPORAL_UNAVAILABLE = "Temporal cannot be reached from this server now; try again shortly"
+
+
+def register(app: QuartTrio, state: ManagementState) -> None:
+    @app.post("/api/v1/schedules")
+    async def schedule_create() -> tuple[Response, int]:
+        made = await create(state, await operator(state), await json_object())
+        return jsonify(made), 201
+
+    @app.get("/api/v1/schedules")
+    async def schedule_list() -> Response:
+        scope = (await operator(state)).scope
+        found = await listing(state, scope, tenant=request.args.get("tenant"))
+        return jsonify({"schedules": found})
+
+    @app.get("/api/v1/schedules/<schedule_id>")
+    async def schedule_show(schedule_id: str) -> Response:
+        return jsonify(await show(state, (await operator(state)).scope, schedule_id))
+
+    @app.post("/api/v1/schedules/<schedule_id>/pause")
+    async def schedule_pause(schedule_id: str) -> Response:
+        return jsonify(await act(state, await operator(state), schedule_id, "pause"))
+
+    @app.post("/api/v1/schedules/<schedule_id>/unpause")
+    async def schedule_unpause(schedule_id: str) -> Response:
+        return jsonify(await act(state, await operator(state), schedule_id, "unpause"))
+
+    @app.post("/api/v1/schedules/<schedule_id>/trigger")
+    async def schedule_trigger(schedule_id: str) -> Response:
+        return jsonify(await act(state, await operator(state), schedule_id, "trigger"))
+
+    @app.delete("/api/v1/schedules/<schedule_id>")
+    async def schedule_delete(schedule_id: str) -> Response:
+        return jsonify(await act(state, await operator(state), schedule_id, "delete"))
+
+
+async def create(
+    state: ManagementState, person: access.Person, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Make a schedule: its Temporal Schedule first (Temporal checks the cron expression
+    and the time zone), then its row. A row that cannot be written deletes the Temporal
+    Schedule again; a server that dies between the two leaves a Temporal Schedule whose
+    runs find no row and start nothing (schedules.start_run)."""
+    try:
+        spec = ScheduleSpec.from_json(body)
+    except ScheduleError as e:
+        raise ApiError(400, str(e)) from None
+    _check(person, "create schedules", spec.tenant)
+    await _db(state, lambda conn: _tenant_exists(conn, spec.tenant))
+    schedule_id = schedules.new_schedule_id()
+    await _temporal(state, spec.tenant, lambda c: schedule_calls.create(c, schedule_id, spec))
+    try:
+        made = await _db(state, lambda conn: schedules.create(conn, schedule_id, spec, person))
+    except Exception:
+        try:
+            await _temporal(state, spec.tenant, lambda c: schedule_calls.delete(c, schedule_id))
+        except ApiError as e:  # its runs find no row and start nothing
+            log.warning("schedule %s: its Temporal Schedule is left: %s", schedule_id, e)
+        raise
+    timing = await _timing(state, made)
+    return {**made.to_json(), **_timing_json(timing)}
+
+
+async def listing(
+    state: ManagementState, scope: tuple[str, ...] | None, *, tenant: str | None = None
+) -> list[dict[str, Any]]:
+    """The schedules in SCOPE (of TENANT if given), newest first, each with its state in
+    Temporal (asked for all at once)."""
+    found = await _db(
+        state, lambda conn: schedules.list_schedules(conn, tenant=tenant, scope=scope)
+    )
+    timings = await _timings(state, found)
+    return [{**s.to_json(), **_timing_json(timings.get(s.id))} for s in found]
+
+
+async def show(
+    state: ManagementState, scope: tuple[str, ...] | None, schedule_id: str
+) -> dict[str, Any]:
+    """The schedule, its state and next times in Temporal, and its last runs (its jobs)."""
+    _check_id(schedule_id)
+
+    def read(conn: store.Conn) -> tuple[Schedule, list[store.Job]]:
+        schedule = schedules.get(conn, schedule_id, scope=scope)
+        runs = store.list_jobs(conn, schedule=schedule_id, limit=SHOWN_RUNS, scope=scope)
+        return schedule, runs
+
+    schedule, runs = await _db(state, read)
+    timing = await _timing(state, schedule)
+    return {
+        **schedule.to_json(),
+        **_timing_json(timing),
+        "runs": [_run_json(j) for j in runs],
+    }
+
+
+async def act(
+    state: ManagementState, person: access.Person, schedule_id: str, action: str
+) -> dict[str, Any]:
+    """Pause, unpause, trigger or delete a schedule of the person's tenants; audited."""
+    _check_id(schedule_id)
+    schedule = await _db(state, lambda conn: schedules.get(conn, schedule_id, scope=person.scope))
+    _check(person, f"{action} schedules", schedule.tenant)
+    note = f"{action}d by {person.kind}:{person.name}"
+    calls: dict[str, Callable[[Client], Awaitable[None]]] = {
+        "pause": lambda c: schedule_calls.pause(c, schedule_id, note),
+        "unpause": lambda c: schedule_calls.unpause(c, schedule_id, note),
+        "trigger": lambda c: schedule_calls.trigger(c, schedule_id),
+        "delete": lambda c: schedule_calls.delete(c, schedule_id),
+    }
+    try:
+        await _temporal(state, schedule.tenant, calls[action])
+    except ApiError as e:
+        if e.status != 404 or action != "delete":
+            raise
+    actor = person.actor
+    if action == "delete":
+        await _db(state, lambda conn: schedules.delete(conn, schedule, actor))
+        return {**schedule.to_json(), "deleted": True}
+    await _db(state, lambda conn: schedules.record(conn, actor, f"schedule.{action}", schedule))
+    return {**schedule.to_json(), **_timing_json(await _timing(state, schedule))}
+
+
+def _run_json(job: store.Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "state": job.state,
+        "exit_code": job.exit_code,
+        "reason": job.reason,
+        "created_at": job.created_at.isoformat(),
+        "ended_at": job.ended_at.isoformat() if job.ended_at else None,
+    }
+
+
+def _timing_json(timing: schedule_calls.Timing | None) -> dict[str, Any]:
+    """The schedule's state in Temporal; `temporal` null when Temporal could not be asked."""
+    if timing is None:
+        return {"temporal": None, "paused": None, "next_times": []}
+    return {
+        "temporal": timing.to_json(),
+        "paused": timing.paused if timing.found else None,
+        "next_times": [t.isoformat() for t in timing.next_times],
+    }
+
+
+async def _timing(state: ManagementState, schedule: Schedule) -> schedule_calls.Timing | None:
+    try:
+        return await _temporal(
+            state, schedule.tenant, lambda c: schedule_calls.describe(c, schedule.id)
+        )
+    except ApiError:
+        return None  # the listing says Temporal could not be asked
+
+
+async def _timings(
+    state: ManagementState, found: list[Schedule]
+) -> dict[str, schedule_calls.Timing]:
+    """Each schedule's timing, asked together, per tenant; those not answered are left out."""
+    by_tenant: dict[str, list[str]] = {}
+    for s in found:
+        by_tenant.setdefault(s.tenant, []).append(s.id)
+    timings: dict[str, schedule_calls.Timing] = {}
+    for tenant, ids in by_tenant.items():
+
+        async def describe_all(client: Client, ids: list[str] = ids) -> list[Any]:
+            return await asyncio.gather(
+                *(schedule_calls.describe(client, i) for i in ids), return_exceptions=True
+            )
+
+        try:
+            answers = await _temporal(state, tenant, describe_all)
+        except ApiError:
+            continue
+        timings.update(
+            (i, a) for i, a in zip(ids, answers, strict=True)
+            if isinstance(a, schedule_calls.Timing)
+        )  # fmt: skip
+    return timings
+
+
+def _tenant_exists(conn: store.Conn, tenant: str) -> None:
+    if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (tenant,)).fetchone() is None:
+        raise ScheduleNotFound(f"tenant {tenant} not found")
+
+
+def _check(person: access.Person, doing: str, tenant: str) -> None:
+    try:
+        person.check(access.Right.OPERATE, doing, tenant=tenant)
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
+
+
+def _check_id(schedule_id: str) -> None:
+    if not schedules.is_schedule_id(schedule_id):
+        raise ApiError(
+            400, f"invalid schedule ID {schedule_id!r}: schedule IDs look like sched-0123456789ab"
+        )
+
+
+async def _db(state: ManagementState, work: Callable[[store.Conn], T]) -> T:
+    try:
+        return await state.db.transaction(work)
+    except ScheduleNotFound as e:
+        raise ApiError(404, str(e)) from None
+    except (ScheduleError, JobError) as e:
+        raise ApiError(400, str(e)) from None
+
+
+async def _temporal(
+    state: ManagementState, tenant: str, make: Callable[[Client], Awaitable[T]]
+) -> T:
+    """MAKE(a client of TENANT's namespace) on this server's Temporal connection."""
+    if state.in_namespace is None:
+        raise ApiError(503, TEMPORAL_UNAVAILABLE)
+    try:
+        return await state.in_namespace(tenant, make, schedule_calls.CALL_WITHIN)
+    except ScheduleError as e:
+        raise ApiError(400, str(e)) from None
+    except RPCError as e:
+        if e.status.name == "NOT_FOUND":
+            raise ApiError(404, f"Temporal has no such schedule: {e.message}") from None
+        log.warning("a schedule's Temporal call failed: %s", e)
+        raise ApiError(503, TEMPORAL_UNAVAILABLE) from None
+    except Exception as e:  # JobsUnavailable, TimeoutError, the portal closing
+        log.warning("a schedule's Temporal call failed: %r", e)
+        raise ApiError(503, TEMPORAL_UNAVAILABLE) from None
