@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import trio
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -742,6 +742,54 @@ def test_each_attempt_is_activity_attempt_n_lost_after_its_job_s_lost_after(
         assert [a.activity_id for a in fleet.attempts] == ["attempt-1", "attempt-2"]
         timeout = dt.timedelta(seconds=seconds)
         assert [a.heartbeat_timeout for a in fleet.attempts] == [timeout, timeout]
+
+    run(scenario)
+
+
+def step_kinds(history: Any) -> tuple[list[str], int]:
+    """The activities a history scheduled on the servers' queue (JOBS_QUEUE) by type, and
+    how many local activities it recorded."""
+    activities = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.task_queue.name == wf.JOBS_QUEUE
+    ]
+    local = [
+        e
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    ]
+    return activities, len(local)
+
+
+def test_the_steps_are_local_activities_and_a_history_of_activity_steps_replays(
+    operator: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's database steps are local activities of the worker running it: no activity
+    task on the servers' queue; a history made before (`patched(LOCAL_STEPS)` False, as
+    when one without the marker replays) keeps its activities and replays unchanged."""
+    fleet = Fleet({"a": [exits(1), exits(0)]})
+    steps = ["oz0.jobs.place", "oz0.jobs.end_attempt"] * 2 + ["oz0.jobs.finish"]
+
+    async def one_job() -> Any:
+        async with running(operator, fleet, job_input(retries=1)) as j:
+            assert await j.result() == "succeeded"
+            return await j.handle.fetch_history()
+
+    async def scenario() -> None:
+        now = await one_job()
+        assert step_kinds(now) == ([], len(steps))
+        real = workflow.patched
+        with monkeypatch.context() as before:
+            before.setattr(workflow, "patched", lambda p: False if p == wf.LOCAL_STEPS else real(p))
+            old = await one_job()
+        assert step_kinds(old) == (steps, 0)
+        replayer = Replayer(workflows=[JobWorkflow])
+        for history in (old, now):
+            replayed = await replayer.replay_workflow(history)
+            assert replayed.replay_failure is None
 
     run(scenario)
 

@@ -79,6 +79,13 @@ QUEUED_POLL_FIRST, QUEUED_POLL_MAX = 1.0, 5.0
 QUEUED_PATIENT, QUEUED_POLL_LONGEST, QUEUED_SHARE = 60.0, 30.0, 0.1
 QUEUED_BACKOFF = "oz0-queued-backoff"
 STEP = dt.timedelta(seconds=10)
+# From this patch on, the database steps are local activities: run by the worker that runs
+# the workflow task, their results recorded as markers when that task completes, so a step
+# costs no activity task round trip through Temporal (schedule, poll, start, complete, and
+# a workflow task to hear of it). A local activity is at least once too, like the activity
+# it replaces: each step is idempotent (activities.py). Histories from before keep their
+# activities (`workflow.patched` is False for them for good).
+LOCAL_STEPS = "oz0-local-steps"
 # The database's outages are waited out: a step retried for as long as it takes.
 STEP_RETRY = RetryPolicy(
     initial_interval=dt.timedelta(seconds=0.5), maximum_interval=dt.timedelta(seconds=5)
@@ -503,7 +510,16 @@ async def _unstoppable(work: Awaitable[T]) -> T:
 
 # RESULT_TYPE: a type, or a union of types (temporalio converts to either).
 async def _step(name: str, *args: object, result_type: Any = None) -> Any:
-    """A step that touches the database, on the servers' job workers."""
+    """A step that touches the database, on the servers' job workers: a local activity of
+    the worker running the workflow (an activity on JOBS_QUEUE before LOCAL_STEPS)."""
+    if workflow.patched(LOCAL_STEPS):
+        return await workflow.execute_local_activity(
+            name,
+            args=list(args),
+            result_type=result_type,
+            start_to_close_timeout=STEP,
+            retry_policy=STEP_RETRY,
+        )
     return await workflow.execute_activity(
         name,
         args=list(args),
