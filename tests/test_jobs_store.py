@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, nodes, pki, tenants
-from oz0.jobs import placement, pruner, secret_env, store
+from oz0.jobs import placement, pruner, role, secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
@@ -854,7 +854,7 @@ def everything_of(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[Any,
 def test_every_step_run_twice_answers_the_same_and_records_once(
     conn: psycopg.Connection[Any],
 ) -> None:
-    """The workflow's database steps are local activities (workflow.LOCAL_STEPS): one whose
+    """The workflow's database steps are local activities (JobInput.local_steps): one whose
     workflow task did not complete (its server stopped, the task timed out) is run again by
     the next worker, after it had committed. Each step, the real one, run a second time
     right after the first: the same answer, and nothing more in the database."""
@@ -903,3 +903,25 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     assert (retried.number, retried.node) == (3, parts[0].node)
     twice(lambda: steps.finish(Finish(everywhere.id, "cancelled", None, "x")), everywhere.id)
     assert len(everything_of(conn, everywhere.id)) == 1 + 3
+
+
+def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A worker of a release before local steps cannot replay a workflow that has them, so
+    the sweeper starts jobs with them only while no such server is up."""
+    old = "server-00000000000a"
+    conn.execute("UPDATE servers SET schema_version = %s", (role.LOCAL_STEPS_SCHEMA,))
+    assert role.local_steps_everywhere(conn)
+    conn.execute(
+        "INSERT INTO servers (id, advertise, version, schema_version)"
+        " VALUES (%s, '127.0.0.1', 'older', %s)",
+        (old, role.LOCAL_STEPS_SCHEMA - 1),
+    )
+    assert not role.local_steps_everywhere(conn)
+    conn.execute("UPDATE servers SET schema_version = NULL WHERE id = %s", (old,))
+    assert not role.local_steps_everywhere(conn), "a server too old to say its schema"
+    conn.execute(
+        "UPDATE servers SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (old,)
+    )
+    assert role.local_steps_everywhere(conn), "a server long gone holds nothing back"

@@ -34,7 +34,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from oz0 import pki
+from oz0 import membership, pki
 from oz0.jobs import secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
@@ -60,6 +60,11 @@ WORKER_GRACE = dt.timedelta(seconds=1)
 # The workers' graceful shutdown, then a margin for the loop's own end.
 STOP_WITHIN = WORKER_SHUTDOWN + 3.0
 T = TypeVar("T")
+# The first schema (oz0/store/migrations.py) of a release whose job workers run the
+# workflow's database steps as local activities (JobInput.local_steps): a job's workflow
+# has them only if every server up is of such a release, since a worker of an older one
+# cannot replay its history.
+LOCAL_STEPS_SCHEMA = 22
 
 
 class JobsUnavailable(Exception):
@@ -172,8 +177,10 @@ class JobsRole:
 
     async def sweep(self, temporal: Outage) -> None:
         db = self.db
-        for job in await db.transaction(store.claim_unstarted):
-            if await self._tell_temporal(temporal, partial(self._start, job)):
+        claimed = await db.transaction(store.claim_unstarted)
+        local = bool(claimed) and await db.transaction(local_steps_everywhere)
+        for job in claimed:
+            if await self._tell_temporal(temporal, partial(self._start, job, local)):
                 await db.transaction(partial(store.started, job_id=job.id))
             else:
                 await db.transaction(partial(store.release_claim, job_id=job.id))
@@ -255,7 +262,7 @@ class JobsRole:
     async def _signal_removed(self, r: store.Removed) -> None:
         await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
 
-    async def _start(self, job: store.Job) -> None:
+    async def _start(self, job: store.Job, local_steps: bool) -> None:
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another server was first
             await self._client_for(job.tenant).start_workflow(
                 JobWorkflow.run,
@@ -271,6 +278,7 @@ class JobsRole:
                     limits=job.limits,
                     on_lost=job.on_lost,
                     lost_after=job.lost_after,
+                    local_steps=local_steps,
                 ),
                 id=job.id,
                 task_queue=JOBS_QUEUE,
@@ -390,6 +398,11 @@ async def _shutdown(namespace: str, worker: Worker, task: asyncio.Task[None]) ->
     # A shut-down worker's run() has returned; one that did not shut down in time would
     # hold the task group open, so it is cancelled (a no-op for a finished task).
     task.cancel()
+
+
+def local_steps_everywhere(conn: store.Conn) -> bool:
+    """Whether every server up runs the workflow's steps as local activities."""
+    return all(s is not None and s >= LOCAL_STEPS_SCHEMA for s in membership.live_schemas(conn))
 
 
 def _tenants(conn: store.Conn) -> list[str]:
