@@ -69,6 +69,12 @@ def live_schemas(
     return [r[0] for r in rows]
 
 
+def all_up_at_least(conn: psycopg.Connection[Any], schema: int) -> bool:
+    """Whether every server up is of a release at SCHEMA or later: what a feature that
+    servers of an older release cannot run waits for during a rolling upgrade."""
+    return all(s is not None and s >= schema for s in live_schemas(conn))
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     """A server's row as the Servers page shows it, up or not."""

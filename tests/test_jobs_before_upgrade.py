@@ -15,6 +15,7 @@ ones (placement, grants, the job's rows), its attempts go to the real agent.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import secrets
 import signal
@@ -31,6 +32,7 @@ from temporalio import workflow
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, Served
@@ -51,8 +53,11 @@ TEMPORAL = f"{SERVER}:7233"
 # Generous bounds for a loaded 2-core machine; each a deadline, never a measurement.
 JOB_BOUND = 60.0
 GONE_BOUND = 10.0  # SIGTERM, then SIGKILL after the 3 s grace
-# Past the old heartbeat timeout: a command this long ends only if heartbeats kept it.
-LINES = 13
+# The old heartbeat timeout (wf.HEARTBEAT_TIMEOUT, 10 s) shortened for the test's workflows
+# (the node heartbeats a held attempt every second), and a command of LINES seconds past it:
+# it ends only if heartbeats kept it.
+OLD_HEARTBEAT_TIMEOUT = dt.timedelta(seconds=4)
+LINES = 6
 
 
 # --- the workflow as a history from before the upgrade replays it --------------------------
@@ -92,7 +97,12 @@ class OldWorkflows:
             )
             # Only the workflow: its steps go to the servers' job workers (JOBS_QUEUE),
             # its attempts to the node's queue.
-            async with Worker(client, task_queue=self.queue, workflows=[JobWorkflow]):
+            runner = SandboxedWorkflowRunner(
+                restrictions=SandboxRestrictions.default.with_passthrough_modules(wf.__name__)
+            )
+            async with Worker(
+                client, task_queue=self.queue, workflows=[JobWorkflow], workflow_runner=runner
+            ):
                 self._client = client
                 self._ready.set()
                 await self._stop.wait()
@@ -145,7 +155,8 @@ class OldWorkflows:
 @pytest.fixture
 def before_the_patch(monkeypatch: pytest.MonkeyPatch) -> None:
     """`workflow.patched(ATTEMPT_BY_ID)` False, as when a history without its marker
-    replays (its other patches answer as ever). Only the test's worker runs workflows in
+    replays (its other patches answer as ever); and the old heartbeat timeout shorter (the
+    worker's sandbox passes the module through). Only the test's worker runs workflows in
     this process."""
     real = workflow.patched
 
@@ -153,6 +164,7 @@ def before_the_patch(monkeypatch: pytest.MonkeyPatch) -> None:
         return False if patch_id == wf.ATTEMPT_BY_ID else real(patch_id)
 
     monkeypatch.setattr(workflow, "patched", patched)
+    monkeypatch.setattr(wf, "HEARTBEAT_TIMEOUT", OLD_HEARTBEAT_TIMEOUT)
 
 
 @pytest.fixture
@@ -276,7 +288,7 @@ def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_re
     agent, node = join_agent(cli, served, tmp_path / "node")
     agents.append(agent)
 
-    # 1. It runs past the old heartbeat timeout (10 s): the node's heartbeats keep it; its
+    # 1. It runs past the old heartbeat timeout: the node's heartbeats keep it; its
     # output is stored in order; the workflow gets its result from the node itself.
     lines = "".join(f"line {i}\n" for i in range(1, LINES + 1))
     ok = new_job(

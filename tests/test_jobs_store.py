@@ -6,12 +6,13 @@ and each call is one transaction, as the workflow's steps and the API make them.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -21,14 +22,18 @@ from psycopg.types.json import Jsonb
 from fixtures.cluster import ClusterFiles, initialise
 from fixtures.postgres import fresh_database_url
 from oz0 import audit, nodes, pki, tenants
-from oz0.jobs import placement, pruner, secret_env, store
+from oz0.jobs import inputs, placement, pruner, secret_env, store
+from oz0.jobs.activities import JobActivities
+from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
+from oz0.jobs.workflow import AttemptEnd, Finish, Placed
 from oz0.store.pool import open_database
 from oz0.web import job_pages
 from oz0_common import certs, sealed_env
 
 ADMIN = audit.Actor("operator", "admin")
 SERVER = "server-0123456789ab"
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -818,3 +823,105 @@ def test_what_each_reported_attempt_is_to_a_node_is_one_batch_in_order(
     ]  # fmt: skip
     assert store.attempts_of_node(conn, other, [(theirs.id, 1)]) == [store.RUNNING]
     assert store.attempts_of_node(conn, node, []) == []
+
+
+class _OneConnection:
+    """The pool's `transaction_in_thread` on this test's one connection: each step one
+    transaction, as the servers' pool makes it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def transaction_in_thread(self, work: Callable[[store.Conn], T]) -> T:
+        with self.conn.transaction():
+            return work(self.conn)
+
+
+def everything_of(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[Any, ...]]:
+    """The job's row and its attempts' rows as text, but for when they were written."""
+    rows = conn.execute(
+        "SELECT state, exit_code, reason, ended_at IS NULL FROM jobs WHERE id = %(j)s",
+        {"j": job_id},
+    ).fetchall()
+    rows += conn.execute(
+        "SELECT number, part, node_id, state, ended_because, exit_code FROM job_attempts"
+        " WHERE job_id = %(j)s ORDER BY number",
+        {"j": job_id},
+    ).fetchall()
+    return rows
+
+
+def test_every_step_run_twice_answers_the_same_and_records_once(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The workflow's database steps are local activities (JobInput.local_steps): one whose
+    workflow task did not complete (its server stopped, the task timed out) is run again by
+    the next worker, after it had committed. Each step, the real one, run a second time
+    right after the first: the same answer, and nothing more in the database."""
+    steps = JobActivities(
+        _OneConnection(conn),  # type: ignore[arg-type]
+        AttemptSigner(pki.new_ca("steps-twice", "cluster")),
+    )
+    a, b = add_node(conn), add_node(conn)
+
+    def twice(call: Callable[[], Coroutine[Any, Any, T]], job_id: str) -> T:
+        first: T = asyncio.run(call())
+        after_first = everything_of(conn, job_id)
+        again: T = asyncio.run(call())
+        assert everything_of(conn, job_id) == after_first, "the second run wrote again"
+        if isinstance(first, Placed) and isinstance(again, Placed):
+            # The grant is signed anew (its not_after moves): the same attempt, node, secrets.
+            assert (again.number, again.node, again.part, again.secrets) == (
+                first.number, first.node, first.part, first.secrets,
+            )  # fmt: skip
+        elif isinstance(first, list) and isinstance(again, list):
+            assert [(p.number, p.node, p.part) for p in again] == [
+                (p.number, p.node, p.part) for p in first
+            ]
+        else:
+            assert again == first
+        return first
+
+    one = new_job(conn)
+    placed = twice(lambda: steps.place(one.id, 1, 0, []), one.id)
+    assert placed.node in (a, b) and placed.grant
+    assert twice(lambda: steps.end_attempt(AttemptEnd(one.id, 1, "exit", 2)), one.id) == "exit"
+    again = twice(lambda: steps.place(one.id, 2, 0, [str(placed.node)]), one.id)
+    assert again.node != placed.node
+    twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, "exit", 0)), one.id)
+    twice(lambda: steps.finish(Finish(one.id, "succeeded", 0, None)), one.id)
+    assert everything_of(conn, one.id)[0] == ("succeeded", 0, None, False)
+
+    everywhere = new_job(conn, all=True)
+    parts = twice(lambda: steps.place_everywhere(everywhere.id, 1), everywhere.id)
+    assert sorted(str(p.node) for p in parts) == sorted([a, b])
+    twice(lambda: steps.end_attempt(AttemptEnd(everywhere.id, 1, "exit", 1)), everywhere.id)
+    retried = twice(
+        lambda: steps.place_on(everywhere.id, 3, parts[0].part, str(parts[0].node)),
+        everywhere.id,
+    )
+    assert (retried.number, retried.node) == (3, parts[0].node)
+    twice(lambda: steps.finish(Finish(everywhere.id, "cancelled", None, "x")), everywhere.id)
+    assert len(everything_of(conn, everywhere.id)) == 1 + 3
+
+
+def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A worker of a release before local steps cannot replay a workflow that has them, so
+    the sweeper starts jobs with them only while no such server is up."""
+    old = "server-00000000000a"
+    conn.execute("UPDATE servers SET schema_version = %s", (inputs.LOCAL_STEPS_SCHEMA,))
+    assert inputs.local_steps_everywhere(conn)
+    conn.execute(
+        "INSERT INTO servers (id, advertise, version, schema_version)"
+        " VALUES (%s, '127.0.0.1', 'older', %s)",
+        (old, inputs.LOCAL_STEPS_SCHEMA - 1),
+    )
+    assert not inputs.local_steps_everywhere(conn)
+    conn.execute("UPDATE servers SET schema_version = NULL WHERE id = %s", (old,))
+    assert not inputs.local_steps_everywhere(conn), "a server too old to say its schema"
+    conn.execute(
+        "UPDATE servers SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (old,)
+    )
+    assert inputs.local_steps_everywhere(conn), "a server long gone holds nothing back"

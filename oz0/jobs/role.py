@@ -35,12 +35,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from oz0 import pki
-from oz0.jobs import secret_env, store
+from oz0.jobs import inputs, secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.schedule_steps import ScheduleSteps
 from oz0.jobs.scheduled import ScheduledWorkflow
-from oz0.jobs.workflow import JOBS_QUEUE, JobInput, JobWorkflow
+from oz0.jobs.workflow import JOBS_QUEUE, JobWorkflow
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -174,8 +174,10 @@ class JobsRole:
 
     async def sweep(self, temporal: Outage) -> None:
         db = self.db
-        for job in await db.transaction(store.claim_unstarted):
-            if await self._tell_temporal(temporal, partial(self._start, job)):
+        claimed = await db.transaction(store.claim_unstarted)
+        local = bool(claimed) and await db.transaction(inputs.local_steps_everywhere)
+        for job in claimed:
+            if await self._tell_temporal(temporal, partial(self._start, job, local)):
                 await db.transaction(partial(store.started, job_id=job.id))
             else:
                 await db.transaction(partial(store.release_claim, job_id=job.id))
@@ -257,26 +259,11 @@ class JobsRole:
     async def _signal_removed(self, r: store.Removed) -> None:
         await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
 
-    async def _start(self, job: store.Job) -> None:
+    async def _start(self, job: store.Job, local_steps: bool) -> None:
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another server was first
             await self._client_for(job.tenant).start_workflow(
                 JobWorkflow.run,
-                JobInput(
-                    job_id=job.id,
-                    command=job.command,
-                    env=job.env,
-                    timeout=job.timeout,
-                    retries=job.retries,
-                    all_nodes=job.all_nodes,
-                    no_move=job.no_move,
-                    queue_timeout=job.queue_timeout,
-                    limits=job.limits,
-                    on_lost=job.on_lost,
-                    lost_after=job.lost_after,
-                    batch=job.batch,
-                    batch_wait=job.batch_wait,
-                    max_failures=job.max_failures,
-                ),
+                inputs.job_input(job, local_steps=local_steps),
                 id=job.id,
                 task_queue=JOBS_QUEUE,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

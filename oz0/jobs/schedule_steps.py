@@ -10,33 +10,14 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from oz0.jobs import schedules, store
+from oz0.jobs import inputs, schedules, store
 from oz0.jobs.scheduled import START_RUN, RunStarted
 from oz0.jobs.spec import JobError
-from oz0.jobs.workflow import JobInput
 from oz0.store.pool import Database
 
 # The run's failure when its job cannot be made (its tenant's queue is full, its node is
 # no longer the tenant's): the run fails, and a schedule that pauses on failure pauses.
 JOB_NOT_MADE = "JobNotMade"
-
-
-def job_input(job: store.Job) -> JobInput:
-    """What the job's workflow is started with, from its row (as the sweeper's JobsRole._start
-    starts an API's job)."""
-    return JobInput(
-        job_id=job.id,
-        command=job.command,
-        env=job.env,
-        timeout=job.timeout,
-        retries=job.retries,
-        all_nodes=job.all_nodes,
-        no_move=job.no_move,
-        queue_timeout=job.queue_timeout,
-        limits=job.limits,
-        on_lost=job.on_lost,
-        lost_after=job.lost_after,
-    )
 
 
 class ScheduleSteps:
@@ -49,7 +30,10 @@ class ScheduleSteps:
 
         def work(conn: store.Conn) -> RunStarted:
             job = schedules.start_run(conn, schedule_id, run_key)
-            return RunStarted(None if job is None else job_input(job))
+            if job is None:
+                return RunStarted(None)
+            local = inputs.local_steps_everywhere(conn)
+            return RunStarted(inputs.job_input(job, local_steps=local))
 
         try:
             return await asyncio.to_thread(self.db.transaction_in_thread, work)

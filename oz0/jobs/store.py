@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, listing
+from oz0 import audit, listing, membership
 from oz0.jobs import limits as job_limits
 from oz0.jobs import secret_env
 from oz0.jobs.spec import (
@@ -324,6 +324,10 @@ class ScheduledRun:
     created_by: str
 
 
+# The first schema (oz0/store/migrations.py) of a release that runs rolling batches.
+BATCH_SCHEMA = 22
+
+
 def create(
     conn: Conn,
     spec: JobSpec,
@@ -346,6 +350,11 @@ def create(
         if node is None or node[0] != spec.tenant:
             raise JobError(f"node {spec.node} is not a node of tenant {spec.tenant}")
     _check_queued(conn, spec.tenant, int(row[0]))
+    if spec.batch is not None and not membership.all_up_at_least(conn, BATCH_SCHEMA):
+        raise JobError(
+            "--batch waits for the end of the upgrade: a server of an earlier release is up,"
+            " and its job worker would start every part at once"
+        )
     job_id = new_job_id()
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"

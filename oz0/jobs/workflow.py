@@ -35,6 +35,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
+    FailureError,
     TimeoutError,
     TimeoutType,
     is_cancelled_exception,
@@ -109,6 +110,15 @@ class JobInput:
     batch: str | None = None
     batch_wait: float = 0.0
     max_failures: str | None = None
+    # The database steps as local activities: run by the worker that runs the workflow
+    # task, their results recorded as markers when that task completes, so a step costs no
+    # activity task round trip through Temporal (schedule, poll, start, complete, and a
+    # workflow task to hear of it). At least once too, like the activities they replace:
+    # each step is idempotent (activities.py). Set by the server that starts the workflow
+    # once every server up is of a release that runs them (inputs.py):
+    # a worker of an older one could not replay the history. False: ordinary activities,
+    # as every workflow started before has them.
+    local_steps: bool = False
 
     @property
     def lost_after_s(self) -> float:
@@ -177,6 +187,9 @@ class Outcome:
     # stopped); None when it did not start, or ended as it should (on_lost "fail": the
     # job ends lost rather than run it again elsewhere).
     lost: str | None = None
+    # The job was cancelled while this attempt's end was being recorded: too late for the
+    # attempt, which ended anyway; the job ends cancelled unless this attempt ended it.
+    cancelled: bool = False
 
     @property
     def moved(self) -> bool:
@@ -212,9 +225,10 @@ class JobWorkflow:
                 state, exit_code, reason = await self._once(job)
         except _Ended as e:
             state, exit_code, reason = e.state, e.exit_code, e.reason
-        except (asyncio.CancelledError, ActivityError) as e:
+        except (asyncio.CancelledError, FailureError) as e:
             # A cancellation that comes while a step runs (placing, recording an end) is
-            # that step's ActivityError, not a CancelledError.
+            # that step's failure (an ActivityError; a local activity's own CancelledError
+            # or ApplicationError), not an asyncio.CancelledError.
             unavailable = _secrets_unavailable(e)
             if unavailable is not None:
                 state, exit_code, reason = "failed", None, unavailable
@@ -222,7 +236,8 @@ class JobWorkflow:
                 raise
             else:
                 state, exit_code, reason = "cancelled", None, "cancelled by an operator"
-        await _unstoppable(_step("oz0.jobs.finish", Finish(job.job_id, state, exit_code, reason)))
+        finish = Finish(job.job_id, state, exit_code, reason)
+        await _unstoppable(_step("oz0.jobs.finish", finish, local=job.local_steps))
         return state
 
     # --- one command, moved until it ends -------------------------------------------------
@@ -240,6 +255,8 @@ class JobWorkflow:
                 return "failed", None, outcome.refusal
             if outcome.lost is not None and job.on_lost == "fail":
                 return "lost", None, _lost(outcome.lost, placed, job)
+            if outcome.cancelled:
+                return "cancelled", None, "cancelled by an operator"
             tried.append(placed.node)
             if outcome.moved:
                 if job.no_move:
@@ -258,7 +275,12 @@ class JobWorkflow:
         number = self.number
 
         async def place() -> list[Placed]:
-            return [await _step("oz0.jobs.place", job.job_id, number, 0, tried, result_type=Placed)]
+            return [
+                await _step(
+                    "oz0.jobs.place", job.job_id, number, 0, tried,
+                    result_type=Placed, local=job.local_steps,
+                )
+            ]  # fmt: skip
 
         [placed] = await _until_placed(
             job,
@@ -272,8 +294,9 @@ class JobWorkflow:
     async def _everywhere(self, job: JobInput) -> tuple[str, int | None, str | None]:
         async def place() -> list[Placed]:
             placed: list[Placed] = await _step(
-                "oz0.jobs.place_everywhere", job.job_id, 1, result_type=list[Placed]
-            )
+                "oz0.jobs.place_everywhere", job.job_id, 1,
+                result_type=list[Placed], local=job.local_steps,
+            )  # fmt: skip
             return placed
 
         placed = await _until_placed(
@@ -319,7 +342,7 @@ class JobWorkflow:
 
         async def listed() -> list[Placed]:
             parts: list[Placed] = await _step(
-                "oz0.jobs.list_parts", job.job_id, result_type=list[Placed]
+                "oz0.jobs.list_parts", job.job_id, result_type=list[Placed], local=job.local_steps
             )
             return parts
 
@@ -359,7 +382,7 @@ class JobWorkflow:
         assert part.node is not None
         placed: Placed = await _step(
             "oz0.jobs.place_part", job.job_id, part.number, part.part, part.node,
-            result_type=Placed,
+            result_type=Placed, local=job.local_steps,
         )  # fmt: skip
         if placed.ended:
             raise _Ended("cancelled", "cancelled by an operator")
@@ -373,7 +396,7 @@ class JobWorkflow:
         number, failures, placed = first.number, 0, first
         while True:
             outcome = await self._attempt(job, placed)
-            if outcome.moved or outcome.refusal is not None:
+            if outcome.moved or outcome.refusal is not None or outcome.cancelled:
                 return outcome
             if outcome.because == "exit" and outcome.exit_code == 0:
                 return outcome
@@ -389,6 +412,7 @@ class JobWorkflow:
                 first.part,
                 first.node,
                 result_type=Placed,
+                local=job.local_steps,
             )
 
     # --- one attempt ---------------------------------------------------------------------
@@ -431,21 +455,28 @@ class JobWorkflow:
             result_type=dict,
         )
         removal = asyncio.create_task(workflow.wait_condition(lambda: number in self.removed))
+        # A cancellation that comes with the node's answer (in the same workflow task) is
+        # too late for the attempt: its answer stands, recorded as `_whole` records it.
+        late = False
         try:
             await workflow.wait([handle, removal], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            handle.cancel()
-            removal.cancel()
-            with contextlib.suppress(ActivityError, asyncio.CancelledError):
-                await handle  # its cancellation, heard (else temporalio logs it as lost)
-            await _end(AttemptEnd(job.job_id, number, "cancelled", None))
-            raise
+            late = handle.done() and job.local_steps
+            if not late:
+                handle.cancel()
+                removal.cancel()
+                with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                    await handle  # its cancellation, heard (else temporalio logs it as lost)
+                await _end(job, AttemptEnd(job.job_id, number, "cancelled", None), cancelled=True)
+                raise
         if not handle.done():
             # Taken away: whatever the node says later is not heard.
             handle.cancel()
             with contextlib.suppress(ActivityError, asyncio.CancelledError):
                 await handle
-            because = await _end(AttemptEnd(job.job_id, number, self.removed[number], None))
+            because = await _end(
+                job, AttemptEnd(job.job_id, number, self.removed[number], None), cancelled=True
+            )
             return Outcome(because, None)
         removal.cancel()
         try:
@@ -453,21 +484,32 @@ class JobWorkflow:
         except ActivityError as e:
             refusal = _refusal(e)
             if refusal is not None:
-                because = await _end(AttemptEnd(job.job_id, number, "refused", None))
-                return Outcome(because, None, f"node {node} refused attempt {number}: {refusal}")
-            because = await _end(AttemptEnd(job.job_id, number, _failure_because(e), None))
-            return Outcome(because, None, lost=_lost_how(e))
+                because, later = await _whole(
+                    job, _end(job, AttemptEnd(job.job_id, number, "refused", None))
+                )
+                return Outcome(
+                    because, None, f"node {node} refused attempt {number}: {refusal}",
+                    cancelled=late or later,
+                )  # fmt: skip
+            because, later = await _whole(
+                job, _end(job, AttemptEnd(job.job_id, number, _failure_because(e), None))
+            )
+            return Outcome(because, None, lost=_lost_how(e), cancelled=late or later)
         ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
         exit_code = result.get("exit_code")
         code = exit_code if isinstance(exit_code, int) else None
         applied = result.get("applied")
-        because = await _end(
-            AttemptEnd(
-                job.job_id, number, ended_because, code,
-                applied if isinstance(applied, dict) else None,
+        because, later = await _whole(
+            job,
+            _end(
+                job,
+                AttemptEnd(
+                    job.job_id, number, ended_because, code,
+                    applied if isinstance(applied, dict) else None,
+                )
             )
         )  # fmt: skip
-        return Outcome(because, code)
+        return Outcome(because, code, cancelled=late or later)
 
 
 def _part_failed(outcome: Outcome) -> bool:
@@ -566,11 +608,11 @@ def _lost(how: str, placed: Placed, job: JobInput) -> str:
 
 
 def _secrets_unavailable(error: BaseException) -> str | None:
-    """The message of a placing step that could not hand the job's secrets over."""
-    if isinstance(error, ActivityError):
-        cause = error.cause
-        if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNAVAILABLE:
-            return f"cannot give the job's secrets to a node: {cause.message}"
+    """The message of a placing step that could not hand the job's secrets over (an
+    activity's failure has it as its cause; a local activity's is raised as it is)."""
+    cause = error.cause if isinstance(error, ActivityError) else error
+    if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNAVAILABLE:
+        return f"cannot give the job's secrets to a node: {cause.message}"
     return None
 
 
@@ -588,9 +630,37 @@ def _failed(outcome: Outcome, job: JobInput) -> str:
     return f"exited with {outcome.exit_code}"
 
 
-async def _end(end: AttemptEnd) -> str:
-    because: str = await _step("oz0.jobs.end_attempt", end, result_type=str)
+async def _end(job: JobInput, end: AttemptEnd, *, cancelled: bool = False) -> str:
+    """Record END. CANCELLED: the attempt's node activity was just asked to stop; that
+    request reaches Temporal (and the node) only with the workflow task that made it,
+    which a local activity would hold open until it ends (and the steps after it, up to
+    the job's finish): recorded as an ordinary activity instead, the request goes out
+    at once, with it."""
+    because: str = await _step(
+        "oz0.jobs.end_attempt", end, result_type=str, local=job.local_steps and not cancelled
+    )
     return because
+
+
+async def _whole(job: JobInput, work: Awaitable[T]) -> tuple[T, bool]:
+    """WORK (recording an attempt's end) run to its end even if the job is cancelled
+    meanwhile, and whether it was: the caller decides, once the end is recorded, whether
+    the cancellation still matters. A cancellation must not be decided by when it came
+    during the steps that end a job: the workflow task that ran them and completes the
+    workflow is refused when an event (this cancellation) came meanwhile, and run again
+    with the cancellation first, its steps again (local activities), and it must end the
+    job the same way. Workflows whose steps are activities cancel the step (as ever)."""
+    if not job.local_steps:
+        return await work, False
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():  # the worker tears the workflow down (eviction)
+                raise
+            cancelled = True
 
 
 async def _unstoppable(work: Awaitable[T]) -> T:
@@ -606,8 +676,18 @@ async def _unstoppable(work: Awaitable[T]) -> T:
 
 
 # RESULT_TYPE: a type, or a union of types (temporalio converts to either).
-async def _step(name: str, *args: object, result_type: Any = None) -> Any:
-    """A step that touches the database, on the servers' job workers."""
+async def _step(name: str, *args: object, result_type: Any = None, local: bool = False) -> Any:
+    """A step that touches the database, on the servers' job workers: a local activity of
+    the worker running the workflow if LOCAL (the job's local_steps), else an activity
+    on JOBS_QUEUE."""
+    if local:
+        return await workflow.execute_local_activity(
+            name,
+            args=list(args),
+            result_type=result_type,
+            start_to_close_timeout=STEP,
+            retry_policy=STEP_RETRY,
+        )
     return await workflow.execute_activity(
         name,
         args=list(args),

@@ -1,0 +1,39 @@
+"""What a job's workflow is started with (workflow.JobInput), from its row: the sweeper
+(role.JobsRole) and a schedule's run (schedule_steps.py) start jobs the same way."""
+
+from __future__ import annotations
+
+from oz0 import membership
+from oz0.jobs import store
+from oz0.jobs.workflow import JobInput
+
+# The first schema (oz0/store/migrations.py) of a release whose job workers run the
+# workflow's database steps as local activities (JobInput.local_steps): a job's workflow
+# has them only if every server up is of such a release, since a worker of an older one
+# cannot replay its history.
+LOCAL_STEPS_SCHEMA = 22
+
+
+def local_steps_everywhere(conn: store.Conn) -> bool:
+    """Whether every server up runs the workflow's steps as local activities."""
+    return membership.all_up_at_least(conn, LOCAL_STEPS_SCHEMA)
+
+
+def job_input(job: store.Job, *, local_steps: bool) -> JobInput:
+    return JobInput(
+        job_id=job.id,
+        command=job.command,
+        env=job.env,
+        timeout=job.timeout,
+        retries=job.retries,
+        all_nodes=job.all_nodes,
+        no_move=job.no_move,
+        queue_timeout=job.queue_timeout,
+        limits=job.limits,
+        on_lost=job.on_lost,
+        lost_after=job.lost_after,
+        batch=job.batch,
+        batch_wait=job.batch_wait,
+        max_failures=job.max_failures,
+        local_steps=local_steps,
+    )
