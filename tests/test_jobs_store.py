@@ -27,6 +27,7 @@ from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
 from oz0.jobs.workflow import AttemptEnd, Finish, Placed
+from oz0.store import migrations
 from oz0.store.pool import open_database
 from oz0.web import job_pages
 from oz0_common import certs, sealed_env
@@ -54,9 +55,10 @@ def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
             "UPDATE tenants SET job_retention_s = DEFAULT, max_queued_jobs = DEFAULT;"
             " UPDATE cluster_settings SET audit_retention_s = NULL, prune_due_at = now()"
         )
-        c.execute(
-            "INSERT INTO servers (id, advertise, version) VALUES (%s, '127.0.0.1', 'test')",
-            (SERVER,),
+        c.execute(  # a server of this release up
+            "INSERT INTO servers (id, advertise, version, schema_version)"
+            " VALUES (%s, '127.0.0.1', 'test', %s)",
+            (SERVER, migrations.code_version()),
         )
         yield c
 
