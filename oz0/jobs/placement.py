@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from psycopg.types.json import Jsonb
 
 from oz0 import listing, nodes
-from oz0.jobs.store import Conn, Job, locked_job, set_queued
+from oz0.jobs.store import Conn, Job, locked_job, set_queued, tell_followers
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,7 @@ def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str
         " now()) WHERE id = %s AND ended_at IS NULL",
         (job_id,),
     )
+    tell_followers(conn, job_id)
 
 
 def _why_no_node(conn: Conn, job: Job) -> str:
