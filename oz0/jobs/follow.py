@@ -58,20 +58,24 @@ async def read_or_wait(
     has_news: Callable[[P], bool],
     stopping: trio.Event,
 ) -> Answer[P]:
-    """READ, and if that found nothing new (HAS_NEWS false) read again at the job's next
-    notification or after WAIT seconds, whichever comes first; at once once STOPPING is
+    """READ, and while that finds nothing new (HAS_NEWS false) read again at each of the
+    job's notifications (a wake may bring nothing a follower is shown: the job queued
+    again for the same reason) until WAIT seconds have passed; at once once STOPPING is
     set (a draining server answers what it has rather than hold its stop)."""
     if wait <= 0 or hub is None or not hub.listening or stopping.is_set():
         return Answer(await read(), waited=False)
+    deadline = trio.current_time() + wait
     # Watched before the first read: a commit between that read and the wait wakes it.
     with hub.watch_job(job_id) as watch:
         page = await read()
-        if has_news(page):
-            return Answer(page, waited=True)
-        with trio.move_on_after(wait):
-            await _first_of(watch.wait, stopping.wait)
+        while not has_news(page):
+            if trio.current_time() >= deadline or stopping.is_set() or not hub.listening:
+                break
+            with trio.move_on_at(deadline):
+                await _first_of(watch.wait, stopping.wait)
+            page = await read()
     # Cut short by the stop, or by a lost LISTEN connection: not the wait asked for.
-    return Answer(await read(), waited=hub.listening and not stopping.is_set())
+    return Answer(page, waited=hub.listening and not stopping.is_set())
 
 
 async def _first_of(*waits: Callable[[], Awaitable[None]]) -> None:
