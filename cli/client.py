@@ -19,7 +19,8 @@ from oz0.errors import Oz0Error
 from oz0_common import certs
 
 EXPIRY_WARNING = dt.timedelta(days=15)
-# Each read of an answer; a long-running call (a job's output page) answers within it.
+# Each read of an answer; a long-running call answers within it (a long poll of a job's
+# output gives its read this beyond the wait it asks the server for: `read_timeout`).
 TIMEOUT = 15.0
 # Reaching one server (TCP and TLS; the server allows a handshake as long): past it the next
 # server of the context is tried.
@@ -98,17 +99,26 @@ class ApiClient:
         if hasattr(self, "_idle"):
             self.close()
 
-    def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
+    def get(
+        self, path: str, query: dict[str, Any] | None = None, *, read_timeout: float = TIMEOUT
+    ) -> Any:
         if query:
             cleaned = {k: v for k, v in query.items() if v is not None}
             if cleaned:
                 path = f"{path}?{urllib.parse.urlencode(cleaned)}"
-        return self.request("GET", path)
+        return self.request("GET", path, read_timeout=read_timeout)
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return self.request("POST", path, body)
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        read_timeout: float = TIMEOUT,
+    ) -> Any:
         """Try each server of the context in turn until one answers.
 
         A change (anything but GET) goes to the next server only if the last one never got
@@ -118,7 +128,7 @@ class ApiClient:
         failures: list[str] = []
         for server in self.context.addresses:
             try:
-                status, decoded = self._exchange(server, method, path, body)
+                status, decoded = self._exchange(server, method, path, body, read_timeout)
             except _Unanswered as e:
                 failures.append(f"{server}: {e.reason}")
                 _unless_maybe_done(method, e.sent, failures)
@@ -132,7 +142,12 @@ class ApiClient:
         raise ApiError("no server of the context answered: " + "; ".join(failures))
 
     def _exchange(
-        self, server: str, method: str, path: str, body: dict[str, Any] | None
+        self,
+        server: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        read_timeout: float = TIMEOUT,
     ) -> tuple[int, Any]:
         """One request to SERVER: its status and decoded JSON, or _Unanswered.
 
@@ -142,11 +157,15 @@ class ApiClient:
         conn = self._take(server)
         if conn is not None:
             try:
-                return self._exchange_on(conn, server, method, path, body, fresh=False)
+                return self._exchange_on(
+                    conn, server, method, path, body, fresh=False, read_timeout=read_timeout
+                )
             except _Unanswered as e:
                 if e.sent and method != "GET":
                     raise
-        return self._exchange_on(self._new(server), server, method, path, body, fresh=True)
+        return self._exchange_on(
+            self._new(server), server, method, path, body, fresh=True, read_timeout=read_timeout
+        )
 
     def _exchange_on(
         self,
@@ -157,6 +176,7 @@ class ApiClient:
         body: dict[str, Any] | None,
         *,
         fresh: bool,
+        read_timeout: float = TIMEOUT,
     ) -> tuple[int, Any]:
         sent = False
         keep = False
@@ -165,10 +185,13 @@ class ApiClient:
             headers = {"Content-Type": "application/json"} if payload else {}
             if fresh:
                 # A server that is down costs CONNECT_TIMEOUT at most (connection and TLS
-                # handshake); one that answers gets TIMEOUT for each read of its answer.
+                # handshake); one that answers gets READ_TIMEOUT (TIMEOUT unless asked) for each
+                # read of its answer.
                 conn.connect()
                 conn.sock.settimeout(TIMEOUT)
                 _check_server_role(conn, self.context.cluster)
+            # Set for each request: a kept connection may come from a long poll's.
+            conn.sock.settimeout(read_timeout)
             conn.request(method, path, body=payload, headers=headers)
             sent = True
             response = conn.getresponse()

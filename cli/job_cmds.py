@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from cyclopts import App, Parameter
 
-from cli.client import ApiClient, ApiError
+from cli.client import TIMEOUT, ApiClient, ApiError
 from cli.job_follow import ENDED_STATES, Follower, outcome
 from cli.job_params import (
     batch_share,
@@ -354,8 +354,14 @@ def _follower(
 ) -> Follower:
     path = f"/api/v1/jobs/{job_id}/output"
 
-    def fetch(after: int) -> dict[str, Any]:
-        page: dict[str, Any] = client.get(path, {"after": after, "attempt": only_attempt})
+    def fetch(after: int, wait: int, seen: str | None) -> dict[str, Any]:
+        query: dict[str, Any] = {"after": after, "attempt": only_attempt}
+        if not wait:
+            page: dict[str, Any] = client.get(path, query)
+            return page
+        # A long poll: the read deadline outlasts the wait the server may take.
+        query |= {"wait": wait, "seen": seen}
+        page = client.get(path, query, read_timeout=wait + TIMEOUT)
         return page
 
     return Follower(

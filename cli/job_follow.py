@@ -1,7 +1,13 @@
 """Printing a job's output as it comes, from pages of GET /api/v1/jobs/<id>/output.
 
-The loop takes the page fetch as a plain callable (cursor -> page), so it is tested with
-recorded pages; `job run` and `job logs` give it one that calls the API.
+The loop takes the page fetch as a plain callable (cursor, wait, seen -> page), so it is
+tested with recorded pages; `job run` and `job logs` give it one that calls the API.
+
+Following is told, not polled: once it has a page, each fetch asks the server to WAIT for
+news (output, the job's end, or a change of the job since the version it was shown) and
+the server answers as soon as there is some (oz0/jobs/follow.py), so the command exits as
+the job ends. A server that did not wait (one older than `wait`, or one stopping) is asked
+again after POLL_INTERVAL.
 
 The command's stdout and stderr are written as raw bytes to our stdout and stderr, so
 `job run ... > file` holds exactly what the command printed. Everything we add (attempt
@@ -22,10 +28,14 @@ from cli.output import terminal_safe
 from oz0.errors import Oz0Error
 
 POLL_INTERVAL = 0.3
+# Seconds a server may hold a fetch while there is no news (at most its limit, 20); the
+# client's read deadline outlasts it (job_cmds).
+FOLLOW_WAIT = 10
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
 
-FetchPage = Callable[[int], dict[str, Any]]
-"""Fetch the output page after CURSOR (0: from the start)."""
+FetchPage = Callable[[int, int, str | None], dict[str, Any]]
+"""Fetch the output page after CURSOR (0: from the start); the server may wait up to WAIT
+seconds (0: answer at once) for news since the job's version SEEN (None: none shown)."""
 
 
 class BadOutput(Oz0Error):
@@ -49,17 +59,24 @@ class Follower:
     only_attempt: int | None = None
     sleep: Callable[[float], None] = time.sleep
     interval: float = POLL_INTERVAL
+    wait: int = FOLLOW_WAIT
     cursor: int = 0
     job: dict[str, Any] = field(default_factory=dict)
     _shown: int | None = None
     _waiting: str | None = None
+    # The job's version as the last page gave it (None: not yet, or an older server).
+    _seen: str | None = None
 
     def run(self, *, follow: bool) -> dict[str, Any]:
         """The job object once its output is complete (follow) or caught up (not follow)."""
         while True:
-            page = self.fetch(self.cursor)
+            # The first fetch answers at once: until then, everything is news.
+            wait = self.wait if follow and self._seen is not None else 0
+            page = self.fetch(self.cursor, wait, self._seen)
             chunks = page.get("chunks") or []
             self.job = page["job"]
+            version = page.get("version")
+            self._seen = version if isinstance(version, str) else None
             for chunk in chunks:
                 self._write(chunk)
             if page.get("cursor") is not None:
@@ -71,7 +88,11 @@ class Follower:
                 return self.job
             self._announce_newest()
             self._announce_waiting()
-            self.sleep(self.interval)
+            # Asked at once, a server that gives versions waits when asked next; asked
+            # to wait, one that did not (stopping, or older than `wait`) is given a rest.
+            told = page.get("waited") is True if wait else self._seen is not None
+            if not told:
+                self.sleep(self.interval)
 
     def _write(self, chunk: dict[str, Any]) -> None:
         attempt = int(chunk["attempt"])

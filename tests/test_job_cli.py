@@ -179,14 +179,18 @@ class RecordingApi:
     def __init__(self, pages: list[Any] | None = None) -> None:
         self.posts: list[tuple[str, dict[str, Any]]] = []
         self.gets: list[tuple[str, dict[str, Any] | None]] = []
+        self.read_timeouts: list[float] = []
         self.pages: list[Any] = list(pages or [])  # a page, or an exception to raise
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.posts.append((path, body))
         return job_object(state="queued")
 
-    def get(self, path: str, query: dict[str, Any] | None = None) -> dict[str, Any]:
+    def get(
+        self, path: str, query: dict[str, Any] | None = None, *, read_timeout: float = 15.0
+    ) -> dict[str, Any]:
         self.gets.append((path, query))
+        self.read_timeouts.append(read_timeout)
         item = self.pages.pop(0)
         if isinstance(item, BaseException):
             raise item
@@ -317,23 +321,29 @@ def chunk(
     }  # fmt: skip
 
 
-def page(chunks: list[dict[str, Any]], job: dict[str, Any], *, after: int = 0) -> dict[str, Any]:
+def page(
+    chunks: list[dict[str, Any]], job: dict[str, Any], *, after: int = 0, **told: Any
+) -> dict[str, Any]:
+    """An output page; TOLD: what a server that takes `wait` adds (version, waited)."""
     cursor = chunks[-1]["cursor"] if chunks else after
-    return {"chunks": chunks, "cursor": cursor, "ended": job["state"] in ENDED, "job": job}
+    return {"chunks": chunks, "cursor": cursor, "ended": job["state"] in ENDED, "job": job, **told}
 
 
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 
 
 class Recorded:
-    """Hands out PAGES in turn and records the cursor each fetch asked after."""
+    """Hands out PAGES in turn and records the cursor each fetch asked after, and the wait
+    and version seen it passed."""
 
     def __init__(self, pages: list[dict[str, Any]]) -> None:
         self.pages = list(pages)
         self.asked: list[int] = []
+        self.waits: list[tuple[int, str | None]] = []
 
-    def __call__(self, after: int) -> dict[str, Any]:
+    def __call__(self, after: int, wait: int, seen: str | None) -> dict[str, Any]:
         self.asked.append(after)
+        self.waits.append((wait, seen))
         return self.pages.pop(0)
 
 
@@ -369,7 +379,46 @@ def test_output_is_written_byte_for_byte_until_the_job_ends() -> None:
     assert err == b"oops\n"  # nothing of ours: no header for the only attempt
     assert fetch.asked == [0, 0, 4, 9, 9, 10]
     assert slept == [0.3, 0.3]  # only after pages with nothing new
+    # A server that says nothing of versions (older than `wait`) is never asked to wait.
+    assert {wait for wait, _ in fetch.waits} == {0}
     assert outcome(job) == (0, None)
+
+
+def test_a_told_follower_asks_the_server_to_wait_and_never_sleeps_after_a_wait() -> None:
+    running = job_object(attempts=[attempt(1, NODE_A)])
+    done = job_object(
+        state="succeeded", exit_code=0, attempts=[attempt(1, NODE_A, ended_because="exit")]
+    )
+    job, out, _, fetch, slept = follow(
+        [
+            page([], running, version="v1", waited=False),  # asked without a wait
+            page([], running, version="v1", waited=True),  # the wait ran out: nothing new
+            page([chunk(3, b"x\n")], running, version="v2", waited=True),
+            page([], done, after=3, version="v3", waited=True),  # woken by the end
+        ]
+    )
+    assert out == b"x\n"
+    # The first fetch answers at once (nothing shown yet); then each waits for news since
+    # the version the last page gave.
+    assert fetch.waits == [(0, None), (10, "v1"), (10, "v1"), (10, "v2")]
+    assert slept == []
+    assert outcome(job) == (0, None)
+
+
+def test_a_server_that_did_not_wait_is_asked_again_after_the_poll_interval() -> None:
+    # A stopping server answers a long poll at once without waiting: the follower sleeps
+    # rather than ask it again and again.
+    running = job_object(attempts=[attempt(1, NODE_A)])
+    done = job_object(state="succeeded", exit_code=0)
+    _, _, _, fetch, slept = follow(
+        [
+            page([], running, version="v1", waited=False),
+            page([], running, version="v1", waited=False),
+            page([], done, version="v2", waited=False),
+        ]
+    )
+    assert fetch.waits == [(0, None), (10, "v1"), (10, "v1")]
+    assert slept == [0.3]  # after the second: the first, asked at once, had no wait to do
 
 
 def test_the_command_exit_code_is_the_exit_code() -> None:
@@ -502,6 +551,18 @@ def test_logs_without_follow_stop_once_caught_up() -> None:
     assert slept == []
 
 
+def test_logs_without_follow_never_ask_the_server_to_wait() -> None:
+    running = job_object(attempts=[attempt(1, NODE_A)])
+    _, _, _, fetch, _ = follow(
+        [
+            page([chunk(1, b"so far\n")], running, version="v1", waited=False),
+            page([], running, after=1, version="v1", waited=False),
+        ],
+        keep_following=False,
+    )
+    assert fetch.waits == [(0, None), (0, "v1")]
+
+
 def test_attempts_of_an_all_job_are_headed_by_node_only() -> None:
     attempts = [attempt(1, NODE_A), attempt(2, NODE_B)]
     done = job_object(state="succeeded", exit_code=0, all_nodes=True, attempts=attempts)
@@ -607,6 +668,28 @@ def test_job_logs_follow_exits_as_job_run_does(cli: CliRunner, api: RecordingApi
     assert result.out == "x\n"
     assert result.err == f"--- attempt 1 on {NODE_A}\n"
     assert api.gets[0] == (f"/api/v1/jobs/{JOB}/output", {"after": 0, "attempt": 1})
+
+
+def test_job_run_long_polls_with_a_read_deadline_past_the_wait(
+    cli: CliRunner, api: RecordingApi
+) -> None:
+    running = job_object(attempts=[attempt(1, NODE_A)])
+    done = job_object(state="succeeded", exit_code=0, attempts=[attempt(1, NODE_A, exit_code=0)])
+    api.pages = [
+        page([], running, version="v1", waited=False),
+        page([chunk(1, b"x\n")], done, version="v2", waited=True),
+        page([], done, after=1, version="v2", waited=True),
+    ]
+    result = cli("job", "run", "--", "sh", "-c", "sleep 1; echo x")
+    assert result.code == 0, result
+    assert result.out == "x\n"
+    assert [query for _, query in api.gets] == [
+        {"after": 0, "attempt": None},
+        {"after": 0, "attempt": None, "wait": 10, "seen": "v1"},
+        {"after": 1, "attempt": None, "wait": 10, "seen": "v2"},
+    ]
+    # Every network wait has a deadline: the long poll's outlasts the wait it asks for.
+    assert api.read_timeouts == [15.0, 25.0, 25.0]
 
 
 # --- list and show ---------------------------------------------------------------------------

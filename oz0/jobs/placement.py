@@ -15,7 +15,15 @@ from psycopg.types.json import Jsonb
 
 from oz0 import listing, nodes
 from oz0.jobs.spec import JobNotFound
-from oz0.jobs.store import Conn, Job, gone_because, locked_job, node_fate, set_queued
+from oz0.jobs.store import (
+    Conn,
+    Job,
+    gone_because,
+    locked_job,
+    node_fate,
+    set_queued,
+    tell_followers,
+)
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,7 @@ def list_parts(conn: Conn, job_id: str) -> list[Placed]:
         " now()) WHERE id = %s AND ended_at IS NULL",
         (job_id,),
     )
+    tell_followers(conn, job_id)
     return [Placed(part + 1, node_id, part=part) for part, node_id in enumerate(found)]
 
 
@@ -191,6 +200,7 @@ def place_part(conn: Conn, job_id: str, number: int, part: int, node_id: str) ->
             " WHERE job_id = %s AND part = %s",
             (because, job_id, part),
         )
+        tell_followers(conn, job_id)
         return Placed(number, None, because, part=part)
     _start_attempt(conn, job_id, number, part, node_id)
     conn.execute(
@@ -218,6 +228,7 @@ def _start_attempt(conn: Conn, job_id: str, number: int, part: int, node_id: str
         " now()) WHERE id = %s AND ended_at IS NULL",
         (job_id,),
     )
+    tell_followers(conn, job_id)
 
 
 def _why_no_node(conn: Conn, job: Job) -> str:

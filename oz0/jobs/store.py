@@ -30,6 +30,7 @@ from oz0.jobs.spec import (
     new_job_id,
 )
 from oz0.jobs.spec_text import DEFAULT_ON_LOST, LOST_AFTER
+from oz0.store.events import JOBS
 
 Conn = psycopg.Connection[Any]
 # Raw output kept per attempt (stdout and stderr together); the rest is dropped, marked.
@@ -198,6 +199,13 @@ _PART_KEYS = {
 
 def _iso(at: dt.datetime | None) -> str | None:
     return at.isoformat() if at else None
+
+
+def tell_followers(conn: Conn, job_id: str) -> None:
+    """Tell whoever follows JOB_ID (a long poll of its output, oz0/jobs/follow.py) that its
+    record changed. PostgreSQL sends it at the commit, so a follower woken by it finds the
+    rows, and only once per transaction however often it was asked."""
+    conn.execute("SELECT pg_notify(%s, %s)", (JOBS, job_id))
 
 
 _JOB_COLUMNS = (
@@ -453,6 +461,7 @@ def request_cancel(
                 (job_id,),
             )
             secret_env.forget(conn, job_id)
+            tell_followers(conn, job_id)
         else:
             conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
         audit.record(conn, actor, "job.cancel", f"job:{job_id}", {"was": state}, tenants=[tenant])
@@ -600,6 +609,7 @@ def end_attempt(
         " exit_code = %s, applied = %s WHERE job_id = %s AND number = %s",
         (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
     )
+    tell_followers(conn, job_id)
     return recorded
 
 
@@ -608,6 +618,7 @@ def set_queued(conn: Conn, job_id: str, reason: str) -> None:
         "UPDATE jobs SET state = 'queued', reason = %s WHERE id = %s AND ended_at IS NULL",
         (reason, job_id),
     )
+    tell_followers(conn, job_id)  # the reason it waits, for `job run` to say
 
 
 def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
@@ -630,6 +641,7 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         (state, exit_code, reason, job_id),
     )
     secret_env.forget(conn, job_id)
+    tell_followers(conn, job_id)
 
 
 # --- output (output.py, api.py) ----------------------------------------------------------
@@ -685,6 +697,7 @@ def append_output(
             " truncated = truncated OR %s WHERE job_id = %s AND number = %s",
             (len(data), truncated, job_id, attempt),
         )
+        tell_followers(conn, job_id)
     return True
 
 

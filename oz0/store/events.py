@@ -23,7 +23,10 @@ NODES = "oz0_nodes"
 OPERATORS = "oz0_operators"
 # A node's server changed (connected, moved, disconnected): only the web UI listens.
 NODE_LINKS = "oz0_node_links"
-CHANNELS = (NODES, OPERATORS, NODE_LINKS)
+# A job's record changed (output added, an attempt placed or ended, the job queued or
+# ended); the payload is its ID. Followers of the job's output wait on it (watch_job).
+JOBS = "oz0_jobs"
+CHANNELS = (NODES, OPERATORS, NODE_LINKS, JOBS)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]
@@ -92,12 +95,32 @@ class NodeWatch:
         return news
 
 
+class JobWatch:
+    """Woken at each notification about one job, a LISTEN gap, or a lost LISTEN
+    connection: whoever waits then reads the job; until unwatched."""
+
+    def __init__(self) -> None:
+        self._woken = trio.Event()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def wait(self) -> None:
+        """Until woken since the last wait."""
+        await self._woken.wait()
+        self._woken = trio.Event()
+
+
 @dataclass
 class EventHub:
     conninfo: str
     _subscribers: dict[str, list[Subscriber]] = field(default_factory=lambda: defaultdict(list))
     _node_watches: dict[str, list[NodeWatch]] = field(default_factory=lambda: defaultdict(list))
+    _job_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
     on_gap: list[Callable[[], None]] = field(default_factory=list)
+    # Whether notifications reach us now: while not, a watch of a job would wait in vain,
+    # so a reader that would wait reads again on its own clock instead.
+    listening: bool = False
 
     def subscribe(self, channel: str, subscriber: Subscriber) -> None:
         self._subscribers[channel].append(subscriber)
@@ -121,6 +144,26 @@ class EventHub:
                 if not watches:
                     del self._node_watches[node_id]
 
+    @contextmanager
+    def watch_job(self, job_id: str) -> Iterator[JobWatch]:
+        """A watch of JOB_ID, woken at every notification about it until the block ends.
+        Watch before reading the job, so a change between the read and the wait is seen."""
+        watch = JobWatch()
+        self._job_watches[job_id].append(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._job_watches.get(job_id)
+            if watches is not None:
+                watches.remove(watch)
+                if not watches:
+                    del self._job_watches[job_id]
+
+    def _wake_jobs(self) -> None:
+        for watches in self._job_watches.values():
+            for watch in watches:
+                watch.wake()
+
     def wake(self, node_id: str, news: NodeNews | None = None) -> None:
         """Wake whoever watches NODE_ID, as a notification about it would."""
         for watch in self._node_watches.get(node_id, ()):
@@ -136,6 +179,9 @@ class EventHub:
             subscriber(notification)
         if notification.channel == NODES:
             self.wake(notification.payload, news)
+        elif notification.channel == JOBS:
+            for watch in self._job_watches.get(notification.payload, ()):
+                watch.wake()
 
     def _gap(self) -> None:
         for callback in self.on_gap:
@@ -144,6 +190,13 @@ class EventHub:
             for watch in watches:
                 if watch.wake_on_gap:
                     watch.wake(None)
+        self._wake_jobs()
+
+    def _lost(self) -> None:
+        """The LISTEN connection is gone: the jobs' watchers read now and, until it is back,
+        no longer wait for news (`listening`)."""
+        self.listening = False
+        self._wake_jobs()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; started once every LISTEN is registered."""
@@ -161,6 +214,7 @@ class EventHub:
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(self.run)
+                    self.listening = True
                     if first:
                         first = False
                         task_status.started()
@@ -168,6 +222,7 @@ class EventHub:
                         outage.worked()
                         self._gap()
             except* _LISTEN_ERRORS as group:
+                self._lost()
                 if first:
                     raise
                 delay = outage.failed(group.exceptions[0])

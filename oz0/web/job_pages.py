@@ -18,8 +18,8 @@ from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
 
 from oz0 import access, nodes, tenants
+from oz0.jobs import follow, store
 from oz0.jobs import limits as job_limits
-from oz0.jobs import store
 from oz0.jobs.secret_env import SecretKeeper
 from oz0.jobs.spec import (
     STATES,
@@ -374,8 +374,12 @@ def add(web: Blueprint, pages: Pages) -> None:
             return jsonify({"error": f"no job {job_id}"}), 404
         try:
             after = max(0, int(request.args.get("after", "0")))
+            # As the API's output page: seconds to wait for news when there is none yet.
+            wait = int(request.args.get("wait", "0"))
         except ValueError:
-            return jsonify({"error": "after must be a whole number"}), 400
+            return jsonify({"error": "after and wait must be whole numbers"}), 400
+        if not 0 <= wait <= follow.MAX_WAIT:
+            return jsonify({"error": f"wait must be between 0 and {follow.MAX_WAIT}"}), 400
 
         def read(conn: store.Conn) -> tuple[store.Job, store.OutputPage]:
             job = store.get(conn, job_id, scope=scope)
@@ -383,11 +387,23 @@ def add(web: Blueprint, pages: Pages) -> None:
                 return job, store.OutputPage([], more=False)
             return job, store.output_page(conn, job_id, after=after, limit=LIVE_CHUNKS)
 
+        # Any change of the job (an attempt placed or ended, a reason) since the version
+        # the page was last given is news, so its attempts and state follow too.
+        seen = request.args.get("seen")
         try:
-            job, page = await db.transaction(read)
+            answer = await follow.read_or_wait(
+                pages.state.hub,
+                job_id,
+                wait,
+                lambda: db.transaction(read),
+                has_news=lambda found: follow.is_news(*found, seen),
+                stopping=pages.state.stopping,
+            )
         except JobNotFound as e:
             return jsonify({"error": str(e)}), 404
-        return jsonify(live_json(job, page, after)), 200
+        job, page = answer.page
+        shown = {"waited": answer.waited, "version": follow.version_of(job)}
+        return jsonify({**live_json(job, page, after), **shown}), 200
 
     @web.post("/jobs/<job_id>/cancel")
     async def job_cancel(job_id: str) -> Page:

@@ -10,7 +10,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from oz0 import access
-from oz0.jobs import store
+from oz0.jobs import follow, store
 from oz0.jobs.secret_env import SecretKeeper
 from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, TooManyQueued, is_job_id
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -64,6 +64,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         limit = _int_arg("limit", store.PAGE_CHUNKS, 1, store.MAX_PAGE_CHUNKS)
         attempt_arg = request.args.get("attempt")
         attempt = None if attempt_arg is None else _int_arg("attempt", 1, 1, 1_000_000)
+        # Seconds to wait for news when there is none yet (0: answer at once).
+        wait = _int_arg("wait", 0, 0, follow.MAX_WAIT)
+        # The job's version the caller was last shown: a change since is news too.
+        seen = request.args.get("seen")
 
         def read(conn: store.Conn) -> tuple[store.Job, store.OutputPage]:
             # The job first: once it has ended, its output is complete (the node's last
@@ -72,13 +76,25 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             job = store.get(conn, job_id, scope=scope)
             return job, store.output_page(conn, job_id, after=after, attempt=attempt, limit=limit)
 
-        job, page = await _do(state, read)
+        answer = await follow.read_or_wait(
+            state.hub,
+            job_id,
+            wait,
+            lambda: _do(state, read),
+            has_news=lambda found: follow.is_news(*found, seen),
+            stopping=state.stopping,
+        )
+        job, page = answer.page
         return jsonify(
             {
                 "chunks": [c.to_json() for c in page.chunks],
                 "cursor": page.cursor or after,
                 "more": page.more,
                 "ended": job.ended,
+                # The wait asked was honoured: a client that asked need not sleep before
+                # its next request (an older server leaves this out).
+                "waited": answer.waited,
+                "version": follow.version_of(job),
                 "job": job.to_json(),
             }
         )

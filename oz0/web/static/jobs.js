@@ -1,6 +1,9 @@
-// A running job's page follows the job: every second it asks /jobs/<id>/live.json for the
-// output after what it shows and for the job's state, and updates the page in place until
-// the job ends. Without this script the page has a Refresh link.
+// A running job's page follows the job: it asks /jobs/<id>/live.json for the output after
+// what it shows and for the job's state, and updates the page in place until the job ends.
+// Each ask after the first is a long poll (wait): the server answers as soon as there is
+// output or the job changed since the version the page was given, so the page is told
+// rather than polling; a server that did not wait (it is stopping, or older) is asked again
+// a second later. Without this script the page has a Refresh link.
 "use strict";
 document.addEventListener("DOMContentLoaded", () => {
   const root = document.getElementById("job");
@@ -115,11 +118,14 @@ document.addEventListener("DOMContentLoaded", () => {
     refresh.hidden = false;
   }
 
+  const WAIT = 15; // seconds the server may hold an ask (at most its limit, 20)
+  let version = null; // the job as last shown (the server's digest); null before any answer
   let failures = 0;
   async function poll() {
     let data;
+    const query = version === null ? "" : `&wait=${WAIT}&seen=${encodeURIComponent(version)}`;
     try {
-      const answer = await fetch(`/jobs/${encodeURIComponent(jobId)}/live.json?after=${cursor}`, {
+      const answer = await fetch(`/jobs/${encodeURIComponent(jobId)}/live.json?after=${cursor}${query}`, {
         credentials: "same-origin", headers: { Accept: "application/json" }, redirect: "error",
       });
       if (!answer.ok) return stop("Live updates stopped (" + answer.status + "): refresh.");
@@ -133,6 +139,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     failures = 0;
     show(data);
+    version = data.version === undefined ? null : data.version;
     if (data.more) return poll(); // a full answer (rows or bytes): more is waiting
     if (data.ended) {
       const cancel = field("cancel");
@@ -140,7 +147,8 @@ document.addEventListener("DOMContentLoaded", () => {
       live.hidden = true;
       return;
     }
+    if (data.waited) return poll(); // it waited for news: ask again at once
     setTimeout(poll, 1000);
   }
-  setTimeout(poll, 1000);
+  poll(); // answered at once (no version yet): the page's state since it was made
 });
