@@ -536,7 +536,8 @@ def summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
 
 
 def table(args: argparse.Namespace, sizes: dict[str, Any]) -> str:
-    """The markdown table of every size's summary, and the fleets' memory and idle CPU."""
+    """Markdown: every size's measures, then the fleets' memory and idle CPU, then the
+    commands that did not do what they should (none, in a run that counts)."""
     lines = [
         "| nodes | measure | Salt p50 | Salt worst | ours p50 | ours worst | our time ÷ Salt's |",
         "|---:|---|---:|---:|---:|---:|---:|",
@@ -554,21 +555,40 @@ def table(args: argparse.Namespace, sizes: dict[str, Any]) -> str:
             ]
             ratio = row.get("ours_time_over_salt")
             lines.append(f"| {nodes} | {name} | {' | '.join(cells)} | {ratio or '-'} |")
-        idle = size.get("idle")
-        if idle:
+    lines += [
+        "",
+        "| nodes | Salt: minions | Salt: master | ours: agents | ours: servers + Temporal hosts |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for nodes, size in sizes.items():
+        if idle := size.get("idle"):
             rss, cpu = idle["rss_mib"], idle["idle_cpu_percent"]
-            lines.append(
-                f"| {nodes} | memory: minions / agents (master / servers + hosts) |"
-                f" {rss['minions']:.0f} MiB | ({rss['master']:.0f} MiB) |"
-                f" {rss['agents']:.0f} MiB | ({rss['servers']:.0f} MiB) |"
-                f" {rss['agents'] / rss['minions']:.2f} |"
-            )
-            lines.append(
-                f"| {nodes} | idle CPU: minions / agents (master / servers + hosts) |"
-                f" {cpu['minions']:.1f} % | ({cpu['master']:.1f} %) |"
-                f" {cpu['agents']:.1f} % | ({cpu['servers']:.1f} %) | - |"
-            )
+            cells = [
+                f"{rss[group]:.0f} MiB, {cpu[group]:.1f} % CPU"
+                for group in ("minions", "master", "agents", "servers")
+            ]
+            lines.append(f"| {nodes} | {' | '.join(cells)} |")
+    lines.append(f"\n(memory: RSS of the process trees; CPU: idle, over {args.idle:g} s)")
+    failed = {
+        f"{nodes} nodes, {what}": count
+        for nodes, size in sizes.items()
+        for what, count in size.get("failures", {}).items()
+        if count
+    }
+    ours = {nodes: size["ours_checked"] for nodes, size in sizes.items() if "ours_checked" in size}
+    if failed or any(not checked_ok(c) for c in ours.values()):
+        lines.append(f"\n**Commands that failed** (the figures do not count): {failed} {ours}")
     return "\n".join(lines)
+
+
+def checked_ok(checked: dict[str, Any]) -> bool:
+    """Whether the rows say every job of ours did what it should."""
+    return bool(
+        checked["jobs"] == checked["jobs_expected"]
+        and checked["states"] == {"succeeded": checked["jobs"]}
+        and checked["all_jobs_short_of_nodes"] == 0
+        and checked["one_node_jobs_without_one_success"] == 0
+    )
 
 
 def measure(bench: SideBySide) -> None:
