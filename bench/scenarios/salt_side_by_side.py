@@ -643,6 +643,10 @@ def run(bench: runner.Bench) -> None:
         measure(side)
         bench.out["table"] = table(bench.args, side.sizes)
         log("results:\n" + bench.out["table"])
+        failed = sum(sum(size["failures"].values()) for size in side.sizes.values())
+        unchecked = [n for n, size in side.sizes.items() if not checked_ok(size["ours_checked"])]
+        if failed or unchecked:
+            raise Failed(f"{failed} commands failed; our jobs' rows wrong at {unchecked} nodes")
     finally:
         if side.salt_client is not None:
             side.salt_client.stop()
@@ -671,5 +675,5 @@ SCENARIO = Scenario(
     servers=lambda args: SERVER_ADDRESSES[: args.servers],
     check=check,
     before_servers=before_servers,
-    measured=("oz0", "cli", "oz0_node"),
+    measured=("oz0", "cli", "oz0_node", "bench"),
 )
