@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import io
 import json
 import math
@@ -300,8 +301,9 @@ class SideBySide:
     def env(self) -> dict[str, str]:
         return dict(os.environ, OZ0_CONTEXT=str(self.files.context_path))
 
-    @property
+    @functools.cached_property
     def api(self) -> ApiClient:
+        """One client for the run, its connections kept, as Salt's LocalClient is kept."""
         context = Context.load(self.files.context_path)
         first = f"{next(iter(self.servers))}:{MANAGEMENT_PORT}"
         return ApiClient(dataclasses.replace(context, servers=(first,)))
