@@ -62,6 +62,7 @@ SCENARIOS = (
     "node_removal",
     "operator_removal",
     "outlive",
+    "salt_side_by_side",
     "silent_strangers",
     "temporal_host",
     "web_live",
