@@ -6,7 +6,7 @@ import datetime as dt
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -349,9 +349,10 @@ def cancel(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = Non
     return 0
 
 
-def _follower(
-    client: ApiClient, job_id: str, *, headers: str, only_attempt: int | None
-) -> Follower:
+def output_fetch(
+    client: ApiClient, job_id: str, only_attempt: int | None = None
+) -> Callable[[int, int, str | None], dict[str, Any]]:
+    """The page fetch of a Follower of JOB_ID's output through CLIENT (bench/ uses it too)."""
     path = f"/api/v1/jobs/{job_id}/output"
 
     def fetch(after: int, wait: int, seen: str | None) -> dict[str, Any]:
@@ -364,8 +365,14 @@ def _follower(
         page = client.get(path, query, read_timeout=wait + TIMEOUT)
         return page
 
+    return fetch
+
+
+def _follower(
+    client: ApiClient, job_id: str, *, headers: str, only_attempt: int | None
+) -> Follower:
     return Follower(
-        fetch,
+        output_fetch(client, job_id, only_attempt),
         sys.stdout.buffer,
         sys.stderr.buffer,
         headers=headers,

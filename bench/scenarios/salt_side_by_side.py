@@ -78,6 +78,7 @@ from bench.measure import cpu_seconds
 from bench.runner import Scenario, create_token, log, wait_until_servers
 from bench.salt import DEFAULT_VENV, SaltFailed, SaltFleet, ensure_venv
 from cli.client import ApiClient
+from cli.job_cmds import output_fetch
 from cli.job_follow import Follower
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, ServerProcess
@@ -263,12 +264,7 @@ def job_to_end(client: ApiClient, body: dict[str, Any]) -> bool:
     """What `job run` does without its process: POST the job, read its output to the end
     (cli.job_follow, as the CLI does), output discarded. Whether it succeeded."""
     job = client.post("/api/v1/jobs", {"tenant": "default", "command": ["true"], **body})
-    path = f"/api/v1/jobs/{job['id']}/output"
-
-    def fetch(after: int) -> dict[str, Any]:
-        page: dict[str, Any] = client.get(path, {"after": after})
-        return page
-
+    fetch = output_fetch(client, job["id"])
     ended = Follower(fetch, io.BytesIO(), io.BytesIO(), headers="moves").run(follow=True)
     return ended.get("state") == "succeeded"
 
