@@ -927,3 +927,26 @@ def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(
         "UPDATE servers SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (old,)
     )
     assert inputs.local_steps_everywhere(conn), "a server long gone holds nothing back"
+
+
+def test_a_job_whose_cancel_was_asked_for_before_its_workflow_heard_is_placed_nowhere(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A schedule's run makes its job (workflow started, as far as the sweeper knows) and
+    starts the job's workflow a moment later: a cancel asked for in between finds no
+    workflow to tell. The workflow's first placement ends it instead of running it."""
+    add_node(conn)
+    for fields in ({}, {"all": True}, {"all": True, "batch": "1"}):
+        job = new_job(conn, **fields)
+        conn.execute("UPDATE jobs SET workflow_started = true WHERE id = %s", (job.id,))
+        with conn.transaction():
+            store.request_cancel(conn, job.id, ADMIN)
+        with conn.transaction():
+            if fields.get("batch"):
+                [placed] = placement.list_parts(conn, job.id)
+            elif fields.get("all"):
+                [placed] = placement.place_everywhere(conn, job.id, 1)
+            else:
+                placed = placement.place(conn, job.id, 1, 0, [])
+        assert placed.ended and placed.node is None, (fields, placed)
+        assert store.get(conn, job.id).attempts == ()
