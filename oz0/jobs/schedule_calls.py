@@ -7,9 +7,8 @@ connection (the job role's, JobsRole.in_namespace).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from temporalio.client import (
     Client,
@@ -27,18 +26,8 @@ from oz0.jobs import schedules
 from oz0.jobs.scheduled import ScheduledWorkflow
 from oz0.jobs.workflow import JOBS_QUEUE
 
-T = TypeVar("T")
 # How long the API waits for one of these calls.
 CALL_WITHIN = 10.0
-
-
-class InNamespace(Protocol):
-    """The job role's Temporal calls (JobsRole.in_namespace): MAKE run with a client of
-    NAMESPACE on the server's one connection, within WITHIN seconds."""
-
-    async def __call__(
-        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
-    ) -> T: ...
 
 
 OVERLAP_POLICIES = {

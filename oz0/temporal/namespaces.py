@@ -7,8 +7,9 @@ temporalio is asyncio-only: the calls run on the loop of the caller's asyncio po
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 from temporalio.api.namespace.v1 import NamespaceConfig, NamespaceInfo
@@ -22,6 +23,18 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from oz0.errors import Oz0Error
 from oz0_common.asyncio_portal import Portal
+
+T = TypeVar("T")
+
+
+class InNamespace(Protocol):
+    """The jobs role's Temporal calls (JobsRole.in_namespace): MAKE run with a client of
+    NAMESPACE on the server's one connection, within WITHIN seconds."""
+
+    async def __call__(
+        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
+    ) -> T: ...
+
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from quart import g, request
 
 from oz0 import access, nodes, operators, pki
 from oz0.cluster import Cluster
-from oz0.jobs.schedule_calls import InNamespace
 from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.https import peer_cert_der
@@ -20,6 +19,7 @@ from oz0.server.readiness import Readiness
 from oz0.store.batches import Batches
 from oz0.store.events import EventHub
 from oz0.store.pool import Database
+from oz0.temporal.namespaces import InNamespace
 from oz0.temporal.role import Temporal
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -24,9 +24,10 @@ from oz0.store.batches import Batches
 from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
+from oz0.temporal.namespaces import InNamespace
 
 if TYPE_CHECKING:
-    from temporalio.client import Client
+    pass
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,15 +48,6 @@ STATE_READS = 256
 # Nodes' attempt messages (attempts.py) this edge has at Temporal at once; past that, one
 # is dropped (counted): the node says it again within a second.
 ATTEMPT_CALLS = 64
-
-
-class InNamespace(Protocol):
-    """The jobs role's Temporal calls (JobsRole.in_namespace): MAKE run with a client of
-    NAMESPACE on the server's one connection, within WITHIN seconds."""
-
-    async def __call__(
-        self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float
-    ) -> T: ...
 
 
 def state_reads(db: Database) -> Batches:

@@ -19,7 +19,6 @@ from oz0.server.edge.common import (
     MAX_MESSAGE_SIZE,
     DatabaseUnavailable,
     Edge,
-    InNamespace,
     close,
     send,
 )
@@ -34,6 +33,7 @@ from oz0.server.edge.wire import Closed, Wire, tls_handshake
 from oz0.server.tls import open_tcp_listeners
 from oz0.store.events import EventHub
 from oz0.store.pool import Database
+from oz0.temporal.namespaces import InNamespace
 
 log = logging.getLogger(__name__)
 
