@@ -1097,6 +1097,31 @@ def test_all_nodes_a_failed_part_fails_the_job_with_its_exit_code(
     run(scenario)
 
 
+def test_an_all_nodes_job_cancelled_while_its_end_is_recorded_keeps_its_verdict(
+    operator: Credentials,
+) -> None:
+    """As for one node: the workflow task that ran the last steps is refused for the cancel
+    that came meanwhile and run again with the cancel first; every part had ended, so the
+    job ends as its parts decided, the same as the end first recorded."""
+    fleet = Fleet({"a": exits(0), "b": exits(0)})
+    fleet.finish_fails = 2  # retried after 0.5 s, then 1 s
+    job = job_input(all_nodes=True)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            await asyncio_until(
+                lambda: fleet.finish_tries >= 1,
+                SEEN_BOUND,
+                "the first try to record the end",
+                step=0.05,
+            )
+            await j.handle.cancel()  # too late: every part has ended
+            assert await j.result() == "succeeded"
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
 def test_cancelling_an_all_nodes_job_cancels_every_part(operator: Credentials) -> None:
     fleet = Fleet({"a": hangs, "b": hangs})
     fleet.finish_waits_for_nodes = True

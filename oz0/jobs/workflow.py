@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -311,7 +312,11 @@ class JobWorkflow:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*parts, return_exceptions=True)
-            raise
+            # Too late if every part had ended anyway (as for one node, `_whole`): the
+            # workflow task run again with the cancel first must end the job the same way.
+            if not (job.local_steps and all(map(_ended_anyway, parts))):
+                raise
+            results = [task.result() for task in parts]
         failed = [r for r in results if not r.moved and r.exit_code != 0]
         lost = [r for r in results if r.moved]
         if failed:
@@ -396,12 +401,16 @@ class JobWorkflow:
         number, failures, placed = first.number, 0, first
         while True:
             outcome = await self._attempt(job, placed)
-            if outcome.moved or outcome.refusal is not None or outcome.cancelled:
-                return outcome
+            # A part's end as it would be without a cancellation is its end: `cancelled`
+            # stays only on one that a cancellation cut short (a retry not made).
+            if outcome.moved or outcome.refusal is not None:
+                return dataclasses.replace(outcome, cancelled=False)
             if outcome.because == "exit" and outcome.exit_code == 0:
-                return outcome
+                return dataclasses.replace(outcome, cancelled=False)
             failures += 1
             if failures > job.retries:
+                return dataclasses.replace(outcome, cancelled=False)
+            if outcome.cancelled:
                 return outcome
             self.number += 1
             number = self.number
@@ -536,6 +545,14 @@ def _verdict(
     if lost:
         return "lost", None, f"{len(lost)} of {total} nodes were lost ({lost[0].because})"
     return "succeeded", 0, None
+
+
+def _ended_anyway(part: asyncio.Task[Outcome]) -> bool:
+    """Whether PART's task ended with the part's own end, which a cancellation that came
+    with it or as it was recorded did not cut short."""
+    if not part.done() or part.cancelled() or part.exception() is not None:
+        return False
+    return not part.result().cancelled
 
 
 async def _until_placed(
