@@ -210,6 +210,9 @@ class JobWorkflow:
     def __init__(self) -> None:
         self.removed: dict[int, str] = {}
         self.number = 0
+        # A cancellation came that an attempt's end, being recorded, held off (`_whole`):
+        # no part starts after it.
+        self.cancel_heard = False
 
     @workflow.signal(name="node_removed")
     def node_removed(self, number: int, because: str) -> None:
@@ -364,21 +367,28 @@ class JobWorkflow:
             return allowed is not None and sum(map(_part_failed, results)) > allowed
 
         async def lane() -> None:
-            while waiting and not stopped():
+            while waiting and not stopped() and not self.cancel_heard:
                 results.append(await self._waited_part(job, waiting.pop(0)))
-                if job.batch_wait > 0 and waiting and not stopped():
+                if job.batch_wait > 0 and waiting and not stopped() and not self.cancel_heard:
                     await workflow.sleep(job.batch_wait)
 
         lanes = [asyncio.create_task(lane()) for _ in range(min(window, total))]
         try:
             await asyncio.gather(*lanes)
-        except BaseException:
+        except BaseException as e:
             # Cancelled, or a step that failed the job: no lane goes on without the job.
             for task in lanes:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*lanes, return_exceptions=True)
-            raise
+            # Too late if every part had ended anyway (as in `_everywhere`).
+            ended_anyway = (
+                isinstance(e, asyncio.CancelledError) and job.local_steps and not waiting
+                and all(t.done() and not t.cancelled() and t.exception() is None for t in lanes)
+                and not any(r.cancelled for r in results)
+            )  # fmt: skip
+            if not ended_anyway:
+                raise
         return _verdict(results, total, len(waiting), job)
 
     async def _waited_part(self, job: JobInput, part: Placed) -> Outcome:
@@ -401,6 +411,7 @@ class JobWorkflow:
         number, failures, placed = first.number, 0, first
         while True:
             outcome = await self._attempt(job, placed)
+            self.cancel_heard |= outcome.cancelled
             # A part's end as it would be without a cancellation is its end: `cancelled`
             # stays only on one that a cancellation cut short (a retry not made).
             if outcome.moved or outcome.refusal is not None:
