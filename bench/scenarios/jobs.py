@@ -24,7 +24,9 @@ the machine's one wall clock, so the times compare directly.
    start → the printed start);
 2b. fanout: F jobs `--all -- date +%s.%N` one after another (`--fanouts`): from the
    request to each part's printed start, to the last part's, to the job's recorded end;
-   every part that did not end `exit` named;
+   every part that did not end `exit` named (with its node's agent log around it); the
+   attempts given to their node again because Temporal lost the task on the way, counted
+   from the histories (the node activity's events of the first three such jobs);
 3. throughput: M jobs `true` from K submitters as fast as the API takes them, then until
    every one has ended: completed jobs per second from the rows' created_at / ended_at, and
    the CPU of each server, Temporal host, this cluster's PostgreSQL backends and the agents
@@ -287,6 +289,63 @@ async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, 
         )
         found[job_id] = parse_history(list(history.events))
     return found
+
+
+async def node_activity_events(files: ClusterFiles, job_ids: list[str]) -> dict[str, Any]:
+    """For jobs whose parts did not end `exit`: each node activity's events (scheduled on
+    which queue, started by which worker identity and when, how it ended), to tell a task
+    a node never received from one it received and lost."""
+    client = await Client.connect(
+        TEMPORAL, namespace="default", tls=server_credentials(files).tls()
+    )
+    found: dict[str, Any] = {}
+    for job_id in job_ids:
+        history = await asyncio.wait_for(
+            client.get_workflow_handle(job_id).fetch_history(), JOB_TIMEOUT
+        )
+        rows: list[dict[str, Any]] = []
+        for event in history.events:
+            kind = event.WhichOneof("attributes") or ""
+            if not kind.startswith("activity_task_"):
+                continue
+            attributes = getattr(event, kind)
+            row: dict[str, Any] = {"id": event.event_id, "kind": kind, "at": event_time(event)}
+            if kind == "activity_task_scheduled_event_attributes":
+                if attributes.activity_type.name != NODE_ACTIVITY:
+                    continue
+                row |= {"activity": attributes.activity_id, "queue": attributes.task_queue.name}
+            else:
+                row["scheduled"] = attributes.scheduled_event_id
+            for name in ("identity", "attempt", "request_id", "timeout_type"):
+                if hasattr(attributes, name):
+                    row[name] = str(getattr(attributes, name))
+            if attributes.HasField("failure") if hasattr(attributes, "failure") else False:
+                row["failure"] = attributes.failure.message[:200]
+            if hasattr(attributes, "last_failure") and attributes.HasField("last_failure"):
+                row["last_failure"] = attributes.last_failure.message[:200]
+            rows.append(row)
+        found[job_id] = rows
+    return found
+
+
+def given_again(events: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """From each job's node activity EVENTS: how many attempts were given to their node
+    again (no node heard of them: oz0_common/attempt_heartbeat.py), and the events of the
+    first three jobs that had one or a heartbeat timeout."""
+    again: dict[str, int] = {}
+    for job_id, rows in events.items():
+        scheduled = [r["activity"] for r in rows if "activity" in r]
+        again[job_id] = len(scheduled) - len(set(scheduled))
+    odd = [
+        job_id
+        for job_id, rows in events.items()
+        if again[job_id] or any(r["kind"].startswith("activity_task_timed_out") for r in rows)
+    ]
+    return {
+        "attempts_given_again": sum(again.values()),
+        "jobs_with_attempts_given_again": sum(1 for n in again.values() if n),
+        "node_activity_events": {job_id: events[job_id] for job_id in odd[:3]},
+    }
 
 
 def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dict[str, Any]:
@@ -654,6 +713,8 @@ class Jobs:
         not_exit: list[str] = []
         errors: list[str] = []
         states: Counter[str] = Counter()
+        windows: dict[str, float] = {}
+        ids: list[str] = []
         for _ in range(self.args.fanouts):
             sent = time.time()
             try:
@@ -665,6 +726,7 @@ class Jobs:
                 errors.append(f"{type(e).__name__}: {e}"[:300])
                 continue
             ended = page["job"]
+            ids.append(str(ended["id"]))
             states[str(ended["state"])] += 1
             starts = [
                 printed_times(data)[0] - sent
@@ -676,11 +738,12 @@ class Jobs:
             [(_, _, ended_at)] = job_rows(self.files, [str(ended["id"])])
             if ended_at is not None:
                 job_ended.append(ended_at - sent)
+            lost = [a for a in ended["attempts"] if a.get("ended_because") != "exit"]
             not_exit += [
                 f"{ended['id']} attempt {a['number']} on {a['node']}: {a['ended_because']}"
-                for a in ended["attempts"]
-                if a.get("ended_because") != "exit"
+                for a in lost
             ]
+            windows |= {str(a["node"]): sent for a in lost}
         self.end(
             "fanout",
             {
@@ -694,8 +757,28 @@ class Jobs:
                 ),
                 "request_to_job_ended_ms": percentiles(job_ended),
                 "parts_not_ended_exit": not_exit,
+                "lost_nodes_logs": self.logs_around(windows),
+                **given_again(asyncio.run(node_activity_events(self.files, ids))),
             },
         )
+
+    def logs_around(self, windows: dict[str, float]) -> dict[str, list[str]]:
+        """Each node's agent log from 1 s before to 25 s after the request of the job
+        (WINDOWS: node ID → request time) it lost a part of (the first five nodes)."""
+        found: dict[str, list[str]] = {}
+        for node_id, sent in sorted(windows.items())[:5]:
+            begin = dt.datetime.fromtimestamp(sent - 1).strftime("%Y-%m-%d %H:%M:%S")
+            end = dt.datetime.fromtimestamp(sent + 25).strftime("%Y-%m-%d %H:%M:%S")
+            for agent in self.agents:
+                text = agent.log()
+                if node_id in text:
+                    found[node_id] = [
+                        line[:400]
+                        for line in text.splitlines()
+                        if begin <= line[:19].replace("T", " ") <= end or "runtime" in line
+                    ]
+                    break
+        return found
 
     def output(self, operator: Operator) -> None:
         client = operator.client(0)
