@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import logging
+import os
 import platform
 import socket
 from collections.abc import Callable
@@ -134,11 +136,16 @@ def grant_check(settings: RuntimeSettings) -> GrantCheck:
     )
 
 
+# Each runtime of this process, numbered: its Temporal identity says which took a task.
+_runtime_numbers = itertools.count(1)
+
+
 class NodeRuntime:
     """One worker on one asyncio portal, for one control stream."""
 
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
+        self.number = next(_runtime_numbers)
         # The Trio side's own.
         self._started = False
         self._stopping = False
@@ -244,7 +251,8 @@ class NodeRuntime:
                 settings.temporal,
                 namespace=settings.namespace,
                 tls=tls,
-                identity=f"{settings.node_id}@{socket.gethostname()}",
+                # Which process and which of its runtimes took a task, in the histories.
+                identity=f"{settings.node_id}@{socket.gethostname()}:{os.getpid()}.{self.number}",
             ),
             CONNECT_TIMEOUT,
         )
