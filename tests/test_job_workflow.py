@@ -40,6 +40,7 @@ from fixtures.temporal import Credentials, register_namespace, run_async, server
 from oz0.context import Context
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
+from oz0_common.attempt_heartbeat import HEARD
 from tests.conftest import CliRunner, create_token
 
 SERVER = "127.0.0.196"
@@ -230,6 +231,8 @@ class Fleet:
             self.attempts.append(seen)
             script = self.behaviours[node]
             behaviour = script.pop(0) if isinstance(script, list) else script
+            if behaviour is not never_heard:
+                activity.heartbeat(HEARD)  # as the node's activity does first
             try:
                 return await behaviour(seen)
             except asyncio.CancelledError:
@@ -259,7 +262,7 @@ def exits(code: int) -> Behaviour:
 async def hangs(attempt: Attempt) -> Result:
     """Runs until cancelled, heartbeating as the node does."""
     while True:
-        activity.heartbeat()
+        activity.heartbeat(HEARD)
         await asyncio.sleep(0.2)
 
 
@@ -272,6 +275,13 @@ async def stops(attempt: Attempt) -> Result:
 
 async def falls_silent(attempt: Attempt) -> Result:
     """The agent was killed: no heartbeat, no answer."""
+    await asyncio.sleep(60)
+    return _result(0)
+
+
+async def never_heard(attempt: Attempt) -> Result:
+    """A task Temporal counted started that no node ever took (a poll's answer lost on the
+    way): not a heartbeat, not an answer."""
     await asyncio.sleep(60)
     return _result(0)
 
@@ -294,7 +304,7 @@ def together(barrier: Callable[[], bool], code: int) -> Behaviour:
         while not barrier():
             if time.monotonic() > deadline:
                 return _result(99)
-            activity.heartbeat()
+            activity.heartbeat(HEARD)
             await asyncio.sleep(0.05)
         return _result(code)
 
@@ -676,6 +686,39 @@ def test_a_lost_node_s_attempt_is_moved_once_its_lost_after_passes_with_move_or_
             AttemptEnd(job.job_id, 1, None, None),
             AttemptEnd(job.job_id, 2, "exit", 0),
         ]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("all_nodes", [False, True])
+def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lost(
+    operator: Credentials, all_nodes: bool
+) -> None:
+    fleet = Fleet({"a": [never_heard, exits(0)], "b": exits(0)})
+    job = job_input(retries=0, on_lost="fail", lost_after=1.0, all_nodes=all_nodes)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        # The same attempt, its same input, on the same node: one attempt ended once.
+        again = [a for a in fleet.attempts if a.node == fleet.node("a")]
+        assert [a.number for a in again] == [1, 1]
+        assert again[0].payload == again[1].payload and again[1].activity_id == "attempt-1"
+        assert AttemptEnd(job.job_id, 1, "exit", 0) in fleet.ends
+        assert len([e for e in fleet.ends if e.number == 1]) == 1
+
+    run(scenario)
+
+
+def test_an_attempt_never_heard_of_three_times_is_lost_as_before(operator: Credentials) -> None:
+    fleet = Fleet({"a": never_heard, "b": exits(0)})
+    fleet.gone = "node lost"
+    job = job_input(retries=0, on_lost="fail", lost_after=1.0)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "lost"
+        assert fleet.ran("a") == [1, 1, 1] and fleet.ran("b") == []
 
     run(scenario)
 
@@ -1238,6 +1281,10 @@ class NodeQueue:
 
         @activity.defn(name=wf.NODE_ACTIVITY)
         async def attempt(payload: dict[str, Any]) -> Result:
+            # As the node's activity: heard at once, then handed over (which takes the
+            # node a while: the heartbeat leaves meanwhile), completed by the edge.
+            activity.heartbeat(HEARD)
+            await asyncio.sleep(0.2)
             self.taken.put((activity.info().activity_id, payload))
             activity.raise_complete_async()
 

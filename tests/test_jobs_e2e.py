@@ -9,6 +9,7 @@ databases, Temporal's history, the logs).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import hashlib
@@ -29,21 +30,24 @@ import pytest
 import trio
 import trio.testing
 from temporalio import workflow
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.attempt_grants import signed
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.temporal import run_async, server_credentials
+from fixtures.temporal import Credentials, connect, run_async, server_credentials
 from oz0 import cluster, pki
 from oz0.context import Context
 from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
+from oz0_node.identity import IdentityDir
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.procfs import read_stat
@@ -368,6 +372,95 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
         f"block -> attempt 2 placed {took['block']:.2f} s; purge -> {took['purge']:.2f} s;"
         f" kill -9 -> {took['kill']:.2f} s"
     )
+
+
+async def take_a_task(data_dir: Path, queue: str, within: float) -> tuple[str, str]:
+    """Take one activity task from QUEUE with its node's own credentials (from DATA_DIR) and
+    drop it, as Temporal drops a task whose poll's answer was lost on the way (it counts it
+    started, no node ever runs it): its workflow and activity IDs."""
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import PollActivityTaskQueueRequest
+
+    identity = IdentityDir(data_dir)
+    creds = Credentials(
+        identity.ca_path.read_bytes(),
+        identity.cert_path.read_bytes(),
+        identity.key_path.read_bytes(),
+    )
+    client = await connect(f"{SERVER}:7233", "default", creds)
+    request = PollActivityTaskQueueRequest(
+        namespace="default", task_queue=TaskQueue(name=queue), identity="test-dropping-poll"
+    )
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        poll = client.workflow_service.poll_activity_task_queue(request)
+        got = await asyncio.wait_for(poll, max(0.1, deadline - time.monotonic()))
+        if got.task_token:
+            return got.workflow_execution.workflow_id, got.activity_id
+    raise AssertionError(f"no task on {queue} in {within} s")
+
+
+async def pending_started(files: ClusterFiles, job_id: str) -> bool:
+    """Whether the job's node activity is started (taken by a worker) and not ended."""
+    client = await Client.connect(
+        f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
+    )
+    try:
+        described = await client.get_workflow_handle(job_id).describe()
+    except RPCError as e:  # its workflow not started yet
+        if e.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return False
+    return any(
+        a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        for a in described.raw_description.pending_activities
+    )
+
+
+@pytest.mark.slow
+def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    """A task Temporal counts started that no node took (a poll's answer lost on the way)
+    times out with no heartbeat at all: not a node lost, the same attempt given to its node
+    again. Here a poll of the node's own takes the task and drops it, while the node's one
+    worker slot is held (--max-jobs 1: one job runs, the next waits for it in the slot)."""
+    files, env = one_server, one_server.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], max_jobs=1)
+    agent = agents[-1]
+
+    def detached(*args: str) -> str:
+        run = cli("job", "run", "--detach", "--json", *args, env=env)
+        assert run.code == 0, run.err
+        return str(run.json()["id"])
+
+    holding = detached("--", "sleep", "60")
+    wait_for(lambda: f"job {holding} attempt 1: handed" in agent.log(), 30, "first job runs")
+    waiting = detached("--all", "--", "echo", "waited")
+    wait_for(lambda: run_async(lambda: pending_started(files, waiting)), 30, "second in slot")
+    dropped = detached("--all", "--lost-after", "5s", "--", "echo", "given again")
+    assert run_async(lambda: take_a_task(agent.data_dir, node, 30)) == (dropped, "attempt-1")
+    assert cli("job", "cancel", holding, env=env).code == 0
+
+    done = wait_job(files, dropped, lambda j: j["ended_at"] is not None, 60)
+    assert done["state"] == "succeeded", done
+    [attempt] = done["attempts"]
+    assert (attempt["node"], attempt["ended_because"]) == (node, "exit"), attempt
+    assert [data for _, _, data in output_of(files, dropped)] == [b"given again\n"]
+    # Given twice, as one attempt: the same input (grant and all) on the node's queue.
+    given = run_async(lambda: attempt_inputs(files, SERVER, dropped))
+    assert len(given) == 2 and given[0] == given[1], given
+    assert f"job {dropped} attempt 1: handed" in agent.log()
+    assert wait_job(files, waiting, lambda j: j["ended_at"] is not None, 30)["state"] == (
+        "succeeded"
+    )
+
+
+def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.1)
 
 
 async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:

@@ -67,6 +67,10 @@ SCHEDULE_TO_START = dt.timedelta(seconds=15)
 # defaults as oz0.jobs.spec_text's, which a test compares: this module imports no oz0).
 HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
 ATTEMPT_BY_ID = "oz0-attempt-by-id"
+# An attempt whose activity timed out with no heartbeat at all (no node heard of it) is
+# given to its node again, at most REDELIVER_MAX times (`_unheard`); histories from before
+# (no REDELIVER marker) end it lost, as they did.
+REDELIVER, REDELIVER_MAX = "oz0-redeliver-unheard", 2
 ON_LOST = ("move", "wait", "fail")
 LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 # No job timeout: heartbeats alone keep the attempt honest.
@@ -458,46 +462,49 @@ class JobWorkflow:
             attempt["secrets"] = placed.secrets
         # Replayed, a history from before attempts had IDs of their own keeps its own.
         by_id = workflow.patched(ATTEMPT_BY_ID)
-        handle = workflow.start_activity(
-            NODE_ACTIVITY,
-            attempt,
-            activity_id=f"attempt-{number}" if by_id else None,
-            task_queue=node,
-            schedule_to_start_timeout=schedule_to_start(job.all_nodes, job.queue_timeout),
-            start_to_close_timeout=(
-                dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
-            ),
-            heartbeat_timeout=(
-                dt.timedelta(seconds=job.lost_after_s) if by_id else HEARTBEAT_TIMEOUT
-            ),
-            retry_policy=RetryPolicy(maximum_attempts=1),
-            cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
-            result_type=dict,
-        )
+        handle = _node_activity(job, attempt, node, by_id=by_id)
         removal = asyncio.create_task(workflow.wait_condition(lambda: number in self.removed))
         # A cancellation that comes with the node's answer (in the same workflow task) is
         # too late for the attempt: its answer stands, recorded as `_whole` records it.
         late = False
-        try:
-            await workflow.wait([handle, removal], return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            late = handle.done() and job.local_steps
-            if not late:
+        given = 1
+        while True:
+            try:
+                await workflow.wait([handle, removal], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                late = handle.done() and job.local_steps
+                if not late:
+                    handle.cancel()
+                    removal.cancel()
+                    with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                        await handle  # its cancellation, heard (else temporalio logs it lost)
+                    await _end(
+                        job, AttemptEnd(job.job_id, number, "cancelled", None), cancelled=True
+                    )
+                    raise
+            if not handle.done():
+                # Taken away: whatever the node says later is not heard.
                 handle.cancel()
-                removal.cancel()
                 with contextlib.suppress(ActivityError, asyncio.CancelledError):
-                    await handle  # its cancellation, heard (else temporalio logs it as lost)
-                await _end(job, AttemptEnd(job.job_id, number, "cancelled", None), cancelled=True)
-                raise
-        if not handle.done():
-            # Taken away: whatever the node says later is not heard.
-            handle.cancel()
-            with contextlib.suppress(ActivityError, asyncio.CancelledError):
-                await handle
-            because = await _end(
-                job, AttemptEnd(job.job_id, number, self.removed[number], None), cancelled=True
-            )
-            return Outcome(because, None)
+                    await handle
+                because = await _end(
+                    job, AttemptEnd(job.job_id, number, self.removed[number], None), cancelled=True
+                )
+                return Outcome(because, None)
+            # Lost on the way (oz0_common/attempt_heartbeat.py): not a node lost, the same
+            # attempt (its grant, its activity ID) given to it again, a bounded number of
+            # times; the node's record of what it ran refuses a second run of one it had.
+            if not (
+                by_id and given <= REDELIVER_MAX and not late and _unheard(handle)
+                and workflow.patched(REDELIVER)
+            ):  # fmt: skip
+                break
+            given += 1
+            workflow.logger.warning(
+                "job %s attempt %d: no node heard of it; given to %s again",
+                job.job_id, number, node,
+            )  # fmt: skip
+            handle = _node_activity(job, attempt, node, by_id=by_id)
         removal.cancel()
         try:
             result = handle.result()
@@ -587,6 +594,43 @@ async def _until_placed(
         await workflow.sleep(pause)
         waited += pause
         delay = min(2 * delay, QUEUED_POLL_MAX)
+
+
+def _node_activity(
+    job: JobInput, attempt: dict[str, Any], node: str, *, by_id: bool
+) -> workflow.ActivityHandle[dict[str, Any]]:
+    """ATTEMPT's activity on NODE's queue."""
+    timeout = job.timeout
+    return workflow.start_activity(
+        NODE_ACTIVITY,
+        attempt,
+        activity_id=f"attempt-{attempt['attempt']}" if by_id else None,
+        task_queue=node,
+        schedule_to_start_timeout=schedule_to_start(job.all_nodes, job.queue_timeout),
+        start_to_close_timeout=(
+            dt.timedelta(seconds=timeout) + TIMEOUT_MARGIN if timeout else NO_TIMEOUT
+        ),
+        heartbeat_timeout=(dt.timedelta(seconds=job.lost_after_s) if by_id else HEARTBEAT_TIMEOUT),
+        retry_policy=RetryPolicy(maximum_attempts=1),
+        cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
+        result_type=dict,
+    )
+
+
+def _unheard(handle: workflow.ActivityHandle[dict[str, Any]]) -> bool:
+    """Whether HANDLE's activity timed out on its heartbeat with no heartbeat ever: its
+    task never reached a node (oz0_common/attempt_heartbeat.py)."""
+    if handle.cancelled():
+        return False
+    error = handle.exception()
+    if not isinstance(error, ActivityError):
+        return False
+    cause = error.cause
+    return (
+        isinstance(cause, TimeoutError)
+        and cause.type == TimeoutType.HEARTBEAT
+        and not cause.last_heartbeat_details
+    )
 
 
 def queued_pause(waited: float, delay: float) -> float:

@@ -49,6 +49,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0_common import certs, sealed_env
+from oz0_common.attempt_heartbeat import HEARD
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
@@ -274,7 +275,7 @@ async def run_held(
     grants: GrantCheck,
     open_secrets: SecretOpener | None = None,
     lost_after: float = DEFAULT_LOST_AFTER,
-    heartbeat: Callable[[], None] = activity.heartbeat,
+    heartbeat: Callable[[], None] = lambda: activity.heartbeat(HEARD),
     worker_stopping: Callable[[], bool] = activity.is_worker_shutdown,
 ) -> dict[str, object]:
     """Hand RAW over as a held attempt and keep this activity open until it has ended,
@@ -384,6 +385,9 @@ def attempt_activity(
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
+        # First of all: the workflow learns that this attempt reached its node (a
+        # heartbeat timeout without it is a task Temporal lost on the way, given again).
+        activity.heartbeat(HEARD)
         info = activity.info()
         timeout = info.heartbeat_timeout
         lost_after = timeout.total_seconds() if timeout else DEFAULT_LOST_AFTER
@@ -395,7 +399,7 @@ def attempt_activity(
             )  # fmt: skip
         await hand_over(
             raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
-            lost_after=lost_after, beat=activity.heartbeat,
+            lost_after=lost_after, beat=lambda: activity.heartbeat(HEARD),
         )  # fmt: skip
         # From here the node reports on it over its control stream; the edge completes it.
         activity.raise_complete_async()

@@ -53,6 +53,7 @@ from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import Outage, until_it_works
 from oz0_common.asyncio_portal import CallCancelled, PortalClosed
+from oz0_common.attempt_heartbeat import HEARD
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +354,9 @@ def heartbeats(refs: list[AttemptRef]) -> Callable[[Client], Awaitable[list[str]
 
     async def beat(client: Client, ref: AttemptRef) -> str:
         try:
-            await _handle(client, ref).heartbeat(rpc_timeout=dt.timedelta(seconds=CALL_TIMEOUT))
+            await _handle(client, ref).heartbeat(
+                HEARD, rpc_timeout=dt.timedelta(seconds=CALL_TIMEOUT)
+            )
         except AsyncActivityCancelledError as e:
             return "cancelled" if e.details is None or e.details.cancel_requested else "running"
         except RPCError as e:
