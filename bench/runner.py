@@ -11,7 +11,7 @@ scenario under a watch for signals (SIGTERM, SIGHUP) and for a server that exits
 stops the scenario's own processes and the servers and drops the databases whatever
 happened. It prints one JSON document on stdout: what ran, where and at which commit,
 the scenario's figures, and each server's log summarised; a run that failed says why in
-`failed`, with the tail of every server's log. Progress goes to stderr.
+`failed`, with the tail of every server's log, and exits 1. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -316,9 +316,11 @@ def run(scenario: Scenario, argv: Sequence[str] | None = None) -> None:
             out["progress_at_failure"] = bench.progress()
         log(f"failed: {out['failed']}")
     out["load_average_at_end"] = os.getloadavg()
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2), flush=True)
     if failure is not None and not isinstance(failure, Exception):
         raise failure  # KeyboardInterrupt and the like: end as they would have
+    if failure is not None:
+        sys.exit(1)  # a run that failed is no result: what runs it must see so
 
 
 @contextlib.contextmanager

@@ -77,31 +77,36 @@ def _yaml(values: dict[str, object]) -> str:
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in values.items())
 
 
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to PROCESS's own session (it and the workers it forked), SIGKILL to what is
-    left after STOP_TIMEOUT."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT)
+def _stop_groups(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each of PROCESSES' own sessions (it and the workers it forked), all at
+    once; SIGKILL to every process of them left after STOP_TIMEOUT, counted once for all
+    (one wait each, one after the other, once took minutes with 50 minions)."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(0.0, deadline - time.monotonic()))
     # Workers that outlived their leader still carry its group ID: the leader's own (it was
     # never reused while we held it unreaped, and these keep the group alive).
-    for pid in _group_members(process.pid):
+    groups = {process.pid for process in processes}
+    for pid in _group_members(groups):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(1.0, deadline + STOP_TIMEOUT - time.monotonic()))
 
 
-def _group_members(pgid: int) -> list[int]:
-    """The processes whose process group is PGID (from /proc)."""
+def _group_members(pgids: set[int]) -> list[int]:
+    """The processes whose process group is one of PGIDS (from /proc)."""
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
             # After the command: state, ppid, pgrp.
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) in pgids:
                 members.append(int(stat.parent.name))
     return members
 
@@ -206,15 +211,11 @@ class SaltFleet:
         return [p.pid for p in [self.master, *self.minions] if p is not None]
 
     def stop(self) -> None:
-        """Every minion, then the master, each with what it forked."""
-        for minion in self.minions:
-            if minion.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(minion.pid, signal.SIGTERM)
-        for minion in self.minions:
-            _stop_group(minion)
+        """Every minion, then the master, each with what it forked: within 2 to 3 times
+        STOP_TIMEOUT, however many minions there are."""
+        _stop_groups(self.minions)
         if self.master is not None:
-            _stop_group(self.master)
+            _stop_groups([self.master])
 
     def _start(self, program: str, config: Path, log_path: Path) -> subprocess.Popen[bytes]:
         with log_path.open("ab") as out:

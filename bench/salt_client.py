@@ -7,9 +7,9 @@ library only, never this project.
 One request a line on stdin, one answer a line on stdout (JSON); one LocalClient, made once,
 as a program that drives Salt keeps one:
 
-    {"op": "cmd", "target": "*", "expect": N}
-        -> {"wall": S, "returned": K}: `cmd.run true` on TARGET, until every minion
-           returned; K minions did with exit code 0.
+    {"op": "cmd", "target": "*", "program": "true"}
+        -> {"wall": S, "returned": K}: `cmd.run PROGRAM` (default `true`) on TARGET, until
+           every minion returned; K minions did with exit code 0 and no output.
     {"op": "burst", "targets": [[T, ...], ...]}
         -> {"wall": S, "returned": K, "errors": [...]}: one process a list (each with its
            own LocalClient, made before the clock starts), each running `cmd.run true` on
@@ -35,9 +35,10 @@ def local_client(config_dir: str) -> Any:
     return client.LocalClient(c_path=f"{config_dir}/master")
 
 
-def run_true(client: Any, target: str) -> int:
-    """`cmd.run true` on TARGET (a minion ID or a glob); how many returned exit code 0."""
-    answers = client.cmd(target, "cmd.run", ["true"], timeout=RETURN_TIMEOUT, full_return=True)
+def run_true(client: Any, target: str, program: str = "true") -> int:
+    """`cmd.run PROGRAM` on TARGET (a minion ID or a glob); how many returned exit code 0
+    and no output."""
+    answers = client.cmd(target, "cmd.run", [program], timeout=RETURN_TIMEOUT, full_return=True)
     return sum(
         isinstance(a, dict) and a.get("retcode") == 0 and a.get("ret") == ""
         for a in answers.values()
@@ -95,7 +96,7 @@ def main() -> None:
         answer: dict[str, Any]
         if request["op"] == "cmd":
             began = time.perf_counter()
-            returned = run_true(client, request["target"])
+            returned = run_true(client, request["target"], request.get("program", "true"))
             answer = {"wall": time.perf_counter() - began, "returned": returned}
         elif request["op"] == "burst":
             answer = burst(config_dir, request["targets"])

@@ -223,6 +223,7 @@ def show(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = 
             ("note", temporal.get("note") or "-"),
             ("runs started", temporal.get("actions", "-")),
             ("skipped (overlap)", temporal.get("skipped_overlap", "-")),
+            ("missed (catch-up window)", temporal.get("missed_catchup", "-")),
             ("command", shlex.join(job["command"])),
             ("selector", ",".join(f"{k}={v}" for k, v in sorted(job.get("selector", {}).items()))
              or "-"),

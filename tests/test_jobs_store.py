@@ -941,6 +941,9 @@ def test_a_job_whose_cancel_was_asked_for_before_its_workflow_heard_is_placed_no
         conn.execute("UPDATE jobs SET workflow_started = true WHERE id = %s", (job.id,))
         with conn.transaction():
             store.request_cancel(conn, job.id, ADMIN)
+        # The row the placement locks says so itself: no second query for it.
+        assert store.locked_job(conn, job.id).cancel_requested
+        assert not store.get(conn, new_job(conn).id).cancel_requested
         with conn.transaction():
             if fields.get("batch"):
                 [placed] = placement.list_parts(conn, job.id)

@@ -1,16 +1,22 @@
-"""Schedules on Temporal Schedules, with real servers, real Temporal and a real agent
-(127.0.0.251, and .252 for the second server of the last test).
+"""Schedules on Temporal Schedules, with real servers, real Temporal and real agents: one
+server on 127.0.0.251 and its agent shared by the module's tests, and a cluster of its own
+on .235-.236 for the test that kills servers.
 
 What an operator sees through `orchestrator-zero schedule ...` and `job list --schedule`:
 a trigger runs one job now, audited as started by the schedule and created by its maker;
 `skip` never runs two at once; pause stops runs and unpause resumes them; an operator of
-another tenant sees none of it; a bad cron expression or time zone is one line; a cron of
-every minute starts a job just after the minute; a server killed does not stop a schedule.
+another tenant sees none of it; a bad cron expression or time zone is one line;
+`buffer-one` starts one run after the running one, `allow` runs them side by side,
+`cancel-other` cancels the running job; `--pause-on-failure` pauses on a failed run and
+`schedule show` says why; a cron of every minute starts a job just after the minute; a
+server killed does not stop a schedule; and after the whole cluster was down, the runs
+missed longer ago than `--catchup-window` are not started.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import http.client
 import json
 import re
@@ -18,7 +24,8 @@ import signal
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +34,63 @@ import pytest
 
 from cli import client
 from fixtures import operator_certs
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles
+from fixtures.agent import AgentProcess, stop_all
+from fixtures.cluster import ClusterFiles, Served
 from oz0 import passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
 from tests.test_jobs_e2e import StartServer, api, join_agents
 
-SERVER, SECOND = "127.0.0.251", "127.0.0.252"
-ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
+SERVER = "127.0.0.251"
+ADVERTISE = SERVER  # the module's server (`served`, tests/conftest.py)
 EDGE = f"{SERVER}:7443"
+# The servers of the test that kills them, in a cluster of its own.
+FIRST, SECOND = "127.0.0.235", "127.0.0.236"
 # Never due while a test runs: its runs are the ones triggered.
 NEVER = "0 0 1 1 *"
 # Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
 RUN_BOUND = 30.0
 CRON_BOUND = 10.0
+OUTAGE = 24  # seconds the whole cluster is down in the catch-up test
 WEB_PASSWORD = "a long enough web password"
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The module's cluster, its server and one agent (role=web), and a schedule of every
+    minute made as the module began (its first run is checked by the last shared test)."""
+
+    files: ClusterFiles
+    node: str
+    every_minute: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.files.cli_env
+
+
+@pytest.fixture(scope="module")
+def shared(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    files = served.files
+    token = api(files).post(
+        "/api/v1/tokens", {"tenant": "default", "ttl": "1h", "max_uses": 0, "labels": {}}
+    )["token"]
+    root = tmp_path_factory.mktemp("schedule-agent")
+    # Slots for the runs that overlap on purpose, and the every-minute schedule's beside them.
+    agent = AgentProcess.joining(
+        root / "node", [EDGE], files.ca_hash, token=token, labels={"role": "web"}, max_jobs=8
+    ).start()
+    try:
+        node = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
+        # Made now, checked last: the wait for its minute runs while the other tests do.
+        made = api(files).post(
+            "/api/v1/schedules",
+            {"cron": "* * * * *", "timezone": "Europe/Paris", "job": {"tenant": "default",
+             "command": ["true"], "selector": {"role": "web"}}},
+        )  # fmt: skip
+        yield Shared(files, str(node), str(made["id"]))
+    finally:
+        stop_all([agent])
 
 
 def jobs_of(cli: CliRunner, env: dict[str, str], schedule_id: str) -> list[dict[str, Any]]:
@@ -135,15 +183,9 @@ def web_account(files: ClusterFiles, name: str) -> tuple[str, str]:
 
 @pytest.mark.slow
 def test_trigger_skip_pause_scope_and_bad_specs(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
-    tmp_path: Path,
-    agents: list[AgentProcess],
+    cli: CliRunner, shared: Shared, tmp_path: Path
 ) -> None:
-    files, env = cluster_files, cluster_files.cli_env
-    start_server(files, SERVER)
-    [node] = join_agents(cli, files, tmp_path, agents, [{"role": "web"}], edges=[EDGE])
+    files, env, node = shared.files, shared.env, shared.node
 
     # A trigger runs one now: an ordinary job, created by the schedule's maker, audited as
     # started by the schedule.
@@ -235,6 +277,7 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     assert status == 400 and "Every: invalid duration" in page
 
     # A bad cron expression or time zone: one line, nothing made.
+    made_before = len(cli("schedule", "list", "--json", env=env).json())
     bad_specs: list[tuple[tuple[str, ...], str]] = [
         (("--cron", "61 * * * *"), "'61 * * * *' (UTC): Invalid schedule spec: Minute is not"),
         (("--cron", "every day"), "invalid cron expression"),
@@ -245,33 +288,112 @@ def test_trigger_skip_pause_scope_and_bad_specs(
         bad = cli("schedule", "create", *args, "--", "true", env=env)
         assert bad.code != 0 and says in bad.err, (args, bad)
         assert len(bad.err.strip().splitlines()) == 1, bad.err
-    assert len(cli("schedule", "list", "--json", env=env).json()) == 4
+    assert len(cli("schedule", "list", "--json", env=env).json()) == made_before
+
+
+@pytest.mark.slow
+def test_buffer_one_allow_cancel_other_and_pause_on_failure(cli: CliRunner, shared: Shared) -> None:
+    """Each overlap policy with a run still running when the next comes (triggered), and a
+    failed run pausing the schedule made with --pause-on-failure only: all at once."""
+    files, env = shared.files, shared.env
+
+    def trigger(schedule_id: str) -> None:
+        assert cli("schedule", "trigger", schedule_id, env=env).code == 0
+
+    def show(schedule_id: str) -> dict[str, Any]:
+        shown: dict[str, Any] = cli("schedule", "show", schedule_id, "--json", env=env).json()
+        return shown
+
+    def running(schedule_id: str) -> list[dict[str, Any]]:
+        return [j for j in jobs_of(cli, env, schedule_id) if j["state"] == "running"]
+
+    buffered = create(cli, env, "--cron", NEVER, "--overlap", "buffer-one", "--", "sleep", "4")
+    allowed = create(cli, env, "--cron", NEVER, "--overlap", "allow", "--", "sleep", "4")
+    cancelling = create(cli, env, "--cron", NEVER, "--overlap", "cancel-other",
+                        "--", "sleep", "120")  # fmt: skip
+    failing = create(cli, env, "--cron", NEVER, "--pause-on-failure", "--", "sh", "-c", "exit 3")
+    failing_on = create(cli, env, "--cron", NEVER, "--", "sh", "-c", "exit 3")
+    for schedule_id in (buffered, allowed, cancelling, failing, failing_on):
+        trigger(schedule_id)
+    for one in (buffered, allowed, cancelling):
+        wait_for(f"{one}'s first run running", functools.partial(running, one), RUN_BOUND)
+    # The next runs come while the first ones run.
+    trigger(buffered)
+    trigger(buffered)  # one is buffered already: this one is skipped
+    trigger(allowed)
+    [first] = jobs_of(cli, env, cancelling)
+    trigger(cancelling)
+
+    # --pause-on-failure: the failed run paused its schedule, and `schedule show` says so
+    # and why; the same failure leaves a schedule without it active.
+    [failed] = wait_for("the failing run's end", lambda: ended(jobs_of(cli, env, failing))
+                        and jobs_of(cli, env, failing), RUN_BOUND)  # fmt: skip
+    assert failed["state"] == "failed" and failed["exit_code"] == 3, failed
+    wait_for("the schedule paused", lambda: show(failing)["paused"], RUN_BOUND)
+    shown = cli("schedule", "show", failing, env=env).out
+    assert re.search(r"state:\s+paused\n", shown), shown
+    assert re.search(r"note:\s+paused due to workflow failure: .* failed\n", shown), shown
+    assert "next times: none" in shown, shown
+    wait_for("the other's run observed ended",
+             lambda: ended(jobs_of(cli, env, failing_on))
+             and show(failing_on)["temporal"]["running"] == 0, RUN_BOUND)  # fmt: skip
+    assert show(failing_on)["paused"] is False
+
+    # cancel-other: the running job is cancelled, and the new run's job starts.
+    def state_of(job_id: str) -> str:
+        return str(cli("job", "show", job_id, "--json", env=env).json()["state"])
+
+    wait_for("the first job cancelled", lambda: state_of(first["id"]) == "cancelled", RUN_BOUND)
+    second = wait_for(
+        "the next run's job running",
+        lambda: [j for j in running(cancelling) if j["id"] != first["id"]],
+        RUN_BOUND,
+    )
+    assert len(jobs_of(cli, env, cancelling)) == 2
+    assert cli("schedule", "delete", cancelling, env=env).code == 0
+    assert cli("job", "cancel", second[0]["id"], env=env).code == 0
+
+    # allow: the second run ran beside the first.
+    wait_for("allow's two runs", lambda: len(jobs_of(cli, env, allowed)) == 2, RUN_BOUND)
+    wait_for("allow's two ends", lambda: ended(jobs_of(cli, env, allowed)), RUN_BOUND)
+    assert overlapping(files, jobs_of(cli, env, allowed)) != []
+    assert {j["state"] for j in jobs_of(cli, env, allowed)} == {"succeeded"}
+
+    # buffer-one: one run started once the first had ended, the third trigger skipped.
+    wait_for("buffer-one's two runs", lambda: len(jobs_of(cli, env, buffered)) == 2, RUN_BOUND)
+    wait_for("buffer-one's two ends", lambda: ended(jobs_of(cli, env, buffered)), RUN_BOUND)
+    time.sleep(2)  # a third run, were one started, has made its job by now
+    runs = jobs_of(cli, env, buffered)
+    assert len(runs) == 2 and overlapping(files, runs) == []
+    assert {j["state"] for j in runs} == {"succeeded"}
+    assert show(buffered)["temporal"]["skipped_overlap"] >= 1
+
+    for schedule_id in (buffered, allowed, failing, failing_on):
+        assert cli("schedule", "delete", schedule_id, env=env).code == 0
 
 
 @pytest.mark.slow
 def test_a_cron_of_every_minute_starts_a_job_just_after_the_minute(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
-    tmp_path: Path,
-    agents: list[AgentProcess],
+    cli: CliRunner, shared: Shared
 ) -> None:
-    files, env = cluster_files, cluster_files.cli_env
-    start_server(files, SERVER)
-    join_agents(cli, files, tmp_path, agents, [{}], edges=[EDGE])
-    every_minute = create(cli, env, "--cron", "* * * * *", "--timezone", "Europe/Paris",
-                          "--", "true")  # fmt: skip
-    [job] = wait_for("a run", lambda: jobs_of(cli, env, every_minute), 60 + CRON_BOUND, 0.1)
+    """The module's every-minute schedule (made as the module began, so that the wait for
+    its minute went by while the tests above ran): its first run made its job just after
+    the minute."""
+    env, every_minute = shared.env, shared.every_minute
+    [job, *_] = wait_for(
+        "a run", lambda: jobs_of(cli, env, every_minute)[::-1], 60 + CRON_BOUND, 0.1
+    )
     created = dt.datetime.fromisoformat(job["created_at"])
     late = created - created.replace(second=0, microsecond=0)
     assert late.total_seconds() < CRON_BOUND, job
-    wait_for("its end", lambda: ended(jobs_of(cli, env, every_minute)), RUN_BOUND)
-    assert jobs_of(cli, env, every_minute)[0]["state"] == "succeeded"
+    wait_for("its end", lambda: ended(jobs_of(cli, env, every_minute)[-1:]), RUN_BOUND)
+    assert jobs_of(cli, env, every_minute)[-1]["state"] == "succeeded"
+    assert cli("schedule", "delete", every_minute, env=env).code == 0
     print(f"the minute's run made its job {late.total_seconds():.3f} s after the minute")
 
 
 @pytest.mark.slow
-def test_a_killed_server_does_not_stop_a_schedule(
+def test_a_killed_server_does_not_stop_a_schedule_nor_a_cluster_down_its_catchup_window(
     cli: CliRunner,
     cluster_files: ClusterFiles,
     start_server: StartServer,
@@ -279,15 +401,18 @@ def test_a_killed_server_does_not_stop_a_schedule(
     agents: list[AgentProcess],
 ) -> None:
     files, env = cluster_files, cluster_files.cli_env
-    servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
+    servers = {FIRST: start_server(files, FIRST), SECOND: start_server(files, SECOND)}
     context = json.loads(files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
-    join_agents(cli, files, tmp_path, agents, [{}], edges=[EDGE])
-    often = create(cli, env, "--every", "2s", "--", "true")
+    join_agents(cli, files, tmp_path, agents, [{}], edges=[f"{FIRST}:7443"])
+    # A window wider than the outage below: what it missed is started, none counted missed.
+    often = create(cli, env, "--every", "2s", "--catchup-window", "10m", "--", "true")
+    # A window narrower than the outage: what it missed before the window is not started.
+    narrow = create(cli, env, "--every", "2s", "--catchup-window", "10s", "--", "true")
     wait_for("a first run", lambda: jobs_of(cli, env, often), RUN_BOUND)
 
-    servers[SERVER].stop(signal.SIGKILL)
+    servers[FIRST].stop(signal.SIGKILL)
     killed = dt.datetime.now(dt.UTC)
     began = time.monotonic()
     wait_for(
@@ -301,5 +426,23 @@ def test_a_killed_server_does_not_stop_a_schedule(
         0.5,
     )  # fmt: skip
     took = time.monotonic() - began
-    assert cli("schedule", "delete", often, env=env).code == 0
     print(f"two runs succeeded {took:.1f} s after a server was killed")
+
+    # The whole cluster down for longer than `narrow`'s window, then back.
+    def missed(schedule_id: str) -> int:
+        shown = cli("schedule", "show", schedule_id, "--json", env=env).json()
+        return int(shown["temporal"]["missed_catchup"])
+
+    assert missed(narrow) == missed(often) == 0
+    servers[SECOND].stop(signal.SIGKILL)
+    time.sleep(OUTAGE)
+    start_server(files, SECOND)
+    # Its next time, due during the outage, fires as Temporal comes back: each time more
+    # than 10 s old is counted missed, not started.
+    least = (OUTAGE - 10) // 2 - 1
+    wait_for("runs missed past the window", lambda: missed(narrow) >= least, RUN_BOUND, 0.5)
+    assert missed(often) == 0
+    shown = cli("schedule", "show", narrow, env=env)
+    assert re.search(r"missed \(catch-up window\):\s+[1-9]", shown.out), shown.out
+    for schedule_id in (often, narrow):
+        assert cli("schedule", "delete", schedule_id, env=env).code == 0

@@ -3,6 +3,7 @@
     python -m bench.salt_side_by_side [--nodes 20 50 100] [--rounds R] [--servers S]
                                       [--commands C] [--submitters K] [--salt-venv DIR]
                                       [--results-dir DIR] [--server-logs DIR]
+                                      [--fail salt|ours]
 
 Salt: `salt==3008.*` in a venv of its own (--salt-venv, made and filled if it has no
 `salt`; never the project's venv), one salt-master on 127.0.0.184 (its default ports 4505
@@ -42,8 +43,14 @@ size, by the rows (every job succeeded, an --all job with one successful attempt
 It prints a markdown table on stderr and the runner's JSON document on stdout, and writes
 the document (Salt's version and ours, the commit, the load average before and after each
 size, the date) to --results-dir (default /work/bench-results; not in the repository).
-Every wait has a bound; the minions, the master and the agents are stopped however the
-run ends.
+The first command that fails (or whose answers are short of a minion or a node), the
+first wait that runs out, and rows that do not say what the commands said end the run at
+once: the table so far and the failures (each command, its exit, the end of its output) on
+stderr and in the document, exit status 1. Every wait has a bound (a command COMMAND_TIMEOUT,
+its whole session killed then; a followed job JOB_TIMEOUT; a burst CLIENT_TIMEOUT, in daemon
+threads that cannot hold the exit); the Salt API client, the minions, the master and the
+agents are stopped however the run ends, all at once and within bounds, then the servers.
+`--fail salt|ours` makes that side run a program no node has, to see the run so end.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import json
 import math
 import os
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -65,10 +73,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import trio
@@ -97,6 +104,10 @@ STARTUP_RUNS = 5
 AGENTS_UP_TIMEOUT = 300.0
 COMMAND_TIMEOUT = 300.0
 CLIENT_TIMEOUT = 900.0
+BARRIER_TIMEOUT = 60.0
+# Our job through the API, followed to its end (job_to_end): a lost part ends its job
+# within its lost-after (15 s by default); this bounds a job that would never end.
+JOB_TIMEOUT = 300.0
 SETTLE = 5.0  # after a fleet grew, before it counts as idle
 
 # The measures, in the order they are taken and shown: (key, what the table calls it,
@@ -117,10 +128,15 @@ SYSTEMS = ("salt", "ours")
 # Salt's CLI reads each argument as YAML: `cmd.run true` would run `True` (not found, exit
 # 127 on every minion). A path is a string in YAML and runs the same program.
 SALT_TRUE = "/bin/true"
+# What --fail runs instead, on one side: a check that a failed command ends the run at once.
+MISSING = "/bin/no-such-command"
+
+
+T = TypeVar("T")
 
 
 class Failed(Exception):
-    """A fleet did not do what the benchmark needs."""
+    """A fleet did not do what the benchmark needs: the run ends at once, non-zero."""
 
 
 # --- processes: memory and CPU of trees ----------------------------------------------------
@@ -164,40 +180,119 @@ def cpu_total(pids: list[int]) -> dict[int, float]:
 # --- timing --------------------------------------------------------------------------------
 
 
-def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """Wall time of COMMAND, its exit code, its stdout."""
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+@dataclass(frozen=True)
+class Ran:
+    """One command as an operator typed it: how long it took and what it said."""
+
+    command: list[str]
+    wall: float
+    code: int  # -1: killed at COMMAND_TIMEOUT
+    stdout: str
+    stderr: str
+
+    def problem(self, why: str) -> str:
+        """WHY it failed, with the command, its exit and the end of what it printed."""
+        said = " / ".join(
+            line for text in (self.stdout[-400:], self.stderr[-400:]) for line in text.splitlines()
         )
+        exited = f"killed after {COMMAND_TIMEOUT:g} s" if self.code == -1 else f"exit {self.code}"
+        return f"{why}: `{' '.join(self.command)}` ({exited}): {said or 'no output'}"
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> Ran:
+    """COMMAND run to its end, within COMMAND_TIMEOUT. In a session of its own, so that a
+    timeout kills what it forked too: a child left holding its pipes would make the read of
+    its output wait forever (subprocess.run's own timeout kills the child alone)."""
+    began = time.perf_counter()
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=COMMAND_TIMEOUT)
+        code = process.returncode
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - began, -1, ""
-    return time.perf_counter() - began, done.returncode, done.stdout
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            out, err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # pipes held by something outside its session
+            process.kill()
+            out, err = "", ""
+        code = -1
+    return Ran(command, time.perf_counter() - began, code, out or "", err or "")
 
 
-def burst_of(targets: list[list[str]], one: Callable[[str], bool]) -> tuple[float, int, list[str]]:
-    """Each list of TARGETS in a thread of its own, ONE(target) on each in turn, all at
-    once: the wall time from the first start to the last end, how many succeeded, errors."""
+def within(seconds: float, what: str, call: Callable[[], T]) -> T:
+    """CALL() in a thread of its own, given SECONDS: Failed (naming WHAT) if it is not done
+    by then. A daemon thread, so one left waiting cannot hold the process's exit."""
+    box: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(call())
+        except BaseException as e:  # handed to the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name=what, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if errors:
+        raise errors[0]
+    if not box:
+        raise Failed(f"{what}: not done within {seconds:g} s")
+    return box[0]
+
+
+def burst_of(
+    targets: list[list[str]], one: Callable[[str], str | None]
+) -> tuple[float, int, list[str]]:
+    """Each list of TARGETS in a thread of its own, ONE(target) on each in turn (None when
+    it succeeded, else what went wrong), all at once: the wall time from the first start to
+    the last end, how many succeeded, what went wrong (the first ten). Failed if a
+    submitter is not done within CLIENT_TIMEOUT: its daemon thread is left behind, and
+    cannot hold the process's exit (a pool's threads are joined at exit, without a bound)."""
     gate = threading.Barrier(len(targets) + 1)
     spans: list[tuple[float, float, int]] = []
     errors: list[str] = []
 
     def submitter(mine: list[str]) -> None:
-        gate.wait(60)
+        try:
+            gate.wait(BARRIER_TIMEOUT)
+        except threading.BrokenBarrierError:
+            errors.append("the submitters' start did not come together")
+            return
         began, ok = time.perf_counter(), 0
         for target in mine:
             try:
-                ok += one(target)
+                problem = one(target)
             except Exception as e:  # counted, not raised: the others go on
-                errors.append(f"{target}: {type(e).__name__}: {e}"[:300])
+                problem = f"{type(e).__name__}: {e}"
+            if problem is None:
+                ok += 1
+            else:
+                errors.append(f"{target}: {problem}"[:600])
         spans.append((began, time.perf_counter(), ok))
 
-    with ThreadPoolExecutor(len(targets)) as pool:
-        futures = [pool.submit(submitter, mine) for mine in targets]
-        gate.wait(60)
-        for future in futures:
-            future.result(CLIENT_TIMEOUT)
+    threads = [threading.Thread(target=submitter, args=(mine,), daemon=True) for mine in targets]
+    for thread in threads:
+        thread.start()
+    gate.wait(BARRIER_TIMEOUT)
+    deadline = time.monotonic() + CLIENT_TIMEOUT
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in threads):
+        late = sum(thread.is_alive() for thread in threads)
+        raise Failed(f"{late} of {len(threads)} submitters not done within {CLIENT_TIMEOUT:g} s;"
+                     f" errors so far: {errors[:5]}")  # fmt: skip
+    if not spans:
+        return 0.0, 0, errors[:10]
     wall = max(s[1] for s in spans) - min(s[0] for s in spans)
     return wall, sum(s[2] for s in spans), errors[:10]
 
@@ -231,6 +326,8 @@ class SaltClient:
             stdout=subprocess.PIPE,
             stderr=(fleet.root / "salt_client.log").open("a"),
             text=True,
+            # Its burst's worker processes are stopped with it (stop).
+            start_new_session=True,
         )
         client = cls(process)
         client._answer(60.0)  # {"ready": true} once its LocalClient is made
@@ -252,21 +349,27 @@ class SaltClient:
         return answer
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
+        """It and the workers of a burst under way: SIGKILL to its session."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
 
 
 # --- ours through its API ------------------------------------------------------------------
 
 
-def job_to_end(client: ApiClient, body: dict[str, Any]) -> bool:
+def job_to_end(client: ApiClient, body: dict[str, Any], program: str = "true") -> str | None:
     """What `job run` does without its process: POST the job, read its output to the end
-    (cli.job_follow, as the CLI does), output discarded. Whether it succeeded."""
-    job = client.post("/api/v1/jobs", {"tenant": "default", "command": ["true"], **body})
+    (cli.job_follow, as the CLI does), output discarded. None if it succeeded, else how it
+    ended. Failed if it has not ended within JOB_TIMEOUT."""
+    job = client.post("/api/v1/jobs", {"tenant": "default", "command": [program], **body})
     fetch = output_fetch(client, job["id"])
-    ended = Follower(fetch, io.BytesIO(), io.BytesIO(), headers="moves").run(follow=True)
-    return ended.get("state") == "succeeded"
+    follower = Follower(fetch, io.BytesIO(), io.BytesIO(), headers="moves")
+    ended = within(JOB_TIMEOUT, f"job {job['id']}", lambda: follower.run(follow=True))
+    if ended.get("state") == "succeeded":
+        return None
+    return f"job {job['id']} ended {ended.get('state')}: {ended.get('reason') or '-'}"
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -292,6 +395,10 @@ class SideBySide:
             "minions_running": sum(m.poll() is None for m in self.salt.minions),
             "sizes_done": list(self.sizes),
         }
+
+    def stop_salt_client(self) -> None:
+        if self.salt_client is not None:
+            self.salt_client.stop()
 
     @property
     def env(self) -> dict[str, str]:
@@ -365,30 +472,39 @@ class SideBySide:
         ]  # fmt: skip
         walls = []
         for _ in range(STARTUP_RUNS):
-            wall, code, _ = timed(command, self.env)
-            if code != 0:
-                raise Failed(f"{' '.join(command)} exited {code}")
-            walls.append(wall)
+            ran = timed(command, self.env)
+            if ran.code != 0:
+                raise Failed(ran.problem(f"{system}'s CLI did not start"))
+            walls.append(ran.wall)
         return statistics.median(walls)
 
-    def salt_cli(self, target: str, expect: int) -> tuple[float, bool]:
-        wall, code, stdout = timed(self.salt.command(target, "cmd.run", SALT_TRUE))
+    def program(self, system: str) -> str:
+        """What SYSTEM runs: `true`, or with --fail SYSTEM a program no node has."""
+        if self.args.fail == system:
+            return MISSING
+        return SALT_TRUE if system == "salt" else "true"
+
+    def salt_cli(self, target: str, expect: int) -> tuple[float, str | None]:
+        ran = timed(self.salt.command(target, "cmd.run", self.program("salt")))
         # Each minion that answered prints its ID and a colon; `true` prints nothing more.
-        answered = sum(line.rstrip() in {f"node-{i}:" for i in range(1, len(self.agents) + 1)}
-                       for line in stdout.splitlines())  # fmt: skip
-        return wall, code == 0 and answered == expect
+        names = {f"node-{i}:" for i in range(1, len(self.agents) + 1)}
+        answered = sum(line.rstrip() in names for line in ran.stdout.splitlines())
+        if ran.code != 0 or answered != expect or len(ran.stdout.splitlines()) != expect:
+            why = f"not a clean answer from each of {expect} minions ({answered} answered)"
+            return ran.wall, ran.problem(why)
+        return ran.wall, None
 
-    def ours_cli(self, how: list[str]) -> tuple[float, bool]:
-        wall, code, _ = timed([OURS, "job", "run", *how, "--", "true"], self.env)
-        return wall, code == 0
+    def ours_cli(self, how: list[str]) -> tuple[float, str | None]:
+        ran = timed([OURS, "job", "run", *how, "--", self.program("ours")], self.env)
+        return ran.wall, None if ran.code == 0 else ran.problem("the job did not succeed")
 
-    def fanout(self, system: str) -> tuple[float, bool]:
+    def fanout(self, system: str) -> tuple[float, str | None]:
         nodes = len(self.agents)
         if system == "salt":
             return self.salt_cli("*", nodes)
         return self.ours_cli(["--all"])
 
-    def one(self, system: str) -> tuple[float, bool]:
+    def one(self, system: str) -> tuple[float, str | None]:
         if system == "salt":
             return self.salt_cli("node-1", 1)
         return self.ours_cli(["--node", self.node_ids[0]])
@@ -405,25 +521,29 @@ class SideBySide:
             lambda node: self.ours_cli(["--node", node])[1],
         )
 
-    def fanout_api(self, system: str) -> tuple[float, bool]:
-        if system == "salt":
-            assert self.salt_client is not None
-            answer = self.salt_client.ask({"op": "cmd", "target": "*"})
-            return float(answer["wall"]), answer["returned"] == len(self.agents)
-        client = self.api
-        began = time.perf_counter()
-        ok = job_to_end(client, {"all": True})
-        return time.perf_counter() - began, ok
+    def salt_api(self, target: str, expect: int) -> tuple[float, str | None]:
+        assert self.salt_client is not None
+        program = self.program("salt")
+        answer = self.salt_client.ask({"op": "cmd", "target": target, "program": program})
+        if answer["returned"] != expect:
+            returned = answer["returned"]
+            return float(answer["wall"]), f"LocalClient: {returned} of {expect} minions returned 0"
+        return float(answer["wall"]), None
 
-    def one_api(self, system: str) -> tuple[float, bool]:
-        if system == "salt":
-            assert self.salt_client is not None
-            answer = self.salt_client.ask({"op": "cmd", "target": "node-1"})
-            return float(answer["wall"]), answer["returned"] == 1
-        client = self.api
+    def ours_api(self, body: dict[str, Any]) -> tuple[float, str | None]:
         began = time.perf_counter()
-        ok = job_to_end(client, {"node": self.node_ids[0]})
-        return time.perf_counter() - began, ok
+        problem = job_to_end(self.api, body, self.program("ours"))
+        return time.perf_counter() - began, problem
+
+    def fanout_api(self, system: str) -> tuple[float, str | None]:
+        if system == "salt":
+            return self.salt_api("*", len(self.agents))
+        return self.ours_api({"all": True})
+
+    def one_api(self, system: str) -> tuple[float, str | None]:
+        if system == "salt":
+            return self.salt_api("node-1", 1)
+        return self.ours_api({"node": self.node_ids[0]})
 
     def burst_api(self, system: str) -> tuple[float, int, list[str]]:
         lists = spread(self.args.commands, self.args.submitters, len(self.agents))
@@ -435,7 +555,7 @@ class SideBySide:
         client = self.api
         return burst_of(
             [[self.node_ids[n - 1] for n in mine] for mine in lists],
-            lambda node: job_to_end(client, {"node": node}),
+            lambda node: job_to_end(client, {"node": node}, self.program("ours")),
         )
 
     # --- a size ---------------------------------------------------------------------------
@@ -455,42 +575,59 @@ class SideBySide:
         size["rounds"] = rounds
         size["failures"] = failures
         per_submitter = math.ceil(self.args.commands / self.args.submitters)
+
+        def stop_if_failed(what: str, problems: list[str], count: int = 1) -> None:
+            """A command that failed ends the run now: figures of a fleet that does not do
+            what it is asked do not count, and the operator wants the reason, not a wait."""
+            if not problems:
+                return
+            failures[what] += count
+            size["failed_commands"] = {what: problems[:10]}
+            size["summary"] = summary(rounds)
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise Failed(f"{nodes} nodes, {what}: {problems[0]}{more}")
+
         for r in range(self.args.rounds):
             order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
             got: dict[str, dict[str, float]] = {m[0]: {} for m in MEASURES}
             got["load_average"] = {"before": os.getloadavg()[0]}
+            rounds.append(got)  # a failure below still shows what this round measured
+            label = f"round {r + 1}"
             for system in order:
                 got["start"][system] = self.start_up(system)
             for name, measure in (("fanout", self.fanout), ("one", self.one)):
                 for system in order:
-                    wall, ok = measure(system)
-                    failures[f"{name} {system}"] += not ok
+                    wall, problem = measure(system)
+                    stop_if_failed(f"{name} {system}, {label}", [problem] if problem else [])
                     got[name][system] = wall
                     got[f"{name}_less_start"][system] = wall - got["start"][system]
             for system in order:
                 wall, done, errors = self.burst(system)
-                failures[f"burst {system}"] += self.args.commands - done
+                stop_if_failed(f"burst {system}, {label}", errors or (
+                    [f"{done} of {self.args.commands} succeeded"]
+                    if done != self.args.commands else []
+                ), self.args.commands - done)  # fmt: skip
                 got["burst"][system] = self.args.commands / wall
                 less = wall - per_submitter * got["start"][system]
                 got["burst_less_start"][system] = self.args.commands / less if less > 0 else 0.0
-                if errors:
-                    size.setdefault("errors", []).extend(errors[:3])
             for name, api_measure in (("fanout_api", self.fanout_api), ("one_api", self.one_api)):
                 for system in order:
-                    wall, ok = api_measure(system)
-                    failures[f"{name} {system}"] += not ok
+                    wall, problem = api_measure(system)
+                    stop_if_failed(f"{name} {system}, {label}", [problem] if problem else [])
                     got[name][system] = wall
             for system in order:
                 wall, done, errors = self.burst_api(system)
-                failures[f"burst_api {system}"] += self.args.commands - done
+                stop_if_failed(f"burst_api {system}, {label}", errors or (
+                    [f"{done} of {self.args.commands} succeeded"]
+                    if done != self.args.commands else []
+                ), self.args.commands - done)  # fmt: skip
                 got["burst_api"][system] = self.args.commands / wall
-                if errors:
-                    size.setdefault("errors", []).extend(errors[:3])
             got["load_average"]["after"] = os.getloadavg()[0]
-            rounds.append(got)
+            size["summary"] = summary(rounds)
             log(f"{nodes} nodes, round {r + 1}: {json.dumps(got)}")
-        size["ours_checked"] = self.check_ours(since, nodes)
-        size["summary"] = summary(rounds)
+        size["ours_checked"] = checked = self.check_ours(since, nodes)
+        if not checked_ok(checked):
+            stop_if_failed("our jobs' rows", [f"not as every command said: {checked}"])
         size["load_average_after"] = os.getloadavg()
 
     def check_ours(self, since: dt.datetime, nodes: int) -> dict[str, Any]:
@@ -576,6 +713,9 @@ def table(args: argparse.Namespace, sizes: dict[str, Any]) -> str:
     ours = {nodes: size["ours_checked"] for nodes, size in sizes.items() if "ours_checked" in size}
     if failed or any(not checked_ok(c) for c in ours.values()):
         lines.append(f"\n**Commands that failed** (the figures do not count): {failed} {ours}")
+        for nodes, size in sizes.items():
+            for what, problems in size.get("failed_commands", {}).items():
+                lines += [f"- {nodes} nodes, {what}: {problem}" for problem in problems]
     return "\n".join(lines)
 
 
@@ -608,6 +748,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--submitters", type=int, default=10, help="concurrent submitters")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU taken")
     parser.add_argument("--salt-venv", type=Path, default=DEFAULT_VENV, help="Salt's own venv")
+    parser.add_argument(
+        "--fail", choices=SYSTEMS, help="that side runs a missing program: the run must stop"
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
 
 
@@ -637,20 +780,31 @@ def run(bench: runner.Bench) -> None:
     bench.out["sizes"] = side.sizes
     bench.out["salt_master"] = MASTER
     bench.progress = side.progress
-    try:
+    # Undone last in, first out, each step whatever the others did, each within a bound;
+    # then the runner stops our servers. A failure (Failed, at the first command that
+    # failed or the first wait that ran out) reaches the runner, which says why and exits 1.
+    with contextlib.ExitStack() as undo:
+        undo.callback(write_results, bench)
+        undo.callback(step, "stopping the agents", lambda: stop_all(side.agents))
+        undo.callback(step, "stopping the salt-master and minions", salt.stop)
+        undo.callback(step, "stopping the Salt API client", side.stop_salt_client)
+        undo.callback(show_table, bench, side)
         measure(side)
-        bench.out["table"] = table(bench.args, side.sizes)
-        log("results:\n" + bench.out["table"])
-        failed = sum(sum(size["failures"].values()) for size in side.sizes.values())
-        unchecked = [n for n, size in side.sizes.items() if not checked_ok(size["ours_checked"])]
-        if failed or unchecked:
-            raise Failed(f"{failed} commands failed; our jobs' rows wrong at {unchecked} nodes")
-    finally:
-        if side.salt_client is not None:
-            side.salt_client.stop()
-        salt.stop()
-        stop_all(side.agents)
-        write_results(bench)
+
+
+def step(what: str, call: Callable[[], None]) -> None:
+    """One step of the way out, logged with what it took (a slow one is seen)."""
+    began = time.monotonic()
+    log(f"{what}")
+    call()
+    log(f"{what}: done in {time.monotonic() - began:.1f} s")
+
+
+def show_table(bench: runner.Bench, side: SideBySide) -> None:
+    """The table as far as the run got, with the commands that failed, on stderr and in
+    the document."""
+    bench.out["table"] = table(bench.args, side.sizes)
+    log("results:\n" + bench.out["table"])
 
 
 def write_results(bench: runner.Bench) -> None:

@@ -38,14 +38,11 @@ class Placed:
     part: int = 0
 
 
-def _cancelled(conn: Conn, job: Job) -> bool:
+def _cancelled(job: Job) -> bool:
     """Whether JOB, about to be placed, is to run no more: ended, or its cancel asked for
     (which its workflow may never hear: a schedule's run starts the job's workflow a moment
     after it made the job, and a sweeper that came between found no workflow to tell)."""
-    if job.ended:
-        return True
-    row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = %s", (job.id,)).fetchone()
-    return bool(row and row[0])
+    return job.ended or job.cancel_requested
 
 
 def _lock_for_placement(conn: Conn, tenant: str) -> None:
@@ -93,7 +90,7 @@ def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> 
     ).fetchone()
     if existing is not None:
         return Placed(number, existing[0])
-    if _cancelled(conn, job):
+    if _cancelled(job):
         return Placed(number, None, ended=True)
     _lock_for_placement(conn, job.tenant)
     candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < nodes.max_jobs")
@@ -120,7 +117,7 @@ def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]
     ).fetchall()
     if existing:
         return [Placed(r[0], r[1], part=r[2]) for r in existing]
-    if _cancelled(conn, job):
+    if _cancelled(job):
         return [Placed(first_number, None, ended=True)]
     _lock_for_placement(conn, job.tenant)
     candidates = _candidates(job)
@@ -155,7 +152,7 @@ def list_parts(conn: Conn, job_id: str) -> list[Placed]:
     ).fetchall()
     if existing:
         return [Placed(part + 1, node_id, part=part) for part, node_id in existing]
-    if _cancelled(conn, job):
+    if _cancelled(job):
         return [Placed(1, None, ended=True)]
     candidates = _candidates(job)
     found = [

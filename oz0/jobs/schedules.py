@@ -120,8 +120,12 @@ class ScheduleSpec:
         }
 
     def when(self) -> str:
-        """`cron '0 3 * * *' (Europe/Paris)`, `every 5s`."""
+        """`cron '0 3 * * *' (Europe/Paris)`, `every 5s`, `every 1h` (as `--every` takes
+        it, in the largest unit that divides it: not `every 3600s`)."""
         if self.every is not None:
+            for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+                if self.every >= size and self.every % size == 0:
+                    return f"every {self.every / size:g}{unit}"
             return f"every {self.every:g}s"
         return f"cron '{self.cron}' ({self.timezone or 'UTC'})"
 

@@ -127,6 +127,8 @@ class Job:
     max_failures: str | None = None
     # The schedule whose run made it (schedules.py), if one did.
     schedule_id: str | None = None
+    # An operator asked for its cancellation (its workflow may not have heard yet).
+    cancel_requested: bool = False
     attempts: tuple[Attempt, ...] = ()
     # A batch job's parts (job_parts); other jobs have none.
     parts: tuple[Part, ...] = ()
@@ -212,7 +214,7 @@ _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
     " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures,"
-    " schedule_id"
+    " schedule_id, cancel_requested"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"

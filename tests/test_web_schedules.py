@@ -1,0 +1,150 @@
+"""The web UI's Schedules page in a real browser (Debian's chromium via Playwright), against
+one real server on 127.0.0.234 (its Temporal Schedules) and a real agent.
+
+Through the page only: the empty list; a schedule made from the form (its next time shown);
+forms that cannot make one, each said in one line beside a form that keeps what was typed;
+pause (no next time, Unpause offered), run now (its job runs on the agent), unpause and
+delete. Screenshots go to `OZ0_SCREENSHOTS` (else the test's directory).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.client import ApiClient
+from fixtures.agent import AgentProcess
+from fixtures.cluster import ClusterFiles, Served
+from fixtures.polling import wait_until
+from oz0.context import Context
+from tests.web_support import browser, click_to_load, shots, sign_in
+
+__all__ = ["browser"]  # the fixture, imported for the test below
+
+SERVER = "127.0.0.234"
+ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
+BASE = f"https://{SERVER}:8443"
+EDGE = f"{SERVER}:7443"
+RUN_BOUND = 30.0  # generous, for a loaded 2-core machine
+Page = Any  # playwright's sync Page; its stubs are not typed for mypy here
+
+
+@dataclass(frozen=True)
+class Ui:
+    files: ClusterFiles
+    api: ApiClient
+    node_id: str
+
+
+@pytest.fixture(scope="module")
+def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    files = served.files
+    api = ApiClient(Context.load(files.context_path))
+    token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
+    node = tmp_path_factory.mktemp("web-schedules") / "node"
+    agent = AgentProcess.joining(node, [EDGE], files.ca_hash, token=token).start()
+    try:
+        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
+        yield Ui(files, api, status["node_id"])
+    finally:
+        agent.stop()
+
+
+def row_of(page: Page, schedule_id: str) -> Any:
+    return page.locator("tbody tr", has=page.get_by_text(schedule_id, exact=True))
+
+
+def click(page: Page, name: str) -> None:
+    click_to_load(page, page.get_by_role("button", name=name, exact=True))
+
+
+@pytest.mark.slow
+def test_list_create_pause_run_now_and_delete_on_the_page(
+    browser: Any, ui: Ui, tmp_path: Path
+) -> None:
+    where = shots(tmp_path)
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    sign_in(page, SERVER, ui.files.ui_password)
+    page.wait_for_url(f"{BASE}/overview")
+    click_to_load(page, page.get_by_role("link", name="Schedules"))
+    assert page.url == f"{BASE}/schedules"
+    assert page.get_by_text("No schedules yet.").is_visible()
+
+    # Forms that make nothing: one line each saying what to change, what was typed kept.
+    form = page.locator("form[action='/schedules']")
+    form.get_by_label("Runs", exact=True).select_option("every")
+    form.get_by_label("Every", exact=True).fill("soon")
+    form.get_by_label("Command", exact=True).fill("echo from the page")
+    click(page, "Create schedule")
+    alert = page.get_by_role("alert")
+    assert re.fullmatch(r"Every: invalid duration 'soon'.*", alert.inner_text()), alert.inner_text()
+    assert form.get_by_label("Command", exact=True).input_value() == "echo from the page"
+    page.screenshot(path=str(where / "schedules-bad-every.png"), full_page=True)
+    form.get_by_label("Every", exact=True).fill("90m")
+    click(page, "Create schedule")
+    [often] = ui.api.get("/api/v1/schedules")["schedules"]
+    assert row_of(page, often["id"]).locator("td").all_inner_texts()[2] == "every 90m"
+    form.get_by_label("Runs", exact=True).select_option("cron")  # a new form, once made
+    form.get_by_label("Command", exact=True).fill("echo from the page")
+    form.get_by_label("Cron expression", exact=True).fill("61 * * * *")
+    click(page, "Create schedule")
+    said = page.get_by_role("alert").inner_text()
+    assert "61 * * * *" in said and "Minute" in said, said
+    assert len(said.splitlines()) == 1, said
+    page.screenshot(path=str(where / "schedules-bad-cron.png"), full_page=True)
+    assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
+
+    # A good one: listed with its next time, in the list and in the API alike.
+    form.get_by_label("Cron expression", exact=True).fill("0 3 * * *")
+    form.get_by_label("Time zone", exact=True).fill("Europe/Paris")
+    form.get_by_label("If the last run still runs", exact=True).select_option("buffer-one")
+    click(page, "Create schedule")
+    assert "Schedule created" in page.get_by_role("status").inner_text()
+    [made] = [s for s in ui.api.get("/api/v1/schedules")["schedules"] if s["id"] != often["id"]]
+    row = row_of(page, made["id"])
+    cells = row.locator("td").all_inner_texts()
+    assert cells[2] == "cron '0 3 * * *' (Europe/Paris)", cells
+    assert cells[3] == "buffer-one" and cells[5] == "active", cells
+    next_at = dt.datetime.fromisoformat(made["next_times"][0])
+    assert next_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M") in cells[6], cells
+    page.screenshot(path=str(where / "schedules-made.png"), full_page=True)
+
+    # Pause: no next time, who paused it, and Unpause offered in its place.
+    click(page, f"Pause {made['id']}")
+    assert "Schedule paused" in page.get_by_role("status").inner_text()
+    cells = row_of(page, made["id"]).locator("td").all_inner_texts()
+    assert re.fullmatch(r"paused\s+paused by \S+:admin", cells[5]) and "—" in cells[6], cells
+    assert page.get_by_role("button", name=f"Unpause {made['id']}").is_visible()
+    assert ui.api.get(f"/api/v1/schedules/{made['id']}")["paused"] is True
+    page.screenshot(path=str(where / "schedules-paused.png"), full_page=True)
+
+    # Run now (paused or not): its job runs on the agent.
+    click(page, f"Run now {made['id']}")
+    assert "Triggered" in page.get_by_role("status").inner_text()
+
+    def run() -> list[dict[str, Any]]:
+        jobs: list[dict[str, Any]] = ui.api.get("/api/v1/jobs", {"schedule": made["id"]})["jobs"]
+        return jobs if jobs and jobs[0]["ended_at"] else []
+
+    [job] = wait_until(run, RUN_BOUND, what="the run's job to end")
+    assert job["state"] == "succeeded", job
+    click(page, f"Unpause {made['id']}")
+    cells = row_of(page, made["id"]).locator("td").all_inner_texts()
+    assert cells[5] == "active" and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", cells[6]), cells
+
+    # Delete: gone from the list; its job stays.
+    click(page, f"Delete {made['id']}")
+    assert "Schedule deleted" in page.get_by_role("status").inner_text()
+    assert row_of(page, made["id"]).count() == 0
+    click(page, f"Delete {often['id']}")
+    assert page.get_by_text("No schedules yet.").is_visible()
+    assert ui.api.get(f"/api/v1/jobs/{job['id']}")["state"] == "succeeded"
+    page.screenshot(path=str(where / "schedules-deleted.png"), full_page=True)
+    context.close()
