@@ -47,7 +47,7 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import manager as manager_module
 from oz0_node.jobs import supervisor
-from oz0_node.jobs.attempt import ACTIVITY, hand_over
+from oz0_node.jobs.attempt import ACTIVITY, given_again, hand_over
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
@@ -211,6 +211,9 @@ class TrioPort:
 
     async def stop(self, job_id: str, attempt: int, why: str) -> None:
         self.manager.stop(job_id, attempt, why)
+
+    async def runs(self, job_id: str, attempt: int) -> bool:
+        return self.manager.runs(job_id, attempt)
 
 
 @contextlib.asynccontextmanager
@@ -875,6 +878,29 @@ def test_at_most_four_run_at_once_and_the_fifth_waits_for_a_slot(tmp_path: Path)
 
     trio.run(main)
     assert beats, "the activity heartbeats while it waits"
+
+
+def test_an_attempt_given_again_while_it_runs_here_is_not_started_twice(tmp_path: Path) -> None:
+    """The cluster gives an attempt again when no heartbeat of it reached Temporal in time;
+    one this node runs is recognised (its end goes to the edge as before), nothing else is."""
+    edge = FakeEdge()
+
+    async def main() -> None:
+        async with node_manager(tmp_path, edge) as manager:
+            port = TrioPort(manager)
+            raw = spec("sleep", "1")
+            assert not await given_again(raw, port)
+            await hand(manager, raw)
+            assert await given_again(raw, port)
+            assert not await given_again(spec("sleep", "1", attempt=2), port)
+            assert not await given_again({"job_id": "job-../../etc", "attempt": 1}, port)
+            await until(lambda: len(edge.done) == 1)
+            await until(lambda: not manager.runs(JOB, 1))
+            # Ended and reported: a task given again now is refused by the run record.
+            assert not await given_again(raw, port)
+
+    trio.run(main)
+    assert len(edge.done) == 1, "run once"
 
 
 # --- the link over the control stream ----------------------------------------------------

@@ -493,7 +493,8 @@ class JobWorkflow:
                 return Outcome(because, None)
             # Lost on the way (oz0_common/attempt_heartbeat.py): not a node lost, the same
             # attempt (its grant, its activity ID) given to it again, a bounded number of
-            # times; the node's record of what it ran refuses a second run of one it had.
+            # times; a node that runs it already starts nothing (its end completes this
+            # activity), and its record of what it ran refuses one it had run and reported.
             if not (
                 by_id and given <= REDELIVER_MAX and not late and _unheard(handle)
                 and workflow.patched(REDELIVER)

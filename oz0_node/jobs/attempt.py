@@ -215,6 +215,22 @@ class AttemptPort(Protocol):
 
     async def stop(self, job_id: str, attempt: int, why: str) -> None: ...
 
+    async def runs(self, job_id: str, attempt: int) -> bool: ...
+
+
+async def given_again(raw: object, port: AttemptPort) -> bool:
+    """Whether RAW is an attempt this node runs already and reports to the edge: the
+    cluster gave it again because no heartbeat of it reached Temporal in time
+    (oz0_common/attempt_heartbeat.py). Nothing is started for it: the edge completes the
+    activity, which has the same ID, when the attempt ends."""
+    fields = raw if isinstance(raw, dict) else {}
+    job_id, number = fields.get("job_id"), fields.get("attempt")
+    if not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id)):
+        return False
+    if not isinstance(number, int) or isinstance(number, bool):
+        return False
+    return await port.runs(job_id, number)
+
 
 def by_id(raw: object, activity_id: str) -> bool:
     """Whether ACTIVITY_ID is `attempt-N` for RAW's attempt N: scheduled by a workflow
@@ -397,10 +413,14 @@ def attempt_activity(
                 raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
                 lost_after=lost_after,
             )  # fmt: skip
-        await hand_over(
-            raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
-            lost_after=lost_after, beat=lambda: activity.heartbeat(HEARD),
-        )  # fmt: skip
+        if await given_again(raw, port):
+            log.info("job %s attempt %s: given again; it runs here already", raw.get("job_id"),
+                     raw.get("attempt"))  # fmt: skip
+        else:
+            await hand_over(
+                raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
+                lost_after=lost_after, beat=lambda: activity.heartbeat(HEARD),
+            )  # fmt: skip
         # From here the node reports on it over its control stream; the edge completes it.
         activity.raise_complete_async()
 

@@ -250,6 +250,16 @@ class AttemptManager:
         self._nursery.start_soon(self._follow, tracked)
         return tracked
 
+    def runs(self, job_id: str, attempt: int) -> bool:
+        """Whether that attempt is this manager's and its end will be reported to the edge
+        (not held, not ended for a reason the cluster is not told)."""
+        tracked = self._live.get((job_id, attempt))
+        return (
+            tracked is not None
+            and not tracked.held
+            and (tracked.stop_why is None or tracked.stop_why not in UNREPORTED)
+        )
+
     # --- ending ---------------------------------------------------------------------------
 
     def stop(self, job_id: str, attempt: int, why: str) -> None:
@@ -546,6 +556,12 @@ class AttemptPort:
             beat()
             await asyncio.sleep(0.2)
         await self._in_trio(self.manager.start, spec, lost_after, answer)
+
+    async def runs(self, job_id: str, attempt: int) -> bool:
+        """Whether the manager runs that attempt and will report its end (AttemptManager.runs)."""
+        return bool(
+            trio.from_thread.run_sync(self.manager.runs, job_id, attempt, trio_token=self._token)
+        )
 
     async def notify(self, kind: str, fields: Message, within: float) -> None:
         """Send a KIND nothing answers; LinkDown if no stream takes it within WITHIN."""
