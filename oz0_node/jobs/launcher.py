@@ -54,7 +54,8 @@ FORKED = b"forked\n"
 SEND_WITHIN = 5.0
 FORK_WITHIN = 5.0
 RESTART_AFTER = 10.0
-STOP_WITHIN = 2.0
+# How long a launcher whose socket was closed is waited for (it exits at once).
+STOP_WITHIN = 1.0
 # How soon the launcher reaps the first processes it forked (each exits within
 # milliseconds, once it has forked its supervisor).
 REAP_EVERY = 0.5

@@ -190,12 +190,15 @@ class AttemptManager:
         (the supervisors run on: the agent's exit never touches a command)."""
         self._started_at = trio.current_time()
         try:
-            await trio.to_thread.run_sync(self.launcher.start)
+            # In Trio's thread, as find_all below: a vfork and exec, a few milliseconds (the
+            # launcher's interpreter starts on its own); a worker thread would let a test's
+            # autojump clock race ahead.
+            self.launcher.start()
             await self._run(task_status)
         finally:
-            # It exits once its socket closes; the supervisors it forked are not its own.
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.launcher.stop)
+            # It exits as soon as its socket closes (a millisecond, at most STOP_WITHIN: in
+            # Trio's thread too, for the same reason); the supervisors it forked run on.
+            self.launcher.stop()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
