@@ -547,7 +547,7 @@ def test_launches_go_on_when_the_launcher_dies_and_a_new_one_takes_over(
 def test_a_launcher_that_does_not_fork_in_time_is_replaced_and_the_attempt_runs_once(
     launcher: Launcher, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(supervisor_module, "FORK_WITHIN", 0.5)
+    monkeypatch.setattr(launcher_module, "FORK_WITHIN", 0.5)
     stuck = launcher.pid
     assert stuck is not None
     os.kill(stuck, signal.SIGSTOP)  # takes the descriptors (its socket's buffer), forks nothing

@@ -72,7 +72,6 @@ from oz0_node.jobs.isolation import (
     remove_tree,
 )
 from oz0_node.jobs.job_user import JobUser
-from oz0_node.jobs.launcher import FORK_WITHIN, FORKED, supervisor_env
 from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
@@ -369,6 +368,9 @@ def launch(
 def _through_launcher(launcher: Launcher, handover: bytes, logs: int, lock: int) -> bool | None:
     """HANDOVER to a supervisor the launcher forks; whether it said READY, or None when the
     launcher did not fork one (nothing was started: the caller starts it otherwise)."""
+    # Here, not with the module: a supervisor started as `python -c BOOT` needs none of it.
+    from oz0_node.jobs.launcher import FORK_WITHIN, FORKED
+
     attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -400,6 +402,8 @@ def _through_launcher(launcher: Launcher, handover: bytes, logs: int, lock: int)
 
 def _through_interpreter(handover: bytes, logs: int, lock: int, key: str) -> bool:
     """HANDOVER to a supervisor started as a fresh interpreter; whether it said READY."""
+    from oz0_node.jobs.launcher import supervisor_env
+
     process = subprocess.Popen(
         # -P: nothing imported from the working directory.
         [sys.executable, "-P", "-c", BOOT],
@@ -724,7 +728,9 @@ def _run(
     try:
         deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         ended_because = command.run_until(deadline)
-        if ended_because == "exit" and place.tracking.alive():
+        # Looked for once (a scan of /proc, when subreaper): end() is told what was found.
+        left = place.tracking.alive() if ended_because == "exit" else None
+        if left:
             log.info(
                 "job %s attempt %d: ending what the command left running",
                 spec.job_id,
@@ -733,7 +739,7 @@ def _run(
         elif ended_because != "exit":
             why = "asked to stop" if stopping else f"timed out after {spec.timeout:g} s"
             log.info("job %s attempt %d: %s; ending it", spec.job_id, spec.attempt, why)
-        command.end(KILL_GRACE)
+        command.end(KILL_GRACE, left)
         # A pipe held by a process that escaped its tracking is not waited for.
         command.drain(DRAIN_TIMEOUT)
     finally:
@@ -841,12 +847,13 @@ class _Command:
                 return "timeout"
             self.pump(deadline - now if deadline is not None else None)
 
-    def end(self, grace: float) -> None:
+    def end(self, grace: float, alive: list[int] | None = None) -> None:
         """End every process of the attempt: SIGTERM, then SIGKILL after GRACE seconds;
         return once they are gone and the command reaped (or REAP_TIMEOUT after the
-        SIGKILL). Signals nothing when none is left. As process.Child.end."""
+        SIGKILL). Signals nothing when none is left (ALIVE: what tracking.alive() has just
+        said, if it was asked). As process.Child.end."""
         tracking = self.tracking
-        if self.exited() and not tracking.alive():
+        if self.exited() and not (tracking.alive() if alive is None else alive):
             return
         tracking.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace
