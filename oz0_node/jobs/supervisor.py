@@ -2,11 +2,12 @@
 command, its output and its exit status, so that the agent's restart, crash or upgrade
 does not touch the command (Nomad's executor is the same idea).
 
-The agent starts one per attempt (`launch`): Python running this module, in a session of
-its own and no longer the agent's child (it forks once at start and its first process
-exits), so neither the agent's exit, SIGTERM, SIGKILL nor a kill of the agent's process
-group reaches it. The attempt (with its secrets) comes over its stdin as JSON, never on
-disk nor on a command line. It then
+The agent starts one per attempt (`launch`): Python running this module, forked by the
+agent's launcher (launcher.py: no interpreter to start nor modules to import) or, when
+there is none, started afresh; in a session of its own and no longer the agent's child
+(it forks once at start and its first process exits), so neither the agent's exit,
+SIGTERM, SIGKILL nor a kill of the agent's process group reaches it. The attempt (with
+its secrets) comes over its stdin as JSON, never on disk nor on a command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
