@@ -21,9 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from oz0_node.jobs import launcher as launcher_module
 from oz0_node.jobs import procfs
+from oz0_node.jobs import supervisor as supervisor_module
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
+from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.supervisor import (
     OUTPUT_CAP,
@@ -129,6 +132,12 @@ def no_cgroup_left() -> bool:
 
 def supervisor_pid(supervised: Supervised) -> int:
     return int(json.loads((supervised.dir / PID_FILE).read_text())["pid"])
+
+
+def forked_by_launcher(pid: int) -> bool:
+    """Whether PID is a fork of a supervisor launcher (its command line), not a fresh
+    `python -c supervisor.BOOT`."""
+    return launcher_module.BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 @pytest.fixture
@@ -264,18 +273,24 @@ def test_a_record_half_written_at_the_end_is_not_returned_until_it_is_whole(
 
 # --- the agent's death ----------------------------------------------------------------------
 
-# An agent: launches one attempt, says where, then waits to be killed.
+# An agent: launches one attempt (through its launcher, or as a fresh interpreter), says
+# where and its launcher's PID, then waits to be killed.
 AGENT = """
 import sys, time
 from pathlib import Path
 from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.supervisor import SupervisedSpec, launch
 
 data = Path(sys.argv[1])
 isolation = Isolation.detect(data, tracking=sys.argv[2], supervised=True)
-spec = SupervisedSpec(sys.argv[3], sys.argv[4], 1, tuple(sys.argv[5:]), {"SECRET": "s3cr3t-9f"},
+launcher = Launcher() if sys.argv[3] == "launcher" else None
+if launcher is not None:
+    launcher.start()
+spec = SupervisedSpec(sys.argv[4], sys.argv[5], 1, tuple(sys.argv[6:]), {"SECRET": "s3cr3t-9f"},
                       None, Limits())
-print(launch(data, spec, isolation).dir, flush=True)
+print(launch(data, spec, isolation, launcher).dir, flush=True)
+print(launcher.pid if launcher is not None else 0, flush=True)
 time.sleep(600)
 """
 
@@ -283,16 +298,17 @@ time.sleep(600)
 WAITS_THEN_ENDS = 'echo $$; while [ -e "$1" ]; do sleep 0.05; done; echo last; exit 7'
 
 
+@pytest.mark.parametrize("how", ["launcher", "interpreter"])
 @pytest.mark.parametrize("kill", ["agent", "process group"])
 def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_status(
-    kill: str, data_dir: Path, pids: list[int]
+    kill: str, how: str, data_dir: Path, pids: list[int]
 ) -> None:
     # Where the job user can see it (not below pytest's 0700 directories).
     flag = Path(f"/tmp/oz0-supervisor-test-{os.getpid()}")
     flag.write_text("")
     flag.chmod(0o644)
     agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT, str(data_dir), CGROUP_V2, NODE_ID, JOB,
+        [sys.executable, "-c", AGENT, str(data_dir), CGROUP_V2, how, NODE_ID, JOB,
          "sh", "-c", WAITS_THEN_ENDS, "sh", str(flag)],
         stdout=subprocess.PIPE,
         text=True,
@@ -302,14 +318,18 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
     try:
         assert agent.stdout is not None
         supervised = Supervised(JOB, 1, Path(agent.stdout.readline().strip()))
+        launcher = int(agent.stdout.readline())
         (command,) = [int(n) for n in output_lines(supervised, 1)]
         pids.append(command)
         supervisor = supervisor_pid(supervised)
+        # Forked by the launcher (its command line), or a fresh interpreter.
+        assert forked_by_launcher(supervisor) == (how == "launcher")
         # The job's environment reached the command, and nowhere else on disk or in argv.
         for path in supervised.dir.iterdir():
             assert b"s3cr3t-9f" not in path.read_bytes(), path.name
-        for name in ("cmdline", "environ"):
-            assert b"s3cr3t-9f" not in Path(f"/proc/{supervisor}/{name}").read_bytes()
+        for pid in (supervisor, launcher) if launcher else (supervisor,):
+            for name in ("cmdline", "environ"):
+                assert b"s3cr3t-9f" not in Path(f"/proc/{pid}/{name}").read_bytes()
         assert b"SECRET=s3cr3t-9f" in Path(f"/proc/{command}/environ").read_bytes()
         if kill == "agent":
             agent.kill()
@@ -324,6 +344,8 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
     time.sleep(0.3)
     assert not gone(command), "the agent's death ended the command"
     assert supervised.alive() and supervised.status() is None
+    # The launcher goes with its agent (a new agent starts its own), the attempt stays.
+    assert not launcher or wait_until(lambda: gone(launcher), 5.0), "the launcher outlived it"
     # A new agent (another process) finds it.
     found = subprocess.run(
         [sys.executable, "-c",
@@ -484,3 +506,88 @@ def test_stop_all_leaves_no_directory_process_or_cgroup(data_dir: Path, pids: li
     assert list(attempts_root(data_dir).iterdir()) == []
     assert no_cgroup_left()
     assert not list(Path("/tmp").glob(f"oz0-job-{JOB}-*"))
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+# Says it ran, then waits to be stopped (a short command's supervisor would be gone before
+# its command line could be read).
+RUNS_ON = "echo ran; exec sleep 600"
+
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    started = Launcher()
+    started.start()
+    yield started
+    started.stop()
+
+
+def test_launches_go_on_when_the_launcher_dies_and_a_new_one_takes_over(
+    launcher: Launcher, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolation = isolation_for(data_dir, CGROUP_V2)
+    first = launch(data_dir, spec_of("sh", "-c", RUNS_ON, attempt=1), isolation, launcher)
+    assert output_lines(first, 1) == ["ran"] and forked_by_launcher(supervisor_pid(first))
+    dead = launcher.pid
+    assert dead is not None
+    os.kill(dead, signal.SIGKILL)
+    assert wait_until(lambda: gone(dead), 5.0)
+    # Within RESTART_AFTER of its start: a fresh interpreter, as without a launcher.
+    second = launch(data_dir, spec_of("sh", "-c", RUNS_ON, attempt=2), isolation, launcher)
+    assert output_lines(second, 1) == ["ran"] and not forked_by_launcher(supervisor_pid(second))
+    assert launcher.pid is None
+    # Later, a new launcher.
+    monkeypatch.setattr(launcher_module, "RESTART_AFTER", 0.0)
+    third = launch(data_dir, spec_of("sh", "-c", RUNS_ON, attempt=3), isolation, launcher)
+    assert output_lines(third, 1) == ["ran"] and forked_by_launcher(supervisor_pid(third))
+    assert launcher.pid not in (None, dead)
+
+
+def test_a_launcher_that_does_not_fork_in_time_is_replaced_and_the_attempt_runs_once(
+    launcher: Launcher, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher_module, "FORK_WITHIN", 0.5)
+    stuck = launcher.pid
+    assert stuck is not None
+    os.kill(stuck, signal.SIGSTOP)  # takes the descriptors (its socket's buffer), forks nothing
+    supervised = launch(
+        data_dir, spec_of("sh", "-c", RUNS_ON), isolation_for(data_dir, CGROUP_V2), launcher
+    )
+    assert not forked_by_launcher(supervisor_pid(supervised))
+    assert launcher.pid is None and wait_until(lambda: gone(stuck), 5.0), "not replaced"
+    time.sleep(0.5)
+    assert text(supervised) == "ran\n", "run once"
+
+
+@pytest.mark.parametrize("gave_up", ["ready pipe closed", "no attempt handed"])
+def test_a_first_process_forked_after_launch_gave_up_starts_nothing(
+    gave_up: str, launcher: Launcher, data_dir: Path
+) -> None:
+    directory = attempts_root(data_dir) / f"{JOB}-1"
+    directory.mkdir(parents=True)
+    lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    logs = os.open(directory / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    isolation = isolation_for(data_dir, CGROUP_V2)
+    handover = supervisor_module._handover(spec_of("sh", "-c", RUNS_ON), isolation, directory, lock)
+    if gave_up == "ready pipe closed":
+        os.close(ready_r)
+        # Even with the attempt in its pipe, a child that could not say FORKED starts nothing.
+        os.write(attempt_w, handover)
+    os.close(attempt_w)
+    try:
+        assert launcher.send((attempt_r, ready_w, logs, lock))
+    finally:
+        for fd in (attempt_r, ready_w, logs, lock):
+            os.close(fd)
+    if gave_up == "no attempt handed":
+        with os.fdopen(ready_r, "rb") as ready:
+            assert ready.read() == launcher_module.FORKED, "forked, then exited"
+    time.sleep(0.5)
+    supervised = Supervised(JOB, 1, directory)
+    assert not supervised.alive()
+    assert sorted(p.name for p in directory.iterdir()) == ["lock", "supervisor.log"]
+    assert (directory / "supervisor.log").read_text() == ""
+    assert not list(Path("/tmp").glob(f"oz0-job-{JOB}-*")) and no_cgroup_left()

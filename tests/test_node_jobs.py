@@ -52,6 +52,7 @@ from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
+from oz0_node.jobs.launcher import BOOT as LAUNCHER_BOOT
 from oz0_node.jobs.manager import MESSAGE_DATA, NODE_FAULT, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.procfs import read_stat
@@ -275,6 +276,12 @@ def run_attempt(
 def workdirs(attempt: int = 1) -> list[Path]:
     """The working directories of JOB's ATTEMPT left in the system's temporary directory."""
     return list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{JOB}-{attempt}-*"))
+
+
+def forked_by_launcher(pid: int) -> bool:
+    """Whether PID is a fork of a supervisor launcher (its command line), not a fresh
+    `python -c supervisor.BOOT`."""
+    return LAUNCHER_BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def gone(pid: int) -> bool:
@@ -729,8 +736,14 @@ def test_a_new_agent_carries_on_where_the_last_left_off_and_the_command_never_no
 
     async def main() -> None:
         async with node_manager(tmp_path, first) as manager:
+            launcher = manager.launcher.pid
             await hand(manager, spec("sh", "-c", script))
             await until(lambda: bool(first.sent))
+            [found] = supervisor.find_all(tmp_path)
+            meta = json.loads((found.dir / supervisor.PID_FILE).read_text())
+            # Forked by the agent's launcher, which goes with its agent.
+            assert launcher is not None and forked_by_launcher(int(meta["pid"]))
+        assert gone(launcher)
         # The first agent is gone (its tasks cancelled, as by kill -9); the command runs on.
         (pid,) = printed_pids(first, pids)
         assert not gone(pid)

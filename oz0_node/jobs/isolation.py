@@ -144,7 +144,10 @@ class AttemptRecord:
     def _write(self) -> None:
         data = {"agent_pid": os.getpid(), "attempts": self._entries}
         try:
-            write_private(self.path, (json.dumps(data, indent=1) + "\n").encode())
+            # Not synced: it names live processes and cgroups, which a crash of the machine
+            # takes with it; a process's crash leaves the page cache (3 fsyncs were half of
+            # a supervisor's launch).
+            write_private(self.path, (json.dumps(data, indent=1) + "\n").encode(), sync=False)
         except OSError as e:
             log.warning("cannot write %s: %s", self.path, e.strerror or e)
 

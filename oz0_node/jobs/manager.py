@@ -54,6 +54,7 @@ from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import ATTEMPT_ENDED, NODE_STOPPING, Answer
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.isolation import Isolation
+from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.supervisor import OutputRecord, Supervised, SupervisedSpec
 from oz0_node.messages import Message
@@ -177,6 +178,9 @@ class AttemptManager:
         self._stopped_why = ""
         self._nursery: trio.Nursery | None = None
         self._started_at = 0.0
+        # Forks the attempts' supervisors (launcher.py): a fresh interpreter for each cost
+        # some 80 ms of CPU and of every dispatch.
+        self.launcher = Launcher()
 
     def __len__(self) -> int:
         return len(self._live)
@@ -185,6 +189,18 @@ class AttemptManager:
         """Follow the attempts a previous agent left, then those started, until cancelled
         (the supervisors run on: the agent's exit never touches a command)."""
         self._started_at = trio.current_time()
+        try:
+            # In Trio's thread, as find_all below: a vfork and exec, a few milliseconds (the
+            # launcher's interpreter starts on its own); a worker thread would let a test's
+            # autojump clock race ahead.
+            self.launcher.start()
+            await self._run(task_status)
+        finally:
+            # It exits as soon as its socket closes (a millisecond, at most STOP_WITHIN: in
+            # Trio's thread too, for the same reason); the supervisors it forked run on.
+            self.launcher.stop()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             # Read in Trio's thread: a directory listing, once, before anything else runs
@@ -223,7 +239,7 @@ class AttemptManager:
         stops = self._stops
         try:
             supervised = await trio.to_thread.run_sync(
-                supervisor.launch, self.data_dir, spec, self.isolation
+                supervisor.launch, self.data_dir, spec, self.isolation, self.launcher
             )
             meta = {"lost_after": lost_after, **({"held": True} if held else {})}
             write_private(supervised.dir / META_FILE, json.dumps(meta).encode())

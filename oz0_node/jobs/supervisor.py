@@ -2,11 +2,12 @@
 command, its output and its exit status, so that the agent's restart, crash or upgrade
 does not touch the command (Nomad's executor is the same idea).
 
-The agent starts one per attempt (`launch`): Python running this module, in a session of
-its own and no longer the agent's child (it forks once at start and its first process
-exits), so neither the agent's exit, SIGTERM, SIGKILL nor a kill of the agent's process
-group reaches it. The attempt (with its secrets) comes over its stdin as JSON, never on
-disk nor on a command line. It then
+The agent starts one per attempt (`launch`): Python running this module, forked by the
+agent's launcher (launcher.py: no interpreter to start nor modules to import) or, when
+there is none, started afresh; in a session of its own and no longer the agent's child
+(it forks once at start and its first process exits), so neither the agent's exit,
+SIGTERM, SIGKILL nor a kill of the agent's process group reaches it. The attempt (with
+its secrets) comes over its stdin as JSON, never on disk nor on a command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
@@ -58,7 +59,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from oz0_common.files import write_private
 from oz0_node.jobs import procfs
@@ -74,6 +75,9 @@ from oz0_node.jobs.isolation import (
 from oz0_node.jobs.job_user import JobUser
 from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
+
+if TYPE_CHECKING:
+    from oz0_node.jobs.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -306,9 +310,17 @@ def stop_all(data_dir: Path, within: float) -> int:
     return len(every)
 
 
-def launch(data_dir: Path, spec: SupervisedSpec, isolation: Isolation) -> Supervised:
+def launch(
+    data_dir: Path,
+    spec: SupervisedSpec,
+    isolation: Isolation,
+    launcher: Launcher | None = None,
+) -> Supervised:
     """Start SPEC's supervisor; return once it has started the command or failed to (then
     its status says exit 127 or 126 and its output has a line on stderr saying why).
+
+    Forked by LAUNCHER (the agent's: launcher.py) when it takes the attempt, else started
+    as a fresh interpreter (`python -c BOOT`).
 
     OSError when the attempt's directory cannot be made (or Python cannot be started);
     FileExistsError when a live supervisor already has it."""
@@ -329,37 +341,20 @@ def launch(data_dir: Path, spec: SupervisedSpec, isolation: Isolation) -> Superv
     lock = os.open(supervised.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        handover = _handover(spec, isolation, supervised.dir, lock)
         logs = os.open(
             supervised.dir / LOG_FILE,
             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
             0o600,
         )
         try:
-            process = subprocess.Popen(
-                # -P: nothing imported from the working directory.
-                [sys.executable, "-P", "-c", BOOT],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=logs,
-                pass_fds=(lock,),
-                start_new_session=True,
-                cwd="/",
-                env=_supervisor_env(),
-            )
+            ready = None
+            if launcher is not None:
+                ready = _through_launcher(launcher, handover, logs, lock)
+            if ready is None:
+                ready = _through_interpreter(handover, logs, lock, spec.key)
         finally:
             os.close(logs)
-        assert process.stdin is not None and process.stdout is not None
-        with contextlib.suppress(BrokenPipeError):
-            process.stdin.write(_handover(spec, isolation, supervised.dir, lock))
-        with contextlib.suppress(BrokenPipeError):
-            process.stdin.close()
-        ready = _read_ready(process.stdout, START_WITHIN)
-        process.stdout.close()
-        try:
-            # Its first process exits as soon as it has forked the supervisor.
-            process.wait(START_WITHIN)
-        except subprocess.TimeoutExpired:
-            log.warning("attempt %s: its supervisor's first process did not exit", spec.key)
     finally:
         os.close(lock)
     if not ready:
@@ -371,12 +366,75 @@ def launch(data_dir: Path, spec: SupervisedSpec, isolation: Isolation) -> Superv
     return supervised
 
 
-def _supervisor_env() -> dict[str, str]:
-    """The agent's environment (LANG for the job; no job's values), and its sys.path, so
-    the supervisor imports what the agent does (the one-file agent's unpacked layers too)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return env
+def _through_launcher(launcher: Launcher, handover: bytes, logs: int, lock: int) -> bool | None:
+    """HANDOVER to a supervisor the launcher forks; whether it said READY, or None when the
+    launcher did not fork one (nothing was started: the caller starts it otherwise)."""
+    # Here, not with the module: a supervisor started as `python -c BOOT` needs none of it.
+    from oz0_node.jobs.launcher import FORK_WITHIN, FORKED
+
+    attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        try:
+            sent = launcher.send((attempt_r, ready_w, logs, lock))
+        finally:
+            # Only the launcher's child holds these now: its exit (or the launcher's) is EOF.
+            os.close(attempt_r)
+            os.close(ready_w)
+        if not sent:
+            return None
+        lines = _Lines(ready_r)
+        forked = lines.next(FORK_WITHIN)
+        if forked != FORKED:
+            if forked is None:
+                launcher.lost()
+            # Not forked, or forked too late: the child finds no attempt and exits.
+            return None
+        with contextlib.suppress(BrokenPipeError):
+            _write_all(attempt_w, handover)
+        os.close(attempt_w)
+        attempt_w = -1
+        return lines.next(START_WITHIN) == READY
+    finally:
+        for fd in (attempt_w, ready_r):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _through_interpreter(handover: bytes, logs: int, lock: int, key: str) -> bool:
+    """HANDOVER to a supervisor started as a fresh interpreter; whether it said READY."""
+    from oz0_node.jobs.launcher import supervisor_env
+
+    process = subprocess.Popen(
+        # -P: nothing imported from the working directory.
+        [sys.executable, "-P", "-c", BOOT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=logs,
+        pass_fds=(lock,),
+        start_new_session=True,
+        cwd="/",
+        env=supervisor_env(),
+    )
+    assert process.stdin is not None and process.stdout is not None
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.write(handover)
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.close()
+    ready = _Lines(process.stdout.fileno()).next(START_WITHIN) == READY
+    process.stdout.close()
+    try:
+        # Its first process exits as soon as it has forked the supervisor.
+        process.wait(START_WITHIN)
+    except subprocess.TimeoutExpired:
+        log.warning("attempt %s: its supervisor's first process did not exit", key)
+    return ready
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock: int) -> bytes:
@@ -416,20 +474,27 @@ def _handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock:
     return json.dumps(raw).encode()
 
 
-def _read_ready(stream: IO[bytes], within: float) -> bool:
-    """Whether STREAM says READY within WITHIN seconds (EOF: the supervisor died)."""
-    deadline = time.monotonic() + within
-    got = b""
-    fd = stream.fileno()
-    while not got.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return False
-        piece = os.read(fd, 64)
-        if not piece:
-            return False
-        got += piece
-    return got == READY
+class _Lines:
+    """The lines a supervisor's first process and the supervisor write to `launch`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.got = b""
+
+    def next(self, within: float) -> bytes | None:
+        """The next whole line; b"" at EOF (what came before a newline is dropped), None
+        when none came within WITHIN seconds."""
+        deadline = time.monotonic() + within
+        while b"\n" not in self.got:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return None
+            piece = os.read(self.fd, 64)
+            if not piece:
+                return b""
+            self.got += piece
+        line, _, self.got = self.got.partition(b"\n")
+        return line + b"\n"
 
 
 # --- the supervisor's side ------------------------------------------------------------------
@@ -528,9 +593,13 @@ def _parse(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
     return spec, isolation, Path(raw["dir"]), int(raw["lock_fd"])
 
 
-def main() -> None:
-    """The supervisor's process (started by `launch` as `python -c BOOT`)."""
-    raw = json.loads(sys.stdin.buffer.read())
+def main(lock: int | None = None) -> None:
+    """The supervisor's process: started by `launch` as `python -c BOOT`, or forked by the
+    launcher (launcher.py), which passes LOCK, the lock's descriptor in this process."""
+    handed = _read_all(0)
+    if not handed:
+        return  # `launch` gave up on this one before handing it anything: nothing starts
+    raw = json.loads(handed)
     # Whatever the agent's thread that launched it blocked (a fork keeps its signal mask):
     # a stop must get through, and the command must not start with signals blocked.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -540,19 +609,22 @@ def main() -> None:
     # Not the agent's child from now on: the first process exits, the agent reaps it.
     if os.fork() != 0:
         os._exit(0)
-    spec, isolation, directory, lock = _parse(raw)
-    del raw  # the job's environment stays in SPEC only
+    spec, isolation, directory, handed_lock = _parse(raw)
+    del raw, handed  # the job's environment stays in SPEC only
+    lock = handed_lock if lock is None else lock
     os.set_inheritable(lock, False)  # held to the end, never given to the command
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
     handler = _BoundedLog(sys.stderr)
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # force: forked by the launcher, whose own handler must not take these lines.
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     me = procfs.read_stat(os.getpid())
     assert me is not None
     write_private(
         directory / PID_FILE,
         json.dumps({"pid": me.pid, "start_time": me.start_time}).encode(),
+        sync=False,  # a live process: nothing to find after the machine's crash
     )
     # What it records of its attempt goes to DIR/tracking.json, not the agent's record.
     isolation.record = AttemptRecord(directory / TRACKING_FILE)
@@ -566,6 +638,13 @@ def main() -> None:
     write_private(directory / STATUS_FILE, (json.dumps(status) + "\n").encode())
     log.info("job %s attempt %d: ended (%s)", spec.job_id, spec.attempt, status["ended_because"])
     # Exiting releases the lock: the status is there before the agent can see it dead.
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _ready() -> None:
@@ -650,7 +729,9 @@ def _run(
     try:
         deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         ended_because = command.run_until(deadline)
-        if ended_because == "exit" and place.tracking.alive():
+        # Looked for once (a scan of /proc, when subreaper): end() is told what was found.
+        left = place.tracking.alive() if ended_because == "exit" else None
+        if left:
             log.info(
                 "job %s attempt %d: ending what the command left running",
                 spec.job_id,
@@ -659,7 +740,7 @@ def _run(
         elif ended_because != "exit":
             why = "asked to stop" if stopping else f"timed out after {spec.timeout:g} s"
             log.info("job %s attempt %d: %s; ending it", spec.job_id, spec.attempt, why)
-        command.end(KILL_GRACE)
+        command.end(KILL_GRACE, left)
         # A pipe held by a process that escaped its tracking is not waited for.
         command.drain(DRAIN_TIMEOUT)
     finally:
@@ -767,12 +848,13 @@ class _Command:
                 return "timeout"
             self.pump(deadline - now if deadline is not None else None)
 
-    def end(self, grace: float) -> None:
+    def end(self, grace: float, alive: list[int] | None = None) -> None:
         """End every process of the attempt: SIGTERM, then SIGKILL after GRACE seconds;
         return once they are gone and the command reaped (or REAP_TIMEOUT after the
-        SIGKILL). Signals nothing when none is left. As process.Child.end."""
+        SIGKILL). Signals nothing when none is left (ALIVE: what tracking.alive() has just
+        said, if it was asked). As process.Child.end."""
         tracking = self.tracking
-        if self.exited() and not tracking.alive():
+        if self.exited() and not (tracking.alive() if alive is None else alive):
             return
         tracking.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace

@@ -1,0 +1,199 @@
+"""What one attempt's supervisor costs on the node (issue 31): CPU and wall time of
+`supervisor.launch` for `true`, with the isolation the agent uses by default.
+
+    python -m bench.supervisor_cost [--attempts N] [--parallel K] [--no-launcher]
+
+Launches N attempts of `true` (K at a time, each from a thread of its own, as the agent's
+manager does), each under a fresh supervisor, and prints one JSON object:
+
+- `cpu_s_per_attempt`: user + system CPU of everything an attempt ran outside this process
+  (the supervisor's first process, the supervisor, the launcher's share and `true`), from
+  getrusage of this process's children: this process is a child subreaper, so the
+  supervisors come back to it and are reaped here (their rusage includes `true`'s). The
+  launcher (a child that lives across attempts) is counted from /proc at the end;
+- `agent_cpu_s_per_attempt`: CPU of this process (the agent's side: the launching thread);
+- `launch_to_ready_ms` p50 / p99: `launch` called → it returned (the command has started);
+- `launch_to_status_ms` p50 / p99: `launch` called → DIR/status.json written.
+
+Self-contained: it starts no server. Runs as root (the job user, cgroups) or as a user (the
+attempts run as that user). Progress and the setup go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from oz0_node.jobs import procfs
+from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.launcher import Launcher
+from oz0_node.jobs.supervisor import Supervised, SupervisedSpec, launch, stop_all
+
+PR_SET_CHILD_SUBREAPER = 36
+NODE_ID = "node-5c0e0000b0b0"
+STATUS_WITHIN = 30.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_cpu(pid: int) -> float:
+    """utime + stime of PID (not its children), from /proc/PID/stat; 0 once it is gone."""
+    try:
+        text = (procfs.PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return 0.0
+    fields = text[text.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _reap_until(pids: set[int], deadline: float) -> None:
+    """Reap the supervisors (they come back to this subreaper), as their rusage counts."""
+    while pids and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
+        pids.discard(pid)
+
+
+def _one(
+    data_dir: Path,
+    isolation: Isolation,
+    launcher: Launcher | None,
+    n: int,
+    ready_ms: list[float],
+    status_ms: list[float],
+) -> int:
+    spec = SupervisedSpec(
+        node_id=NODE_ID,
+        job_id="job-00000000c057",
+        attempt=n,
+        command=("true",),
+        env={},
+        timeout=None,
+        limits=Limits(),
+    )
+    start = time.perf_counter()
+    supervised = launch(data_dir, spec, isolation, launcher)
+    ready_ms.append((time.perf_counter() - start) * 1000)
+    pid = int(json.loads((supervised.dir / "supervisor.json").read_text())["pid"])
+    _wait_status(supervised)
+    status_ms.append((time.perf_counter() - start) * 1000)
+    return pid
+
+
+def _wait_status(supervised: Supervised) -> None:
+    deadline = time.monotonic() + STATUS_WITHIN
+    while supervised.status() is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{supervised.dir.name}: no status in {STATUS_WITHIN} s")
+        time.sleep(0.001)
+
+
+def measure(attempts: int, parallel: int, use_launcher: bool) -> dict[str, Any]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise SystemExit("cannot become a child subreaper")
+    with tempfile.TemporaryDirectory(prefix="oz0-supervisor-cost-") as raw:
+        data_dir = Path(raw)
+        isolation = Isolation.detect(data_dir, supervised=True)
+        print(f"isolation: {isolation.describe(NODE_ID)}", file=sys.stderr)
+        started = Launcher() if use_launcher else None
+        if started is not None:
+            started.start()
+        try:
+            # One attempt to warm the page cache (and the launcher), not counted.
+            pid = _one(data_dir, isolation, started, 1, [], [])
+            _reap_until({pid}, time.monotonic() + STATUS_WITHIN)
+            ready_ms: list[float] = []
+            status_ms: list[float] = []
+            launcher_pid = started.pid if started is not None else None
+            launcher_before = _process_cpu(launcher_pid) if launcher_pid is not None else 0.0
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            me = resource.getrusage(resource.RUSAGE_SELF)
+            wall = time.perf_counter()
+            n = 2
+            while n < attempts + 2:
+                batch = range(n, min(n + parallel, attempts + 2))
+                pids: list[int] = []
+
+                def one(k: int, pids: list[int] = pids) -> None:
+                    pids.append(_one(data_dir, isolation, started, k, ready_ms, status_ms))
+
+                threads = [threading.Thread(target=one, args=(k,)) for k in batch]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                _reap_until(set(pids), time.monotonic() + STATUS_WITHIN)
+                n += len(batch)
+            wall = time.perf_counter() - wall
+            launcher_cpu = (
+                _process_cpu(launcher_pid) - launcher_before if launcher_pid is not None else 0.0
+            )
+            children_cpu = _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children)
+            agent_cpu = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(me)
+        finally:
+            if started is not None:
+                started.stop()
+            stop_all(data_dir, 5.0)
+    return {
+        "benchmark": "supervisor_cost",
+        "attempts": attempts,
+        "parallel": parallel,
+        "launcher": use_launcher,
+        "isolation": isolation.describe(NODE_ID),
+        "cpu_s_per_attempt": round((children_cpu + launcher_cpu) / attempts, 4),
+        "launcher_cpu_s_per_attempt": round(launcher_cpu / attempts, 4),
+        "agent_cpu_s_per_attempt": round(agent_cpu / attempts, 4),
+        "launch_to_ready_ms": {
+            "p50": round(statistics.median(ready_ms), 1),
+            "p99": round(_percentile(ready_ms, 0.99), 1),
+        },
+        "launch_to_status_ms": {
+            "p50": round(statistics.median(status_ms), 1),
+            "p99": round(_percentile(status_ms, 0.99), 1),
+        },
+        "attempts_per_s": round(attempts / wall, 1),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attempts", type=int, default=50)
+    parser.add_argument("--parallel", type=int, default=1, help="attempts launched at once")
+    parser.add_argument(
+        "--no-launcher",
+        action="store_true",
+        help="a fresh interpreter per attempt (launch's fallback), not the launcher's fork",
+    )
+    options = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        result = measure(options.attempts, max(1, options.parallel), not options.no_launcher)
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
