@@ -19,10 +19,10 @@ the machine's one wall clock, so the times compare directly.
 2. temporal: for the jobs of (1), the workflow histories (a server's credentials, as
    operators may not read histories; a server's 7233): the node activity
    `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled → ActivityTaskStarted),
-   the workflow's start → that activity's scheduling (the job
-   workflow's own steps; of them the first workflow task's run, and each local step's
-   from its marker), and the rest of the path (created → workflow started, Temporal's
-   start → the printed start);
+   the workflow's start → that activity's scheduling (the job workflow's own steps; of
+   them the first workflow task's run, and from each local step's marker how long into
+   its workflow task the workflow's code asked for it), and the rest of the path
+   (created → workflow started, Temporal's start → the printed start);
 2b. fanout: F jobs `--all -- date +%s.%N` one after another (`--fanouts`): from the
    request to each part's printed start, to the last part's, to the job's recorded end;
    every part that did not end `exit` named;
@@ -244,8 +244,9 @@ class History:
     # Each activity's run time: started → completed (or failed), by activity type.
     runs: dict[str, list[float]] = field(default_factory=dict)
     # Each local activity's (the database steps as JobInput.local_steps runs them), from its
-    # marker: scheduled by the workflow code → completed, by activity type.
-    local_runs: dict[str, list[float]] = field(default_factory=dict)
+    # marker, by activity type: from the start of the workflow task that recorded it to when
+    # the workflow's code asked for it (the workflow's own time, before the step ran).
+    local_asked: dict[str, list[float]] = field(default_factory=dict)
 
 
 def parse_history(events: list[HistoryEvent]) -> History:
@@ -285,29 +286,32 @@ def parse_history(events: list[HistoryEvent]) -> History:
                 name = scheduled[done][0]
                 history.runs.setdefault(name, []).append(event_time(event) - began[done])
         elif event.HasField("marker_recorded_event_attributes"):
-            local = local_activity_run(event)
+            local = local_activity_asked(event)
             if local is not None:
-                history.local_runs.setdefault(local[0], []).append(local[1])
+                history.local_asked.setdefault(local[0], []).append(local[1])
     history.first_task_wait = first_task_wait
     return history
 
 
-def local_activity_run(event: HistoryEvent) -> tuple[str, float] | None:
-    """(activity type, seconds from its scheduling to its completion) of a local activity's
-    marker (the SDK core's LocalActivityMarkerData, JSON); None for another marker."""
+def local_activity_asked(event: HistoryEvent) -> tuple[str, float] | None:
+    """(activity type, seconds from the start of its workflow task to its scheduling) of a
+    local activity's marker (the SDK core's LocalActivityMarkerData, JSON: its
+    `complete_time` is the workflow's time, the start of the task that completed it; its
+    `original_schedule_time` the wall clock's when the workflow's code asked for it); None
+    for another marker."""
     attributes = event.marker_recorded_event_attributes
     payloads = attributes.details.get("data")
     if attributes.marker_name != "core_local_activity" or payloads is None:
         return None
     data = json.loads(payloads.payloads[0].data)
-    began, ended = data.get("original_schedule_time"), data.get("complete_time")
-    if not isinstance(began, dict) or not isinstance(ended, dict):
+    asked, task_began = data.get("original_schedule_time"), data.get("complete_time")
+    if not isinstance(asked, dict) or not isinstance(task_began, dict):
         return None
 
     def seconds(at: dict[str, Any]) -> float:
         return float(at.get("seconds", 0)) + float(at.get("nanos", 0)) / 1e9
 
-    return str(data.get("activity_type")), seconds(ended) - seconds(began)
+    return str(data.get("activity_type")), seconds(asked) - seconds(task_began)
 
 
 async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
@@ -336,7 +340,7 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
     }
     steps: dict[str, list[float]] = {}
     runs: dict[str, list[float]] = {}
-    local_runs: dict[str, list[float]] = {}
+    local_asked: dict[str, list[float]] = {}
     for job in jobs:
         h = histories.get(job.job_id)
         if h is None or h.node_scheduled is None or h.node_started is None:
@@ -357,14 +361,14 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
                 steps.setdefault(name, []).extend(b - a for a, b in times if b is not None)
         for name, took in h.runs.items():
             runs.setdefault(name, []).extend(took)
-        for name, took in h.local_runs.items():
-            local_runs.setdefault(name, []).extend(took)
+        for name, took in h.local_asked.items():
+            local_asked.setdefault(name, []).extend(took)
     return {
         "jobs": len(pieces["node_activity_schedule_to_start"]),
         **{f"{k}_ms": percentiles(v) for k, v in pieces.items()},
         "server_steps_schedule_to_start_ms": {k: percentiles(v) for k, v in steps.items()},
         "activity_run_ms": {k: percentiles(v) for k, v in runs.items()},
-        "local_activity_run_ms": {k: percentiles(v) for k, v in local_runs.items()},
+        "local_step_asked_after_task_start_ms": {k: percentiles(v) for k, v in local_asked.items()},
     }
 
 
