@@ -19,9 +19,10 @@ the machine's one wall clock, so the times compare directly.
 2. temporal: for the jobs of (1), the workflow histories (a server's credentials, as
    operators may not read histories; a server's 7233): the node activity
    `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled → ActivityTaskStarted),
-   the workflow's start → that activity's scheduling (the job
-   workflow's own steps), and the rest of the path (created → workflow started, Temporal's
-   start → the printed start);
+   the workflow's start → that activity's scheduling (the job workflow's own steps; of
+   them the first workflow task's run, and from each local step's marker how long into
+   its workflow task the workflow's code asked for it), and the rest of the path
+   (created → workflow started, Temporal's start → the printed start);
 2b. fanout: F jobs `--all -- date +%s.%N` one after another (`--fanouts`): from the
    request to each part's printed start, to the last part's, to the job's recorded end;
    every part that did not end `exit` named (with its node's agent log around it); the
@@ -240,9 +241,14 @@ class History:
     first_task_wait: float | None  # first workflow task: scheduled → started
     node_scheduled: float | None
     node_started: float | None
+    first_task_run: float | None = None  # and started → completed (its local steps too)
     steps: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
     # Each activity's run time: started → completed (or failed), by activity type.
     runs: dict[str, list[float]] = field(default_factory=dict)
+    # Each local activity's (the database steps as JobInput.local_steps runs them), from its
+    # marker, by activity type: from the start of the workflow task that recorded it to when
+    # the workflow's code asked for it (the workflow's own time, before the step ran).
+    local_asked: dict[str, list[float]] = field(default_factory=dict)
 
 
 def parse_history(events: list[HistoryEvent]) -> History:
@@ -251,12 +257,19 @@ def parse_history(events: list[HistoryEvent]) -> History:
     began: dict[int, float] = {}
     first_task_wait = None
     task_scheduled: float | None = None
+    task_started = started
     history = History(started, None, None, None)
     for event in events:
         if event.HasField("workflow_task_scheduled_event_attributes") and task_scheduled is None:
             task_scheduled = event_time(event)
         elif event.HasField("workflow_task_started_event_attributes") and first_task_wait is None:
             first_task_wait = event_time(event) - (task_scheduled or started)
+            task_started = event_time(event)
+        elif (
+            event.HasField("workflow_task_completed_event_attributes")
+            and history.first_task_run is None
+        ):
+            history.first_task_run = event_time(event) - task_started
         elif event.HasField("activity_task_scheduled_event_attributes"):
             name = event.activity_task_scheduled_event_attributes.activity_type.name
             scheduled[event.event_id] = (name, event_time(event))
@@ -274,8 +287,33 @@ def parse_history(events: list[HistoryEvent]) -> History:
             if done in began:
                 name = scheduled[done][0]
                 history.runs.setdefault(name, []).append(event_time(event) - began[done])
+        elif event.HasField("marker_recorded_event_attributes"):
+            local = local_activity_asked(event)
+            if local is not None:
+                history.local_asked.setdefault(local[0], []).append(local[1])
     history.first_task_wait = first_task_wait
     return history
+
+
+def local_activity_asked(event: HistoryEvent) -> tuple[str, float] | None:
+    """(activity type, seconds from the start of its workflow task to its scheduling) of a
+    local activity's marker (the SDK core's LocalActivityMarkerData, JSON: its
+    `complete_time` is the workflow's time, the start of the task that completed it; its
+    `original_schedule_time` the wall clock's when the workflow's code asked for it); None
+    for another marker."""
+    attributes = event.marker_recorded_event_attributes
+    payloads = attributes.details.get("data")
+    if attributes.marker_name != "core_local_activity" or payloads is None:
+        return None
+    data = json.loads(payloads.payloads[0].data)
+    asked, task_began = data.get("original_schedule_time"), data.get("complete_time")
+    if not isinstance(asked, dict) or not isinstance(task_began, dict):
+        return None
+
+    def seconds(at: dict[str, Any]) -> float:
+        return float(at.get("seconds", 0)) + float(at.get("nanos", 0)) / 1e9
+
+    return str(data.get("activity_type")), seconds(asked) - seconds(task_began)
 
 
 async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
@@ -354,12 +392,14 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
         "request_to_created": [],
         "created_to_workflow_started": [],
         "workflow_started_to_first_workflow_task": [],
+        "first_workflow_task_run": [],
         "workflow_started_to_node_activity_scheduled": [],
         "node_activity_schedule_to_start": [],
         "node_activity_started_to_printed": [],
     }
     steps: dict[str, list[float]] = {}
     runs: dict[str, list[float]] = {}
+    local_asked: dict[str, list[float]] = {}
     for job in jobs:
         h = histories.get(job.job_id)
         if h is None or h.node_scheduled is None or h.node_started is None:
@@ -368,6 +408,8 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
         pieces["created_to_workflow_started"].append(h.workflow_started - job.created_at)
         if h.first_task_wait is not None:
             pieces["workflow_started_to_first_workflow_task"].append(h.first_task_wait)
+        if h.first_task_run is not None:
+            pieces["first_workflow_task_run"].append(h.first_task_run)
         pieces["workflow_started_to_node_activity_scheduled"].append(
             h.node_scheduled - h.workflow_started
         )
@@ -378,11 +420,14 @@ def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dic
                 steps.setdefault(name, []).extend(b - a for a, b in times if b is not None)
         for name, took in h.runs.items():
             runs.setdefault(name, []).extend(took)
+        for name, took in h.local_asked.items():
+            local_asked.setdefault(name, []).extend(took)
     return {
         "jobs": len(pieces["node_activity_schedule_to_start"]),
         **{f"{k}_ms": percentiles(v) for k, v in pieces.items()},
         "server_steps_schedule_to_start_ms": {k: percentiles(v) for k, v in steps.items()},
         "activity_run_ms": {k: percentiles(v) for k, v in runs.items()},
+        "local_step_asked_after_task_start_ms": {k: percentiles(v) for k, v in local_asked.items()},
     }
 
 
