@@ -478,7 +478,7 @@ def measure(cron: Cron, root: Path) -> None:
     cron.out["problems"] = found
     wrong = [line for lines in found.values() for line in lines]
     if wrong:
-        raise Failed(f"{len(wrong)} problems, first: {wrong[0]}")
+        raise Failed(f"{len(wrong)} wrong run(s): {'; '.join(wrong[:3])}")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
