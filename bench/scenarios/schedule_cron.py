@@ -219,7 +219,10 @@ def parse_run_history(events: list[HistoryEvent]) -> RunPath:
 
 async def histories(files: ClusterFiles, runs: list[Run]) -> dict[str, list[float]]:
     """Each run's path from its minute to its first printed start, piece by piece."""
-    client = await Client.connect(TEMPORAL, namespace=TENANT, tls=server_credentials(files).tls())
+    client = await asyncio.wait_for(
+        Client.connect(TEMPORAL, namespace=TENANT, tls=server_credentials(files).tls()),
+        HISTORY_TIMEOUT,
+    )
     pieces: dict[str, list[float]] = {
         "minute_to_run_workflow_started": [],
         "run_workflow_started_to_start_run_step_started": [],
