@@ -63,6 +63,7 @@ SCENARIOS = (
     "operator_removal",
     "outlive",
     "salt_side_by_side",
+    "schedule_cron",
     "silent_strangers",
     "temporal_host",
     "web_live",
