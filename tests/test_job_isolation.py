@@ -17,7 +17,7 @@ import pytest
 from oz0_node import agent, main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
-from oz0_node.jobs import procfs
+from oz0_node.jobs import procfs, tracking
 from oz0_node.jobs.isolation import Isolation, Limits, parse_limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER, check_private, resolve_job_user
 from oz0_node.jobs.procfs import Mount, ProcStat
@@ -206,3 +206,24 @@ def test_jobs_as_root_must_be_said_and_the_log_says_so(
     agent.prepare_jobs(agent.StartOptions(data_dir=identity.data_dir), identity, None)
     assert f"jobs run as {DEFAULT_JOB_USER}, tracked by" in caplog.text
     assert "jobs run as root" not in caplog.text
+
+
+def test_an_attempts_cgroup_is_made_again_when_its_parent_goes_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another attempt's supervisor ends and removes the node's emptied subtree between
+    this one making sure it is there and making its own cgroup in it (seen: exit 126,
+    "cannot make its working directory or cgroup", in a burst of 200 jobs on 20 nodes)."""
+    parent = tmp_path / "oz0-node-node-a"
+    made = Path.mkdir
+    vanished: list[Path] = []
+
+    def racing_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        if self.parent == parent and not vanished:
+            parent.rmdir()  # the other supervisor's isolation.end, just now
+            vanished.append(self)
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    cgroup = tracking.fresh_cgroup(parent, "job-000000000001-1", v2=False)
+    assert vanished and cgroup.is_dir() and cgroup.parent == parent

@@ -241,18 +241,30 @@ def end_cgroup(path: Path) -> int:
     return len(members)
 
 
+# How many times an attempt's cgroup is made again when its parent went meanwhile.
+PARENT_TRIES = 5
+
+
 def fresh_cgroup(parent: Path, name: str, *, v2: bool) -> Path:
     """An empty cgroup PARENT/NAME (PARENT made if needed; a leftover of that name is
     ended first). In v2, PARENT passes the memory, cpu and pids controllers it has on."""
-    if not parent.is_dir():
-        parent.mkdir(exist_ok=True)
-        if v2:
-            enable_controllers(parent)
     cgroup = parent / name
-    if cgroup.is_dir():
-        end_cgroup(cgroup)
-    cgroup.mkdir()
-    return cgroup
+    for tries_left in reversed(range(PARENT_TRIES)):
+        if not parent.is_dir():
+            parent.mkdir(exist_ok=True)
+            if v2:
+                enable_controllers(parent)
+        if cgroup.is_dir():
+            end_cgroup(cgroup)
+        try:
+            cgroup.mkdir()
+            return cgroup
+        except FileNotFoundError:
+            # PARENT went meanwhile: the last attempt in it ended and removed it (each
+            # attempt's supervisor removes the emptied subtree, isolation.end). Again.
+            if tries_left == 0:
+                raise
+    raise AssertionError("unreachable")
 
 
 def enable_controllers(subtree: Path) -> None:
