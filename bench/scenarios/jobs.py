@@ -316,7 +316,8 @@ def local_activity_asked(event: HistoryEvent) -> tuple[str, float] | None:
     return str(data.get("activity_type")), seconds(asked) - seconds(task_began)
 
 
-async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
+async def history_events(files: ClusterFiles, job_ids: list[str]) -> dict[str, list[HistoryEvent]]:
+    """Each job's workflow history (a server's credentials: operators may not read them)."""
     client = await Client.connect(
         TEMPORAL, namespace="default", tls=server_credentials(files).tls()
     )
@@ -325,24 +326,23 @@ async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, 
         history = await asyncio.wait_for(
             client.get_workflow_handle(job_id).fetch_history(), JOB_TIMEOUT
         )
-        found[job_id] = parse_history(list(history.events))
+        found[job_id] = list(history.events)
     return found
 
 
-async def node_activity_events(files: ClusterFiles, job_ids: list[str]) -> dict[str, Any]:
-    """For jobs whose parts did not end `exit`: each node activity's events (scheduled on
-    which queue, started by which worker identity and when, how it ended), to tell a task
-    a node never received from one it received and lost."""
-    client = await Client.connect(
-        TEMPORAL, namespace="default", tls=server_credentials(files).tls()
-    )
+async def fetch_histories(files: ClusterFiles, job_ids: list[str]) -> dict[str, History]:
+    events = await history_events(files, job_ids)
+    return {job_id: parse_history(found) for job_id, found in events.items()}
+
+
+def node_activity_events(histories: dict[str, list[HistoryEvent]]) -> dict[str, Any]:
+    """Each job's node activity events (scheduled on which queue, started by which worker
+    identity and when, how it ended), to tell a task a node never received from one it
+    received and lost."""
     found: dict[str, Any] = {}
-    for job_id in job_ids:
-        history = await asyncio.wait_for(
-            client.get_workflow_handle(job_id).fetch_history(), JOB_TIMEOUT
-        )
+    for job_id, events in histories.items():
         rows: list[dict[str, Any]] = []
-        for event in history.events:
+        for event in events:
             kind = event.WhichOneof("attributes") or ""
             if not kind.startswith("activity_task_"):
                 continue
@@ -803,7 +803,7 @@ class Jobs:
                 "request_to_job_ended_ms": percentiles(job_ended),
                 "parts_not_ended_exit": not_exit,
                 "lost_nodes_logs": self.logs_around(windows),
-                **given_again(asyncio.run(node_activity_events(self.files, ids))),
+                **given_again(node_activity_events(asyncio.run(history_events(self.files, ids)))),
             },
         )
 
