@@ -38,6 +38,7 @@ from fixtures.cluster import Served
 from fixtures.polling import asyncio_until
 from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
 from oz0.context import Context
+from oz0.jobs import heard
 from oz0.jobs import workflow as wf
 from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
 from oz0_common.attempt_heartbeat import HEARD
@@ -221,7 +222,11 @@ class Fleet:
         return all(a.answered.is_set() for a in self.attempts)
 
     def steps(self) -> list[Callable[..., Any]]:
-        return [self.place, self.place_everywhere, self.place_on, self.end_attempt, self.finish]
+        # The check for unheard attempts is the servers' own: it asks the real Temporal.
+        return [
+            self.place, self.place_everywhere, self.place_on, self.end_attempt, self.finish,
+            heard.check_heard,
+        ]  # fmt: skip
 
     def node_activity(self, node: str) -> Callable[..., Any]:
         @activity.defn(name=wf.NODE_ACTIVITY)
@@ -391,6 +396,7 @@ def job_input(**options: Any) -> JobInput:
     """A job's input as this release's servers start it (its steps local activities)."""
     options.setdefault("command", ["true"])
     options.setdefault("local_steps", True)
+    options.setdefault("watch_heard", options["local_steps"])
     return JobInput(job_id="job-" + secrets.token_hex(6), **options)
 
 
@@ -710,6 +716,71 @@ def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lo
     run(scenario)
 
 
+@pytest.mark.parametrize("all_nodes", [False, True])
+def test_an_attempt_no_node_heard_of_is_given_again_within_seconds_not_after_its_lost_after(
+    operator: Credentials, all_nodes: bool
+) -> None:
+    """Its lost-after (120 s) is past the job's bound: the workflow asks Temporal about the
+    attempt HEARD_AFTER after handing it out, fails it by ID as unheard and gives it again."""
+    fleet = Fleet({"a": [never_heard, exits(0)], "b": exits(0)})
+    job = job_input(retries=0, on_lost="fail", lost_after=120.0, all_nodes=all_nodes)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+            history = await j.handle.fetch_history()
+        assert fleet.ran("a") == [1, 1]
+        [failure] = [
+            e.activity_task_failed_event_attributes.failure
+            for e in history.events
+            if e.HasField("activity_task_failed_event_attributes")
+        ]
+        assert failure.application_failure_info.type == wf.UNHEARD, failure
+        assert len([e for e in fleet.ends if e.number == 1]) == 1
+
+    run(scenario)
+
+
+def test_a_heard_attempt_is_not_failed_and_a_short_job_costs_one_timer(
+    operator: Credentials,
+) -> None:
+    """An attempt that heartbeats runs on past HEARD_AFTER, asked about once; a job that
+    ends sooner leaves one timer started and no check."""
+    release = asyncio.Event()
+
+    async def beats_then_exits(attempt: Attempt) -> Result:
+        while not release.is_set():
+            activity.heartbeat(HEARD)
+            await asyncio.sleep(0.2)
+        return _result(0)
+
+    async def scenario() -> None:
+        fleet = Fleet({"a": beats_then_exits})
+        async with running(operator, fleet, job_input()) as j:
+            await asyncio.sleep(wf.HEARD_AFTER + 3)
+            release.set()
+            assert await j.result() == "succeeded"
+            long = await j.handle.fetch_history()
+        assert fleet.ran("a") == [1]
+        assert kinds(long).count("timer_started_event_attributes") == 1
+        fleet = Fleet({"a": exits(0)})
+        async with running(operator, fleet, job_input()) as j:
+            assert await j.result() == "succeeded"
+            short = await j.handle.fetch_history()
+        assert kinds(short).count("timer_started_event_attributes") == 1
+        assert "marker_recorded_event_attributes" in kinds(short)  # the steps, local
+        replayer = Replayer(workflows=[JobWorkflow])
+        for history in (long, short):
+            assert (await replayer.replay_workflow(history)).replay_failure is None
+
+    run(scenario)
+
+
+def kinds(history: Any) -> list[str]:
+    """Each event's attributes' field name, in order."""
+    return [e.WhichOneof("attributes") for e in history.events]
+
+
 def test_an_attempt_never_heard_of_three_times_is_lost_as_before(operator: Credentials) -> None:
     fleet = Fleet({"a": never_heard, "b": exits(0)})
     fleet.gone = "node lost"
@@ -955,7 +1026,8 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
             for e in history.events
             if e.HasField("timer_started_event_attributes")
         ]
-        assert timers == pytest.approx([0.1, 0.2, 0.2, 0.5, 1.0, 1.0])
+        # Then the one that looks for its attempt unheard, once the attempt is handed out.
+        assert timers == pytest.approx([0.1, 0.2, 0.2, 0.5, 1.0, 1.0, wf.HEARD_AFTER])
         markers = [
             e.marker_recorded_event_attributes.marker_name
             for e in history.events

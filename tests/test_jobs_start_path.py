@@ -30,8 +30,8 @@ from fixtures.cluster import ClusterFiles, ServerProcess, initialise
 from fixtures.postgres import fresh_database_url
 from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
 from oz0 import audit, pki
+from oz0.jobs import inputs, store
 from oz0.jobs import role as role_module
-from oz0.jobs import store
 from oz0.jobs.role import SWEEP_EVERY, SWEEP_GAP, JobsRole
 from oz0.jobs.spec import JobSpec
 from oz0.store.events import EventHub
@@ -158,12 +158,12 @@ async def test_a_burst_of_jobs_is_started_several_at_a_time(
     running: list[int] = [0]
     most: list[int] = [0]
 
-    async def slow_start(self: JobsRole, job: store.Job, local: bool) -> None:
+    async def slow_start(self: JobsRole, job: store.Job, runs: inputs.Everywhere) -> None:
         running[0] += 1  # on the role's one asyncio loop: no lock needed
         most[0] = max(most[0], running[0])
         try:
             await asyncio.sleep(slow)
-            await real_start(self, job, local)
+            await real_start(self, job, runs)
         finally:
             running[0] -= 1
 

@@ -929,6 +929,27 @@ def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(
     assert inputs.local_steps_everywhere(conn), "a server long gone holds nothing back"
 
 
+def test_jobs_look_for_unheard_attempts_only_while_every_server_up_has_the_check(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A worker of a release before the check (oz0/jobs/heard.py) could not replay a
+    workflow that makes it: the sweeper starts jobs with it only while none is up."""
+    conn.execute("UPDATE servers SET schema_version = %s", (inputs.WATCH_HEARD_SCHEMA,))
+    assert inputs.everywhere(conn) == inputs.Everywhere(local_steps=True, watch_heard=True)
+    conn.execute(
+        "INSERT INTO servers (id, advertise, version, schema_version)"
+        " VALUES ('server-00000000000b', '127.0.0.1', 'older', %s)",
+        (inputs.WATCH_HEARD_SCHEMA - 1,),
+    )
+    runs = inputs.everywhere(conn)
+    assert runs == inputs.Everywhere(local_steps=True, watch_heard=False)
+    job = new_job(conn)
+    assert inputs.job_input(job, runs).watch_heard is False
+    assert inputs.job_input(job, inputs.Everywhere(True, True)).watch_heard is True
+    # Only with local steps: the check is made the way the job's other steps are.
+    assert inputs.job_input(job, inputs.Everywhere(False, True)).watch_heard is False
+
+
 def test_a_job_whose_cancel_was_asked_for_before_its_workflow_heard_is_placed_nowhere(
     conn: psycopg.Connection[Any],
 ) -> None:

@@ -47,7 +47,7 @@ from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import manager as manager_module
 from oz0_node.jobs import supervisor
-from oz0_node.jobs.attempt import ACTIVITY, given_again, hand_over
+from oz0_node.jobs.attempt import ACTIVITY, attempt_activity, given_again, hand_over
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
@@ -914,6 +914,68 @@ def test_an_attempt_given_again_while_it_runs_here_is_not_started_twice(tmp_path
 
     trio.run(main)
     assert len(edge.done) == 1, "run once"
+
+
+@dataclass
+class SlowPort:
+    """The manager as the activity reaches it, its slot long to come (in asyncio, as the
+    agent's runtime runs the activity): what was started, nothing run."""
+
+    started: list[tuple[str, int]] = field(default_factory=list)
+    slot: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(
+        self,
+        spec: SupervisedSpec,
+        lost_after: float,
+        beat: Callable[[], None],
+        answer: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        while not self.slot.is_set():
+            beat()
+            await asyncio.sleep(0.05)
+        self.started.append((spec.job_id, spec.attempt))
+
+    async def notify(self, kind: str, fields: dict[str, Any], within: float) -> None:
+        pass
+
+    async def stop(self, job_id: str, attempt: int, why: str) -> None:
+        pass
+
+    async def runs(self, job_id: str, attempt: int) -> bool:
+        return False  # started only once the slot comes: the manager knows of none yet
+
+
+def test_an_attempt_given_again_while_its_first_delivery_waits_for_a_slot_starts_once(
+    tmp_path: Path,
+) -> None:
+    """The cluster gives an attempt again when its first heartbeat came late (it asks
+    Temporal a few seconds after handing it out, oz0/jobs/heard.py): the node may still be
+    handing the first delivery over, its manager not yet running it. The second delivery
+    starts nothing (the edge completes its activity, of the same ID, at the attempt's end)."""
+    port = SlowPort()
+    fn = attempt_activity(NODE_ID, tmp_path, port, grants_for(tmp_path))
+    raw = spec("true")
+
+    async def delivery() -> str:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, activity_id="attempt-1")
+        try:
+            await env.run(fn, raw)
+        except BaseException as e:  # raise_complete_async: handed over, the edge completes it
+            return type(e).__name__
+        return "returned"
+
+    async def main() -> list[str]:
+        first = asyncio.ensure_future(delivery())
+        await asyncio.sleep(0.3)  # the first waits for its slot
+        second = await asyncio.wait_for(delivery(), ATTEMPT_BOUND)
+        assert port.started == [], "the second delivery started nothing"
+        port.slot.set()
+        return [await asyncio.wait_for(first, ATTEMPT_BOUND), second]
+
+    assert asyncio_run(main()) == ["_CompleteAsyncError", "_CompleteAsyncError"]
+    assert port.started == [(JOB, 1)]
 
 
 # --- the link over the control stream ----------------------------------------------------

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from oz0 import membership
 from oz0.jobs import store
 from oz0.jobs.workflow import JobInput
@@ -12,14 +14,35 @@ from oz0.jobs.workflow import JobInput
 # has them only if every server up is of such a release, since a worker of an older one
 # cannot replay its history.
 LOCAL_STEPS_SCHEMA = 22
+# The first schema of a release whose job workers have the step that looks for attempts
+# no node heard of (JobInput.watch_heard, heard.py).
+WATCH_HEARD_SCHEMA = 24
+
+
+@dataclass(frozen=True)
+class Everywhere:
+    """What every server up runs, so what a job's workflow may be started with."""
+
+    local_steps: bool
+    watch_heard: bool
+
+
+def everywhere(conn: store.Conn) -> Everywhere:
+    """What every server up runs (one query)."""
+    schemas = membership.live_schemas(conn)
+
+    def at_least(schema: int) -> bool:
+        return all(s is not None and s >= schema for s in schemas)
+
+    return Everywhere(at_least(LOCAL_STEPS_SCHEMA), at_least(WATCH_HEARD_SCHEMA))
 
 
 def local_steps_everywhere(conn: store.Conn) -> bool:
     """Whether every server up runs the workflow's steps as local activities."""
-    return membership.all_up_at_least(conn, LOCAL_STEPS_SCHEMA)
+    return everywhere(conn).local_steps
 
 
-def job_input(job: store.Job, *, local_steps: bool) -> JobInput:
+def job_input(job: store.Job, runs: Everywhere) -> JobInput:
     return JobInput(
         job_id=job.id,
         command=job.command,
@@ -35,5 +58,6 @@ def job_input(job: store.Job, *, local_steps: bool) -> JobInput:
         batch=job.batch,
         batch_wait=job.batch_wait,
         max_failures=job.max_failures,
-        local_steps=local_steps,
+        local_steps=runs.local_steps,
+        watch_heard=runs.watch_heard and runs.local_steps,
     )

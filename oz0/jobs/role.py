@@ -37,7 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from oz0 import pki
-from oz0.jobs import inputs, secret_env, store
+from oz0.jobs import heard, inputs, secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.schedule_steps import ScheduleSteps
@@ -183,14 +183,14 @@ class JobsRole:
 
     async def sweep(self, temporal: Outage) -> None:
         db = self.db
-        claimed, local = await db.transaction(_claim)
+        claimed, runs = await db.transaction(_claim)
         if claimed:
             started: list[str] = []
             limiter = trio.CapacityLimiter(START_AT_ONCE)
 
             async def start(job: store.Job) -> None:
                 async with limiter:
-                    if await self._tell_temporal(temporal, partial(self._start, job, local)):
+                    if await self._tell_temporal(temporal, partial(self._start, job, runs)):
                         started.append(job.id)
 
             async with trio.open_nursery() as nursery:
@@ -275,12 +275,12 @@ class JobsRole:
     async def _signal_removed(self, r: store.Removed) -> None:
         await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
 
-    async def _start(self, job: store.Job, local_steps: bool) -> None:
+    async def _start(self, job: store.Job, runs: inputs.Everywhere) -> None:
         eager = False
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another server was first
             handle = await self._client_for(job.tenant).start_workflow(
                 JobWorkflow.run,
-                inputs.job_input(job, local_steps=local_steps),
+                inputs.job_input(job, runs),
                 id=job.id,
                 task_queue=JOBS_QUEUE,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -376,7 +376,11 @@ class JobsRole:
                                 task_queue=JOBS_QUEUE,
                                 # Schedules' runs (scheduled.py) beside the jobs.
                                 workflows=[JobWorkflow, ScheduledWorkflow],
-                                activities=[*activities.all(), *schedule_steps.all()],
+                                activities=[
+                                    *activities.all(),
+                                    heard.check_heard,
+                                    *schedule_steps.all(),
+                                ],
                                 identity=f"{self.server_id} jobs",
                                 graceful_shutdown_timeout=WORKER_GRACE,
                             )
@@ -416,11 +420,13 @@ async def _shutdown(namespace: str, worker: Worker, task: asyncio.Task[None]) ->
     task.cancel()
 
 
-def _claim(conn: store.Conn) -> tuple[list[store.Job], bool]:
-    """The jobs this sweep starts, and whether their workflows run their steps as local
-    activities (inputs.py); one transaction."""
+def _claim(conn: store.Conn) -> tuple[list[store.Job], inputs.Everywhere]:
+    """The jobs this sweep starts, and what their workflows may run (inputs.py); one
+    transaction."""
     claimed = store.claim_unstarted(conn)
-    return claimed, bool(claimed) and inputs.local_steps_everywhere(conn)
+    if not claimed:
+        return claimed, inputs.Everywhere(local_steps=False, watch_heard=False)
+    return claimed, inputs.everywhere(conn)
 
 
 def _mark_started(conn: store.Conn, claimed: list[store.Job], started: list[str]) -> None:

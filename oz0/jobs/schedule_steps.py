@@ -32,8 +32,7 @@ class ScheduleSteps:
             job = schedules.start_run(conn, schedule_id, run_key)
             if job is None:
                 return RunStarted(None)
-            local = inputs.local_steps_everywhere(conn)
-            return RunStarted(inputs.job_input(job, local_steps=local))
+            return RunStarted(inputs.job_input(job, inputs.everywhere(conn)))
 
         try:
             return await asyncio.to_thread(self.db.transaction_in_thread, work)

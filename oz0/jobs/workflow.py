@@ -71,6 +71,13 @@ ATTEMPT_BY_ID = "oz0-attempt-by-id"
 # given to its node again, at most REDELIVER_MAX times (`_unheard`); histories from before
 # (no REDELIVER marker) end it lost, as they did.
 REDELIVER, REDELIVER_MAX = "oz0-redeliver-unheard", 2
+# With JobInput.watch_heard, the workflow asks Temporal (the step CHECK_HEARD, heard.py)
+# about each attempt HEARD_AFTER seconds after handing it out, and every HEARD_AFTER while
+# it waits in its node's queue: one started that long ago with no heartbeat yet is failed
+# by ID (UNHEARD) and so given again at once, not after the attempt's lost-after.
+# An attempt still in its node's queue is asked about at most HEARD_CHECKS times (a long
+# queue costs no more events than that): its heartbeat timeout is the sign after.
+CHECK_HEARD, UNHEARD, HEARD_AFTER, HEARD_CHECKS = "oz0.jobs.check_heard", "Unheard", 5.0, 3
 ON_LOST = ("move", "wait", "fail")
 LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 # No job timeout: heartbeats alone keep the attempt honest.
@@ -124,6 +131,10 @@ class JobInput:
     # a worker of an older one could not replay the history. False: ordinary activities,
     # as every workflow started before has them.
     local_steps: bool = False
+    # Attempts no node has heard of are looked for HEARD_AFTER seconds after they are
+    # handed out (`_watch_heard`). Set like local_steps (inputs.py), once every server up
+    # has the step; False: as every workflow started before (they replay unchanged).
+    watch_heard: bool = False
 
     @property
     def lost_after_s(self) -> float:
@@ -181,6 +192,14 @@ class Finish:
     reason: str | None
 
 
+class Heard:
+    """What CHECK_HEARD says of an attempt (heard.py): its node has it (a heartbeat came),
+    failed as UNHEARD just now, still in its node's queue or started too lately to tell,
+    or gone (ended meanwhile)."""
+
+    HEARD, FAILED, WAITING, GONE = "heard", "failed", "waiting", "gone"
+
+
 @dataclass
 class Outcome:
     because: str
@@ -217,6 +236,11 @@ class JobWorkflow:
         # A cancellation came that an attempt's end, being recorded, held off (`_whole`):
         # no part starts after it.
         self.cancel_heard = False
+        # Attempts handed out that no node is known to have yet, and what looks for them
+        # (`_watch_heard`, started with the first of them).
+        self.unconfirmed: dict[int, int] = {}  # attempt -> times asked about
+        self.watcher: asyncio.Task[None] | None = None
+        self.checking = False
 
     @workflow.signal(name="node_removed")
     def node_removed(self, number: int, because: str) -> None:
@@ -244,6 +268,13 @@ class JobWorkflow:
                 raise
             else:
                 state, exit_code, reason = "cancelled", None, "cancelled by an operator"
+        if self.watcher is not None and self.checking:
+            # A check under way would hold the job's last workflow task open; its answer
+            # no longer matters. A watcher waiting on its timer is left: the timer goes
+            # with the workflow, where cancelling it would be one more event.
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, FailureError):
+                await self.watcher
         finish = Finish(job.job_id, state, exit_code, reason)
         await _unstoppable(_step("oz0.jobs.finish", finish, local=job.local_steps))
         return state
@@ -439,6 +470,43 @@ class JobWorkflow:
                 local=job.local_steps,
             )
 
+    # --- attempts no node heard of ---------------------------------------------------------
+
+    def _watch(self, job: JobInput, number: int) -> None:
+        """Attempt NUMBER was just handed out: looked for within HEARD_AFTER."""
+        if not job.watch_heard:
+            return
+        self.unconfirmed[number] = 0
+        if self.watcher is None:
+            self.watcher = asyncio.create_task(self._watch_heard(job))
+
+    async def _watch_heard(self, job: JobInput) -> None:
+        """While some attempt is unconfirmed: HEARD_AFTER later, ask Temporal about each
+        (CHECK_HEARD, which fails by ID those started that long ago with no heartbeat: the
+        attempt's own wait in `_attempt` then gives it again). One timer and one step for
+        all the job's parts; none at all after the job ends within HEARD_AFTER."""
+        run_id = workflow.info().run_id
+        while True:
+            await workflow.wait_condition(lambda: bool(self.unconfirmed))
+            await workflow.sleep(HEARD_AFTER)
+            asked = sorted(self.unconfirmed)
+            if not asked:
+                continue
+            self.checking = True
+            try:
+                said: dict[str, str] = await _step(
+                    CHECK_HEARD, job.job_id, run_id, asked, HEARD_AFTER,
+                    result_type=dict[str, str], local=job.local_steps,
+                )  # fmt: skip
+            finally:
+                self.checking = False
+            for n in asked:
+                if n not in self.unconfirmed:
+                    continue  # ended meanwhile
+                self.unconfirmed[n] += 1
+                if said.get(str(n)) == Heard.HEARD or self.unconfirmed[n] >= HEARD_CHECKS:
+                    del self.unconfirmed[n]
+
     # --- one attempt ---------------------------------------------------------------------
 
     async def _attempt(self, job: JobInput, placed: Placed) -> Outcome:
@@ -463,6 +531,23 @@ class JobWorkflow:
         # Replayed, a history from before attempts had IDs of their own keeps its own.
         by_id = workflow.patched(ATTEMPT_BY_ID)
         handle = _node_activity(job, attempt, node, by_id=by_id)
+        if by_id:
+            self._watch(job, number)
+        try:
+            return await self._attempt_ends(job, placed, attempt, handle, by_id)
+        finally:
+            self.unconfirmed.pop(number, None)
+
+    async def _attempt_ends(
+        self,
+        job: JobInput,
+        placed: Placed,
+        attempt: dict[str, Any],
+        handle: workflow.ActivityHandle[dict[str, Any]],
+        by_id: bool,
+    ) -> Outcome:
+        number, node = placed.number, placed.node
+        assert node is not None
         removal = asyncio.create_task(workflow.wait_condition(lambda: number in self.removed))
         # A cancellation that comes with the node's answer (in the same workflow task) is
         # too late for the attempt: its answer stands, recorded as `_whole` records it.
@@ -506,6 +591,7 @@ class JobWorkflow:
                 job.job_id, number, node,
             )  # fmt: skip
             handle = _node_activity(job, attempt, node, by_id=by_id)
+            self._watch(job, number)
         removal.cancel()
         try:
             result = handle.result()
@@ -619,14 +705,17 @@ def _node_activity(
 
 
 def _unheard(handle: workflow.ActivityHandle[dict[str, Any]]) -> bool:
-    """Whether HANDLE's activity timed out on its heartbeat with no heartbeat ever: its
-    task never reached a node (oz0_common/attempt_heartbeat.py)."""
+    """Whether HANDLE's activity timed out on its heartbeat with no heartbeat ever, or was
+    failed as UNHEARD (`_watch_heard`): its task never reached a node
+    (oz0_common/attempt_heartbeat.py)."""
     if handle.cancelled():
         return False
     error = handle.exception()
     if not isinstance(error, ActivityError):
         return False
     cause = error.cause
+    if isinstance(cause, ApplicationError) and cause.type == UNHEARD:
+        return True
     return (
         isinstance(cause, TimeoutError)
         and cause.type == TimeoutType.HEARTBEAT
@@ -665,6 +754,8 @@ def _lost_how(error: ActivityError) -> str | None:
     cause = error.cause
     if isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT:
         return LOST
+    if isinstance(cause, ApplicationError) and cause.type == UNHEARD:
+        return LOST  # as its heartbeat timeout would have, only sooner
     if isinstance(cause, ApplicationError) and cause.type == NODE_STOPPING:
         return STOPPED
     return None

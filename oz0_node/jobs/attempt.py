@@ -398,6 +398,10 @@ def attempt_activity(
 ) -> Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, object]]]:
     """The `oz0.job.attempt` activity of one runtime: hands each attempt to PORT."""
     open_secrets = node_secrets(IdentityDir(data_dir), node_id)
+    # Attempts being handed over by this runtime (grant checked, waiting for a slot, their
+    # supervisor starting): one given again meanwhile, because its first heartbeat came
+    # late (oz0/jobs/heard.py), is the same attempt and starts nothing.
+    handing: set[tuple[object, object]] = set()
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
@@ -413,14 +417,22 @@ def attempt_activity(
                 raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
                 lost_after=lost_after,
             )  # fmt: skip
-        if await given_again(raw, port):
-            log.info("job %s attempt %s: given again; it runs here already", raw.get("job_id"),
-                     raw.get("attempt"))  # fmt: skip
-        else:
-            await hand_over(
-                raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
-                lost_after=lost_after, beat=lambda: activity.heartbeat(HEARD),
-            )  # fmt: skip
+        key = (raw.get("job_id"), raw.get("attempt"))
+        if key in handing:
+            log.info("job %s attempt %s: given again while it is handed over here", *key)
+            activity.raise_complete_async()
+        handing.add(key)  # before any await: a second delivery sees it
+        try:
+            if await given_again(raw, port):
+                log.info("job %s attempt %s: given again; it runs here already", *key)
+            else:
+                await hand_over(
+                    raw, node_id=node_id, port=port, grants=grants,
+                    open_secrets=open_secrets, lost_after=lost_after,
+                    beat=lambda: activity.heartbeat(HEARD),
+                )  # fmt: skip
+        finally:
+            handing.discard(key)
         # From here the node reports on it over its control stream; the edge completes it.
         activity.raise_complete_async()
 
