@@ -696,6 +696,40 @@ def test_a_lost_node_s_attempt_is_moved_once_its_lost_after_passes_with_move_or_
     run(scenario)
 
 
+def test_a_first_attempt_placed_before_the_workflow_is_handed_out_without_a_step(
+    operator: Credentials,
+) -> None:
+    """The sweeper placed attempt 1 as it claimed the job (JobInput.first): the workflow's
+    first task schedules it, no step before; a retry is placed by the step as ever."""
+    fleet = Fleet({"a": [exits(1), exits(0)], "b": exits(0)})
+    node = fleet.node("a")
+    first = Placed(1, node, grant=grant_of(1, node))
+    job = job_input(retries=1, first=first)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+            history = await j.handle.fetch_history()
+        assert fleet.attempts[0].payload["grant"] == grant_of(1, node)
+        assert (fleet.attempts[0].number, fleet.attempts[0].node) == (1, node)
+        assert [(number, tried) for number, _, tried in fleet.places] == [(2, [node])]
+        assert fleet.attempts[1].number == 2
+        # Scheduled by the first workflow task, no step's marker before it (a patch's only).
+        before = history.events[: kinds(history).index("activity_task_scheduled_event_attributes")]
+        assert kinds(history)[: len(before)].count("workflow_task_completed_event_attributes") == 1
+        markers = [
+            e.marker_recorded_event_attributes.marker_name
+            for e in before
+            if e.HasField("marker_recorded_event_attributes")
+        ]
+        assert markers == ["core_patch"], markers
+        assert (
+            await Replayer(workflows=[JobWorkflow]).replay_workflow(history)
+        ).replay_failure is None
+
+    run(scenario)
+
+
 @pytest.mark.parametrize("all_nodes", [False, True])
 def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lost(
     operator: Credentials, all_nodes: bool

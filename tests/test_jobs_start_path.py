@@ -34,6 +34,7 @@ from oz0.jobs import inputs, store
 from oz0.jobs import role as role_module
 from oz0.jobs.role import SWEEP_EVERY, SWEEP_GAP, JobsRole
 from oz0.jobs.spec import JobSpec
+from oz0.jobs.workflow import Placed
 from oz0.store.events import EventHub
 from oz0.store.outage import Outage
 from oz0.store.pool import Database, open_database
@@ -158,12 +159,14 @@ async def test_a_burst_of_jobs_is_started_several_at_a_time(
     running: list[int] = [0]
     most: list[int] = [0]
 
-    async def slow_start(self: JobsRole, job: store.Job, runs: inputs.Everywhere) -> None:
+    async def slow_start(
+        self: JobsRole, job: store.Job, runs: inputs.Everywhere, first: Placed | None = None
+    ) -> None:
         running[0] += 1  # on the role's one asyncio loop: no lock needed
         most[0] = max(most[0], running[0])
         try:
             await asyncio.sleep(slow)
-            await real_start(self, job, runs)
+            await real_start(self, job, runs, first)
         finally:
             running[0] -= 1
 

@@ -25,6 +25,7 @@ from oz0 import audit, nodes, pki, tenants
 from oz0.jobs import inputs, placement, pruner, secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
+from oz0.jobs.role import claim_for_start
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
 from oz0.jobs.workflow import AttemptEnd, Finish, Placed
 from oz0.store import migrations
@@ -935,14 +936,14 @@ def test_jobs_look_for_unheard_attempts_only_while_every_server_up_has_the_check
     """A worker of a release before the check (oz0/jobs/heard.py) could not replay a
     workflow that makes it: the sweeper starts jobs with it only while none is up."""
     conn.execute("UPDATE servers SET schema_version = %s", (inputs.WATCH_HEARD_SCHEMA,))
-    assert inputs.everywhere(conn) == inputs.Everywhere(local_steps=True, watch_heard=True)
+    assert inputs.everywhere(conn) == inputs.Everywhere(True, watch_heard=True, first_placed=True)
     conn.execute(
         "INSERT INTO servers (id, advertise, version, schema_version)"
         " VALUES ('server-00000000000b', '127.0.0.1', 'older', %s)",
         (inputs.WATCH_HEARD_SCHEMA - 1,),
     )
     runs = inputs.everywhere(conn)
-    assert runs == inputs.Everywhere(local_steps=True, watch_heard=False)
+    assert runs == inputs.Everywhere(local_steps=True, watch_heard=False, first_placed=False)
     job = new_job(conn)
     assert inputs.job_input(job, runs).watch_heard is False
     assert inputs.job_input(job, inputs.Everywhere(True, True)).watch_heard is True
@@ -974,3 +975,52 @@ def test_a_job_whose_cancel_was_asked_for_before_its_workflow_heard_is_placed_no
                 placed = placement.place(conn, job.id, 1, 0, [])
         assert placed.ended and placed.node is None, (fields, placed)
         assert store.get(conn, job.id).attempts == ()
+
+
+def test_the_sweeper_places_a_one_node_job_s_first_attempt_as_it_claims_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The claim's transaction places the first attempt of each claimed one-node job with a
+    node free, granted as the workflow's step would (the workflow hands it out in its first
+    task); `--all` jobs, jobs with secrets or none free are left to the workflow's step."""
+    conn.execute("UPDATE servers SET schema_version = %s", (inputs.FIRST_PLACED_SCHEMA,))
+    ca = pki.new_ca("first-placed", "cluster")
+    placer = JobActivities(_OneConnection(conn), AttemptSigner(ca))  # type: ignore[arg-type]
+    node = add_node(conn, labels={"role": "web"})
+    one = new_job(conn, selector={"role": "web"})
+    everywhere = new_job(conn, selector={"role": "web"}, all=True)
+    nowhere = new_job(conn, selector={"role": "gpu"})
+    with conn.transaction():
+        claimed, runs, firsts = claim_for_start(conn, placer)
+    assert {j.id for j in claimed} >= {one.id, everywhere.id, nowhere.id}
+    assert runs.first_placed
+    first = firsts[one.id]
+    assert first is not None and (first.number, first.node, first.part) == (1, node, 0)
+    assert first.grant is not None and first.grant["payload"]
+    assert firsts[everywhere.id] is None and firsts[nowhere.id] is None
+    assert inputs.job_input(one, runs, first).first == first
+    [attempt] = attempts_of(conn, one.id)
+    assert attempt[:2] == (1, node)
+    assert attempts_of(conn, everywhere.id) == [] and attempts_of(conn, nowhere.id) == []
+    # Placed again (a start that failed, claimed again): the same attempt, nothing more.
+    again = placer.first_placed(conn, one)
+    assert again is not None and (again.number, again.node) == (1, node)
+    assert len(attempts_of(conn, one.id)) == 1
+    # While a server of an older release is up, the workflow places it, as before.
+    later = new_job(conn, selector={"role": "web"})
+    conn.execute(
+        "INSERT INTO servers (id, advertise, version, schema_version)"
+        " VALUES ('server-00000000000c', '127.0.0.1', 'older', %s)",
+        (inputs.FIRST_PLACED_SCHEMA - 1,),
+    )
+    with conn.transaction():
+        claimed, runs, firsts = claim_for_start(conn, placer)
+    assert later.id in {j.id for j in claimed} and firsts[later.id] is None
+    assert attempts_of(conn, later.id) == []
+    assert inputs.job_input(one, runs, first).first is None
+
+
+def attempts_of(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT number, node_id FROM job_attempts WHERE job_id = %s ORDER BY number", (job_id,)
+    ).fetchall()

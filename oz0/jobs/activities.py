@@ -65,6 +65,19 @@ class JobActivities:
 
         return await self._run(work)
 
+    def first_placed(self, conn: store.Conn, job: store.Job) -> Placed | None:
+        """JOB's first attempt placed, granted and sealed in the caller's transaction (the
+        sweeper's, as it claims the job to start its workflow), or None for the workflow's
+        own first step to place: an `--all` job, a job with secrets (their sealing may fail
+        the job, which the workflow does), one cancelled, or one with no node free now
+        (recorded queued with the reason, as the step would: the step looks again)."""
+        if job.all_nodes or job.secret_env or job.cancel_requested:
+            return None
+        placed = placement.place(conn, job.id, 1, 0, [])
+        if placed.node is None or placed.ended:
+            return None
+        return self._granted(conn, store.locked_job(conn, job.id), placed)
+
     @activity.defn(name="oz0.jobs.list_parts")
     async def list_parts(self, job_id: str) -> list[Placed]:
         """A rolling batch's parts, recorded waiting: nodes without grants (none is placed)."""

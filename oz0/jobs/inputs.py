@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from oz0 import membership
 from oz0.jobs import store
-from oz0.jobs.workflow import JobInput
+from oz0.jobs.workflow import JobInput, Placed
 
 # The first schema (oz0/store/migrations.py) of a release whose job workers run the
 # workflow's database steps as local activities (JobInput.local_steps): a job's workflow
@@ -15,8 +15,9 @@ from oz0.jobs.workflow import JobInput
 # cannot replay its history.
 LOCAL_STEPS_SCHEMA = 22
 # The first schema of a release whose job workers have the step that looks for attempts
-# no node heard of (JobInput.watch_heard, heard.py).
-WATCH_HEARD_SCHEMA = 24
+# no node heard of (JobInput.watch_heard, heard.py), and run a job's first attempt placed
+# by the server that started the workflow (JobInput.first).
+WATCH_HEARD_SCHEMA = FIRST_PLACED_SCHEMA = 24
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Everywhere:
 
     local_steps: bool
     watch_heard: bool
+    first_placed: bool = False
 
 
 def everywhere(conn: store.Conn) -> Everywhere:
@@ -34,7 +36,9 @@ def everywhere(conn: store.Conn) -> Everywhere:
     def at_least(schema: int) -> bool:
         return all(s is not None and s >= schema for s in schemas)
 
-    return Everywhere(at_least(LOCAL_STEPS_SCHEMA), at_least(WATCH_HEARD_SCHEMA))
+    return Everywhere(
+        at_least(LOCAL_STEPS_SCHEMA), at_least(WATCH_HEARD_SCHEMA), at_least(FIRST_PLACED_SCHEMA)
+    )
 
 
 def local_steps_everywhere(conn: store.Conn) -> bool:
@@ -42,7 +46,9 @@ def local_steps_everywhere(conn: store.Conn) -> bool:
     return everywhere(conn).local_steps
 
 
-def job_input(job: store.Job, runs: Everywhere) -> JobInput:
+def job_input(job: store.Job, runs: Everywhere, first: Placed | None = None) -> JobInput:
+    """JOB's workflow input, with what every server up runs (RUNS) and, if they all run
+    it, its FIRST attempt placed already (activities.JobActivities.first_placed)."""
     return JobInput(
         job_id=job.id,
         command=job.command,
@@ -60,4 +66,5 @@ def job_input(job: store.Job, runs: Everywhere) -> JobInput:
         max_failures=job.max_failures,
         local_steps=runs.local_steps,
         watch_heard=runs.watch_heard and runs.local_steps,
+        first=first if runs.first_placed and runs.local_steps else None,
     )

@@ -42,7 +42,7 @@ from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.schedule_steps import ScheduleSteps
 from oz0.jobs.scheduled import ScheduledWorkflow
-from oz0.jobs.workflow import JOBS_QUEUE, JobWorkflow
+from oz0.jobs.workflow import JOBS_QUEUE, JobWorkflow, Placed
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -92,6 +92,8 @@ class JobsRole:
         self.ca = ca
         # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
         self.keeper = keeper
+        # The sweeper's: places a job's first attempt as it claims the job.
+        self._placer = JobActivities(db, AttemptSigner(ca), keeper)
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
@@ -183,14 +185,16 @@ class JobsRole:
 
     async def sweep(self, temporal: Outage) -> None:
         db = self.db
-        claimed, runs = await db.transaction(_claim)
+        claimed, runs, firsts = await db.transaction(partial(claim_for_start, placer=self._placer))
         if claimed:
             started: list[str] = []
             limiter = trio.CapacityLimiter(START_AT_ONCE)
 
             async def start(job: store.Job) -> None:
                 async with limiter:
-                    if await self._tell_temporal(temporal, partial(self._start, job, runs)):
+                    if await self._tell_temporal(
+                        temporal, partial(self._start, job, runs, firsts.get(job.id))
+                    ):
                         started.append(job.id)
 
             async with trio.open_nursery() as nursery:
@@ -275,12 +279,14 @@ class JobsRole:
     async def _signal_removed(self, r: store.Removed) -> None:
         await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
 
-    async def _start(self, job: store.Job, runs: inputs.Everywhere) -> None:
+    async def _start(
+        self, job: store.Job, runs: inputs.Everywhere, first: Placed | None = None
+    ) -> None:
         eager = False
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another server was first
             handle = await self._client_for(job.tenant).start_workflow(
                 JobWorkflow.run,
-                inputs.job_input(job, runs),
+                inputs.job_input(job, runs, first),
                 id=job.id,
                 task_queue=JOBS_QUEUE,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -420,13 +426,20 @@ async def _shutdown(namespace: str, worker: Worker, task: asyncio.Task[None]) ->
     task.cancel()
 
 
-def _claim(conn: store.Conn) -> tuple[list[store.Job], inputs.Everywhere]:
-    """The jobs this sweep starts, and what their workflows may run (inputs.py); one
-    transaction."""
+def claim_for_start(
+    conn: store.Conn, placer: JobActivities
+) -> tuple[list[store.Job], inputs.Everywhere, dict[str, Placed | None]]:
+    """The jobs this sweep starts, what their workflows may run (inputs.py), and the first
+    attempt of each that PLACER placed now (JobActivities.first_placed: its workflow hands
+    it out in its first task); one transaction."""
     claimed = store.claim_unstarted(conn)
     if not claimed:
-        return claimed, inputs.Everywhere(local_steps=False, watch_heard=False)
-    return claimed, inputs.everywhere(conn)
+        return claimed, inputs.Everywhere(local_steps=False, watch_heard=False), {}
+    runs = inputs.everywhere(conn)
+    firsts = {
+        job.id: placer.first_placed(conn, job) if runs.first_placed else None for job in claimed
+    }
+    return claimed, runs, firsts
 
 
 def _mark_started(conn: store.Conn, claimed: list[store.Job], started: list[str]) -> None:

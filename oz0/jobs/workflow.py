@@ -135,6 +135,11 @@ class JobInput:
     # handed out (`_watch_heard`). Set like local_steps (inputs.py), once every server up
     # has the step; False: as every workflow started before (they replay unchanged).
     watch_heard: bool = False
+    # The first attempt, placed (granted, its secrets sealed) by the server that started
+    # the workflow, in the transaction that claimed the job (role.py): the workflow's first
+    # task hands it out at once, no step before it. None: the workflow places it, as every
+    # job whose node was not free then, every `--all` job and every workflow before it.
+    first: Placed | None = None
 
     @property
     def lost_after_s(self) -> float:
@@ -284,8 +289,13 @@ class JobWorkflow:
     async def _once(self, job: JobInput) -> tuple[str, int | None, str | None]:
         tried: list[str] = []
         failures = moves = 0
+        first = job.first if job.first is not None and job.first.node is not None else None
         while True:
-            placed = await self._place(job, tried)
+            if first is not None:
+                placed, first = first, None
+                self.number = placed.number
+            else:
+                placed = await self._place(job, tried)
             assert placed.node is not None
             outcome = await self._attempt(job, placed)
             if outcome.because == "exit" and outcome.exit_code == 0:
