@@ -85,7 +85,11 @@ _console: list[str] = []
 
 
 def shot(page: Page, where: Path, name: str) -> None:
-    """A screenshot of PAGE, once the browser is seen to have refused nothing under the CSP."""
+    """A screenshot of PAGE, once it is checked to hold no inline script or style and the
+    browser to have refused nothing under the CSP."""
+    html = page.content()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), name
+    assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
     assert not [m for m in _console if "Content Security Policy" in m], _console
     page.screenshot(path=str(where / name), full_page=True)
 
@@ -121,7 +125,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     alert = page.get_by_role("alert")
     assert re.fullmatch(r"Every: invalid duration 'soon'.*", alert.inner_text()), alert.inner_text()
     assert form.get_by_label("Command", exact=True).input_value() == "echo from the page"
-    page.screenshot(path=str(where / "schedules-bad-every.png"), full_page=True)
+    shot(page, where, "schedules-bad-every.png")
     form.get_by_label("Every", exact=True).fill("90m")
     click(page, "Create schedule")
     [often] = ui.api.get("/api/v1/schedules")["schedules"]
@@ -133,7 +137,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     said = page.get_by_role("alert").inner_text()
     assert "61 * * * *" in said and "Minute" in said, said
     assert len(said.splitlines()) == 1, said
-    page.screenshot(path=str(where / "schedules-bad-cron.png"), full_page=True)
+    shot(page, where, "schedules-bad-cron.png")
     assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
 
     # A catch-up window `--catchup-window` would refuse: not a duration, or under 10s.
@@ -178,7 +182,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     assert re.fullmatch(r"paused\s+paused by \S+:admin", cells[5]) and "—" in cells[6], cells
     assert page.get_by_role("button", name=f"Unpause {made['id']}").is_visible()
     assert ui.api.get(f"/api/v1/schedules/{made['id']}")["paused"] is True
-    page.screenshot(path=str(where / "schedules-paused.png"), full_page=True)
+    shot(page, where, "schedules-paused.png")
 
     # Run now (paused or not): its job runs on the agent.
     click(page, f"Run now {made['id']}")
