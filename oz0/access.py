@@ -208,6 +208,7 @@ RULES: dict[str, Rule] = {
     "web.schedule_pause": _rule(Right.OPERATE, "pause schedules"),
     "web.schedule_unpause": _rule(Right.OPERATE, "unpause schedules"),
     "web.schedule_trigger": _rule(Right.OPERATE, "trigger schedules"),
+    "web.schedule_delete_confirm": _rule(Right.OPERATE, "delete schedules"),
     "web.schedule_delete": _rule(Right.OPERATE, "delete schedules"),
     "web.node_list": _rule(Right.READ, "list nodes"),
     "web.node_show": _rule(Right.READ, "read nodes"),

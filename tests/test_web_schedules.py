@@ -1,16 +1,21 @@
 """The web UI's Schedules page in a real browser (Debian's chromium via Playwright), against
 one real server on 127.0.0.234 (its Temporal Schedules) and a real agent.
 
-Through the page only: the empty list; a schedule made from the form (its next time shown);
-forms that cannot make one, each said in one line beside a form that keeps what was typed;
-pause (no next time, Unpause offered), run now (its job runs on the agent), unpause and
-delete. Screenshots go to `OZ0_SCREENSHOTS` (else the test's directory).
+Through the page only: the empty list; a schedule made from the form (its next time shown,
+its catch-up window the one `schedule show --json` reports); forms that cannot make one,
+each said in one line beside a form that keeps what was typed; pause (no next time,
+Unpause offered), run now (its job runs on the agent), unpause and delete, which asks first
+in a dialog (Cancel keeps the schedule) or, without JavaScript, on a page of its own.
+Screenshots go to `OZ0_SCREENSHOTS` (else the test's directory).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +25,7 @@ import pytest
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, Served
+from fixtures.cluster import ClusterFiles, Served, cli_command
 from fixtures.polling import wait_until
 from oz0.context import Context
 from tests.web_support import browser, click_to_load, shots, sign_in
@@ -64,15 +69,49 @@ def click(page: Page, name: str) -> None:
     click_to_load(page, page.get_by_role("button", name=name, exact=True))
 
 
+def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
+    context = browser.new_context(
+        ignore_https_errors=True, viewport={"width": 1280, "height": 900}, **options
+    )
+    page = context.new_page()
+    # Our script must run under the CSP: a violation would show in the console.
+    page.on("console", lambda m: _console.append(m.text))
+    sign_in(page, SERVER, ui.files.ui_password)
+    page.wait_for_url(f"{BASE}/overview")
+    return page
+
+
+_console: list[str] = []
+
+
+def shot(page: Page, where: Path, name: str) -> None:
+    """A screenshot of PAGE, once it is checked to hold no inline script or style and the
+    browser to have refused nothing under the CSP."""
+    html = page.content()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), name
+    assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
+    assert not [m for m in _console if "Content Security Policy" in m], _console
+    page.screenshot(path=str(where / name), full_page=True)
+
+
+def shown(ui: Ui, schedule_id: str) -> dict[str, Any]:
+    """`orchestrator-zero schedule show ID --json`, as an operator types it."""
+    done = subprocess.run(
+        cli_command("schedule", "show", schedule_id, "--json"),
+        env={**os.environ, **ui.files.cli_env}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
 @pytest.mark.slow
 def test_list_create_pause_run_now_and_delete_on_the_page(
     browser: Any, ui: Ui, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    sign_in(page, SERVER, ui.files.ui_password)
-    page.wait_for_url(f"{BASE}/overview")
+    page = signed_in(browser, ui)
     click_to_load(page, page.get_by_role("link", name="Schedules"))
     assert page.url == f"{BASE}/schedules"
     assert page.get_by_text("No schedules yet.").is_visible()
@@ -86,7 +125,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     alert = page.get_by_role("alert")
     assert re.fullmatch(r"Every: invalid duration 'soon'.*", alert.inner_text()), alert.inner_text()
     assert form.get_by_label("Command", exact=True).input_value() == "echo from the page"
-    page.screenshot(path=str(where / "schedules-bad-every.png"), full_page=True)
+    shot(page, where, "schedules-bad-every.png")
     form.get_by_label("Every", exact=True).fill("90m")
     click(page, "Create schedule")
     [often] = ui.api.get("/api/v1/schedules")["schedules"]
@@ -98,12 +137,29 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     said = page.get_by_role("alert").inner_text()
     assert "61 * * * *" in said and "Minute" in said, said
     assert len(said.splitlines()) == 1, said
-    page.screenshot(path=str(where / "schedules-bad-cron.png"), full_page=True)
+    shot(page, where, "schedules-bad-cron.png")
     assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
 
-    # A good one: listed with its next time, in the list and in the API alike.
+    # A catch-up window `--catchup-window` would refuse: not a duration, or under 10s.
+    form.get_by_label("Cron expression", exact=True).fill("0 3 * * *")
+    for typed, said in [
+        ("later", r"Catch-up window: invalid duration 'later': use seconds or a number .*"),
+        ("5s", r"Catch-up window: invalid duration '5s': it must be from 10s to 366d"),
+    ]:
+        form.get_by_label("Catch-up window", exact=True).fill(typed)
+        click(page, "Create schedule")
+        alert = page.get_by_role("alert").inner_text()
+        assert re.fullmatch(said, alert) and len(alert.splitlines()) == 1, alert
+        assert form.get_by_label("Catch-up window", exact=True).input_value() == typed
+        assert form.get_by_label("Cron expression", exact=True).input_value() == "0 3 * * *"
+        assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
+    shot(page, where, "schedules-bad-catchup.png")
+
+    # A good one: listed with its next time, in the list and in the API alike; its
+    # catch-up window the one typed, as `schedule show` reports it.
     form.get_by_label("Cron expression", exact=True).fill("0 3 * * *")
     form.get_by_label("Time zone", exact=True).fill("Europe/Paris")
+    form.get_by_label("Catch-up window", exact=True).fill("2h30m")
     form.get_by_label("If the last run still runs", exact=True).select_option("buffer-one")
     click(page, "Create schedule")
     assert "Schedule created" in page.get_by_role("status").inner_text()
@@ -114,7 +170,10 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     assert cells[3] == "buffer-one" and cells[5] == "active", cells
     next_at = dt.datetime.fromisoformat(made["next_times"][0])
     assert next_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M") in cells[6], cells
-    page.screenshot(path=str(where / "schedules-made.png"), full_page=True)
+    assert shown(ui, made["id"])["catchup_window"] == 9000.0
+    # Left blank: the CLI's default, 1m.
+    assert shown(ui, often["id"])["catchup_window"] == 60.0
+    shot(page, where, "schedules-made.png")
 
     # Pause: no next time, who paused it, and Unpause offered in its place.
     click(page, f"Pause {made['id']}")
@@ -123,7 +182,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     assert re.fullmatch(r"paused\s+paused by \S+:admin", cells[5]) and "—" in cells[6], cells
     assert page.get_by_role("button", name=f"Unpause {made['id']}").is_visible()
     assert ui.api.get(f"/api/v1/schedules/{made['id']}")["paused"] is True
-    page.screenshot(path=str(where / "schedules-paused.png"), full_page=True)
+    shot(page, where, "schedules-paused.png")
 
     # Run now (paused or not): its job runs on the agent.
     click(page, f"Run now {made['id']}")
@@ -139,12 +198,59 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     cells = row_of(page, made["id"]).locator("td").all_inner_texts()
     assert cells[5] == "active" and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", cells[6]), cells
 
-    # Delete: gone from the list; its job stays.
-    click(page, f"Delete {made['id']}")
+    # Delete asks first, in a dialog naming the schedule; Cancel (or Escape) keeps it.
+    delete = page.get_by_role("button", name=f"Delete {made['id']}…", exact=True)
+    delete.click()
+    dialog = page.get_by_role("dialog")
+    assert made["id"] in dialog.inner_text() and dialog.is_visible()
+    shot(page, where, "schedules-delete-dialog.png")
+    dialog.get_by_role("button", name="Cancel").click()
+    assert not dialog.is_visible()
+    delete.click()
+    page.keyboard.press("Escape")
+    assert not dialog.is_visible()
+    page.reload()
+    assert row_of(page, made["id"]).count() == 1
+    assert ui.api.get(f"/api/v1/schedules/{made['id']}")["id"] == made["id"]
+
+    # Confirmed: gone from the list; its job stays.
+    delete.click()
+    click_to_load(page, dialog.get_by_role("button", name="Delete", exact=True))
     assert "Schedule deleted" in page.get_by_role("status").inner_text()
     assert row_of(page, made["id"]).count() == 0
-    click(page, f"Delete {often['id']}")
+    assert made["id"] not in [s["id"] for s in ui.api.get("/api/v1/schedules")["schedules"]]
+    page.get_by_role("button", name=f"Delete {often['id']}…", exact=True).click()
+    click_to_load(page, dialog.get_by_role("button", name="Delete", exact=True))
     assert page.get_by_text("No schedules yet.").is_visible()
     assert ui.api.get(f"/api/v1/jobs/{job['id']}")["state"] == "succeeded"
-    page.screenshot(path=str(where / "schedules-deleted.png"), full_page=True)
-    context.close()
+    shot(page, where, "schedules-deleted.png")
+    page.context.close()
+
+
+@pytest.mark.slow
+def test_delete_without_javascript_asks_on_a_page_of_its_own(
+    browser: Any, ui: Ui, tmp_path: Path
+) -> None:
+    where = shots(tmp_path)
+    made = ui.api.post(
+        "/api/v1/schedules",
+        {"every": 3600, "job": {"tenant": "default", "command": ["true"]}},
+    )  # fmt: skip
+    page = signed_in(browser, ui, java_script_enabled=False)
+    page.goto(f"{BASE}/schedules")
+    click_to_load(page, page.get_by_role("button", name=f"Delete {made['id']}…", exact=True))
+    assert page.url.startswith(f"{BASE}/schedules/{made['id']}/delete")
+    assert page.get_by_role("heading", name=f"Delete schedule {made['id']}?").is_visible()
+    shot(page, where, "schedule-delete-confirm.png")
+    # Cancel: back to the list, nothing deleted.
+    click_to_load(page, page.get_by_role("link", name="Cancel"))
+    assert page.url == f"{BASE}/schedules"
+    assert row_of(page, made["id"]).count() == 1
+    click_to_load(page, page.get_by_role("button", name=f"Delete {made['id']}…", exact=True))
+    click_to_load(page, page.get_by_role("button", name="Delete", exact=True))
+    assert page.url == f"{BASE}/schedules?done=schedule.delete"
+    assert ui.api.get("/api/v1/schedules")["schedules"] == []
+    # A schedule no longer there: the page says so, and offers nothing to delete.
+    page.goto(f"{BASE}/schedules/{made['id']}/delete")
+    assert page.get_by_role("button", name="Delete", exact=True).count() == 0
+    page.context.close()

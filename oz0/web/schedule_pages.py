@@ -1,6 +1,10 @@
 """/schedules: the list (with pause, unpause, trigger and delete), and the form that makes
 one (when it runs, then the same job fields as the run form).
 
+Delete asks first, as a token's Revoke does: the row's Delete… leads to a page asking
+(/schedules/<id>/delete), which schedules.js turns into a dialog on the list; only that
+question's form posts the deletion.
+
 Every operation is the API's own (oz0/server/api/schedules.py), with the person of the
 session, audited as `ui:<account>`; its refusal is shown on the page in one line.
 """
@@ -13,7 +17,8 @@ from quart import Blueprint
 from werkzeug.datastructures import MultiDict
 
 from oz0 import tenants
-from oz0.jobs import schedules
+from oz0.jobs import schedules, store
+from oz0.jobs.schedules import Schedule, ScheduleNotFound
 from oz0.jobs.spec import JobError
 from oz0.jobs.spec_text import parse_duration
 from oz0.server.api import schedules as api
@@ -46,7 +51,34 @@ def schedule_body(form: MultiDict[str, str]) -> dict[str, Any]:
         body["cron"] = form.get("cron", "").strip()
         if form.get("timezone", "").strip():
             body["timezone"] = form.get("timezone", "").strip()
+    # Blank: the API's default (1m), as when `schedule create` is given no --catchup-window.
+    if form.get("catchup_window", "").strip():
+        body["catchup_window"] = catchup_window(form.get("catchup_window", ""))
     return body
+
+
+def catchup_window(text: str) -> float:
+    """The Catch-up window field in seconds: a DURATION as `--catchup-window` takes it,
+    within the API's bounds; JobError naming the field otherwise (the API's own refusal
+    names the JSON key and counts in seconds, which a form's reader did not type)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise JobError(f"Catch-up window: {e}") from None
+    if not schedules.MIN_CATCHUP <= seconds <= schedules.MAX_CATCHUP:
+        raise JobError(
+            f"Catch-up window: invalid duration {text!r}: it must be from"
+            f" {_duration_text(schedules.MIN_CATCHUP)} to {_duration_text(schedules.MAX_CATCHUP)}"
+        )
+    return seconds
+
+
+def _duration_text(seconds: float) -> str:
+    """SECONDS as a duration the field takes back: 10s, 1m, 366d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def add(web: Blueprint, pages: Pages) -> None:
@@ -106,6 +138,25 @@ def add(web: Blueprint, pages: Pages) -> None:
     @web.post("/schedules/<schedule_id>/trigger")
     async def schedule_trigger(schedule_id: str) -> Page:
         return await act(schedule_id, "trigger")
+
+    @web.get("/schedules/<schedule_id>/delete")
+    async def schedule_delete_confirm(schedule_id: str) -> Page:
+        # The question only (a GET changes nothing): its form posts the deletion below.
+        session = await pages.session()
+        scope = session.person.scope
+
+        def read(conn: store.Conn) -> Schedule | None:
+            try:
+                return schedules.get(conn, schedule_id, scope=scope)
+            except ScheduleNotFound:
+                return None
+
+        found = await db.transaction(read) if schedules.is_schedule_id(schedule_id) else None
+        if found is None:
+            return await pages.missing(session, f"schedule {schedule_id}")
+        return await pages.render(
+            "schedule_delete.html", session, schedule=found, command_text=command_text
+        )
 
     @web.post("/schedules/<schedule_id>/delete")
     async def schedule_delete(schedule_id: str) -> Page:
