@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,9 +22,8 @@ import pytest
 import trio
 from temporalio.client import Client
 
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
-from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
+from fixtures.jobs_role import role_cluster
+from fixtures.temporal import Credentials
 from oz0 import audit, pki
 from oz0.jobs import store
 from oz0.jobs.role import JobsRole
@@ -44,23 +42,8 @@ BOUND = 60.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credentials, str]]:
     """A running server (its Temporal), and the database of the role under test: a second
     cluster's, holding tenant TENANT, whose namespace the server's Temporal has."""
-    root: Path = tmp_path_factory.mktemp("jobs-reconnect")
-    (root / "served").mkdir()
-    (root / "own").mkdir()
-    with fresh_database_url() as url, fresh_database_url() as own_url:
-        files = initialise(root / "served", url, advertise=SERVER)
-        own: ClusterFiles = initialise(root / "own", own_url, "own", advertise=SERVER)
-        conninfo = own.url.for_database(own.url.names.main)
-        with psycopg.connect(conninfo) as conn:
-            conn.execute("INSERT INTO tenants (name) VALUES (%s)", (TENANT,))
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        try:
-            server.start()
-            creds = server_credentials(files)
-            run_async(lambda: register_namespace(TEMPORAL, creds, TENANT))
-            yield creds, conninfo
-        finally:
-            server.kill()
+    with role_cluster(tmp_path_factory.mktemp("jobs-reconnect"), SERVER, [TENANT]) as both:
+        yield both
 
 
 def _new_job(conninfo: str) -> str:

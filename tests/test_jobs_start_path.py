@@ -4,10 +4,10 @@ and eagerly (the first workflow task handed back with the start, to this server'
 worker) when that worker polls the tenant's namespace.
 
 The role under test runs in this process on a database of its own (a second cluster's,
-never served, so no server sweeps its jobs), as in tests/test_jobs_reconnect.py. Fakes
-only inject faults: a start made slow (as a loaded Temporal makes it), a tenant whose
-worker this server has not started yet, and, for the sweeper's pacing alone, a sweep that
-only notes when it ran (on Trio's mock clock).
+never served, so no server sweeps its jobs: fixtures/jobs_role.py). Fakes only inject
+faults: a start made slow (as a loaded Temporal makes it), a tenant whose worker this
+server has not started yet, and, for the sweeper's pacing alone, a sweep that only notes
+when it ran (on Trio's mock clock).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import Any, cast
 
 import psycopg
@@ -26,9 +24,8 @@ import trio.testing
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
-from fixtures.postgres import fresh_database_url
-from fixtures.temporal import Credentials, register_namespace, run_async, server_credentials
+from fixtures.jobs_role import role_cluster
+from fixtures.temporal import Credentials, run_async
 from oz0 import audit, pki
 from oz0.jobs import inputs, store
 from oz0.jobs import role as role_module
@@ -52,25 +49,9 @@ BOUND = 60.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Credentials, str]]:
     """A running server (its Temporal), and the database of the role under test: a second
     cluster's, holding tenants TENANT and LATE, whose namespaces the server's Temporal has."""
-    root: Path = tmp_path_factory.mktemp("jobs-start-path")
-    (root / "served").mkdir()
-    (root / "own").mkdir()
-    with fresh_database_url() as url, fresh_database_url() as own_url:
-        files = initialise(root / "served", url, advertise=SERVER)
-        own: ClusterFiles = initialise(root / "own", own_url, "own", advertise=SERVER)
-        conninfo = own.url.for_database(own.url.names.main)
-        with psycopg.connect(conninfo) as conn:
-            for tenant in (TENANT, LATE):
-                conn.execute("INSERT INTO tenants (name) VALUES (%s)", (tenant,))
-        server = ServerProcess.for_cluster(files, SERVER, workdir=root / "server")
-        try:
-            server.start()
-            creds = server_credentials(files)
-            for tenant in (TENANT, LATE):
-                run_async(partial(register_namespace, TEMPORAL, creds, tenant))
-            yield creds, conninfo
-        finally:
-            server.kill()
+    root = tmp_path_factory.mktemp("jobs-start-path")
+    with role_cluster(root, SERVER, [TENANT, LATE]) as both:
+        yield both
 
 
 def _new_jobs(conninfo: str, count: int, tenant: str = TENANT) -> list[str]:

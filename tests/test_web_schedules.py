@@ -17,17 +17,14 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cli.client import ApiClient
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, Served, cli_command
+from fixtures.cluster import Served, cli_command
 from fixtures.polling import wait_until
-from oz0.context import Context
+from fixtures.ui_agent import Ui, ui_with_agent
 from tests.web_support import browser, click_to_load, shots, sign_in
 
 __all__ = ["browser"]  # the fixture, imported for the test below
@@ -40,25 +37,10 @@ RUN_BOUND = 30.0  # generous, for a loaded 2-core machine
 Page = Any  # playwright's sync Page; its stubs are not typed for mypy here
 
 
-@dataclass(frozen=True)
-class Ui:
-    files: ClusterFiles
-    api: ApiClient
-    node_id: str
-
-
 @pytest.fixture(scope="module")
 def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    files = served.files
-    api = ApiClient(Context.load(files.context_path))
-    token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
-    node = tmp_path_factory.mktemp("web-schedules") / "node"
-    agent = AgentProcess.joining(node, [EDGE], files.ca_hash, token=token).start()
-    try:
-        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
-        yield Ui(files, api, status["node_id"])
-    finally:
-        agent.stop()
+    with ui_with_agent(served, EDGE, tmp_path_factory.mktemp("web-schedules") / "node") as one:
+        yield one
 
 
 def row_of(page: Page, schedule_id: str) -> Any:

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, Served
+from fixtures.cluster import Served
 from fixtures.polling import wait_until
+from fixtures.ui_agent import Ui, ui_with_agent
 from oz0 import tokens
-from oz0.context import Context
 from oz0.server import join_command
 from tests.web_support import browser, click_to_load, curl, shots, sign_in
 
@@ -43,45 +41,31 @@ GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
 Page = Any  # playwright's sync Page; its stubs are not typed for mypy here
 
 
-@dataclass(frozen=True)
-class Ui:
-    files: ClusterFiles
-    api: ApiClient
-    node_id: str
-
-    def audit(self, target: str) -> list[tuple[str, str, str, str]]:
-        """(actor kind, actor, action, details as JSON text) of TARGET's audit rows."""
-        url = self.files.url.for_database(self.files.url.names.main)
-        with psycopg.connect(url) as conn:
-            rows = conn.execute(
-                "SELECT actor_kind, actor, action, details::text FROM audit_log"
-                " WHERE target = %s ORDER BY id",
-                (target,),
-            ).fetchall()
-        return [(r[0], r[1], r[2], r[3]) for r in rows]
-
-    def all_audit_text(self) -> str:
-        url = self.files.url.for_database(self.files.url.names.main)
-        with psycopg.connect(url) as conn:
-            rows = conn.execute("SELECT target, details::text FROM audit_log").fetchall()
-        return "\n".join(f"{r[0]} {r[1]}" for r in rows)
-
-
 @pytest.fixture(scope="module")
 def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
     """The module's one cluster and server, and an agent (tenant default), for its tests."""
-    files = served.files
-    api = ApiClient(Context.load(files.context_path))
-    for tenant in (TEAM, IDLE):
-        api.post("/api/v1/tenants", {"name": tenant})
-    token = api.post("/api/v1/tokens", {"tenant": "default", "max_uses": 0})["token"]
     node = tmp_path_factory.mktemp("web-tokens-jobs") / "node"
-    agent = AgentProcess.joining(node, [EDGE], files.ca_hash, token=token).start()
-    try:
-        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=90)
-        yield Ui(files, api, status["node_id"])
-    finally:
-        agent.stop()
+    with ui_with_agent(served, EDGE, node, tenants=(TEAM, IDLE)) as one:
+        yield one
+
+
+def audit(ui: Ui, target: str) -> list[tuple[str, str, str, str]]:
+    """(actor kind, actor, action, details as JSON text) of TARGET's audit rows."""
+    url = ui.files.url.for_database(ui.files.url.names.main)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT actor_kind, actor, action, details::text FROM audit_log"
+            " WHERE target = %s ORDER BY id",
+            (target,),
+        ).fetchall()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def all_audit_text(ui: Ui) -> str:
+    url = ui.files.url.for_database(ui.files.url.names.main)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT target, details::text FROM audit_log").fetchall()
+    return "\n".join(f"{r[0]} {r[1]}" for r in rows)
 
 
 def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
@@ -165,9 +149,9 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     assert hidden not in page.content()
     page.reload()
     assert hidden not in page.content()
-    [created] = ui.audit(f"token:{token_id}")
+    [created] = audit(ui, f"token:{token_id}")
     assert created[:3] == ("ui", "admin", "token.create")
-    assert hidden not in ui.all_audit_text()
+    assert hidden not in all_audit_text(ui)
 
     # The shown secret is the real one: an agent joins with it, accepted, in its tenant.
     agent = AgentProcess.joining(tmp_path / "joiner", [EDGE], ui.files.ca_hash, token=secret)
@@ -199,7 +183,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     assert page.get_by_role("status").inner_text().startswith("Token revoked.")
     assert token_row(page, token_id).get_by_text("revoked", exact=True).is_visible()
     assert _revoked(ui, token_id)
-    assert ui.audit(f"token:{token_id}")[-1][:3] == ("ui", "admin", "token.revoke")
+    assert audit(ui, f"token:{token_id}")[-1][:3] == ("ui", "admin", "token.revoke")
 
 
 def _revoked(ui: Ui, token_id: str) -> bool:
@@ -244,7 +228,7 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
         if value == "1x":
             shot(page, where, "token-create-error.png")
     assert len(ui.api.get("/api/v1/tokens")["tokens"]) == before
-    assert "kept on error" not in ui.all_audit_text()
+    assert "kept on error" not in all_audit_text(ui)
 
 
 # --- jobs --------------------------------------------------------------------------------
@@ -326,7 +310,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
     assert ui.api.get(f"/api/v1/jobs/{job_id}")["secret_env"] == ["DB_PASSWORD"]
     shot(page, where, "job-ended.png")
-    [run] = ui.audit(f"job:{job_id}")
+    [run] = audit(ui, f"job:{job_id}")
     assert run[:3] == ("ui", "admin", "job.run")
     assert json.loads(run[3])["command"][0] == "sh"
 
@@ -351,13 +335,13 @@ def test_cancel_from_the_job_page_stops_the_process(ui: Ui, browser: Any, tmp_pa
     page.locator("[data-field=job-state]").get_by_text("cancelled").wait_for(timeout=30_000)
     wait_until(lambda: not _alive(pid), GONE_BOUND, f"process {pid} of {job_id} gone")
     assert ui.api.get(f"/api/v1/jobs/{job_id}")["state"] == "cancelled"
-    assert ui.audit(f"job:{job_id}")[-1][:3] == ("ui", "admin", "job.cancel")
+    assert audit(ui, f"job:{job_id}")[-1][:3] == ("ui", "admin", "job.cancel")
 
     stale.get_by_role("button", name="Cancel job").click()
     assert stale.get_by_role("alert").inner_text() == (
         f"job {job_id} has ended already (cancelled)"
     )
-    assert ui.audit(f"job:{job_id}")[-1][2] == "job.cancel"  # nothing more recorded
+    assert audit(ui, f"job:{job_id}")[-1][2] == "job.cancel"  # nothing more recorded
 
 
 def _alive(pid: int) -> bool:
