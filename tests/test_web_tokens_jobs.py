@@ -27,7 +27,7 @@ from fixtures.polling import wait_until
 from fixtures.ui_agent import Ui, ui_with_agent
 from oz0 import tokens
 from oz0.server import join_command
-from tests.web_support import browser, click_to_load, curl, shots, sign_in
+from tests.web_support import browser, checked_shot, click_to_load, curl, shots, signed_in_watched
 
 __all__ = ["browser"]  # the fixture, imported for the tests below
 
@@ -69,26 +69,15 @@ def all_audit_text(ui: Ui) -> str:
 
 
 def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
-    context = browser.new_context(ignore_https_errors=True, **options)
-    page = context.new_page()
-    # Our scripts must run under the CSP: a violation would show in the console.
-    page.on("console", lambda m: _console.append(m.text))
-    sign_in(page, SERVER, ui.files.ui_password)
-    page.wait_for_url(f"{BASE}/overview")
-    return page
+    return signed_in_watched(browser, SERVER, ui.files.ui_password, _console, **options)
 
 
+# Every console message of the file's pages (`shot` checks none is a CSP refusal).
 _console: list[str] = []
 
 
 def shot(page: Page, where: Path, name: str) -> None:
-    """A screenshot of PAGE, once it is checked to hold no inline script or style and the
-    browser to have refused nothing under the CSP."""
-    html = page.content()
-    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), name
-    assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
-    assert not [m for m in _console if "Content Security Policy" in m], _console
-    page.screenshot(path=str(where / name), full_page=True)
+    checked_shot(page, where, name, _console)
 
 
 def ended(ui: Ui, job_id: str) -> bool:

@@ -4,6 +4,7 @@ browser per test file; each test opens its own context), signing in, screenshots
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,10 @@ from oz0.context import Context
 
 CHROMIUM = Path("/usr/bin/chromium")
 
-__all__ = ["CHROMIUM", "browser", "click_to_load", "curl", "person", "shots", "sign_in"]
+__all__ = [
+    "CHROMIUM", "browser", "checked_shot", "click_to_load", "curl", "person", "shots",
+    "sign_in", "signed_in_watched",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,30 @@ def sign_in(page: object, address: str, password: str) -> None:
     page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
     page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
     page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
+
+
+def signed_in_watched(
+    browser: object, address: str, password: str, console: list[str], **options: object
+) -> object:
+    """A page of a new context (OPTIONS), signed in as the UI's admin at ADDRESS, each of
+    its console messages appended to CONSOLE: a script or style the CSP refused says so
+    there (`checked_shot`)."""
+    context = browser.new_context(ignore_https_errors=True, **options)  # type: ignore[attr-defined]
+    page = context.new_page()
+    page.on("console", lambda m: console.append(m.text))
+    sign_in(page, address, password)
+    page.wait_for_url(f"https://{address}:8443/overview")
+    return page
+
+
+def checked_shot(page: object, where: Path, name: str, console: list[str]) -> None:
+    """A screenshot of PAGE, once it is checked to hold no inline script or style and the
+    browser to have refused nothing under the CSP (CONSOLE: `signed_in_watched`'s)."""
+    html = page.content()  # type: ignore[attr-defined]
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), name
+    assert not re.search(r"<[^>]*\s(style|on[a-z]+)=", html), name
+    assert not [m for m in console if "Content Security Policy" in m], console
+    page.screenshot(path=str(where / name), full_page=True)  # type: ignore[attr-defined]
 
 
 def click_to_load(page: object, target: object) -> None:
