@@ -630,10 +630,12 @@ def rows_of(conn: psycopg.Connection[Any], job_id: str) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
-def prune(one_cluster: ClusterFiles) -> pruner.Pruned:
+def prune(
+    one_cluster: ClusterFiles, deleted: Callable[[pruner.Pruned], None] = lambda _: None
+) -> pruner.Pruned:
     async def one_pass() -> pruner.Pruned:
         async with open_database(main_url(one_cluster), min_size=1, max_size=2) as db:
-            return await pruner.prune(db, pause=0)
+            return await pruner.prune(db, pause=0, deleted=deleted)
 
     return trio.run(one_pass)
 
@@ -650,8 +652,13 @@ def test_a_finished_job_past_its_tenants_retention_goes_with_its_attempts_and_ou
     ended_ago(conn, old, 31)  # the default retention is 30 days
     ended_ago(conn, young, 29)
     assert rows_of(conn, old.id) == (1, 1, 3)
-    done = prune(one_cluster)
+    # Each batch is told as soon as it is deleted (the metrics count it then, not at the
+    # pass's end: a job the API no longer finds is counted already).
+    told: list[tuple[pruner.Pruned, tuple[int, int, int]]] = []
+    done = prune(one_cluster, lambda batch: told.append((batch, rows_of(conn, old.id))))
     assert (done.jobs, done.attempts, done.output_rows) == (1, 1, 3)
+    assert [(b.output_rows, b.jobs, b.attempts) for b, _ in told] == [(3, 0, 0), (0, 1, 1)]
+    assert [rows for _, rows in told] == [(1, 1, 0), (0, 0, 0)]
     assert rows_of(conn, old.id) == (0, 0, 0)
     assert rows_of(conn, young.id) == (1, 1, 2)
     # A shorter retention of the tenant's own takes the younger one too.

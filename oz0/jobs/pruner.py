@@ -119,27 +119,34 @@ def delete_some_audit(conn: Conn, keep: int, limit: int = AUDIT_ROWS_PER_BATCH) 
     return deleted.rowcount
 
 
-async def prune(db: Database, *, pause: float = PAUSE) -> Pruned:
-    """One pass: every tenant's expired jobs, then old audit rows; batch by batch."""
+async def prune(
+    db: Database, *, pause: float = PAUSE, deleted: Callable[[Pruned], None] = lambda _: None
+) -> Pruned:
+    """One pass: every tenant's expired jobs, then old audit rows; batch by batch, each
+    batch told to DELETED as soon as its transaction committed (a job the API no longer
+    finds is counted already, not only at the pass's end)."""
     started = trio.current_time()
     done = Pruned()
     for tenant, keep in await db.transaction(job_retentions):
         while ids := await db.transaction(partial(expired_jobs, tenant=tenant, keep=keep)):
-            while deleted := await db.transaction(partial(delete_some_output, job_ids=ids)):
-                done.output_rows += deleted
+            while rows := await db.transaction(partial(delete_some_output, job_ids=ids)):
+                done.output_rows += rows
+                deleted(Pruned(output_rows=rows))
                 await trio.sleep(pause)
             jobs, attempts = await db.transaction(partial(delete_jobs, job_ids=ids))
             done.jobs += jobs
             done.attempts += attempts
+            deleted(Pruned(jobs=jobs, attempts=attempts))
             await trio.sleep(pause)
             if len(ids) < JOBS_PER_BATCH:
                 break
     keep_audit = await db.transaction(audit.retention)
     if keep_audit is not None:
-        while deleted := await db.transaction(partial(delete_some_audit, keep=keep_audit)):
-            done.audit_rows += deleted
+        while rows := await db.transaction(partial(delete_some_audit, keep=keep_audit)):
+            done.audit_rows += rows
+            deleted(Pruned(audit_rows=rows))
             await trio.sleep(pause)
-            if deleted < AUDIT_ROWS_PER_BATCH:
+            if rows < AUDIT_ROWS_PER_BATCH:
                 break
     done.seconds = trio.current_time() - started
     return done
@@ -149,16 +156,18 @@ async def run(
     db: Database,
     on_pass: Callable[[Pruned], None] = lambda _: None,
     *,
+    deleted: Callable[[Pruned], None] = lambda _: None,
     check_every: float = CHECK_EVERY,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Prune whenever this server wins a due pass; ON_PASS is told what each deleted."""
+    """Prune whenever this server wins a due pass; ON_PASS is told what each deleted once
+    it ends, DELETED of each batch as it is deleted."""
     outage = Outage("pruning old jobs and audit rows", log)
     task_status.started()
     while True:
         try:
             if await db.transaction(claim_pass):
-                done = await prune(db)
+                done = await prune(db, deleted=deleted)
                 log.info("pruned %s", done.describe())
                 on_pass(done)
         except DATABASE_ERRORS as e:

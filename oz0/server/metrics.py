@@ -153,10 +153,14 @@ class ServerMetrics:
         self.registry.register(_ReadAtScrape(self))
 
     def pruned(self, done: Pruned) -> None:
-        """A pruning pass of this server's ended, having deleted DONE."""
+        """A pruning pass of this server's ended (what it deleted was counted as it went:
+        `deleted`)."""
         self._prune_passes.inc()
+
+    def deleted(self, batch: Pruned) -> None:
+        """A batch of a pruning pass was deleted just now."""
         for what, counter in self._pruned.items():
-            counter.inc(getattr(done, what))
+            counter.inc(getattr(batch, what))
 
     def loop_lag(self, seconds: float) -> None:
         self._lag.observe(seconds)

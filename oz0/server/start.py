@@ -189,7 +189,7 @@ async def run_server(
 
         certs.on_renew.append(reconnect_jobs)
         await nursery.start(jobs.run)
-        await nursery.start(pruner.run, db, metrics.pruned)
+        await nursery.start(partial(pruner.run, db, metrics.pruned, deleted=metrics.deleted))
         state = ManagementState(
             db=db,
             cluster=cluster,
