@@ -978,6 +978,23 @@ def test_an_attempt_given_again_while_its_first_delivery_waits_for_a_slot_starts
     assert port.started == [(JOB, 1)]
 
 
+def test_a_bad_attempt_is_refused_saying_why_whatever_its_fields_hold(tmp_path: Path) -> None:
+    """Fields of any JSON type (a list where the job's ID goes): one clear refusal, no
+    TypeError from the activity's own bookkeeping."""
+    port = SlowPort()
+    fn = attempt_activity(NODE_ID, tmp_path, port, grants_for(tmp_path))
+    raw = {**spec("true"), "job_id": ["job-0123456789ab"]}
+
+    async def delivery() -> object:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, activity_id="attempt-1")
+        return await env.run(fn, raw)
+
+    with pytest.raises(ApplicationError):
+        asyncio_run(delivery())
+    assert port.started == []
+
+
 # --- the link over the control stream ----------------------------------------------------
 
 

@@ -401,7 +401,7 @@ def attempt_activity(
     # Attempts being handed over by this runtime (grant checked, waiting for a slot, their
     # supervisor starting): one given again meanwhile, because its first heartbeat came
     # late (oz0/jobs/heard.py), is the same attempt and starts nothing.
-    handing: set[tuple[object, object]] = set()
+    handing: set[tuple[str, str]] = set()
 
     @activity.defn(name=ACTIVITY)
     async def attempt(raw: dict[str, Any]) -> dict[str, object]:
@@ -417,7 +417,8 @@ def attempt_activity(
                 raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
                 lost_after=lost_after,
             )  # fmt: skip
-        key = (raw.get("job_id"), raw.get("attempt"))
+        # As text: hashable whatever a bad attempt holds (hand_over refuses it, saying why).
+        key = (str(raw.get("job_id")), str(raw.get("attempt")))
         if key in handing:
             log.info("job %s attempt %s: given again while it is handed over here", *key)
             activity.raise_complete_async()
