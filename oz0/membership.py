@@ -72,7 +72,13 @@ def live_schemas(
 def all_up_at_least(conn: psycopg.Connection[Any], schema: int) -> bool:
     """Whether every server up is of a release at SCHEMA or later: what a feature that
     servers of an older release cannot run waits for during a rolling upgrade."""
-    return all(s is not None and s >= schema for s in live_schemas(conn))
+    return all_at_least(live_schemas(conn), schema)
+
+
+def all_at_least(schemas: list[int | None], schema: int) -> bool:
+    """Whether every one of SCHEMAS (live_schemas's) is SCHEMA or later: a server that
+    does not say its schema is of a release before any."""
+    return all(s is not None and s >= schema for s in schemas)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from oz0 import membership
 from oz0.jobs import store
@@ -31,11 +32,7 @@ class Everywhere:
 
 def everywhere(conn: store.Conn) -> Everywhere:
     """What every server up runs (one query)."""
-    schemas = membership.live_schemas(conn)
-
-    def at_least(schema: int) -> bool:
-        return all(s is not None and s >= schema for s in schemas)
-
+    at_least = partial(membership.all_at_least, membership.live_schemas(conn))
     return Everywhere(
         at_least(LOCAL_STEPS_SCHEMA), at_least(WATCH_HEARD_SCHEMA), at_least(FIRST_PLACED_SCHEMA)
     )
