@@ -922,19 +922,19 @@ def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(
     the sweeper starts jobs with them only while no such server is up."""
     old = "server-00000000000a"
     conn.execute("UPDATE servers SET schema_version = %s", (inputs.LOCAL_STEPS_SCHEMA,))
-    assert inputs.local_steps_everywhere(conn)
+    assert inputs.everywhere(conn).local_steps
     conn.execute(
         "INSERT INTO servers (id, advertise, version, schema_version)"
         " VALUES (%s, '127.0.0.1', 'older', %s)",
         (old, inputs.LOCAL_STEPS_SCHEMA - 1),
     )
-    assert not inputs.local_steps_everywhere(conn)
+    assert not inputs.everywhere(conn).local_steps
     conn.execute("UPDATE servers SET schema_version = NULL WHERE id = %s", (old,))
-    assert not inputs.local_steps_everywhere(conn), "a server too old to say its schema"
+    assert not inputs.everywhere(conn).local_steps, "a server too old to say its schema"
     conn.execute(
         "UPDATE servers SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", (old,)
     )
-    assert inputs.local_steps_everywhere(conn), "a server long gone holds nothing back"
+    assert inputs.everywhere(conn).local_steps, "a server long gone holds nothing back"
 
 
 def test_jobs_look_for_unheard_attempts_only_while_every_server_up_has_the_check(

@@ -38,11 +38,6 @@ def everywhere(conn: store.Conn) -> Everywhere:
     )
 
 
-def local_steps_everywhere(conn: store.Conn) -> bool:
-    """Whether every server up runs the workflow's steps as local activities."""
-    return everywhere(conn).local_steps
-
-
 def job_input(job: store.Job, runs: Everywhere, first: Placed | None = None) -> JobInput:
     """JOB's workflow input, with what every server up runs (RUNS) and, if they all run
     it, its FIRST attempt placed already (activities.JobActivities.first_placed)."""
