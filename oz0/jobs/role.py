@@ -92,8 +92,9 @@ class JobsRole:
         self.ca = ca
         # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
         self.keeper = keeper
-        # The sweeper's: places a job's first attempt as it claims the job.
-        self._placer = JobActivities(db, AttemptSigner(ca), keeper)
+        # The workflow's steps (the job workers'), and the sweeper's placing of a job's
+        # first attempt as it claims the job.
+        self._activities = JobActivities(db, AttemptSigner(ca), keeper)
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id
@@ -185,7 +186,9 @@ class JobsRole:
 
     async def sweep(self, temporal: Outage) -> None:
         db = self.db
-        claimed, runs, firsts = await db.transaction(partial(claim_for_start, placer=self._placer))
+        claimed, runs, firsts = await db.transaction(
+            partial(claim_for_start, placer=self._activities)
+        )
         if claimed:
             started: list[str] = []
             limiter = trio.CapacityLimiter(START_AT_ONCE)
@@ -323,7 +326,6 @@ class JobsRole:
         """Connect, run the workers, connect again when asked or when they failed; until
         the portal stops (cancelled)."""
         self._reconnect, self._drained = asyncio.Event(), asyncio.Event()
-        activities = JobActivities(self.db, AttemptSigner(self.ca), self.keeper)
         delay = CONNECT_RETRY_FIRST
         while True:
             try:
@@ -336,7 +338,7 @@ class JobsRole:
             delay = CONNECT_RETRY_FIRST
             self._reconnect.clear()
             try:
-                await self._work(activities)
+                await self._work(self._activities)
                 if self._draining:
                     self._drained.set()
                     await asyncio.Event().wait()  # the client serves on until cancelled
