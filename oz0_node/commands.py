@@ -18,6 +18,7 @@ import trio
 from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeLeaving, EdgeUnavailable
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink
+from oz0_node.jobs.intake import Intake
 from oz0_node.jobs.manager import AttemptManager
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
@@ -42,6 +43,8 @@ class LiveStream:
     jobs: EdgeLink
     # The agent's attempts, which the edge may tell to stop (`attempt_stop`).
     attempts: AttemptManager | None = None
+    # Attempts the edge sends over the stream (`attempt`).
+    intake: Intake | None = None
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
@@ -116,6 +119,16 @@ async def _on_attempt_stop(stream: LiveStream, message: Message) -> None:
         log.warning("ignoring a malformed attempt_stop from edge %s", stream.conn.address)
         return
     stream.attempts.stop(job, attempt, why if isinstance(why, str) and why else "ended")
+
+
+async def _on_attempt(stream: LiveStream, message: Message) -> None:
+    """An attempt to run (jobs/intake.py): answered, started in a task of its own."""
+    if stream.intake is None:
+        log.warning(
+            "ignoring an attempt from edge %s: this agent runs no jobs", stream.conn.address
+        )
+        return
+    stream.intake.received(message)
 
 
 async def _on_refused(stream: LiveStream, message: Message) -> None:
@@ -198,6 +211,7 @@ HANDLERS: dict[str, Handler] = {
     "job_output_ack": _on_job_output_ack,
     "attempt_done_ack": _on_attempt_done_ack,
     "attempt_stop": _on_attempt_stop,
+    "attempt": _on_attempt,
 }
 
 

@@ -31,7 +31,10 @@ from oz0_common import certs
 from oz0_node import plugins, purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeLeaving, EdgeUnavailable, one_error
+from oz0_node.jobs.attempt import node_secrets
 from oz0_node.jobs.edge_link import EdgeLink
+from oz0_node.jobs.grants import GrantCheck
+from oz0_node.jobs.intake import Intake
 from oz0_node.jobs.manager import AttemptPort
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
@@ -48,8 +51,10 @@ from oz0_node.transport import EdgeConnection, OpenStream, open_edge, open_tcp
 log = logging.getLogger(__name__)
 
 CONTROL_PATH = "/control"
-# Told once on each stream: how many attempts this node runs at once (`--max-jobs`).
+# Told once on each stream: how many attempts this node runs at once (`--max-jobs`), and
+# that it takes attempts over the stream (jobs/intake.py).
 MAX_JOBS = "max_jobs"
+BY_STREAM = "stream"
 WELCOME_TIMEOUT = 10.0
 MISSED_HEARTBEATS = 3
 # After a runtime failed to start (or its worker failed), on the same stream.
@@ -118,7 +123,8 @@ async def _one_stream(
         hello = Hello.parse(await conn.receive(WELCOME_TIMEOUT), address)
         manager = runtimes.manager
         link = manager.link if manager is not None else EdgeLink()
-        stream = LiveStream(node, conn, ca_pem, hello, nonces, link, manager)
+        intake = _intake(node, runtimes)
+        stream = LiveStream(node, conn, ca_pem, hello, nonces, link, manager, intake)
         answer = await conn.receive(WELCOME_TIMEOUT)
         while kind(answer) == "purge":
             # Refused (it returned): the edge goes on with `refused`, code `purging`.
@@ -151,8 +157,20 @@ async def _one_stream(
         link.attach(conn)
         try:
             if manager is not None:
-                # Placement puts no more attempts on this node than it runs at once.
-                await conn.send(MAX_JOBS, max_jobs=manager.max_running)
+                if intake is not None and welcome.tenant is not None:
+                    assert node.record.node_id is not None
+                    intake.grants = GrantCheck(
+                        cluster=node.record.cluster,
+                        tenant=welcome.tenant,
+                        node_id=node.record.node_id,
+                        ca=certs.cert_from_pem(ca_pem),
+                        record=manager.run_record(node.identity.data_dir),
+                    )
+                    # Placement puts no more attempts on this node than it runs at once,
+                    # and sends them over this stream.
+                    await conn.send(MAX_JOBS, max_jobs=manager.max_running, attempts=BY_STREAM)
+                else:
+                    await conn.send(MAX_JOBS, max_jobs=manager.max_running)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
                 nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
@@ -164,6 +182,18 @@ async def _one_stream(
             link.detach(conn)
             node.stream_down()
             policy.stream_down()
+
+
+def _intake(node: Node, runtimes: Runtimes) -> Intake | None:
+    """The agent's intake of attempts sent over its streams (one for all of them, made
+    with its manager's first stream): None without a manager."""
+    manager = runtimes.manager
+    node_id = node.record.node_id
+    if manager is None or node_id is None:
+        return None
+    if runtimes.intake is None:
+        runtimes.intake = Intake(manager, node_id, node_secrets(node.identity, node_id))
+    return runtimes.intake
 
 
 async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Runtimes) -> None:
@@ -187,6 +217,11 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
         cluster=node.record.cluster,
         attempts=(
             AttemptPort(runtimes.manager, trio.lowlevel.current_trio_token())
+            if runtimes.manager is not None
+            else None
+        ),
+        record=(
+            runtimes.manager.run_record(node.identity.data_dir)
             if runtimes.manager is not None
             else None
         ),

@@ -44,6 +44,7 @@ from oz0_node import plugins
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir
 from oz0_node.jobs.attempt import AttemptPort, attempt_activity
 from oz0_node.jobs.grants import GrantCheck, RunRecord
+from oz0_node.jobs.intake import Intake
 from oz0_node.jobs.manager import AttemptManager
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class RuntimeSettings:
     attempts: AttemptPort | None = None
     # How many activities the worker takes at once (the manager's max_running).
     max_activities: int = MAX_CONCURRENT_ACTIVITIES
+    # The agent's record of the attempts it ran, shared with its streams' intake (None:
+    # read from the identity's directory).
+    record: RunRecord | None = None
 
     @property
     def task_queue(self) -> str:
@@ -132,7 +136,11 @@ def grant_check(settings: RuntimeSettings) -> GrantCheck:
         tenant=settings.namespace,
         node_id=settings.node_id,
         ca=certs.cert_from_pem(settings.identity.load_ca_pem()),
-        record=RunRecord.load(settings.identity.data_dir),
+        record=(
+            settings.record
+            if settings.record is not None
+            else RunRecord.load(settings.identity.data_dir)
+        ),
     )
 
 
@@ -305,6 +313,8 @@ class Runtimes:
         self.launch_plugin = launch_plugin
         self.manager = manager
         self.live: set[Runtime] = set()
+        # Attempts sent over the streams (jobs/intake.py), made with the first stream.
+        self.intake: Intake | None = None
 
     async def end_attempts(self, why: str) -> None:
         """End every attempt this node runs (it was blocked, deleted or purged: WHY)."""

@@ -38,8 +38,21 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from fixtures.attempt_grants import check_for, signed
+from fixtures.attempt_grants import signed
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
+from fixtures.node_attempts import (
+    ATTEMPT_BOUND,
+    CLUSTER_CA,
+    JOB,
+    NODE_ID,
+    FakeEdge,
+    grants_for,
+    node_manager,
+    sign,
+    spec,
+    unsigned,
+    until,
+)
 from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import EdgeUnavailable
@@ -48,7 +61,7 @@ from oz0_node.jobs import attempt as attempt_module
 from oz0_node.jobs import manager as manager_module
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import ACTIVITY, attempt_activity, given_again, hand_over
-from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
+from oz0_node.jobs.edge_link import OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
@@ -60,132 +73,8 @@ from oz0_node.jobs.supervisor import OUTPUT_CAP, SupervisedSpec
 from oz0_node.jobs.tracking import CGROUP_V2, SUBREAPER
 from oz0_node.runtime import NodeRuntime, RuntimeSettings
 
-NODE_ID = "node-0123456789ab"
-JOB = "job-00000000abcd"
-CLUSTER_CA = pki.new_ca("test", "cluster")
-# Generous: the slowest case is a kill after the grace.
-ATTEMPT_BOUND = 20.0
 # What workflows from before attempts had IDs of their own schedule (oz0/jobs/workflow.py).
 OLD_HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
-
-# How the fake edge answers one job_output: an ack's fields, no answer (None), or the
-# stream failing under the send (LinkDown).
-Answer = dict[str, Any] | None | type[LinkDown]
-STORED: dict[str, Any] = {"stored": True, "reason": None}
-
-
-def unsigned(
-    *command: str,
-    attempt: int = 1,
-    env: dict[str, str] | None = None,
-    timeout: float | None = None,
-) -> dict[str, Any]:
-    return {
-        "job_id": JOB,
-        "attempt": attempt,
-        "command": list(command),
-        "env": env or {},
-        "timeout": timeout,
-    }
-
-
-def sign(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """RAW as the cluster (CLUSTER_CA) signs it for this node; CHANGES: signed otherwise."""
-    return signed(raw, CLUSTER_CA, node_id=NODE_ID, **changes)
-
-
-def spec(
-    *command: str,
-    attempt: int = 1,
-    env: dict[str, str] | None = None,
-    timeout: float | None = None,
-) -> dict[str, Any]:
-    """An attempt the cluster signed for this node."""
-    return sign(unsigned(*command, attempt=attempt, env=env, timeout=timeout))
-
-
-def grants_for(data_dir: Path) -> GrantCheck:
-    return check_for(CLUSTER_CA, NODE_ID, data_dir)
-
-
-@dataclass
-class FakeEdge:
-    """The edge end of the node's link (an EdgeLink `Sender`): records what the node sends;
-    answers each job_output with the next of ANSWERS (then: stored), each attempt_done with
-    stored. Runs in the test's Trio loop."""
-
-    link: EdgeLink = field(default_factory=EdgeLink)
-    answers: list[Answer] = field(default_factory=list)
-    address: str = "edge-a:7443"
-    # (time, fields) of each job_output, in the order sent.
-    sent: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    notified: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    alive: list[tuple[float, list[dict[str, Any]]]] = field(default_factory=list)
-    done: list[dict[str, Any]] = field(default_factory=list)
-    reported: trio.Event = field(default_factory=trio.Event)
-    outstanding: int = 0
-    most_outstanding: int = 0
-
-    async def send(self, kind: str, **fields: Any) -> None:
-        if kind == "job_output":
-            await self._output(fields)
-        elif kind == "attempt_done":
-            self.done.append(fields)
-            self.reported.set()
-            ack = {"job": fields["job"], "attempt": fields["attempt"], **STORED}
-            self.link.deliver(DONE_ACK, ack)
-        elif kind == "attempt_alive":
-            self.alive.append((time.monotonic(), fields["attempts"]))
-        else:
-            self.notified.append((kind, dict(fields)))
-
-    async def _output(self, fields: dict[str, Any]) -> None:
-        self.sent.append((time.monotonic(), dict(fields)))
-        answer = self.answers.pop(0) if self.answers else STORED
-        if answer is LinkDown:
-            raise EdgeUnavailable("test: the stream failed")
-        if answer is None:
-            return
-        assert isinstance(answer, dict)
-        self.outstanding += 1
-        self.most_outstanding = max(self.most_outstanding, self.outstanding)
-        ids = {k: fields[k] for k in ("job", "attempt", "seq")}
-        self.link.deliver(OUTPUT_ACK, {**ids, **answer})
-        self.outstanding -= 1
-
-    def messages(self) -> list[dict[str, Any]]:
-        return [fields for _, fields in self.sent]
-
-    def stored(self) -> list[dict[str, Any]]:
-        """Each seq once (the last send of a seq is the one acked)."""
-        by_seq = {m["seq"]: m for m in self.messages()}
-        return [by_seq[seq] for seq in sorted(by_seq)]
-
-    def chunks(self) -> list[tuple[str, bytes]]:
-        """The output as it would be stored: consecutive data of one stream together."""
-        merged: list[tuple[str, bytes]] = []
-        for m in self.stored():
-            data = base64.b64decode(m["data"])
-            if not data:
-                continue
-            if merged and merged[-1][0] == m["stream"]:
-                merged[-1] = (m["stream"], merged[-1][1] + data)
-            else:
-                merged.append((m["stream"], data))
-        return merged
-
-    def text(self, stream: str = "stdout") -> str:
-        return b"".join(d for s, d in self.chunks() if s == stream).decode()
-
-    def outcome(self) -> dict[str, object]:
-        """What the node reported of its one attempt: its result, or ApplicationError."""
-        [done] = self.done
-        if "failure" in done:
-            failure = done["failure"]
-            raise ApplicationError(failure["message"], type=failure["type"], non_retryable=True)
-        assert not done.get("cancelled"), "reported cancelled"
-        result: dict[str, object] = done["result"]
-        return result
 
 
 @dataclass
@@ -217,21 +106,6 @@ class TrioPort:
         return self.manager.runs(job_id, attempt)
 
 
-@contextlib.asynccontextmanager
-async def node_manager(
-    data_dir: Path, edge: FakeEdge, isolation: Isolation | None = None, *, attached: bool = True
-) -> AsyncIterator[AttemptManager]:
-    """An agent's attempt manager for DATA_DIR, its link EDGE's, attached to it unless told
-    not (no stream yet); when the block ends the agent is gone (its supervisors run on)."""
-    manager = AttemptManager(data_dir, isolation or Isolation.detect(data_dir), edge.link)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.run)
-        if attached:
-            edge.link.attach(edge)
-        yield manager
-        nursery.cancel_scope.cancel()
-
-
 async def hand(manager: AttemptManager, raw: dict[str, Any], lost_after: float = 15.0) -> None:
     await hand_over(
         raw,
@@ -240,13 +114,6 @@ async def hand(manager: AttemptManager, raw: dict[str, Any], lost_after: float =
         grants=grants_for(manager.data_dir),
         lost_after=lost_after,
     )
-
-
-async def until(condition: Callable[[], bool], within: float = ATTEMPT_BOUND) -> None:
-    """Until CONDITION holds (what it looks at changes in other processes: polled)."""
-    with trio.fail_after(within):
-        while not condition():  # noqa: ASYNC110
-            await trio.sleep(0.05)
 
 
 def run_attempt(

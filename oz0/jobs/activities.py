@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from oz0.jobs import placement, secret_env, store
+from oz0.jobs import parts, placement, secret_env, store
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import SECRETS_UNAVAILABLE, AttemptEnd, Finish, Placed
 from oz0.store.pool import Database
@@ -122,6 +122,15 @@ class JobActivities:
             return Placed(placed.number, None, placed.reason, placed.ended, placed.part)
         sealed = secret_env.for_attempt(conn, self.keeper, job.id, placed.number, placed.node)
         grant = self._grant(job, placed.number, placed.node, sealed)
+        if job.streamed and parts.takes_stream(conn, placed.node):
+            # A row its node's edge sends: the grant and the secrets stay out of the
+            # workflow's history (the row has them until the attempt ends).
+            message = parts.attempt_message(job, placed.number, grant, sealed)
+            parts.mark_streamed(conn, job.id, placed.number, placed.node, message)
+            return Placed(
+                placed.number, placed.node, placed.reason, placed.ended, placed.part,
+                streamed=True,
+            )  # fmt: skip
         return Placed(
             placed.number, placed.node, placed.reason, placed.ended, placed.part, grant, sealed
         )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -19,6 +20,9 @@ LOCAL_STEPS_SCHEMA = 22
 # no node heard of (JobInput.watch_heard, heard.py), and run a job's first attempt placed
 # by the server that started the workflow (JobInput.first).
 WATCH_HEARD_SCHEMA = FIRST_PLACED_SCHEMA = 24
+# The first schema of a release whose job workers run attempts as rows sent over the
+# nodes' control streams (JobInput.streamed, oz0/jobs/parts.py) and whose edges send them.
+STREAMED_SCHEMA = 25
 
 
 @dataclass(frozen=True)
@@ -28,14 +32,28 @@ class Everywhere:
     local_steps: bool
     watch_heard: bool
     first_placed: bool = False
+    streamed: bool = False
 
 
 def everywhere(conn: store.Conn) -> Everywhere:
     """What every server up runs (one query)."""
     at_least = partial(membership.all_at_least, membership.live_schemas(conn))
     return Everywhere(
-        at_least(LOCAL_STEPS_SCHEMA), at_least(WATCH_HEARD_SCHEMA), at_least(FIRST_PLACED_SCHEMA)
+        at_least(LOCAL_STEPS_SCHEMA),
+        at_least(WATCH_HEARD_SCHEMA),
+        at_least(FIRST_PLACED_SCHEMA),
+        at_least(STREAMED_SCHEMA),
     )
+
+
+def streaming(conn: store.Conn, jobs: list[store.Job], runs: Everywhere) -> list[store.Job]:
+    """JOBS, about to have their workflows started: recorded streaming their attempts if
+    every server up runs that (RUNS), in the caller's transaction, so that placement
+    (activities.py) and the workflow agree."""
+    if not (runs.streamed and runs.local_steps) or not jobs:
+        return jobs
+    store.set_streamed(conn, [job.id for job in jobs])
+    return [dataclasses.replace(job, streamed=True) for job in jobs]
 
 
 def job_input(job: store.Job, runs: Everywhere, first: Placed | None = None) -> JobInput:
@@ -59,4 +77,7 @@ def job_input(job: store.Job, runs: Everywhere, first: Placed | None = None) -> 
         local_steps=runs.local_steps,
         watch_heard=runs.watch_heard and runs.local_steps,
         first=first if runs.first_placed and runs.local_steps else None,
+        # As the job's row says (set as its workflow was claimed to start: role.py), so
+        # that the workflow and its placement agree.
+        streamed=job.streamed and runs.local_steps,
     )

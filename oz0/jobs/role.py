@@ -37,12 +37,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from oz0 import pki
-from oz0.jobs import heard, inputs, secret_env, store
+from oz0.jobs import heard, inputs, parts, secret_env, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.schedule_steps import ScheduleSteps
 from oz0.jobs.scheduled import ScheduledWorkflow
-from oz0.jobs.workflow import JOBS_QUEUE, JobWorkflow, Placed
+from oz0.jobs.workflow import JOBS_QUEUE, NODE_LOST, PARTS_ENDED, JobWorkflow, PartEnd, Placed
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -215,6 +215,27 @@ class JobsRole:
                 await db.transaction(
                     partial(store.removal_signalled, job_id=r.job_id, number=r.number)
                 )
+        await self._sweep_parts(temporal)
+
+    async def _sweep_parts(self, temporal: Outage) -> None:
+        """Streamed parts (parts.py): those whose node fell silent for their lost-after
+        move as a removed node's do; ends an edge recorded but could not signal are told."""
+        silent, untold = await self.db.transaction(
+            lambda conn: (parts.silent_parts(conn), parts.unsignalled_ends(conn))
+        )
+        for job_id, tenant, number in silent:
+            removed = store.Removed(job_id, tenant, number, NODE_LOST)
+            if await self._tell_temporal(temporal, partial(self._signal_removed, removed)):
+                log.info("job %s: attempt %d's node was lost; it moves", job_id, number)
+                await self.db.transaction(
+                    partial(store.removal_signalled, job_id=job_id, number=number)
+                )
+        for told in untold:
+            if await self._tell_temporal(
+                temporal, partial(self.signal_ends, told.tenant, told.job_id, told.ends)
+            ):
+                keys = [(told.job_id, end.number) for end in told.ends]
+                await self.db.transaction(partial(parts.ends_signalled, keys=keys))
 
     async def _tell_temporal(self, temporal: Outage, call: Callable[[], Awaitable[None]]) -> bool:
         """Make CALL on the worker's loop; False (logged once per outage) if it failed.
@@ -278,6 +299,11 @@ class JobsRole:
 
     async def _cancel(self, tenant: str, job_id: str) -> None:
         await self._handle(tenant, job_id).cancel()
+
+    async def signal_ends(self, tenant: str, job_id: str, ends: list[PartEnd]) -> None:
+        """Tell JOB_ID's workflow that ENDS of its streamed parts came (on the worker's
+        loop: through `_tell_temporal`, or the edge's `in_namespace`)."""
+        await self._handle(tenant, job_id).signal(PARTS_ENDED, ends)
 
     async def _signal_removed(self, r: store.Removed) -> None:
         await self._handle(r.tenant, r.job_id).signal("node_removed", args=[r.number, r.because])
@@ -438,6 +464,7 @@ def claim_for_start(
     if not claimed:
         return claimed, inputs.Everywhere(local_steps=False, watch_heard=False), {}
     runs = inputs.everywhere(conn)
+    claimed = inputs.streaming(conn, claimed, runs)
     firsts = {
         job.id: placer.first_placed(conn, job) if runs.first_placed else None for job in claimed
     }

@@ -32,7 +32,9 @@ class ScheduleSteps:
             job = schedules.start_run(conn, schedule_id, run_key)
             if job is None:
                 return RunStarted(None)
-            return RunStarted(inputs.job_input(job, inputs.everywhere(conn)))
+            runs = inputs.everywhere(conn)
+            [job] = inputs.streaming(conn, [job], runs)
+            return RunStarted(inputs.job_input(job, runs))
 
         try:
             return await asyncio.to_thread(self.db.transaction_in_thread, work)

@@ -129,6 +129,8 @@ class Job:
     schedule_id: str | None = None
     # An operator asked for its cancellation (its workflow may not have heard yet).
     cancel_requested: bool = False
+    # Its workflow was started streaming its attempts (parts.py, JobInput.streamed).
+    streamed: bool = False
     attempts: tuple[Attempt, ...] = ()
     # A batch job's parts (job_parts); other jobs have none.
     parts: tuple[Part, ...] = ()
@@ -214,7 +216,7 @@ _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
     " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures,"
-    " schedule_id, cancel_requested"
+    " schedule_id, cancel_requested, streamed"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
@@ -493,6 +495,11 @@ def started(conn: Conn, job_id: str) -> None:
     )
 
 
+def set_streamed(conn: Conn, job_ids: list[str]) -> None:
+    """JOB_IDS' workflows are started streaming their attempts (parts.py)."""
+    conn.execute("UPDATE jobs SET streamed = true WHERE id = ANY(%s)", (job_ids,))
+
+
 def release_claim(conn: Conn, job_id: str) -> None:
     conn.execute("UPDATE jobs SET start_claimed_until = NULL WHERE id = %s", (job_id,))
 
@@ -608,7 +615,7 @@ def end_attempt(
     kept = job_limits.applied_from_node(applied)
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-        " exit_code = %s, applied = %s WHERE job_id = %s AND number = %s",
+        " exit_code = %s, applied = %s, sent = NULL WHERE job_id = %s AND number = %s",
         (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
     )
     tell_followers(conn, job_id)
@@ -636,6 +643,10 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
         " ended_because = 'cancelled' WHERE job_id = %s AND state = 'running'",
         (job_id,),
+    )
+    # A streamed attempt's message (its grant, its sealed secrets) is kept no longer.
+    conn.execute(
+        "UPDATE job_attempts SET sent = NULL WHERE job_id = %s AND sent IS NOT NULL", (job_id,)
     )
     conn.execute(
         "UPDATE jobs SET state = %s, exit_code = %s, reason = %s, ended_at = now()"

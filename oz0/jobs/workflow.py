@@ -79,6 +79,9 @@ REDELIVER, REDELIVER_MAX = "oz0-redeliver-unheard", 2
 # queue costs no more events than that): its heartbeat timeout is the sign after.
 CHECK_HEARD, UNHEARD, HEARD_AFTER, HEARD_CHECKS = "oz0.jobs.check_heard", "Unheard", 5.0, 3
 ON_LOST = ("move", "wait", "fail")
+# The signal that tells a workflow its streamed attempts ended (a list of PartEnd), and the
+# reason a streamed attempt's node fell silent for its lost-after (the sweeper's).
+PARTS_ENDED, NODE_LOST = "parts_ended", "node lost"
 LOST_AFTER = {"move": 15.0, "wait": 600.0, "fail": 15.0}
 # No job timeout: heartbeats alone keep the attempt honest.
 NO_TIMEOUT = dt.timedelta(days=365)
@@ -140,6 +143,10 @@ class JobInput:
     # task hands it out at once, no step before it. None: the workflow places it, as every
     # job whose node was not free then, every `--all` job and every workflow before it.
     first: Placed | None = None
+    # Attempts placed on a node that takes them so are rows sent over its control stream
+    # (Placed.streamed), their ends signalled (`parts_ended`). Set like local_steps
+    # (inputs.py); False: every attempt an activity, as every workflow before.
+    streamed: bool = False
 
     @property
     def lost_after_s(self) -> float:
@@ -177,6 +184,24 @@ class Placed:
     # The job's secrets sealed to NODE's key for attempt NUMBER ("" for none): the
     # attempt's `secrets`, opaque here (oz0_common/sealed_env.py).
     secrets: str = ""
+    # Sent to its node over the node's control stream, from its row (JobInput.streamed):
+    # no activity; its end comes as the `parts_ended` signal (grant and secrets are in the
+    # row only, so None and "" here). False in every history from before.
+    streamed: bool = False
+
+
+@dataclass
+class PartEnd:
+    """How a streamed attempt ended, as the edge recorded it from its node's report
+    (oz0/jobs/parts.py): the same fields `_attempt_ends` makes of an activity's end."""
+
+    number: int
+    because: str
+    exit_code: int | None = None
+    # Which node refused which attempt, and why (because "refused").
+    refusal: str | None = None
+    # LOST or STOPPED, as Outcome.lost.
+    lost: str | None = None
 
 
 @dataclass
@@ -237,6 +262,7 @@ class _Ended(Exception):
 class JobWorkflow:
     def __init__(self) -> None:
         self.removed: dict[int, str] = {}
+        self.ended: dict[int, PartEnd] = {}
         self.number = 0
         # A cancellation came that an attempt's end, being recorded, held off (`_whole`):
         # no part starts after it.
@@ -250,6 +276,13 @@ class JobWorkflow:
     @workflow.signal(name="node_removed")
     def node_removed(self, number: int, because: str) -> None:
         self.removed.setdefault(number, because)
+
+    @workflow.signal(name=PARTS_ENDED)
+    def parts_ended(self, ends: list[PartEnd]) -> None:
+        """Streamed attempts that ended (the edge that stored their nodes' reports, or the
+        sweeper for one whose signal was lost): the first word on each stands."""
+        for end in ends:
+            self.ended.setdefault(end.number, end)
 
     @workflow.run
     async def run(self, job: JobInput) -> str:
@@ -523,6 +556,8 @@ class JobWorkflow:
         """Run PLACED's attempt on its node (with the grant its placement signed and the
         secrets it sealed to that node) until it ends, its node is taken away, or the job
         is cancelled; its end is recorded before this returns."""
+        if placed.streamed:
+            return await self._streamed(job, placed)
         number, node = placed.number, placed.node
         assert node is not None
         timeout = job.timeout
@@ -547,6 +582,31 @@ class JobWorkflow:
             return await self._attempt_ends(job, placed, attempt, handle, by_id)
         finally:
             self.unconfirmed.pop(number, None)
+
+    async def _streamed(self, job: JobInput, placed: Placed) -> Outcome:
+        """PLACED's attempt, a row its node's edge sends over the control stream: until
+        its end is signalled (`parts_ended`, recorded already), its node is taken away or
+        lost (`node_removed`, recorded here), or the job is cancelled. No activity, no
+        timer: what happens to the part happens in rows, and only its end is heard."""
+        number = placed.number
+        try:
+            await workflow.wait_condition(lambda: number in self.ended or number in self.removed)
+        except asyncio.CancelledError:
+            if number in self.ended:  # its end came with the cancellation: too late for it
+                return _part_outcome(self.ended[number], cancelled=True)
+            # The node hears of it from its edge, which reads the attempt ended so.
+            await _end(job, AttemptEnd(job.job_id, number, "cancelled", None))
+            raise
+        if number in self.ended:
+            return _part_outcome(self.ended[number])
+        removed = self.removed[number]
+        because, late = await _whole(job, _end(job, AttemptEnd(job.job_id, number, removed, None)))
+        if because != removed:
+            # Its node's report was recorded first (the first end stands): its signal,
+            # from the edge or the sweeper, says how it ended.
+            await workflow.wait_condition(lambda: number in self.ended)
+            return _part_outcome(self.ended[number], cancelled=late)
+        return Outcome(because, None, lost=LOST if because == NODE_LOST else None, cancelled=late)
 
     async def _attempt_ends(
         self,
@@ -634,6 +694,10 @@ class JobWorkflow:
             )
         )  # fmt: skip
         return Outcome(because, code, cancelled=late or later)
+
+
+def _part_outcome(end: PartEnd, *, cancelled: bool = False) -> Outcome:
+    return Outcome(end.because, end.exit_code, end.refusal, end.lost, cancelled)
 
 
 def _part_failed(outcome: Outcome) -> bool:

@@ -26,7 +26,10 @@ NODE_LINKS = "oz0_node_links"
 # A job's record changed (output added, an attempt placed or ended, the job queued or
 # ended); the payload is its ID. Followers of the job's output wait on it (watch_job).
 JOBS = "oz0_jobs"
-CHANNELS = (NODES, OPERATORS, NODE_LINKS, JOBS)
+# A streamed attempt was placed on a node (oz0/jobs/parts.py); the payload is the node's
+# ID. The edge holding the node's stream sends what waits for it (watch_attempts).
+ATTEMPTS = "oz0_attempts"
+CHANNELS = (NODES, OPERATORS, NODE_LINKS, JOBS, ATTEMPTS)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]
@@ -117,6 +120,7 @@ class EventHub:
     _subscribers: dict[str, list[Subscriber]] = field(default_factory=lambda: defaultdict(list))
     _node_watches: dict[str, list[NodeWatch]] = field(default_factory=lambda: defaultdict(list))
     _job_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
+    _attempt_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
     on_gap: list[Callable[[], None]] = field(default_factory=list)
     # Whether notifications reach us now: while not, a watch of a job would wait in vain,
     # so a reader that would wait reads again on its own clock instead.
@@ -159,6 +163,21 @@ class EventHub:
                 if not watches:
                     del self._job_watches[job_id]
 
+    @contextmanager
+    def watch_attempts(self, node_id: str) -> Iterator[JobWatch]:
+        """A watch of the streamed attempts placed on NODE_ID, woken at each placement and
+        after a gap in the notifications. Watch before reading them."""
+        watch = JobWatch()
+        self._attempt_watches[node_id].append(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._attempt_watches.get(node_id)
+            if watches is not None:
+                watches.remove(watch)
+                if not watches:
+                    del self._attempt_watches[node_id]
+
     def _wake_jobs(self) -> None:
         for watches in self._job_watches.values():
             for watch in watches:
@@ -182,6 +201,9 @@ class EventHub:
         elif notification.channel == JOBS:
             for watch in self._job_watches.get(notification.payload, ()):
                 watch.wake()
+        elif notification.channel == ATTEMPTS:
+            for watch in self._attempt_watches.get(notification.payload, ()):
+                watch.wake()
 
     def _gap(self) -> None:
         for callback in self.on_gap:
@@ -191,6 +213,9 @@ class EventHub:
                 if watch.wake_on_gap:
                     watch.wake(None)
         self._wake_jobs()
+        for attempt_watches in self._attempt_watches.values():
+            for attempt_watch in attempt_watches:
+                attempt_watch.wake()
 
     def _lost(self) -> None:
         """The LISTEN connection is gone: the jobs' watchers read now and, until it is back,

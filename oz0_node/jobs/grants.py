@@ -47,6 +47,11 @@ class AttemptRefused(Exception):
         self.reason = reason
 
 
+class GrantExpired(AttemptRefused):
+    """The grant's not_after has passed: the attempt waited too long to reach this node
+    (the cluster moves it rather than fail the job: another node gets a fresh grant)."""
+
+
 class RunRecord:
     """The (job, attempt)s this node has run, each until its grant's not_after."""
 
@@ -136,7 +141,7 @@ class GrantCheck:
         if not isinstance(not_after, int | float) or isinstance(not_after, bool):
             raise AttemptRefused("the grant has no not_after")
         if now > not_after + CLOCK_SKEW:
-            raise AttemptRefused(f"the grant expired {now - not_after:.0f} s ago")
+            raise GrantExpired(f"the grant expired {now - not_after:.0f} s ago")
         secrets = raw.get("secrets")
         env = raw.get("env") or {}
         given = {

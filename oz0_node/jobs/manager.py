@@ -53,6 +53,7 @@ from oz0_node.identity import DEFAULT_MAX_JOBS
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import ATTEMPT_ENDED, NODE_STOPPING, Answer
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
+from oz0_node.jobs.grants import RunRecord
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
@@ -172,6 +173,8 @@ class AttemptManager:
         self.link = link if link is not None else EdgeLink()
         self._live: dict[Key, Tracked] = {}
         self._reserved = 0
+        self._freed = trio.Event()
+        self._run_record: RunRecord | None = None
         # How many times stop_all has run, and why last: an attempt whose supervisor was
         # being launched meanwhile is ended as soon as it is (`start`).
         self._stops = 0
@@ -226,8 +229,35 @@ class AttemptManager:
         self._reserved += 1
         return True
 
+    async def reserve(self) -> None:
+        """Until a slot is free, then take it (an attempt sent over the stream waits here;
+        `start` gives it back)."""
+        while not self.try_reserve():
+            await self._freed.wait()
+
     def release(self) -> None:
         self._reserved -= 1
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        self._freed.set()
+        self._freed = trio.Event()
+
+    def has(self, job_id: str, attempt: int) -> bool:
+        """Whether that attempt is followed here (running, or its end being reported)."""
+        return (job_id, attempt) in self._live
+
+    def start_soon(self, work: Callable[[], Awaitable[None]]) -> None:
+        """WORK in the manager's nursery: it outlives the stream that brought it."""
+        assert self._nursery is not None, "start_soon() before run()"
+        self._nursery.start_soon(work)
+
+    def run_record(self, data_dir: Path) -> RunRecord:
+        """The agent's one record of the attempts it ran (grants.py): every way an attempt
+        comes in checks against it, so that a write of one keeps the other's entries."""
+        if self._run_record is None:
+            self._run_record = RunRecord.load(data_dir)
+        return self._run_record
 
     async def start(
         self, spec: SupervisedSpec, lost_after: float, answer: Answer | None = None
@@ -330,6 +360,7 @@ class AttemptManager:
                 log.warning("job %s: its directory is not removed: %s", tracked.label, e)
         finally:
             self._live.pop(tracked.key, None)
+            self._slot_freed()
             tracked.done.set()
 
     async def _fault(self, tracked: Tracked, error: Exception) -> Message | None:

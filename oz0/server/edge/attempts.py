@@ -18,9 +18,15 @@ database, that the attempt is placed on this very node (docs/node-protocol.md):
 - `attempt_done` {"job", "attempt", "result" | "failure" | "cancelled"}: the activity
   completed, failed (non-retryable, of the node's type and message) or reported cancelled,
   answered `attempt_done_ack` {"stored", "reason": null | "ended" | "unavailable"}.
-- `max_jobs` {"max_jobs": N} (1..MAX_JOBS): how many attempts the node runs at once,
-  sent once on each stream; recorded on the node's row for placement, tried again while the
+- `max_jobs` {"max_jobs": N, "attempts": "stream"?} (1..MAX_JOBS): how many attempts the
+  node runs at once, sent once on each stream, and whether it takes attempts over the
+  stream (deliveries.py); recorded on the node's row for placement, tried again while the
   database is away. Nothing is answered.
+
+A streamed attempt (oz0/jobs/parts.py) has no activity: its attempt_alive is answered from
+its row alone (read again every beat: `attempt_stop` once it ended, cancelled or moved),
+and its attempt_done is written with the others that came with it (part_ends.py) and told
+to its workflow; the node's liveness is its stream's heartbeats, written in bulk.
 
 Every Temporal call has a deadline (CALL_TIMEOUT) and runs in a task of the stream's own:
 the stream goes on reading meanwhile. A stream has one attempt_alive at Temporal at a time
@@ -46,12 +52,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from oz0 import nodes
-from oz0.jobs import store
+from oz0.jobs import parts, store
 from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.deliveries import Deliveries
 from oz0.server.edge.wire import Closed, Wire
-from oz0.store.outage import Outage, until_it_works
+from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0_common.asyncio_portal import CallCancelled, PortalClosed
 from oz0_common.attempt_heartbeat import HEARD
 
@@ -62,6 +69,8 @@ DONE = "attempt_done"
 STOP = "attempt_stop"
 DONE_ACK = "attempt_done_ack"
 MAX_JOBS_SAID = "max_jobs"
+# What a node that takes attempts over its stream says in its max_jobs.
+BY_STREAM = "stream"
 MAX_ALIVE = 100
 # Temporal writes every heartbeat to the workflow's history shard: one per attempt a second
 # (each attempt_alive) was 100 writes a second at 100 running attempts, which starved a
@@ -148,9 +157,16 @@ class NodeAttempts:
     """One control stream's attempt messages; their tasks run in NURSERY (the stream's)."""
 
     def __init__(
-        self, edge: Edge, ws: Wire, node_id: str, tenant: str, nursery: trio.Nursery
+        self,
+        edge: Edge,
+        ws: Wire,
+        node_id: str,
+        tenant: str,
+        nursery: trio.Nursery,
+        deliveries: Deliveries | None = None,
     ) -> None:
         self._edge = edge
+        self._deliveries = deliveries
         self._ws = ws
         self._node_id = node_id
         self._tenant = tenant
@@ -161,6 +177,8 @@ class NodeAttempts:
         self._confirmed: dict[AttemptRef, float] = {}
         # When this stream last heartbeated each.
         self._beaten: dict[AttemptRef, float] = {}
+        # Those of _confirmed that are streamed: no activity, their row alone says.
+        self._streamed: set[AttemptRef] = set()
         self._alive_busy = False
         self._done_busy = 0
 
@@ -174,21 +192,24 @@ class NodeAttempts:
             elif kind == DONE:
                 await self._done(Done.parse(message))
             elif kind == MAX_JOBS_SAID:
-                self._nursery.start_soon(self._record_max_jobs, _max_jobs(message))
+                count, by_stream = _max_jobs(message), message.get("attempts") == BY_STREAM
+                self._nursery.start_soon(self._record_max_jobs, count, by_stream)
         except BadAttemptMessage as e:
             log.warning("node %s sent an %s that is not one (%s); ignored", self._node_id, kind, e)
 
-    async def _record_max_jobs(self, count: int) -> None:
-        """The node's max_jobs on its row, once the database takes it (the stream's life
-        at most): placement would otherwise go on with the old figure until the next
-        stream."""
+    async def _record_max_jobs(self, count: int, by_stream: bool) -> None:
+        """The node's max_jobs, and whether it takes attempts over its stream, on its row,
+        once the database takes it (the stream's life at most): placement would otherwise
+        go on with the old figures until the next stream."""
         outage = Outage(f"recording node {self._node_id}'s max_jobs", log)
-        await until_it_works(
-            outage,
-            lambda: self._edge.db.transaction(
-                lambda conn: nodes.set_max_jobs(conn, self._node_id, count)
-            ),
-        )
+
+        def record(conn: store.Conn) -> None:
+            nodes.set_max_jobs(conn, self._node_id, count)
+            parts.set_takes_stream(conn, self._node_id, by_stream)
+
+        await until_it_works(outage, lambda: self._edge.db.transaction(record))
+        if by_stream and self._deliveries is not None:
+            self._deliveries.node_takes_them()
 
     def _alive(self, message: dict[str, Any]) -> None:
         entries = message.get("attempts")
@@ -230,6 +251,15 @@ class NodeAttempts:
             running = await self._running(refs, stops, cached=True)
             now = trio.current_time()
             due = [r for r in running if now - self._beaten.get(r, -math.inf) >= self._confirmed[r]]
+            streamed = [r for r in due if r in self._streamed]
+            if streamed:
+                # No activity to heartbeat: the row says whether it still runs.
+                for ref in streamed:
+                    self._beaten[ref] = now
+                ended = len(stops)
+                await self._running(streamed, stops, cached=False)
+                self._forget([ref for ref, _ in stops[ended:]])
+                due = [r for r in due if r not in self._streamed]
             beats = await self._call(heartbeats(due)) if due else None
             if beats is not None:
                 for ref, beat in zip(due, beats, strict=True):
@@ -254,11 +284,13 @@ class NodeAttempts:
         try:
             reason: str | None = "unavailable"
             try:
-                if await self._running([done.ref], [], cached=False):
+                if not await self._running([done.ref], [], cached=False):
+                    reason = "ended"
+                elif done.ref in self._streamed:
+                    reason = await self._record_end(done)
+                else:
                     answer = await self._call(settling(done))
                     reason = None if answer == "stored" else answer or "unavailable"
-                else:
-                    reason = "ended"
             except DatabaseUnavailable:
                 self._edge.metrics.attempt_call_unavailable()
             if reason != "unavailable":
@@ -267,6 +299,20 @@ class NodeAttempts:
             self._done_busy -= 1
             self._edge.attempt_calls.release_on_behalf_of(token)
         await self._ack(done.ref, reason is None, reason)
+
+    async def _record_end(self, done: Done) -> str | None:
+        """A streamed attempt's end, written (with others) and then told to its workflow:
+        None once stored, "ended" if it had ended otherwise, "unavailable"."""
+        report = parts.Report(
+            self._node_id, done.ref.job, done.ref.number,
+            result=done.result, failure=done.failure, cancelled=done.cancelled,
+        )  # fmt: skip
+        try:
+            recorded = await self._edge.part_ends.record(report)
+        except DATABASE_ERRORS:
+            return "unavailable"
+        self._edge.part_ends.tell(recorded)
+        return None if recorded.answer == parts.STORED else "ended"
 
     async def _running(
         self, refs: list[AttemptRef], stops: list[tuple[AttemptRef, str]], *, cached: bool
@@ -278,16 +324,21 @@ class NodeAttempts:
         if not asked:
             return list(refs)
 
-        def read(conn: store.Conn) -> tuple[list[str], dict[str, float]]:
-            states = store.attempts_of_node(conn, self._node_id, [(r.job, r.number) for r in asked])
+        def read(conn: store.Conn) -> tuple[list[str], dict[str, float], set[tuple[str, int]]]:
+            keys = [(r.job, r.number) for r in asked]
+            states = store.attempts_of_node(conn, self._node_id, keys)
             running = [
                 r.job for r, state in zip(asked, states, strict=True) if state == store.RUNNING
             ]
-            return states, store.lost_after_of(conn, running) if running else {}
+            if not running:
+                return states, {}, set()
+            return states, store.lost_after_of(conn, running), parts.streamed_among(conn, keys)
 
-        states, lost_after = await self._edge.transaction(read)
+        states, lost_after, streamed = await self._edge.transaction(read)
         for ref, state in zip(asked, states, strict=True):
             if state == store.RUNNING:
+                if (ref.job, ref.number) in streamed:
+                    self._streamed.add(ref)
                 every = lost_after.get(ref.job, BEAT_MIN / BEAT_SHARE) * BEAT_SHARE
                 self._confirmed[ref] = min(max(every, BEAT_MIN), BEAT_MAX)
                 continue
@@ -303,6 +354,7 @@ class NodeAttempts:
         for ref in refs:
             self._confirmed.pop(ref, None)
             self._beaten.pop(ref, None)
+            self._streamed.discard(ref)
 
     async def _call(self, make: Callable[[Client], Awaitable[Any]]) -> Any:
         """MAKE in the node's tenant's namespace; None (counted) if Temporal cannot be

@@ -18,6 +18,7 @@ from oz0.server.edge.heartbeats import Heartbeats
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
+from oz0.server.edge.part_ends import PartEnds
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Wire
 from oz0.store.batches import Batches
@@ -99,9 +100,13 @@ class Edge:
     state_reads: Batches = field(init=False)
     # Attempts nodes refused, audited at a bounded rate; its `run` is started with the edge.
     attempt_refusals: AttemptRefusals = field(init=False)
+    # Streamed parts' ends (part_ends.py), written in batches and told to their workflows;
+    # its `run` is started with the edge.
+    part_ends: PartEnds = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempt_refusals = AttemptRefusals(self.db)
+        self.part_ends = PartEnds(self.db, lambda: self.in_namespace)
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
         self.state_reads = state_reads(self.prompt)

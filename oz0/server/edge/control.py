@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.server.edge import attempt_refusals, attempts, job_output, renew
+from oz0.server.edge import attempt_refusals, attempts, deliveries, job_output, renew
 from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
@@ -91,7 +91,9 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
             renewing = trio.Lock()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
-                reports = attempts.NodeAttempts(edge, ws, node_id, node.tenant, nursery)
+                sending = deliveries.Deliveries(edge, ws, node_id)
+                reports = attempts.NodeAttempts(edge, ws, node_id, node.tenant, nursery, sending)
+                nursery.start_soon(sending.run)
                 nursery.start_soon(
                     _receive_from_node,
                     edge,
@@ -99,6 +101,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     beat,
                     node.tenant,
                     reports,
+                    sending,
                     key,
                     answers,
                     ending,
@@ -155,6 +158,7 @@ async def _receive_from_node(
     beat: Beat,
     tenant: str,
     reports: attempts.NodeAttempts,
+    sending: deliveries.Deliveries,
     key: ec.EllipticCurvePublicKey,
     answers: PurgeAnswers,
     ending: trio.Event,
@@ -190,6 +194,8 @@ async def _receive_from_node(
                 await edge.attempt_refusals.refused(node_id, tenant, message)
             elif message.get("type") in (attempts.ALIVE, attempts.DONE, attempts.MAX_JOBS_SAID):
                 await reports.received(message)
+            elif message.get("type") == deliveries.TAKEN:
+                await sending.answered(message)
     except Closed:
         pass
     scope.cancel()

@@ -1,0 +1,297 @@
+"""Streamed parts: attempts that are rows sent over their node's control stream (issue 41),
+not Temporal activities. Their SQL and the rules that read a node's report of one.
+
+- Placing one (activities.JobActivities, in the placement's transaction) writes the
+  attempt message into its row (`sent`) and NOTIFYs ATTEMPTS with the node's ID: the edge
+  that holds the node's stream reads what waits for it (`waiting_for`) and sends it.
+- The node reports its end over whatever stream it has; that edge records the ends of
+  many parts in one transaction (`record_ends`, which first checks that each is the node's
+  own and still running), acks them, then signals each job's workflow once for all of its
+  parts that ended (`parts_ended`) and marks them told (`ends_signalled`).
+- The sweeper tells the workflows what an edge could not (`unsignalled_ends`: the signal
+  was lost with its server) and the parts whose node no server has heard from for their
+  job's lost-after (`silent_parts`): moved as a removed node's are (`node_removed`).
+
+A node's liveness is its row's `last_seen`, which the edges refresh in bulk with their
+heartbeats (edge/tracking.py): nothing is written per part while it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from oz0.jobs import limits as job_limits
+from oz0.jobs.spec_text import LOST_AFTER
+from oz0.jobs.store import Conn, Job, gone_because, tell_followers
+from oz0.jobs.workflow import ATTEMPT_REFUSED, NODE_STOPPING, SECRETS_UNREADABLE, STOPPED, PartEnd
+from oz0.store.events import ATTEMPTS
+
+# A part's end not yet told to its workflow this long after it was recorded: the edge that
+# recorded it did not get the signal through (its server died, Temporal was away).
+SIGNAL_LATE = dt.timedelta(seconds=2)
+MAX_SWEPT = 500
+
+
+def attempt_message(job: Job, number: int, grant: Mapping[str, str], sealed: str) -> dict[str, Any]:
+    """Attempt NUMBER of JOB as its node gets it: the fields an activity's input had
+    (docs/node-protocol.md, "Jobs"), which its GRANT signs."""
+    attempt: dict[str, Any] = {
+        "job_id": job.id,
+        "attempt": number,
+        "command": job.command,
+        "env": job.env,
+        "timeout": job.timeout,
+        "grant": dict(grant),
+    }
+    if job.limits:  # only when asked, as the grant signs them
+        attempt["limits"] = job.limits
+    if sealed:
+        attempt["secrets"] = sealed
+    return attempt
+
+
+def takes_stream(conn: Conn, node_id: str) -> bool:
+    """Whether NODE_ID's agent said it takes attempts over its control stream."""
+    row = conn.execute("SELECT attempts_by_stream FROM nodes WHERE id = %s", (node_id,)).fetchone()
+    return bool(row and row[0])
+
+
+def set_takes_stream(conn: Conn, node_id: str, takes: bool) -> None:
+    """What the node's agent said on its latest stream (an older agent says nothing:
+    False); unchanged rows are not written."""
+    conn.execute(
+        "UPDATE nodes SET attempts_by_stream = %s WHERE id = %s AND attempts_by_stream <> %s",
+        (takes, node_id, takes),
+    )
+
+
+def mark_streamed(
+    conn: Conn, job_id: str, number: int, node_id: str, message: dict[str, Any]
+) -> None:
+    """Attempt NUMBER (just placed on NODE_ID) goes over the node's stream as MESSAGE;
+    the edge holding that stream hears of it at the commit."""
+    conn.execute(
+        "UPDATE job_attempts SET streamed = true, sent = %s"
+        " WHERE job_id = %s AND number = %s AND state = 'running'",
+        (Jsonb(message), job_id, number),
+    )
+    conn.execute("SELECT pg_notify(%s, %s)", (ATTEMPTS, node_id))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A streamed attempt its node is to run: the message, and its job's lost-after."""
+
+    job_id: str
+    number: int
+    message: dict[str, Any]
+    lost_after: float
+
+
+def waiting_for(conn: Conn, node_id: str) -> list[Waiting]:
+    """NODE_ID's streamed attempts still running (sent again to a node that has them
+    already: it answers so and runs nothing twice)."""
+    rows = conn.execute(
+        "SELECT a.job_id, a.number, a.sent, j.lost_after_s, j.on_lost FROM job_attempts a"
+        " JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.node_id = %s AND a.state = 'running' AND a.streamed AND a.sent IS NOT NULL"
+        " ORDER BY a.started_at, a.job_id, a.number",
+        (node_id,),
+    ).fetchall()
+    return [Waiting(str(r[0]), int(r[1]), r[2], _lost_after(r[3], r[4])) for r in rows]
+
+
+def _lost_after(seconds: float | None, on_lost: str | None) -> float:
+    if seconds is not None:
+        return float(seconds)
+    return LOST_AFTER.get(str(on_lost), LOST_AFTER["move"])
+
+
+def streamed_among(conn: Conn, keys: list[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Those of KEYS (job, attempt) that are streamed."""
+    rows = conn.execute(
+        "SELECT a.job_id, a.number FROM unnest(%s::text[], %s::int[]) AS w(job_id, number)"
+        " JOIN job_attempts a ON a.job_id = w.job_id AND a.number = w.number WHERE a.streamed",
+        ([k[0] for k in keys], [k[1] for k in keys]),
+    ).fetchall()
+    return {(str(r[0]), int(r[1])) for r in rows}
+
+
+# --- a node's report of a part's end --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a node said of its streamed attempt: exactly one of RESULT, FAILURE (type,
+    message) or CANCELLED, as in its `attempt_done` (edge/attempts.py parses it)."""
+
+    node_id: str
+    job_id: str
+    number: int
+    result: Mapping[str, Any] | None = None
+    failure: tuple[str, str] | None = None
+    cancelled: bool = False
+
+    def __call__(self, conn: Conn) -> Recorded:
+        """This report written alone (a batch of reports is written by `record_ends`)."""
+        [recorded] = record_ends(conn, [self])
+        return recorded
+
+
+def part_end(report: Report) -> tuple[PartEnd, dict[str, Any] | None]:
+    """The part's end as its workflow reads it, and what the node said it applied, by the
+    same rules as an activity's end (workflow._attempt_ends): a result is its exit (or
+    timeout); the node's refusal fails the job; secrets it could not read move the part;
+    anything else the node says went wrong is its node's fault, the part moved ("node
+    lost": what became of the node decides, as `gone_because` reads it at the write)."""
+    number = report.number
+    if report.result is not None:
+        result = report.result
+        because = "timeout" if result.get("ended_because") == "timeout" else "exit"
+        code = result.get("exit_code")
+        applied = result.get("applied")
+        return (
+            PartEnd(number, because, code if _whole(code) else None),
+            applied if isinstance(applied, dict) else None,
+        )
+    if report.cancelled:
+        return PartEnd(number, "cancelled"), None
+    assert report.failure is not None
+    kind, message = report.failure
+    if kind == ATTEMPT_REFUSED:
+        refusal = f"node {report.node_id} refused attempt {number}: {message}"
+        return PartEnd(number, "refused", refusal=refusal), None
+    if kind == SECRETS_UNREADABLE:
+        return PartEnd(number, "node could not read secrets"), None
+    # Decided at the write by what became of the node (NODE_FATE): "" stands for that.
+    return PartEnd(number, "", lost=STOPPED if kind == NODE_STOPPING else None), None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What record_ends says of each report: stored, or not the node's (or not running).
+STORED, ENDED = "stored", "ended"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A report's fate: STORED with the end its workflow is told (and its tenant), or
+    ENDED (not this node's, not streamed, or ended already: nothing to do)."""
+
+    answer: str
+    job_id: str | None = None
+    tenant: str | None = None
+    end: PartEnd | None = None
+
+
+def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
+    """Each of REPORTS recorded as its part's end, if it is its node's streamed attempt and
+    still running; in one transaction, the rows locked in key order (two edges writing
+    the same parts cannot cross)."""
+    order = sorted(range(len(reports)), key=lambda i: (reports[i].job_id, reports[i].number))
+    rows = {
+        (str(r[0]), int(r[1])): r[2:]
+        for r in conn.execute(
+            "SELECT a.job_id, a.number, a.node_id, a.state, a.streamed, j.tenant, n.state"
+            " FROM unnest(%s::text[], %s::int[]) AS w(job_id, number)"
+            " JOIN job_attempts a ON a.job_id = w.job_id AND a.number = w.number"
+            " JOIN jobs j ON j.id = a.job_id LEFT JOIN nodes n ON n.id = a.node_id"
+            " ORDER BY a.job_id, a.number FOR UPDATE OF a",
+            ([reports[i].job_id for i in order], [reports[i].number for i in order]),
+        ).fetchall()
+    }
+    out: list[Recorded] = []
+    told: set[str] = set()
+    for report in reports:
+        row = rows.get((report.job_id, report.number))
+        if row is None:
+            out.append(Recorded(ENDED))
+            continue
+        node_id, state, streamed, tenant, node_state = row
+        if node_id != report.node_id or state != "running" or not streamed:
+            out.append(Recorded(ENDED))
+            continue
+        end, applied = part_end(report)
+        if not end.because:
+            end = dataclasses.replace(end, because=gone_because(node_state))
+        kept = job_limits.applied_from_node(applied)
+        conn.execute(
+            "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
+            " exit_code = %s, applied = %s, part_end = %s, sent = NULL"
+            " WHERE job_id = %s AND number = %s",
+            (
+                end.because, end.exit_code, None if kept is None else Jsonb(kept),
+                Jsonb(dataclasses.asdict(end)), report.job_id, report.number,
+            ),
+        )  # fmt: skip
+        rows[(report.job_id, report.number)] = (node_id, "ended", streamed, tenant, node_state)
+        if report.job_id not in told:
+            told.add(report.job_id)
+            tell_followers(conn, report.job_id)
+        out.append(Recorded(STORED, report.job_id, str(tenant), end))
+    return out
+
+
+def ends_signalled(conn: Conn, keys: list[tuple[str, int]]) -> None:
+    """The workflows of KEYS (job, attempt) were told of those ends."""
+    if keys:
+        conn.execute(
+            "UPDATE job_attempts SET end_signalled = true FROM unnest(%s::text[], %s::int[])"
+            " AS w(job_id, number) WHERE job_attempts.job_id = w.job_id"
+            " AND job_attempts.number = w.number AND NOT end_signalled",
+            ([k[0] for k in keys], [k[1] for k in keys]),
+        )
+
+
+@dataclass(frozen=True)
+class Untold:
+    """A job's streamed parts that ended without their workflow hearing of it."""
+
+    tenant: str
+    job_id: str
+    ends: list[PartEnd]
+
+
+def unsignalled_ends(conn: Conn) -> list[Untold]:
+    """Parts whose end was recorded more than SIGNAL_LATE ago and not yet told, grouped by
+    job (a workflow that has ended meanwhile answers NOT_FOUND: told, as far as it goes)."""
+    rows = conn.execute(
+        "SELECT a.job_id, j.tenant, a.part_end FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.streamed AND a.state = 'ended' AND NOT a.end_signalled AND j.workflow_started"
+        " AND a.part_end IS NOT NULL AND a.ended_at < now() - %s"
+        " ORDER BY a.job_id, a.number LIMIT %s",
+        (SIGNAL_LATE, MAX_SWEPT),
+    ).fetchall()
+    grouped: dict[str, Untold] = {}
+    for job_id, tenant, end in rows:
+        told = grouped.setdefault(str(job_id), Untold(str(tenant), str(job_id), []))
+        told.ends.append(PartEnd(**end))
+    return list(grouped.values())
+
+
+def silent_parts(conn: Conn) -> list[tuple[str, str, int]]:
+    """(job, tenant, attempt) of the streamed parts still running whose node no server
+    has heard from for their job's lost-after (its stream gone, or its server dead), not
+    yet told to their workflow (`removal_signalled`, as a removed node's)."""
+    rows = conn.execute(
+        "SELECT a.job_id, j.tenant, a.number FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+        " JOIN nodes n ON n.id = a.node_id LEFT JOIN servers s ON s.id = n.server"
+        " WHERE a.streamed AND a.state = 'running' AND NOT a.removal_signalled"
+        " AND n.state = 'accepted'"
+        " AND a.started_at < now() - make_interval(secs => coalesce(j.lost_after_s,"
+        "  CASE j.on_lost WHEN 'wait' THEN %(wait)s ELSE %(move)s END))"
+        " AND coalesce(least(n.last_seen, CASE WHEN n.server IS NULL THEN n.last_seen"
+        "  ELSE s.last_heartbeat END), '-infinity') < now() - make_interval(secs =>"
+        "  coalesce(j.lost_after_s, CASE j.on_lost WHEN 'wait' THEN %(wait)s ELSE %(move)s END))"
+        " LIMIT %(limit)s",
+        {"wait": LOST_AFTER["wait"], "move": LOST_AFTER["move"], "limit": MAX_SWEPT},
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]

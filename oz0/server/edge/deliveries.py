@@ -1,0 +1,151 @@
+"""The streamed attempts (oz0/jobs/parts.py) of one control stream's node: sent to it, and
+what it says it did with each (docs/node-protocol.md, "Attempts over the stream").
+
+Once the node said it takes attempts over the stream (its `max_jobs` with `attempts:
+"stream"`), the edge reads the node's streamed attempts still running and sends each
+(`attempt`) it has not sent on this stream, again every RESEND_AFTER until the node answers
+(`attempt_taken`), and reads again whenever a placement notifies (hub.watch_attempts).
+A node that has the attempt already (started, waiting for a slot) answers so and starts
+nothing; one that ran it answers `ran`, which ends the part lost if its end was never
+recorded (it cannot have started); one that refused it or could not start it answers
+why, and that is the part's end. Those ends go the way a reported end goes (part_ends.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+
+from oz0.jobs import parts
+from oz0.jobs.spec import is_job_id
+from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.wire import Closed, Wire
+from oz0.store.outage import DATABASE_ERRORS
+
+log = logging.getLogger(__name__)
+
+ATTEMPT = "attempt"
+TAKEN = "attempt_taken"
+# Not answered within this long: sent again (the node runs nothing twice).
+RESEND_AFTER = 3.0
+# The database unavailable: read again after this long.
+RETRY_AFTER = 1.0
+# What a node answers (`taken`), and the failure types the part's end is made of.
+STARTED, RUNS, WAITING, RAN, REFUSED, FAILED = (
+    "started", "runs", "waiting", "ran", "refused", "failed",
+)  # fmt: skip
+HAS_IT = (STARTED, RUNS, WAITING)
+GONE = "AttemptGone"
+MAX_TEXT = 4 * 1024
+
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A node's `attempt_taken`: what it did with (JOB, NUMBER), and why if it did not."""
+
+    job: str
+    number: int
+    taken: str
+    failure: tuple[str, str] | None = None
+
+    @classmethod
+    def parse(cls, message: dict[str, Any]) -> Taken | None:
+        job, number, taken = message.get("job"), message.get("attempt"), message.get("taken")
+        if not isinstance(job, str) or not is_job_id(job):
+            return None
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31:
+            return None
+        if taken in HAS_IT or taken == RAN:
+            return cls(job, number, taken)
+        failure = message.get("failure")
+        kind = failure.get("type") if isinstance(failure, dict) else None
+        text = failure.get("message") if isinstance(failure, dict) else None
+        if taken not in (REFUSED, FAILED) or not isinstance(kind, str) or not kind:
+            return None
+        text = text[:MAX_TEXT] if isinstance(text, str) else ""
+        return cls(job, number, taken, (kind[:100], text))
+
+
+class Deliveries:
+    """One stream's sending of its node's streamed attempts; `run` in the stream's nursery."""
+
+    def __init__(self, edge: Edge, ws: Wire, node_id: str) -> None:
+        self._edge = edge
+        self._ws = ws
+        self._node_id = node_id
+        self._takes = trio.Event()
+        # Sent on this stream and not answered yet: when it was last sent.
+        self._sent: dict[Key, float] = {}
+        # Answered on this stream: not sent again on it.
+        self._answered: set[Key] = set()
+
+    def node_takes_them(self) -> None:
+        self._takes.set()
+
+    async def run(self) -> None:
+        await self._takes.wait()
+        with self._edge.hub.watch_attempts(self._node_id) as placed:
+            while True:
+                try:
+                    waiting = await self._edge.transaction(
+                        partial(parts.waiting_for, node_id=self._node_id)
+                    )
+                except DatabaseUnavailable:
+                    await trio.sleep(RETRY_AFTER)
+                    continue
+                if not await self._send(waiting):
+                    return
+                due = min(self._sent.values(), default=math.inf) + RESEND_AFTER
+                with trio.move_on_at(due):
+                    await placed.wait()
+
+    async def _send(self, waiting: list[parts.Waiting]) -> bool:
+        """Send those of WAITING not answered and not sent lately; False once the stream
+        is closed."""
+        now = trio.current_time()
+        keys = {(w.job_id, w.number) for w in waiting}
+        # Ended meanwhile: nothing more to hear of them here.
+        self._answered &= keys
+        self._sent = {k: at for k, at in self._sent.items() if k in keys}
+        for w in waiting:
+            key = (w.job_id, w.number)
+            if key in self._answered or now - self._sent.get(key, -math.inf) < RESEND_AFTER:
+                continue
+            self._sent[key] = now
+            try:
+                await send(self._ws, ATTEMPT, attempt=w.message, lost_after=w.lost_after)
+            except Closed:
+                return False
+        return True
+
+    async def answered(self, message: dict[str, Any]) -> None:
+        """The node's `attempt_taken`; an end it stands for recorded and told."""
+        taken = Taken.parse(message)
+        if taken is None:
+            log.warning("node %s sent an %s that is not one; ignored", self._node_id, TAKEN)
+            return
+        key = (taken.job, taken.number)
+        self._sent.pop(key, None)
+        self._answered.add(key)
+        if taken.taken in HAS_IT:
+            return
+        if taken.taken == RAN:
+            failure = (GONE, "the node ran it before and has it no more")
+        else:
+            assert taken.failure is not None
+            failure = taken.failure
+        report = parts.Report(self._node_id, taken.job, taken.number, failure=failure)
+        try:
+            recorded = await self._edge.part_ends.record(report)
+        except DATABASE_ERRORS:
+            # Sent again (as not answered) once the database is back; the node answers again.
+            self._answered.discard(key)
+            return
+        self._edge.part_ends.tell(recorded)
