@@ -430,6 +430,7 @@ def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
     files, env = one_server, one_server.cli_env
     [node] = join_agents(cli, files, tmp_path, agents, [{}], max_jobs=1)
     agent = agents[-1]
+    as_an_older_agent(files, node)  # its attempts are activities on its own queue
 
     def detached(*args: str) -> str:
         run = cli("job", "run", "--detach", "--json", *args, env=env)
@@ -458,6 +459,24 @@ def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
     )
 
 
+def as_an_older_agent(files: ClusterFiles, node: str) -> None:
+    """NODE, once its stream said it takes attempts over the stream, shown as an agent of
+    the previous release would be (it never says so): placement gives it activities, for
+    as long as this stream lasts (the next one says it again)."""
+
+    def said() -> bool:
+        with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+            return bool(
+                conn.execute(
+                    "UPDATE nodes SET attempts_by_stream = false"
+                    " WHERE id = %s AND attempts_by_stream RETURNING id",
+                    (node,),
+                ).fetchone()
+            )
+
+    wait_for(said, 20, f"node {node} says it takes attempts over its stream")
+
+
 def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -466,17 +485,24 @@ def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
 
 
 async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
-    """What the job's workflow gave each attempt's node: the activities' inputs."""
+    """What the cluster gave each attempt's node: the activities' inputs (from the job's
+    history), and the messages sent over the node's stream (from the attempts' rows)."""
     client = await Client.connect(
         f"{address}:7233", namespace="default", tls=server_credentials(files).tls()
     )
     history = await client.get_workflow_handle(job_id).fetch_history()
-    return [
+    scheduled = [
         json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "oz0.job.attempt"
     ]
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        rows = conn.execute(
+            "SELECT sent FROM job_attempts WHERE job_id = %s AND streamed ORDER BY number",
+            (job_id,),
+        ).fetchall()
+    return scheduled + [r[0] for r in rows]
 
 
 def pid_alive(pid: int) -> bool:
@@ -602,6 +628,16 @@ async def attempt_history(files: ClusterFiles, job_id: str) -> tuple[list[bytes]
     return [e.SerializeToString() for e in history.events], attempts
 
 
+def attempts_sent(files: ClusterFiles, job_id: str, having: str) -> list[dict[str, Any]]:
+    """The messages sent over the stream for JOB_ID's attempts, those that hold HAVING."""
+    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        rows = conn.execute(
+            "SELECT sent FROM job_attempts WHERE job_id = %s AND sent ? %s ORDER BY number",
+            (job_id, having),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
 @pytest.mark.slow
 def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     cli: CliRunner,
@@ -623,7 +659,7 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
 
     run = cli(
         "job", "run", "--secret-env", "DB_PASSWORD", "--detach", "--json", "--",
-        "sh", "-c", 'printf %s "$DB_PASSWORD" | sha256sum; sleep 1',
+        "sh", "-c", 'printf %s "$DB_PASSWORD" | sha256sum; sleep 3',
         env={**env, "DB_PASSWORD": secret},
     )  # fmt: skip
     assert run.code == 0, run.err
@@ -636,6 +672,10 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     assert [name for name, _ in kept] == ["DB_PASSWORD"]
     assert secret.encode() not in bytes(kept[0][1])
 
+    # Sent over the node's stream (no activity): what its row holds while it runs.
+    wait_for(lambda: bool(attempts_sent(files, job_id, "secrets")), 20, "the attempt sent")
+    [sent_while_running] = attempts_sent(files, job_id, "secrets")
+
     done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)
     assert done["state"] == "succeeded", done
     printed = b"".join(data for _, _, data in output_of(files, job_id))
@@ -644,9 +684,10 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     assert shown.code == 0 and "DB_PASSWORD" in shown.out, shown.err
 
     events, attempts = run_async(lambda: attempt_history(files, job_id))
-    [attempt] = attempts
+    [attempt] = attempts or [sent_while_running]
     assert isinstance(attempt["secrets"], str) and attempt["secrets"]
     assert "DB_PASSWORD" not in attempt["env"]
+    assert not attempts_sent(files, job_id, "secrets"), "sealed secrets kept after the job's end"
     assert not [e for e in events if any(form in e for form in forms)], "secret in history"
     dumped = everything_in_the_database(files).encode()
     assert not [form for form in forms if form in dumped], "secret in the database"

@@ -225,7 +225,7 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
         kept = job_limits.applied_from_node(applied)
         conn.execute(
             "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-            " exit_code = %s, applied = %s, part_end = %s, sent = NULL"
+            " exit_code = %s, applied = %s, part_end = %s, sent = sent - 'secrets'"
             " WHERE job_id = %s AND number = %s",
             (
                 end.because, end.exit_code, None if kept is None else Jsonb(kept),

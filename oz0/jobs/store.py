@@ -615,7 +615,8 @@ def end_attempt(
     kept = job_limits.applied_from_node(applied)
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-        " exit_code = %s, applied = %s, sent = NULL WHERE job_id = %s AND number = %s",
+        " exit_code = %s, applied = %s, sent = sent - 'secrets'"
+        " WHERE job_id = %s AND number = %s",
         (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
     )
     tell_followers(conn, job_id)
@@ -644,9 +645,11 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         " ended_because = 'cancelled' WHERE job_id = %s AND state = 'running'",
         (job_id,),
     )
-    # A streamed attempt's message (its grant, its sealed secrets) is kept no longer.
+    # A streamed attempt's sealed secrets are kept no longer than the job's own (the
+    # rest of what was sent stays with the attempt, as an activity's input in its history).
     conn.execute(
-        "UPDATE job_attempts SET sent = NULL WHERE job_id = %s AND sent IS NOT NULL", (job_id,)
+        "UPDATE job_attempts SET sent = sent - 'secrets' WHERE job_id = %s AND sent ? 'secrets'",
+        (job_id,),
     )
     conn.execute(
         "UPDATE jobs SET state = %s, exit_code = %s, reason = %s, ended_at = now()"

@@ -8,9 +8,9 @@
 -- nodes.attempts_by_stream: the node's agent said, on its control stream, that it takes
 --   attempts there (an older agent never says: its attempts stay Temporal activities).
 -- job_attempts.streamed: this attempt goes over the stream; `sent` is the attempt message
---   (command, environment, its grant and sealed secrets, as an activity's input had them),
---   dropped when the job ends; `part_end` is how the node said it ended (oz0/jobs/parts.py,
---   PartEnd), and end_signalled whether the job's workflow has been told.
+--   (command, environment, its grant and sealed secrets, as an activity's input had them;
+--   the sealed secrets dropped when it ends); `part_end` is how the node said it ended
+--   (oz0/jobs/parts.py, PartEnd), and end_signalled whether the job's workflow was told.
 ALTER TABLE jobs ADD COLUMN streamed boolean NOT NULL DEFAULT false;
 ALTER TABLE nodes ADD COLUMN attempts_by_stream boolean NOT NULL DEFAULT false;
 ALTER TABLE job_attempts ADD COLUMN streamed boolean NOT NULL DEFAULT false;
