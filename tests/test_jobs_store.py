@@ -11,16 +11,16 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
 import trio
-from psycopg.types.json import Jsonb
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures import job_rows
+from fixtures.cluster import ClusterFiles
+from fixtures.job_rows import ADMIN, OneConnection, add_node, main_url, new_job, place
 from oz0 import audit, nodes, pki, tenants
 from oz0.jobs import inputs, placement, pruner, secret_env, store
 from oz0.jobs.activities import JobActivities
@@ -28,77 +28,13 @@ from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import claim_for_start
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
 from oz0.jobs.workflow import AttemptEnd, Finish, Placed
-from oz0.store import migrations
 from oz0.store.pool import open_database
 from oz0.web import job_pages
 from oz0_common import certs, sealed_env
 
-ADMIN = audit.Actor("operator", "admin")
-SERVER = "server-0123456789ab"
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    """One cluster for the whole file (an init per test would cost a second each)."""
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("jobs-store"), url)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
-    with psycopg.connect(main, autocommit=True) as c:
-        c.execute("TRUNCATE jobs, job_attempts, job_output, nodes, servers CASCADE")
-        c.execute("DELETE FROM audit_log")
-        c.execute("DELETE FROM tenants WHERE name <> 'default'")
-        c.execute(
-            "UPDATE tenants SET job_retention_s = DEFAULT, max_queued_jobs = DEFAULT;"
-            " UPDATE cluster_settings SET audit_retention_s = NULL, prune_due_at = now()"
-        )
-        c.execute(  # a server of this release up
-            "INSERT INTO servers (id, advertise, version, schema_version)"
-            " VALUES (%s, '127.0.0.1', 'test', %s)",
-            (SERVER, migrations.code_version()),
-        )
-        yield c
-
-
-def add_node(
-    conn: psycopg.Connection[Any],
-    *,
-    tenant: str = "default",
-    state: str = "accepted",
-    labels: dict[str, str] | None = None,
-    connected: bool = True,
-) -> str:
-    node_id = "node-" + secrets.token_hex(6)
-    conn.execute(
-        "INSERT INTO nodes (id, tenant, state, labels, public_key_sha256, server, last_seen)"
-        " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)",
-        (
-            node_id, tenant, state, Jsonb(labels or {}), secrets.token_hex(32),
-            SERVER if connected else None, connected,
-        ),
-    )  # fmt: skip
-    return node_id
-
-
-def new_job(
-    conn: psycopg.Connection[Any],
-    keeper: secret_env.SecretKeeper | None = None,
-    **fields: Any,
-) -> store.Job:
-    body = {"command": ["true"], **fields}
-    with conn.transaction():
-        return store.create(conn, JobSpec.from_json(body), ADMIN, keeper)
-
-
-def place(
-    conn: psycopg.Connection[Any], job: store.Job, number: int, tried: list[str] | None = None
-) -> placement.Placed:
-    with conn.transaction():
-        return placement.place(conn, job.id, number, 0, tried or [])
+one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
+conn = pytest.fixture(job_rows.conn)
 
 
 @pytest.mark.parametrize(
@@ -640,10 +576,6 @@ def prune(
     return trio.run(one_pass)
 
 
-def main_url(one_cluster: ClusterFiles) -> str:
-    return one_cluster.url.for_database(one_cluster.url.names.main)
-
-
 def test_a_finished_job_past_its_tenants_retention_goes_with_its_attempts_and_output(
     conn: psycopg.Connection[Any], one_cluster: ClusterFiles
 ) -> None:
@@ -835,18 +767,6 @@ def test_what_each_reported_attempt_is_to_a_node_is_one_batch_in_order(
     assert store.attempts_of_node(conn, node, []) == []
 
 
-class _OneConnection:
-    """The pool's `transaction_in_thread` on this test's one connection: each step one
-    transaction, as the servers' pool makes it."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-
-    def transaction_in_thread(self, work: Callable[[store.Conn], T]) -> T:
-        with self.conn.transaction():
-            return work(self.conn)
-
-
 def everything_of(conn: psycopg.Connection[Any], job_id: str) -> list[tuple[Any, ...]]:
     """The job's row and its attempts' rows as text, but for when they were written."""
     rows = conn.execute(
@@ -869,7 +789,7 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     the next worker, after it had committed. Each step, the real one, run a second time
     right after the first: the same answer, and nothing more in the database."""
     steps = JobActivities(
-        _OneConnection(conn),  # type: ignore[arg-type]
+        OneConnection(conn),  # type: ignore[arg-type]
         AttemptSigner(pki.new_ca("steps-twice", "cluster")),
     )
     a, b = add_node(conn), add_node(conn)
@@ -992,7 +912,7 @@ def test_the_sweeper_places_a_one_node_job_s_first_attempt_as_it_claims_it(
     task); `--all` jobs, jobs with secrets or none free are left to the workflow's step."""
     conn.execute("UPDATE servers SET schema_version = %s", (inputs.FIRST_PLACED_SCHEMA,))
     ca = pki.new_ca("first-placed", "cluster")
-    placer = JobActivities(_OneConnection(conn), AttemptSigner(ca))  # type: ignore[arg-type]
+    placer = JobActivities(OneConnection(conn), AttemptSigner(ca))  # type: ignore[arg-type]
     node = add_node(conn, labels={"role": "web"})
     one = new_job(conn, selector={"role": "web"})
     everywhere = new_job(conn, selector={"role": "web"}, all=True)

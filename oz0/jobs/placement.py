@@ -45,9 +45,29 @@ def _cancelled(job: Job) -> bool:
     return job.ended or job.cancel_requested
 
 
-def _lock_for_placement(conn: Conn, tenant: str) -> None:
-    # Two jobs placed at once in a tenant must see each other's attempts to spread out.
-    conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.place:' || %s))", (tenant,))
+# How many of the least busy candidates a placement tries to take, the ones being placed on
+# by other transactions (locked) passed over, before it waits for the first.
+TAKE_AMONG = 8
+ROUNDS, ROUND_PAUSE = 20, 0.005
+
+
+def _take_node(conn: Conn, node_id: str, *, wait: bool) -> bool | None:
+    """NODE_ID's placement lock for this transaction: waited for if WAIT, else None when
+    another transaction holds it. Taken, whether a slot is still free on the node: read in
+    a statement of its own, after the lock, so it sees the attempts of the placements that
+    held it before. Only placings on one same node wait for each other: the jobs of a
+    tenant place side by side."""
+    key = ("oz0.jobs.place-node:" + node_id,)
+    if wait:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", key)
+    else:
+        row = conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", key).fetchone()
+        if not (row and row[0]):
+            return None
+    free = conn.execute(
+        f"SELECT {_RUNNING_ON_NODE} < nodes.max_jobs FROM nodes WHERE nodes.id = %s", (node_id,)
+    ).fetchone()
+    return bool(free and free[0])
 
 
 # A node runs as many attempts at once as its row's max_jobs (what its agent said on its
@@ -92,19 +112,51 @@ def place(conn: Conn, job_id: str, number: int, part: int, tried: list[str]) -> 
         return Placed(number, existing[0])
     if _cancelled(job):
         return Placed(number, None, ended=True)
-    _lock_for_placement(conn, job.tenant)
-    candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < nodes.max_jobs")
-    row = conn.execute(
-        "SELECT nodes.id FROM nodes" + candidates.sql
-        + f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random() LIMIT 1",
-        {**candidates.params, "tried": tried},
-    ).fetchone()  # fmt: skip
-    if row is None:
+    node_id = _least_busy_free(conn, job, tried)
+    if node_id is None:
         reason = _why_no_node(conn, job)
         set_queued(conn, job_id, reason)
         return Placed(number, None, reason)
-    _start_attempt(conn, job_id, number, part, row[0])
-    return Placed(number, row[0])
+    _start_attempt(conn, job_id, number, part, node_id)
+    return Placed(number, node_id)
+
+
+def _least_busy_free(conn: Conn, job: Job, tried: list[str]) -> str | None:
+    """The node for JOB's next attempt, its placement lock held: a connected candidate
+    with a free slot, those in TRIED last, the least busy first (TAKE_AMONG of them); the
+    first whose lock is free and that still has a slot then. While every one is being
+    placed on by another transaction, it looks again (ROUNDS at most, ROUND_PAUSE apart),
+    and waits for the least busy one's lock only while it holds none itself, so no two
+    placings ever wait on each other. None: no node can take it now."""
+    candidates = _candidates(job).also(f"{_RUNNING_ON_NODE} < nodes.max_jobs")
+    full: list[str] = []  # locked by this transaction, and found full
+    for _ in range(ROUNDS):
+        found = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT nodes.id FROM nodes" + candidates.sql + " AND nodes.id <> ALL(%(full)s)"
+                + f" ORDER BY nodes.id = ANY(%(tried)s), {_RUNNING_ON_NODE}, random()"
+                " LIMIT %(among)s",
+                {**candidates.params, "tried": tried, "among": TAKE_AMONG, "full": full},
+            )
+        ]  # fmt: skip
+        if not found:
+            return None
+        for node_id in found:
+            free = _take_node(conn, node_id, wait=False)
+            if free:
+                return node_id
+            if free is not None:
+                full.append(node_id)
+        if not full:
+            # Every one is being placed on, and this transaction holds no node's lock:
+            # the least busy one's is waited for.
+            if _take_node(conn, found[0], wait=True):
+                return found[0]
+            full.append(found[0])
+            continue
+        conn.execute("SELECT pg_sleep(%s)", (ROUND_PAUSE,))
+    return None
 
 
 def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]:
@@ -119,7 +171,7 @@ def place_everywhere(conn: Conn, job_id: str, first_number: int) -> list[Placed]
         return [Placed(r[0], r[1], part=r[2]) for r in existing]
     if _cancelled(job):
         return [Placed(first_number, None, ended=True)]
-    _lock_for_placement(conn, job.tenant)
+    # No lock: a part goes on its node whether or not a slot is free (it waits there).
     candidates = _candidates(job)
     found = [
         r[0]
