@@ -74,6 +74,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,7 +82,7 @@ import psycopg
 import trio
 
 from bench import runner
-from bench.measure import cpu_seconds
+from bench.measure import CLK_TCK, cpu_seconds
 from bench.runner import Scenario, create_token, log, wait_until_servers
 from bench.salt import DEFAULT_VENV, SaltFailed, SaltFleet, ensure_venv
 from cli.client import ApiClient
@@ -112,7 +113,7 @@ SETTLE = 5.0  # after a fleet grew, before it counts as idle
 
 # The measures, in the order they are taken and shown: (key, what the table calls it,
 # unit). Times are seconds; "/s" is commands a second, where more is better.
-MEASURES = (
+MEASURES: tuple[tuple[str, str, str], ...] = (
     ("start", "CLI start-up (`--version`)", "s"),
     ("fanout", "fan-out (`salt '*'` / `job run --all`)", "s"),
     ("fanout_less_start", "fan-out, less CLI start-up", "s"),
@@ -124,6 +125,19 @@ MEASURES = (
     ("burst_less_start", "{C} commands from {K} CLIs, less start-up", "/s"),
     ("burst_api", "{C} commands from {K} API clients", "/s"),
 )
+# The CPU each command cost, per measure of commands: the control plane's (Salt's master;
+# our servers, their Temporal hosts and PostgreSQL) and the nodes' (minions; agents and
+# what they ran), in CPU-seconds a command (an `--all` job, a `salt '*'` is one).
+COSTED = ("fanout", "one", "burst", "fanout_api", "one_api", "burst_api")
+MEASURES += tuple(
+    (f"{name}_{side}_cpu", f"{label}: {who} CPU-s a command", "CPU-s")
+    for name, label in (
+        ("fanout", "fan-out by CLI"), ("one", "one named node by CLI"),
+        ("burst", "{C} commands from {K} CLIs"), ("fanout_api", "fan-out by API"),
+        ("one_api", "one named node by API"), ("burst_api", "{C} commands by API"),
+    )
+    for side, who in (("control", "control plane"), ("nodes", "nodes'"))
+)  # fmt: skip
 SYSTEMS = ("salt", "ours")
 # Salt's CLI reads each argument as YAML: `cmd.run true` would run `True` (not found, exit
 # 127 on every minion). A path is a string in YAML and runs the same program.
@@ -175,6 +189,33 @@ def rss_total_mib(pids: list[int]) -> float:
 
 def cpu_total(pids: list[int]) -> dict[int, float]:
     return {pid: s for pid in pids if not math.isnan(s := cpu_seconds(pid))}
+
+
+def cpu_with_reaped(pids: list[int]) -> float:
+    """CPU-seconds of PIDS and of the children each has reaped (utime, stime, cutime and
+    cstime): the difference of two readings of a tree counts what it spent between them,
+    processes born and gone meanwhile too (a minion's job, a supervisor) once their parent
+    in the tree reaped them; what a process outside the tree reaped is not counted."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15]) / CLK_TCK
+    return total
+
+
+def postgres_tree() -> list[int]:
+    """PostgreSQL's postmaster and its backends (the cluster's database: our control
+    plane's share; Salt uses none)."""
+    roots = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if comm.read_text().strip() != "postgres":
+                continue
+            parent = int((comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if Path(f"/proc/{parent}/comm").read_text().strip() != "postgres":
+                roots.append(int(comm.parent.name))
+    return tree(roots)
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -466,6 +507,33 @@ class SideBySide:
 
     # --- the measures, one system at a time ----------------------------------------------
 
+    def cpu_of(self, system: str) -> tuple[float, float]:
+        """SYSTEM's control plane's and nodes' CPU-seconds so far (cpu_with_reaped)."""
+        if system == "salt":
+            control = tree([self.salt.master.pid] if self.salt.master else [])
+            nodes = tree([m.pid for m in self.salt.minions])
+        else:
+            control = tree([s.pid for s in self.servers.values() if s.pid is not None])
+            control += postgres_tree()
+            nodes = tree([a.process.pid for a in self.agents if a.process is not None])
+        return cpu_with_reaped(control), cpu_with_reaped(nodes)
+
+    def costed(
+        self,
+        got: dict[str, dict[str, float]],
+        name: str,
+        system: str,
+        commands: int,
+        measure: Callable[[], T],
+    ) -> T:
+        """MEASURE's result, its CPU a command (of COMMANDS) recorded in GOT under NAME."""
+        control, nodes = self.cpu_of(system)
+        result = measure()
+        control_after, nodes_after = self.cpu_of(system)
+        got.setdefault(f"{name}_control_cpu", {})[system] = (control_after - control) / commands
+        got.setdefault(f"{name}_nodes_cpu", {})[system] = (nodes_after - nodes) / commands
+        return result
+
     def start_up(self, system: str) -> float:
         command = [str(self.salt.venv / "bin" / "salt"), "--version"] if system == "salt" else [
             OURS, "--version"
@@ -597,12 +665,14 @@ class SideBySide:
                 got["start"][system] = self.start_up(system)
             for name, measure in (("fanout", self.fanout), ("one", self.one)):
                 for system in order:
-                    wall, problem = measure(system)
+                    wall, problem = self.costed(got, name, system, 1, partial(measure, system))
                     stop_if_failed(f"{name} {system}, {label}", [problem] if problem else [])
                     got[name][system] = wall
                     got[f"{name}_less_start"][system] = wall - got["start"][system]
             for system in order:
-                wall, done, errors = self.burst(system)
+                wall, done, errors = self.costed(
+                    got, "burst", system, self.args.commands, partial(self.burst, system)
+                )
                 stop_if_failed(f"burst {system}, {label}", errors or (
                     [f"{done} of {self.args.commands} succeeded"]
                     if done != self.args.commands else []
@@ -612,11 +682,17 @@ class SideBySide:
                 got["burst_less_start"][system] = self.args.commands / less if less > 0 else 0.0
             for name, api_measure in (("fanout_api", self.fanout_api), ("one_api", self.one_api)):
                 for system in order:
-                    wall, problem = api_measure(system)
+                    wall, problem = self.costed(got, name, system, 1, partial(api_measure, system))
                     stop_if_failed(f"{name} {system}, {label}", [problem] if problem else [])
                     got[name][system] = wall
             for system in order:
-                wall, done, errors = self.burst_api(system)
+                wall, done, errors = self.costed(
+                    got,
+                    "burst_api",
+                    system,
+                    self.args.commands,
+                    partial(self.burst_api, system),
+                )
                 stop_if_failed(f"burst_api {system}, {label}", errors or (
                     [f"{done} of {self.args.commands} succeeded"]
                     if done != self.args.commands else []
