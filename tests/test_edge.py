@@ -561,8 +561,12 @@ class SlowTemporalEdge:
     attempt_calls: trio.CapacityLimiter
     calls: list[str]
 
-    async def transaction(self, work: Callable[..., Any]) -> tuple[list[str], dict[str, float]]:
-        return [store.RUNNING], {}  # running, its lost-after unknown: heartbeated every BEAT_MIN
+    async def transaction(
+        self, work: Callable[..., Any]
+    ) -> tuple[list[str], dict[str, float], set[tuple[str, int]]]:
+        # Running, its lost-after unknown (heartbeated every BEAT_MIN), an activity (not
+        # streamed: its heartbeats go to Temporal).
+        return [store.RUNNING], {}, set()
 
     async def in_namespace(self, namespace: str, make: Any, within: float) -> list[str]:
         self.calls.append(namespace)
