@@ -33,6 +33,11 @@ ATTEMPT = "attempt"
 TAKEN = "attempt_taken"
 # Not answered within this long: sent again (the node runs nothing twice).
 RESEND_AFTER = 3.0
+# Not answered on this stream within this long of its first send: the node does not take
+# it (an agent wedged, though its stream lives): the part ends as an activity no node took
+# within its schedule-to-start did (oz0/jobs/workflow.py SCHEDULE_TO_START), and moves.
+NOT_TAKEN_AFTER = 15.0
+NOT_TAKEN = "AttemptNotTaken"
 # The database unavailable: read again after this long.
 RETRY_AFTER = 1.0
 # What a node answers (`taken`), and the failure types the part's end is made of.
@@ -85,6 +90,8 @@ class Deliveries:
         self._sent: dict[Key, float] = {}
         # Answered on this stream: not sent again on it.
         self._answered: set[Key] = set()
+        # When each was first sent on this stream, until answered.
+        self._first_sent: dict[Key, float] = {}
 
     def node_takes_them(self) -> None:
         self._takes.set()
@@ -102,6 +109,7 @@ class Deliveries:
                     continue
                 if not await self._send(waiting):
                     return
+                await self._not_taken()
                 due = min(self._sent.values(), default=math.inf) + RESEND_AFTER
                 with trio.move_on_at(due):
                     await placed.wait()
@@ -114,15 +122,43 @@ class Deliveries:
         # Ended meanwhile: nothing more to hear of them here.
         self._answered &= keys
         self._sent = {k: at for k, at in self._sent.items() if k in keys}
+        self._first_sent = {k: at for k, at in self._first_sent.items() if k in self._sent}
         for w in waiting:
             key = (w.job_id, w.number)
             if key in self._answered or now - self._sent.get(key, -math.inf) < RESEND_AFTER:
                 continue
             self._sent[key] = now
+            self._first_sent.setdefault(key, now)
             try:
                 await send(self._ws, ATTEMPT, attempt=w.message, lost_after=w.lost_after)
             except Closed:
                 return False
+        return True
+
+    async def _not_taken(self) -> None:
+        """End the parts the node has not answered for NOT_TAKEN_AFTER (they move)."""
+        now = trio.current_time()
+        for key, first in list(self._first_sent.items()):
+            if now - first < NOT_TAKEN_AFTER:
+                continue
+            log.warning(
+                "node %s did not answer job %s attempt %d within %g s; it moves",
+                self._node_id, key[0], key[1], NOT_TAKEN_AFTER,
+            )  # fmt: skip
+            why = f"the node did not take it within {NOT_TAKEN_AFTER:g} s"
+            if await self._end(key, (NOT_TAKEN, why)):
+                self._sent.pop(key, None)
+                self._first_sent.pop(key, None)
+                self._answered.add(key)
+
+    async def _end(self, key: Key, failure: tuple[str, str]) -> bool:
+        """The part KEY ended with FAILURE, written and told; False if not written."""
+        report = parts.Report(self._node_id, key[0], key[1], failure=failure)
+        try:
+            recorded = await self._edge.part_ends.record(report)
+        except DATABASE_ERRORS:
+            return False
+        self._edge.part_ends.tell(recorded)
         return True
 
     async def answered(self, message: dict[str, Any]) -> None:
@@ -133,6 +169,7 @@ class Deliveries:
             return
         key = (taken.job, taken.number)
         self._sent.pop(key, None)
+        self._first_sent.pop(key, None)
         self._answered.add(key)
         if taken.taken in HAS_IT:
             return
@@ -141,11 +178,6 @@ class Deliveries:
         else:
             assert taken.failure is not None
             failure = taken.failure
-        report = parts.Report(self._node_id, taken.job, taken.number, failure=failure)
-        try:
-            recorded = await self._edge.part_ends.record(report)
-        except DATABASE_ERRORS:
+        if not await self._end(key, failure):
             # Sent again (as not answered) once the database is back; the node answers again.
             self._answered.discard(key)
-            return
-        self._edge.part_ends.tell(recorded)
