@@ -5,8 +5,8 @@
   workers live on the loop of an asyncio portal (oz0_common/asyncio_portal.py) this role
   owns: they are made, swapped and read on that loop only, and the sweeper reaches them
   through the portal. New tenants are picked up within TENANTS_EVERY; the client
-  reconnects with the server's renewed certificate, and a call that meets a reconnect is
-  JobsUnavailable, retried by a later sweep.
+  reconnects with the server's renewed certificate, and a call that meets a reconnect (or
+  the portal stopping) is JobsUnavailable, retried by a later sweep.
 - The sweeper (Trio), every SWEEP_EVERY and at once when kicked (a job created or
   cancelled through this server, a notification about a node): starts
   the workflow of every job that has none (up to START_AT_ONCE at a time), sends the
@@ -246,7 +246,7 @@ class JobsRole:
             if e.status != RPCStatusCode.NOT_FOUND:
                 temporal.failed(e)
                 return False
-        except (JobsUnavailable, TimeoutError, CallCancelled, PortalClosed) as e:
+        except (JobsUnavailable, TimeoutError) as e:
             temporal.failed(e)
             return False
         temporal.worked()
@@ -257,18 +257,26 @@ class JobsRole:
     ) -> T:
         """MAKE(a client of NAMESPACE on the worker's connection), run on the worker's
         event loop within WITHIN seconds (the edge's calls for nodes' attempts, edge/attempts.py).
-        JobsUnavailable while not connected; TimeoutError past WITHIN."""
-        portal = self._portal
-        if portal is None:
-            raise JobsUnavailable("the job worker is not running")
-        return await portal.call(self._bounded_in, namespace, make, within)
+        JobsUnavailable while not connected or while the loop stops; TimeoutError past
+        WITHIN; what MAKE raises (temporalio's RPCError, say) as it is."""
+        return await self._on_loop(self._bounded_in, namespace, make, within)
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run MAKE() on the worker's event loop, within CALL_TIMEOUT."""
+        """Run MAKE() on the worker's event loop, within CALL_TIMEOUT; raises as
+        `in_namespace` does."""
+        return await self._on_loop(self._bounded, make)
+
+    async def _on_loop(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`await FN(*ARGS)` on the worker's loop. The portal's own errors (its loop not
+        running, the call cancelled there as it stops) are JobsUnavailable: the callers
+        need not know the portal, only that the job worker could not make the call."""
         portal = self._portal
         if portal is None:
             raise JobsUnavailable("the job worker is not running")
-        return await portal.call(self._bounded, make)
+        try:
+            return await portal.call(fn, *args)
+        except (CallCancelled, PortalClosed) as e:
+            raise JobsUnavailable(f"the job worker's event loop is stopping: {e}") from e
 
     # --- on the portal's asyncio loop --------------------------------------------------
 

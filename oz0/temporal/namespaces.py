@@ -29,7 +29,9 @@ T = TypeVar("T")
 
 class InNamespace(Protocol):
     """The jobs role's Temporal calls (JobsRole.in_namespace): MAKE run with a client of
-    NAMESPACE on the server's one connection, within WITHIN seconds."""
+    NAMESPACE on the server's one connection, within WITHIN seconds. Raises the role's
+    JobsUnavailable when it cannot make the call, TimeoutError past WITHIN, and what MAKE
+    raises (temporalio's RPCError, whose NOT_FOUND callers tell apart) as it is."""
 
     async def __call__(
         self, namespace: str, make: Callable[[Client], Awaitable[T]], within: float

@@ -59,7 +59,6 @@ from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.deliveries import Deliveries
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
-from oz0_common.asyncio_portal import CallCancelled, PortalClosed
 from oz0_common.attempt_heartbeat import HEARD
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ MAX_FAILURE_MESSAGE = 4 * 1024
 # One message's Temporal calls (all of an attempt_alive's heartbeats together).
 CALL_TIMEOUT = 5.0
 DONE_IN_FLIGHT = 8
-_UNAVAILABLE = (JobsUnavailable, TimeoutError, CallCancelled, PortalClosed, RPCError)
+_UNAVAILABLE = (JobsUnavailable, TimeoutError, RPCError)
 
 
 class BadAttemptMessage(ValueError):

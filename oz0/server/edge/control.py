@@ -1,5 +1,12 @@
 """`/control`: an accepted node's stream, ended as soon as it stops being accepted, or
-with a `move` when the server stops (the node goes to another server at once)."""
+with a `move` when the server stops (the node goes to another server at once).
+
+The edge's side of one stream is one object, `ControlStream`, holding what its tasks
+share: the node, its key and tenant, the wire, its heartbeat, its purge answers, the lock a
+renewal holds, and the scope that ends them all. Its receive loop hands each message from
+the node to the handler its type names in HANDLERS, as the node's side does with the
+edge's (oz0_node/commands.py); a type without one is ignored.
+"""
 
 from __future__ import annotations
 
@@ -83,48 +90,12 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                 temporal=edge.temporal,
                 tenant=node.tenant,
             )
-            answers = PurgeAnswers()
-            # Set once this edge ends the stream: from then on the node is shown gone.
-            ending = trio.Event()
-            # Held while a renewal is answered: its new key ends this stream (opened with
-            # the old certificate), but only once the node has the new one.
-            renewing = trio.Lock()
             async with trio.open_nursery() as nursery:
                 beat = edge.heartbeats.add(ws, node_id, nursery.cancel_scope)
-                sending = deliveries.Deliveries(edge, ws, node_id)
-                reports = attempts.NodeAttempts(edge, ws, node_id, node.tenant, nursery, sending)
-                nursery.start_soon(sending.run)
-                nursery.start_soon(
-                    _receive_from_node,
-                    edge,
-                    ws,
-                    beat,
-                    node.tenant,
-                    reports,
-                    sending,
-                    key,
-                    answers,
-                    ending,
-                    renewing,
-                    nursery.cancel_scope,
+                stream = ControlStream(
+                    edge, ws, node_id, key, node.tenant, challenge, beat, nursery
                 )
-                nursery.start_soon(
-                    _act_on_changes,
-                    edge,
-                    ws,
-                    node_id,
-                    key,
-                    changed,
-                    node.revision,
-                    answers.next,
-                    challenge,
-                    ending,
-                    renewing,
-                    nursery.cancel_scope,
-                )
-                nursery.start_soon(
-                    _move_when_leaving, edge, ws, node_id, ending, renewing, nursery.cancel_scope
-                )
+                stream.start(changed, node.revision)
             if beat.silent:
                 log.warning("node %s silent for three heartbeats; closed its stream", node_id)
         finally:
@@ -152,142 +123,190 @@ def _node_of(
     return identity.name, key
 
 
-async def _receive_from_node(
-    edge: Edge,
-    ws: Wire,
-    beat: Beat,
-    tenant: str,
-    reports: attempts.NodeAttempts,
-    sending: deliveries.Deliveries,
-    key: ec.EllipticCurvePublicKey,
-    answers: PurgeAnswers,
-    ending: trio.Event,
-    renewing: trio.Lock,
-    scope: trio.CancelScope,
-) -> None:
-    """Anything from the node is a sign of life (edge.heartbeats ends a silent stream).
+Handler = Callable[["ControlStream", dict[str, Any]], Awaitable[None]]
 
-    Answers to a purge command go to whoever sent it, who alone records them; a `renew`
-    is answered (renew.py); a job's output is stored and acknowledged (job_output.py); an
-    attempt the node refused is audited, within its budget (attempt_refusals.py); what
-    the node says of its running attempts goes to Temporal (attempts.py), in tasks of
-    their own, and how many it runs at once to its row.
+
+class ControlStream:
+    """The edge's side of one accepted node's control stream, from its `welcome` on.
+
+    Its tasks run in one nursery, beside the attempts' deliveries: `_receive` (what the
+    node sends), `_act_on_changes` (the node stops being accepted) and
+    `_move_when_leaving` (the server stops). Whichever ends the stream cancels the
+    nursery's scope, and with it the others.
     """
-    node_id = beat.node_id
-    try:
-        while True:
-            raw = await ws.get_message()
-            beat.heard = trio.current_time()
-            if not ending.is_set():
-                edge.seen.alive(node_id)
-            if raw in HEARTBEATS:
-                continue
-            message = decode(raw)
-            if message.get("type") in PURGE_ANSWERS:
-                answers.offer(message)
-            elif message.get("type") == renew.RENEW:
-                async with renewing:
-                    await renew.answer(edge, ws, node_id, key, message)
-            elif message.get("type") == job_output.OUTPUT:
-                await job_output.receive(edge, ws, node_id, message)
-            elif message.get("type") == attempt_refusals.REFUSED:
-                await edge.attempt_refusals.refused(node_id, tenant, message)
-            elif message.get("type") in (attempts.ALIVE, attempts.DONE, attempts.MAX_JOBS_SAID):
-                await reports.received(message)
-            elif message.get("type") == deliveries.TAKEN:
-                await sending.answered(message)
-    except Closed:
-        pass
-    scope.cancel()
 
+    def __init__(
+        self,
+        edge: Edge,
+        ws: Wire,
+        node_id: str,
+        key: ec.EllipticCurvePublicKey,
+        tenant: str,
+        challenge: bytes,
+        beat: Beat,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.edge = edge
+        self.ws = ws
+        self.node_id = node_id
+        self.key = key
+        self.tenant = tenant
+        self.challenge = challenge
+        self.beat = beat
+        self._nursery = nursery
+        self.scope = nursery.cancel_scope
+        self.answers = PurgeAnswers()
+        # Set once this edge ends the stream: from then on the node is shown gone.
+        self.ending = trio.Event()
+        # Held while a renewal is answered: its new key ends this stream (opened with
+        # the old certificate), but only once the node has the new one.
+        self.renewing = trio.Lock()
+        self.sending = deliveries.Deliveries(edge, ws, node_id)
+        self.reports = attempts.NodeAttempts(edge, ws, node_id, tenant, nursery, self.sending)
 
-async def _act_on_changes(
-    edge: Edge,
-    ws: Wire,
-    node_id: str,
-    key: ec.EllipticCurvePublicKey,
-    changed: NodeWatch,
-    revision: int,
-    next_answer: Callable[[], Awaitable[dict[str, Any]]],
-    challenge: bytes,
-    ending: trio.Event,
-    renewing: trio.Lock,
-    scope: trio.CancelScope,
-) -> None:
-    """End the stream when the node stops being accepted, purging it first if it is purging.
+    def start(self, changed: NodeWatch, revision: int) -> None:
+        """The stream's tasks, in its nursery; CHANGED wakes on news of the node, last read
+        at REVISION."""
+        nursery = self._nursery
+        nursery.start_soon(self.sending.run)
+        nursery.start_soon(self._receive)
+        nursery.start_soon(self._act_on_changes, changed, revision)
+        nursery.start_soon(self._move_when_leaving)
 
-    Woken by a notification about the node, whose news (its state, key and revision) says
-    what changed since the node was read at REVISION; by the reconcile loop if one was
-    lost, or a notification without news, after which the node is read back. A database
-    that cannot be read leaves the stream as it is: the node keeps working while the
-    database is away, and the read is tried again until it answers.
-    """
-    outage = Outage(f"re-reading the state of streamed node {node_id}", log)
-    state: str | None = "accepted"
-    while state == "accepted":
-        news = await changed.wait()
-        # When the edge learned of the change that ends the stream (for its metrics).
-        learned = trio.current_time()
-        if news is None:
-            edge.metrics.node_reread()
-            node = await until_it_works(
-                outage,
-                partial(edge.state_reads.run, nodes.ControlStateRead(node_id, key)),
-            )
-            state = node.state if node is not None else None
-            if node is not None:
-                revision = node.revision
-        elif news.newer_than(revision):
-            # The key's hash only now: thousands of streams open at once in a storm.
-            state, revision = news.state_for(nodes.public_key_sha256(key)), news.revision
-    if state == "purging":
-        await purge(edge, ws, node_id, key, challenge, next_answer)
-    else:
-        # A renewal answered on this stream notifies its new key before the answer is
-        # sent: the node gets its new certificate before this stream ends.
-        async with renewing:
-            pass
-        log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
-        # Shown gone now, not once the close handshake is over: a node slow to answer our
-        # close frame holds it up to CLOSE_TIMEOUT.
-        ending.set()
-        if edge.streams.count(node_id) <= 1:  # this stream only
-            edge.seen.left(node_id)
+    async def _receive(self) -> None:
+        """Anything from the node is a sign of life (edge.heartbeats ends a silent stream);
+        a heartbeat is nothing more, anything else goes to its handler (`_dispatch`)."""
         try:
-            await refuse(ws, node_id, state)
-            await close(ws, CLOSE_BLOCKED, state or "unknown")
-        finally:
-            # Also when the node closed first (our close is then cancelled, see
-            # _receive_from_node): either way the stream has ended now.
-            edge.metrics.stream_ended(state, trio.current_time() - learned)
-    scope.cancel()
+            while True:
+                raw = await self.ws.get_message()
+                self.beat.heard = trio.current_time()
+                if not self.ending.is_set():
+                    self.edge.seen.alive(self.node_id)
+                if raw in HEARTBEATS:
+                    continue
+                await self._dispatch(decode(raw))
+        except Closed:
+            pass
+        self.scope.cancel()
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        """MESSAGE to the handler of its type in HANDLERS; ignored if it has none. A type
+        that is not text has none: looked up, a list would raise and end the stream."""
+        kind = message.get("type")
+        handler = HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is not None:
+            await handler(self, message)
+
+    async def _on_purge_answer(self, message: dict[str, Any]) -> None:
+        """To whoever sent the purge command, who alone records it (purge.py)."""
+        self.answers.offer(message)
+
+    async def _on_renew(self, message: dict[str, Any]) -> None:
+        """Answered (renew.py) holding `renewing`, so that neither a change of the node nor
+        the server stopping ends the stream before the node has its new certificate."""
+        async with self.renewing:
+            await renew.answer(self.edge, self.ws, self.node_id, self.key, message)
+
+    async def _on_job_output(self, message: dict[str, Any]) -> None:
+        """A job's output: stored and acknowledged (job_output.py)."""
+        await job_output.receive(self.edge, self.ws, self.node_id, message)
+
+    async def _on_attempt_refused(self, message: dict[str, Any]) -> None:
+        """An attempt the node refused: audited, within its budget (attempt_refusals.py)."""
+        await self.edge.attempt_refusals.refused(self.node_id, self.tenant, message)
+
+    async def _on_attempt_report(self, message: dict[str, Any]) -> None:
+        """What the node says of its running attempts goes to Temporal (attempts.py), in
+        tasks of their own, and how many it runs at once to its row."""
+        await self.reports.received(message)
+
+    async def _on_attempt_taken(self, message: dict[str, Any]) -> None:
+        """The node's answer to an attempt sent over this stream (deliveries.py)."""
+        await self.sending.answered(message)
+
+    async def _act_on_changes(self, changed: NodeWatch, revision: int) -> None:
+        """End the stream when the node stops being accepted, purging it first if it is purging.
+
+        Woken by a notification about the node, whose news (its state, key and revision) says
+        what changed since the node was read at REVISION; by the reconcile loop if one was
+        lost, or a notification without news, after which the node is read back. A database
+        that cannot be read leaves the stream as it is: the node keeps working while the
+        database is away, and the read is tried again until it answers.
+        """
+        edge, ws, node_id, key = self.edge, self.ws, self.node_id, self.key
+        outage = Outage(f"re-reading the state of streamed node {node_id}", log)
+        state: str | None = "accepted"
+        while state == "accepted":
+            news = await changed.wait()
+            # When the edge learned of the change that ends the stream (for its metrics).
+            learned = trio.current_time()
+            if news is None:
+                edge.metrics.node_reread()
+                node = await until_it_works(
+                    outage,
+                    partial(edge.state_reads.run, nodes.ControlStateRead(node_id, key)),
+                )
+                state = node.state if node is not None else None
+                if node is not None:
+                    revision = node.revision
+            elif news.newer_than(revision):
+                # The key's hash only now: thousands of streams open at once in a storm.
+                state, revision = news.state_for(nodes.public_key_sha256(key)), news.revision
+        if state == "purging":
+            await purge(edge, ws, node_id, key, self.challenge, self.answers.next)
+        else:
+            # A renewal answered on this stream notifies its new key before the answer is
+            # sent: the node gets its new certificate before this stream ends.
+            async with self.renewing:
+                pass
+            log.info("node %s is %s now; ending its stream", node_id, state or "unknown")
+            # Shown gone now, not once the close handshake is over: a node slow to answer
+            # our close frame holds it up to CLOSE_TIMEOUT.
+            self.ending.set()
+            if edge.streams.count(node_id) <= 1:  # this stream only
+                edge.seen.left(node_id)
+            try:
+                await refuse(ws, node_id, state)
+                await close(ws, CLOSE_BLOCKED, state or "unknown")
+            finally:
+                # Also when the node closed first (our close is then cancelled, see
+                # _receive): either way the stream has ended now.
+                edge.metrics.stream_ended(state, trio.current_time() - learned)
+        self.scope.cancel()
+
+    async def _move_when_leaving(self) -> None:
+        """When the server begins to stop (edge.leaving), tell the node to move to another
+        server now and end the stream: it reconnects at once, not after a timeout or a
+        backoff.
+
+        The `move` names the other servers' edges up; an agent that does not know `move`
+        ignores it and sees the stream end (close code 1001, going away).
+        """
+        edge = self.edge
+        await edge.leaving.wait()
+        # A renewal being answered finishes first: the node must not lose its new certificate.
+        async with self.renewing:
+            self.ending.set()
+            own = edge.directory.own
+            await send(
+                self.ws,
+                "move",
+                edges=[e for e in edge.directory.edges if e != own],
+                message=f"server {edge.server_id} is stopping",
+            )
+            await close(self.ws, CLOSE_GOING_AWAY, "server stopping")
+        log.debug("node %s told to move; its stream ended", self.node_id)
+        self.scope.cancel()
 
 
-async def _move_when_leaving(
-    edge: Edge,
-    ws: Wire,
-    node_id: str,
-    ending: trio.Event,
-    renewing: trio.Lock,
-    scope: trio.CancelScope,
-) -> None:
-    """When the server begins to stop (edge.leaving), tell the node to move to another
-    server now and end the stream: it reconnects at once, not after a timeout or a backoff.
-
-    The `move` names the other servers' edges up; an agent that does not know `move`
-    ignores it and sees the stream end (close code 1001, going away).
-    """
-    await edge.leaving.wait()
-    # A renewal being answered finishes first: the node must not lose its new certificate.
-    async with renewing:
-        ending.set()
-        own = edge.directory.own
-        await send(
-            ws,
-            "move",
-            edges=[e for e in edge.directory.edges if e != own],
-            message=f"server {edge.server_id} is stopping",
-        )
-        await close(ws, CLOSE_GOING_AWAY, "server stopping")
-    log.debug("node %s told to move; its stream ended", node_id)
-    scope.cancel()
+# What the edge does with each message a node sends on its live stream, by type.
+HANDLERS: dict[str, Handler] = {
+    **dict.fromkeys(PURGE_ANSWERS, ControlStream._on_purge_answer),
+    renew.RENEW: ControlStream._on_renew,
+    job_output.OUTPUT: ControlStream._on_job_output,
+    attempt_refusals.REFUSED: ControlStream._on_attempt_refused,
+    **dict.fromkeys(
+        (attempts.ALIVE, attempts.DONE, attempts.MAX_JOBS_SAID), ControlStream._on_attempt_report
+    ),
+    deliveries.TAKEN: ControlStream._on_attempt_taken,
+}

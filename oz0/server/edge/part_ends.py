@@ -28,6 +28,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from oz0.jobs import parts
+from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.workflow import PARTS_ENDED, PartEnd
 from oz0.store.batches import Batches
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -125,7 +126,7 @@ class PartEnds:
     ) -> str:
         try:
             return await in_namespace(tenant, make, CALL_TIMEOUT)
-        except Exception as e:  # whatever it is, the sweeper tells the workflow later
+        except (JobsUnavailable, TimeoutError, RPCError) as e:  # the sweeper tells it later
             self._outage.failed(e)
             return "unavailable"
 
