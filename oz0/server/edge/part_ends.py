@@ -96,7 +96,17 @@ class PartEnds:
                 for told in batch:
                     by_job[(told.tenant, told.job_id)].append(told.end)
                 for (tenant, job_id), ends in by_job.items():
-                    nursery.start_soon(self._signal, limiter, tenant, job_id, ends)
+                    nursery.start_soon(self._signal_safely, limiter, tenant, job_id, ends)
+
+    async def _signal_safely(
+        self, limiter: trio.CapacityLimiter, tenant: str, job_id: str, ends: list[PartEnd]
+    ) -> None:
+        """`_signal`, whose failure (a bug: what Temporal and the database raise is
+        handled there) is logged and left to the sweeper, never the edge's end."""
+        try:
+            await self._signal(limiter, tenant, job_id, ends)
+        except Exception:
+            log.exception("job %s: telling its workflow of its parts' ends failed", job_id)
 
     async def _signal(
         self, limiter: trio.CapacityLimiter, tenant: str, job_id: str, ends: list[PartEnd]
