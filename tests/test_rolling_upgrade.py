@@ -124,12 +124,43 @@ def run_job(client: ApiClient, node: str, text: str) -> dict[str, Any]:
     job: dict[str, Any] = client.post(
         "/api/v1/jobs", {"tenant": "default", "command": ["echo", text], "node": node}
     )
+    return wait_ended(client, job)
+
+
+def wait_ended(client: ApiClient, job: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + JOB_BOUND
     while job["state"] in ("queued", "running"):
         assert time.monotonic() < deadline, f"job did not end in {JOB_BOUND} s: {job}"
         time.sleep(0.2)
         job = client.get(f"/api/v1/jobs/{job['id']}")
     return job
+
+
+def wait_until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + JOB_BOUND
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {JOB_BOUND} s"
+        time.sleep(0.2)
+
+
+def attempts_streamed(main: str, job_id: str) -> list[bool]:
+    """Whether each attempt of JOB_ID went over its node's stream (else an activity)."""
+    with psycopg.connect(main) as conn:
+        rows = conn.execute(
+            "SELECT streamed FROM job_attempts WHERE job_id = %s ORDER BY number", (job_id,)
+        ).fetchall()
+    return [bool(r[0]) for r in rows]
+
+
+def live_schemas(main: str) -> list[int | None]:
+    with psycopg.connect(main) as conn:
+        return membership.live_schemas(conn)
+
+
+def takes_stream(main: str, node: str) -> bool:
+    with psycopg.connect(main) as conn:
+        row = conn.execute("SELECT attempts_by_stream FROM nodes WHERE id = %s", (node,)).fetchone()
+    return bool(row and row[0])
 
 
 def why(job: dict[str, Any], servers: list[ServerProcess]) -> str:
@@ -232,6 +263,37 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
             info = pinned(files, OLD).get("/api/v1/cluster")
             assert sorted(s["advertise"] for s in info["servers"]) == [OLD, NEW]
             assert old.process is not None and old.process.poll() is None
+
+            # A job started the old way (a server of the previous release up: its parts are
+            # activities) runs to its end across that server's stop, on this release's.
+            client = pinned(files, NEW)
+            across: dict[str, Any] = client.post(
+                "/api/v1/jobs",
+                {
+                    "tenant": "default",
+                    "node": on_new,
+                    "command": ["sh", "-c", "sleep 4; echo across"],
+                },
+            )
+            wait_until(lambda: attempts_streamed(main, across["id"]) == [False], "placed")
+            old.stop()
+            started.remove(old)
+            done = wait_ended(client, across)
+            assert (done["state"], done["exit_code"]) == ("succeeded", 0), why(done, started)
+            # Every server up at this release: jobs stream their parts, to every agent
+            # that takes them so; the previous release's agents get activities still.
+            wait_until(lambda: live_schemas(main) == [code], "only this release's server up")
+            job = run_job(client, on_old, "an old agent, every server new")
+            assert (job["state"], job["exit_code"]) == ("succeeded", 0), why(job, started)
+            assert attempts_streamed(main, job["id"]) == [False]
+            upgraded = agents[1]
+            upgraded.stop(end_attempts=False)
+            agents[1] = AgentProcess.resuming(upgraded.data_dir).start()  # this release's
+            agents[1].wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+            wait_until(lambda: takes_stream(main, on_new), "the new agent says it takes the stream")
+            job = run_job(client, on_new, "a new agent, every server new")
+            assert (job["state"], job["exit_code"]) == ("succeeded", 0), why(job, started)
+            assert attempts_streamed(main, job["id"]) == [True]
         finally:
             for agent in agents:
                 agent.stop()
