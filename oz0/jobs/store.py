@@ -361,7 +361,7 @@ def create(
         node = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (spec.node,)).fetchone()
         if node is None or node[0] != spec.tenant:
             raise JobError(f"node {spec.node} is not a node of tenant {spec.tenant}")
-    _check_queued(conn, spec.tenant, int(row[0]))
+    cap = int(row[0])
     if spec.batch is not None and not membership.all_up_at_least(conn, BATCH_SCHEMA):
         raise JobError(
             "--batch waits for the end of the upgrade: a server of an earlier release is up,"
@@ -418,21 +418,25 @@ def create(
         },
         tenants=[spec.tenant],
     )
-    return get(conn, job_id)
+    job = get(conn, job_id)
+    # Last, so that the tenant's lock is held from here to the commit only.
+    _check_queued(conn, spec.tenant, cap)
+    return job
 
 
 def _check_queued(conn: Conn, tenant: str, cap: int) -> None:
-    """TooManyQueued if TENANT has CAP jobs queued. Creators of the tenant's jobs take turns
-    from here to their commit (a transaction-scoped lock of the tenant's own), so that two
-    at once cannot both see room for one; the count stops at CAP (jobs_queued, a partial
-    index), so a full queue costs no more than the cap's rows."""
+    """TooManyQueued if TENANT has more than CAP jobs queued, the one this transaction just
+    made among them (the caller's writes are then rolled back). Creators of the tenant's
+    jobs take turns from here to their commit (a transaction-scoped lock of the tenant's
+    own), so that two at once cannot both see room for one; the count stops past CAP
+    (jobs_queued, a partial index), so a full queue costs no more than the cap's rows."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0.jobs.create:' || %s))", (tenant,))
     row = conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE tenant = %s AND state = 'queued'"
         " LIMIT %s) AS queued",
-        (tenant, cap),
+        (tenant, cap + 1),
     ).fetchone()
-    queued = int(row[0]) if row else 0
+    queued = int(row[0]) - 1 if row else 0
     if queued >= cap:
         raise TooManyQueued(
             f"tenant {tenant} has {queued} jobs queued, its limit (tenant set"
