@@ -61,7 +61,7 @@ class JobActivities:
         def work(conn: store.Conn) -> list[Placed]:
             job = store.locked_job(conn, job_id)
             placed = placement.place_everywhere(conn, job_id, first_number)
-            return [self._granted(conn, job, p) for p in placed]
+            return self._granted_all(conn, job, placed)
 
         return await self._run(work)
 
@@ -118,22 +118,38 @@ class JobActivities:
     def _granted(self, conn: store.Conn, job: store.Job, placed: placement.Placed) -> Placed:
         """PLACED for the workflow, with the job's secrets sealed to its node for that
         attempt and its grant; in the placement's transaction."""
-        if placed.node is None:
-            return Placed(placed.number, None, placed.reason, placed.ended, placed.part)
-        sealed = secret_env.for_attempt(conn, self.keeper, job.id, placed.number, placed.node)
-        grant = self._grant(job, placed.number, placed.node, sealed)
-        if job.streamed and parts.takes_stream(conn, placed.node):
-            # A row its node's edge sends: the grant and the secrets stay out of the
-            # workflow's history (the row has them until the attempt ends).
-            message = parts.attempt_message(job, placed.number, grant, sealed)
-            parts.mark_streamed(conn, job.id, placed.number, placed.node, message)
-            return Placed(
-                placed.number, placed.node, placed.reason, placed.ended, placed.part,
-                streamed=True,
-            )  # fmt: skip
-        return Placed(
-            placed.number, placed.node, placed.reason, placed.ended, placed.part, grant, sealed
-        )
+        [granted] = self._granted_all(conn, job, [placed])
+        return granted
+
+    def _granted_all(
+        self, conn: store.Conn, job: store.Job, placed: list[placement.Placed]
+    ) -> list[Placed]:
+        """Each of PLACED for the workflow (`_granted`): granted, its secrets sealed; an
+        attempt on a node that takes the stream (the job streamed) becomes a row its
+        node's edge sends, its grant and secrets kept out of the workflow's history (the
+        row has them until the attempt ends). A few statements for all of them."""
+        on_nodes = [p.node for p in placed if p.node is not None]
+        streaming = parts.take_stream(conn, on_nodes) if job.streamed and on_nodes else set()
+        out: list[Placed] = []
+        sent: list[tuple[int, str, dict[str, Any]]] = []
+        for p in placed:
+            if p.node is None:
+                out.append(Placed(p.number, None, p.reason, p.ended, p.part))
+                continue
+            sealed = (
+                secret_env.for_attempt(conn, self.keeper, job.id, p.number, p.node)
+                if job.secret_env
+                else ""
+            )
+            grant = self._grant(job, p.number, p.node, sealed)
+            if p.node in streaming:
+                message = parts.attempt_message(job, p.number, grant, sealed)
+                sent.append((p.number, p.node, message))
+                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, streamed=True))
+            else:
+                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, grant, sealed))
+        parts.mark_streamed(conn, job.id, sent)
+        return out
 
     @activity.defn(name="oz0.jobs.end_attempt")
     async def end_attempt(self, end: AttemptEnd) -> str:

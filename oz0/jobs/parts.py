@@ -56,10 +56,12 @@ def attempt_message(job: Job, number: int, grant: Mapping[str, str], sealed: str
     return attempt
 
 
-def takes_stream(conn: Conn, node_id: str) -> bool:
-    """Whether NODE_ID's agent said it takes attempts over its control stream."""
-    row = conn.execute("SELECT attempts_by_stream FROM nodes WHERE id = %s", (node_id,)).fetchone()
-    return bool(row and row[0])
+def take_stream(conn: Conn, node_ids: list[str]) -> set[str]:
+    """Those of NODE_IDS whose agent said it takes attempts over its control stream."""
+    rows = conn.execute(
+        "SELECT id FROM nodes WHERE id = ANY(%s) AND attempts_by_stream", (node_ids,)
+    ).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 def set_takes_stream(conn: Conn, node_id: str, takes: bool) -> None:
@@ -71,17 +73,22 @@ def set_takes_stream(conn: Conn, node_id: str, takes: bool) -> None:
     )
 
 
-def mark_streamed(
-    conn: Conn, job_id: str, number: int, node_id: str, message: dict[str, Any]
-) -> None:
-    """Attempt NUMBER (just placed on NODE_ID) goes over the node's stream as MESSAGE;
-    the edge holding that stream hears of it at the commit."""
+def mark_streamed(conn: Conn, job_id: str, sent: list[tuple[int, str, dict[str, Any]]]) -> None:
+    """JOB_ID's attempts SENT (number, node, message), just placed, go over their nodes'
+    streams as their messages: one statement for all, and one notification a node, which
+    the edge holding its stream hears at the commit."""
+    if not sent:
+        return
     conn.execute(
-        "UPDATE job_attempts SET streamed = true, sent = %s"
-        " WHERE job_id = %s AND number = %s AND state = 'running'",
-        (Jsonb(message), job_id, number),
+        "UPDATE job_attempts a SET streamed = true, sent = s.message"
+        " FROM unnest(%s::int[], %s::jsonb[]) AS s(number, message)"
+        " WHERE a.job_id = %s AND a.number = s.number AND a.state = 'running'",
+        ([n for n, _, _ in sent], [Jsonb(m) for _, _, m in sent], job_id),
     )
-    conn.execute("SELECT pg_notify(%s, %s)", (ATTEMPTS, node_id))
+    conn.execute(
+        "SELECT pg_notify(%s, node_id) FROM unnest(%s::text[]) AS u(node_id)",
+        (ATTEMPTS, sorted({node for _, node, _ in sent})),
+    )
 
 
 @dataclass(frozen=True)
