@@ -18,6 +18,7 @@ from oz0.server.edge.heartbeats import Heartbeats
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
+from oz0.server.edge.output_writes import output_writes
 from oz0.server.edge.part_ends import PartEnds
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Wire
@@ -103,10 +104,14 @@ class Edge:
     # Streamed parts' ends (part_ends.py), written in batches and told to their workflows;
     # its `run` is started with the edge.
     part_ends: PartEnds = field(init=False)
+    # Output chunks, written in batches (output_writes.py); its `serve` is started with
+    # the edge.
+    output_writes: Batches = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempt_refusals = AttemptRefusals(self.db)
         self.part_ends = PartEnds(self.db, lambda: self.in_namespace)
+        self.output_writes = output_writes(self.db)
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
         self.state_reads = state_reads(self.prompt)

@@ -17,8 +17,10 @@ from typing import Any
 
 from oz0.jobs import store
 from oz0.jobs.spec import is_job_id
-from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.common import Edge, send
+from oz0.server.edge.output_writes import OutputWrite
 from oz0.server.edge.wire import Wire
+from oz0.store.outage import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +81,14 @@ async def receive(edge: Edge, ws: Wire, node_id: str, message: dict[str, Any]) -
         log.warning("node %s sent a job_output that is not one (%s); ignored", node_id, e)
         return
     try:
-        stored = await edge.transaction(
-            lambda conn: store.append_output(
-                conn, node_id, chunk.job_id, chunk.attempt, chunk.seq, chunk.stream,
-                chunk.data, chunk.truncated,
-            )
+        write = OutputWrite(
+            node_id, chunk.job_id, chunk.attempt, chunk.seq, chunk.stream, chunk.data,
+            chunk.truncated,
         )  # fmt: skip
+        stored = bool(await edge.output_writes.run(write))
         reason = None if stored else "ended"
-    except DatabaseUnavailable:
+    except DATABASE_ERRORS as e:
+        edge.outage.failed(e)
         stored, reason = False, "unavailable"
     await send(
         ws, ACK, job=chunk.job_id, attempt=chunk.attempt, seq=chunk.seq, stored=stored,
