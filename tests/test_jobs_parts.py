@@ -248,3 +248,27 @@ def test_many_jobs_of_two_tenants_placed_at_once_keep_every_node_within_its_max_
     # Every slot is taken: six of ours and four of theirs; the rest wait, saying why.
     assert sum(running[n] for n in ours) == 6 and sum(running[n] for n in theirs) == 4
     assert placed.count(None) == 7
+
+
+def test_an_all_jobs_parts_are_placed_and_sent_as_it_is_claimed_and_not_sent_again(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A streamed `--all` job's parts go out in the sweeper's claim; the workflow's own
+    step then finds them placed: the same parts, nothing signed or sent again."""
+    placer = JobActivities(OneConnection(conn), AttemptSigner(CA))  # type: ignore[arg-type]
+    web = [streaming_node(conn, labels={"role": "web"}) for _ in range(3)]
+    job = new_job(conn, selector={"role": "web"}, all=True)
+    conn.execute("LISTEN oz0_attempts")
+    got = claimed(conn, placer)
+    assert got["firsts"][job.id] is None, "the workflow gets no first attempt: it places"
+    sent = sorted(n.payload for n in conn.notifies(timeout=1, stop_after=3))
+    assert sent == sorted(web)
+    assert sorted(w.job_id for n in web for w in parts.waiting_for(conn, n)) == [job.id] * 3
+    with conn.transaction():
+        again = placer._granted_all(
+            conn, store.get(conn, job.id), placement.place_everywhere(conn, job.id, 1)
+        )
+    assert [(p.number, p.streamed, p.grant) for p in again] == [
+        (1, True, None), (2, True, None), (3, True, None)
+    ]  # fmt: skip
+    assert list(conn.notifies(timeout=0.5, stop_after=1)) == [], "nothing sent again"

@@ -71,12 +71,25 @@ class JobActivities:
         own first step to place: an `--all` job, a job with secrets (their sealing may fail
         the job, which the workflow does), one cancelled, or one with no node free now
         (recorded queued with the reason, as the step would: the step looks again)."""
+        if job.all_nodes and job.streamed and job.batch is None and not job.secret_env:
+            self._everywhere_early(conn, job)
+            return None
         if job.all_nodes or job.secret_env or job.cancel_requested:
             return None
         placed = placement.place(conn, job.id, 1, 0, [])
         if placed.node is None or placed.ended:
             return None
         return self._granted(conn, store.locked_job(conn, job.id), placed)
+
+    def _everywhere_early(self, conn: store.Conn, job: store.Job) -> None:
+        """A streamed `--all` job's parts placed and sent in the claim's transaction, as a
+        one-node job's first attempt is: they start while the workflow starts, not after
+        its first task's step (which finds them placed, and sends nothing again)."""
+        if job.cancel_requested:
+            return
+        placed = placement.place_everywhere(conn, job.id, 1)
+        if placed[0].node is not None:
+            self._granted_all(conn, store.locked_job(conn, job.id), placed)
 
     @activity.defn(name="oz0.jobs.list_parts")
     async def list_parts(self, job_id: str) -> list[Placed]:
@@ -130,11 +143,17 @@ class JobActivities:
         row has them until the attempt ends). A few statements for all of them."""
         on_nodes = [p.node for p in placed if p.node is not None]
         streaming = parts.take_stream(conn, on_nodes) if job.streamed and on_nodes else set()
+        # Placed and sent already (the claim placed them, or this step runs again): the
+        # rows stand, nothing is signed or sent again.
+        sent_before = parts.streamed_numbers(conn, job.id, [p.number for p in placed])
         out: list[Placed] = []
         sent: list[tuple[int, str, dict[str, Any]]] = []
         for p in placed:
             if p.node is None:
                 out.append(Placed(p.number, None, p.reason, p.ended, p.part))
+                continue
+            if p.number in sent_before:
+                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, streamed=True))
                 continue
             sealed = (
                 secret_env.for_attempt(conn, self.keeper, job.id, p.number, p.node)

@@ -120,6 +120,15 @@ def _lost_after(seconds: float | None, on_lost: str | None) -> float:
     return LOST_AFTER.get(str(on_lost), LOST_AFTER["move"])
 
 
+def streamed_numbers(conn: Conn, job_id: str, numbers: list[int]) -> set[int]:
+    """Those of JOB_ID's attempts NUMBERS that were placed streamed."""
+    rows = conn.execute(
+        "SELECT number FROM job_attempts WHERE job_id = %s AND number = ANY(%s) AND streamed",
+        (job_id, numbers),
+    ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def streamed_among(conn: Conn, keys: list[tuple[str, int]]) -> set[tuple[str, int]]:
     """Those of KEYS (job, attempt) that are streamed."""
     rows = conn.execute(
