@@ -54,7 +54,12 @@ class FakeEdge:
     waiting: list[parts.Waiting] = field(default_factory=list)
     reads: int = 0
 
-    async def transaction(self, work: Any) -> list[parts.Waiting]:
+    @property
+    def waiting_reads(self) -> FakeEdge:
+        return self
+
+    async def run(self, read: parts.WaitingRead) -> list[parts.Waiting]:
+        assert read.node_id == NODE
         self.reads += 1
         return list(self.waiting)
 

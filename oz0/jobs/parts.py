@@ -104,14 +104,41 @@ class Waiting:
 def waiting_for(conn: Conn, node_id: str) -> list[Waiting]:
     """NODE_ID's streamed attempts still running (sent again to a node that has them
     already: it answers so and runs nothing twice)."""
+    return waiting_for_many(conn, [node_id])[node_id]
+
+
+def waiting_for_many(conn: Conn, node_ids: list[str]) -> dict[str, list[Waiting]]:
+    """`waiting_for` of each of NODE_IDS, in one statement (an edge whose streams' nodes
+    were all placed on at once, a fan-out's, reads them together)."""
     rows = conn.execute(
-        "SELECT a.job_id, a.number, a.sent, j.lost_after_s, j.on_lost FROM job_attempts a"
-        " JOIN jobs j ON j.id = a.job_id"
-        " WHERE a.node_id = %s AND a.state = 'running' AND a.streamed AND a.sent IS NOT NULL"
-        " ORDER BY a.started_at, a.job_id, a.number",
-        (node_id,),
+        "SELECT a.node_id, a.job_id, a.number, a.sent, j.lost_after_s, j.on_lost"
+        " FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.node_id = ANY(%s) AND a.state = 'running' AND a.streamed"
+        " AND a.sent IS NOT NULL ORDER BY a.started_at, a.job_id, a.number",
+        (node_ids,),
     ).fetchall()
-    return [Waiting(str(r[0]), int(r[1]), r[2], _lost_after(r[3], r[4])) for r in rows]
+    found: dict[str, list[Waiting]] = {node_id: [] for node_id in node_ids}
+    for node_id, job_id, number, sent, seconds, on_lost in rows:
+        found[str(node_id)].append(
+            Waiting(str(job_id), int(number), sent, _lost_after(seconds, on_lost))
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class WaitingRead:
+    """`waiting_for` NODE_ID, as a change of store.batches.Batches (`read_together`)."""
+
+    node_id: str
+
+    def __call__(self, conn: Conn) -> list[Waiting]:
+        return waiting_for(conn, self.node_id)
+
+
+def read_together(conn: Conn, reads: list[Any]) -> list[tuple[Any, BaseException | None]]:
+    """Many streams' WaitingReads in one statement."""
+    found = waiting_for_many(conn, sorted({read.node_id for read in reads}))
+    return [(found[read.node_id], None) for read in reads]
 
 
 def _lost_after(seconds: float | None, on_lost: str | None) -> float:

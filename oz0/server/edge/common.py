@@ -12,6 +12,7 @@ import trio
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
+from oz0.jobs import parts
 from oz0.server.edge.attempt_refusals import AttemptRefusals
 from oz0.server.edge.directory import EdgeDirectory
 from oz0.server.edge.heartbeats import Heartbeats
@@ -107,11 +108,15 @@ class Edge:
     # Output chunks, written in batches (output_writes.py); its `serve` is started with
     # the edge.
     output_writes: Batches = field(init=False)
+    # Streams' reads of their nodes' streamed attempts (deliveries.py), together when they
+    # come together; its `serve` is started with the edge.
+    waiting_reads: Batches = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempt_refusals = AttemptRefusals(self.db)
         self.part_ends = PartEnds(self.db, lambda: self.in_namespace)
         self.output_writes = output_writes(self.db)
+        self.waiting_reads = Batches(self.db, (), together=parts.read_together)
         self.heartbeats = Heartbeats(lambda: self.directory.edges)
         self.joins = JoinBatcher(self.transaction, lambda: self.cluster.cluster_ca)
         self.state_reads = state_reads(self.prompt)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import trio
 
 from oz0.jobs import parts
 from oz0.jobs.spec import is_job_id
-from oz0.server.edge.common import DatabaseUnavailable, Edge, send
+from oz0.server.edge.common import Edge, send
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import DATABASE_ERRORS
 
@@ -101,10 +100,11 @@ class Deliveries:
         with self._edge.hub.watch_attempts(self._node_id) as placed:
             while True:
                 try:
-                    waiting = await self._edge.transaction(
-                        partial(parts.waiting_for, node_id=self._node_id)
-                    )
-                except DatabaseUnavailable:
+                    # With the other streams' reads that come with it (a fan-out's).
+                    read = parts.WaitingRead(self._node_id)
+                    waiting: list[parts.Waiting] = await self._edge.waiting_reads.run(read)
+                except DATABASE_ERRORS as e:
+                    self._edge.outage.failed(e)
                     await trio.sleep(RETRY_AFTER)
                     continue
                 if not await self._send(waiting):

@@ -93,6 +93,7 @@ async def run(
         await nursery.start(edge.attempt_refusals.run)
         await nursery.start(edge.part_ends.run)
         await nursery.start(edge.output_writes.serve)
+        await nursery.start(edge.waiting_reads.serve)
         await nursery.start(edge.joins.run)
         await nursery.start(edge.state_reads.serve)
         admit = partial(_admit, edge, admission, tls_context, turns)
