@@ -138,7 +138,9 @@ def test_a_refusal_names_the_node_and_only_the_nodes_own_running_part_is_written
                 refused,
             ],
         )
-    assert [a.answer for a in answers] == [parts.ENDED] * 3 + [parts.STORED]
+    assert [a.answer for a in answers] == [
+        parts.ENDED, parts.NOT_STREAMED, parts.ENDED, parts.STORED
+    ]  # fmt: skip
     assert answers[3].end == PartEnd(
         1, "refused", refusal=f"node {node} refused attempt 1: the grant expired"
     )

@@ -220,14 +220,15 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# What record_ends says of each report: stored, or not the node's (or not running).
-STORED, ENDED = "stored", "ended"
+# What record_ends says of each report: stored; not the node's or not running; or the
+# node's running attempt, but an activity (its end is its activity's to take).
+STORED, ENDED, NOT_STREAMED = "stored", "ended", "not streamed"
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """A report's fate: STORED with the end its workflow is told (and its tenant), or
-    ENDED (not this node's, not streamed, or ended already: nothing to do)."""
+    """A report's fate: STORED with the end its workflow is told (and its tenant), ENDED
+    (not this node's, or ended already: nothing to do), or NOT_STREAMED."""
 
     answer: str
     job_id: str | None = None
@@ -259,8 +260,11 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
             out.append(Recorded(ENDED))
             continue
         node_id, state, streamed, tenant, node_state = row
-        if node_id != report.node_id or state != "running" or not streamed:
+        if node_id != report.node_id or state != "running":
             out.append(Recorded(ENDED))
+            continue
+        if not streamed:
+            out.append(Recorded(NOT_STREAMED))
             continue
         end, applied = part_end(report)
         if not end.because:

@@ -68,6 +68,8 @@ DONE = "attempt_done"
 STOP = "attempt_stop"
 DONE_ACK = "attempt_done_ack"
 MAX_JOBS_SAID = "max_jobs"
+# What `_record_end` says of an attempt that is an activity: its end goes to Temporal.
+ACTIVITY = "activity"
 # What a node that takes attempts over its stream says in its max_jobs.
 BY_STREAM = "stream"
 MAX_ALIVE = 100
@@ -283,13 +285,16 @@ class NodeAttempts:
         try:
             reason: str | None = "unavailable"
             try:
-                if not await self._running([done.ref], [], cached=False):
-                    reason = "ended"
-                elif done.ref in self._streamed:
-                    reason = await self._record_end(done)
-                else:
-                    answer = await self._call(settling(done))
-                    reason = None if answer == "stored" else answer or "unavailable"
+                # As a streamed part's end first: the write checks it is this node's, runs,
+                # and is streamed, so the common case costs no read of its own.
+                reason = await self._record_end(done)
+                if reason == ACTIVITY:
+                    reason = "unavailable"
+                    if not await self._running([done.ref], [], cached=False):
+                        reason = "ended"
+                    else:
+                        answer = await self._call(settling(done))
+                        reason = None if answer == "stored" else answer or "unavailable"
             except DatabaseUnavailable:
                 self._edge.metrics.attempt_call_unavailable()
             if reason != "unavailable":
@@ -301,7 +306,8 @@ class NodeAttempts:
 
     async def _record_end(self, done: Done) -> str | None:
         """A streamed attempt's end, written (with others) and then told to its workflow:
-        None once stored, "ended" if it had ended otherwise, "unavailable"."""
+        None once stored, "ended" if it had ended otherwise (or is not this node's),
+        "unavailable", or ACTIVITY if it is not streamed (its activity takes the end)."""
         report = parts.Report(
             self._node_id, done.ref.job, done.ref.number,
             result=done.result, failure=done.failure, cancelled=done.cancelled,
@@ -310,6 +316,8 @@ class NodeAttempts:
             recorded = await self._edge.part_ends.record(report)
         except DATABASE_ERRORS:
             return "unavailable"
+        if recorded.answer == parts.NOT_STREAMED:
+            return ACTIVITY
         self._edge.part_ends.tell(recorded)
         return None if recorded.answer == parts.STORED else "ended"
 
