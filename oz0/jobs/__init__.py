@@ -8,6 +8,9 @@
 - `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
   attempt runs and moves it off a node that is blocked, purged or silent.
 - `activities.py`: the workflow's steps that touch the database, run by the same workers.
+- `parts.py`: attempts as rows sent over their node's control stream (issue 41): the
+  message placement writes, what an edge reads to send, a node's report as the part's end,
+  and what the sweeper tells workflows (ends not signalled, nodes fallen silent).
 - `secret_env.py`: jobs' secret values, sealed at rest with the master key and sealed again
   to the placed node's key for each attempt; deleted when the job ends.
 - `schedules.py`: schedules' rows and specs (a job run on a cron or an interval), and a
