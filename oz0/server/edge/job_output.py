@@ -9,16 +9,11 @@ job) is told `ended`, and its output is not kept.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from oz0.jobs import store
-from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import Edge, send
-from oz0.server.edge.output_writes import OutputWrite
+from oz0.server.edge.output_writes import BadOutput, OutputChunk, OutputWrite
 from oz0.server.edge.wire import Wire
 from oz0.store.outage import DATABASE_ERRORS
 
@@ -26,51 +21,6 @@ log = logging.getLogger(__name__)
 
 OUTPUT = "job_output"
 ACK = "job_output_ack"
-STREAMS = ("stdout", "stderr")
-
-
-class BadOutput(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class OutputChunk:
-    job_id: str
-    attempt: int
-    seq: int
-    stream: str
-    data: bytes
-    truncated: bool
-
-    @classmethod
-    def parse(cls, message: dict[str, Any]) -> OutputChunk:
-        job_id, attempt, seq = message.get("job"), message.get("attempt"), message.get("seq")
-        if not isinstance(job_id, str) or not is_job_id(job_id):
-            raise BadOutput("no valid job ID")
-        if not _whole(attempt, 1) or not _whole(seq, 0):
-            raise BadOutput("no valid attempt and seq")
-        stream, data, truncated = (
-            message.get("stream"),
-            message.get("data"),
-            message.get("truncated", False),
-        )
-        if stream not in STREAMS:
-            raise BadOutput("stream must be stdout or stderr")
-        if not isinstance(truncated, bool) or not isinstance(data, str):
-            raise BadOutput("no data")
-        # Base64 of MAX_CHUNK bytes is 4/3 as long: anything longer is too much at once.
-        if len(data) > (store.MAX_CHUNK * 4) // 3 + 4:
-            raise BadOutput(f"more than {store.MAX_CHUNK} bytes in one chunk")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadOutput("data is not base64") from None
-        assert isinstance(attempt, int) and isinstance(seq, int) and isinstance(stream, str)
-        return cls(job_id, attempt, seq, stream, raw, truncated)
-
-
-def _whole(value: object, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**31
 
 
 async def receive(edge: Edge, ws: Wire, node_id: str, message: dict[str, Any]) -> None:
@@ -81,11 +31,7 @@ async def receive(edge: Edge, ws: Wire, node_id: str, message: dict[str, Any]) -
         log.warning("node %s sent a job_output that is not one (%s); ignored", node_id, e)
         return
     try:
-        write = OutputWrite(
-            node_id, chunk.job_id, chunk.attempt, chunk.seq, chunk.stream, chunk.data,
-            chunk.truncated,
-        )  # fmt: skip
-        stored = bool(await edge.output_writes.run(write))
+        stored = bool(await edge.output_writes.run(OutputWrite(node_id, chunk)))
         reason = None if stored else "ended"
     except DATABASE_ERRORS as e:
         edge.outage.failed(e)
