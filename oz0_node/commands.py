@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from oz0_common.attempt_messages import ATTEMPT, STOP
 from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeLeaving, EdgeUnavailable
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink
@@ -209,9 +210,9 @@ HANDLERS: dict[str, Handler] = {
     "renewed": renewal.on_renewed,
     "renew_refused": renewal.on_renew_refused,
     "job_output_ack": _on_job_output_ack,
-    "attempt_done_ack": _on_attempt_done_ack,
-    "attempt_stop": _on_attempt_stop,
-    "attempt": _on_attempt,
+    DONE_ACK: _on_attempt_done_ack,
+    STOP: _on_attempt_stop,
+    ATTEMPT: _on_attempt,
 }
 
 

@@ -28,6 +28,7 @@ from typing import NoReturn
 import trio
 
 from oz0_common import certs
+from oz0_common.attempt_messages import BY_STREAM, MAX_JOBS
 from oz0_node import plugins, purge, renewal
 from oz0_node.commands import LiveStream, NodeRefused, answer_purge, dispatch, take_refusal
 from oz0_node.errors import EdgeLeaving, EdgeUnavailable, one_error
@@ -53,8 +54,6 @@ log = logging.getLogger(__name__)
 CONTROL_PATH = "/control"
 # Told once on each stream: how many attempts this node runs at once (`--max-jobs`), and
 # that it takes attempts over the stream (jobs/intake.py).
-MAX_JOBS = "max_jobs"
-BY_STREAM = "stream"
 WELCOME_TIMEOUT = 10.0
 MISSED_HEARTBEATS = 3
 # After a runtime failed to start (or its worker failed), on the same stream.

@@ -509,38 +509,6 @@ async def test_a_connected_node_learns_a_server_that_comes_up(
         assert message["edges"] == [EDGE_A, EDGE_B]
 
 
-# --- what a node may say of its attempts (oz0/server/edge/attempts.py), parsed -------------
-
-
-def test_attempt_reports_are_bounded_and_checked_before_anything_is_asked() -> None:
-    job = "job-0123456789ab"
-    done = attempts.Done.parse({"job": job, "attempt": 2, "result": {"exit_code": 0}})
-    assert (done.ref, done.result) == (attempts.AttemptRef(job, 2), {"exit_code": 0})
-    failed = attempts.Done.parse(
-        {"job": job, "attempt": 1, "failure": {"type": "AttemptEnded", "message": "x"}}
-    )
-    assert failed.failure == ("AttemptEnded", "x")
-    assert attempts.Done.parse({"job": job, "attempt": 1, "cancelled": True}).cancelled
-    assert attempts.AttemptRef(job, 3).activity_id == "attempt-3"
-    big = {"exit_code": 0, "pad": "x" * attempts.MAX_RESULT}
-    for bad in [
-        {"job": "job-1", "attempt": 1, "cancelled": True},
-        {"job": job, "attempt": 0, "cancelled": True},
-        {"job": job, "attempt": True, "cancelled": True},
-        {"job": job, "attempt": 1},
-        {"job": job, "attempt": 1, "cancelled": True, "result": {}},
-        {"job": job, "attempt": 1, "cancelled": False},
-        {"job": job, "attempt": 1, "result": [0]},
-        {"job": job, "attempt": 1, "result": big},
-        {"job": job, "attempt": 1, "failure": {"type": "", "message": "x"}},
-        {"job": job, "attempt": 1, "failure": {"type": "T" * 101, "message": "x"}},
-        {"job": job, "attempt": 1, "failure": {"type": "T", "message": "m" * 4097}},
-        {"job": job, "attempt": 1, "failure": "broke"},
-    ]:
-        with pytest.raises(attempts.BadAttemptMessage):
-            attempts.Done.parse(bad)
-
-
 class StubStream:
     """What the edge sends one node (a stand-in for its websocket: the fault is Temporal's)."""
 

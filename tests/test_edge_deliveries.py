@@ -18,6 +18,7 @@ from oz0.server.edge.deliveries import NOT_TAKEN, NOT_TAKEN_AFTER, RESEND_AFTER,
 from oz0.server.edge.wire import Wire
 from oz0.store.events import ATTEMPTS, EventHub
 from oz0.store.listen import Notification
+from oz0_common.attempt_messages import Failure
 
 NODE = "node-0123456789ab"
 JOB = "job-0123456789ab"
@@ -96,7 +97,7 @@ async def test_sent_at_once_again_until_answered_and_moved_if_never(
         await trio.sleep(NOT_TAKEN_AFTER)
         nursery.cancel_scope.cancel()
     [ended] = edge.part_ends.reports
-    assert (ended.job_id, ended.number, ended.failure[0]) == (JOB, 1, NOT_TAKEN)  # type: ignore[index]
+    assert (ended.job_id, ended.number, ended.failure and ended.failure.type) == (JOB, 1, NOT_TAKEN)
 
 
 async def test_what_the_node_did_not_run_ends_the_part_and_a_bad_answer_is_ignored(
@@ -117,7 +118,7 @@ async def test_what_the_node_did_not_run_ends_the_part_and_a_bad_answer_is_ignor
         await trio.sleep(RESEND_AFTER + 0.1)
         nursery.cancel_scope.cancel()
     assert [(r.number, r.failure) for r in edge.part_ends.reports] == [
-        (1, ("AttemptRefused", "the grant expired 40 s ago")),
-        (2, ("AttemptGone", "the node ran it before and has it no more")),
+        (1, Failure("AttemptRefused", "the grant expired 40 s ago")),
+        (2, Failure("AttemptGone", "the node ran it before and has it no more")),
     ]
     assert sends(stream, 3) == 2, "a malformed answer is no answer: sent again"

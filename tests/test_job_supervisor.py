@@ -182,6 +182,8 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
             "tracking": CGROUP_V2,
             "limits": {"memory": "cgroup v1", "max_open_files": "rlimit"},
         },
+        # The supervisor's own word; the agent says whether it lost output of it.
+        "output_complete": True,
     }
     records = all_output(supervised)
     assert [(r.stream, r.data) for r in records] == [

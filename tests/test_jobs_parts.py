@@ -23,6 +23,7 @@ from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import claim_for_start
 from oz0.jobs.workflow import LOST, NODE_LOST, STOPPED, PartEnd
+from oz0_common.attempt_messages import AttemptResult, Failure
 
 one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
 conn = pytest.fixture(job_rows.conn)
@@ -52,6 +53,11 @@ def stream_first(conn: psycopg.Connection[Any], job: store.Job) -> None:
 
 
 def report(node: str, job: str, number: int = 1, **how: Any) -> parts.Report:
+    """A node's report, its result and failure written as on the wire."""
+    if "result" in how:
+        how["result"] = AttemptResult.parse(how["result"])
+    if "failure" in how:
+        how["failure"] = Failure(*how["failure"])
     return parts.Report(node, job, number, **how)
 
 

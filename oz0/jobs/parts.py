@@ -31,6 +31,7 @@ from oz0.jobs.spec_text import LOST_AFTER
 from oz0.jobs.store import Conn, Job, gone_because, tell_followers
 from oz0.jobs.workflow import ATTEMPT_REFUSED, NODE_STOPPING, SECRETS_UNREADABLE, STOPPED, PartEnd
 from oz0.store.events import ATTEMPTS
+from oz0_common.attempt_messages import AttemptDone, AttemptResult, Failure
 
 # A part's end not yet told to its workflow this long after it was recorded: the edge that
 # recorded it did not get the signal through (its server died, Temporal was away).
@@ -171,15 +172,20 @@ def streamed_among(conn: Conn, keys: list[tuple[str, int]]) -> set[tuple[str, in
 
 @dataclass(frozen=True)
 class Report:
-    """What a node said of its streamed attempt: exactly one of RESULT, FAILURE (type,
-    message) or CANCELLED, as in its `attempt_done` (edge/attempts.py parses it)."""
+    """What a node said of its streamed attempt: exactly one of RESULT, FAILURE or
+    CANCELLED, as in its `attempt_done` (oz0_common/attempt_messages.py), or what the edge
+    says for it (a part the node did not take)."""
 
     node_id: str
     job_id: str
     number: int
-    result: Mapping[str, Any] | None = None
-    failure: tuple[str, str] | None = None
+    result: AttemptResult | None = None
+    failure: Failure | None = None
     cancelled: bool = False
+
+    @classmethod
+    def of(cls, node_id: str, done: AttemptDone) -> Report:
+        return cls(node_id, done.job, done.number, done.result, done.failure, done.cancelled)
 
     def __call__(self, conn: Conn) -> Recorded:
         """This report written alone (a batch of reports is written by `record_ends`)."""
@@ -196,17 +202,12 @@ def part_end(report: Report) -> tuple[PartEnd, dict[str, Any] | None]:
     number = report.number
     if report.result is not None:
         result = report.result
-        because = "timeout" if result.get("ended_because") == "timeout" else "exit"
-        code = result.get("exit_code")
-        applied = result.get("applied")
-        return (
-            PartEnd(number, because, code if _whole(code) else None),
-            applied if isinstance(applied, dict) else None,
-        )
+        because = "timeout" if result.timed_out else "exit"
+        return PartEnd(number, because, result.exit_code), result.applied
     if report.cancelled:
         return PartEnd(number, "cancelled"), None
     assert report.failure is not None
-    kind, message = report.failure
+    kind, message = report.failure.type, report.failure.message
     if kind == ATTEMPT_REFUSED:
         refusal = f"node {report.node_id} refused attempt {number}: {message}"
         return PartEnd(number, "refused", refusal=refusal), None
@@ -214,10 +215,6 @@ def part_end(report: Report) -> tuple[PartEnd, dict[str, Any] | None]:
         return PartEnd(number, "node could not read secrets"), None
     # Decided at the write by what became of the node (NODE_FATE): "" stands for that.
     return PartEnd(number, "", lost=STOPPED if kind == NODE_STOPPING else None), None
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # What record_ends says of each report: stored; not the node's or not running; or the

@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from temporalio.exceptions import ApplicationError
 
 from oz0_common import certs, sealed_env
 from oz0_common.attempt_heartbeat import HEARD
+from oz0_common.attempt_messages import DEFAULT_LOST_AFTER, JOB_ID
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
@@ -61,10 +61,8 @@ from oz0_node.messages import Message
 log = logging.getLogger(__name__)
 
 ACTIVITY = "oz0.job.attempt"
-# Without a heartbeat timeout in the activity's info (none is ever scheduled so): the
-# cluster's default lost-after.
-DEFAULT_LOST_AFTER = 15.0
-JOB_ID = re.compile(r"job-[0-9a-f]{12}\Z")
+# Without a heartbeat timeout in the activity's info (none is ever scheduled so), the
+# cluster's default lost-after: DEFAULT_LOST_AFTER.
 
 # ApplicationError types the workflow tells apart.
 BAD_ATTEMPT = "BadAttempt"

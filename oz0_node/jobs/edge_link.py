@@ -16,6 +16,7 @@ from typing import Protocol
 
 import trio
 
+from oz0_common import attempt_messages
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.messages import Message
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 # What an ack answers: its kind, then the job, the attempt and (for output) the seq.
 AckKey = tuple[object, ...]
 OUTPUT_ACK = "job_output_ack"
-DONE_ACK = "attempt_done_ack"
+DONE_ACK = attempt_messages.DONE_ACK
 
 
 class LinkDown(Exception):

@@ -23,15 +23,19 @@ An answer the stream lost is not repeated: the edge sends the attempt again.
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
-from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from oz0_common.attempt_messages import (
+    TAKEN,
+    AttemptSent,
+    AttemptTaken,
+    BadAttemptMessage,
+    Failure,
+    Taken,
+)
 from oz0_node.jobs.attempt import (
     ATTEMPT_REFUSED,
-    JOB_ID,
     NO_WORKDIR,
     REFUSED,
     REPORT_WITHIN,
@@ -40,47 +44,13 @@ from oz0_node.jobs.attempt import (
 )
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck, GrantExpired, RunRecord
-from oz0_node.jobs.manager import DEFAULT_LOST_AFTER, AttemptManager
+from oz0_node.jobs.manager import AttemptManager
 from oz0_node.jobs.supervisor import SupervisedSpec
 from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)
 
-ATTEMPT = "attempt"
-TAKEN = "attempt_taken"
-STARTED, RUNS, WAITING, RAN, FAILED = "started", "runs", "waiting", "ran", "failed"
-REFUSED_ANSWER = "refused"
 GRANT_EXPIRED = "GrantExpired"
-MAX_LOST_AFTER = 7 * 86400.0
-
-
-@dataclass(frozen=True)
-class Sent:
-    """An `attempt` as the edge sent it: its fields (checked later) and its lost-after."""
-
-    raw: dict[str, Any]
-    job_id: str
-    number: int
-    lost_after: float
-
-    @classmethod
-    def parse(cls, message: Message) -> Sent | None:
-        raw, lost_after = message.get("attempt"), message.get("lost_after")
-        if not isinstance(raw, dict):
-            return None
-        job_id, number = raw.get("job_id"), raw.get("attempt")
-        if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
-            return None
-        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-            return None
-        if (
-            isinstance(lost_after, bool)
-            or not isinstance(lost_after, int | float)
-            or not math.isfinite(lost_after)
-            or not 0 < lost_after <= MAX_LOST_AFTER
-        ):
-            lost_after = DEFAULT_LOST_AFTER
-        return cls(raw, job_id, number, float(lost_after))
 
 
 class Intake:
@@ -104,42 +74,43 @@ class Intake:
     def received(self, message: Message) -> None:
         """An `attempt` from the edge: answered, and started in a task of the manager's
         (never awaited on the stream's receive loop)."""
-        sent = Sent.parse(message)
-        if sent is None:
-            log.warning("ignoring a malformed attempt from the edge")
+        try:
+            sent = AttemptSent.parse(message)
+        except BadAttemptMessage as e:
+            log.warning("ignoring a malformed attempt from the edge: %s", e)
             return
-        key = (sent.job_id, sent.number)
+        key = (sent.job, sent.number)
         if key in self._handing:
-            self._answer_soon(sent, WAITING)
+            self._answer_soon(sent, Taken.WAITING)
             return
         if self.manager.has(*key):
-            self._answer_soon(sent, RUNS)
+            self._answer_soon(sent, Taken.RUNS)
             return
         self._handing.add(key)  # before any await: a second delivery sees it
         self.manager.start_soon(lambda: self._take(sent))
 
-    def _answer_soon(self, sent: Sent, taken: str) -> None:
+    def _answer_soon(self, sent: AttemptSent, taken: Taken) -> None:
         self.manager.start_soon(lambda: self._answer(sent, taken))
 
-    async def _take(self, sent: Sent) -> None:
-        key = (sent.job_id, sent.number)
+    async def _take(self, sent: AttemptSent) -> None:
+        key = (sent.job, sent.number)
         try:
             record = self.record
             if record is not None and RunRecord.key(*key) in record:
-                await self._answer(sent, RAN)
+                await self._answer(sent, Taken.RAN)
                 return
             if not self.manager.try_reserve():
-                await self._answer(sent, WAITING)
+                await self._answer(sent, Taken.WAITING)
                 await self.manager.reserve()
             answer = await self._start(sent)
             if answer is not None:
                 await self._answer(sent, *answer)
                 return
-            await self._answer(sent, STARTED)
+            await self._answer(sent, Taken.STARTED)
         finally:
             self._handing.discard(key)
 
-    async def _start(self, sent: Sent) -> tuple[str, dict[str, str]] | None:
+    async def _start(self, sent: AttemptSent) -> tuple[Taken, Failure] | None:
         """Check SENT and start its supervisor in the slot reserved, which is its own from
         then (or given back): None once started, else the answer that says why not."""
         try:
@@ -153,30 +124,30 @@ class Intake:
         try:
             await self.manager.start(checked, sent.lost_after)  # gives the slot back
         except OSError as e:
-            return FAILED, _failure(
+            return Taken.FAILED, Failure(
                 NO_WORKDIR,
-                f"job {sent.job_id} attempt {sent.number}: cannot make its directory on the "
+                f"job {sent.job} attempt {sent.number}: cannot make its directory on the "
                 f"node ({e.filename or 'the attempts directory'}): {e.strerror or e}",
             )
-        log.info("job %s attempt %d: handed to its supervisor", sent.job_id, sent.number)
+        log.info("job %s attempt %d: handed to its supervisor", sent.job, sent.number)
         return None
 
-    async def _checked(self, sent: Sent) -> SupervisedSpec | tuple[str, dict[str, str]]:
+    async def _checked(self, sent: AttemptSent) -> SupervisedSpec | tuple[Taken, Failure]:
         """SENT as its supervisor runs it, if its grant and fields hold; else the answer."""
         grants = self.grants
         if grants is None:
-            return FAILED, _failure(NO_WORKDIR, "this node has no grant check yet")
+            return Taken.FAILED, Failure(NO_WORKDIR, "this node has no grant check yet")
         try:
-            grants.check(sent.raw)
+            grants.check(sent.attempt)
         except GrantExpired as e:
-            return FAILED, _failure(GRANT_EXPIRED, e.reason)
+            return Taken.FAILED, Failure(GRANT_EXPIRED, e.reason)
         except AttemptRefused as e:
             await self._tell_refused(sent, e.reason)
-            return REFUSED_ANSWER, _failure(ATTEMPT_REFUSED, e.reason)
+            return Taken.REFUSED, Failure(ATTEMPT_REFUSED, e.reason)
         try:
-            spec = AttemptSpec.parse(sent.raw, self.open_secrets)
+            spec = AttemptSpec.parse(sent.attempt, self.open_secrets)
         except ApplicationError as e:
-            return FAILED, _failure(e.type or "BadAttempt", e.message)
+            return Taken.FAILED, Failure(e.type or "BadAttempt", e.message)
         return SupervisedSpec(
             node_id=self.node_id,
             job_id=spec.job_id,
@@ -188,24 +159,20 @@ class Intake:
             limits=spec.limits,
         )
 
-    async def _tell_refused(self, sent: Sent, reason: str) -> None:
-        log.warning("refused job %s attempt %s: %s", sent.job_id, sent.number, reason)
-        fields = {"job": sent.job_id, "attempt": sent.number, "reason": reason}
+    async def _tell_refused(self, sent: AttemptSent, reason: str) -> None:
+        log.warning("refused job %s attempt %s: %s", sent.job, sent.number, reason)
+        fields = {"job": sent.job, "attempt": sent.number, "reason": reason}
         try:
             await self.manager.link.send(REFUSED, fields, REPORT_WITHIN)
         except LinkDown as e:
             log.warning("cannot report the refusal to the edge: %s", e)
 
-    async def _answer(self, sent: Sent, taken: str, failure: dict[str, str] | None = None) -> None:
-        fields: Message = {"job": sent.job_id, "attempt": sent.number, "taken": taken}
-        if failure is not None:
-            fields["failure"] = failure
+    async def _answer(
+        self, sent: AttemptSent, taken: Taken, failure: Failure | None = None
+    ) -> None:
+        answer = AttemptTaken(sent.job, sent.number, taken, failure)
         try:
-            await self.manager.link.send(TAKEN, fields, REPORT_WITHIN)
+            await self.manager.link.send(TAKEN, answer.to_wire(), REPORT_WITHIN)
         except LinkDown as e:
             # The edge sends it again, and is answered then.
-            log.info("job %s attempt %d: answer %s not sent: %s", *fields.values(), e)
-
-
-def _failure(kind: str, message: str) -> dict[str, str]:
-    return {"type": kind, "message": message}
+            log.info("job %s attempt %d: answer %s not sent: %s", sent.job, sent.number, taken, e)

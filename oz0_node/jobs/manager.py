@@ -48,6 +48,15 @@ from typing import Any
 
 import trio
 
+from oz0_common.attempt_messages import (
+    ALIVE,
+    DEFAULT_LOST_AFTER,
+    DONE,
+    AttemptDone,
+    AttemptResult,
+    EndedBecause,
+    Failure,
+)
 from oz0_common.files import write_private
 from oz0_node.identity import DEFAULT_MAX_JOBS
 from oz0_node.jobs import supervisor
@@ -73,7 +82,6 @@ SEND_WITHIN = 5.0
 # Past its lost-after with no stream to any server, and this much more, the cluster has
 # given the attempt up (moved it, or failed the job): it is ended, its report dropped.
 REPORT_GRACE = 30.0
-DEFAULT_LOST_AFTER = 15.0
 STOP_WITHIN = KILL_GRACE + 5.0
 STATE_FILE = "relay.json"
 META_FILE = "attempt.json"
@@ -417,28 +425,28 @@ class AttemptManager:
 
     def _outcome(self, tracked: Tracked, status: dict[str, object] | None) -> Message:
         job, number = tracked.key
-        fields: Message = {"job": job, "attempt": number}
         if status is None:
-            fields["failure"] = {
-                "type": "SupervisorLost",
-                "message": f"job {tracked.label}: its supervisor on this node ended without "
-                "a status (killed?); what it left running was ended",
-            }
-        elif status.get("ended_because") == "stopped":
+            done = AttemptDone(job, number, failure=Failure(
+                "SupervisorLost",
+                f"job {tracked.label}: its supervisor on this node ended without a status "
+                "(killed?); what it left running was ended",
+            ))  # fmt: skip
+        elif status.get("ended_because") == EndedBecause.STOPPED:
             if tracked.stop_why == "cancelled":
-                fields["cancelled"] = True
+                done = AttemptDone(job, number, cancelled=True)
             else:
-                fields["failure"] = {
+                done = AttemptDone(job, number, failure=Failure(
                     # Only a held attempt's activity hears of an end the cluster asked for.
-                    "type": ATTEMPT_ENDED if tracked.stop_why == "ended" else NODE_STOPPING,
-                    "message": f"job {tracked.label}: ended on the node "
+                    ATTEMPT_ENDED if tracked.stop_why == "ended" else NODE_STOPPING,
+                    f"job {tracked.label}: ended on the node "
                     f"({tracked.stop_why or 'its supervisor was stopped'})",
-                }
+                ))  # fmt: skip
         else:
-            result = {k: v for k, v in status.items() if k != "pid"}
-            result["output_complete"] = not tracked.output_dropped
-            fields["result"] = result
-        return fields
+            result = AttemptResult.parse(status)
+            done = AttemptDone(job, number, result=result.with_output_complete(
+                not tracked.output_dropped
+            ))  # fmt: skip
+        return done.to_wire()
 
     async def _report(self, tracked: Tracked, fields: Message) -> None:
         """Send the attempt's end until the cluster has it (or has moved on from it)."""
@@ -449,7 +457,7 @@ class AttemptManager:
                     await self.link.wait_up()
                 continue
             try:
-                ack = await self.link.exchange("attempt_done", fields, key, ACK_TIMEOUT)
+                ack = await self.link.exchange(DONE, fields, key, ACK_TIMEOUT)
             except LinkDown as e:
                 log.info("job %s: its end not reported yet: %s", tracked.label, e)
                 ack = None
@@ -516,7 +524,7 @@ class AttemptManager:
                 for at in range(0, len(entries), ALIVE_BATCH):
                     try:
                         await self.link.send(
-                            "attempt_alive",
+                            ALIVE,
                             {"attempts": entries[at : at + ALIVE_BATCH]},
                             SEND_WITHIN,
                         )

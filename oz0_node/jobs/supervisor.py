@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from oz0_common.attempt_messages import AttemptResult, EndedBecause
 from oz0_common.files import write_private
 from oz0_node.jobs import procfs
 from oz0_node.jobs.isolation import (
@@ -659,18 +660,16 @@ def _ready() -> None:
 def _status(
     exit_code: int | None,
     sig: int | None,
-    ended_because: str,
+    ended_because: EndedBecause,
     output: OutputFile,
     applied: dict[str, object],
 ) -> dict[str, object]:
-    return {
-        "exit_code": exit_code,
-        "signal": sig,
-        "ended_because": ended_because,
-        "output_bytes": output.output_bytes,
-        "truncated": output.truncated,
-        "applied": applied,
-    }
+    """The status file's content: the attempt's result as the node reports it."""
+    result = AttemptResult(
+        exit_code, sig, ended_because, output.output_bytes, output.truncated,
+        dict(applied),
+    )  # fmt: skip
+    return result.to_wire()
 
 
 def _supervise(
@@ -684,7 +683,7 @@ def _supervise(
         line = f"oz0-node: cannot make its working directory or cgroup: {why}\n"
         output.add("stderr", line.encode())
         _ready()
-        return _status(126, None, "exit", output, {})
+        return _status(126, None, EndedBecause.EXIT, output, {})
     try:
         return _run(spec, isolation, place, output, stopping)
     finally:
@@ -720,7 +719,7 @@ def _run(
             log.warning("job %s attempt %d: %s", spec.job_id, spec.attempt, why)
         output.add("stderr", f"oz0-node: cannot run {spec.command[0]!r}: {why}\n".encode())
         _ready()
-        return _status(code, None, "exit", output, place.applied)
+        return _status(code, None, EndedBecause.EXIT, output, place.applied)
     place.tracking.started(popen.pid)
     command = _Command(popen, place, output, stopping, isolation)
     command.note()
@@ -730,14 +729,14 @@ def _run(
         deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         ended_because = command.run_until(deadline)
         # Looked for once (a scan of /proc, when subreaper): end() is told what was found.
-        left = place.tracking.alive() if ended_because == "exit" else None
+        left = place.tracking.alive() if ended_because is EndedBecause.EXIT else None
         if left:
             log.info(
                 "job %s attempt %d: ending what the command left running",
                 spec.job_id,
                 spec.attempt,
             )
-        elif ended_because != "exit":
+        elif ended_because is not EndedBecause.EXIT:
             why = "asked to stop" if stopping else f"timed out after {spec.timeout:g} s"
             log.info("job %s attempt %d: %s; ending it", spec.job_id, spec.attempt, why)
         command.end(KILL_GRACE, left)
@@ -747,11 +746,11 @@ def _run(
         command.close()
     returned = popen.returncode
     sig = -returned if returned is not None and returned < 0 else None
-    if ended_because != "exit":
+    if ended_because is not EndedBecause.EXIT:
         return _status(None, sig, ended_because, output, place.applied)
     assert returned is not None
     exit_code = 128 + sig if sig is not None else returned
-    return _status(exit_code, sig, "exit", output, place.applied)
+    return _status(exit_code, sig, EndedBecause.EXIT, output, place.applied)
 
 
 class _Command:
@@ -835,17 +834,16 @@ class _Command:
     def note(self) -> None:
         _note(self.isolation, self.place, self.popen.pid, self.start)
 
-    def run_until(self, deadline: float | None) -> str:
-        """Follow the command until it exits ("exit"), a stop ("stopped") or DEADLINE
-        ("timeout")."""
+    def run_until(self, deadline: float | None) -> EndedBecause:
+        """Follow the command until it exits, a stop or DEADLINE (a timeout)."""
         while True:
             if self.exited():
-                return "exit"
+                return EndedBecause.EXIT
             if self.stopping:
-                return "stopped"
+                return EndedBecause.STOPPED
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return "timeout"
+                return EndedBecause.TIMEOUT
             self.pump(deadline - now if deadline is not None else None)
 
     def end(self, grace: float, alive: list[int] | None = None) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -54,24 +53,29 @@ from temporalio.service import RPCError, RPCStatusCode
 from oz0 import nodes
 from oz0.jobs import parts, store
 from oz0.jobs.role import JobsUnavailable
-from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.deliveries import Deliveries
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0_common.attempt_heartbeat import HEARD
+from oz0_common.attempt_messages import (
+    ALIVE,
+    BY_STREAM,
+    DONE,
+    DONE_ACK,
+    STOP,
+    AttemptDone,
+    BadAttemptMessage,
+    is_job_id,
+    is_number,
+)
+from oz0_common.attempt_messages import MAX_JOBS as MAX_JOBS_MESSAGE
 
 log = logging.getLogger(__name__)
 
-ALIVE = "attempt_alive"
-DONE = "attempt_done"
-STOP = "attempt_stop"
-DONE_ACK = "attempt_done_ack"
-MAX_JOBS_SAID = "max_jobs"
+
 # What `_record_end` says of an attempt that is an activity: its end goes to Temporal.
 ACTIVITY = "activity"
-# What a node that takes attempts over its stream says in its max_jobs.
-BY_STREAM = "stream"
 MAX_ALIVE = 100
 # Temporal writes every heartbeat to the workflow's history shard: one per attempt a second
 # (each attempt_alive) was 100 writes a second at 100 running attempts, which starved a
@@ -84,18 +88,10 @@ BEAT_MIN, BEAT_MAX = 1.0, 3.0
 # The bounds of a node's max_jobs: the nodes table's check, `oz0-node start --max-jobs`
 # (oz0_node.identity.MAX_JOBS).
 MAX_JOBS = 256
-# A result is a few numbers and flags (today's activity result); a failure one line.
-MAX_RESULT = 16 * 1024
-MAX_FAILURE_TYPE = 100
-MAX_FAILURE_MESSAGE = 4 * 1024
 # One message's Temporal calls (all of an attempt_alive's heartbeats together).
 CALL_TIMEOUT = 5.0
 DONE_IN_FLIGHT = 8
 _UNAVAILABLE = (JobsUnavailable, TimeoutError, RPCError)
-
-
-class BadAttemptMessage(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -112,46 +108,16 @@ class AttemptRef:
         if not isinstance(entry, dict):
             raise BadAttemptMessage("an attempt is an object with job and attempt")
         job, number = entry.get("job"), entry.get("attempt")
-        if not isinstance(job, str) or not is_job_id(job):
+        if not is_job_id(job):
             raise BadAttemptMessage("no valid job ID")
-        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31:
+        if not is_number(number):
             raise BadAttemptMessage("no valid attempt number")
+        assert isinstance(job, str) and isinstance(number, int)
         return cls(job, number)
 
-
-@dataclass(frozen=True)
-class Done:
-    """How an attempt ended, as the node says: exactly one of RESULT, FAILURE (type,
-    message) or CANCELLED."""
-
-    ref: AttemptRef
-    result: dict[str, Any] | None = None
-    failure: tuple[str, str] | None = None
-    cancelled: bool = False
-
     @classmethod
-    def parse(cls, message: dict[str, Any]) -> Done:
-        ref = AttemptRef.parse(message)
-        given = [k for k in ("result", "failure", "cancelled") if k in message]
-        if len(given) != 1:
-            raise BadAttemptMessage("give one of result, failure or cancelled")
-        if "result" in message:
-            result = message["result"]
-            if not isinstance(result, dict) or len(json.dumps(result)) > MAX_RESULT:
-                raise BadAttemptMessage(f"a result is an object of at most {MAX_RESULT} bytes")
-            return cls(ref, result=result)
-        if "failure" in message:
-            failure = message["failure"]
-            kind = failure.get("type") if isinstance(failure, dict) else None
-            text = failure.get("message") if isinstance(failure, dict) else None
-            if not isinstance(kind, str) or not kind or len(kind) > MAX_FAILURE_TYPE:
-                raise BadAttemptMessage("a failure has a type")
-            if not isinstance(text, str) or len(text) > MAX_FAILURE_MESSAGE:
-                raise BadAttemptMessage("a failure has a message")
-            return cls(ref, failure=(kind, text))
-        if message["cancelled"] is not True:
-            raise BadAttemptMessage("cancelled must be true")
-        return cls(ref, cancelled=True)
+    def of(cls, done: AttemptDone) -> AttemptRef:
+        return cls(done.job, done.number)
 
 
 class NodeAttempts:
@@ -191,8 +157,8 @@ class NodeAttempts:
             if kind == ALIVE:
                 self._alive(message)
             elif kind == DONE:
-                await self._done(Done.parse(message))
-            elif kind == MAX_JOBS_SAID:
+                await self._done(AttemptDone.parse(message))
+            elif kind == MAX_JOBS_MESSAGE:
                 count, by_stream = _max_jobs(message), message.get("attempts") == BY_STREAM
                 self._nursery.start_soon(self._record_max_jobs, count, by_stream)
         except BadAttemptMessage as e:
@@ -226,11 +192,11 @@ class NodeAttempts:
         self._alive_busy = True
         self._nursery.start_soon(self._heartbeat, refs, token)
 
-    async def _done(self, done: Done) -> None:
+    async def _done(self, done: AttemptDone) -> None:
         token = self._take_call(self._done_busy < DONE_IN_FLIGHT)
         if token is None:
             self._edge.metrics.attempt_done_refused()
-            await self._ack(done.ref, False, "unavailable")
+            await self._ack(AttemptRef.of(done), False, "unavailable")
             return
         self._done_busy += 1
         self._nursery.start_soon(self._settle, done, token)
@@ -281,7 +247,8 @@ class NodeAttempts:
             if not await self._say(STOP, job=ref.job, attempt=ref.number, why=why):
                 return
 
-    async def _settle(self, done: Done, token: object) -> None:
+    async def _settle(self, done: AttemptDone, token: object) -> None:
+        ref = AttemptRef.of(done)
         try:
             reason: str | None = "unavailable"
             try:
@@ -290,7 +257,7 @@ class NodeAttempts:
                 reason = await self._record_end(done)
                 if reason == ACTIVITY:
                     reason = "unavailable"
-                    if not await self._running([done.ref], [], cached=False):
+                    if not await self._running([ref], [], cached=False):
                         reason = "ended"
                     else:
                         answer = await self._call(settling(done))
@@ -298,20 +265,17 @@ class NodeAttempts:
             except DatabaseUnavailable:
                 self._edge.metrics.attempt_call_unavailable()
             if reason != "unavailable":
-                self._forget([done.ref])  # its activity is over, either way
+                self._forget([ref])  # its activity is over, either way
         finally:
             self._done_busy -= 1
             self._edge.attempt_calls.release_on_behalf_of(token)
-        await self._ack(done.ref, reason is None, reason)
+        await self._ack(ref, reason is None, reason)
 
-    async def _record_end(self, done: Done) -> str | None:
+    async def _record_end(self, done: AttemptDone) -> str | None:
         """A streamed attempt's end, written (with others) and then told to its workflow:
         None once stored, "ended" if it had ended otherwise (or is not this node's),
         "unavailable", or ACTIVITY if it is not streamed (its activity takes the end)."""
-        report = parts.Report(
-            self._node_id, done.ref.job, done.ref.number,
-            result=done.result, failure=done.failure, cancelled=done.cancelled,
-        )  # fmt: skip
+        report = parts.Report.of(self._node_id, done)
         try:
             recorded = await self._edge.part_ends.record(report)
         except DATABASE_ERRORS:
@@ -428,18 +392,19 @@ def heartbeats(refs: list[AttemptRef]) -> Callable[[Client], Awaitable[list[str]
     return make
 
 
-def settling(done: Done) -> Callable[[Client], Awaitable[str]]:
+def settling(done: AttemptDone) -> Callable[[Client], Awaitable[str]]:
     """DONE given to Temporal: "stored", "ended" (it has no such activity) or
     "unavailable"."""
 
     async def make(client: Client) -> str:
-        handle, timeout = _handle(client, done.ref), dt.timedelta(seconds=CALL_TIMEOUT)
+        ref = AttemptRef.of(done)
+        handle, timeout = _handle(client, ref), dt.timedelta(seconds=CALL_TIMEOUT)
         try:
             if done.result is not None:
-                await handle.complete(done.result, rpc_timeout=timeout)
+                await handle.complete(done.result.to_wire(), rpc_timeout=timeout)
             elif done.failure is not None:
-                kind, message = done.failure
-                error = ApplicationError(message, type=kind, non_retryable=True)
+                failure = done.failure
+                error = ApplicationError(failure.message, type=failure.type, non_retryable=True)
                 await handle.fail(error, rpc_timeout=timeout)
             else:
                 await handle.report_cancellation(rpc_timeout=timeout)

@@ -28,6 +28,7 @@ from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
+from oz0_common.attempt_messages import ALIVE, DONE, MAX_JOBS, TAKEN
 
 log = logging.getLogger(__name__)
 
@@ -305,8 +306,6 @@ HANDLERS: dict[str, Handler] = {
     renew.RENEW: ControlStream._on_renew,
     job_output.OUTPUT: ControlStream._on_job_output,
     attempt_refusals.REFUSED: ControlStream._on_attempt_refused,
-    **dict.fromkeys(
-        (attempts.ALIVE, attempts.DONE, attempts.MAX_JOBS_SAID), ControlStream._on_attempt_report
-    ),
-    deliveries.TAKEN: ControlStream._on_attempt_taken,
+    **dict.fromkeys((ALIVE, DONE, MAX_JOBS), ControlStream._on_attempt_report),
+    TAKEN: ControlStream._on_attempt_taken,
 }

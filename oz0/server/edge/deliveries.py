@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from oz0.jobs import parts
-from oz0.jobs.spec import is_job_id
 from oz0.server.edge.common import Edge, send
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import DATABASE_ERRORS
+from oz0_common.attempt_messages import (
+    ATTEMPT,
+    AttemptSent,
+    AttemptTaken,
+    BadAttemptMessage,
+    Failure,
+    Taken,
+)
 
 log = logging.getLogger(__name__)
 
-ATTEMPT = "attempt"
-TAKEN = "attempt_taken"
 # Not answered within this long: sent again (the node runs nothing twice).
 RESEND_AFTER = 3.0
 # Not answered on this stream within this long of its first send: the node does not take
@@ -39,42 +43,10 @@ NOT_TAKEN_AFTER = 15.0
 NOT_TAKEN = "AttemptNotTaken"
 # The database unavailable: read again after this long.
 RETRY_AFTER = 1.0
-# What a node answers (`taken`), and the failure types the part's end is made of.
-STARTED, RUNS, WAITING, RAN, REFUSED, FAILED = (
-    "started", "runs", "waiting", "ran", "refused", "failed",
-)  # fmt: skip
-HAS_IT = (STARTED, RUNS, WAITING)
+# The failure a node's `ran` stands for.
 GONE = "AttemptGone"
-MAX_TEXT = 4 * 1024
 
 Key = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class Taken:
-    """A node's `attempt_taken`: what it did with (JOB, NUMBER), and why if it did not."""
-
-    job: str
-    number: int
-    taken: str
-    failure: tuple[str, str] | None = None
-
-    @classmethod
-    def parse(cls, message: dict[str, Any]) -> Taken | None:
-        job, number, taken = message.get("job"), message.get("attempt"), message.get("taken")
-        if not isinstance(job, str) or not is_job_id(job):
-            return None
-        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31:
-            return None
-        if taken in HAS_IT or taken == RAN:
-            return cls(job, number, taken)
-        failure = message.get("failure")
-        kind = failure.get("type") if isinstance(failure, dict) else None
-        text = failure.get("message") if isinstance(failure, dict) else None
-        if taken not in (REFUSED, FAILED) or not isinstance(kind, str) or not kind:
-            return None
-        text = text[:MAX_TEXT] if isinstance(text, str) else ""
-        return cls(job, number, taken, (kind[:100], text))
 
 
 class Deliveries:
@@ -130,7 +102,7 @@ class Deliveries:
             self._sent[key] = now
             self._first_sent.setdefault(key, now)
             try:
-                await send(self._ws, ATTEMPT, attempt=w.message, lost_after=w.lost_after)
+                await send(self._ws, ATTEMPT, **AttemptSent(w.message, w.lost_after).to_wire())
             except Closed:
                 return False
         return True
@@ -146,12 +118,12 @@ class Deliveries:
                 self._node_id, key[0], key[1], NOT_TAKEN_AFTER,
             )  # fmt: skip
             why = f"the node did not take it within {NOT_TAKEN_AFTER:g} s"
-            if await self._end(key, (NOT_TAKEN, why)):
+            if await self._end(key, Failure(NOT_TAKEN, why)):
                 self._sent.pop(key, None)
                 self._first_sent.pop(key, None)
                 self._answered.add(key)
 
-    async def _end(self, key: Key, failure: tuple[str, str]) -> bool:
+    async def _end(self, key: Key, failure: Failure) -> bool:
         """The part KEY ended with FAILURE, written and told; False if not written."""
         report = parts.Report(self._node_id, key[0], key[1], failure=failure)
         try:
@@ -163,18 +135,20 @@ class Deliveries:
 
     async def answered(self, message: dict[str, Any]) -> None:
         """The node's `attempt_taken`; an end it stands for recorded and told."""
-        taken = Taken.parse(message)
-        if taken is None:
-            log.warning("node %s sent an %s that is not one; ignored", self._node_id, TAKEN)
+        try:
+            taken = AttemptTaken.parse(message)
+        except BadAttemptMessage as e:
+            log.warning("node %s sent an attempt_taken that is not one (%s); ignored",
+                        self._node_id, e)  # fmt: skip
             return
         key = (taken.job, taken.number)
         self._sent.pop(key, None)
         self._first_sent.pop(key, None)
         self._answered.add(key)
-        if taken.taken in HAS_IT:
+        if taken.taken.has_it:
             return
-        if taken.taken == RAN:
-            failure = (GONE, "the node ran it before and has it no more")
+        if taken.taken is Taken.RAN:
+            failure = Failure(GONE, "the node ran it before and has it no more")
         else:
             assert taken.failure is not None
             failure = taken.failure
