@@ -55,6 +55,7 @@ SCENARIOS = (
     "block_burst",
     "database_restart",
     "edge_load",
+    "fanout_scale",
     "fleet_scale",
     "idle_streams",
     "jobs",

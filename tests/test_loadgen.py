@@ -1,5 +1,6 @@
 """The Go load generator (bench/loadgen/) against a real server on 127.0.0.223: it joins
-nodes through `/join`, holds their control streams as agents do, and sees a block."""
+nodes through `/join`, holds their control streams as agents do, and sees a block; with
+`--run-attempts` its nodes run the parts of a `job run --all -- true`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from bench import loadgen
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.polling import trio_until
 from oz0 import audit, context, nodes, pki, tokens
+from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.223"
@@ -27,6 +29,8 @@ NODES = 20
 # Generous: the suite runs two files at a time on two cores.
 WELCOMED_WITHIN = 60.0
 BLOCKED_WITHIN = 15.0
+# Nodes that run the parts of one `job run --all`.
+RUNNING_NODES = 5
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,19 @@ def connected_nodes(files: ClusterFiles) -> set[str]:
         rows = conn.execute(
             "SELECT id FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
             " AND last_seen > now() - interval '15 seconds'"
+        ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def nodes_taking_attempts(files: ClusterFiles, max_jobs: int) -> set[str]:
+    """The connected nodes whose latest stream said it takes attempts (`max_jobs` with
+    `attempts: "stream"`), MAX_JOBS at once: placement sends them their parts over it."""
+    with connect(files) as conn:
+        rows = conn.execute(
+            "SELECT id FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
+            " AND last_seen > now() - interval '15 seconds' AND attempts_by_stream"
+            " AND max_jobs = %s",
+            (max_jobs,),
         ).fetchall()
     return {str(r[0]) for r in rows}
 
@@ -192,3 +209,70 @@ async def test_bad_input_is_one_line_and_no_token_on_the_command_line(
     assert done.returncode == 2
     assert "holds no PEM certificate" in done.stderr.decode()
     assert not (tmp_path / "o").exists()
+
+
+async def test_generated_nodes_run_every_part_of_a_job_on_all_of_them(
+    binary: Path,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    cli: CliRunner,
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, SERVER)
+    ca_file = cluster_files.context_dir / context.CA_FILE
+    out = tmp_path / "nodes"
+    joined = await loadgen.join(
+        EDGE, ca_file, create_token(cluster_files), out, nodes=RUNNING_NODES
+    )
+    assert joined["joined"] == RUNNING_NODES, joined
+    with connect(cluster_files) as conn:
+        ids = {str(r[0]) for r in conn.execute("SELECT id FROM nodes").fetchall()}
+    env = cluster_files.cli_env
+    stats: dict[str, Any] = {}
+
+    async def read(held: loadgen.Held) -> None:
+        async for event in held:
+            if event["event"] == "stats":
+                stats.update(event)
+
+    extra = ["--run-attempts", "--max-jobs", "2", "--quiet-events", "--stats-every", "0.5"]
+    async with loadgen.hold([EDGE], ca_file, out, extra=extra) as held:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, held)
+            await trio_until(
+                lambda: nodes_taking_attempts(cluster_files, 2) == ids,
+                WELCOMED_WITHIN,
+                "every generated node said it takes attempts over its stream",
+                step=0.5,
+                in_thread=True,
+            )
+            # As an operator types it; in a thread, so that the generator's lines are read.
+            ran = await trio.to_thread.run_sync(
+                lambda: cli("job", "run", "--all", "--", "true", env=env)
+            )
+            assert ran.code == 0, ran.err
+            [listed] = cli("job", "list", "--json", env=env).json()
+            shown = cli("job", "show", listed["id"], "--json", env=env).json()
+            assert (shown["state"], shown["exit_code"], shown["all"]) == ("succeeded", 0, True)
+            parts = shown["attempts"]
+            assert sorted(a["node"] for a in parts) == sorted(ids), parts
+            assert {(a["state"], a["exit_code"], a["ended_because"]) for a in parts} == {
+                ("ended", 0, "exit")
+            }, parts
+            # Every end acked, none sent twice to be run twice.
+            await trio_until(
+                lambda: stats.get("attempts", {}).get("done_stored") == RUNNING_NODES,
+                BLOCKED_WITHIN,
+                "the generator heard every end stored",
+            )
+            nursery.cancel_scope.cancel()
+        summary = await held.stop()
+
+    assert summary is not None
+    attempts = summary["attempts"]
+    assert attempts["started"] == attempts["done_sent"] == RUNNING_NODES, attempts
+    assert attempts["pending"] == 0 and attempts["malformed"] == 0, attempts
+    # Any sent again was answered, not run again.
+    again = attempts["answered_runs"] + attempts["answered_ran"]
+    assert attempts["received"] == RUNNING_NODES + again, attempts
+    assert summary["failed"] == {} and set(summary["ended"]) == {"stopped"}, summary

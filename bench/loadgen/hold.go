@@ -45,6 +45,9 @@ type holdOptions struct {
 	edges []string
 	from  *sources
 	quiet bool
+	// With --run-attempts: the max_jobs each node states, taking attempts over the stream.
+	runAttempts bool
+	maxJobs     int
 }
 
 // counters are shared by every stream; maps under mu, the rest atomic.
@@ -65,6 +68,8 @@ type counters struct {
 	// The streams open now (welcomed, not ended): for `alive`.
 	live   map[*stream]struct{}
 	liveMu sync.Mutex
+	// With --run-attempts, the attempts' counts.
+	attempts *attemptCounters
 }
 
 func (c *counters) count(m map[string]int, key string) {
@@ -92,6 +97,8 @@ type holdNode struct {
 	id    string
 	cfg   *tls.Config
 	edges []string
+	// With --run-attempts: the attempts it ran, across its streams.
+	attempts *nodeAttempts
 }
 
 type stream struct {
@@ -117,6 +124,8 @@ func runHold(args []string) error {
 	statsEvery := fs.Float64("stats-every", 10, "seconds between stats lines")
 	quiet := fs.Bool("quiet-events", false, "print only the stats and summary lines")
 	heapProfile := fs.String("heap-profile", "", "write a heap profile (pprof) here when stopping, before the streams close")
+	runAttempts := fs.Bool("run-attempts", false, "take attempts over the stream (max_jobs with attempts \"stream\") and run each at once: started, then ended exit 0")
+	maxJobs := fs.Int("max-jobs", defaultMaxJobs, "with --run-attempts: the max_jobs each node states (1-256)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -134,6 +143,9 @@ func runHold(args []string) error {
 	if *limit < 0 || *ramp < 1 || *duration < 0 || *statsEvery <= 0 {
 		return usageError{"--limit and --duration must not be negative, --ramp-batch and --stats-every must be positive"}
 	}
+	if *maxJobs < 1 || *maxJobs > 256 {
+		return usageError{"--max-jobs must be 1 to 256"}
+	}
 	roots, err := loadCA(*caPath)
 	if err != nil {
 		return usageError{err.Error()}
@@ -145,7 +157,7 @@ func runHold(args []string) error {
 	if err := from.checkCount(len(nodes)); err != nil {
 		return err
 	}
-	opts := holdOptions{edges: edges, from: &from, quiet: *quiet}
+	opts := holdOptions{edges: edges, from: &from, quiet: *quiet, runAttempts: *runAttempts, maxJobs: *maxJobs}
 
 	signalled, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -155,6 +167,12 @@ func runHold(args []string) error {
 	k := &counters{
 		refused: map[string]int{}, failed: map[string]int{}, ended: map[string]int{},
 		live: map[*stream]struct{}{},
+	}
+	if opts.runAttempts {
+		k.attempts = &attemptCounters{}
+		for _, n := range nodes {
+			n.attempts = newNodeAttempts(k.attempts)
+		}
 	}
 	began := monotonic()
 	total := startCPU()
@@ -295,6 +313,9 @@ func statsLine(k *counters, kind string, cpuPct, began float64) map[string]any {
 		"go_stacks_mib":    round1(float64(mem.StackInuse) / (1 << 20)),
 		"cpu_pct":          cpuPct,
 		"goroutines":       runtime.NumGoroutine(),
+	}
+	if k.attempts != nil {
+		line["attempts"] = k.attempts.snapshot()
 	}
 	return line
 }
@@ -470,12 +491,21 @@ func (s *stream) live(n *holdNode, edge string, o holdOptions, k *counters) outc
 	s.beat = time.AfterFunc(math.MaxInt64, func() { s.sendHeartbeat(k) })
 	s.beat.Reset(s.heartbeat)
 	defer s.beat.Stop()
+	if n.attempts != nil {
+		// As the agent, once welcomed: how many it runs at once, and that it takes
+		// attempts over the stream; the ends not acked go on this stream from now.
+		n.attempts.attach(s.c.send)
+		defer n.attempts.detach()
+		if err := s.c.send(maxJobsMessage(o.maxJobs)); err != nil {
+			_ = s.c.ws.Close() // ends the reader
+		}
+	}
 	last := time.Now()
 	for {
 		if !s.stopping.Load() {
 			_ = s.c.ws.SetReadDeadline(time.Now().Add(missedHeartbeats * s.heartbeat))
 		}
-		m, _, err := s.c.receive(0)
+		m, raw, err := s.c.receive(0)
 		if err != nil {
 			return s.ended(n, edge, o, k, err)
 		}
@@ -494,6 +524,14 @@ func (s *stream) live(n *holdNode, edge string, o holdOptions, k *counters) outc
 			o.event("purge", n.id, edge, nil)
 			s.c.closeGracefully()
 			return refusedFinal
+		case "attempt":
+			if n.attempts != nil {
+				n.attempts.received(raw, s.c.send)
+			}
+		case "attempt_done_ack":
+			if n.attempts != nil {
+				n.attempts.acked(raw)
+			}
 		}
 	}
 }
