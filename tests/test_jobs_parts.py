@@ -21,7 +21,7 @@ from oz0 import nodes, pki
 from oz0.jobs import parts, placement, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.grant import AttemptSigner
-from oz0.jobs.role import claim_for_start
+from oz0.jobs.role import _end_overdue, claim_for_start
 from oz0.jobs.workflow import LOST, NODE_LOST, STOPPED, PartEnd
 from oz0_common.attempt_messages import AttemptResult, Failure
 
@@ -196,6 +196,39 @@ def test_a_part_whose_node_no_server_heard_from_for_its_lost_after_is_found_sile
         store.removal_signalled(conn, moving.id, 1)
     assert parts.silent_parts(conn) == []
     assert LOST == "lost"  # what the workflow records such a move as (workflow.NODE_LOST)
+
+
+def test_a_part_running_past_its_timeout_and_margin_without_a_word_ends_timed_out(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Its node alive (it would be moved as silent otherwise) but saying nothing of a part
+    60 s past its job's timeout: the sweeper ends it "timeout", as the activity's
+    start-to-close did, and has its workflow told; a part within its time, or of a job
+    with no timeout, runs on."""
+    node = streaming_node(conn)
+    late = new_job(conn, node=node, timeout=5)
+    in_time = new_job(conn, node=node, timeout=120)
+    endless = new_job(conn, node=node)
+    with conn.transaction():
+        store.set_streamed(conn, [late.id, in_time.id, endless.id])
+    for j in (late, in_time, endless):
+        stream_first(conn, j)
+    assert parts.overdue_parts(conn) == []
+    conn.execute("UPDATE job_attempts SET started_at = now() - interval '66 seconds'")
+    conn.execute("UPDATE nodes SET last_seen = now()")
+    assert parts.silent_parts(conn) == []
+    [overdue] = parts.overdue_parts(conn)
+    assert (overdue.node_id, overdue.job_id, overdue.number) == (node, late.id, 1)
+    with conn.transaction():
+        [told] = _end_overdue(conn, [overdue])
+    assert (told.job_id, told.ends) == (late.id, [PartEnd(1, "timeout")])
+    states = {j.id: store.get(conn, j.id).attempts[0] for j in (late, in_time, endless)}
+    assert (states[late.id].state, states[late.id].ended_because) == ("ended", "timeout")
+    assert states[in_time.id].state == states[endless.id].state == "running"
+    assert parts.overdue_parts(conn) == []
+    # The node's own word came first: nothing is written over it.
+    with conn.transaction():
+        assert _end_overdue(conn, [overdue]) == []
 
 
 def test_jobs_of_one_tenant_place_side_by_side_while_one_placing_is_open(

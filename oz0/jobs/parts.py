@@ -29,9 +29,16 @@ from psycopg.types.json import Jsonb
 from oz0.jobs import limits as job_limits
 from oz0.jobs.spec_text import LOST_AFTER
 from oz0.jobs.store import Conn, Job, gone_because, tell_followers
-from oz0.jobs.workflow import ATTEMPT_REFUSED, NODE_STOPPING, SECRETS_UNREADABLE, STOPPED, PartEnd
+from oz0.jobs.workflow import (
+    ATTEMPT_REFUSED,
+    NODE_STOPPING,
+    SECRETS_UNREADABLE,
+    STOPPED,
+    TIMEOUT_MARGIN,
+    PartEnd,
+)
 from oz0.store.events import ATTEMPTS
-from oz0_common.attempt_messages import AttemptDone, AttemptResult, Failure
+from oz0_common.attempt_messages import AttemptDone, AttemptResult, EndedBecause, Failure
 
 # A part's end not yet told to its workflow this long after it was recorded: the edge that
 # recorded it did not get the signal through (its server died, Temporal was away).
@@ -339,3 +346,20 @@ def silent_parts(conn: Conn) -> list[tuple[str, str, int]]:
         {"wait": LOST_AFTER["wait"], "move": LOST_AFTER["move"], "limit": MAX_SWEPT},
     ).fetchall()
     return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+
+def overdue_parts(conn: Conn) -> list[Report]:
+    """The streamed parts still running TIMEOUT_MARGIN past their job's timeout, as reports
+    of a timeout in their node's name: the node ends a part at its timeout and says so, so
+    one this late has a node that cannot (its supervisor wedged, its reports lost while
+    its stream lives). An activity's start-to-close (the timeout and TIMEOUT_MARGIN) ended
+    it so before parts were rows; `record_ends` writes them as it would the node's word."""
+    rows = conn.execute(
+        "SELECT a.node_id, a.job_id, a.number FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.streamed AND a.state = 'running' AND j.timeout_s IS NOT NULL"
+        " AND a.started_at < now() - make_interval(secs => j.timeout_s + %s)"
+        " ORDER BY a.job_id, a.number LIMIT %s",
+        (TIMEOUT_MARGIN.total_seconds(), MAX_SWEPT),
+    ).fetchall()
+    timed_out = AttemptResult(None, ended_because=EndedBecause.TIMEOUT)
+    return [Report(str(r[0]), str(r[1]), int(r[2]), result=timed_out) for r in rows]
