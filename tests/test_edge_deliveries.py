@@ -9,12 +9,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import psycopg
 import trio
 import trio.testing
 
 from oz0.jobs import parts
 from oz0.server.edge.common import Edge
-from oz0.server.edge.deliveries import NOT_TAKEN, NOT_TAKEN_AFTER, RESEND_AFTER, Deliveries
+from oz0.server.edge.deliveries import (
+    NOT_TAKEN,
+    NOT_TAKEN_AFTER,
+    RESEND_AFTER,
+    RETRY_AFTER,
+    Deliveries,
+)
 from oz0.server.edge.wire import Wire
 from oz0.store.events import ATTEMPTS, EventHub
 from oz0.store.listen import Notification
@@ -37,8 +44,13 @@ class Ends:
     """The edge's part_ends: what it was asked to write and tell."""
 
     reports: list[parts.Report] = field(default_factory=list)
+    # How many writes fail (the database away) before they work again.
+    failing: int = 0
 
     async def record(self, report: parts.Report) -> parts.Recorded:
+        if self.failing:
+            self.failing -= 1
+            raise psycopg.OperationalError("the database is away")
         self.reports.append(report)
         return parts.Recorded(parts.STORED)
 
@@ -122,3 +134,26 @@ async def test_what_the_node_did_not_run_ends_the_part_and_a_bad_answer_is_ignor
         (2, Failure("AttemptGone", "the node ran it before and has it no more")),
     ]
     assert sends(stream, 3) == 2, "a malformed answer is no answer: sent again"
+
+
+async def test_an_answer_whose_end_could_not_be_written_is_asked_again_without_a_placement(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The node refused the part while the database was away: the part is sent again
+    RETRY_AFTER later (no placement notifies meanwhile) until its end is written."""
+    edge, stream = FakeEdge(waiting=[waiting(1)]), Stream()
+    edge.part_ends.failing = 2
+    deliveries = Deliveries(cast(Edge, edge), cast(Wire, stream), NODE)
+    failure = {"type": "AttemptRefused", "message": "the grant expired 40 s ago"}
+    refused = {"job": JOB, "attempt": 1, "taken": "refused", "failure": failure}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(deliveries.run)
+        deliveries.node_takes_them()
+        for _ in range(3):  # the node answers each send
+            await trio.sleep(0.1)
+            await deliveries.answered(refused)
+            assert edge.part_ends.reports == [] or edge.part_ends.failing == 0
+            await trio.sleep(RETRY_AFTER)
+        nursery.cancel_scope.cancel()
+    assert sends(stream, 1) == 3, "sent again after each failed write, not after RESEND_AFTER"
+    assert [r.failure for r in edge.part_ends.reports] == [Failure(**failure)]

@@ -22,6 +22,7 @@ import trio
 from oz0.jobs import parts
 from oz0.server.edge.common import Edge, send
 from oz0.server.edge.wire import Closed, Wire
+from oz0.store.events import JobWatch
 from oz0.store.outage import DATABASE_ERRORS
 from oz0_common.attempt_messages import (
     ATTEMPT,
@@ -63,6 +64,8 @@ class Deliveries:
         self._answered: set[Key] = set()
         # When each was first sent on this stream, until answered.
         self._first_sent: dict[Key, float] = {}
+        # The watch of the node's placements, once running: woken to read again.
+        self._placed: JobWatch | None = None
 
     def node_takes_them(self) -> None:
         self._takes.set()
@@ -70,6 +73,7 @@ class Deliveries:
     async def run(self) -> None:
         await self._takes.wait()
         with self._edge.hub.watch_attempts(self._node_id) as placed:
+            self._placed = placed
             while True:
                 try:
                     # With the other streams' reads that come with it (a fan-out's).
@@ -153,5 +157,9 @@ class Deliveries:
             assert taken.failure is not None
             failure = taken.failure
         if not await self._end(key, failure):
-            # Sent again (as not answered) once the database is back; the node answers again.
+            # Sent again (as not answered) RETRY_AFTER from now, the database back or
+            # not, with no placement to wake the loop: the node answers again.
             self._answered.discard(key)
+            self._sent[key] = trio.current_time() - RESEND_AFTER + RETRY_AFTER
+            if self._placed is not None:
+                self._placed.wake()
