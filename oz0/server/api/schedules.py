@@ -21,6 +21,7 @@ from temporalio.service import RPCError
 
 from oz0 import access
 from oz0.jobs import schedule_calls, schedules, store
+from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.schedules import Schedule, ScheduleError, ScheduleNotFound, ScheduleSpec
 from oz0.jobs.spec import JobError
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -253,6 +254,6 @@ async def _temporal(
             raise ApiError(404, f"Temporal has no such schedule: {e.message}") from None
         log.warning("a schedule's Temporal call failed: %s", e)
         raise ApiError(503, TEMPORAL_UNAVAILABLE) from None
-    except Exception as e:  # JobsUnavailable, TimeoutError, the portal closing
+    except (JobsUnavailable, TimeoutError) as e:  # not connected, stopping, too slow
         log.warning("a schedule's Temporal call failed: %r", e)
         raise ApiError(503, TEMPORAL_UNAVAILABLE) from None
