@@ -3,7 +3,10 @@
 - `spec.py`: what an operator asks for, checked (`job run`'s body).
 - `limits.py`: the resource limits a job asks for each attempt, and what a node says it
   applied; standard library only, so the command line parses sizes with it too.
-- `store.py`: the rows operators list and show (jobs, attempts, output).
+- `store/`: the rows operators list and show (jobs, attempts, output), a package of its
+  concerns (its `__init__.py` is the map): the records and their reads, creating a job,
+  cancelling one, the sweeper's claims, what became of nodes, the activities' writes, output,
+  and what the edge reads of a node's attempts.
 - `placement.py`: which node runs an attempt, recorded as it is chosen; or why none can.
 - `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
   attempt runs and moves it off a node that is blocked, purged or silent.

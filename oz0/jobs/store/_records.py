@@ -1,0 +1,173 @@
+"""A job and its attempts and parts as operators see them (`job show`, the API, the web UI),
+and what the rows the other modules read are made into. No SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from oz0.jobs.spec import ENDED_STATES
+from oz0.jobs.spec_text import DEFAULT_ON_LOST
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    part: int
+    node: str
+    state: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    exit_code: int | None
+    ended_because: str | None
+    output_bytes: int
+    truncated: bool
+    # What the node said it applied (limits.py); None: it said nothing.
+    applied: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "part": self.part,
+            "node": self.node,
+            "state": self.state,
+            "started_at": self.started_at.isoformat(),
+            "ended_at": _iso(self.ended_at),
+            "exit_code": self.exit_code,
+            "ended_because": self.ended_because,
+            "output_bytes": self.output_bytes,
+            "truncated": self.truncated,
+            "applied": self.applied,
+        }
+
+
+@dataclass(frozen=True)
+class Part:
+    """A rolling batch's part (job_parts): its node, chosen as the job started, and whether
+    it waits for a slot, was placed (its attempts tell the rest) or was never started."""
+
+    part: int
+    node: str
+    state: str
+    because: str | None
+
+
+# A part of an --all job as `job show` counts it.
+WAITING, RUNNING_PART, ENDED_PART, NOT_STARTED = "waiting", "running", "ended", "not started"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    tenant: str
+    name: str | None
+    command: list[str]
+    selector: dict[str, str]
+    node: str | None
+    all_nodes: bool
+    env: dict[str, str]
+    timeout: float | None
+    queue_timeout: float
+    retries: int
+    no_move: bool
+    state: str
+    reason: str | None
+    exit_code: int | None
+    created_by: str
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    limits: dict[str, int | float]
+    # The names of its secret environment; the values are in job_secrets (secret_env.py).
+    secret_env: list[str] = field(default_factory=list)
+    # What its attempt does when its node is lost, and after how long (None: the default
+    # for on_lost, spec_text.LOST_AFTER).
+    on_lost: str = DEFAULT_ON_LOST
+    lost_after: float | None = None
+    # Its rolling batch (spec.JobSpec): None, every part at once.
+    batch: str | None = None
+    batch_wait: float = 0.0
+    max_failures: str | None = None
+    # The schedule whose run made it (schedules.py), if one did.
+    schedule_id: str | None = None
+    # An operator asked for its cancellation (its workflow may not have heard yet).
+    cancel_requested: bool = False
+    # Its workflow was started streaming its attempts (parts.py, JobInput.streamed).
+    streamed: bool = False
+    attempts: tuple[Attempt, ...] = ()
+    # A batch job's parts (job_parts); other jobs have none.
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+    def part_states(self) -> dict[int, str]:
+        """Each part of an --all job by number: WAITING, RUNNING_PART, ENDED_PART or
+        NOT_STARTED; a part that was placed is where its last attempt is."""
+        states = {p.part: p.state for p in self.parts if p.state != "placed"}
+        for attempt in self.attempts:  # in order of number: the last one wins
+            states[attempt.part] = RUNNING_PART if attempt.state == "running" else ENDED_PART
+        return states
+
+    def parts_json(self) -> dict[str, Any] | None:
+        """How many parts of an --all job wait, run, have ended or were never started,
+        and which nodes wait; None for a job on one node."""
+        if not self.all_nodes:
+            return None
+        states = self.part_states()
+        counts = {k: sum(1 for s in states.values() if s == k) for k in _PART_KEYS}
+        waiting = [p.node for p in self.parts if states.get(p.part) == WAITING]
+        return {
+            "total": len(states),
+            **{key: counts[state] for state, key in _PART_KEYS.items()},
+            "waiting_nodes": waiting,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "tenant": self.tenant,
+            "state": self.state,
+            "reason": self.reason,
+            "command": self.command,
+            "selector": self.selector,
+            "node": self.node,
+            "all": self.all_nodes,
+            "retries": self.retries,
+            "timeout": self.timeout,
+            "queue_timeout": self.queue_timeout,
+            "no_move": self.no_move,
+            # Values may be secrets of the operator's: they are kept to run the job, not shown.
+            "env": sorted(self.env),
+            "secret_env": sorted(self.secret_env),
+            "exit_code": self.exit_code,
+            "created_at": self.created_at.isoformat(),
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(self.ended_at),
+            "created_by": self.created_by,
+            "limits": self.limits,
+            "on_lost": self.on_lost,
+            "lost_after": self.lost_after,
+            "batch": None
+            if self.batch is None
+            else {"size": self.batch, "wait": self.batch_wait, "max_failures": self.max_failures},
+            "parts": self.parts_json(),
+            "schedule": self.schedule_id,
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+
+_PART_KEYS = {
+    WAITING: "waiting", RUNNING_PART: "running", ENDED_PART: "ended", NOT_STARTED: "not_started",
+}  # fmt: skip
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return at.isoformat() if at else None
