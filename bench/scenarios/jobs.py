@@ -1,7 +1,9 @@
-"""Jobs on real agents: dispatch latency, throughput, moves after a block, output (issue 10).
+"""Jobs on real agents: dispatch latency and its path, throughput, moves after a block,
+output (issues 10, 41).
 
     python -m bench.jobs [--nodes N] [--dispatch D] [--submitters K] [--throughput M]
-                         [--fanouts F] [--blocks B] [--output-jobs O] [--server-logs DIR]
+                         [--fanouts F] [--blocks B] [--output-jobs O] [--skip PHASE ...]
+                         [--server-logs DIR]
 
 The runner (bench/runner.py) starts a fresh test cluster and three real servers on
 127.0.0.197, .198 and .199 (default ports); then N real agents
@@ -16,13 +18,18 @@ the machine's one wall clock, so the times compare directly.
 1. dispatch: D jobs `date +%s.%N`, one at a time, then D more from K submitters at once
    (each submits, waits for its job's end, submits the next): from the request being sent
    to the printed start time, read from GET /api/v1/jobs/<id>/output;
-2. temporal: for the jobs of (1), the workflow histories (a server's credentials, as
-   operators may not read histories; a server's 7233): the node activity
-   `oz0.job.attempt`'s schedule-to-start (ActivityTaskScheduled → ActivityTaskStarted),
-   the workflow's start → that activity's scheduling (the job workflow's own steps; of
-   them the first workflow task's run, and from each local step's marker how long into
-   its workflow task the workflow's code asked for it), and the rest of the path
-   (created → workflow started, Temporal's start → the printed start);
+2. breakdown: for the jobs of (1), each series apart, the path from the rows (jobs,
+   job_attempts) and the printed start: request → created (created_at) → attempt 1 placed
+   (its started_at) → printed start → attempt 1 ended (its ended_at) → job ended
+   (ended_at), and created → ended. A job with every attempt sent over its node's stream
+   (issue 41: job_attempts.streamed) counts in `streamed`, one with an attempt on the old
+   path (an old agent's: a Temporal activity) in `old_path`, never both. With each, the
+   workflow's side from its history (a server's credentials, as operators may not read
+   histories; a server's 7233), off the attempt's path since the server that claims a job
+   places attempt 1 before it starts the workflow: created → and placed → the workflow
+   started, its first workflow task's wait and run, and its server steps' schedule-to-start,
+   run and (local steps' markers) how long into its workflow task the workflow's code asked
+   for each (`temporal`, this phase's old name, still works with `--skip`);
 2b. fanout: F jobs `--all -- date +%s.%N` one after another (`--fanouts`): from the
    request to each part's printed start, to the last part's, to the job's recorded end;
    every part that did not end `exit` named (with its node's agent log around it); the
@@ -386,44 +393,105 @@ def given_again(events: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def temporal_summary(jobs: list[Dispatch], histories: dict[str, History]) -> dict[str, Any]:
-    """The path of a dispatch, piece by piece, with Temporal's own figures in the middle."""
+@dataclass
+class Row:
+    """What the database says of one job and of its first attempt, in wall-clock seconds."""
+
+    created: float
+    ended: float | None
+    state: str
+    # Every attempt of the job went over its node's stream (issue 41); False for a job with
+    # an attempt on the old path (an old agent's: a Temporal activity), or with none.
+    streamed: bool
+    placed: float | None  # attempt 1's started_at: when it was placed
+    attempt_ended: float | None  # attempt 1's ended_at
+
+
+def read_rows(files: ClusterFiles, ids: list[str]) -> dict[str, Row]:
+    """Each of IDS's job row and its first attempt's, by job ID (a job not found is not in)."""
+    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT j.id, extract(epoch FROM j.created_at)::float,"
+            " extract(epoch FROM j.ended_at)::float, j.state,"
+            " coalesce(bool_and(a.streamed), false),"
+            " extract(epoch FROM min(a.started_at) FILTER (WHERE a.number = 1))::float,"
+            " extract(epoch FROM min(a.ended_at) FILTER (WHERE a.number = 1))::float"
+            " FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id"
+            " WHERE j.id = ANY(%s) GROUP BY j.id",
+            (ids,),
+        ).fetchall()
+    return {str(r[0]): Row(float(r[1]), r[2], str(r[3]), bool(r[4]), r[5], r[6]) for r in rows}
+
+
+def breakdown_summary(
+    jobs: list[Dispatch], rows: dict[str, Row], histories: dict[str, History]
+) -> dict[str, Any]:
+    """The path of each dispatch, piece by piece, from its rows and its printed start, the
+    jobs whose attempts went over the stream apart from those on the old path."""
+    found = [(job, rows[job.job_id]) for job in jobs if job.job_id in rows]
+    return {
+        "jobs": len(jobs),
+        "without_row": len(jobs) - len(found),
+        "streamed": path_pieces([(j, r) for j, r in found if r.streamed], histories),
+        "old_path": path_pieces([(j, r) for j, r in found if not r.streamed], histories),
+    }
+
+
+def path_pieces(jobs: list[tuple[Dispatch, Row]], histories: dict[str, History]) -> dict[str, Any]:
+    """For JOBS (all streamed, or all not): request → created → attempt 1 placed → its
+    printed start → its end → the job's end; and from its workflow's history, the
+    workflow's side: its start after created and after attempt 1 placed (the server that
+    claims a job places its first attempt, then starts its workflow), its first workflow
+    task, its server steps."""
+    if not jobs:
+        return {"jobs": 0}
     pieces: dict[str, list[float]] = {
         "request_to_created": [],
+        "created_to_placed": [],
+        "placed_to_printed": [],
+        "printed_to_attempt_ended": [],
+        "attempt_ended_to_job_ended": [],
+        "created_to_ended": [],
         "created_to_workflow_started": [],
         "workflow_started_to_first_workflow_task": [],
         "first_workflow_task_run": [],
-        "workflow_started_to_node_activity_scheduled": [],
-        "node_activity_schedule_to_start": [],
-        "node_activity_started_to_printed": [],
+        "placed_to_workflow_started": [],
     }
     steps: dict[str, list[float]] = {}
     runs: dict[str, list[float]] = {}
     local_asked: dict[str, list[float]] = {}
-    for job in jobs:
+
+    def add(name: str, begin: float | None, end: float | None) -> None:
+        if begin is not None and end is not None:
+            pieces[name].append(end - begin)
+
+    for job, row in jobs:
+        add("request_to_created", job.sent, row.created)
+        add("created_to_placed", row.created, row.placed)
+        add("placed_to_printed", row.placed, job.printed)
+        add("printed_to_attempt_ended", job.printed, row.attempt_ended)
+        add("attempt_ended_to_job_ended", row.attempt_ended, row.ended)
+        add("created_to_ended", row.created, row.ended)
         h = histories.get(job.job_id)
-        if h is None or h.node_scheduled is None or h.node_started is None:
+        if h is None:
             continue
-        pieces["request_to_created"].append(job.created_at - job.sent)
-        pieces["created_to_workflow_started"].append(h.workflow_started - job.created_at)
+        add("created_to_workflow_started", row.created, h.workflow_started)
         if h.first_task_wait is not None:
             pieces["workflow_started_to_first_workflow_task"].append(h.first_task_wait)
         if h.first_task_run is not None:
             pieces["first_workflow_task_run"].append(h.first_task_run)
-        pieces["workflow_started_to_node_activity_scheduled"].append(
-            h.node_scheduled - h.workflow_started
-        )
-        pieces["node_activity_schedule_to_start"].append(h.node_started - h.node_scheduled)
-        pieces["node_activity_started_to_printed"].append(job.printed - h.node_started)
+        add("placed_to_workflow_started", row.placed, h.workflow_started)
         for name, times in h.steps.items():
             if name != NODE_ACTIVITY:
                 steps.setdefault(name, []).extend(b - a for a, b in times if b is not None)
         for name, took in h.runs.items():
-            runs.setdefault(name, []).extend(took)
+            if name != NODE_ACTIVITY:
+                runs.setdefault(name, []).extend(took)
         for name, took in h.local_asked.items():
             local_asked.setdefault(name, []).extend(took)
     return {
-        "jobs": len(pieces["node_activity_schedule_to_start"]),
+        "jobs": len(jobs),
+        "histories": sum(job.job_id in histories for job, _ in jobs),
         **{f"{k}_ms": percentiles(v) for k, v in pieces.items()},
         "server_steps_schedule_to_start_ms": {k: percentiles(v) for k, v in steps.items()},
         "activity_run_ms": {k: percentiles(v) for k, v in runs.items()},
@@ -610,15 +678,17 @@ class Jobs:
             measured += [d for d in results if isinstance(d, Dispatch)]
         return measured
 
-    def temporal(self, measured: list[Dispatch]) -> None:
-        self.begin("temporal")
+    def breakdown(self, measured: list[Dispatch]) -> None:
+        self.begin("breakdown")
         sequential = measured[: self.args.dispatch]
-        histories = asyncio.run(fetch_histories(self.files, [d.job_id for d in measured]))
+        ids = [d.job_id for d in measured]
+        rows = read_rows(self.files, ids)
+        histories = asyncio.run(fetch_histories(self.files, ids))
         self.end(
-            "temporal",
+            "breakdown",
             {
-                "sequential": temporal_summary(sequential, histories),
-                "concurrent": temporal_summary(measured[len(sequential) :], histories),
+                "sequential": breakdown_summary(sequential, rows, histories),
+                "concurrent": breakdown_summary(measured[len(sequential) :], rows, histories),
             },
         )
 
@@ -916,12 +986,15 @@ def measure(bench: Jobs, root: Path) -> None:
     def dispatch() -> None:
         measured.extend(bench.dispatch(operator))
 
-    steps += [("dispatch", dispatch), ("temporal", lambda: bench.temporal(measured))]
+    steps += [("dispatch", dispatch), ("breakdown", lambda: bench.breakdown(measured))]
     steps += [("fanout", lambda: bench.fanout(operator))]
     steps += [("throughput", lambda: bench.throughput(operator))]
     steps += [("block", lambda: bench.block(operator)), ("output", lambda: bench.output(operator))]
+    skip = set(bench.args.skip)
+    if "temporal" in skip:  # the breakdown's name before parts were rows
+        skip.add("breakdown")
     for name, step in steps:
-        if name in bench.args.skip:
+        if name in skip:
             continue
         step()
     bench.out["phases_utc"][1] = utc_stamp()
@@ -965,8 +1038,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fanouts", type=int, default=20, help="`--all` jobs, one at a time")
     parser.add_argument("--idle", type=float, default=10.0, help="idle seconds measured")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["dispatch", "temporal", "fanout", "throughput",
-                                                  "block", "output"],
+        "--skip", nargs="*", default=[], choices=["dispatch", "breakdown", "temporal", "fanout",
+                                                  "throughput", "block", "output"],
+        help="phases not run (`temporal`: the breakdown's old name)",
     )  # fmt: skip
 
 
