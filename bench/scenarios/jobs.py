@@ -104,6 +104,7 @@ THROUGHPUT_TIMEOUT = 300.0
 MOVE_TIMEOUT = 30.0
 RECONNECT_TIMEOUT = 60.0
 GROUPS = {"server": "servers", "host": "temporal_hosts", "agent": "agents"}
+CONTROL_PLANE = ("servers", "temporal_hosts", "postgres")
 POLL_JOB = 0.2  # a waiting submitter's poll; the latencies come from printed times
 POLL_MOVE = 0.05
 POLL_OUTPUT = 0.1
@@ -579,8 +580,12 @@ class Jobs:
         self.began = time.monotonic()
         self.window = CpuWindow(self.pids()).start()
 
-    def end(self, name: str, section: dict[str, Any]) -> None:
+    def end(self, name: str, section: dict[str, Any], per_job: int | None = None) -> None:
+        """Close phase NAME: SECTION with the phase's time and CPU (percent of one core);
+        given PER_JOB, the jobs it ran, also `cpu_s_per_job`: the control plane's CPU-s
+        (servers, Temporal hosts, PostgreSQL backends, and their sum) over the phase, a job."""
         assert self.window is not None
+        wall = time.monotonic() - self.window.began
         cpu = self.window.stop()
         grouped: dict[str, float] = {}
         each: dict[str, float] = {}
@@ -593,6 +598,12 @@ class Jobs:
             group = GROUPS.get(kind, kind)
             grouped[group] = grouped.get(group, 0.0) + value
         agent_cpu = [v for k, v in cpu.items() if k.startswith("agent ") and not math.isnan(v)]
+        if per_job:
+            spent = {g: grouped.get(g, 0.0) * wall / 100 / per_job for g in CONTROL_PLANE}
+            section["cpu_s_per_job"] = {
+                **{g: round(v, 4) for g, v in spent.items()},
+                "control_plane": round(sum(spent.values()), 4),
+            }
         self.phases[name] = {
             **section,
             "s": round(time.monotonic() - self.began, 1),
@@ -718,13 +729,7 @@ class Jobs:
             with ThreadPoolExecutor(submitters) as pool:
                 list(pool.map(one_thread, range(submitters), shares))
             submitted_s = time.monotonic() - began
-            deadline = began + THROUGHPUT_TIMEOUT
-            rows: list[tuple[str, float, float | None]] = []
-            while time.monotonic() < deadline:
-                rows = job_rows(self.files, ids)
-                if all(r[2] is not None for r in rows):
-                    break
-                time.sleep(0.5)
+            rows = rows_once_ended(self.files, ids, began + THROUGHPUT_TIMEOUT)
         ended = sorted(e for _, _, e in rows if e is not None)
         created = sorted(c for _, c, _ in rows)
         states = Counter(s for s in job_states(self.files, ids))
@@ -964,6 +969,17 @@ def job_rows(files: ClusterFiles, ids: list[str]) -> list[tuple[str, float, floa
             (ids,),
         ).fetchall()
     return [(str(r[0]), float(r[1]), None if r[2] is None else float(r[2])) for r in rows]
+
+
+def rows_once_ended(
+    files: ClusterFiles, ids: list[str], deadline: float
+) -> list[tuple[str, float, float | None]]:
+    """IDS's job_rows once every one has ended, or as they are at DEADLINE (monotonic)."""
+    while True:
+        rows = job_rows(files, ids)
+        if all(r[2] is not None for r in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
 
 
 def job_states(files: ClusterFiles, ids: list[str]) -> Iterator[str]:
