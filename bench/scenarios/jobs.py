@@ -494,8 +494,8 @@ class Row:
     ended: float | None
     state: str
     # Every attempt of the job went over its node's stream (issue 41); False for a job with
-    # an attempt on the old path (an old agent's: a Temporal activity), or with none.
-    streamed: bool
+    # an attempt on the old path (an old agent's: a Temporal activity); None with none.
+    streamed: bool | None
     placed: float | None  # attempt 1's started_at: when it was placed
     attempt_ended: float | None  # attempt 1's ended_at
 
@@ -506,20 +506,21 @@ def read_rows(files: ClusterFiles, ids: list[str]) -> dict[str, Row]:
         rows = conn.execute(
             "SELECT j.id, extract(epoch FROM j.created_at)::float,"
             " extract(epoch FROM j.ended_at)::float, j.state,"
-            " coalesce(bool_and(a.streamed), false),"
+            " bool_and(a.streamed),"
             " extract(epoch FROM min(a.started_at) FILTER (WHERE a.number = 1))::float,"
             " extract(epoch FROM min(a.ended_at) FILTER (WHERE a.number = 1))::float"
             " FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id"
             " WHERE j.id = ANY(%s) GROUP BY j.id",
             (ids,),
         ).fetchall()
-    return {str(r[0]): Row(float(r[1]), r[2], str(r[3]), bool(r[4]), r[5], r[6]) for r in rows}
+    return {str(r[0]): Row(float(r[1]), r[2], str(r[3]), r[4], r[5], r[6]) for r in rows}
 
 
 def streamed_or_not(rows: dict[str, Row]) -> dict[str, int]:
     return {
-        "streamed": sum(r.streamed for r in rows.values()),
-        "old_path": sum(not r.streamed for r in rows.values()),
+        "streamed": sum(r.streamed is True for r in rows.values()),
+        "old_path": sum(r.streamed is False for r in rows.values()),
+        "without_attempt": sum(r.streamed is None for r in rows.values()),
     }
 
 
@@ -532,8 +533,9 @@ def breakdown_summary(
     return {
         "jobs": len(jobs),
         "without_row": len(jobs) - len(found),
-        "streamed": path_pieces([(j, r) for j, r in found if r.streamed], histories),
-        "old_path": path_pieces([(j, r) for j, r in found if not r.streamed], histories),
+        "without_attempt": sum(r.streamed is None for _, r in found),
+        "streamed": path_pieces([(j, r) for j, r in found if r.streamed is True], histories),
+        "old_path": path_pieces([(j, r) for j, r in found if r.streamed is False], histories),
     }
 
 
