@@ -40,7 +40,7 @@ from fixtures.temporal import Credentials, register_namespace, run_async, server
 from oz0.context import Context
 from oz0.jobs import heard
 from oz0.jobs import workflow as wf
-from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
+from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed, _once, _placing
 from oz0_common.attempt_heartbeat import HEARD
 from tests.conftest import CliRunner, create_token
 
@@ -350,7 +350,7 @@ async def running(
 ) -> AsyncIterator[Job]:
     """JOB's workflow with FLEET's steps and nodes, each on a worker of its own.
 
-    PATCHED: the test changed the workflow module's limits (monkeypatch), so the sandbox
+    PATCHED: the test changed the workflow modules' limits (monkeypatch), so the sandbox
     must use that module as it is rather than import a fresh copy of it; every other test
     runs the workflow in the default sandbox, as the servers do."""
     client = await Client.connect(TEMPORAL, namespace=NAMESPACE, tls=creds.tls())
@@ -594,7 +594,7 @@ def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Crede
 
 
 def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wf, "MAX_MOVES", 2)
+    monkeypatch.setattr(_once, "MAX_MOVES", 2)
     fleet = Fleet({"a": hangs, "b": hangs, "c": hangs})
     fleet.finish_waits_for_nodes = True
     job = job_input(retries=5)
@@ -1046,7 +1046,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
     for name, value in [("QUEUED_POLL_FIRST", 0.1), ("QUEUED_POLL_MAX", 0.2),
                         ("QUEUED_PATIENT", 0.5), ("QUEUED_POLL_LONGEST", 1.0),
                         ("QUEUED_SHARE", 1.0)]:  # fmt: skip
-        monkeypatch.setattr(wf, name, value)
+        monkeypatch.setattr(_placing, name, value)
     fleet = Fleet({"a": exits(0)})
     fleet.queued_for = 6
     job = job_input(queue_timeout=30.0)

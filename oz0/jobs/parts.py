@@ -189,7 +189,7 @@ class Report:
 
 def part_end(report: Report) -> tuple[PartEnd, dict[str, Any] | None]:
     """The part's end as its workflow reads it, and what the node said it applied, by the
-    same rules as an activity's end (workflow._attempt_ends): a result is its exit (or
+    same rules as an activity's end (workflow._attempts.attempt_ends): a result is its exit (or
     timeout); the node's refusal fails the job; secrets it could not read move the part;
     anything else the node says went wrong is its node's fault, the part moved ("node
     lost": what became of the node decides, as `gone_because` reads it at the write)."""

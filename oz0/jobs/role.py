@@ -72,10 +72,11 @@ STOP_WITHIN = WORKER_SHUTDOWN + 3.0
 T = TypeVar("T")
 # The sandbox, with our own modules passed through from the worker's: it imports a
 # workflow's module afresh for every workflow it runs (to isolate module state), which
-# cost a job about a third of its server's CPU (compiling workflow.py each time, py-spy of
-# bench.jobs' throughput: servers 75 % → 59 % of a core). Ours hold no state (workflow.py
-# and scheduled.py import only temporalio and the standard library and keep nothing in
-# module globals), so one import serves all. The price: the modules they import are the
+# cost a job about a third of its server's CPU (compiling the job workflow each time, py-spy
+# of bench.jobs' throughput: servers 75 % → 59 % of a core). Ours hold no state (the
+# package oz0/jobs/workflow/ and scheduled.py import only temporalio, the standard library
+# and each other, and keep nothing in module globals: tests/test_workflow_modules.py), so
+# one import serves all. The price: the modules they import are the
 # real ones, so a call of theirs such as datetime.now() is no longer refused by the sandbox
 # (its guard on the standard library's own modules used through ours); the workflows use
 # workflow.now(), workflow.sleep() and workflow.random() only (tests/test_job_workflow.py
