@@ -100,11 +100,15 @@ class JobInput:
         return LOST_AFTER.get(self.on_lost, LOST_AFTER["move"])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placed:
+    """Where attempt NUMBER (of part PART) runs, or (node None) why no node can take it
+    now: placement.py's answer, granted and sealed by activities.py."""
+
     number: int
     node: str | None
     reason: str | None = None
+    # The job ended meanwhile (cancelled before its first attempt): nothing to run.
     ended: bool = False
     part: int = 0
     # The attempt's grant, signed by the server that placed it: the node runs nothing else.
