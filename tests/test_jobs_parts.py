@@ -20,9 +20,10 @@ from fixtures.job_rows import OneConnection, add_node, main_url, new_job, place
 from oz0 import nodes, pki
 from oz0.jobs import parts, placement, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import claim_for_start
-from oz0.jobs.workflow import LOST, NODE_LOST, STOPPED, PartEnd
+from oz0.jobs.workflow import LOST, STOPPED, PartEnd
 
 one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
 conn = pytest.fixture(job_rows.conn)
@@ -88,12 +89,18 @@ def test_a_part_placed_on_a_node_that_takes_the_stream_is_a_row_with_its_message
 @pytest.mark.parametrize(
     ("how", "end"),
     [
-        ({"result": {"exit_code": 3, "ended_because": "exit"}}, PartEnd(1, "exit", 3)),
-        ({"result": {"exit_code": None, "ended_because": "timeout"}}, PartEnd(1, "timeout")),
-        ({"cancelled": True}, PartEnd(1, "cancelled")),
-        ({"failure": ("SecretsUnreadable", "x")}, PartEnd(1, "node could not read secrets")),
-        ({"failure": ("NodeStopping", "x")}, PartEnd(1, NODE_LOST, lost=STOPPED)),
-        ({"failure": ("SupervisorLost", "x")}, PartEnd(1, NODE_LOST)),
+        ({"result": {"exit_code": 3, "ended_because": "exit"}}, PartEnd(1, EndReason.EXIT, 3)),
+        (
+            {"result": {"exit_code": None, "ended_because": "timeout"}},
+            PartEnd(1, EndReason.TIMEOUT),
+        ),
+        ({"cancelled": True}, PartEnd(1, EndReason.CANCELLED)),
+        (
+            {"failure": ("SecretsUnreadable", "x")},
+            PartEnd(1, EndReason.NODE_COULD_NOT_READ_SECRETS),
+        ),
+        ({"failure": ("NodeStopping", "x")}, PartEnd(1, EndReason.NODE_LOST, lost=STOPPED)),
+        ({"failure": ("SupervisorLost", "x")}, PartEnd(1, EndReason.NODE_LOST)),
     ],
 )
 def test_a_nodes_report_is_its_parts_end_by_the_rules_of_an_activitys_end(
@@ -142,7 +149,7 @@ def test_a_refusal_names_the_node_and_only_the_nodes_own_running_part_is_written
         parts.ENDED, parts.NOT_STREAMED, parts.ENDED, parts.STORED
     ]  # fmt: skip
     assert answers[3].end == PartEnd(
-        1, "refused", refusal=f"node {node} refused attempt 1: the grant expired"
+        1, EndReason.REFUSED, refusal=f"node {node} refused attempt 1: the grant expired"
     )
     assert store.get(conn, classic.id).attempts[0].state == "running"
 
@@ -164,7 +171,7 @@ def test_ends_not_told_are_found_after_a_while_and_only_until_told(
         (job.id,),
     )
     assert parts.unsignalled_ends(conn) == [
-        parts.Untold("default", job.id, [PartEnd(1, "exit", 0)])
+        parts.Untold("default", job.id, [PartEnd(1, EndReason.EXIT, 0)])
     ]
     with conn.transaction():
         parts.ends_signalled(conn, [(job.id, 1)])
@@ -189,7 +196,7 @@ def test_a_part_whose_node_no_server_heard_from_for_its_lost_after_is_found_sile
     with conn.transaction():
         store.removal_signalled(conn, moving.id, 1)
     assert parts.silent_parts(conn) == []
-    assert LOST == "lost"  # what the workflow records such a move as (workflow.NODE_LOST)
+    assert LOST == "lost"  # what the workflow records such a move as (EndReason.NODE_LOST)
 
 
 def test_jobs_of_one_tenant_place_side_by_side_while_one_placing_is_open(

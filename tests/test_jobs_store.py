@@ -24,6 +24,7 @@ from fixtures.job_rows import ADMIN, OneConnection, add_node, main_url, new_job,
 from oz0 import audit, nodes, pki, tenants
 from oz0.jobs import inputs, placement, pruner, secret_env, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import claim_for_start
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
@@ -815,17 +816,19 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     one = new_job(conn)
     placed = twice(lambda: steps.place(one.id, 1, 0, []), one.id)
     assert placed.node in (a, b) and placed.grant
-    assert twice(lambda: steps.end_attempt(AttemptEnd(one.id, 1, "exit", 2)), one.id) == "exit"
+    assert (
+        twice(lambda: steps.end_attempt(AttemptEnd(one.id, 1, EndReason.EXIT, 2)), one.id) == "exit"
+    )
     again = twice(lambda: steps.place(one.id, 2, 0, [str(placed.node)]), one.id)
     assert again.node != placed.node
-    twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, "exit", 0)), one.id)
+    twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, EndReason.EXIT, 0)), one.id)
     twice(lambda: steps.finish(Finish(one.id, "succeeded", 0, None)), one.id)
     assert everything_of(conn, one.id)[0] == ("succeeded", 0, None, False)
 
     everywhere = new_job(conn, all=True)
     parts = twice(lambda: steps.place_everywhere(everywhere.id, 1), everywhere.id)
     assert sorted(str(p.node) for p in parts) == sorted([a, b])
-    twice(lambda: steps.end_attempt(AttemptEnd(everywhere.id, 1, "exit", 1)), everywhere.id)
+    twice(lambda: steps.end_attempt(AttemptEnd(everywhere.id, 1, EndReason.EXIT, 1)), everywhere.id)
     retried = twice(
         lambda: steps.place_on(everywhere.id, 3, parts[0].part, str(parts[0].node)),
         everywhere.id,

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# The job workflow's package, every module of it, and the schedules' workflow.
+# The job workflow's package, every module of it, the end reasons its values carry, and
+# the schedules' workflow.
 MODULES = (
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "oz0/jobs/workflow").glob("*.py")),
+    "oz0/jobs/end_reasons.py",
     "oz0/jobs/scheduled.py",
 )
 IMPORTABLE = (
     "__future__", "asyncio", "collections", "contextlib", "dataclasses", "datetime",
-    "enum", "typing", "temporalio", "oz0.jobs.workflow",
+    "enum", "typing", "temporalio", "oz0.jobs.workflow", "oz0.jobs.end_reasons",
 )  # fmt: skip
 # Calls that read the clock, randomness, the environment or the machine.
 REFUSED_CALLS = {

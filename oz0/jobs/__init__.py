@@ -4,6 +4,8 @@
 - `limits.py`: the resource limits a job asks for each attempt, and what a node says it
   applied; standard library only, so the command line parses sizes with it too.
 - `store.py`: the rows operators list and show (jobs, attempts, output).
+- `end_reasons.py`: why an attempt ended (EndReason: the strings rows and workflow
+  histories hold), and which of those move it; standard library only.
 - `placement.py`: which node runs an attempt, recorded as it is chosen; or why none can.
 - `workflow/`: the job's workflow, run by every server's job worker; it picks where each
   attempt runs and moves it off a node that is blocked, purged or silent. A package of its

@@ -23,9 +23,10 @@ Whatever the activity returns later for an attempt the workflow has moved on fro
 ignored.
 
 The modules beside this one, each a concern, lowest first. They import only temporalio,
-the standard library and each other (the workers' sandbox passes them through:
-oz0/jobs/role.py WORKFLOW_RUNNER; tests/test_workflow_modules.py checks), and keep nothing
-in module globals but constants:
+the standard library, each other and oz0/jobs/end_reasons.py (why an attempt ended: its
+values carry it), and keep nothing in module globals but constants: the workers' sandbox
+passes them through (oz0/jobs/role.py WORKFLOW_RUNNER; tests/test_workflow_modules.py
+checks).
 
 - `_values`: what crosses the workflow's boundary: the names of the workflow, its queue,
   its signals and the node's activity, the error types nodes and steps fail with, and the
@@ -76,7 +77,6 @@ from oz0.jobs.workflow._values import (
     LOST,
     LOST_AFTER,
     NODE_ACTIVITY,
-    NODE_LOST,
     NODE_STOPPING,
     ON_LOST,
     PARTS_ENDED,
@@ -108,7 +108,6 @@ __all__ = [
     "LOST_AFTER",
     "MAX_MOVES",
     "NODE_ACTIVITY",
-    "NODE_LOST",
     "NODE_STOPPING",
     "NO_TIMEOUT",
     "ON_LOST",

@@ -19,6 +19,7 @@ from temporalio.exceptions import (
     TimeoutType,
 )
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._state import JobState
 from oz0.jobs.workflow._steps import record_end, step, whole
 from oz0.jobs.workflow._streamed import streamed
@@ -121,7 +122,7 @@ async def attempt_ends(
                 with contextlib.suppress(ActivityError, asyncio.CancelledError):
                     await handle  # its cancellation, heard (else temporalio logs it lost)
                 await record_end(
-                    job, AttemptEnd(job.job_id, number, "cancelled", None), cancelled=True
+                    job, AttemptEnd(job.job_id, number, EndReason.CANCELLED, None), cancelled=True
                 )
                 raise
         if not handle.done():
@@ -156,7 +157,7 @@ async def attempt_ends(
         refused = refusal(e)
         if refused is not None:
             because, later = await whole(
-                job, record_end(job, AttemptEnd(job.job_id, number, "refused", None))
+                job, record_end(job, AttemptEnd(job.job_id, number, EndReason.REFUSED, None))
             )
             return Outcome(
                 because, None, f"node {node} refused attempt {number}: {refused}",
@@ -166,7 +167,10 @@ async def attempt_ends(
             job, record_end(job, AttemptEnd(job.job_id, number, failure_because(e), None))
         )
         return Outcome(because, None, lost=lost_how(e), cancelled=late or later)
-    ended_because = "timeout" if result.get("ended_because") == "timeout" else "exit"
+    # The node's own word for how its command ended: "exit", "timeout" (or "stopped").
+    ended_because = (
+        EndReason.TIMEOUT if result.get("ended_because") == "timeout" else EndReason.EXIT
+    )
     exit_code = result.get("exit_code")
     code = exit_code if isinstance(exit_code, int) else None
     applied = result.get("applied")
@@ -223,14 +227,14 @@ def unheard(handle: workflow.ActivityHandle[dict[str, Any]]) -> bool:
     )
 
 
-def failure_because(error: ActivityError) -> str | None:
+def failure_because(error: ActivityError) -> EndReason | None:
     """Why the node's activity failed: the job's own timeout, or None when only what became
     of the node can tell (its runtime stopped, it fell silent, it never took the attempt)."""
     cause = error.cause
     if isinstance(cause, TimeoutError) and cause.type == TimeoutType.START_TO_CLOSE:
-        return "timeout"
+        return EndReason.TIMEOUT
     if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNREADABLE:
-        return "node could not read secrets"  # a move: placed again, sealed again
+        return EndReason.NODE_COULD_NOT_READ_SECRETS  # a move: placed again, sealed again
     return None
 
 

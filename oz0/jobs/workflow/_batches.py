@@ -9,6 +9,7 @@ import contextlib
 
 from temporalio import workflow
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._everywhere import part, part_failed
 from oz0.jobs.workflow._placing import Ended, until_placed
 from oz0.jobs.workflow._state import JobState
@@ -88,7 +89,9 @@ async def waited_part(run: JobState, job: JobInput, waiting: Placed) -> Outcome:
     if placed.ended:
         raise Ended("cancelled", "cancelled by an operator")
     if placed.node is None:
-        return Outcome(placed.reason or "node lost", None)
+        # Not started: its reason is what became of its node (placement.place_part).
+        gone = EndReason(placed.reason) if placed.reason else EndReason.NODE_LOST
+        return Outcome(gone, None)
     return await part(run, job, placed)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._attempts import attempt
 from oz0.jobs.workflow._placing import until_placed
 from oz0.jobs.workflow._state import JobState
@@ -69,7 +70,7 @@ async def part(run: JobState, job: JobInput, first: Placed) -> Outcome:
         # stays only on one that a cancellation cut short (a retry not made).
         if outcome.moved or outcome.refusal is not None:
             return dataclasses.replace(outcome, cancelled=False)
-        if outcome.because == "exit" and outcome.exit_code == 0:
+        if outcome.because == EndReason.EXIT and outcome.exit_code == 0:
             return dataclasses.replace(outcome, cancelled=False)
         failures += 1
         if failures > job.retries:

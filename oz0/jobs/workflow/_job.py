@@ -15,6 +15,7 @@ from temporalio.exceptions import (
     is_cancelled_exception,
 )
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._batches import in_batches
 from oz0.jobs.workflow._everywhere import everywhere
 from oz0.jobs.workflow._once import once
@@ -37,7 +38,7 @@ class JobWorkflow:
         self.known = JobState()
 
     @workflow.signal(name="node_removed")
-    def node_removed(self, number: int, because: str) -> None:
+    def node_removed(self, number: int, because: EndReason) -> None:
         self.known.removed.setdefault(number, because)
 
     @workflow.signal(name=PARTS_ENDED)

@@ -5,6 +5,7 @@ away or lost (at most MAX_MOVES times, never under `--no-move`), retried after a
 
 from __future__ import annotations
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._attempts import attempt
 from oz0.jobs.workflow._placing import until_placed
 from oz0.jobs.workflow._state import JobState
@@ -27,7 +28,7 @@ async def once(run: JobState, job: JobInput) -> tuple[str, int | None, str | Non
             placed = await place(run, job, tried)
         assert placed.node is not None
         outcome = await attempt(run, job, placed)
-        if outcome.because == "exit" and outcome.exit_code == 0:
+        if outcome.because == EndReason.EXIT and outcome.exit_code == 0:
             return "succeeded", 0, None
         if outcome.refusal is not None:
             return "failed", None, outcome.refusal
@@ -70,7 +71,7 @@ async def place(run: JobState, job: JobInput, tried: list[str]) -> Placed:
 
 
 def failed(outcome: Outcome, job: JobInput) -> str:
-    if outcome.because == "timeout":
+    if outcome.because == EndReason.TIMEOUT:
         return f"timed out after {job.timeout:g} s"
     return f"exited with {outcome.exit_code}"
 

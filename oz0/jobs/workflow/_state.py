@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._values import PartEnd
 
 
@@ -13,7 +14,7 @@ class JobState:
     def __init__(self) -> None:
         # The attempts whose node was taken away (`node_removed`), and why; the streamed
         # attempts that ended (`parts_ended`), and how: the first word on each stands.
-        self.removed: dict[int, str] = {}
+        self.removed: dict[int, EndReason] = {}
         self.ended: dict[int, PartEnd] = {}
         # The number of the latest attempt placed.
         self.number = 0

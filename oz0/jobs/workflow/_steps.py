@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._values import JOBS_QUEUE, AttemptEnd, JobInput
 
 T = TypeVar("T")
@@ -24,14 +25,14 @@ STEP_RETRY = RetryPolicy(
 )
 
 
-async def record_end(job: JobInput, end: AttemptEnd, *, cancelled: bool = False) -> str:
+async def record_end(job: JobInput, end: AttemptEnd, *, cancelled: bool = False) -> EndReason:
     """Record END. CANCELLED: the attempt's node activity was just asked to stop; that
     request reaches Temporal (and the node) only with the workflow task that made it,
     which a local activity would hold open until it ends (and the steps after it, up to
     the job's finish): recorded as an ordinary activity instead, the request goes out
-    at once, with it."""
-    because: str = await step(
-        "oz0.jobs.end_attempt", end, result_type=str, local=job.local_steps and not cancelled
+    at once, with it. Its answer is the end recorded (the first one, if it had ended)."""
+    because: EndReason = await step(
+        "oz0.jobs.end_attempt", end, result_type=EndReason, local=job.local_steps and not cancelled
     )
     return because
 

@@ -9,11 +9,11 @@ import asyncio
 
 from temporalio import workflow
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow._state import JobState
 from oz0.jobs.workflow._steps import record_end, whole
 from oz0.jobs.workflow._values import (
     LOST,
-    NODE_LOST,
     AttemptEnd,
     JobInput,
     Outcome,
@@ -34,7 +34,7 @@ async def streamed(run: JobState, job: JobInput, placed: Placed) -> Outcome:
         if number in run.ended:  # its end came with the cancellation: too late for it
             return part_outcome(run.ended[number], cancelled=True)
         # The node hears of it from its edge, which reads the attempt ended so.
-        await record_end(job, AttemptEnd(job.job_id, number, "cancelled", None))
+        await record_end(job, AttemptEnd(job.job_id, number, EndReason.CANCELLED, None))
         raise
     if number in run.ended:
         return part_outcome(run.ended[number])
@@ -45,7 +45,9 @@ async def streamed(run: JobState, job: JobInput, placed: Placed) -> Outcome:
         # from the edge or the sweeper, says how it ended.
         await workflow.wait_condition(lambda: number in run.ended)
         return part_outcome(run.ended[number], cancelled=late)
-    return Outcome(because, None, lost=LOST if because == NODE_LOST else None, cancelled=late)
+    return Outcome(
+        because, None, lost=LOST if because == EndReason.NODE_LOST else None, cancelled=late
+    )
 
 
 def part_outcome(end: PartEnd, *, cancelled: bool = False) -> Outcome:

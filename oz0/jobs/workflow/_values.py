@@ -1,7 +1,7 @@
 """What crosses the job workflow's boundary: the names Temporal knows it and its steps by,
 the error types nodes and steps fail with, and the values it is started with, its steps
 return and its signals carry (JobInput, Placed, PartEnd, AttemptEnd, Finish), and how an
-attempt ended (Outcome).
+attempt ended (Outcome; why, an EndReason: oz0/jobs/end_reasons.py).
 
 Each value is a payload in workflow histories: its name, its fields' names and their order
 are what running workflows replay with; a field is only ever added, last, with a default.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
+
+from oz0.jobs.end_reasons import EndReason
 
 JOBS_QUEUE = "oz0-jobs"
 WORKFLOW = "oz0.job"
@@ -31,9 +33,8 @@ SECRETS_UNREADABLE = "SecretsUnreadable"
 # started a while ago with no heartbeat yet is failed by ID (UNHEARD) and so given again.
 CHECK_HEARD, UNHEARD = "oz0.jobs.check_heard", "Unheard"
 ON_LOST = ("move", "wait", "fail")
-# The signal that tells a workflow its streamed attempts ended (a list of PartEnd), and the
-# reason a streamed attempt's node fell silent for its lost-after (the sweeper's).
-PARTS_ENDED, NODE_LOST = "parts_ended", "node lost"
+# The signal that tells a workflow its streamed attempts ended (a list of PartEnd).
+PARTS_ENDED = "parts_ended"
 # Workflows started before attempts had IDs of their own are lost after their heartbeat
 # timeout (_attempts.py); from then on after the job's lost-after: LOST_AFTER[on_lost]
 # unless it asks (the same defaults as oz0.jobs.spec_text's, which a test compares: the
@@ -129,9 +130,9 @@ class PartEnd:
     end."""
 
     number: int
-    because: str
+    because: EndReason
     exit_code: int | None = None
-    # Which node refused which attempt, and why (because "refused").
+    # Which node refused which attempt, and why (because REFUSED).
     refusal: str | None = None
     # LOST or STOPPED, as Outcome.lost.
     lost: str | None = None
@@ -141,7 +142,7 @@ class PartEnd:
 class AttemptEnd:
     job_id: str
     number: int
-    because: str | None  # None: from what became of the node
+    because: EndReason | None  # None: from what became of the node
     exit_code: int | None
     # What the node said it applied (its result's `applied`), checked by the store.
     applied: dict[str, Any] | None = None
@@ -165,9 +166,9 @@ class Heard:
 
 @dataclass
 class Outcome:
-    because: str
+    because: EndReason
     exit_code: int | None
-    # Which node refused which attempt, and why (because "refused").
+    # Which node refused which attempt, and why (because REFUSED).
     refusal: str | None = None
     # Why the node's copy of the command ended unseen, or may run on: LOST (no heartbeat
     # reached Temporal for the job's lost-after) or STOPPED (the node killed it as it
@@ -180,7 +181,7 @@ class Outcome:
 
     @property
     def moved(self) -> bool:
-        return self.because.startswith("node ")
+        return self.because.moves
 
 
 def schedule_to_start(all_nodes: bool, queue_timeout: float) -> dt.timedelta:
