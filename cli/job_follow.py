@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 from cli.output import terminal_safe
 from oz0.errors import Oz0Error
+from oz0.jobs.end_reasons import EndReason
 
 POLL_INTERVAL = 0.3
 # Seconds a server may hold a fetch while there is no news (at most its limit, 20); the
@@ -168,7 +169,7 @@ def _ended(attempt: dict[str, Any]) -> str:
     because = attempt.get("ended_because")
     if because is None:
         return "ended"
-    if because == "exit":
+    if because == EndReason.EXIT:
         return f"ended: exit code {attempt.get('exit_code')}"
     return f"ended: {because}"
 

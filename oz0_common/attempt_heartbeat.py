@@ -8,6 +8,6 @@ heartbeat like an attempt whose node was lost. Its heartbeats tell the two apart
 beats HEARD as soon as the attempt reaches its activity, and the edge beats HEARD for it
 from then on, so a heartbeat timeout whose last heartbeat details are empty is an attempt
 no node ever heard of, which the job's workflow gives to the node again
-(oz0/jobs/workflow.py, `_unheard`)."""
+(oz0/jobs/workflow/_attempts.py, `unheard`)."""
 
 HEARD = "heard"

@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from oz0.jobs import parts
+from oz0.jobs.end_reasons import EndReason
 from oz0.server.edge.control import HANDLERS
 from oz0_common.attempt_messages import (
     ALIVE,
@@ -125,20 +126,24 @@ def test_what_the_node_writes_as_a_status_the_edge_reads_as_the_part_end() -> No
         written = json.loads(json.dumps(status))  # through the status file
         wire = AttemptDone(JOB, 1, result=AttemptResult.parse(written)).to_wire()
         done = AttemptDone.parse(json.loads(json.dumps(wire)))
-        end, applied = parts.part_end(parts.Report.of(NODE, done))
+        end, applied = parts.part_end(parts.Report.of(NODE, done), EndReason.NODE_LOST)
         assert (end.because, end.exit_code, applied) == (*expected, {"cpu_max": 1})
 
 
 def test_a_failure_the_node_names_decides_the_part_end() -> None:
     refused = AttemptDone(JOB, 1, failure=Failure(ATTEMPT_REFUSED, "the grant expired"))
-    end, _ = parts.part_end(parts.Report.of(NODE, AttemptDone.parse(refused.to_wire())))
+    end, _ = parts.part_end(
+        parts.Report.of(NODE, AttemptDone.parse(refused.to_wire())), EndReason.NODE_LOST
+    )
     assert (end.because, end.refusal) == (
         "refused",
         f"node {NODE} refused attempt 1: the grant expired",
     )
     stopping = AttemptDone(JOB, 2, failure=Failure(NODE_STOPPING, "stopping"))
-    end, _ = parts.part_end(parts.Report.of(NODE, AttemptDone.parse(stopping.to_wire())))
-    assert (end.because, end.lost) == ("", "stopped")  # what became of the node decides
+    end, _ = parts.part_end(
+        parts.Report.of(NODE, AttemptDone.parse(stopping.to_wire())), EndReason.NODE_BLOCKED
+    )
+    assert (end.because, end.lost) == ("node blocked", "stopped")  # as the node's fate says
 
 
 def test_both_ends_handle_the_messages_the_other_sends() -> None:

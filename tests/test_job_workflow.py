@@ -40,7 +40,8 @@ from fixtures.temporal import Credentials, register_namespace, run_async, server
 from oz0.context import Context
 from oz0.jobs import heard
 from oz0.jobs import workflow as wf
-from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed
+from oz0.jobs.end_reasons import EndReason
+from oz0.jobs.workflow import AttemptEnd, Finish, JobInput, JobWorkflow, Placed, _once, _placing
 from oz0_common.attempt_heartbeat import HEARD
 from tests.conftest import CliRunner, create_token
 
@@ -350,7 +351,7 @@ async def running(
 ) -> AsyncIterator[Job]:
     """JOB's workflow with FLEET's steps and nodes, each on a worker of its own.
 
-    PATCHED: the test changed the workflow module's limits (monkeypatch), so the sandbox
+    PATCHED: the test changed the workflow modules' limits (monkeypatch), so the sandbox
     must use that module as it is rather than import a fresh copy of it; every other test
     runs the workflow in the default sandbox, as the servers do."""
     client = await Client.connect(TEMPORAL, namespace=NAMESPACE, tls=creds.tls())
@@ -424,7 +425,7 @@ def test_exit_0_succeeds(operator: Credentials) -> None:
             "timeout": 30.0,
             "grant": grant_of(1, fleet.node("a")),
         }
-        assert fleet.ends == [AttemptEnd(job.job_id, 1, "exit", 0)]
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.EXIT, 0)]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
 
     run(scenario)
@@ -455,8 +456,8 @@ def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
             (2, limits),
         ]
         assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, "exit", 3, applied),
-            AttemptEnd(job.job_id, 2, "exit", 0, None),
+            AttemptEnd(job.job_id, 1, EndReason.EXIT, 3, applied),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0, None),
         ]
 
     run(scenario)
@@ -505,7 +506,7 @@ def test_an_attempt_its_node_refuses_fails_the_job_at_once_neither_retried_nor_m
             assert await j.result() == "failed"
         a = fleet.node("a")
         assert fleet.ran("a") == [1] and fleet.ran("b") == []
-        assert fleet.ends == [AttemptEnd(job.job_id, 1, "refused", None)]
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.REFUSED, None)]
         why = f"node {a} refused attempt 1: job {job.job_id} attempt 1: the grant expired 9 s ago"
         assert fleet.finished == [Finish(job.job_id, "failed", None, why)]
 
@@ -543,7 +544,7 @@ def test_a_command_timing_out_fails_the_job(operator: Credentials) -> None:
     async def scenario() -> None:
         async with running(operator, fleet, job) as j:
             assert await j.result() == "failed"
-        assert fleet.ends == [AttemptEnd(job.job_id, 1, "timeout", None)]
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.TIMEOUT, None)]
         assert fleet.finished == [Finish(job.job_id, "failed", None, "timed out after 5 s")]
 
     run(scenario)
@@ -565,8 +566,8 @@ def test_a_removed_node_s_attempt_moves_without_using_up_retries(operator: Crede
         assert first.node == a and fleet.ran("b") == [2]
         assert [(n, tried) for n, _, tried in fleet.places] == [(1, []), (2, [a])]
         assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, "node blocked", None),
-            AttemptEnd(job.job_id, 2, "exit", 0),
+            AttemptEnd(job.job_id, 1, EndReason.NODE_BLOCKED, None),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
         ]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
 
@@ -585,7 +586,7 @@ def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Crede
             assert await j.result() == "lost"
         assert first.cancelled.is_set() and fleet.running_at_finish == []
         assert len(fleet.places) == 1 and fleet.ran("b") == []
-        assert fleet.ends == [AttemptEnd(job.job_id, 1, "node purged", None)]
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.NODE_PURGED, None)]
         assert fleet.finished == [
             Finish(job.job_id, "lost", None, "attempt 1: node purged (--no-move)")
         ]
@@ -594,7 +595,7 @@ def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Crede
 
 
 def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wf, "MAX_MOVES", 2)
+    monkeypatch.setattr(_once, "MAX_MOVES", 2)
     fleet = Fleet({"a": hangs, "b": hangs, "c": hangs})
     fleet.finish_waits_for_nodes = True
     job = job_input(retries=5)
@@ -669,7 +670,7 @@ def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
         # No reason from the workflow: the store derives it from what became of the node.
         assert fleet.ends == [
             AttemptEnd(job.job_id, 1, None, None),
-            AttemptEnd(job.job_id, 2, "exit", 0),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
         ]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
 
@@ -690,7 +691,7 @@ def test_a_lost_node_s_attempt_is_moved_once_its_lost_after_passes_with_move_or_
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
         assert fleet.ends == [
             AttemptEnd(job.job_id, 1, None, None),
-            AttemptEnd(job.job_id, 2, "exit", 0),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
         ]
 
     run(scenario)
@@ -744,7 +745,7 @@ def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lo
         again = [a for a in fleet.attempts if a.node == fleet.node("a")]
         assert [a.number for a in again] == [1, 1]
         assert again[0].payload == again[1].payload and again[1].activity_id == "attempt-1"
-        assert AttemptEnd(job.job_id, 1, "exit", 0) in fleet.ends
+        assert AttemptEnd(job.job_id, 1, EndReason.EXIT, 0) in fleet.ends
         assert len([e for e in fleet.ends if e.number == 1]) == 1
 
     run(scenario)
@@ -971,8 +972,8 @@ def test_a_late_result_from_a_node_the_job_moved_away_from_is_ignored(
             assert await j.result() == "failed"
         assert fleet.attempt(1).answered.is_set() and not fleet.attempt(1).cancelled.is_set()
         assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, "node purged", None),
-            AttemptEnd(job.job_id, 2, "exit", 4),
+            AttemptEnd(job.job_id, 1, EndReason.NODE_PURGED, None),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 4),
         ]
         assert fleet.finished == [Finish(job.job_id, "failed", 4, "exited with 4")]
 
@@ -1046,7 +1047,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
     for name, value in [("QUEUED_POLL_FIRST", 0.1), ("QUEUED_POLL_MAX", 0.2),
                         ("QUEUED_PATIENT", 0.5), ("QUEUED_POLL_LONGEST", 1.0),
                         ("QUEUED_SHARE", 1.0)]:  # fmt: skip
-        monkeypatch.setattr(wf, name, value)
+        monkeypatch.setattr(_placing, name, value)
     fleet = Fleet({"a": exits(0)})
     fleet.queued_for = 6
     job = job_input(queue_timeout=30.0)
@@ -1099,7 +1100,7 @@ def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> 
             assert await j.result() == "cancelled"
         assert first.cancelled.is_set() and fleet.running_at_finish == []
         assert len(fleet.places) == 1 and fleet.ran("b") == []
-        assert fleet.ends == [AttemptEnd(job.job_id, 1, "cancelled", None)]
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.CANCELLED, None)]
         assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
 
     run(scenario)
@@ -1313,7 +1314,9 @@ def test_each_attempt_carries_only_the_secrets_sealed_for_it_and_its_node(
         assert [x.payload["secrets"] for x in fleet.attempts] == [f"sealed:1@{a}", f"sealed:2@{b}"]
         assert all(x.payload["env"] == {"K": "V"} for x in fleet.attempts)
         # Secrets the node cannot open (its key renewed since): placed again, sealed again.
-        assert fleet.ends[0] == AttemptEnd(job.job_id, 1, "node could not read secrets", None)
+        assert fleet.ends[0] == AttemptEnd(
+            job.job_id, 1, EndReason.NODE_COULD_NOT_READ_SECRETS, None
+        )
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
 
     run(scenario)

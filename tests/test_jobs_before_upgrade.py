@@ -1,7 +1,7 @@
 """Attempts of a job whose workflow began before the upgrade, on a real server, a real
 agent and real Temporal (127.0.0.247).
 
-A workflow that had scheduled an attempt before `ATTEMPT_BY_ID` (oz0/jobs/workflow.py)
+A workflow that had scheduled an attempt before `ATTEMPT_BY_ID` (oz0/jobs/workflow/_attempts.py)
 replays without the patch's marker, so `workflow.patched` is False for it for good: it
 schedules attempts under Temporal's numeric activity IDs with the old heartbeat timeout,
 which no edge can complete. This release's agent holds those open itself (the old way,
@@ -41,7 +41,7 @@ from oz0 import audit
 from oz0.jobs import store
 from oz0.jobs import workflow as wf
 from oz0.jobs.spec import JobSpec
-from oz0.jobs.workflow import JobInput, JobWorkflow
+from oz0.jobs.workflow import JobInput, JobWorkflow, _attempts
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner, create_token
@@ -53,7 +53,7 @@ TEMPORAL = f"{SERVER}:7233"
 # Generous bounds for a loaded 2-core machine; each a deadline, never a measurement.
 JOB_BOUND = 60.0
 GONE_BOUND = 10.0  # SIGTERM, then SIGKILL after the 3 s grace
-# The old heartbeat timeout (wf.HEARTBEAT_TIMEOUT, 10 s) shortened for the test's workflows
+# The old heartbeat timeout (_attempts.HEARTBEAT_TIMEOUT, 10 s) shortened for the test's workflows
 # (the node heartbeats a held attempt every second), and a command of LINES seconds past it:
 # it ends only if heartbeats kept it.
 OLD_HEARTBEAT_TIMEOUT = dt.timedelta(seconds=4)
@@ -164,7 +164,7 @@ def before_the_patch(monkeypatch: pytest.MonkeyPatch) -> None:
         return False if patch_id == wf.ATTEMPT_BY_ID else real(patch_id)
 
     monkeypatch.setattr(workflow, "patched", patched)
-    monkeypatch.setattr(wf, "HEARTBEAT_TIMEOUT", OLD_HEARTBEAT_TIMEOUT)
+    monkeypatch.setattr(_attempts, "HEARTBEAT_TIMEOUT", OLD_HEARTBEAT_TIMEOUT)
 
 
 @pytest.fixture
@@ -266,7 +266,7 @@ def check_scheduled_the_old_way(events: list[HistoryEvent]) -> None:
     for e in scheduled:
         attributes = e.activity_task_scheduled_event_attributes
         assert attributes.activity_id.isdigit(), attributes.activity_id
-        assert attributes.heartbeat_timeout.ToTimedelta() == wf.HEARTBEAT_TIMEOUT
+        assert attributes.heartbeat_timeout.ToTimedelta() == _attempts.HEARTBEAT_TIMEOUT
     found = markers(events)
     assert not [m for m in found if wf.ATTEMPT_BY_ID.encode() in m]
     # The workflow's other patch as ever: the fault is that one patch's marker only.

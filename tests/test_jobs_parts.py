@@ -20,9 +20,10 @@ from fixtures.job_rows import OneConnection, add_node, main_url, new_job, place
 from oz0 import nodes, pki
 from oz0.jobs import parts, placement, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import _end_overdue, claim_for_start
-from oz0.jobs.workflow import LOST, NODE_LOST, STOPPED, PartEnd
+from oz0.jobs.workflow import LOST, STOPPED, PartEnd
 from oz0_common.attempt_messages import AttemptResult, Failure
 
 one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
@@ -94,12 +95,18 @@ def test_a_part_placed_on_a_node_that_takes_the_stream_is_a_row_with_its_message
 @pytest.mark.parametrize(
     ("how", "end"),
     [
-        ({"result": {"exit_code": 3, "ended_because": "exit"}}, PartEnd(1, "exit", 3)),
-        ({"result": {"exit_code": None, "ended_because": "timeout"}}, PartEnd(1, "timeout")),
-        ({"cancelled": True}, PartEnd(1, "cancelled")),
-        ({"failure": ("SecretsUnreadable", "x")}, PartEnd(1, "node could not read secrets")),
-        ({"failure": ("NodeStopping", "x")}, PartEnd(1, NODE_LOST, lost=STOPPED)),
-        ({"failure": ("SupervisorLost", "x")}, PartEnd(1, NODE_LOST)),
+        ({"result": {"exit_code": 3, "ended_because": "exit"}}, PartEnd(1, EndReason.EXIT, 3)),
+        (
+            {"result": {"exit_code": None, "ended_because": "timeout"}},
+            PartEnd(1, EndReason.TIMEOUT),
+        ),
+        ({"cancelled": True}, PartEnd(1, EndReason.CANCELLED)),
+        (
+            {"failure": ("SecretsUnreadable", "x")},
+            PartEnd(1, EndReason.NODE_COULD_NOT_READ_SECRETS),
+        ),
+        ({"failure": ("NodeStopping", "x")}, PartEnd(1, EndReason.NODE_LOST, lost=STOPPED)),
+        ({"failure": ("SupervisorLost", "x")}, PartEnd(1, EndReason.NODE_LOST)),
     ],
 )
 def test_a_nodes_report_is_its_parts_end_by_the_rules_of_an_activitys_end(
@@ -148,7 +155,7 @@ def test_a_refusal_names_the_node_and_only_the_nodes_own_running_part_is_written
         parts.ENDED, parts.NOT_STREAMED, parts.ENDED, parts.STORED
     ]  # fmt: skip
     assert answers[3].end == PartEnd(
-        1, "refused", refusal=f"node {node} refused attempt 1: the grant expired"
+        1, EndReason.REFUSED, refusal=f"node {node} refused attempt 1: the grant expired"
     )
     assert store.get(conn, classic.id).attempts[0].state == "running"
 
@@ -170,7 +177,7 @@ def test_ends_not_told_are_found_after_a_while_and_only_until_told(
         (job.id,),
     )
     assert parts.unsignalled_ends(conn) == [
-        parts.Untold("default", job.id, [PartEnd(1, "exit", 0)])
+        parts.Untold("default", job.id, [PartEnd(1, EndReason.EXIT, 0)])
     ]
     with conn.transaction():
         parts.ends_signalled(conn, [(job.id, 1)])
@@ -195,7 +202,7 @@ def test_a_part_whose_node_no_server_heard_from_for_its_lost_after_is_found_sile
     with conn.transaction():
         store.removal_signalled(conn, moving.id, 1)
     assert parts.silent_parts(conn) == []
-    assert LOST == "lost"  # what the workflow records such a move as (workflow.NODE_LOST)
+    assert LOST == "lost"  # what the workflow records such a move as (EndReason.NODE_LOST)
 
 
 def test_a_part_running_past_its_timeout_and_margin_without_a_word_ends_timed_out(
@@ -221,7 +228,7 @@ def test_a_part_running_past_its_timeout_and_margin_without_a_word_ends_timed_ou
     assert (overdue.node_id, overdue.job_id, overdue.number) == (node, late.id, 1)
     with conn.transaction():
         [told] = _end_overdue(conn, [overdue])
-    assert (told.job_id, told.ends) == (late.id, [PartEnd(1, "timeout")])
+    assert (told.job_id, told.ends) == (late.id, [PartEnd(1, EndReason.TIMEOUT)])
     states = {j.id: store.get(conn, j.id).attempts[0] for j in (late, in_time, endless)}
     assert (states[late.id].state, states[late.id].ended_because) == ("ended", "timeout")
     assert states[in_time.id].state == states[endless.id].state == "running"

@@ -24,6 +24,7 @@ from fixtures.job_rows import ADMIN, OneConnection, add_node, main_url, new_job,
 from oz0 import audit, nodes, pki, tenants
 from oz0.jobs import inputs, placement, pruner, secret_env, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.role import claim_for_start
 from oz0.jobs.spec import JobEnded, JobError, JobSpec, TooManyQueued
@@ -122,7 +123,7 @@ def test_limits_are_kept_with_the_job_and_what_a_node_applied_with_its_attempt(
     for number, said in ((1, applied), (2, hostile), (3, None)):
         assert place(conn, job, number).node == node
         with conn.transaction():
-            store.end_attempt(conn, job.id, number, "exit", 1, said)
+            store.end_attempt(conn, job.id, number, EndReason.EXIT, 1, said)
     first, second, third = store.get(conn, job.id).attempts
     assert first.applied == applied and first.to_json()["applied"] == applied
     assert second.applied == {"user": "x?[2J" + "y" * 195, "limits": {"cpu": "rlimit"}}
@@ -172,7 +173,7 @@ def test_tried_nodes_come_last_and_a_retried_placement_answers_the_same(
     assert first.node == a
     assert place(conn, job, 1) == first  # the step run again after a lost answer
     with conn.transaction():
-        store.end_attempt(conn, job.id, 1, "exit", 1)
+        store.end_attempt(conn, job.id, 1, EndReason.EXIT, 1)
     assert place(conn, job, 2, tried=[a]).node == b
     assert [x.node for x in store.get(conn, job.id).attempts] == [a, b]
 
@@ -227,7 +228,7 @@ def test_a_running_attempt_on_a_blocked_or_deleted_node_is_found_to_move(
     # The attempt's end takes the node's word when the workflow has none of its own.
     with conn.transaction():
         assert store.end_attempt(conn, jobs[blocked], 1, None, None) == "node blocked"
-        assert store.end_attempt(conn, jobs[blocked], 1, "exit", 0) == "node blocked"
+        assert store.end_attempt(conn, jobs[blocked], 1, EndReason.EXIT, 0) == "node blocked"
         assert store.end_attempt(conn, jobs[purged], 1, None, None) == "node purged"
 
 
@@ -254,7 +255,7 @@ def test_output_is_stored_once_capped_and_only_from_the_attempts_node(
     after_first = store.output_page(conn, job.id, after=chunks[0].cursor).chunks
     assert [c.cursor for c in after_first] == [c.cursor for c in chunks[1:]]
     with conn.transaction():
-        store.end_attempt(conn, job.id, 1, "exit", 0)
+        store.end_attempt(conn, job.id, 1, EndReason.EXIT, 0)
     assert not append(3, b"late")  # the attempt has ended: nothing more is kept
 
 
@@ -425,7 +426,7 @@ def test_a_node_with_every_slot_taken_gets_no_more_attempts(
         == f"the one connected node is busy: it runs {placement.NODE_SLOTS} attempts, its most"
     )
     with conn.transaction():
-        store.end_attempt(conn, store.list_jobs(conn)[-1].id, 1, "exit", 0)
+        store.end_attempt(conn, store.list_jobs(conn)[-1].id, 1, EndReason.EXIT, 0)
     assert place(conn, full, 1).node == node  # a slot is free again
 
 
@@ -446,10 +447,10 @@ def test_a_node_takes_as_many_attempts_as_its_agent_says_it_runs(
     with conn.transaction():
         nodes.set_max_jobs(conn, node, 2)
         for job in running[:4]:
-            store.end_attempt(conn, job.id, 1, "exit", 0)
+            store.end_attempt(conn, job.id, 1, EndReason.EXIT, 0)
     assert place(conn, new_job(conn), 1).node is None
     with conn.transaction():
-        store.end_attempt(conn, running[4].id, 1, "exit", 0)
+        store.end_attempt(conn, running[4].id, 1, EndReason.EXIT, 0)
     assert place(conn, new_job(conn), 1).node == node
 
 
@@ -540,7 +541,7 @@ def ended_with_output(conn: psycopg.Connection[Any], node: str, chunks: int) -> 
     with conn.transaction():
         for seq in range(chunks):
             assert store.append_output(conn, node, job.id, 1, seq, "stdout", b"line\n", False)
-        store.end_attempt(conn, job.id, 1, "exit", 0)
+        store.end_attempt(conn, job.id, 1, EndReason.EXIT, 0)
         store.finish(conn, job.id, "succeeded", 0, None)
     return job
 
@@ -751,7 +752,7 @@ def test_what_each_reported_attempt_is_to_a_node_is_one_batch_in_order(
     for job in (running, ended, cancelled, theirs):
         assert place(conn, job, 1).node is not None
     with conn.transaction():
-        store.end_attempt(conn, ended.id, 1, "exit", 0)
+        store.end_attempt(conn, ended.id, 1, EndReason.EXIT, 0)
         store.finish(conn, cancelled.id, "cancelled", None, "cancelled by an operator")
     asked = [
         (theirs.id, 1), (running.id, 1), (running.id, 2), (ended.id, 1), ("job-0000000000ff", 1),
@@ -815,17 +816,19 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     one = new_job(conn)
     placed = twice(lambda: steps.place(one.id, 1, 0, []), one.id)
     assert placed.node in (a, b) and placed.grant
-    assert twice(lambda: steps.end_attempt(AttemptEnd(one.id, 1, "exit", 2)), one.id) == "exit"
+    assert (
+        twice(lambda: steps.end_attempt(AttemptEnd(one.id, 1, EndReason.EXIT, 2)), one.id) == "exit"
+    )
     again = twice(lambda: steps.place(one.id, 2, 0, [str(placed.node)]), one.id)
     assert again.node != placed.node
-    twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, "exit", 0)), one.id)
+    twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, EndReason.EXIT, 0)), one.id)
     twice(lambda: steps.finish(Finish(one.id, "succeeded", 0, None)), one.id)
     assert everything_of(conn, one.id)[0] == ("succeeded", 0, None, False)
 
     everywhere = new_job(conn, all=True)
     parts = twice(lambda: steps.place_everywhere(everywhere.id, 1), everywhere.id)
     assert sorted(str(p.node) for p in parts) == sorted([a, b])
-    twice(lambda: steps.end_attempt(AttemptEnd(everywhere.id, 1, "exit", 1)), everywhere.id)
+    twice(lambda: steps.end_attempt(AttemptEnd(everywhere.id, 1, EndReason.EXIT, 1)), everywhere.id)
     retried = twice(
         lambda: steps.place_on(everywhere.id, 3, parts[0].part, str(parts[0].node)),
         everywhere.id,

@@ -73,7 +73,8 @@ from oz0_node.jobs.supervisor import OUTPUT_CAP, SupervisedSpec
 from oz0_node.jobs.tracking import CGROUP_V2, SUBREAPER
 from oz0_node.runtime import NodeRuntime, RuntimeSettings
 
-# What workflows from before attempts had IDs of their own schedule (oz0/jobs/workflow.py).
+# What workflows from before attempts had IDs of their own schedule
+# (oz0/jobs/workflow/_attempts.py).
 OLD_HEARTBEAT_TIMEOUT = dt.timedelta(seconds=10)
 
 

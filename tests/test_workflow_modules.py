@@ -12,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ("oz0/jobs/workflow.py", "oz0/jobs/scheduled.py")
 ROOT = Path(__file__).resolve().parent.parent
+# The job workflow's package, every module of it, the end reasons its values carry, and
+# the schedules' workflow.
+MODULES = (
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "oz0/jobs/workflow").glob("*.py")),
+    "oz0/jobs/end_reasons.py",
+    "oz0/jobs/scheduled.py",
+)
 IMPORTABLE = (
     "__future__", "asyncio", "collections", "contextlib", "dataclasses", "datetime",
-    "enum", "typing", "temporalio", "oz0.jobs.workflow",
+    "enum", "typing", "temporalio", "oz0.jobs.workflow", "oz0.jobs.end_reasons",
 )  # fmt: skip
 # Calls that read the clock, randomness, the environment or the machine.
 REFUSED_CALLS = {
@@ -50,6 +56,10 @@ def test_a_passed_through_workflow_module_calls_nothing_a_replay_could_see_diffe
     module: str,
 ) -> None:
     assert _problems((ROOT / module).read_text(encoding="utf-8")) == []
+
+
+def test_every_module_of_the_workflow_package_is_checked() -> None:
+    assert {"oz0/jobs/workflow/__init__.py", "oz0/jobs/workflow/_job.py"} <= set(MODULES)
 
 
 def test_the_check_finds_a_clock_read_and_a_foreign_import() -> None:

@@ -7,9 +7,13 @@
   concerns (its `__init__.py` is the map): the records and their reads, creating a job,
   cancelling one, the sweeper's claims, what became of nodes, the activities' writes, output,
   and what the edge reads of a node's attempts.
+- `end_reasons.py`: why an attempt ended (EndReason: the strings rows and workflow
+  histories hold), and which of those move it; standard library only.
 - `placement.py`: which node runs an attempt, recorded as it is chosen; or why none can.
-- `workflow.py`: the job's workflow, run by every server's job worker; it picks where each
-  attempt runs and moves it off a node that is blocked, purged or silent.
+- `workflow/`: the job's workflow, run by every server's job worker; it picks where each
+  attempt runs and moves it off a node that is blocked, purged or silent. A package of its
+  concerns (its `__init__.py` is the map): the values that cross its boundary, one
+  attempt as an activity or streamed, one node, every node, batches.
 - `activities.py`: the workflow's steps that touch the database, run by the same workers.
 - `parts.py`: attempts as rows sent over their node's control stream (issue 41): the
   message placement writes, what an edge reads to send, a node's report as the part's end,

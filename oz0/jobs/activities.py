@@ -19,6 +19,7 @@ without retries (SECRETS_UNAVAILABLE), nothing placed, and the workflow fails th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0.jobs import parts, placement, secret_env, store
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.workflow import SECRETS_UNAVAILABLE, AttemptEnd, Finish, Placed
 from oz0.store.pool import Database
@@ -94,10 +96,7 @@ class JobActivities:
     @activity.defn(name="oz0.jobs.list_parts")
     async def list_parts(self, job_id: str) -> list[Placed]:
         """A rolling batch's parts, recorded waiting: nodes without grants (none is placed)."""
-        return [
-            Placed(p.number, p.node, p.reason, p.ended, p.part)
-            for p in await self._run(lambda conn: placement.list_parts(conn, job_id))
-        ]
+        return await self._run(lambda conn: placement.list_parts(conn, job_id))
 
     @activity.defn(name="oz0.jobs.place_part")
     async def place_part(self, job_id: str, number: int, part: int, node_id: str) -> Placed:
@@ -117,7 +116,7 @@ class JobActivities:
         def work(conn: store.Conn) -> Placed:
             placement.place_on(conn, job_id, number, part, node_id)
             job = store.locked_job(conn, job_id)
-            return self._granted(conn, job, placement.Placed(number, node_id, part=part))
+            return self._granted(conn, job, Placed(number, node_id, part=part))
 
         return await self._run(work)
 
@@ -128,15 +127,13 @@ class JobActivities:
             job, number, node_id, secrets=sealed or None, limits=job.limits or None
         )
 
-    def _granted(self, conn: store.Conn, job: store.Job, placed: placement.Placed) -> Placed:
+    def _granted(self, conn: store.Conn, job: store.Job, placed: Placed) -> Placed:
         """PLACED for the workflow, with the job's secrets sealed to its node for that
         attempt and its grant; in the placement's transaction."""
         [granted] = self._granted_all(conn, job, [placed])
         return granted
 
-    def _granted_all(
-        self, conn: store.Conn, job: store.Job, placed: list[placement.Placed]
-    ) -> list[Placed]:
+    def _granted_all(self, conn: store.Conn, job: store.Job, placed: list[Placed]) -> list[Placed]:
         """Each of PLACED for the workflow (`_granted`): granted, its secrets sealed; an
         attempt on a node that takes the stream (the job streamed) becomes a row its
         node's edge sends, its grant and secrets kept out of the workflow's history (the
@@ -150,10 +147,10 @@ class JobActivities:
         sent: list[tuple[int, str, dict[str, Any]]] = []
         for p in placed:
             if p.node is None:
-                out.append(Placed(p.number, None, p.reason, p.ended, p.part))
+                out.append(p)
                 continue
             if p.number in sent_before:
-                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, streamed=True))
+                out.append(dataclasses.replace(p, streamed=True))
                 continue
             sealed = (
                 secret_env.for_attempt(conn, self.keeper, job.id, p.number, p.node)
@@ -164,14 +161,14 @@ class JobActivities:
             if p.node in streaming:
                 message = parts.attempt_message(job, p.number, grant, sealed)
                 sent.append((p.number, p.node, message))
-                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, streamed=True))
+                out.append(dataclasses.replace(p, streamed=True))
             else:
-                out.append(Placed(p.number, p.node, p.reason, p.ended, p.part, grant, sealed))
+                out.append(dataclasses.replace(p, grant=grant, secrets=sealed))
         parts.mark_streamed(conn, job.id, sent)
         return out
 
     @activity.defn(name="oz0.jobs.end_attempt")
-    async def end_attempt(self, end: AttemptEnd) -> str:
+    async def end_attempt(self, end: AttemptEnd) -> EndReason:
         return await self._run(
             lambda conn: store.end_attempt(
                 conn, end.job_id, end.number, end.because, end.exit_code, end.applied

@@ -27,6 +27,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from oz0.jobs import limits as job_limits
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec_text import LOST_AFTER
 from oz0.jobs.store import Conn, Job, gone_because, tell_followers
 from oz0.jobs.workflow import (
@@ -200,28 +201,28 @@ class Report:
         return recorded
 
 
-def part_end(report: Report) -> tuple[PartEnd, dict[str, Any] | None]:
+def part_end(report: Report, gone: EndReason) -> tuple[PartEnd, dict[str, Any] | None]:
     """The part's end as its workflow reads it, and what the node said it applied, by the
-    same rules as an activity's end (workflow._attempt_ends): a result is its exit (or
-    timeout); the node's refusal fails the job; secrets it could not read move the part;
-    anything else the node says went wrong is its node's fault, the part moved ("node
-    lost": what became of the node decides, as `gone_because` reads it at the write)."""
+    same rules as an activity's end (workflow._attempts.attempt_ends): a result is its exit
+    (or timeout); the node's refusal fails the job; secrets it could not read move the part;
+    anything else the node says went wrong is its node's fault, the part moved: GONE, what
+    became of the node as `gone_because` reads it at the write (NODE_LOST while it is
+    still accepted)."""
     number = report.number
     if report.result is not None:
         result = report.result
-        because = "timeout" if result.timed_out else "exit"
+        because = EndReason.TIMEOUT if result.timed_out else EndReason.EXIT
         return PartEnd(number, because, result.exit_code), result.applied
     if report.cancelled:
-        return PartEnd(number, "cancelled"), None
+        return PartEnd(number, EndReason.CANCELLED), None
     assert report.failure is not None
     kind, message = report.failure.type, report.failure.message
     if kind == ATTEMPT_REFUSED:
         refusal = f"node {report.node_id} refused attempt {number}: {message}"
-        return PartEnd(number, "refused", refusal=refusal), None
+        return PartEnd(number, EndReason.REFUSED, refusal=refusal), None
     if kind == SECRETS_UNREADABLE:
-        return PartEnd(number, "node could not read secrets"), None
-    # Decided at the write by what became of the node (NODE_FATE): "" stands for that.
-    return PartEnd(number, "", lost=STOPPED if kind == NODE_STOPPING else None), None
+        return PartEnd(number, EndReason.NODE_COULD_NOT_READ_SECRETS), None
+    return PartEnd(number, gone, lost=STOPPED if kind == NODE_STOPPING else None), None
 
 
 # What record_ends says of each report: stored; not the node's or not running; or the
@@ -270,9 +271,7 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
         if not streamed:
             out.append(Recorded(NOT_STREAMED))
             continue
-        end, applied = part_end(report)
-        if not end.because:
-            end = dataclasses.replace(end, because=gone_because(node_state))
+        end, applied = part_end(report, gone_because(node_state))
         kept = job_limits.applied_from_node(applied)
         conn.execute(
             "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
@@ -324,7 +323,7 @@ def unsignalled_ends(conn: Conn) -> list[Untold]:
     grouped: dict[str, Untold] = {}
     for job_id, tenant, end in rows:
         told = grouped.setdefault(str(job_id), Untold(str(tenant), str(job_id), []))
-        told.ends.append(PartEnd(**end))
+        told.ends.append(PartEnd(**{**end, "because": EndReason(end["because"])}))
     return list(grouped.values())
 
 

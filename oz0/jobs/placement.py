@@ -5,11 +5,13 @@ Candidates are accepted, connected nodes (oz0.nodes.CONNECTED) of the job's tena
 every label of its selector, and its one node if it names one; a node runs at most as many
 attempts as it says it takes (`oz0-node start --max-jobs`, the row's max_jobs; NODE_SLOTS
 until it says).
+
+What it answers is the workflow's own Placed (where attempt NUMBER runs, or, node None,
+why no node can take it now; `ended`: the job ended meanwhile, nothing to run), without a
+grant or sealed secrets yet: activities.py adds them in the same transaction.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from psycopg.types.json import Jsonb
 
@@ -24,18 +26,7 @@ from oz0.jobs.store import (
     set_queued,
     tell_followers,
 )
-
-
-@dataclass(frozen=True)
-class Placed:
-    """Where attempt NUMBER runs, or (node None) why no node can take it now."""
-
-    number: int
-    node: str | None
-    reason: str | None = None
-    # The job ended meanwhile (cancelled before its first attempt): nothing to run.
-    ended: bool = False
-    part: int = 0
+from oz0.jobs.workflow import Placed
 
 
 def _cancelled(job: Job) -> bool:

@@ -40,10 +40,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from oz0 import pki
 from oz0.jobs import heard, inputs, parts, secret_env, store
 from oz0.jobs.activities import JobActivities
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
 from oz0.jobs.schedule_steps import ScheduleSteps
 from oz0.jobs.scheduled import ScheduledWorkflow
-from oz0.jobs.workflow import JOBS_QUEUE, NODE_LOST, PARTS_ENDED, JobWorkflow, PartEnd, Placed
+from oz0.jobs.workflow import JOBS_QUEUE, PARTS_ENDED, JobWorkflow, PartEnd, Placed
 from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -72,14 +73,15 @@ STOP_WITHIN = WORKER_SHUTDOWN + 3.0
 T = TypeVar("T")
 # The sandbox, with our own modules passed through from the worker's: it imports a
 # workflow's module afresh for every workflow it runs (to isolate module state), which
-# cost a job about a third of its server's CPU (compiling workflow.py each time, py-spy of
-# bench.jobs' throughput: servers 75 % → 59 % of a core). Ours hold no state (workflow.py
-# and scheduled.py import only temporalio and the standard library and keep nothing in
-# module globals), so one import serves all. The price: the modules they import are the
-# real ones, so a call of theirs such as datetime.now() is no longer refused by the sandbox
-# (its guard on the standard library's own modules used through ours); the workflows use
-# workflow.now(), workflow.sleep() and workflow.random() only (tests/test_job_workflow.py
-# replays their histories).
+# cost a job about a third of its server's CPU (compiling the job workflow each time, py-spy
+# of bench.jobs' throughput: servers 75 % → 59 % of a core). Ours hold no state (the
+# package oz0/jobs/workflow/, end_reasons.py and scheduled.py import only temporalio, the
+# standard library and each other, and keep nothing in module globals:
+# tests/test_workflow_modules.py), so one import serves all. The price: the modules they
+# import are the real ones, so a call of theirs such as datetime.now() is no longer refused
+# by the sandbox (its guard on the standard library's own modules used through ours); the
+# workflows use workflow.now(), workflow.sleep() and workflow.random() only
+# (tests/test_job_workflow.py replays their histories).
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("oz0")
 )
@@ -242,7 +244,7 @@ class JobsRole:
         if overdue:
             untold += await self.db.transaction(partial(_end_overdue, reports=overdue))
         for job_id, tenant, number in silent:
-            removed = store.Removed(job_id, tenant, number, NODE_LOST)
+            removed = store.Removed(job_id, tenant, number, EndReason.NODE_LOST)
             if await self._tell_temporal(temporal, partial(self._signal_removed, removed)):
                 log.info("job %s: attempt %d's node was lost; it moves", job_id, number)
                 await self.db.transaction(

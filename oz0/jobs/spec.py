@@ -10,6 +10,7 @@ from typing import Any
 from oz0 import nodes
 from oz0.errors import Oz0Error
 from oz0.jobs import limits as job_limits
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec_text import (
     DEFAULT_ON_LOST,
     MAX_BATCH_WAIT,
@@ -21,15 +22,8 @@ from oz0.jobs.spec_text import (
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
-ENDED_BECAUSE = (
-    "exit",
-    "node blocked",
-    "node purged",
-    "node lost",
-    "node deleted",
-    "timeout",
-    "cancelled",
-)
+# Every reason an attempt can have ended with (job_attempts.ended_because).
+ENDED_BECAUSE = tuple(EndReason)
 MAX_ARGS = 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV = 64

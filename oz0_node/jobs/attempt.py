@@ -80,7 +80,7 @@ REFUSED = "attempt_refused"
 REPORT_WITHIN = 5.0
 
 # A held attempt's heartbeats: well inside the heartbeat timeout workflows from before the
-# upgrade schedule it with (oz0/jobs/workflow.py HEARTBEAT_TIMEOUT, 10 s).
+# upgrade schedule it with (oz0/jobs/workflow/_attempts.py HEARTBEAT_TIMEOUT, 10 s).
 HEARTBEAT_EVERY = 1.0
 # Why a held attempt is ended when its activity is: cancelled (by its workflow, or gone
 # from Temporal), or its worker stopping with the runtime.

@@ -7,6 +7,7 @@ from psycopg.types.json import Jsonb
 
 from oz0.jobs import limits as job_limits
 from oz0.jobs import secret_env
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec import ENDED_STATES, JobNotFound
 from oz0.jobs.store._followers import tell_followers
 from oz0.jobs.store._node_fate import _NODE_FATE, gone_because
@@ -28,10 +29,10 @@ def end_attempt(
     conn: Conn,
     job_id: str,
     number: int,
-    because: str | None,
+    because: EndReason | None,
     exit_code: int | None,
     applied: object = None,
-) -> str:
+) -> EndReason:
     """Record how attempt NUMBER ended, and what its node said it APPLIED (limits.py; None
     or malformed: not reported); BECAUSE None: from what became of its node. Returns the
     reason recorded (the first one, if it had ended already)."""
@@ -44,7 +45,7 @@ def end_attempt(
     if row is None:
         raise JobNotFound(f"job {job_id} has no attempt {number}")
     if row[0] == "ended":
-        return str(row[1])
+        return EndReason(row[1])
     recorded = because or gone_because(row[2])
     kept = job_limits.applied_from_node(applied)
     conn.execute(
@@ -76,8 +77,8 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
     )
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(),"
-        " ended_because = 'cancelled' WHERE job_id = %s AND state = 'running'",
-        (job_id,),
+        " ended_because = %s WHERE job_id = %s AND state = 'running'",
+        (EndReason.CANCELLED, job_id),
     )
     # A streamed attempt's sealed secrets are kept no longer than the job's own (the
     # rest of what was sent stays with the attempt, as an activity's input in its history).

@@ -4,6 +4,7 @@ whether each is still the node's to run, and the lost-after of the jobs of those
 
 from __future__ import annotations
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec_text import LOST_AFTER
 from oz0.jobs.store._records import Conn
 
@@ -34,7 +35,7 @@ def attempts_of_node(conn: Conn, node_id: str, asked: list[tuple[str, int]]) -> 
         elif state == "running":
             answers.append(RUNNING)
         else:
-            answers.append(CANCELLED if because == "cancelled" else ENDED)
+            answers.append(CANCELLED if because == EndReason.CANCELLED else ENDED)
     return answers
 
 

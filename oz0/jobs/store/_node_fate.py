@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.store._records import Conn
 
 
@@ -16,7 +17,7 @@ class Removed:
     job_id: str
     tenant: str
     number: int
-    because: str
+    because: EndReason
 
 
 # What became of a node, as gone_because reads it: its state, or for a node no longer
@@ -58,12 +59,12 @@ def removal_signalled(conn: Conn, job_id: str, number: int) -> None:
     )
 
 
-def gone_because(node_state: str | None) -> str:
+def gone_because(node_state: str | None) -> EndReason:
     """Why an attempt ended, from what became of its node."""
     if node_state is None:
-        return "node deleted"
+        return EndReason.NODE_DELETED
     return {
-        "blocked": "node blocked",
-        "purging": "node purged",
-        "purged": "node purged",
-    }.get(node_state, "node lost")
+        "blocked": EndReason.NODE_BLOCKED,
+        "purging": EndReason.NODE_PURGED,
+        "purged": EndReason.NODE_PURGED,
+    }.get(node_state, EndReason.NODE_LOST)

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 RESEND_AFTER = 3.0
 # Not answered on this stream within this long of its first send: the node does not take
 # it (an agent wedged, though its stream lives): the part ends as an activity no node took
-# within its schedule-to-start did (oz0/jobs/workflow.py SCHEDULE_TO_START), and moves.
+# within its schedule-to-start did (oz0/jobs/workflow/_values.py SCHEDULE_TO_START), and
+# moves.
 NOT_TAKEN_AFTER = 15.0
 NOT_TAKEN = "AttemptNotTaken"
 # The database unavailable: read again after this long.
