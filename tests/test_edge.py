@@ -4,7 +4,7 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from fixtures.edge_client import NodeKeys
 from fixtures.polling import trio_until
 from fixtures.tls import as_our_client, assert_refused_at_tls
 from oz0 import pki
-from oz0.jobs import store
+from oz0.jobs import parts, store
 from oz0.server.edge import attempts
 from oz0.server.edge.common import Edge
 from oz0.server.edge.metrics import EdgeMetrics
@@ -578,3 +578,52 @@ async def test_a_slow_temporal_call_holds_up_no_other_stream_and_what_is_dropped
     assert edge.attempt_calls.borrowed_tokens == 0
     assert registry.get_sample_value("oz0_edge_attempt_alives_dropped_total") == 2
     assert registry.get_sample_value("oz0_edge_attempt_calls_unavailable_total") == 2
+
+
+@dataclass
+class BatchedEndsEdge:
+    """The parts of an Edge that a streamed part's attempt_done uses: its end written in a
+    batch that takes GATHER to commit (part_ends.py), and no Temporal call left."""
+
+    metrics: EdgeMetrics
+    attempt_calls: trio.CapacityLimiter
+    end_writes: trio.CapacityLimiter
+    recorded: list[parts.Report] = field(default_factory=list)
+
+    @property
+    def part_ends(self) -> BatchedEndsEdge:
+        return self
+
+    async def record(self, report: parts.Report) -> parts.Recorded:
+        self.recorded.append(report)
+        await trio.sleep(0.05)  # the batch's commit
+        return parts.Recorded(parts.STORED, report.job_id, "default")
+
+    def tell(self, recorded: parts.Recorded) -> None:
+        pass
+
+
+async def test_a_fan_outs_ends_at_once_are_all_written_not_refused_for_temporal_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Hundreds of nodes report their streamed parts' ends at once: each is a batched
+    write, so none waits for the edge's few Temporal calls (ATTEMPT_CALLS, here none left)
+    nor is answered `unavailable` to be sent again a second later."""
+    registry = CollectorRegistry()
+    edge = BatchedEndsEdge(
+        EdgeMetrics(registry), trio.CapacityLimiter(1), trio.CapacityLimiter(500)
+    )
+    edge.attempt_calls.acquire_on_behalf_of_nowait(object())  # Temporal busy
+    streams = [StubStream() for _ in range(300)]
+    result = {"exit_code": 0, "ended_because": "exit"}
+    async with trio.open_nursery() as nursery:
+        for n, stream in enumerate(streams):
+            node = attempts.NodeAttempts(
+                cast(Edge, edge), cast(Wire, stream), f"node-{n}", "default", nursery
+            )
+            done = {"type": "attempt_done", "job": "job-0123456789ab", "attempt": n + 1}
+            await node.received({**done, "result": result})
+    acks = [m for s in streams for m in s.sent]
+    assert len(acks) == 300 and all(m["stored"] is True for m in acks), acks[:3]
+    assert len(edge.recorded) == 300 and edge.end_writes.borrowed_tokens == 0
+    assert registry.get_sample_value("oz0_edge_attempt_dones_refused_total") == 0

@@ -30,9 +30,11 @@ to its workflow; the node's liveness is its stream's heartbeats, written in bulk
 
 Every Temporal call has a deadline (CALL_TIMEOUT) and runs in a task of the stream's own:
 the stream goes on reading meanwhile. A stream has one attempt_alive at Temporal at a time
-and DONE_IN_FLIGHT attempt_done; the edge has at most ATTEMPT_CALLS messages there; past
-those, an attempt_alive is dropped (the node sends one every second) and an attempt_done
-answered "unavailable", each counted (EdgeMetrics).
+and DONE_IN_FLIGHT attempt_done; the edge has at most ATTEMPT_CALLS messages there, and
+END_WRITES attempt_done being written (a streamed part's end is a batched write, not a
+Temporal call: a fan-out's hundreds of ends at once are all taken); past those, an
+attempt_alive is dropped (the node sends one every second) and an attempt_done answered
+"unavailable", each counted (EdgeMetrics).
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class NodeAttempts:
         self._nursery.start_soon(self._heartbeat, refs, token)
 
     async def _done(self, done: AttemptDone) -> None:
-        token = self._take_call(self._done_busy < DONE_IN_FLIGHT)
+        token = _take(self._edge.end_writes, self._done_busy < DONE_IN_FLIGHT)
         if token is None:
             self._edge.metrics.attempt_done_refused()
             await self._ack(AttemptRef.of(done), False, "unavailable")
@@ -203,14 +205,7 @@ class NodeAttempts:
 
     def _take_call(self, room_here: bool) -> object | None:
         """A token of the edge's ATTEMPT_CALLS if this stream has room too, else None."""
-        if not room_here:
-            return None
-        token = object()
-        try:
-            self._edge.attempt_calls.acquire_on_behalf_of_nowait(token)
-        except trio.WouldBlock:
-            return None
-        return token
+        return _take(self._edge.attempt_calls, room_here)
 
     async def _heartbeat(self, refs: list[AttemptRef], token: object) -> None:
         stops: list[tuple[AttemptRef, str]] = []
@@ -248,6 +243,8 @@ class NodeAttempts:
                 return
 
     async def _settle(self, done: AttemptDone, token: object) -> None:
+        """DONE written (END_WRITES' TOKEN held), or given to its activity with one of
+        ATTEMPT_CALLS; answered once it is (`unavailable` if neither could take it)."""
         ref = AttemptRef.of(done)
         try:
             reason: str | None = "unavailable"
@@ -256,20 +253,29 @@ class NodeAttempts:
                 # and is streamed, so the common case costs no read of its own.
                 reason = await self._record_end(done)
                 if reason == ACTIVITY:
-                    reason = "unavailable"
-                    if not await self._running([ref], [], cached=False):
-                        reason = "ended"
-                    else:
-                        answer = await self._call(settling(done))
-                        reason = None if answer == "stored" else answer or "unavailable"
+                    reason = await self._settle_activity(done, ref)
             except DatabaseUnavailable:
                 self._edge.metrics.attempt_call_unavailable()
             if reason != "unavailable":
                 self._forget([ref])  # its activity is over, either way
         finally:
             self._done_busy -= 1
-            self._edge.attempt_calls.release_on_behalf_of(token)
+            self._edge.end_writes.release_on_behalf_of(token)
         await self._ack(ref, reason is None, reason)
+
+    async def _settle_activity(self, done: AttemptDone, ref: AttemptRef) -> str | None:
+        """DONE given to its activity, within the edge's ATTEMPT_CALLS."""
+        call = self._take_call(True)
+        if call is None:
+            self._edge.metrics.attempt_done_refused()
+            return "unavailable"
+        try:
+            if not await self._running([ref], [], cached=False):
+                return "ended"
+            answer = await self._call(settling(done))
+            return None if answer == "stored" else answer or "unavailable"
+        finally:
+            self._edge.attempt_calls.release_on_behalf_of(call)
 
     async def _record_end(self, done: AttemptDone) -> str | None:
         """A streamed attempt's end, written (with others) and then told to its workflow:
@@ -413,3 +419,15 @@ def settling(done: AttemptDone) -> Callable[[Client], Awaitable[str]]:
         return "stored"
 
     return make
+
+
+def _take(limiter: trio.CapacityLimiter, room_here: bool) -> object | None:
+    """A token of LIMITER if the stream has room too (ROOM_HERE), else None: never waits."""
+    if not room_here:
+        return None
+    token = object()
+    try:
+        limiter.acquire_on_behalf_of_nowait(token)
+    except trio.WouldBlock:
+        return None
+    return token

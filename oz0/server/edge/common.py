@@ -51,6 +51,10 @@ STATE_READS = 256
 # Nodes' attempt messages (attempts.py) this edge has at Temporal at once; past that, one
 # is dropped (counted): the node says it again within a second.
 ATTEMPT_CALLS = 64
+# Streamed parts' ends (attempts.py, part_ends.py) this edge is writing at once: a batched
+# write each, not a Temporal call, so a fan-out's hundreds of ends at once all go in the
+# next batches rather than most being answered `unavailable` and sent again a second later.
+END_WRITES = 4096
 
 
 def state_reads(db: Database) -> Batches:
@@ -93,6 +97,10 @@ class Edge:
     # Those calls under way, at most ATTEMPT_CALLS (taken and given back by attempts.py).
     attempt_calls: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(ATTEMPT_CALLS)
+    )
+    # The ends of streamed parts being written, at most END_WRITES.
+    end_writes: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(END_WRITES)
     )
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
