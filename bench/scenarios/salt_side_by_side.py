@@ -712,10 +712,25 @@ class SideBySide:
         url = self.files.url.for_database(self.files.url.names.main)
         with psycopg.connect(url, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT j.all_nodes, j.state, count(a.*) FILTER (WHERE a.exit_code = 0)"
+                "SELECT j.all_nodes, j.state, count(a.*) FILTER (WHERE a.exit_code = 0), j.id"
                 " FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id"
                 " WHERE j.created_at >= %s GROUP BY j.id",
                 (since,),
+            ).fetchall()
+            odd = [str(r[3]) for r in rows if (r[2] != nodes if r[0] else r[2] != 1)][:5]
+            # What the odd jobs' attempts were, to tell a part run twice from one missing.
+            attempts = conn.execute(
+                "SELECT job_id, number, node_id, state, ended_because, exit_code, streamed"
+                " FROM job_attempts a WHERE job_id = ANY(%s) AND (exit_code IS DISTINCT FROM 0"
+                " OR (SELECT count(*) FROM job_attempts b WHERE b.job_id = a.job_id"
+                "     AND b.node_id = a.node_id) > 1)"
+                " ORDER BY job_id, node_id, number LIMIT 50",
+                (odd,),
+            ).fetchall()
+            parts = conn.execute(
+                "SELECT job_id, count(*), count(DISTINCT node_id) FROM job_attempts"
+                " WHERE job_id = ANY(%s) GROUP BY job_id",
+                (odd,),
             ).fetchall()
         expected = self.args.rounds * (2 + 2 + 2 * self.args.commands)
         return {
@@ -724,6 +739,15 @@ class SideBySide:
             "states": dict(Counter(str(r[1]) for r in rows)),
             "all_jobs_short_of_nodes": sum(bool(r[0]) and r[2] != nodes for r in rows),
             "one_node_jobs_without_one_success": sum(not r[0] and r[2] != 1 for r in rows),
+            "odd_jobs": [
+                {
+                    "job": j,
+                    "attempts": n,
+                    "nodes": k,
+                    "not_exit_0_or_extra": [list(map(str, a)) for a in attempts if a[0] == j],
+                }
+                for j, n, k in parts
+            ],
         }
 
 
