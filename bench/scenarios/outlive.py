@@ -16,15 +16,32 @@ of .246 (the server that stays up) with the cluster context's operator.
    every job's attempt 1 has printed.
 2. kill: SIGKILL of server .244 (with `--kill-host`, its Temporal host too, as a machine
    that dies; without, the host sees its server gone and stops on its own). Then, polled
-   every 250 ms at most, until each attempt is heartbeated again or RECOVERY_BOUND passes:
-   Temporal's own record of each attempt's activity (`attempt-1`), its pending activity's
-   `last_heartbeat_time` (DescribeWorkflowExecution with a server's credentials, on .246):
-   the first heartbeat after the kill, as Temporal stamped it, minus the kill. That is
-   what the issue asks (the attempts' heartbeats resume, wherever the node reconnected)
-   and what decides whether a job is lost; a node's reconnection alone says nothing of
-   the edge's calls to Temporal, nor of Temporal's shards that the dead host held. It is
-   reported for the nodes that streamed to the killed server and for the others; with
-   each node's reconnection (its status.json, polled every 50 ms) beside it.
+   every 250 ms at most until each attempt is heartbeated again or RECOVERY_BOUND passes,
+   each attempt's heartbeats as recorded where the cluster decides whether its job is
+   lost; where, `job_attempts.streamed` says per attempt (each group of figures counts
+   how many came from each, `paths`):
+   - a streamed part (issue 41: a row sent over its node's control stream, no Temporal
+     activity): its node's row, as the servers' sweepers read it (oz0/jobs/parts.py
+     `silent_parts`): `nodes.last_seen`, which the edges write for every node they heard
+     from once a node heartbeat interval (5 s) and at once when a stream comes up, counted
+     only while the row's `server` is up and is not the server the fault took (a killed
+     one's row still looks up for a few seconds, a drained one writes its last round on
+     its way out). The first such write after the fault, minus the fault: the node heard
+     again. A node the fault spared that was heard at its edge's usual cadence throughout
+     has nothing to resume (its first write after the fault says only when its edge's
+     round came): counted as `heard_throughout`, not as a figure.
+   - an activity (an agent that does not take attempts by stream): Temporal's own record
+     of the attempt's activity (`attempt-1`), its pending activity's `last_heartbeat_time`
+     (DescribeWorkflowExecution with a server's credentials, on .246): the first
+     heartbeat after the kill, as Temporal stamped it, minus the kill; a node's
+     reconnection alone says nothing of the edge's calls to Temporal, nor of Temporal's
+     shards that the dead host held.
+   Either way, a write or heartbeat that ends a silence longer than the path's normal
+   cadence counts instead of the first (one already under way at the fault may land just
+   after it). That is what the issue asks (the attempts' heartbeats resume, wherever the
+   node reconnected). It is reported for the nodes that streamed to the killed server and
+   for the others; with each node's reconnection (its status.json, polled every 50 ms)
+   beside it.
 3. drain: LULL seconds after the kill, SIGTERM of server .245 (a graceful stop: its nodes
    are told to move at once); the same figures, and how long the server took to exit.
 4. finish: every job's end, then for each (through the API): its state, its attempts
@@ -76,6 +93,8 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0.membership import UP_WINDOW
+from oz0.nodes import HEARTBEAT
 from oz0.server.edge.attempts import BEAT_MAX
 from oz0_node.jobs.manager import ALIVE_EVERY
 
@@ -107,6 +126,12 @@ HEARTBEAT_POLL = 0.25
 # after the fault, so that a silence after one already under way at the fault is seen.
 NORMAL_GAP = BEAT_MAX + ALIVE_EVERY + 0.5
 SETTLE = NORMAL_GAP + 1.0
+# A streamed part has no activity: its node is heard from in its row, whose `last_seen`
+# each edge writes for every node heard from once a node heartbeat interval
+# (oz0/server/edge/tracking.py, nodes.HEARTBEAT), and at once when a stream comes up
+# (nodes.control_connect). The same rules with that cadence.
+STREAMED_GAP = HEARTBEAT + 1.0
+STREAMED_SETTLE = STREAMED_GAP + 1.0
 STATUS_POLL = 0.05
 SLOW_RECONNECT = 1.0
 DESCRIBES_AT_ONCE = 16
@@ -195,7 +220,7 @@ def server_ids(files: ClusterFiles) -> dict[str, str]:
     return {str(r[0]): str(r[1]) for r in rows}
 
 
-# --- Temporal's record of the heartbeats ---------------------------------------------------
+# --- each attempt's heartbeats: Temporal's record, or its node's row ------------------------
 
 
 async def last_heartbeat(client: Client, job_id: str, activity_id: str) -> float | str:
@@ -219,6 +244,77 @@ async def last_heartbeat(client: Client, job_id: str, activity_id: str) -> float
     return "gone"
 
 
+# Each attempt 1 of the jobs: whether it is a streamed part (a row sent over its node's
+# stream, issue 41) or a Temporal activity (an agent that does not take attempts by stream).
+ATTEMPT_PATHS = "SELECT job_id, streamed FROM job_attempts WHERE job_id = ANY(%s) AND number = 1"
+# A streamed attempt's node as the servers' sweepers see it (oz0/jobs/parts.py
+# `silent_parts`): its row's `last_seen`, counted only while the row's `server` is up
+# (nodes.CONNECTED's test) and is not one of the EXCLUDED (the server the fault took: a
+# killed one's row still looks up for UP_WINDOW, a drained one writes its round of its
+# nodes on its way out).
+NODES_HEARD = (
+    "SELECT a.job_id, a.state = 'running', extract(epoch FROM n.last_seen)::float,"
+    " n.server IS NOT NULL AND n.server <> ALL(%(excluded)s::text[]) AND EXISTS ("
+    "  SELECT 1 FROM servers s WHERE s.id = n.server AND s.last_heartbeat > now() - %(up)s)"
+    " FROM job_attempts a JOIN nodes n ON n.id = a.node_id"
+    " WHERE a.job_id = ANY(%(jobs)s) AND a.number = 1"
+)
+
+
+@dataclass
+class Rows:
+    """The database, as the streamed attempts' heartbeats are read from it (one connection,
+    opened again after a failure)."""
+
+    url: str
+    conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def query(self, sql: str, params: Any) -> list[tuple[Any, ...]] | None:
+        """The rows; None if the database did not answer within CALL_TIMEOUT."""
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT):
+                if self.conn is None or self.conn.closed:
+                    self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                cursor = await self.conn.execute(sql, params)
+                return await cursor.fetchall()
+        except (psycopg.Error, TimeoutError):
+            await self.close()
+            return None
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self.conn.close()
+            self.conn = None
+
+    async def paths(self, job_ids: list[str]) -> set[str]:
+        """Those of JOB_IDS whose attempt 1 is a streamed part."""
+        rows = await self.query(ATTEMPT_PATHS, (job_ids,))
+        if rows is None:
+            raise Failed("the database did not say which attempts are streamed")
+        missing = sorted(set(job_ids) - {str(r[0]) for r in rows})
+        if missing:
+            raise Failed(f"{len(missing)} jobs have no attempt 1: {missing[:5]}")
+        return {str(r[0]) for r in rows if r[1]}
+
+    async def heard(self, job_ids: list[str], excluded: list[str]) -> dict[str, float | str]:
+        """For each of JOB_IDS (streamed), when a server last heard its node (wall clock, as
+        the database stamped it), as `last_heartbeat` answers for an activity: "none" while
+        its row names no server that is up and not EXCLUDED, "gone" once the part no longer
+        runs (it ended, or was moved), "error" if the database did not answer."""
+        rows = await self.query(
+            NODES_HEARD, {"jobs": job_ids, "excluded": excluded, "up": UP_WINDOW}
+        )
+        if rows is None:
+            return dict.fromkeys(job_ids, "error")
+        found: dict[str, float | str] = dict.fromkeys(job_ids, "gone")
+        for job_id, running, last_seen, counted in rows:
+            if not running:
+                continue
+            found[str(job_id)] = float(last_seen) if counted and last_seen is not None else "none"
+        return found
+
+
 @dataclass
 class Watched:
     """One agent watched through a fault: its attempts, and how it counts as back."""
@@ -232,37 +328,61 @@ class Watched:
     back: Callable[[dict[str, Any]], bool]
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """One attempt through a fault (Recovery.resumed)."""
+
+    after_s: float | None  # from the fault to its heartbeats resumed; None if they did not
+    longest_silence_s: float | None
+    # A streamed attempt on a node the fault spared that was never silent longer than its
+    # edge's usual cadence: there was nothing to resume (the first write after the fault
+    # says only when that edge's round came, 0-5 s later).
+    heard_throughout: bool = False
+
+
 @dataclass
 class Recovery:
     """What one fault did to the heartbeats and streams of the watched agents."""
 
     at: float = 0.0  # the fault, wall clock
     beats: dict[str, list[float]] = field(default_factory=dict)  # job → heartbeats seen
-    gone: list[str] = field(default_factory=list)  # Temporal stopped waiting for them
+    gone: list[str] = field(default_factory=list)  # no longer pending (activity) or running
+    # Jobs whose attempt is a streamed part (heard in its node's row), and the hit nodes'.
+    streamed: set[str] = field(default_factory=set)
+    hit: set[str] = field(default_factory=set)
     reconnect_s: dict[str, float] = field(default_factory=dict)  # agent → back - fault
     exited_s: float | None = None  # the process the fault ended: its exit - fault
     # What an agent slower than SLOW_RECONNECT to come back logged meanwhile.
     slow: dict[str, list[str]] = field(default_factory=dict)
     rounds: list[float] = field(default_factory=list)
-    errors: int = 0
+    errors: int = 0  # Temporal's describe calls that failed
+    database_errors: int = 0  # rounds of the nodes' rows that failed
 
-    def resumed(self, job_id: str) -> tuple[float | None, float | None]:
-        """(From the fault to the heartbeat that ended the attempt's last silence longer
-        than NORMAL_GAP, or to its first heartbeat after the fault if it had none; the
-        longest silence from its last heartbeat before the fault on), None if it had no
-        heartbeat after the fault. A heartbeat already under way at the fault (the node's
-        report was at the server, the server's call at Temporal) may land just after it;
-        the silence that follows is what counts, not that one."""
+    def normal_gap(self, job_id: str) -> float:
+        return STREAMED_GAP if job_id in self.streamed else NORMAL_GAP
+
+    def resumed(self, job_id: str) -> Resumed:
+        """From the fault to the heartbeat that ended the attempt's last silence longer
+        than its normal gap (NORMAL_GAP, or STREAMED_GAP for its node's row), or to its
+        first heartbeat after the fault if it had none; and the longest silence from its
+        last heartbeat before the fault on. A heartbeat already under way at the fault (the
+        node's report was at the server, the server's call at Temporal) may land just after
+        it; the silence that follows is what counts, not that one. A streamed attempt on a
+        spared node with no such silence was heard throughout."""
         times = self.beats.get(job_id, [])
         after = [t for t in times if t > self.at]
         if not after:
-            return None, None
+            return Resumed(None, None)
         before = [t for t in times if t <= self.at]
         run = before[-1:] + after
         gaps = [(b - a, b) for a, b in itertools.pairwise(run)]
-        long = [b for g, b in gaps if g > NORMAL_GAP]
-        resumed = long[-1] if long else after[0]
-        return resumed - self.at, max((g for g, _ in gaps), default=None)
+        longest = max((g for g, _ in gaps), default=None)
+        long = [b for g, b in gaps if g > self.normal_gap(job_id)]
+        if long:
+            return Resumed(long[-1] - self.at, longest)
+        if job_id in self.streamed and job_id not in self.hit and before:
+            return Resumed(None, longest, heard_throughout=True)
+        return Resumed(after[0] - self.at, longest)
 
 
 async def through_fault(
@@ -271,40 +391,85 @@ async def through_fault(
     strike: Callable[[], float],
     bound: float,
     ending: subprocess.Popen[str] | None = None,
+    struck: str | None = None,
 ) -> Recovery:
-    """Each attempt's heartbeats as Temporal records them (one round before STRIKE, which
-    causes the fault and says when), then until each has one more than SETTLE after the
-    fault (or is no longer pending), each agent is back and ENDING (the process the fault
-    ends) has exited, or BOUND seconds passed."""
-    client = await Client.connect(
-        TEMPORAL, namespace=NAMESPACE, tls=server_credentials(files).tls()
-    )
+    """Each attempt's heartbeats (one round before STRIKE, which causes the fault and says
+    when), then until each has one more than its settle time after the fault (or is no
+    longer pending), each agent is back and ENDING (the process the fault ends) has exited,
+    or BOUND seconds passed. A streamed attempt's heartbeats are its node's row, heard
+    through any server that is up but STRUCK (the server the fault took); any other's,
+    Temporal's record of its activity."""
     found = Recovery()
+    rows = Rows(files.url.for_database(files.url.names.main))
+    try:
+        jobs = [j for w in watched for j in w.jobs]
+        found.streamed = await rows.paths(jobs)
+        found.hit = {j for w in watched if w.hit for j in w.jobs}
+        client = None
+        if set(jobs) - found.streamed:
+            client = await Client.connect(
+                TEMPORAL, namespace=NAMESPACE, tls=server_credentials(files).tls()
+            )
+        await watch(found, watched, rows, client, strike, bound, ending, struck)
+    finally:
+        await rows.close()
+    return found
+
+
+async def watch(
+    found: Recovery,
+    watched: list[Watched],
+    rows: Rows,
+    client: Client | None,
+    strike: Callable[[], float],
+    bound: float,
+    ending: subprocess.Popen[str] | None,
+    struck: str | None,
+) -> None:
+    """through_fault's polling, into FOUND."""
     watching = [j for w in watched for j in w.jobs]
     away = {w.name: w for w in watched}
     limit = asyncio.Semaphore(DESCRIBES_AT_ONCE)
+    excluded: list[str] = []  # STRUCK, from the fault on
 
-    async def one(job_id: str) -> None:
-        async with limit:
-            seen = await last_heartbeat(client, job_id, "attempt-1")
-        if seen == "error":
-            found.errors += 1
-        elif seen == "gone":
+    def record(job_id: str, seen: float | str) -> None:
+        if seen == "gone":
             found.gone.append(job_id)
         elif isinstance(seen, float):
             times = found.beats.setdefault(job_id, [])
             if not times or seen > times[-1]:
                 times.append(seen)
 
+    async def activity(job_id: str) -> None:
+        assert client is not None
+        async with limit:
+            seen = await last_heartbeat(client, job_id, "attempt-1")
+        if seen == "error":
+            found.errors += 1
+        record(job_id, seen)
+
+    async def streamed(job_ids: list[str]) -> None:
+        if not job_ids:
+            return
+        heard = await rows.heard(job_ids, excluded)
+        if "error" in heard.values():
+            found.database_errors += 1
+        for job_id, seen in heard.items():
+            record(job_id, seen)
+
     async def round_of_heartbeats() -> None:
         began = time.monotonic()
-        await asyncio.gather(*(one(j) for j in watching))
+        await asyncio.gather(
+            streamed([j for j in watching if j in found.streamed]),
+            *(activity(j) for j in watching if j not in found.streamed),
+        )
         found.rounds.append(time.monotonic() - began)
         await asyncio.sleep(max(0.0, HEARTBEAT_POLL - (time.monotonic() - began)))
 
     def settled(job_id: str) -> bool:
         times = found.beats.get(job_id, [])
-        return job_id in found.gone or bool(times and times[-1] > found.at + SETTLE)
+        settle = STREAMED_SETTLE if job_id in found.streamed else SETTLE
+        return job_id in found.gone or bool(times and times[-1] > found.at + settle)
 
     async def heartbeats(deadline: float) -> None:
         while watching and time.monotonic() < deadline:
@@ -327,9 +492,10 @@ async def through_fault(
 
     await round_of_heartbeats()
     found.at = strike()
+    if struck is not None:
+        excluded.append(struck)
     deadline = time.monotonic() + bound
     await asyncio.gather(heartbeats(deadline), streams(deadline))
-    return found
 
 
 def logged_since(agent: AgentProcess, since: float) -> list[str]:
@@ -342,14 +508,22 @@ def logged_since(agent: AgentProcess, since: float) -> list[str]:
 def recovery_summary(watched: list[Watched], found: Recovery) -> dict[str, Any]:
     def beats(group: list[Watched]) -> dict[str, Any]:
         jobs = [j for w in group for j in w.jobs]
-        resumed = {j: found.resumed(j) for j in jobs}
-        took = [r for r, _ in resumed.values() if r is not None]
+        resumed = [found.resumed(j) for j in jobs]
+        took = [r.after_s for r in resumed if r.after_s is not None]
+        heard = sum(r.heard_throughout for r in resumed)
+        streamed = sum(j in found.streamed for j in jobs)
         return {
             "nodes": len(group),
             "attempts": len(jobs),
+            # Where the figures came from: the node's row (streamed parts) or Temporal's
+            # record of the attempt's activity.
+            "paths": {"streamed": streamed, "activity": len(jobs) - streamed},
             "heartbeats_resumed_ms": percentiles(took),
-            "longest_silence_ms": percentiles([g for _, g in resumed.values() if g is not None]),
-            "not_resumed": len(jobs) - len(took),
+            "longest_silence_ms": percentiles(
+                [r.longest_silence_s for r in resumed if r.longest_silence_s is not None]
+            ),
+            "not_resumed": len(jobs) - len(took) - heard,
+            "heard_throughout": heard,
             f"over_{RESUME_GOAL:g}s": sum(t > RESUME_GOAL for t in took),
         }
 
@@ -360,9 +534,11 @@ def recovery_summary(watched: list[Watched], found: Recovery) -> dict[str, Any]:
         "nodes_spared": beats([w for w in watched if not w.hit]),
         "hit_nodes_reconnected_ms": percentiles(reconnected),
         "hit_nodes_not_reconnected": len(hit) - len(reconnected),
-        "activities_gone": len(found.gone),
+        "activities_gone": sum(j not in found.streamed for j in found.gone),
+        "parts_gone": sum(j in found.streamed for j in found.gone),
         "poll_round_ms": percentiles(found.rounds),
         "describe_errors": found.errors,
+        "database_errors": found.database_errors,
         "slow_reconnects_logged": found.slow,
     }
 
@@ -595,7 +771,9 @@ class Outlive:
             return at
 
         stamp = utc_stamp()
-        found = asyncio.run(through_fault(self.files, watched, strike, RECOVERY_BOUND, process))
+        found = asyncio.run(
+            through_fault(self.files, watched, strike, RECOVERY_BOUND, process, target)
+        )
         self.phases[name] = {
             "signal": sig.name,
             "server": address,
@@ -683,8 +861,10 @@ class Outlive:
                 **summary["nodes_hit"],
                 "reconnected_ms": summary["hit_nodes_reconnected_ms"],
                 "activities_gone": summary["activities_gone"],
+                "parts_gone": summary["parts_gone"],
                 "poll_round_ms": summary["poll_round_ms"],
                 "describe_errors": summary["describe_errors"],
+                "database_errors": summary["database_errors"],
             },
         )
 
