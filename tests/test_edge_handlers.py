@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from fixtures.syntax_trees import parsed
 from oz0.server.edge import control
 from oz0.server.edge.heartbeats import HEARTBEATS
 from oz0_node import commands
@@ -67,7 +68,7 @@ def _sent(package: str, sends: Sends) -> set[str]:
     for path in sorted((ROOT / package).rglob("*.py")):
         if path.name in NOT_CONTROL:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             for arg in sends(node):
                 kind = _kind(path, arg)
                 if kind is not None:

@@ -7,8 +7,9 @@ product's source (lazy ones and those only for type checkers too) without runnin
 from __future__ import annotations
 
 import ast
-import gc
 from pathlib import Path
+
+from fixtures.syntax_trees import parsed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,21 +97,6 @@ def module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
-
-
-def parsed(path: Path) -> ast.Module:
-    """PATH's syntax tree, with no garbage collection while it is built: CPython 3.11 checks
-    that building the tree's Python objects leaves its recursion depth as it found it, and a
-    collection then may run finalizers that other tests of this worker left (a CI run failed
-    once with "AST constructor recursion depth mismatch (before=144, after=197)")."""
-    text = path.read_text(encoding="utf-8")
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return ast.parse(text)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def imports_of(path: Path, module: str) -> list[tuple[int, str]]:

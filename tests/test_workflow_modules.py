@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.syntax_trees import parsed_text
+
 ROOT = Path(__file__).resolve().parent.parent
 # The job workflow's package, every module of it, the end reasons its values carry, and
 # the schedules' workflow.
@@ -34,7 +36,7 @@ REFUSED_CALLS = {
 
 def _problems(source: str) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed_text(source)):
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [
                 a.name for a in node.names
