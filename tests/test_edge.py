@@ -528,6 +528,7 @@ class SlowTemporalEdge:
     metrics: EdgeMetrics
     attempt_calls: trio.CapacityLimiter
     calls: list[str]
+    row_work: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(100))
 
     async def transaction(
         self, work: Callable[..., Any]
@@ -587,7 +588,7 @@ class BatchedEndsEdge:
 
     metrics: EdgeMetrics
     attempt_calls: trio.CapacityLimiter
-    end_writes: trio.CapacityLimiter
+    row_work: trio.CapacityLimiter
     recorded: list[parts.Report] = field(default_factory=list)
 
     @property
@@ -625,5 +626,46 @@ async def test_a_fan_outs_ends_at_once_are_all_written_not_refused_for_temporal_
             await node.received({**done, "result": result})
     acks = [m for s in streams for m in s.sent]
     assert len(acks) == 300 and all(m["stored"] is True for m in acks), acks[:3]
-    assert len(edge.recorded) == 300 and edge.end_writes.borrowed_tokens == 0
+    assert len(edge.recorded) == 300 and edge.row_work.borrowed_tokens == 0
     assert registry.get_sample_value("oz0_edge_attempt_dones_refused_total") == 0
+
+
+@dataclass
+class StreamedRowsEdge:
+    """The parts of an Edge that a streamed part's attempt_alive uses: its row, which says
+    STATE (running until the test cancels its job), and no Temporal room at all."""
+
+    metrics: EdgeMetrics
+    attempt_calls: trio.CapacityLimiter
+    row_work: trio.CapacityLimiter
+    state: str = store.RUNNING
+
+    async def transaction(
+        self, work: Callable[..., Any]
+    ) -> tuple[list[str], dict[str, float], set[tuple[str, int]]]:
+        return [self.state], {}, {("job-0123456789ab", 1)}
+
+
+async def test_a_streamed_parts_alive_is_read_from_its_row_without_temporal_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its attempt_alive is a read of its row: answered with `attempt_stop` once its job is
+    cancelled, though every one of the edge's Temporal calls is taken, and never dropped."""
+    registry = CollectorRegistry()
+    edge = StreamedRowsEdge(EdgeMetrics(registry), trio.CapacityLimiter(1), trio.CapacityLimiter(8))
+    edge.attempt_calls.acquire_on_behalf_of_nowait(object())  # Temporal busy
+    alive = {"type": "attempt_alive", "attempts": [{"job": "job-0123456789ab", "attempt": 1}]}
+    stream = StubStream()
+    async with trio.open_nursery() as nursery:
+        node = attempts.NodeAttempts(
+            cast(Edge, edge), cast(Wire, stream), "node-a", "default", nursery
+        )
+        await node.received(alive)
+        await trio.sleep(attempts.BEAT_MIN)
+        edge.state = store.CANCELLED
+        await node.received(alive)
+        await trio.sleep(0.1)
+    assert stream.sent == [
+        {"type": "attempt_stop", "job": "job-0123456789ab", "attempt": 1, "why": "cancelled"}
+    ]
+    assert registry.get_sample_value("oz0_edge_attempt_alives_dropped_total") == 0

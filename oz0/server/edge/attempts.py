@@ -31,8 +31,9 @@ to its workflow; the node's liveness is its stream's heartbeats, written in bulk
 Every Temporal call has a deadline (CALL_TIMEOUT) and runs in a task of the stream's own:
 the stream goes on reading meanwhile. A stream has one attempt_alive at Temporal at a time
 and DONE_IN_FLIGHT attempt_done; the edge has at most ATTEMPT_CALLS messages there, and
-END_WRITES attempt_done being written (a streamed part's end is a batched write, not a
-Temporal call: a fan-out's hundreds of ends at once are all taken); past those, an
+ROW_WORK answered from rows (a streamed part's end is a batched write and its
+attempt_alive a read, not Temporal calls: a fan-out's hundreds at once are all taken; an
+attempt_alive takes one of ATTEMPT_CALLS only for activities to heartbeat); past those, an
 attempt_alive is dropped (the node sends one every second) and an attempt_done answered
 "unavailable", each counted (EdgeMetrics).
 """
@@ -187,7 +188,7 @@ class NodeAttempts:
         refs = list(dict.fromkeys(AttemptRef.parse(e) for e in entries))
         if not refs:
             return
-        token = self._take_call(not self._alive_busy)
+        token = _take(self._edge.row_work, not self._alive_busy)
         if token is None:
             self._edge.metrics.attempt_alive_dropped()
             return
@@ -195,7 +196,7 @@ class NodeAttempts:
         self._nursery.start_soon(self._heartbeat, refs, token)
 
     async def _done(self, done: AttemptDone) -> None:
-        token = _take(self._edge.end_writes, self._done_busy < DONE_IN_FLIGHT)
+        token = _take(self._edge.row_work, self._done_busy < DONE_IN_FLIGHT)
         if token is None:
             self._edge.metrics.attempt_done_refused()
             await self._ack(AttemptRef.of(done), False, "unavailable")
@@ -221,8 +222,9 @@ class NodeAttempts:
                 ended = len(stops)
                 await self._running(streamed, stops, cached=False)
                 self._forget([ref for ref, _ in stops[ended:]])
-                due = [r for r in due if r not in self._streamed]
-            beats = await self._call(heartbeats(due)) if due else None
+                # Those that ended were forgotten just now: not activities either.
+                due = [r for r in due if r not in streamed]
+            beats = await self._heartbeat_activities(due) if due else None
             if beats is not None:
                 for ref, beat in zip(due, beats, strict=True):
                     if beat in ("running", "cancelled"):
@@ -237,13 +239,27 @@ class NodeAttempts:
             self._edge.metrics.attempt_call_unavailable()
         finally:
             self._alive_busy = False
-            self._edge.attempt_calls.release_on_behalf_of(token)
+            self._edge.row_work.release_on_behalf_of(token)
         for ref, why in stops:
             if not await self._say(STOP, job=ref.job, attempt=ref.number, why=why):
                 return
 
+    async def _heartbeat_activities(self, due: list[AttemptRef]) -> list[str] | None:
+        """DUE's activities heartbeated, within the edge's ATTEMPT_CALLS; None (counted as
+        dropped: the next attempt_alive comes a second later) if it has no room, or if
+        Temporal did not answer."""
+        call = self._take_call(True)
+        if call is None:
+            self._edge.metrics.attempt_alive_dropped()
+            return None
+        try:
+            beats: list[str] | None = await self._call(heartbeats(due))
+            return beats
+        finally:
+            self._edge.attempt_calls.release_on_behalf_of(call)
+
     async def _settle(self, done: AttemptDone, token: object) -> None:
-        """DONE written (END_WRITES' TOKEN held), or given to its activity with one of
+        """DONE written (ROW_WORK' TOKEN held), or given to its activity with one of
         ATTEMPT_CALLS; answered once it is (`unavailable` if neither could take it)."""
         ref = AttemptRef.of(done)
         try:
@@ -260,7 +276,7 @@ class NodeAttempts:
                 self._forget([ref])  # its activity is over, either way
         finally:
             self._done_busy -= 1
-            self._edge.end_writes.release_on_behalf_of(token)
+            self._edge.row_work.release_on_behalf_of(token)
         await self._ack(ref, reason is None, reason)
 
     async def _settle_activity(self, done: AttemptDone, ref: AttemptRef) -> str | None:

@@ -51,10 +51,11 @@ STATE_READS = 256
 # Nodes' attempt messages (attempts.py) this edge has at Temporal at once; past that, one
 # is dropped (counted): the node says it again within a second.
 ATTEMPT_CALLS = 64
-# Streamed parts' ends (attempts.py, part_ends.py) this edge is writing at once: a batched
-# write each, not a Temporal call, so a fan-out's hundreds of ends at once all go in the
-# next batches rather than most being answered `unavailable` and sent again a second later.
-END_WRITES = 4096
+# Nodes' attempt messages this edge answers from rows at once (attempts.py): a streamed
+# part's end, a batched write (part_ends.py), and an attempt_alive's read of the rows. Not
+# Temporal calls: a fan-out's hundreds of ends at once all go in the next batches rather
+# than most being answered `unavailable` and sent again a second later.
+ROW_WORK = 4096
 
 
 def state_reads(db: Database) -> Batches:
@@ -98,10 +99,8 @@ class Edge:
     attempt_calls: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(ATTEMPT_CALLS)
     )
-    # The ends of streamed parts being written, at most END_WRITES.
-    end_writes: trio.CapacityLimiter = field(
-        default_factory=lambda: trio.CapacityLimiter(END_WRITES)
-    )
+    # Those messages being answered from rows, at most ROW_WORK.
+    row_work: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(ROW_WORK))
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)
