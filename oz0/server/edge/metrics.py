@@ -81,7 +81,7 @@ class EdgeMetrics:
         self._dones_refused = Counter(
             "oz0_edge_attempt_dones_refused",
             "attempt_done messages this server's edge answered unavailable at once, having no"
-            " room for them (8 per stream; 64 Temporal calls or 4096 streamed ends being written"
+            " room for them (8 per stream; 64 Temporal calls or 4096 answered from rows"
             " per edge); the node sends them"
             " again.",
             registry=registry,
