@@ -191,7 +191,7 @@ class AttemptDone:
 
     @classmethod
     def parse(cls, message: dict[str, Any]) -> AttemptDone:
-        job, number = _ref(message)
+        job, number = parse_ref(message)
         given = [k for k in ("result", "failure", "cancelled") if k in message]
         if len(given) != 1:
             raise BadAttemptMessage("give one of result, failure or cancelled")
@@ -230,7 +230,7 @@ class AttemptTaken:
 
     @classmethod
     def parse(cls, message: dict[str, Any]) -> AttemptTaken:
-        job, number = _ref(message)
+        job, number = parse_ref(message)
         try:
             taken = Taken(str(message.get("taken")))
         except ValueError:
@@ -289,7 +289,8 @@ class AttemptSent:
         return cls(raw, float(lost_after))
 
 
-def _ref(message: dict[str, Any]) -> tuple[str, int]:
+def parse_ref(message: dict[str, Any]) -> tuple[str, int]:
+    """The job and attempt number a message names ("job", "attempt"), checked."""
     job, number = message.get("job"), message.get("attempt")
     if not is_job_id(job):
         raise BadAttemptMessage("no valid job ID")

@@ -22,7 +22,7 @@ from oz0.jobs import parts, placement, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
-from oz0.jobs.role import _end_overdue, claim_for_start
+from oz0.jobs.role import claim_for_start
 from oz0.jobs.workflow import LOST, STOPPED, PartEnd
 from oz0_common.attempt_messages import AttemptResult, Failure
 
@@ -227,7 +227,7 @@ def test_a_part_running_past_its_timeout_and_margin_without_a_word_ends_timed_ou
     [overdue] = parts.overdue_parts(conn)
     assert (overdue.node_id, overdue.job_id, overdue.number) == (node, late.id, 1)
     with conn.transaction():
-        [told] = _end_overdue(conn, [overdue])
+        [told] = parts.end_overdue(conn, [overdue])
     assert (told.job_id, told.ends) == (late.id, [PartEnd(1, EndReason.TIMEOUT)])
     states = {j.id: store.get(conn, j.id).attempts[0] for j in (late, in_time, endless)}
     assert (states[late.id].state, states[late.id].ended_because) == ("ended", "timeout")
@@ -235,7 +235,7 @@ def test_a_part_running_past_its_timeout_and_margin_without_a_word_ends_timed_ou
     assert parts.overdue_parts(conn) == []
     # The node's own word came first: nothing is written over it.
     with conn.transaction():
-        assert _end_overdue(conn, [overdue]) == []
+        assert parts.end_overdue(conn, [overdue]) == []
 
 
 def test_jobs_of_one_tenant_place_side_by_side_while_one_placing_is_open(

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ from oz0.jobs.workflow import (
 )
 from oz0.store.events import ATTEMPTS
 from oz0_common.attempt_messages import AttemptDone, AttemptResult, EndedBecause, Failure
+
+log = logging.getLogger(__name__)
 
 # A part's end not yet told to its workflow this long after it was recorded: the edge that
 # recorded it did not get the signal through (its server died, Temporal was away).
@@ -320,10 +323,17 @@ def unsignalled_ends(conn: Conn) -> list[Untold]:
         " ORDER BY a.job_id, a.number LIMIT %s",
         (SIGNAL_LATE, MAX_SWEPT),
     ).fetchall()
+    return _by_job(
+        (str(job_id), str(tenant), PartEnd(**{**end, "because": EndReason(end["because"])}))
+        for job_id, tenant, end in rows
+    )
+
+
+def _by_job(ends: Iterable[tuple[str, str, PartEnd]]) -> list[Untold]:
+    """ENDS (job, tenant, end) grouped by job, in the order each job first comes."""
     grouped: dict[str, Untold] = {}
-    for job_id, tenant, end in rows:
-        told = grouped.setdefault(str(job_id), Untold(str(tenant), str(job_id), []))
-        told.ends.append(PartEnd(**{**end, "because": EndReason(end["because"])}))
+    for job_id, tenant, end in ends:
+        grouped.setdefault(job_id, Untold(tenant, job_id, [])).ends.append(end)
     return list(grouped.values())
 
 
@@ -362,3 +372,18 @@ def overdue_parts(conn: Conn) -> list[Report]:
     ).fetchall()
     timed_out = AttemptResult(None, ended_because=EndedBecause.TIMEOUT)
     return [Report(str(r[0]), str(r[1]), int(r[2]), result=timed_out) for r in rows]
+
+
+def end_overdue(conn: Conn, reports: list[Report]) -> list[Untold]:
+    """REPORTS (`overdue_parts`) written as their parts' ends, grouped by job to be told:
+    a part that ended meanwhile is left as it ended."""
+    stored = []
+    for report, recorded in zip(reports, record_ends(conn, reports), strict=True):
+        if recorded.answer != STORED or recorded.end is None:
+            continue
+        log.warning(
+            "job %s: attempt %d on node %s ran past its timeout without a word of its end;"
+            " ended as timed out", report.job_id, report.number, report.node_id,
+        )  # fmt: skip
+        stored.append((report.job_id, str(recorded.tenant), recorded.end))
+    return _by_job(stored)

@@ -242,7 +242,7 @@ class JobsRole:
             )
         )  # fmt: skip
         if overdue:
-            untold += await self.db.transaction(partial(_end_overdue, reports=overdue))
+            untold += await self.db.transaction(partial(parts.end_overdue, reports=overdue))
         for job_id, tenant, number in silent:
             removed = store.Removed(job_id, tenant, number, EndReason.NODE_LOST)
             if await self._tell_temporal(temporal, partial(self._signal_removed, removed)):
@@ -512,19 +512,3 @@ def _mark_started(conn: store.Conn, claimed: list[store.Job], started: list[str]
 
 def _tenants(conn: store.Conn) -> list[str]:
     return [r[0] for r in conn.execute("SELECT name FROM tenants ORDER BY name")]
-
-
-def _end_overdue(conn: store.Conn, reports: list[parts.Report]) -> list[parts.Untold]:
-    """REPORTS (parts.overdue_parts) written as their parts' ends, grouped by job to be
-    told: a part that ended meanwhile is left as it ended."""
-    grouped: dict[str, parts.Untold] = {}
-    for report, recorded in zip(reports, parts.record_ends(conn, reports), strict=True):
-        if recorded.answer != parts.STORED or recorded.end is None:
-            continue
-        log.warning(
-            "job %s: attempt %d on node %s ran past its timeout without a word of its end;"
-            " ended as timed out", report.job_id, report.number, report.node_id,
-        )  # fmt: skip
-        job_id, tenant = str(recorded.job_id), str(recorded.tenant)
-        grouped.setdefault(job_id, parts.Untold(tenant, job_id, [])).ends.append(recorded.end)
-    return list(grouped.values())

@@ -19,6 +19,7 @@ from oz0.jobs.spec_text import (
     ON_LOST,
     parse_share,
 )
+from oz0_common import attempt_messages
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -33,7 +34,6 @@ MAX_RETRIES = 100
 MAX_TIMEOUT = 30 * 24 * 3600.0
 DEFAULT_QUEUE_TIMEOUT = 600.0
 MAX_QUEUE_TIMEOUT = 7 * 24 * 3600.0
-_JOB_ID = re.compile(r"^job-[0-9a-f]{12}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # The agent sets these itself, for each attempt.
 RESERVED_ENV_PREFIX = "OZ0_"
@@ -61,7 +61,7 @@ def new_job_id() -> str:
 
 
 def is_job_id(text: str) -> bool:
-    return _JOB_ID.fullmatch(text) is not None
+    return attempt_messages.is_job_id(text)
 
 
 @dataclass(frozen=True)
