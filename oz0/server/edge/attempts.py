@@ -69,8 +69,7 @@ from oz0_common.attempt_messages import (
     STOP,
     AttemptDone,
     BadAttemptMessage,
-    is_job_id,
-    is_number,
+    parse_ref,
 )
 from oz0_common.attempt_messages import MAX_JOBS as MAX_JOBS_MESSAGE
 
@@ -110,13 +109,7 @@ class AttemptRef:
     def parse(cls, entry: object) -> AttemptRef:
         if not isinstance(entry, dict):
             raise BadAttemptMessage("an attempt is an object with job and attempt")
-        job, number = entry.get("job"), entry.get("attempt")
-        if not is_job_id(job):
-            raise BadAttemptMessage("no valid job ID")
-        if not is_number(number):
-            raise BadAttemptMessage("no valid attempt number")
-        assert isinstance(job, str) and isinstance(number, int)
-        return cls(job, number)
+        return cls(*parse_ref(entry))
 
     @classmethod
     def of(cls, done: AttemptDone) -> AttemptRef:
@@ -192,8 +185,13 @@ class NodeAttempts:
         if token is None:
             self._edge.metrics.attempt_alive_dropped()
             return
+        # One of ATTEMPT_CALLS held from now, as the message comes, for refs that may be
+        # activities (not known to be streamed): taken in the order messages come, not in
+        # the order their reads end. None: taken when activities turn out due, if there
+        # is room then.
+        call = self._take_call(any(r not in self._streamed for r in refs))
         self._alive_busy = True
-        self._nursery.start_soon(self._heartbeat, refs, token)
+        self._nursery.start_soon(self._heartbeat, refs, token, call)
 
     async def _done(self, done: AttemptDone) -> None:
         token = _take(self._edge.row_work, self._done_busy < DONE_IN_FLIGHT)
@@ -208,7 +206,7 @@ class NodeAttempts:
         """A token of the edge's ATTEMPT_CALLS if this stream has room too, else None."""
         return _take(self._edge.attempt_calls, room_here)
 
-    async def _heartbeat(self, refs: list[AttemptRef], token: object) -> None:
+    async def _heartbeat(self, refs: list[AttemptRef], token: object, call: object | None) -> None:
         stops: list[tuple[AttemptRef, str]] = []
         try:
             running = await self._running(refs, stops, cached=True)
@@ -224,7 +222,11 @@ class NodeAttempts:
                 self._forget([ref for ref, _ in stops[ended:]])
                 # Those that ended were forgotten just now: not activities either.
                 due = [r for r in due if r not in streamed]
-            beats = await self._heartbeat_activities(due) if due else None
+            if due and call is None:
+                call = self._take_call(True)
+                if call is None:  # counted; the next attempt_alive comes a second later
+                    self._edge.metrics.attempt_alive_dropped()
+            beats = await self._call(heartbeats(due)) if due and call is not None else None
             if beats is not None:
                 for ref, beat in zip(due, beats, strict=True):
                     if beat in ("running", "cancelled"):
@@ -240,23 +242,11 @@ class NodeAttempts:
         finally:
             self._alive_busy = False
             self._edge.row_work.release_on_behalf_of(token)
+            if call is not None:
+                self._edge.attempt_calls.release_on_behalf_of(call)
         for ref, why in stops:
             if not await self._say(STOP, job=ref.job, attempt=ref.number, why=why):
                 return
-
-    async def _heartbeat_activities(self, due: list[AttemptRef]) -> list[str] | None:
-        """DUE's activities heartbeated, within the edge's ATTEMPT_CALLS; None (counted as
-        dropped: the next attempt_alive comes a second later) if it has no room, or if
-        Temporal did not answer."""
-        call = self._take_call(True)
-        if call is None:
-            self._edge.metrics.attempt_alive_dropped()
-            return None
-        try:
-            beats: list[str] | None = await self._call(heartbeats(due))
-            return beats
-        finally:
-            self._edge.attempt_calls.release_on_behalf_of(call)
 
     async def _settle(self, done: AttemptDone, token: object) -> None:
         """DONE written (ROW_WORK' TOKEN held), or given to its activity with one of
