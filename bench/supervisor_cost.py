@@ -1,5 +1,5 @@
 """What one attempt's supervisor costs on the node (issue 31): CPU and wall time of
-`supervisor.launch` for `true`, with the isolation the agent uses by default.
+`supervisor_client.launch` for `true`, with the isolation the agent uses by default.
 
     python -m bench.supervisor_cost [--attempts N] [--parallel K] [--no-launcher]
 
@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from oz0_node.jobs import procfs
+from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.launcher import Launcher
-from oz0_node.jobs.supervisor import Supervised, SupervisedSpec, launch, stop_all
+from oz0_node.jobs.supervisor_client import Supervised, launch, stop_all
 
 PR_SET_CHILD_SUBREAPER = 36
 NODE_ID = "node-5c0e0000b0b0"

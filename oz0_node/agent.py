@@ -23,7 +23,7 @@ from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
-from oz0_node.jobs import supervisor
+from oz0_node.jobs import supervisor_client
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
 from oz0_node.jobs.manager import STOP_WITHIN, AttemptManager
@@ -234,8 +234,8 @@ async def _stop_runtimes_and_plugins(runtimes: Runtimes, data_dir: Path) -> None
     """
     await runtimes.stop_all()
     await runtimes.end_attempts("the node is purged")
-    if supervisor.find_all(data_dir):  # what a dead supervisor left, and any stragglers
-        await trio.to_thread.run_sync(supervisor.stop_all, data_dir, STOP_WITHIN)
+    if supervisor_client.find_all(data_dir):  # what a dead supervisor left, and any stragglers
+        await trio.to_thread.run_sync(supervisor_client.stop_all, data_dir, STOP_WITHIN)
 
 
 def _ignored_join_options(options: StartOptions) -> bool:

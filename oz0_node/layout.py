@@ -5,7 +5,8 @@
     plugins/    executables run alongside the runtime (plugins.py)
     tools/      helper programs, first on PATH for plugins (and for jobs run as the agent's user)
     logs/       the plugins' output
-    attempts/   one directory per job attempt, kept by its supervisor (jobs/supervisor.py)
+    attempts/   one directory per job attempt, kept by its supervisor (jobs/supervisor.py;
+                its files: jobs/attempt_files.py)
     status.json, agent.lock, purge-nonces, attempts-run, created-parents, attempts.json: the
     agent's own
 

@@ -33,6 +33,7 @@ from oz0_common.attempt_messages import (
 from oz0_node.commands import HANDLERS as NODE_HANDLERS
 from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import ATTEMPT_REFUSED, NODE_STOPPING
+from oz0_node.jobs.attempt_files import AttemptStatus
 
 JOB = "job-0123456789ab"
 NODE = "node-0123456789ab"
@@ -110,9 +111,9 @@ def test_a_result_from_an_agent_before_it_was_typed_reads_as_it_did() -> None:
 
 
 def test_what_the_node_writes_as_a_status_the_edge_reads_as_the_part_end() -> None:
-    """The supervisor's status file (supervisor._status), reported as the manager does
-    (AttemptResult.parse of it), read by the edge (AttemptDone.parse) into the part's end
-    its workflow gets (parts.part_end)."""
+    """The supervisor's status file (supervisor._status), read by the manager
+    (AttemptStatus.decode) and reported as it does (its result), read by the edge
+    (AttemptDone.parse) into the part's end its workflow gets (parts.part_end)."""
 
     class Output:
         output_bytes, truncated = 12, False
@@ -123,8 +124,8 @@ def test_what_the_node_writes_as_a_status_the_edge_reads_as_the_part_end() -> No
         (EndedBecause.TIMEOUT, None, 15, ("timeout", None)),
     ]:
         status = supervisor._status(code, sig, because, cast(Any, Output()), {"cpu_max": 1})
-        written = json.loads(json.dumps(status))  # through the status file
-        wire = AttemptDone(JOB, 1, result=AttemptResult.parse(written)).to_wire()
+        written = AttemptStatus.decode(status.encode())  # through the status file
+        wire = AttemptDone(JOB, 1, result=written.result).to_wire()
         done = AttemptDone.parse(json.loads(json.dumps(wire)))
         end, applied = parts.part_end(parts.Report.of(NODE, done), EndReason.NODE_LOST)
         assert (end.because, end.exit_code, applied) == (*expected, {"cpu_max": 1})

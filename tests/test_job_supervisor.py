@@ -1,5 +1,6 @@
-"""The per-attempt supervisor (oz0_node/jobs/supervisor.py): real supervisors running real
-commands as the job user, in real cgroups (this machine's v2 hierarchy at
+"""The per-attempt supervisor (oz0_node/jobs/supervisor.py, the agent's handle on it
+supervisor_client.py, and the files they share attempt_files.py): real supervisors running
+real commands as the job user, in real cgroups (this machine's v2 hierarchy at
 /sys/fs/cgroup/unified) or followed as their subreaper; the "agent" that launches them is
 this test process, or a child Python process that is then killed. Starts no server and
 binds no address."""
@@ -21,26 +22,24 @@ from pathlib import Path
 
 import pytest
 
+from oz0_common.attempt_messages import AttemptResult, EndedBecause
+from oz0_node.jobs import attempt_files, procfs
 from oz0_node.jobs import launcher as launcher_module
-from oz0_node.jobs import procfs
-from oz0_node.jobs import supervisor as supervisor_module
-from oz0_node.jobs.isolation import Isolation, Limits
-from oz0_node.jobs.job_user import DEFAULT_JOB_USER
-from oz0_node.jobs.launcher import Launcher
-from oz0_node.jobs.process import KILL_GRACE
-from oz0_node.jobs.supervisor import (
+from oz0_node.jobs.attempt_files import (
     OUTPUT_CAP,
     PID_FILE,
     RECORD_DATA,
     TRACKING_FILE,
+    AttemptStatus,
     OutputRecord,
-    Supervised,
     SupervisedSpec,
     attempts_root,
-    find_all,
-    launch,
-    stop_all,
 )
+from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.job_user import DEFAULT_JOB_USER
+from oz0_node.jobs.launcher import Launcher
+from oz0_node.jobs.process import KILL_GRACE
+from oz0_node.jobs.supervisor_client import Supervised, find_all, launch, stop_all
 from oz0_node.jobs.tracking import CGROUP_V2, SCAN_EVERY, SUBREAPER
 
 NODE_ID = "node-5c0e0000beef"
@@ -82,13 +81,13 @@ def spec_of(
     )
 
 
-def wait_status(supervised: Supervised, within: float = ENDS_WITHIN) -> dict[str, object]:
+def wait_status(supervised: Supervised, within: float = ENDS_WITHIN) -> AttemptResult:
     deadline = time.monotonic() + within
     while (status := supervised.status()) is None:
         assert time.monotonic() < deadline, f"{supervised.dir.name}: no status in {within} s"
         time.sleep(0.05)
     assert wait_until(lambda: not supervised.alive(), 5.0), "it runs on after its status"
-    return status
+    return status.result
 
 
 def wait_until(check: object, within: float) -> bool:
@@ -170,8 +169,10 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
     )
     assert supervised.dir == attempts_root(data_dir) / f"{JOB}-1"
     assert (supervised.job_id, supervised.attempt) == (JOB, 1)
-    status = wait_status(supervised)
-    assert status == {
+    wait_status(supervised)
+    written = json.loads((supervised.dir / "status.json").read_bytes())
+    assert written == {
+        "version": 2,
         "exit_code": 3,
         "signal": None,
         "ended_because": "exit",
@@ -185,6 +186,9 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
         # The supervisor's own word; the agent says whether it lost output of it.
         "output_complete": True,
     }
+    assert supervised.status() == AttemptStatus(AttemptResult(
+        3, None, EndedBecause.EXIT, len("one\ntwo\nthree\n64\n"), False, written["applied"]
+    ))  # fmt: skip
     records = all_output(supervised)
     assert [(r.stream, r.data) for r in records] == [
         ("stdout", b"one\n"),
@@ -216,7 +220,7 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
 def test_a_command_that_cannot_start_has_a_status_and_a_line_on_stderr(data_dir: Path) -> None:
     supervised = launch(data_dir, spec_of("/no/such/program"), isolation_for(data_dir, CGROUP_V2))
     status = wait_status(supervised)
-    assert status["exit_code"] == 127 and status["ended_because"] == "exit"
+    assert status.exit_code == 127 and status.ended_because == "exit"
     assert text(supervised, "stderr").startswith("oz0-node: cannot run '/no/such/program'")
     assert no_cgroup_left()
 
@@ -227,8 +231,8 @@ def test_output_past_the_cap_is_marked_once_then_dropped_and_the_command_does_no
     command = f"head -c {3 * OUTPUT_CAP} /dev/zero; echo done >&2"
     supervised = launch(data_dir, spec_of("sh", "-c", command), isolation_for(data_dir, CGROUP_V2))
     status = wait_status(supervised)
-    assert status["exit_code"] == 0, text(supervised, "stderr")
-    assert status["output_bytes"] == OUTPUT_CAP and status["truncated"] is True
+    assert status.exit_code == 0, text(supervised, "stderr")
+    assert status.output_bytes == OUTPUT_CAP and status.truncated is True
     records = all_output(supervised)
     assert all(len(r.data) <= RECORD_DATA for r in records)
     assert sum(len(r.data) for r in records) == OUTPUT_CAP
@@ -282,7 +286,8 @@ import sys, time
 from pathlib import Path
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.launcher import Launcher
-from oz0_node.jobs.supervisor import SupervisedSpec, launch
+from oz0_node.jobs.attempt_files import SupervisedSpec
+from oz0_node.jobs.supervisor_client import launch
 
 data = Path(sys.argv[1])
 isolation = Isolation.detect(data, tracking=sys.argv[2], supervised=True)
@@ -351,7 +356,8 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
     # A new agent (another process) finds it.
     found = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from pathlib import Path; from oz0_node.jobs.supervisor import find_all; "
+         "import sys; from pathlib import Path; "
+         "from oz0_node.jobs.supervisor_client import find_all; "
          "print([(s.job_id, s.attempt, s.alive()) for s in find_all(Path(sys.argv[1]))])",
          str(data_dir)],
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -359,7 +365,7 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
     assert found.stdout.strip() == f"[('{JOB}', 1, True)]"
     flag.unlink()
     status = wait_status(supervised)
-    assert (status["exit_code"], status["ended_because"]) == (7, "exit")
+    assert (status.exit_code, status.ended_because) == (7, "exit")
     assert text(supervised) == f"{command}\nlast\n"
     assert gone(command) and no_cgroup_left()
 
@@ -384,8 +390,8 @@ def test_stop_sends_sigterm_then_kills_after_the_grace_and_leaves_nothing(
     supervised.stop()
     status = wait_status(supervised)
     assert time.monotonic() - started >= KILL_GRACE - 0.5, "killed before its grace"
-    assert status["ended_because"] == "stopped"
-    assert (status["exit_code"], status["signal"]) == (None, signal.SIGKILL)
+    assert status.ended_because == "stopped"
+    assert (status.exit_code, status.signal) == (None, signal.SIGKILL)
     assert "term" in text(supervised).splitlines()
     assert gone(int(shell)) and not cgroup.exists() and no_cgroup_left()
     assert not Path(workdir).exists()
@@ -409,7 +415,7 @@ def test_stop_works_for_a_supervisor_launched_from_a_thread_that_blocks_sigterm(
     (supervised,) = launched
     supervised.stop()
     status = wait_status(supervised, 5.0)
-    assert (status["ended_because"], status["signal"]) == ("stopped", signal.SIGTERM)
+    assert (status.ended_because, status.signal) == ("stopped", signal.SIGTERM)
 
 
 def test_a_timeout_ends_the_command_and_says_so(data_dir: Path) -> None:
@@ -417,8 +423,8 @@ def test_a_timeout_ends_the_command_and_says_so(data_dir: Path) -> None:
         data_dir, spec_of("sleep", "600", timeout=0.5), isolation_for(data_dir, CGROUP_V2)
     )
     status = wait_status(supervised)
-    assert status["ended_because"] == "timeout"
-    assert (status["exit_code"], status["signal"]) == (None, signal.SIGTERM)
+    assert status.ended_because == "timeout"
+    assert (status.exit_code, status.signal) == (None, signal.SIGTERM)
 
 
 @pytest.mark.parametrize("tracking", TRACKINGS)
@@ -429,8 +435,8 @@ def test_what_a_command_left_double_forked_or_setsid_ends_with_its_attempt(
         data_dir, spec_of("sh", "-c", LEAVE_BEHIND), isolation_for(data_dir, tracking)
     )
     status = wait_status(supervised)
-    assert status["exit_code"] == 0, text(supervised, "stderr")
-    assert status["applied"] == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    assert status.exit_code == 0, text(supervised, "stderr")
+    assert status.applied == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
     left = [int(n) for n in text(supervised).split()]
     pids.extend(left)
     assert len(left) == 3
@@ -573,7 +579,7 @@ def test_a_first_process_forked_after_launch_gave_up_starts_nothing(
     attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     isolation = isolation_for(data_dir, CGROUP_V2)
-    handover = supervisor_module._handover(spec_of("sh", "-c", RUNS_ON), isolation, directory, lock)
+    handover = attempt_files.handover(spec_of("sh", "-c", RUNS_ON), isolation, directory, lock)
     if gave_up == "ready pipe closed":
         os.close(ready_r)
         # Even with the attempt in its pipe, a child that could not say FORKED starts nothing.

@@ -42,7 +42,7 @@ from oz0.jobs import store
 from oz0.jobs import workflow as wf
 from oz0.jobs.spec import JobSpec
 from oz0.jobs.workflow import JobInput, JobWorkflow, _attempts
-from oz0_node.jobs import supervisor
+from oz0_node.jobs import attempt_files
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner, create_token
 from tests.test_jobs_e2e import output_of, wait_job
@@ -340,7 +340,7 @@ def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_re
     check_scheduled_the_old_way(old_workflows.history(long.id))
     assert f"job {long.id} attempt 1: cancelled; ending it" in agent.log()
     # Nothing of any of them is left on the node.
-    root = supervisor.attempts_root(agent.data_dir)
+    root = attempt_files.attempts_root(agent.data_dir)
     deadline = time.monotonic() + GONE_BOUND
     while list(root.iterdir()):
         assert time.monotonic() < deadline, list(root.iterdir())
@@ -372,7 +372,7 @@ def test_a_held_attempt_is_ended_by_the_next_agent_and_the_job_moves_on(
     agents.append(restarted)
     # Nobody can complete its activity any more: the new agent ends it rather than relay it.
     assert pid_gone(pid, GONE_BOUND), "the next agent left the held attempt running"
-    attempt_dir = supervisor.attempts_root(agent.data_dir) / f"{job.id}-1"
+    attempt_dir = attempt_files.attempts_root(agent.data_dir) / f"{job.id}-1"
     deadline = time.monotonic() + GONE_BOUND
     while attempt_dir.exists():
         assert time.monotonic() < deadline, restarted.log()

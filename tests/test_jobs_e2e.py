@@ -48,7 +48,7 @@ from oz0.context import Context
 from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
 from oz0_node.identity import IdentityDir
-from oz0_node.jobs import supervisor
+from oz0_node.jobs import attempt_files
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
@@ -335,12 +335,12 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
         if action == "kill":
             # The agent died, the attempt's supervisor did not: the command runs to its end
             # (and what it left is ended with it, as ever) with no agent to see it.
-            attempt_dir = supervisor.attempts_root(agent.data_dir) / f"{job_id}-1"
+            attempt_dir = attempt_files.attempts_root(agent.data_dir) / f"{job_id}-1"
             deadline = time.monotonic() + 10
-            while not (attempt_dir / supervisor.STATUS_FILE).exists():
+            while not (attempt_dir / attempt_files.STATUS_FILE).exists():
                 assert time.monotonic() < deadline, "the kill -9 of the agent ended its command"
                 time.sleep(0.1)
-            status = json.loads((attempt_dir / supervisor.STATUS_FILE).read_text())
+            status = json.loads((attempt_dir / attempt_files.STATUS_FILE).read_text())
             assert (status["ended_because"], status["exit_code"]) == ("exit", 0), status
             assert pid_gone(left, GONE_BOUND), "what the attempt left outlived it"
         took[action] = moved(files, job_id, bound)

@@ -22,6 +22,7 @@ import pwd
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import tempfile
 import threading
@@ -54,13 +55,15 @@ from fixtures.node_attempts import (
     until,
 )
 from oz0 import pki
+from oz0_common.attempt_messages import AttemptResult, EndedBecause
 from oz0_node import agent
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt as attempt_module
+from oz0_node.jobs import attempt_files, supervisor_client
 from oz0_node.jobs import manager as manager_module
-from oz0_node.jobs import supervisor
 from oz0_node.jobs.attempt import ACTIVITY, attempt_activity, given_again, hand_over
+from oz0_node.jobs.attempt_files import OUTPUT_CAP, SupervisedSpec
 from oz0_node.jobs.edge_link import OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
@@ -69,7 +72,6 @@ from oz0_node.jobs.launcher import BOOT as LAUNCHER_BOOT
 from oz0_node.jobs.manager import MESSAGE_DATA, NODE_FAULT, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.procfs import read_stat
-from oz0_node.jobs.supervisor import OUTPUT_CAP, SupervisedSpec
 from oz0_node.jobs.tracking import CGROUP_V2, SUBREAPER
 from oz0_node.runtime import NodeRuntime, RuntimeSettings
 
@@ -148,7 +150,7 @@ def workdirs(attempt: int = 1) -> list[Path]:
 
 def forked_by_launcher(pid: int) -> bool:
     """Whether PID is a fork of a supervisor launcher (its command line), not a fresh
-    `python -c supervisor.BOOT`."""
+    `python -c supervisor_client.BOOT`."""
     return LAUNCHER_BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
@@ -201,7 +203,7 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
     assert all(m["job"] == JOB and m["attempt"] == 1 for m in edge.messages())
     assert [m["seq"] for m in edge.messages()] == list(range(len(edge.messages())))
     assert attempt_module.ACTIVITY == ACTIVITY == "oz0.job.attempt"
-    assert not list(supervisor.attempts_root(tmp_path).iterdir()), "its directory is removed"
+    assert not list(attempt_files.attempts_root(tmp_path).iterdir()), "its directory is removed"
 
 
 def test_a_command_killed_by_a_signal_reports_128_plus_it(tmp_path: Path) -> None:
@@ -320,7 +322,7 @@ def test_a_malformed_attempt_is_refused_for_good_and_makes_no_directory(tmp_path
             handed(bad, data_dir)
         assert raised.value.type == "BadAttempt" and raised.value.non_retryable
         assert not workdirs()
-        assert not supervisor.find_all(data_dir)
+        assert not supervisor_client.find_all(data_dir)
 
 
 # --- the grant: only what the cluster signed, for this node, now, once -------------------
@@ -377,7 +379,7 @@ def test_an_attempt_the_cluster_did_not_sign_for_this_node_is_refused_reported_a
         assert why in fields["reason"], case
         assert edge.sent == [] and edge.done == [], case
     assert not marker.exists(), "nothing ran"
-    assert not supervisor.find_all(node), "no directory was made"
+    assert not supervisor_client.find_all(node), "no directory was made"
 
 
 def test_an_attempt_is_run_once_a_replay_of_it_is_refused(tmp_path: Path) -> None:
@@ -607,8 +609,8 @@ def test_a_new_agent_carries_on_where_the_last_left_off_and_the_command_never_no
             launcher = manager.launcher.pid
             await hand(manager, spec("sh", "-c", script))
             await until(lambda: bool(first.sent))
-            [found] = supervisor.find_all(tmp_path)
-            meta = json.loads((found.dir / supervisor.PID_FILE).read_text())
+            [found] = supervisor_client.find_all(tmp_path)
+            meta = json.loads((found.dir / attempt_files.PID_FILE).read_text())
             # Forked by the agent's launcher, which goes with its agent.
             assert launcher is not None and forked_by_launcher(int(meta["pid"]))
         assert gone(launcher)
@@ -629,6 +631,61 @@ def test_a_new_agent_carries_on_where_the_last_left_off_and_the_command_never_no
     assert done["result"]["exit_code"] == 0
 
 
+# An ended attempt's directory as the release before attempt_files.py left it (04c3a31:
+# supervisor.py's main and _status, isolation.AttemptRecord, manager.py's attempt.json and
+# relay.json), byte for byte; its agent had relayed the first record. The status of the
+# releases before e725849 had no output_complete.
+OLD_OUTPUT = struct.pack(">BI", 1, 4) + b"one\n" + struct.pack(">BI", 2, 4) + b"two\n"
+OLD_APPLIED = '{"user": "oz0-job", "tracking": "cgroup v2", "limits": {}}'
+OLD_STATUS = (
+    '{"exit_code": 3, "signal": null, "ended_because": "exit", "output_bytes": 8, '
+    f'"truncated": false, "applied": {OLD_APPLIED}, "output_complete": true}}\n'
+)
+OLDER_STATUS = (
+    '{"exit_code": 3, "signal": null, "ended_because": "exit", "output_bytes": 8, '
+    f'"truncated": false, "applied": {OLD_APPLIED}}}\n'
+)
+
+
+@pytest.mark.parametrize("status", [OLD_STATUS, OLDER_STATUS], ids=["04c3a31", "before e725849"])
+def test_an_attempt_directory_an_older_agent_left_is_read_relayed_and_reported(
+    status: str, tmp_path: Path
+) -> None:
+    directory = attempt_files.attempts_root(tmp_path) / f"{JOB}-1"
+    directory.mkdir(mode=0o700, parents=True)
+    files = {
+        "lock": b"",
+        "supervisor.json": b'{"pid": 4194000, "start_time": 12345}',
+        "supervisor.log": b"2026-12-06 06:49:56,000 INFO job job-00000000abcd attempt 1: ...\n",
+        "output": OLD_OUTPUT,
+        "tracking.json": b'{\n "agent_pid": 4194000,\n "attempts": {}\n}\n',
+        "status.json": status.encode(),
+        "attempt.json": b'{"lost_after": 15.0}',
+        "relay.json": b'{"seq": 1, "offset": 9, "inflight": null}',
+    }
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    [found] = supervisor_client.find_all(tmp_path)
+    read = found.status()
+    assert read is not None and read.version == 1
+    assert read.result == AttemptResult(
+        3, None, EndedBecause.EXIT, 8, False, json.loads(OLD_APPLIED), output_complete=True
+    )
+    assert not found.alive()
+    edge = FakeEdge()
+
+    async def main() -> None:
+        async with node_manager(tmp_path, edge) as manager:
+            await until(lambda: not len(manager))
+
+    trio.run(main)
+    assert [(m["seq"], m["stream"]) for m in edge.messages()] == [(1, "stderr")]
+    assert edge.text("stderr") == "two\n"
+    [done] = edge.done
+    assert done["result"] == json.loads(OLD_STATUS)
+    assert not directory.exists(), "removed once reported"
+
+
 def test_a_supervisor_killed_is_reported_and_what_it_left_is_ended(
     tmp_path: Path, pids: list[int]
 ) -> None:
@@ -638,8 +695,8 @@ def test_a_supervisor_killed_is_reported_and_what_it_left_is_ended(
         async with node_manager(tmp_path, edge) as manager:
             await hand(manager, spec("sh", "-c", "echo $$; exec sleep 60"))
             await until(lambda: bool(edge.sent))
-            [found] = supervisor.find_all(tmp_path)
-            meta = json.loads((found.dir / supervisor.PID_FILE).read_text())
+            [found] = supervisor_client.find_all(tmp_path)
+            meta = json.loads((found.dir / attempt_files.PID_FILE).read_text())
             os.kill(int(meta["pid"]), signal.SIGKILL)
             await edge.reported.wait()
 
@@ -663,9 +720,9 @@ def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_ca
             printed_pids(edge, pids)  # (the fake edge keys output by seq alone)
             await hand(manager, spec("sh", "-c", "sleep 1; echo second", attempt=2))
             # A record of no stream this node knows at the end of the first's output file.
-            [damaged] = [s for s in supervisor.find_all(tmp_path) if s.attempt == 1]
-            with (damaged.dir / supervisor.OUTPUT_FILE).open("ab") as f:
-                f.write(supervisor.HEADER.pack(9, 1) + b"x")
+            [damaged] = [s for s in supervisor_client.find_all(tmp_path) if s.attempt == 1]
+            with (damaged.dir / attempt_files.OUTPUT_FILE).open("ab") as f:
+                f.write(attempt_files.HEADER.pack(9, 1) + b"x")
             await until(lambda: len(edge.done) == 2)
             await until(lambda: not len(manager))
 
@@ -676,7 +733,7 @@ def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_ca
     assert second["result"]["exit_code"] == 0
     (pid,) = pids
     assert gone(pid)
-    assert not workdirs(1) and not supervisor.find_all(tmp_path)
+    assert not workdirs(1) and not supervisor_client.find_all(tmp_path)
 
 
 def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
@@ -684,15 +741,15 @@ def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
 ) -> None:
     # A launch slowed down (as on a loaded machine) so that the block comes during it.
     launching, launched = threading.Event(), threading.Event()
-    real_launch = supervisor.launch
+    real_launch = supervisor_client.launch
 
-    def slow_launch(*args: Any) -> supervisor.Supervised:
+    def slow_launch(*args: Any) -> supervisor_client.Supervised:
         launching.set()
-        supervised = real_launch(*args)
+        handle = real_launch(*args)
         launched.wait(10)
-        return supervised
+        return handle
 
-    monkeypatch.setattr(supervisor, "launch", slow_launch)
+    monkeypatch.setattr(supervisor_client, "launch", slow_launch)
     edge = FakeEdge()
 
     async def main() -> None:
@@ -713,7 +770,7 @@ def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
 
     trio.run(main)
     assert all(gone(pid) for pid in printed_pids(edge, pids))
-    assert edge.done == [] and not supervisor.find_all(tmp_path)
+    assert edge.done == [] and not supervisor_client.find_all(tmp_path)
 
 
 def test_a_node_no_server_heard_from_for_its_lost_after_ends_the_attempt_unreported(
@@ -1065,7 +1122,7 @@ async def held_attempt(
             )
             await until(lambda: bool(runtimes) and bool(runtimes[0].outcomes))
             # Whatever the manager would still say about it, said by now.
-            await until(lambda: not supervisor.find_all(data))
+            await until(lambda: not supervisor_client.find_all(data))
             await trio.sleep(1.5)
             nursery.cancel_scope.cancel()
     return runtimes[0], node_id

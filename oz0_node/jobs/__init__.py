@@ -2,11 +2,13 @@
 manager that follows them across control streams and agent restarts.
 
 attempt.py takes one attempt, once grants.py has checked that the cluster signed it for
-this node, now, once, and hands it to manager.py, which starts its supervisor
-(supervisor.py: a process of its own that owns the command, its output file and its exit
-status); isolation.py says where, as whom (job_user.py) and with what limits it runs, and
-tracking.py follows and ends all of its processes (a cgroup, or the supervisor as their
-subreaper; procfs.py reads /proc); process.py starts the command and ends it. The manager
+this node, now, once, and hands it to manager.py, which starts its supervisor through
+supervisor_client.py (the agent's handle on it; launcher.py forks it): supervisor.py is
+that process of its own, which owns the command, its output file and its exit status,
+and attempt_files.py holds what the two exchange. isolation.py says where, as whom
+(job_user.py) and with what limits it runs, and tracking.py follows and ends all of its
+processes (a cgroup, or the supervisor as their subreaper; procfs.py reads /proc);
+process.py ends them. The manager
 relays output and results to the edge over whichever control stream is up (edge_link.py).
 The protocol is in docs/node-protocol.md, "Jobs".
 
@@ -22,15 +24,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from oz0_node.jobs.attempt import ACTIVITY, attempt_activity
+    from oz0_node.jobs.attempt_files import OUTPUT_CAP
     from oz0_node.jobs.edge_link import EdgeLink
     from oz0_node.jobs.process import KILL_GRACE
-    from oz0_node.jobs.supervisor import OUTPUT_CAP
 
 _WHERE = {
     "ACTIVITY": "attempt",
     "attempt_activity": "attempt",
     "EdgeLink": "edge_link",
-    "OUTPUT_CAP": "supervisor",
+    "OUTPUT_CAP": "attempt_files",
     "KILL_GRACE": "process",
 }
 

@@ -51,11 +51,11 @@ from oz0_common import certs, sealed_env
 from oz0_common.attempt_heartbeat import HEARD
 from oz0_common.attempt_messages import DEFAULT_LOST_AFTER, JOB_ID
 from oz0_node.identity import IdentityDir
+from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
 from oz0_node.jobs.isolation import Limits, parse_limits
 from oz0_node.jobs.process import KILL_GRACE
-from oz0_node.jobs.supervisor import SupervisedSpec
 from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)

@@ -42,10 +42,10 @@ from oz0_node.jobs.attempt import (
     AttemptSpec,
     SecretOpener,
 )
+from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.edge_link import LinkDown
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck, GrantExpired, RunRecord
 from oz0_node.jobs.manager import AttemptManager
-from oz0_node.jobs.supervisor import SupervisedSpec
 from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)

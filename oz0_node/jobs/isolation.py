@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 # Not the agent's PATH: a job finds the system's programs, nothing the agent's user added.
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECORD_FILE = "attempts.json"
-# DATA_DIR/attempts/<job>-<n>/: one attempt's supervisor's directory (supervisor.py).
+# DATA_DIR/attempts/<job>-<n>/: one attempt's supervisor's directory (attempt_files.py).
 ATTEMPTS_DIR = "attempts"
 WORKDIR_PREFIX = "oz0-job-"
 SUBTREE_PREFIX = "oz0-node-"

@@ -1,12 +1,13 @@
 """The agent's supervisor launcher: one small process per agent, started with it, that forks
 each attempt's supervisor (supervisor.py) out of an interpreter that has imported it once.
+The agent's side, `Launcher`, is what supervisor_client.launch hands attempts to.
 
 Started afresh for each attempt, a supervisor's interpreter and its imports took about
 80 ms of CPU and of wall time, the largest share of a job's cost on the node and of its
 dispatch, and a fan-out to 100 nodes on one machine started 100 of them at once. A fork of
 this process costs a few milliseconds. What the supervisor guarantees stays as it was:
 
-- `launch` (supervisor.py) hands the launcher, over a Unix socket (SCM_RIGHTS), four
+- `launch` (supervisor_client.py) hands the launcher, over a Unix socket (SCM_RIGHTS), four
   descriptors: the read end of a pipe that will carry the attempt (JSON, with its secrets:
   never on disk nor on a command line, and never seen by the launcher, which only passes the
   descriptor on), the write end of the pipe `launch` reads "ready" from, the supervisor's
@@ -43,6 +44,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+
+# What each supervisor would import: imported once, by the launcher, before any fork.
+from oz0_node.jobs import supervisor
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +191,6 @@ def main() -> None:
     until it closes."""
     sock = socket.socket(fileno=int(sys.argv[1]))
     logging.basicConfig(level=logging.INFO, format="oz0-node supervisor launcher: %(message)s")
-    # What each supervisor would import: imported once, here.
-    from oz0_node.jobs import supervisor
-
     forked = 0  # first processes not reaped yet
     while True:
         forked -= _reap()
@@ -234,9 +235,9 @@ def _reap() -> int:
 
 
 def _first_process(sock: socket.socket, fds: list[int], supervise: Callable[..., None]) -> None:
-    """The forked child: the supervisor's first process, as `python -c supervisor.BOOT`
-    with the attempt's pipe on stdin, the ready pipe on stdout, the log on stderr. It never
-    returns into the launcher's loop."""
+    """The forked child: the supervisor's first process, as `python -c
+    supervisor_client.BOOT` with the attempt's pipe on stdin, the ready pipe on stdout, the
+    log on stderr. It never returns into the launcher's loop."""
     code = 1
     try:
         os.setsid()

@@ -1,8 +1,9 @@
 """The node's attempts, kept across control streams and across the agent's own restarts.
 
-Each attempt runs under a supervisor process of its own (supervisor.py), which owns the
-command, its output file and its exit status, so neither a server's restart nor the
-agent's touches the command. This manager, one per agent and in Trio:
+Each attempt runs under a supervisor process of its own (supervisor.py, started and
+followed through supervisor_client.py), which owns the command, its output file and its
+exit status, so neither a server's restart nor the agent's touches the command. This
+manager, one per agent and in Trio:
 
 - starts an attempt's supervisor when the runtime's activity hands the attempt over
   (`start`, from the runtime's asyncio thread through AttemptPort), at most `max_running`
@@ -23,7 +24,8 @@ agent's touches the command. This manager, one per agent and in Trio:
   whose node has reached no server for its lost-after and REPORT_GRACE more (the cluster
   has given it up by then: "a command is ended with its attempt").
 
-A new agent finds the attempts of the last one (`supervisor.find_all`) and carries on.
+A new agent finds the attempts of the last one (`supervisor_client.find_all`) and carries
+on.
 
 A *held* attempt (scheduled by a workflow from before the upgrade, attempt.py `run_held`)
 is the same but for its end and its heartbeats, which are its activity's own: the manager
@@ -53,20 +55,20 @@ from oz0_common.attempt_messages import (
     DEFAULT_LOST_AFTER,
     DONE,
     AttemptDone,
-    AttemptResult,
     EndedBecause,
     Failure,
 )
 from oz0_common.files import write_private
 from oz0_node.identity import DEFAULT_MAX_JOBS
-from oz0_node.jobs import supervisor
+from oz0_node.jobs import supervisor_client
 from oz0_node.jobs.attempt import ATTEMPT_ENDED, NODE_STOPPING, Answer
+from oz0_node.jobs.attempt_files import HEADER, AttemptStatus, OutputRecord, SupervisedSpec
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import RunRecord
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
-from oz0_node.jobs.supervisor import OutputRecord, Supervised, SupervisedSpec
+from oz0_node.jobs.supervisor_client import Supervised
 from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,7 @@ class AttemptManager:
             self._nursery = nursery
             # Read in Trio's thread: a directory listing, once, before anything else runs
             # (and a worker thread would let a test's autojump clock race ahead of it).
-            for found in supervisor.find_all(self.data_dir):
+            for found in supervisor_client.find_all(self.data_dir):
                 state = "running" if found.alive() else "ended"
                 log.info("re-attached job %s attempt %d (%s)", found.job_id, found.attempt, state)
                 lost_after, held = _meta(found.dir)
@@ -277,7 +279,7 @@ class AttemptManager:
         stops = self._stops
         try:
             supervised = await trio.to_thread.run_sync(
-                supervisor.launch, self.data_dir, spec, self.isolation, self.launcher
+                supervisor_client.launch, self.data_dir, spec, self.isolation, self.launcher
             )
             meta = {"lost_after": lost_after, **({"held": True} if held else {})}
             write_private(supervised.dir / META_FILE, json.dumps(meta).encode())
@@ -423,7 +425,7 @@ class AttemptManager:
         since = self.link.down_since if self.link.down_since is not None else self._started_at
         return trio.current_time() - since > tracked.lost_after + REPORT_GRACE
 
-    def _outcome(self, tracked: Tracked, status: dict[str, object] | None) -> Message:
+    def _outcome(self, tracked: Tracked, status: AttemptStatus | None) -> Message:
         job, number = tracked.key
         if status is None:
             done = AttemptDone(job, number, failure=Failure(
@@ -431,7 +433,7 @@ class AttemptManager:
                 f"job {tracked.label}: its supervisor on this node ended without a status "
                 "(killed?); what it left running was ended",
             ))  # fmt: skip
-        elif status.get("ended_because") == EndedBecause.STOPPED:
+        elif status.result.ended_because is EndedBecause.STOPPED:
             if tracked.stop_why == "cancelled":
                 done = AttemptDone(job, number, cancelled=True)
             else:
@@ -442,8 +444,7 @@ class AttemptManager:
                     f"({tracked.stop_why or 'its supervisor was stopped'})",
                 ))  # fmt: skip
         else:
-            result = AttemptResult.parse(status)
-            done = AttemptDone(job, number, result=result.with_output_complete(
+            done = AttemptDone(job, number, result=status.result.with_output_complete(
                 not tracked.output_dropped
             ))  # fmt: skip
         return done.to_wire()
@@ -557,8 +558,8 @@ def _one_message(records: list[OutputRecord], start: int) -> tuple[int, int] | N
 
 
 def _size(record: OutputRecord) -> int:
-    """How much of the output file RECORD takes (supervisor.py frames each one)."""
-    return supervisor.HEADER.size + len(record.data)
+    """How much of the output file RECORD takes (attempt_files.py frames each one)."""
+    return HEADER.size + len(record.data)
 
 
 def _upto(records: list[OutputRecord], start: int, end: int) -> list[OutputRecord]:

@@ -1,13 +1,14 @@
 """One attempt's supervisor: a process of its own, not the agent, that owns the attempt's
 command, its output and its exit status, so that the agent's restart, crash or upgrade
-does not touch the command (Nomad's executor is the same idea).
+does not touch the command (Nomad's executor is the same idea; the agent's handle on it is
+supervisor_client.py, the files they share attempt_files.py).
 
-The agent starts one per attempt (`launch`): Python running this module, forked by the
-agent's launcher (launcher.py: no interpreter to start nor modules to import) or, when
-there is none, started afresh; in a session of its own and no longer the agent's child
-(it forks once at start and its first process exits), so neither the agent's exit,
-SIGTERM, SIGKILL nor a kill of the agent's process group reaches it. The attempt (with
-its secrets) comes over its stdin as JSON, never on disk nor on a command line. It then
+The agent starts one per attempt (supervisor_client.launch): Python running this module,
+forked by the agent's launcher (launcher.py) or started afresh; in a session of its own and
+no longer the agent's child (it forks once at start and its first process exits), so
+neither the agent's exit, SIGTERM, SIGKILL nor a kill of the agent's process group reaches
+it. The attempt (with its secrets) comes over its stdin as JSON, never on disk nor on a
+command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
@@ -29,476 +30,58 @@ value). DIR is DATA_DIR/attempts/<job>-<n> (0700): a new agent finds every attem
 (`find_all`), re-attaches to the live ones, reads the ended ones' status and output, ends
 what dead ones left, and `remove`s each once reported.
 
-DIR/output: records of one byte (STDOUT 1, STDERR 2, or MARK|stream for the cap's mark),
-a 4-byte big-endian length, then that many bytes of data (at most RECORD_DATA), in the
-order the output came. At OUTPUT_CAP bytes of data (both streams together, as the
-manager's relay to the edge counts) one mark record with no data, then the rest is read and
-dropped, so the command never blocks on a full pipe. A record is written per read of a
-pipe (split at RECORD_DATA), so an attempt's output file holds at most OUTPUT_CAP bytes of
-data plus 5 a record: about 1.1 MiB for output written in lines, 6 MiB at the very worst
-(a command writing one byte at a time). That is what a node keeps of an attempt's output
-while it has no stream to deliver it on, or while its agent restarts.
+DIR/output: records as attempt_files.py frames them, in the order the output came. At
+OUTPUT_CAP bytes of data (both streams together, as the manager's relay to the edge counts)
+one mark record with no data, then the rest is read and dropped, so the command never
+blocks on a full pipe. A record is written per read of a pipe (split at RECORD_DATA), so an
+attempt's output file holds at most OUTPUT_CAP bytes of data plus 5 a record: about 1.1 MiB
+for output written in lines, 6 MiB at the very worst (a command writing one byte at a
+time). That is what a node keeps of an attempt's output while it has no stream to deliver
+it on, or while its agent restarts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
-import re
-import select
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO
 
 from oz0_common.attempt_messages import AttemptResult, EndedBecause
 from oz0_common.files import write_private
 from oz0_node.jobs import procfs
-from oz0_node.jobs.isolation import (
-    ATTEMPTS_DIR,
-    AttemptRecord,
-    Isolation,
-    Limits,
-    Placement,
-    end_recorded,
-    remove_tree,
+from oz0_node.jobs.attempt_files import (
+    HEADER,
+    LOG_CAP,
+    MARK,
+    OUTPUT_CAP,
+    OUTPUT_FILE,
+    PID_FILE,
+    READY,
+    RECORD_DATA,
+    STATUS_FILE,
+    STREAM_CODES,
+    TRACKING_FILE,
+    AttemptStatus,
+    SupervisedSpec,
+    parse_handover,
 )
-from oz0_node.jobs.job_user import JobUser
+from oz0_node.jobs.isolation import AttemptRecord, Isolation, Placement
 from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
-if TYPE_CHECKING:
-    from oz0_node.jobs.launcher import Launcher
-
 log = logging.getLogger(__name__)
 
-# What a node keeps of an attempt's output (both streams together), and sends to the edge.
-OUTPUT_CAP = 1 << 20
-RECORD_DATA = 32 << 10
-STDOUT, STDERR, MARK = 1, 2, 0x80
-STREAM_CODES = {"stdout": STDOUT, "stderr": STDERR}
-CODE_STREAMS = {code: name for name, code in STREAM_CODES.items()}
-HEADER = struct.Struct(">BI")
-LOG_CAP = 256 << 10
 # attempt.py's DRAIN_TIMEOUT: how long pipes held by a process that escaped its tracking
 # are read once the command's processes are gone.
 DRAIN_TIMEOUT = 5.0
-# How long `launch` waits for the supervisor to say it started the command (or failed to).
-START_WITHIN = 30.0
-
-LOCK_FILE = "lock"
-PID_FILE = "supervisor.json"
-OUTPUT_FILE = "output"
-TRACKING_FILE = "tracking.json"
-STATUS_FILE = "status.json"
-LOG_FILE = "supervisor.log"
-ATTEMPT_DIR = re.compile(r"(job-[0-9a-f]{12})-([1-9][0-9]*)\Z")
-READY = b"ready\n"
-BOOT = "from oz0_node.jobs.supervisor import main; main()"
-
-
-# --- what the agent hands over --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SupervisedSpec:
-    """One attempt, as the agent hands it to its supervisor; never written to disk (ENV
-    carries the opened secrets)."""
-
-    node_id: str
-    job_id: str
-    attempt: int
-    command: tuple[str, ...]
-    # The job's environment with its opened secrets merged in: never in a repr.
-    env: Mapping[str, str] = field(repr=False)
-    timeout: float | None
-    limits: Limits
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}-{self.attempt}"
-
-
-@dataclass(frozen=True)
-class OutputRecord:
-    stream: str  # "stdout" or "stderr"
-    data: bytes
-    truncated: bool = False  # the cap's mark (data b""): what came after was dropped
-
-
-def attempts_root(data_dir: Path) -> Path:
-    """DATA_DIR/attempts: one directory per attempt, <job>-<n>."""
-    return data_dir / ATTEMPTS_DIR
-
-
-# --- the agent's side -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Supervised:
-    """One attempt's directory and the supervisor that has (or had) it."""
-
-    job_id: str
-    attempt: int
-    dir: Path
-
-    def alive(self) -> bool:
-        """Whether its supervisor still runs: it holds DIR/lock for its whole life."""
-        try:
-            fd = os.open(self.dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # releases the lock, if this took it
-        return False
-
-    def status(self) -> dict[str, object] | None:
-        """The attempt's status once it has ended and its leftovers are gone, else None:
-        exit_code, signal, ended_because ("exit", "timeout", "stopped"), output_bytes,
-        truncated, applied."""
-        try:
-            raw = json.loads((self.dir / STATUS_FILE).read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            log.warning("cannot read %s: %s", self.dir / STATUS_FILE, e)
-            return None
-        return raw if isinstance(raw, dict) else None
-
-    def stop(self) -> None:
-        """Ask the supervisor to end the attempt now (SIGTERM; its PID is checked with its
-        start time, so never a process that reused it). Returns at once: `status` says
-        "stopped" once it has ended."""
-        found = self._supervisor()
-        if found is not None and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(found, signal.SIGTERM)
-
-    def _supervisor(self) -> int | None:
-        """The supervisor's PID while it is the process that wrote DIR/supervisor.json."""
-        try:
-            raw = json.loads((self.dir / PID_FILE).read_bytes())
-            pid, start = int(raw["pid"]), int(raw["start_time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        stat = procfs.same_process(pid, start) if pid > 1 else None
-        return pid if stat is not None and not stat.zombie else None
-
-    def read_output(self, offset: int, limit: int) -> tuple[list[OutputRecord], int]:
-        """The whole records from byte OFFSET of DIR/output, at most LIMIT bytes of data
-        (one record at least, if there is one), and the offset after them. A record still
-        being written is left for the next call. ValueError if the file is not one of
-        these (a stream code this node does not write)."""
-        records: list[OutputRecord] = []
-        taken = 0
-        try:
-            f = (self.dir / OUTPUT_FILE).open("rb")
-        except FileNotFoundError:
-            return records, offset
-        with f:
-            f.seek(offset)
-            while True:
-                header = f.read(HEADER.size)
-                if len(header) < HEADER.size:
-                    break
-                code, length = HEADER.unpack(header)
-                if records and taken + length > limit:
-                    break
-                data = f.read(length)
-                if len(data) < length:
-                    break
-                stream = CODE_STREAMS.get(code & ~MARK)
-                if stream is None:
-                    raise ValueError(f"{self.dir / OUTPUT_FILE}: no such stream code {code}")
-                records.append(OutputRecord(stream, data, truncated=bool(code & MARK)))
-                taken += length
-                offset += HEADER.size + length
-        return records, offset
-
-    def end_leftovers(self) -> None:
-        """Its supervisor died without a status (kill -9, OOM): end what is left of its
-        command (its cgroups; its recorded processes, each checked by its start time) and
-        remove its working directory and cgroups. Nothing while the supervisor lives."""
-        if self.alive():
-            return
-        entries = AttemptRecord(self.dir / TRACKING_FILE).load()
-        for key, entry in entries.items():
-            processes, removed = end_recorded(entry)
-            cgroups = entry.get("cgroups")
-            for raw in cgroups if isinstance(cgroups, list) else []:
-                # The node's subtree too once no attempt is left in it, as Isolation.end.
-                with contextlib.suppress(OSError, TypeError):
-                    Path(raw).parent.rmdir()
-            log.info(
-                "attempt %s: its supervisor died; ended %d process(es)%s",
-                key,
-                processes,
-                f", removed {removed}" if removed is not None else "",
-            )
-        # Said once only: a second call finds nothing to end.
-        (self.dir / TRACKING_FILE).unlink(missing_ok=True)
-
-    def end_now(self, within: float) -> None:
-        """Stop the attempt and wait for it (at most WITHIN seconds; then SIGKILL), then end
-        whatever its supervisor left: the attempt is over when this returns."""
-        self.stop()
-        deadline = time.monotonic() + within
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.kill_late(within)
-
-    def kill_late(self, waited: float) -> None:
-        """After a stop that WAITED seconds: SIGKILL a supervisor still up, then end what
-        it left."""
-        pid = self._supervisor() if self.alive() else None
-        if pid is not None:
-            log.warning(
-                "attempt %s: its supervisor did not stop in %g s; SIGKILL", self.dir.name, waited
-            )
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            end = time.monotonic() + REAP_TIMEOUT
-            while self.alive() and time.monotonic() < end:
-                time.sleep(0.02)
-        self.end_leftovers()
-
-    def remove(self) -> None:
-        """Delete DIR (once the agent has reported the attempt)."""
-        remove_tree(self.dir)
-
-
-def find_all(data_dir: Path) -> list[Supervised]:
-    """Every attempt directory under DATA_DIR/attempts (for a new agent), sorted."""
-    found = []
-    try:
-        names = sorted(p.name for p in attempts_root(data_dir).iterdir())
-    except FileNotFoundError:
-        return []
-    for name in names:
-        match = ATTEMPT_DIR.fullmatch(name)
-        if match is not None:
-            found.append(Supervised(match[1], int(match[2]), attempts_root(data_dir) / name))
-    return found
-
-
-def stop_all(data_dir: Path, within: float) -> int:
-    """Stop every live supervisor, wait for them (at most WITHIN seconds; then SIGKILL),
-    end what dead ones left and remove every attempt directory: after a purge nothing of
-    any attempt is left. How many attempts there were."""
-    every = find_all(data_dir)
-    for supervised in every:
-        supervised.stop()
-    deadline = time.monotonic() + within
-    while any(s.alive() for s in every) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for supervised in every:
-        supervised.kill_late(within)
-        supervised.remove()
-    return len(every)
-
-
-def launch(
-    data_dir: Path,
-    spec: SupervisedSpec,
-    isolation: Isolation,
-    launcher: Launcher | None = None,
-) -> Supervised:
-    """Start SPEC's supervisor; return once it has started the command or failed to (then
-    its status says exit 127 or 126 and its output has a line on stderr saying why).
-
-    Forked by LAUNCHER (the agent's: launcher.py) when it takes the attempt, else started
-    as a fresh interpreter (`python -c BOOT`).
-
-    OSError when the attempt's directory cannot be made (or Python cannot be started);
-    FileExistsError when a live supervisor already has it."""
-    root = attempts_root(data_dir)
-    root.mkdir(mode=0o700, exist_ok=True)
-    root.chmod(0o700)
-    supervised = Supervised(spec.job_id, spec.attempt, root / spec.key)
-    if supervised.dir.exists():
-        if supervised.alive():
-            raise FileExistsError(
-                errno.EEXIST, "a supervisor already runs this attempt", str(supervised.dir)
-            )
-        # What a previous run of the same attempt left (its status already reported).
-        supervised.end_leftovers()
-        supervised.remove()
-    supervised.dir.mkdir(mode=0o700)
-    # Locked here and handed down: held from before the supervisor exists to its end.
-    lock = os.open(supervised.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        handover = _handover(spec, isolation, supervised.dir, lock)
-        logs = os.open(
-            supervised.dir / LOG_FILE,
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-            0o600,
-        )
-        try:
-            ready = None
-            if launcher is not None:
-                ready = _through_launcher(launcher, handover, logs, lock)
-            if ready is None:
-                ready = _through_interpreter(handover, logs, lock, spec.key)
-        finally:
-            os.close(logs)
-    finally:
-        os.close(lock)
-    if not ready:
-        log.warning(
-            "attempt %s: its supervisor did not say it started the command (%s)",
-            spec.key,
-            supervised.dir / LOG_FILE,
-        )
-    return supervised
-
-
-def _through_launcher(launcher: Launcher, handover: bytes, logs: int, lock: int) -> bool | None:
-    """HANDOVER to a supervisor the launcher forks; whether it said READY, or None when the
-    launcher did not fork one (nothing was started: the caller starts it otherwise)."""
-    # Here, not with the module: a supervisor started as `python -c BOOT` needs none of it.
-    from oz0_node.jobs.launcher import FORK_WITHIN, FORKED
-
-    attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        try:
-            sent = launcher.send((attempt_r, ready_w, logs, lock))
-        finally:
-            # Only the launcher's child holds these now: its exit (or the launcher's) is EOF.
-            os.close(attempt_r)
-            os.close(ready_w)
-        if not sent:
-            return None
-        lines = _Lines(ready_r)
-        forked = lines.next(FORK_WITHIN)
-        if forked != FORKED:
-            if forked is None:
-                launcher.lost()
-            # Not forked, or forked too late: the child finds no attempt and exits.
-            return None
-        with contextlib.suppress(BrokenPipeError):
-            _write_all(attempt_w, handover)
-        os.close(attempt_w)
-        attempt_w = -1
-        return lines.next(START_WITHIN) == READY
-    finally:
-        for fd in (attempt_w, ready_r):
-            if fd >= 0:
-                os.close(fd)
-
-
-def _through_interpreter(handover: bytes, logs: int, lock: int, key: str) -> bool:
-    """HANDOVER to a supervisor started as a fresh interpreter; whether it said READY."""
-    from oz0_node.jobs.launcher import supervisor_env
-
-    process = subprocess.Popen(
-        # -P: nothing imported from the working directory.
-        [sys.executable, "-P", "-c", BOOT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=logs,
-        pass_fds=(lock,),
-        start_new_session=True,
-        cwd="/",
-        env=supervisor_env(),
-    )
-    assert process.stdin is not None and process.stdout is not None
-    with contextlib.suppress(BrokenPipeError):
-        process.stdin.write(handover)
-    with contextlib.suppress(BrokenPipeError):
-        process.stdin.close()
-    ready = _Lines(process.stdout.fileno()).next(START_WITHIN) == READY
-    process.stdout.close()
-    try:
-        # Its first process exits as soon as it has forked the supervisor.
-        process.wait(START_WITHIN)
-    except subprocess.TimeoutExpired:
-        log.warning("attempt %s: its supervisor's first process did not exit", key)
-    return ready
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock: int) -> bytes:
-    limits = spec.limits
-    raw = {
-        "dir": str(directory),
-        "lock_fd": lock,
-        "node_id": spec.node_id,
-        "job_id": spec.job_id,
-        "attempt": spec.attempt,
-        "command": list(spec.command),
-        "env": dict(spec.env),
-        "timeout": spec.timeout,
-        "limits": {
-            "memory": limits.memory,
-            "cpu": limits.cpu,
-            "max_processes": limits.max_processes,
-            "max_open_files": limits.max_open_files,
-            "address_space": limits.address_space,
-            "unknown": list(limits.unknown),
-        },
-        "isolation": {
-            "data_dir": str(isolation.data_dir),
-            "user": {
-                "name": isolation.user.name,
-                "uid": isolation.user.uid,
-                "gid": isolation.user.gid,
-                "groups": list(isolation.user.groups),
-            },
-            "drop": isolation.drop,
-            "tracking": isolation.tracking,
-            "v2_own": str(isolation.v2_own) if isolation.v2_own is not None else None,
-            "v1_own": {k: str(v) for k, v in isolation.v1_own.items()},
-            "temp_dir": str(isolation.temp_dir),
-        },
-    }
-    return json.dumps(raw).encode()
-
-
-class _Lines:
-    """The lines a supervisor's first process and the supervisor write to `launch`."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.got = b""
-
-    def next(self, within: float) -> bytes | None:
-        """The next whole line; b"" at EOF (what came before a newline is dropped), None
-        when none came within WITHIN seconds."""
-        deadline = time.monotonic() + within
-        while b"\n" not in self.got:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            piece = os.read(self.fd, 64)
-            if not piece:
-                return b""
-            self.got += piece
-        line, _, self.got = self.got.partition(b"\n")
-        return line + b"\n"
-
-
-# --- the supervisor's side ------------------------------------------------------------------
 
 
 class OutputFile:
@@ -559,41 +142,6 @@ class _BoundedLog(logging.Handler):
             self.stream.flush()
 
 
-def _parse(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
-    """The handover `launch` wrote (trusted: the agent's own)."""
-    iso, limits = raw["isolation"], raw["limits"]
-    user = iso["user"]
-    v2_own = iso["v2_own"]
-    timeout = raw["timeout"]
-    isolation = Isolation(
-        data_dir=Path(iso["data_dir"]),
-        user=JobUser(user["name"], int(user["uid"]), int(user["gid"]), tuple(user["groups"])),
-        drop=bool(iso["drop"]),
-        tracking=str(iso["tracking"]),
-        v2_own=Path(v2_own) if v2_own is not None else None,
-        v1_own={k: Path(v) for k, v in iso["v1_own"].items()},
-        temp_dir=Path(iso["temp_dir"]),
-    )
-    command, env = raw["command"], raw["env"]
-    spec = SupervisedSpec(
-        node_id=str(raw["node_id"]),
-        job_id=str(raw["job_id"]),
-        attempt=int(raw["attempt"]),
-        command=tuple(str(a) for a in command),
-        env={str(k): str(v) for k, v in env.items()},
-        timeout=float(timeout) if isinstance(timeout, int | float) else None,
-        limits=Limits(
-            memory=limits["memory"],
-            cpu=limits["cpu"],
-            max_processes=limits["max_processes"],
-            max_open_files=limits["max_open_files"],
-            address_space=limits["address_space"],
-            unknown=tuple(limits["unknown"]),
-        ),
-    )
-    return spec, isolation, Path(raw["dir"]), int(raw["lock_fd"])
-
-
 def main(lock: int | None = None) -> None:
     """The supervisor's process: started by `launch` as `python -c BOOT`, or forked by the
     launcher (launcher.py), which passes LOCK, the lock's descriptor in this process."""
@@ -610,7 +158,7 @@ def main(lock: int | None = None) -> None:
     # Not the agent's child from now on: the first process exits, the agent reaps it.
     if os.fork() != 0:
         os._exit(0)
-    spec, isolation, directory, handed_lock = _parse(raw)
+    spec, isolation, directory, handed_lock = parse_handover(raw)
     del raw, handed  # the job's environment stays in SPEC only
     lock = handed_lock if lock is None else lock
     os.set_inheritable(lock, False)  # held to the end, never given to the command
@@ -636,8 +184,10 @@ def main(lock: int | None = None) -> None:
         status = _supervise(spec, isolation, output, stopping)
     finally:
         output.close()
-    write_private(directory / STATUS_FILE, (json.dumps(status) + "\n").encode())
-    log.info("job %s attempt %d: ended (%s)", spec.job_id, spec.attempt, status["ended_because"])
+    write_private(directory / STATUS_FILE, status.encode())
+    log.info(
+        "job %s attempt %d: ended (%s)", spec.job_id, spec.attempt, status.result.ended_because
+    )
     # Exiting releases the lock: the status is there before the agent can see it dead.
 
 
@@ -663,18 +213,18 @@ def _status(
     ended_because: EndedBecause,
     output: OutputFile,
     applied: dict[str, object],
-) -> dict[str, object]:
+) -> AttemptStatus:
     """The status file's content: the attempt's result as the node reports it."""
     result = AttemptResult(
         exit_code, sig, ended_because, output.output_bytes, output.truncated,
         dict(applied),
     )  # fmt: skip
-    return result.to_wire()
+    return AttemptStatus(result)
 
 
 def _supervise(
     spec: SupervisedSpec, isolation: Isolation, output: OutputFile, stopping: list[int]
-) -> dict[str, object]:
+) -> AttemptStatus:
     try:
         place = isolation.begin(spec.node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
     except OSError as e:
@@ -696,7 +246,7 @@ def _run(
     place: Placement,
     output: OutputFile,
     stopping: list[int],
-) -> dict[str, object]:
+) -> AttemptStatus:
     try:
         # As process.spawn does it: its own session, stdin /dev/null, the isolation's steps.
         popen = subprocess.Popen(
