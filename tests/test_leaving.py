@@ -33,7 +33,7 @@ import trio
 from cryptography.hazmat.primitives import serialization
 
 from cli.client import ApiClient, ApiError
-from fixtures import edge_client
+from fixtures import edge_client, web_events
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, cluster_of
 from fixtures.web_events import curl
@@ -288,6 +288,13 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     assert one_line(cli("schedule", "trigger", running, env=admin)).startswith(held)
     listed = ok(cli("schedule", "list", env=admin)).out
     assert f"paused: {reason}" in listed, listed
+    # The web UI's Schedules page says so, and offers neither Run now nor Unpause for it.
+    jar = tmp_path / "admin-jar"
+    web_events.signed_in(B, files.ui_password, jar)
+    page = curl("-b", str(jar), f"https://{B}:8443/schedules").stdout
+    assert f"{reason}: an admin takes it over (schedule set {running} --owner NAME)" in page
+    assert f"/schedules/{running}/unpause" not in page
+    assert f"/schedules/{running}/trigger" not in page
 
     # Taken over: an admin only, for a person who may run it; then it runs in their name.
     olga = env_of(person(cli, admin, tmp_path, "olga", "--role", "operator"))
