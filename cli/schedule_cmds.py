@@ -273,7 +273,12 @@ def trigger(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath
 
 @app.command(name="set")
 def set_(
-    schedule_id: str, /, *, owner: str, json: JsonFlag = False, context: ContextPath = None
+    schedule_id: str,
+    /,
+    *,
+    owner: Annotated[str, Parameter(metavar="NAME")],
+    json: JsonFlag = False,
+    context: ContextPath = None,
 ) -> int:
     """Give a schedule to another person (an admin's): its runs start jobs in that person's
     name from now on. One paused because its owner left or lost the right is resumed.

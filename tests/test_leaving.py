@@ -162,6 +162,24 @@ def with_it(files: ClusterFiles, action: str, target: str, what: str) -> list[tu
     )  # fmt: skip
 
 
+def web_token(server: str, name: str, jar: Path, *, ttl: str, max_uses: str) -> tuple[str, str]:
+    """Person NAME signed in on SERVER's web UI (its cookie in JAR) posts the Create token
+    form for tenant default: the answer's status and page."""
+    assert signed_in(server, name, jar)
+    base = f"https://{server}:8443"
+    page = curl("-b", str(jar), f"{base}/tokens/new").stdout
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, page[:300]
+    answer = curl(
+        "-b", str(jar), "-H", f"Origin: {base}", "-w", "\n%{http_code}",
+        "--data-urlencode", f"csrf={found.group(1)}", "--data-urlencode", "tenant=default",
+        "--data-urlencode", f"ttl={ttl}", "--data-urlencode", f"max_uses={max_uses}",
+        f"{base}/tokens",
+    )  # fmt: skip
+    body, _, status = answer.stdout.rpartition("\n")
+    return status, body
+
+
 def join_refused(edge: str, ca_pem: bytes, secret: str) -> Callable[[], bool]:
     """Whether a node joining at EDGE with the token SECRET is refused as revoked."""
 
@@ -225,10 +243,15 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     cli: CliRunner, cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     files, admin = cluster.files, cluster.admin
-    alice_dir = person(cli, admin, tmp_path, "alice", "--role", "admin")
+    alice_dir = person(cli, admin, tmp_path, "alice", "--role", "admin", web=True)
     alice = env_of(alice_dir)
     running = every_second(cli, alice)
     token_id, secret = token(cli, alice, "--tenant", "default", "--ttl", "1h", "--max-uses", "5")
+    # One made on the web UI too: in the name of her web account (ui:alice).
+    status, page = web_token(A, "alice", tmp_path / "alice-jar", ttl="1h", max_uses="1")
+    assert status == "200", page[-500:]
+    on_web = sorted(set(re.findall(r"tok-[0-9a-f]{12}", page)))
+    assert len(on_web) == 1, on_web
     bob = code_of(add(cli, alice, "bob", "--role", "admin"))
     wait_for("two runs in alice's name", lambda: len(jobs_of(cli, admin, running)) >= 2, RUN_BOUND)
     assert {j["created_by"] for j in jobs_of(cli, admin, running)} == {"operator:alice"}
@@ -252,7 +275,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     assert returned + max(took.values()) < BOUND, (returned, took)
 
     assert removed["schedules_paused"] == [running]
-    assert removed["tokens_revoked"] == [token_id]
+    assert removed["tokens_revoked"] == sorted([token_id, *on_web])
     assert removed["enrollments_cancelled"] == ["bob"]
     assert removed["schedules_not_paused_in_temporal"] == []
     assert removed["ended_elsewhere"] == 0
@@ -269,13 +292,13 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     because = {"because": "operator.remove", "person": "alice"}
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("operator:admin", "schedule.pause", f"schedule:{running}"),
-        ("operator:admin", "token.revoke", f"token:{token_id}"),
+        *[("operator:admin", "token.revoke", f"token:{t}") for t in sorted([token_id, *on_web])],
         ("operator:admin", "operator.enrollment.cancel", "operator:bob"),
         ("operator:admin", "operator.remove", "operator:alice"),
     ]
     by_action = {r[1]: (r[3], r[4]) for r in rows}
     assert by_action["operator.remove"][0]["schedules_paused"] == 1
-    assert by_action["operator.remove"][0]["tokens_revoked"] == 1
+    assert by_action["operator.remove"][0]["tokens_revoked"] == 2
     assert by_action["operator.remove"][0]["enrollments_cancelled"] == 1
     assert by_action["schedule.pause"] == ({"tenant": "default", "reason": reason, **because},
                                            ["default"])  # fmt: skip
@@ -452,19 +475,8 @@ def test_a_token_that_never_expires_or_takes_any_number_of_nodes_is_an_admin_s(
     create_token(cli, admin, "--ttl", "0", "--max-uses", "0")
 
     # The web UI's form: the same refusal, on the form, nothing made.
-    jar = tmp_path / "jar"
-    assert signed_in(A, "hank", jar)
-    base = f"https://{A}:8443"
-    page = curl("-b", str(jar), f"{base}/tokens/new").stdout
-    found = re.search(r'name="csrf" value="([^"]+)"', page)
-    assert found is not None, page[:300]
     before = len(ok(cli("token", "list", "--json", env=admin)).json())
-    answer = curl(
-        "-b", str(jar), "-H", f"Origin: {base}", "-w", "\n%{http_code}",
-        "--data-urlencode", f"csrf={found.group(1)}", "--data-urlencode", "tenant=default",
-        "--data-urlencode", "ttl=0", "--data-urlencode", "max_uses=1", f"{base}/tokens",
-    )  # fmt: skip
-    body, _, status = answer.stdout.rpartition("\n")
-    assert status == "403", answer.stdout[-500:]
+    status, body = web_token(A, "hank", tmp_path / "jar", ttl="0", max_uses="1")
+    assert status == "403", body[-500:]
     assert "only an admin may" in body
     assert len(ok(cli("token", "list", "--json", env=admin)).json()) == before

@@ -194,8 +194,8 @@ async def set_owner(
     except schedule_owners.OwnerRefused as e:
         raise ApiError(400, str(e)) from None
     if taken.resumed:
-        # The row first: a run due meanwhile still finds it paused and starts nothing
-        # (and pauses it again), so the unpause goes last.
+        # The row first: were Temporal unpaused before, a run due in between would find
+        # the row still paused and pause the schedule again.
         note = f"resumed: {person.kind}:{person.name} gave it to {taken.now}"
         try:
             await _temporal(
@@ -220,9 +220,7 @@ async def pause_held(state: ManagementState, held: list[Held]) -> list[str]:
     """Pause in Temporal the schedules HELD (their rows paused already, by a removal or a
     demotion), all at once, within PAUSE_HELD_WITHIN; the IDs it could not pause (logged:
     each one's next run starts nothing and pauses it then)."""
-    failed: list[str] = []
-    if not held:
-        return failed
+    paused: set[str] = set()
 
     async def pause(one: Held) -> None:
         try:
@@ -231,7 +229,8 @@ async def pause_held(state: ManagementState, held: list[Held]) -> list[str]:
             )
         except ApiError as e:
             log.warning("schedule %s: could not pause it in Temporal: %s", one.schedule_id, e)
-            failed.append(one.schedule_id)
+        else:
+            paused.add(one.schedule_id)
 
     with trio.move_on_after(PAUSE_HELD_WITHIN) as waited:
         async with trio.open_nursery() as nursery:
@@ -239,9 +238,7 @@ async def pause_held(state: ManagementState, held: list[Held]) -> list[str]:
                 nursery.start_soon(pause, one)
     if waited.cancelled_caught:
         log.warning("pausing %d schedules in Temporal took over %s s", len(held), PAUSE_HELD_WITHIN)
-        done = set(failed)
-        failed += [h.schedule_id for h in held if h.schedule_id not in done]
-    return failed
+    return [h.schedule_id for h in held if h.schedule_id not in paused]
 
 
 def _run_json(job: store.Job) -> dict[str, Any]:
