@@ -228,13 +228,15 @@ def set_(
         print_json(p)
     else:
         print(f"{_described(p)}: changed; every server acts on it within two seconds")
+        _print_ended(p)
     return 0
 
 
 @app.command
 def remove(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
-    """Remove person NAME: certificate, web UI account and sessions, or its pending code.
-    Every server refuses it within two seconds."""
+    """Remove person NAME: certificate, web UI account and sessions, or its pending code;
+    its schedules paused until an admin takes them over, its join tokens revoked, the
+    enrollments it made cancelled. Every server refuses it within two seconds."""
     removed = ApiClient(select(context)).request("DELETE", f"/api/v1/operators/{_path(name)}")
     if json:
         print_json(removed)
@@ -243,7 +245,39 @@ def remove(name: str, /, *, json: JsonFlag = False, context: ContextPath = None)
     sessions = f", {ended} web session{'' if ended == 1 else 's'} ended" if ended else ""
     what = "its code void" if removed["was"] == "pending" else "its certificate refused"
     print(f"{_described(removed)} removed: {what}{sessions}")
+    _print_ended(removed)
     return 0
+
+
+def _print_ended(answer: dict[str, Any]) -> None:
+    """What a removal or a change ended of what the person made, a line for each kind
+    (none when it ended nothing)."""
+    paused = answer.get("schedules_paused") or []
+    if paused:
+        print(
+            f"paused {_count(len(paused), 'schedule')} until an admin takes"
+            f" {'it' if len(paused) == 1 else 'them'} over (schedule set ID --owner NAME):"
+            f" {', '.join(paused)}"
+        )
+    late = answer.get("schedules_not_paused_in_temporal") or []
+    if late:
+        print(
+            f"  not paused in Temporal yet (their runs start nothing; the next one pauses"
+            f" it): {', '.join(late)}"
+        )
+    revoked = answer.get("tokens_revoked") or []
+    if revoked:
+        print(f"revoked {_count(len(revoked), 'join token')}: {', '.join(revoked)}")
+    cancelled = answer.get("enrollments_cancelled") or []
+    if cancelled:
+        print(f"cancelled {_count(len(cancelled), 'enrollment')} it made: {', '.join(cancelled)}")
+    elsewhere = answer.get("ended_elsewhere") or 0
+    if elsewhere:
+        print(f"and ended {elsewhere} more in tenants that are not yours")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _described(p: dict[str, Any]) -> str:

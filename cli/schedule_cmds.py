@@ -229,6 +229,7 @@ def show(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = 
              or "-"),
             ("node", job.get("node") or ("all matching" if job.get("all") else "-")),
             ("created", f"{_time(shown['created_at'])} by {shown['created_by']}"),
+            ("owner (runs as)", shown.get("owner") or shown["created_by"]),
         ]
     )  # fmt: skip
     print()
@@ -270,6 +271,37 @@ def trigger(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath
     return _act(schedule_id, "trigger", json, context)
 
 
+@app.command(name="set")
+def set_(
+    schedule_id: str,
+    /,
+    *,
+    owner: Annotated[str, Parameter(metavar="NAME")],
+    json: JsonFlag = False,
+    context: ContextPath = None,
+) -> int:
+    """Give a schedule to another person (an admin's): its runs start jobs in that person's
+    name from now on. One paused because its owner left or lost the right is resumed.
+
+    Parameters
+    ----------
+    owner
+        The new owner: an operator or admin of the schedule's tenant.
+    """
+    client = ApiClient(select(context))
+    done = client.request("PATCH", f"/api/v1/schedules/{_check_id(schedule_id)}", {"owner": owner})
+    if json:
+        print_json(done)
+        return 0
+    resumed = "; resumed" if done["resumed"] else ""
+    print(
+        terminal_safe(
+            f"schedule {done['id']}: owner {done['owner']} (was {done['previous_owner']}){resumed}"
+        )
+    )
+    return 0
+
+
 @app.command
 def delete(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """Delete a schedule: no run starts any more; its jobs stay (`job list --schedule ID`)."""
@@ -307,6 +339,8 @@ def _check_id(schedule_id: str) -> str:
 
 
 def _state(schedule: dict[str, Any]) -> str:
+    if schedule.get("paused_reason"):
+        return f"paused: {schedule['paused_reason']}"
     temporal = schedule.get("temporal")
     if temporal is None:
         return "unknown (Temporal unreachable)"

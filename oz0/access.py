@@ -183,6 +183,8 @@ RULES: dict[str, Rule] = {
     "schedule_unpause": _rule(Right.OPERATE, "unpause schedules"),
     "schedule_trigger": _rule(Right.OPERATE, "trigger schedules"),
     "schedule_delete": _rule(Right.OPERATE, "delete schedules"),
+    # Giving a schedule to another person (its owner left): an admin's, as people are.
+    "schedule_set": _rule(Right.MANAGE_OPERATORS, "change schedules' owners"),
     # The web UI (a session of the person's web account).
     "web.static": _rule(Right.PUBLIC),
     "web.home": _rule(Right.PUBLIC),

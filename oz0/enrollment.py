@@ -58,6 +58,10 @@ def expired(at: dt.datetime) -> CodeRefused:
     return CodeRefused(f"enrollment code expired at {at:%Y-%m-%d %H:%M:%SZ}; {_ASK_AGAIN}")
 
 
+def cancelled(reason: str) -> CodeRefused:
+    return CodeRefused(f"enrollment code cancelled: {reason}; {_ASK_AGAIN}")
+
+
 def parse_expires(text: str) -> dt.timedelta:
     """How long a code works: 30m, 1h, 2d ... up to MAX_EXPIRES."""
     try:
@@ -178,7 +182,7 @@ def _failed(conn: psycopg.Connection[Any], source: str) -> None:
 def _refusal(conn: psycopg.Connection[Any], digest: str) -> CodeRefused | None:
     """Why the code of DIGEST does not work now (None: it does)."""
     row = conn.execute(
-        "SELECT used_at IS NOT NULL, expires_at, expires_at <= now()"
+        "SELECT used_at IS NOT NULL, expires_at, expires_at <= now(), cancelled"
         " FROM operator_enrollments WHERE code_sha256 = %s",
         (digest,),
     ).fetchone()
@@ -186,6 +190,8 @@ def _refusal(conn: psycopg.Connection[Any], digest: str) -> CodeRefused | None:
         return WRONG
     if row[0]:
         return USED
+    if row[3] is not None:  # it was made to expire as it was cancelled: first
+        return cancelled(row[3])
     if row[2]:
         return expired(row[1])
     return None
@@ -275,3 +281,48 @@ def enroll(
         },
     )  # fmt: skip
     return Enrolled(person, cert, password_hash is not None)
+
+
+@dataclass(frozen=True)
+class Open:
+    """An enrollment not used yet whose code still works: for whom, with what."""
+
+    name: str
+    role: access.Role
+    tenants: tuple[str, ...]
+
+
+def open_made_by(conn: psycopg.Connection[Any], makers: list[str]) -> list[Open]:
+    """The enrollments MAKERS made (`operator:alice`, `ui:alice`) whose code still works,
+    locked until the transaction ends."""
+    rows = conn.execute(
+        "SELECT name, role, tenants FROM operator_enrollments"
+        " WHERE created_by = ANY(%s) AND used_at IS NULL AND expires_at > now()"
+        " ORDER BY name FOR UPDATE",
+        (makers,),
+    ).fetchall()
+    return [Open(str(n), access.Role(r), tuple(sorted(t))) for n, r, t in rows]
+
+
+def cancel(
+    conn: psycopg.Connection[Any],
+    enrollments: list[Open],
+    actor: access.Person,
+    reason: str,
+    because: dict[str, Any],
+) -> None:
+    """Make ENROLLMENTS' codes void, for REASON (what their person is told); each audited
+    `operator.enrollment.cancel` with BECAUSE. The code expires now too: a server of the
+    previous release, which knows no cancellation, refuses it as expired."""
+    if not enrollments:
+        return
+    conn.execute(
+        "UPDATE operator_enrollments SET cancelled = %s, expires_at = least(expires_at, now())"
+        " WHERE name = ANY(%s)",
+        (reason, [e.name for e in enrollments]),
+    )
+    for e in enrollments:
+        operators.record(
+            conn, actor, "operator.enrollment.cancel", e.name, e.tenants,
+            {"role": str(e.role), "tenants": list(e.tenants), "reason": reason, **because},
+        )  # fmt: skip

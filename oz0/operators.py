@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,6 +260,12 @@ def _refuse_last_admin(admins: list[str], name: str, doing: str) -> None:
         )
 
 
+# What a removal or a change of a person ends of what it made (oz0/leaving.py), given the
+# person as it is now (None: removed), after its row changed in the same transaction: what
+# the audit row of the change adds.
+Ends = Callable[[psycopg.Connection[Any], access.Person | None], dict[str, Any]]
+
+
 def set_operator(
     conn: psycopg.Connection[Any],
     actor: access.Person,
@@ -267,10 +273,11 @@ def set_operator(
     *,
     role: access.Role | None,
     tenants: Sequence[str] | None,
+    ends: Ends | None = None,
 ) -> OperatorInfo:
     """Give operator NAME the role ROLE and the tenants TENANTS (None: unchanged; empty:
-    every tenant). Every server acts on it within two seconds (the `oz0_operators`
-    notification); audited `operator.set`."""
+    every tenant); then ENDS what it may no longer keep. Every server acts on it within two
+    seconds (the `oz0_operators` notification); audited `operator.set`."""
     admins = _lock_cluster_admins(conn)
     row = conn.execute(
         "SELECT role, tenants FROM operators WHERE name = %s FOR UPDATE", (name,)
@@ -299,21 +306,26 @@ def set_operator(
             "UPDATE operators SET role = %s, tenants = %s WHERE name = %s",
             (str(new_role), list(new_tenants), name),
         )
+        now = access.person("operator", name, str(new_role), new_tenants)
+        ended = ends(conn, now) if ends is not None else {}
         about = () if not old_tenants or not new_tenants else set(old_tenants) | set(new_tenants)
         record(
             conn, actor, "operator.set", name, about,
             {
                 "role": {"from": str(old_role), "to": str(new_role)},
                 "tenants": {"from": list(old_tenants), "to": list(new_tenants)},
+                **ended,
             },
         )  # fmt: skip
     return show(conn, actor, name)
 
 
-def remove(conn: psycopg.Connection[Any], actor: access.Person, name: str) -> dict[str, Any]:
+def remove(
+    conn: psycopg.Connection[Any], actor: access.Person, name: str, *, ends: Ends | None = None
+) -> dict[str, Any]:
     """Remove operator NAME: its certificate, its web UI account (its sessions end with it)
-    and any enrollment; every server refuses it within two seconds. Audited
-    `operator.remove`; what was removed."""
+    and any enrollment, then ENDS what it made; every server refuses it within two seconds.
+    Audited `operator.remove`; what was removed."""
     admins = _lock_cluster_admins(conn)
     info = show(conn, actor, name)
     if not info.pending:
@@ -324,6 +336,7 @@ def remove(conn: psycopg.Connection[Any], actor: access.Person, name: str) -> di
     ).fetchone()
     web = conn.execute("DELETE FROM ui_accounts WHERE username = %s", (name,)).rowcount
     conn.execute("DELETE FROM operator_enrollments WHERE name = %s", (name,))
+    ended = ends(conn, None) if ends is not None else {}
     removed = {
         "name": name,
         "role": str(info.role),
@@ -332,7 +345,7 @@ def remove(conn: psycopg.Connection[Any], actor: access.Person, name: str) -> di
         "web_account": bool(web),
         "sessions_ended": int(sessions_ended[0]) if web and sessions_ended else 0,
     }
-    record(conn, actor, "operator.remove", name, info.tenants, removed)
+    record(conn, actor, "operator.remove", name, info.tenants, {**removed, **ended})
     return removed
 
 

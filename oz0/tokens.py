@@ -20,7 +20,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, listing, tenants
+from oz0 import access, audit, listing, tenants
 from oz0.errors import Oz0Error
 
 # The rules the command line checks too live in a light module of their own; callers keep
@@ -208,6 +208,17 @@ class TokenSpec:
         )
 
 
+def check_creator(person: access.Person, spec: TokenSpec) -> None:
+    """access.Forbidden unless PERSON may create SPEC: a token that never expires or takes
+    any number of nodes outlives its maker's care, so only an admin makes one."""
+    if (spec.ttl is None or spec.max_uses == 0) and person.role is not access.Role.ADMIN:
+        raise access.Forbidden(
+            f"{person.describe()} may not create join tokens that never expire (ttl 0) or"
+            " have unlimited uses (max uses 0): only an admin may; give a ttl and a number"
+            " of uses"
+        )
+
+
 def _secret_hash(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
@@ -310,9 +321,11 @@ def revoke(
     actor: audit.Actor,
     *,
     scope: listing.Scope = None,
+    because: dict[str, Any] | None = None,
 ) -> JoinToken:
     """Stop new joins with TOKEN_ID; nodes that joined with it stay. Another tenant's
-    token than SCOPE's (None: any) is not found, as an unknown one."""
+    token than SCOPE's (None: any) is not found, as an unknown one. BECAUSE: why, in the
+    audit row (its maker left: oz0/leaving.py)."""
     where = _one(token_id, scope)
     row = conn.execute(
         "SELECT revoked_at IS NOT NULL FROM join_tokens" + where.sql + " FOR UPDATE",
@@ -333,7 +346,7 @@ def revoke(
         actor,
         "token.revoke",
         f"token:{token.id}",
-        {"tenant": token.tenant, "uses": token.uses},
+        {"tenant": token.tenant, "uses": token.uses, **(because or {})},
         tenants=[token.tenant],
     )
     return token

@@ -71,6 +71,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "oz0.cluster_init",
             "oz0.operator_issue",
             "oz0.devmode",
+            # What a person's leaving ends: people (domain) and their schedules (jobs).
+            "oz0.leaving",
         ),
     ),
     # The `orchestrator-zero` command (tests/test_cli_imports.py: what each command loads).

@@ -39,6 +39,7 @@ from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, kil
 from fixtures.postgres import fresh_database_url
 from oz0 import membership
 from oz0.context import Context
+from oz0.jobs import inputs
 from oz0.store import migrations
 from oz0.temporal.host import HOST_ENV, host_binary
 from tests.conftest import CliRunner, create_token
@@ -264,8 +265,10 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
             assert sorted(s["advertise"] for s in info["servers"]) == [OLD, NEW]
             assert old.process is not None and old.process.poll() is None
 
-            # A job started the old way (a server of the previous release up: its parts are
-            # activities) runs to its end across that server's stop, on this release's.
+            # A job started with a server of the previous release up (its parts activities,
+            # unless that release streamed them already) runs to its end across that
+            # server's stop, on this release's.
+            streamed_before = old_schema >= inputs.STREAMED_SCHEMA
             client = pinned(files, NEW)
             across: dict[str, Any] = client.post(
                 "/api/v1/jobs",
@@ -275,17 +278,18 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
                     "command": ["sh", "-c", "sleep 4; echo across"],
                 },
             )
-            wait_until(lambda: attempts_streamed(main, across["id"]) == [False], "placed")
+            wait_until(lambda: attempts_streamed(main, across["id"]) == [streamed_before], "placed")
             old.stop()
             started.remove(old)
             done = wait_ended(client, across)
             assert (done["state"], done["exit_code"]) == ("succeeded", 0), why(done, started)
             # Every server up at this release: jobs stream their parts, to every agent
-            # that takes them so; the previous release's agents get activities still.
+            # that takes them so; the previous release's agents get activities still (those
+            # of a release that streamed, the stream).
             wait_until(lambda: live_schemas(main) == [code], "only this release's server up")
             job = run_job(client, on_old, "an old agent, every server new")
             assert (job["state"], job["exit_code"]) == ("succeeded", 0), why(job, started)
-            assert attempts_streamed(main, job["id"]) == [False]
+            assert attempts_streamed(main, job["id"]) == [streamed_before]
             upgraded = agents[1]
             upgraded.stop(end_attempts=False)
             agents[1] = AgentProcess.resuming(upgraded.data_dir).start()  # this release's

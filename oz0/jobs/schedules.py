@@ -5,8 +5,8 @@ policy, catch-up window), whether it is paused, and its next times (schedule_cal
 this module holds what it runs and who made it: one row per schedule (`schedules`), what
 `schedule list` reads with the operator's tenant scope, and what each run reads its job
 from. A run is an ordinary job (`start_run`): made by the run's workflow
-(scheduled.py) in one idempotent step, created by the schedule's maker and audited as
-started by `schedule:<id>`.
+(scheduled.py) in one idempotent step, created by the schedule's owner (its maker, or whom
+an admin gave it to: schedule_owners.py) and audited as started by `schedule:<id>`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
 from oz0.errors import Oz0Error
-from oz0.jobs import store
+from oz0.jobs import schedule_owners, store
 from oz0.jobs.spec import JobError, JobSpec
 
 # As `--overlap` names them (Temporal's ScheduleOverlapPolicy: SKIP, BUFFER_ONE, ALLOW_ALL,
@@ -181,6 +181,14 @@ class Schedule:
     spec: ScheduleSpec
     created_by: str
     created_at: dt.datetime
+    # Whose name its runs start jobs in, once an admin gave it to someone (None: its
+    # creator's), and why it is paused until an admin does (schedule_owners.py).
+    owner: str | None = None
+    paused_reason: str | None = None
+
+    @property
+    def runs_as(self) -> str:
+        return self.owner or self.created_by
 
     def to_json(self) -> dict[str, Any]:
         job = self.spec.job_json
@@ -194,15 +202,20 @@ class Schedule:
             "job": {**job, "env": sorted(job.get("env") or {})},
             "created_by": self.created_by,
             "created_at": self.created_at.isoformat(),
+            "owner": self.runs_as,
+            "paused_reason": self.paused_reason,
         }
 
 
-_COLUMNS = "id, tenant, spec, created_by, created_at"
+_COLUMNS = "id, tenant, spec, created_by, created_at, owner, paused_reason"
 
 
 def _schedule(row: tuple[Any, ...]) -> Schedule:
-    schedule_id, tenant, spec, created_by, created_at = row
-    return Schedule(schedule_id, tenant, ScheduleSpec.from_json(spec), created_by, created_at)
+    schedule_id, tenant, spec, created_by, created_at, owner, paused_reason = row
+    return Schedule(
+        schedule_id, tenant, ScheduleSpec.from_json(spec), created_by, created_at, owner,
+        paused_reason,
+    )  # fmt: skip
 
 
 def create(conn: store.Conn, schedule_id: str, spec: ScheduleSpec, actor: audit.Actor) -> Schedule:
@@ -266,11 +279,13 @@ def delete(conn: store.Conn, schedule: Schedule, actor: audit.Actor) -> None:
 
 def start_run(
     conn: store.Conn, schedule_id: str, run_key: str, keeper: Any = None
-) -> store.Job | None:
+) -> store.Job | schedule_owners.Held | None:
     """The job of the run RUN_KEY (its workflow's ID and run ID) of SCHEDULE_ID: made now,
     or the one made when this step ran before, so a step run twice makes one job. None if
-    the schedule is gone (deleted while its run was due). The job's workflow is the run's
-    child, so the job is made started: no sweeper starts it (store.claim_unstarted)."""
+    the schedule is gone (deleted while its run was due); Held if it is paused until an
+    admin takes it over, or must be now (its owner may no longer run it). The job's
+    workflow is the run's child, so the job is made started: no sweeper starts it
+    (store.claim_unstarted)."""
     made = conn.execute("SELECT id FROM jobs WHERE run_key = %s", (run_key,)).fetchone()
     if made is not None:
         return store.get(conn, str(made[0]))
@@ -278,7 +293,13 @@ def start_run(
         schedule = get(conn, schedule_id)
     except ScheduleNotFound:
         return None
-    run = store.ScheduledRun(schedule.id, run_key, schedule.created_by)
+    held = schedule_owners.check_run(
+        conn, schedule.id, schedule.tenant, schedule.runs_as,
+        creator=schedule.owner is None, paused_reason=schedule.paused_reason,
+    )  # fmt: skip
+    if held is not None:
+        return held
+    run = store.ScheduledRun(schedule.id, run_key, schedule.runs_as)
     return store.create(
         conn, schedule.spec.job, audit.Actor("schedule", schedule.id), keeper, run=run
     )

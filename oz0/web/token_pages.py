@@ -89,12 +89,19 @@ def add(web: Blueprint, pages: Pages) -> None:
         try:
             spec = spec_from_form(form)
             session.person.check(access.Right.OPERATE, "create join tokens", tenant=spec.tenant)
+        except access.Forbidden as e:
+            raise Refused(str(e)) from None
+        except Oz0Error as e:
+            return await create_form(session, form, 400, str(e))
+        try:
+            tokens.check_creator(session.person, spec)
             where = await join_command.offer(db, pages.state.server_id)
             token, secret = await db.transaction(
                 lambda conn: tokens.create_from(conn, spec, session.actor)
             )
         except access.Forbidden as e:
-            raise Refused(str(e)) from None
+            # On the form, which a ttl and a number of uses make good.
+            return await create_form(session, form, 403, str(e))
         except Oz0Error as e:
             return await create_form(session, form, 400, str(e))
         join = where.command(secret, pages.state.cluster.ca_hash)

@@ -13,8 +13,9 @@ import trio
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
-from oz0 import access, enrollment, operators, passwords, pki, ui_accounts
+from oz0 import access, enrollment, leaving, operators, passwords, pki, ui_accounts
 from oz0.errors import Oz0Error
+from oz0.server.api import schedules
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
 T = TypeVar("T")
@@ -102,23 +103,34 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         body = await json_object()
         role = None if body.get("role") is None else _role(body["role"])
         tenants = None if body.get("tenants") is None else _tenants(body["tenants"])
-        info = await _answer(
+        info, ended = await _answer(
             state.db.transaction(
-                lambda conn: operators.set_operator(conn, person, name, role=role, tenants=tenants)
+                lambda conn: leaving.change(conn, person, name, role=role, tenants=tenants)
             )
         )
         state.operator_cache.forget(name)
-        return jsonify(info.to_json())
+        return jsonify({**info.to_json(), **await _ended(state, person, ended)})
 
     @app.delete("/api/v1/operators/<name>")
     async def operator_remove(name: str) -> Response:
         person = await operator(state)
-        removed = await _answer(
-            state.db.transaction(lambda conn: operators.remove(conn, person, name))
+        removed, ended = await _answer(
+            state.db.transaction(lambda conn: leaving.remove(conn, person, name))
         )
         # This server at once; the others when the `oz0_operators` notification comes.
         state.operator_cache.forget(name)
-        return jsonify(removed)
+        return jsonify({**removed, **await _ended(state, person, ended)})
+
+
+async def _ended(
+    state: ManagementState, person: access.Person, ended: leaving.Ended
+) -> dict[str, Any]:
+    """What a removal or a change ended, as PERSON may see it, once the schedules it paused
+    are paused in Temporal as well (their runs started nothing from the commit on)."""
+    shown = ended.to_json(person)
+    not_paused = await schedules.pause_held(state, ended.paused)
+    late = [i for i in not_paused if i in shown["schedules_paused"]]
+    return {**shown, "schedules_not_paused_in_temporal": late}
 
 
 def _own_address(server_id: str) -> Callable[[psycopg.Connection[Any]], str | None]:

@@ -1,5 +1,5 @@
 """POST/GET /api/v1/schedules, GET /api/v1/schedules/<id>, POST .../pause, .../unpause,
-.../trigger, DELETE /api/v1/schedules/<id>.
+.../trigger, PATCH (an admin gives it to a new owner) and DELETE /api/v1/schedules/<id>.
 
 A schedule is a row (oz0/jobs/schedules.py) and a Temporal Schedule in its tenant's
 namespace (oz0/jobs/schedule_calls.py), reached through this server's job role. The
@@ -14,14 +14,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import trio
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from temporalio.client import Client
 from temporalio.service import RPCError
 
 from oz0 import access
-from oz0.jobs import schedule_calls, schedules, store
+from oz0.jobs import schedule_calls, schedule_owners, schedules, store
 from oz0.jobs.role import JobsUnavailable
+from oz0.jobs.schedule_owners import Held
 from oz0.jobs.schedules import Schedule, ScheduleError, ScheduleNotFound, ScheduleSpec
 from oz0.jobs.spec import JobError
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -33,6 +35,9 @@ T = TypeVar("T")
 SHOWN_RUNS = 10
 ACTIONS = ("pause", "unpause", "trigger")
 TEMPORAL_UNAVAILABLE = "Temporal cannot be reached from this server now; try again shortly"
+# How long a removal or demotion waits for the pauses of the schedules it paused in
+# Temporal (their rows are paused already: their runs start nothing meanwhile).
+PAUSE_HELD_WITHIN = 5.0
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
@@ -63,6 +68,14 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def schedule_trigger(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "trigger"))
 
+    @app.patch("/api/v1/schedules/<schedule_id>")
+    async def schedule_set(schedule_id: str) -> Response:
+        body = await json_object()
+        owner = body.get("owner")
+        if set(body) != {"owner"} or not isinstance(owner, str):
+            raise ApiError(400, "body must be a JSON object with the new `owner` (a name)")
+        return jsonify(await set_owner(state, await operator(state), schedule_id, owner))
+
     @app.delete("/api/v1/schedules/<schedule_id>")
     async def schedule_delete(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "delete"))
@@ -92,7 +105,7 @@ async def create(
             log.warning("schedule %s: its Temporal Schedule is left: %s", schedule_id, e)
         raise
     timing = await _timing(state, made)
-    return {**made.to_json(), **_timing_json(timing)}
+    return {**made.to_json(), **_timing_json(timing, made)}
 
 
 async def listing(
@@ -104,7 +117,7 @@ async def listing(
         state, lambda conn: schedules.list_schedules(conn, tenant=tenant, scope=scope)
     )
     timings = await _timings(state, found)
-    return [{**s.to_json(), **_timing_json(timings.get(s.id))} for s in found]
+    return [{**s.to_json(), **_timing_json(timings.get(s.id), s)} for s in found]
 
 
 async def show(
@@ -122,7 +135,7 @@ async def show(
     timing = await _timing(state, schedule)
     return {
         **schedule.to_json(),
-        **_timing_json(timing),
+        **_timing_json(timing, schedule),
         "runs": [_run_json(j) for j in runs],
     }
 
@@ -134,6 +147,12 @@ async def act(
     _check_id(schedule_id)
     schedule = await _db(state, lambda conn: schedules.get(conn, schedule_id, scope=person.scope))
     _check(person, f"{action} schedules", schedule.tenant)
+    if schedule.paused_reason is not None and action in ("unpause", "trigger"):
+        raise ApiError(
+            409,
+            f"schedule {schedule_id} is paused: {schedule.paused_reason}; an admin takes it"
+            f" over first (schedule set {schedule_id} --owner NAME)",
+        )
     note = f"{action}d by {person.kind}:{person.name}"
     calls: dict[str, Callable[[Client], Awaitable[None]]] = {
         "pause": lambda c: schedule_calls.pause(c, schedule_id, note),
@@ -151,7 +170,75 @@ async def act(
         await _db(state, lambda conn: schedules.delete(conn, schedule, actor))
         return {**schedule.to_json(), "deleted": True}
     await _db(state, lambda conn: schedules.record(conn, actor, f"schedule.{action}", schedule))
-    return {**schedule.to_json(), **_timing_json(await _timing(state, schedule))}
+    return {**schedule.to_json(), **_timing_json(await _timing(state, schedule), schedule)}
+
+
+async def set_owner(
+    state: ManagementState, person: access.Person, schedule_id: str, owner: str
+) -> dict[str, Any]:
+    """Give a schedule to OWNER (an admin of its tenant only; OWNER must be allowed to run
+    it); one paused because its owner left is resumed, in its row and then in Temporal.
+    Audited `schedule.owner`."""
+    _check_id(schedule_id)
+
+    def give(conn: store.Conn) -> tuple[Schedule, schedule_owners.TakenOver]:
+        schedule = schedules.get(conn, schedule_id, scope=person.scope)
+        return schedule, schedule_owners.take_over(
+            conn, person, schedule_id, schedule.tenant, owner
+        )
+
+    try:
+        schedule, taken = await _db(state, give)
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
+    except schedule_owners.OwnerRefused as e:
+        raise ApiError(400, str(e)) from None
+    if taken.resumed:
+        # The row first: were Temporal unpaused before, a run due in between would find
+        # the row still paused and pause the schedule again.
+        note = f"resumed: {person.kind}:{person.name} gave it to {taken.now}"
+        try:
+            await _temporal(
+                state, schedule.tenant, lambda c: schedule_calls.unpause(c, schedule_id, note)
+            )
+        except ApiError as e:
+            raise ApiError(
+                e.status,
+                f"schedule {schedule_id} is {owner}'s now, but its Temporal Schedule is still"
+                f" paused: {e.message}; resume it with `schedule unpause {schedule_id}`",
+            ) from None
+    again = await _db(state, lambda conn: schedules.get(conn, schedule_id))
+    return {
+        **again.to_json(),
+        **_timing_json(await _timing(state, again), again),
+        "previous_owner": taken.was,
+        "resumed": taken.resumed,
+    }
+
+
+async def pause_held(state: ManagementState, held: list[Held]) -> list[str]:
+    """Pause in Temporal the schedules HELD (their rows paused already, by a removal or a
+    demotion), all at once, within PAUSE_HELD_WITHIN; the IDs it could not pause (logged:
+    each one's next run starts nothing and pauses it then)."""
+    paused: set[str] = set()
+
+    async def pause(one: Held) -> None:
+        try:
+            await _temporal(
+                state, one.tenant, lambda c: schedule_calls.pause(c, one.schedule_id, one.note)
+            )
+        except ApiError as e:
+            log.warning("schedule %s: could not pause it in Temporal: %s", one.schedule_id, e)
+        else:
+            paused.add(one.schedule_id)
+
+    with trio.move_on_after(PAUSE_HELD_WITHIN) as waited:
+        async with trio.open_nursery() as nursery:
+            for one in held:
+                nursery.start_soon(pause, one)
+    if waited.cancelled_caught:
+        log.warning("pausing %d schedules in Temporal took over %s s", len(held), PAUSE_HELD_WITHIN)
+    return [h.schedule_id for h in held if h.schedule_id not in paused]
 
 
 def _run_json(job: store.Job) -> dict[str, Any]:
@@ -165,8 +252,16 @@ def _run_json(job: store.Job) -> dict[str, Any]:
     }
 
 
-def _timing_json(timing: schedule_calls.Timing | None) -> dict[str, Any]:
-    """The schedule's state in Temporal; `temporal` null when Temporal could not be asked."""
+def _timing_json(timing: schedule_calls.Timing | None, schedule: Schedule) -> dict[str, Any]:
+    """The schedule's state in Temporal; `temporal` null when Temporal could not be asked.
+    One paused until an admin takes it over is paused, with no next times, whatever
+    Temporal says (its runs start nothing)."""
+    if schedule.paused_reason is not None:
+        return {
+            "temporal": None if timing is None else timing.to_json(),
+            "paused": True,
+            "next_times": [],
+        }
     if timing is None:
         return {"temporal": None, "paused": None, "next_times": []}
     return {

@@ -25,6 +25,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         try:
             spec = tokens.TokenSpec.from_json(body)
             actor.check(access.Right.OPERATE, "create join tokens", tenant=spec.tenant)
+            tokens.check_creator(actor, spec)
             where = await join_command.offer(state.db, state.server_id)
             token, secret = await state.db.transaction(
                 lambda conn: tokens.create_from(conn, spec, actor)
