@@ -52,7 +52,9 @@ def add(web: Blueprint, pages: Pages) -> None:
         form = await request.form
         username, password = form.get("username", ""), form.get("password", "")
         where = pages.source()
-        verdict = await sessions.check_password(state.db, pages.hashing, username, password, where)
+        verdict = await sessions.check_password(
+            state.db, pages.hashing, username, password, where, pages.names
+        )
         if not verdict.ok:
             return await refused(verdict, username)
         try:
