@@ -40,7 +40,7 @@ import trio
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from oz0 import access, audit, passwords
+from oz0 import access, audit, cap_rules, passwords
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
 
@@ -279,8 +279,17 @@ async def check_password(
     return Verdict(right)
 
 
-def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[str, Session]:
-    """A new session for USERNAME, audited `ui.login`; the token for the cookie."""
+def start(
+    conn: psycopg.Connection[Any], username: str, source: str, *, max_open: int | None = None
+) -> tuple[str, Session]:
+    """A new session for USERNAME, audited `ui.login`; the token for the cookie. CapReached
+    if USERNAME has MAX_OPEN sessions open already (on every server)."""
+    if max_open is not None:
+        # One sign-in of a person at a time counts, so two at once cannot both pass it.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0-sessions:' || %s))", (username,))
+        if count_open(conn, username) >= max_open:
+            idle = int(IDLE.total_seconds() // 60)
+            raise cap_rules.too_many_web_sessions(username, max_open, idle)
     token = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
     row = conn.execute(
