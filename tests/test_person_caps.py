@@ -28,6 +28,7 @@ from cli import client
 from fixtures import operator_certs
 from fixtures.cluster import Served
 from oz0 import passwords
+from tests.conftest import CliRunner
 
 SERVER = "127.0.0.78"
 ADVERTISE = SERVER  # the module's server (`served`, tests/conftest.py)
@@ -295,7 +296,7 @@ def test_schedules_past_a_tenants_cap_or_too_often_are_refused(world: World) -> 
     assert all(s["temporal"] and s["temporal"]["found"] for s in listed), listed
 
 
-def test_join_tokens_past_a_tenants_cap_are_refused(world: World) -> None:
+def test_join_tokens_past_a_tenants_cap_are_refused(world: World, cli: CliRunner) -> None:
     admin = world.admin
     with world.db() as conn:
         conn.execute("DELETE FROM join_tokens")
@@ -310,8 +311,16 @@ def test_join_tokens_past_a_tenants_cap_are_refused(world: World) -> None:
         " revoke one first"
     )
     admin.ok("POST", "/api/v1/tokens", {"tenant": "other"})
+    # The CLI says the same line, and fails.
+    env = world.served.files.cli_env
+    refused_cli = cli("token", "create", "--tenant", "default", env=env)
+    assert refused_cli.code == 1
+    assert refused_cli.err.strip().endswith(refused.data["error"]), refused_cli.err
     admin.ok("POST", f"/api/v1/tokens/{made[0]['id']}/revoke", {})
     admin.ok("POST", "/api/v1/tokens", {"tenant": "default"})
+    # And `tenant show` shows the caps.
+    shown = cli("tenant", "show", "default", env=env)
+    assert "max join tokens" in shown.out and "min schedule interval" in shown.out, shown.out
 
 
 def test_each_cap_is_a_flag_its_help_shows_with_its_default() -> None:
