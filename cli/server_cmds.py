@@ -22,11 +22,18 @@ from cli.params import JsonFlag
 from oz0.context import check_address, config_home
 from oz0.errors import Oz0Error
 from oz0.node_rules import MAX_PENDING
-from oz0.server_defaults import RECONCILE_EVERY
+from oz0.server_defaults import (
+    MAX_LIVE_PAGES_PER_PERSON,
+    MAX_WEB_SESSIONS_PER_PERSON,
+    PERSON_REQUEST_BURST,
+    PERSON_REQUESTS_PER_SECOND,
+    RECONCILE_EVERY,
+)
 
 if TYPE_CHECKING:
     from oz0.server import start as server_start
     from oz0.server import tls
+    from oz0.server.person_limits import PersonLimits
     from oz0.store.dburl import DatabaseUrl
 
 app = App(name="server", help_format="markdown")  # help: cli/main.py
@@ -143,6 +150,10 @@ def start(
     data_dir: DataDir = None,
     reconcile_every: float = RECONCILE_EVERY,
     max_pending_nodes: int = MAX_PENDING,
+    max_web_sessions_per_person: int = MAX_WEB_SESSIONS_PER_PERSON,
+    max_live_pages_per_person: int = MAX_LIVE_PAGES_PER_PERSON,
+    person_requests_per_second: float = PERSON_REQUESTS_PER_SECOND,
+    person_request_burst: int = PERSON_REQUEST_BURST,
     ui_cert: Path | None = None,
     ui_key: Path | None = None,
     verbose: VerboseFlag = False,
@@ -165,6 +176,18 @@ def start(
     max_pending_nodes
         Nodes that may wait for an operator at once, cluster-wide; tokenless joins beyond
         it are refused (1 to 1000000; give every server the same).
+    max_web_sessions_per_person
+        Web UI sessions one person may have open at once, on all servers; a sign-in past
+        it is refused, 429 (1 to 10000; give every server the same).
+    max_live_pages_per_person
+        Live pages (web UI event streams) one person may hold on this server, whatever
+        their sessions; more are refused, 429 (1 to 200).
+    person_requests_per_second
+        Requests (API calls, web UI pages and actions) one person may send this server a
+        second, after a burst of --person-request-burst; more are refused, 429 with
+        Retry-After (0.1 to 100000).
+    person_request_burst
+        Requests one person may send this server at once (1 to 100000).
     ui_cert
         Your organisation's certificate for the web UI (PEM, the server's first, then its
         chain), served to browsers instead of one from the cluster's web UI CA.
@@ -181,6 +204,12 @@ def start(
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     if not 1 <= max_pending_nodes <= 1_000_000:
         raise Oz0Error(f"--max-pending-nodes must be 1 to 1000000, not {max_pending_nodes}")
+    limits = _person_limits(
+        max_web_sessions_per_person,
+        max_live_pages_per_person,
+        person_requests_per_second,
+        person_request_burst,
+    )
     pair = server_start.ui_pair(ui_cert, ui_key)
     if dev:
         if data_dir is None:
@@ -193,6 +222,7 @@ def start(
             reconcile_every,
             max_pending_nodes,
             pair,
+            limits,
             verbose=verbose,
         )
     logs.configure(verbose=verbose)
@@ -207,10 +237,29 @@ def start(
         reconcile_every=reconcile_every,
         max_pending_nodes=max_pending_nodes,
         ui_pair=pair,
+        limits=limits,
     )
     cluster = server_start.prepare(options)
     trio.run(server_start.run_until_signalled, options, cluster, _print_started)
     return 0
+
+
+def _person_limits(
+    web_sessions: int, live_pages: int, per_second: float, burst: int
+) -> PersonLimits:
+    """The flags' caps on one person, each within its bounds (else one line, exit 1)."""
+    from oz0.server.person_limits import PersonLimits
+    from oz0.web.live import MAX_STREAMS
+
+    for flag, value, low, high in (
+        ("--max-web-sessions-per-person", web_sessions, 1, 10_000),
+        ("--max-live-pages-per-person", live_pages, 1, MAX_STREAMS),
+        ("--person-requests-per-second", per_second, 0.1, 100_000),
+        ("--person-request-burst", burst, 1, 100_000),
+    ):
+        if not low <= value <= high:
+            raise Oz0Error(f"{flag} must be {low:g} to {high:g}, not {value:g}")
+    return PersonLimits(web_sessions, live_pages, per_second, burst)
 
 
 def _start_dev(
@@ -221,6 +270,7 @@ def _start_dev(
     reconcile_every: float,
     max_pending_nodes: int,
     ui_pair: tls.UiPair | None,
+    limits: PersonLimits,
     *,
     verbose: bool,
 ) -> int:
@@ -262,6 +312,7 @@ def _start_dev(
             reconcile_every=reconcile_every,
             max_pending_nodes=max_pending_nodes,
             ui_pair=ui_pair,
+            limits=limits,
         )
         cluster = server_start.prepare(options)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -11,6 +11,7 @@ from cyclopts import App, Parameter, Token
 from cli.client import ApiClient
 from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
+from oz0 import cap_rules
 from oz0 import retention_rules as rules
 from oz0.context import select
 from oz0.errors import Oz0Error
@@ -36,19 +37,42 @@ def _queued(type_: Any, tokens: Sequence[Token]) -> int:
         raise ValueError(str(e)) from None
 
 
+def _schedules(type_: Any, tokens: Sequence[Token]) -> int:
+    return _whole(tokens, cap_rules.max_schedules)
+
+
+def _join_tokens(type_: Any, tokens: Sequence[Token]) -> int:
+    return _whole(tokens, cap_rules.max_join_tokens)
+
+
+def _whole(tokens: Sequence[Token], check: Callable[[int], int]) -> int:
+    try:
+        return check(int(tokens[0].value))
+    except ValueError:
+        raise ValueError(f"invalid number {tokens[0].value!r}: give a whole number") from None
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+
+
+def _interval(type_: Any, tokens: Sequence[Token]) -> int:
+    try:
+        return cap_rules.min_schedule_interval(tokens[0].value)
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+
+
 JobRetention = Annotated[
     int | None, Parameter(converter=_retention, metavar="DURATION", negative=())
 ]
 MaxQueued = Annotated[int | None, Parameter(converter=_queued, metavar="N", negative=())]
+MaxSchedules = Annotated[int | None, Parameter(converter=_schedules, metavar="N", negative=())]
+MinInterval = Annotated[int | None, Parameter(converter=_interval, metavar="DURATION", negative=())]
+MaxJoinTokens = Annotated[int | None, Parameter(converter=_join_tokens, metavar="N", negative=())]
 
 
-def _body(job_retention: int | None, max_queued_jobs: int | None) -> dict[str, object]:
-    body: dict[str, object] = {}
-    if job_retention is not None:
-        body["job_retention"] = job_retention
-    if max_queued_jobs is not None:
-        body["max_queued_jobs"] = max_queued_jobs
-    return body
+def _body(**settings: int | None) -> dict[str, object]:
+    """The API's body: the settings given (their keys are the API's)."""
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 @app.command
@@ -57,6 +81,9 @@ def create(
     *,
     job_retention: JobRetention = None,
     max_queued_jobs: MaxQueued = None,
+    max_schedules: MaxSchedules = None,
+    min_schedule_interval: MinInterval = None,
+    max_join_tokens: MaxJoinTokens = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -75,8 +102,21 @@ def create(
     max_queued_jobs
         How many of its jobs may wait for a node at once; `job run` past it is refused
         (default 10000).
+    max_schedules
+        How many schedules it may have; `schedule create` past it is refused (default 100).
+    min_schedule_interval
+        The shortest time between two runs of one of its schedules, such as 30s or 5m;
+        a schedule that runs more often is refused (1s to 1d, default 1m).
+    max_join_tokens
+        How many of its join tokens may let a node in at once (not revoked, expired or
+        used up); `token create` past it is refused (default 100).
     """
-    body = {"name": name, **_body(job_retention, max_queued_jobs)}
+    settings = _body(
+        job_retention=job_retention, max_queued_jobs=max_queued_jobs,
+        max_schedules=max_schedules, min_schedule_interval=min_schedule_interval,
+        max_join_tokens=max_join_tokens,
+    )  # fmt: skip
+    body = {"name": name, **settings}
     tenant = ApiClient(select(context)).post("/api/v1/tenants", body)
     if json:
         print_json(tenant)
@@ -91,10 +131,13 @@ def set_(
     *,
     job_retention: JobRetention = None,
     max_queued_jobs: MaxQueued = None,
+    max_schedules: MaxSchedules = None,
+    min_schedule_interval: MinInterval = None,
+    max_join_tokens: MaxJoinTokens = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
-    """Change tenant NAME's job retention (its namespace's too) or its queued-jobs cap.
+    """Change tenant NAME's job retention (its namespace's too) or its caps.
 
     A shorter retention deletes what it no longer keeps within seconds.
 
@@ -104,24 +147,39 @@ def set_(
         How long finished jobs are kept after they end: 1h to 3650d, such as 12h or 90d.
     max_queued_jobs
         How many of its jobs may wait for a node at once.
+    max_schedules
+        How many schedules it may have (those it has stay).
+    min_schedule_interval
+        The shortest time between two runs of a new schedule of it: 1s to 1d.
+    max_join_tokens
+        How many of its join tokens may let a node in at once (those it has stay).
     """
-    body = _body(job_retention, max_queued_jobs)
+    body = _body(
+        job_retention=job_retention, max_queued_jobs=max_queued_jobs,
+        max_schedules=max_schedules, min_schedule_interval=min_schedule_interval,
+        max_join_tokens=max_join_tokens,
+    )  # fmt: skip
     if not body:
-        raise Oz0Error("nothing to change: give --job-retention or --max-queued-jobs")
+        raise Oz0Error(
+            "nothing to change: give --job-retention, --max-queued-jobs, --max-schedules,"
+            " --min-schedule-interval or --max-join-tokens"
+        )
     tenant = ApiClient(select(context)).request("PATCH", f"/api/v1/tenants/{quote(name)}", body)
     if json:
         print_json(tenant)
     else:
         print(
             f"tenant {tenant['name']}: keeps finished jobs {tenant['job_retention']},"
-            f" at most {tenant['max_queued_jobs']} queued"
+            f" at most {tenant['max_queued_jobs']} queued, {tenant['max_schedules']}"
+            f" schedules (each at most every {tenant['min_schedule_interval']}),"
+            f" {tenant['max_join_tokens']} live join tokens"
         )
     return 0
 
 
 @app.command
 def show(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
-    """Tenant NAME: its namespace, job retention and queued-jobs cap."""
+    """Tenant NAME: its namespace, job retention and caps."""
     tenant = ApiClient(select(context)).get(f"/api/v1/tenants/{quote(name)}")
     if json:
         print_json(tenant)
@@ -133,6 +191,9 @@ def show(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -
             ("created", tenant["created_at"]),
             ("job retention", tenant["job_retention"]),
             ("max queued jobs", tenant["max_queued_jobs"]),
+            ("max schedules", tenant["max_schedules"]),
+            ("min schedule interval", tenant["min_schedule_interval"]),
+            ("max join tokens", tenant["max_join_tokens"]),
         ]
     )
     return 0

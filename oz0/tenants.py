@@ -1,5 +1,6 @@
 """Tenants: each has a Temporal namespace of the same name, a job retention (the namespace's
-retention matches it) and a cap on its jobs queued at once (oz0/retention_rules.py)."""
+retention matches it), a cap on its jobs queued at once (oz0/retention_rules.py) and caps
+on its schedules and join tokens (oz0/cap_rules.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from oz0 import audit, listing
+from oz0 import audit, cap_rules, listing
 from oz0 import retention_rules as rules
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
@@ -60,28 +61,47 @@ class Settings:
 
     job_retention: int | None = None
     max_queued_jobs: int | None = None
+    max_schedules: int | None = None
+    min_schedule_interval: int | None = None
+    max_join_tokens: int | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any], *, also: tuple[str, ...] = ()) -> Settings:
-        """From an API body: `job_retention` (seconds, or text such as "30d") and
-        `max_queued_jobs`, and the fields ALSO (read by the caller); TenantRefused if either
-        is out of bounds, or the body has another field (a misspelt one would be lost)."""
-        unknown = sorted(set(body) - {"job_retention", "max_queued_jobs", *also})
+        """From an API body: `job_retention` (seconds, or text such as "30d"),
+        `max_queued_jobs`, `max_schedules`, `min_schedule_interval` (as job_retention) and
+        `max_join_tokens`, and the fields ALSO (read by the caller); TenantRefused if one is
+        out of bounds, or the body has another field (a misspelt one would be lost)."""
+        unknown = sorted(set(body) - {*_SETTINGS, *also})
         if unknown:
             raise TenantRefused(f"unknown field {unknown[0]!r}")
         try:
             retention = body.get("job_retention")
             queued = body.get("max_queued_jobs")
-            if retention is not None and (
-                isinstance(retention, bool) or not isinstance(retention, str | int)
-            ):
-                raise rules.RetentionError("job_retention must be seconds or a duration")
+            interval = body.get("min_schedule_interval")
+            for key, value in (("job_retention", retention), ("min_schedule_interval", interval)):
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, str | int)
+                ):
+                    raise rules.RetentionError(f"{key} must be seconds or a duration")
             return cls(
                 None if retention is None else rules.job_retention(retention),
                 None if queued is None else rules.max_queued(queued),
+                _maybe(cap_rules.max_schedules, body.get("max_schedules")),
+                None if interval is None else cap_rules.min_schedule_interval(interval),
+                _maybe(cap_rules.max_join_tokens, body.get("max_join_tokens")),
             )
         except rules.RetentionError as e:
             raise TenantRefused(str(e)) from None
+
+
+_SETTINGS = (
+    "job_retention", "max_queued_jobs", "max_schedules", "min_schedule_interval",
+    "max_join_tokens",
+)  # fmt: skip
+
+
+def _maybe(check: Any, value: Any) -> int | None:
+    return None if value is None else int(check(value))
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,15 @@ class Tenant:
     created_at: dt.datetime
     job_retention: int = rules.JOB_RETENTION_DEFAULT
     max_queued_jobs: int = rules.MAX_QUEUED_DEFAULT
+    max_schedules: int = cap_rules.MAX_SCHEDULES_DEFAULT
+    min_schedule_interval: int = cap_rules.MIN_SCHEDULE_INTERVAL_DEFAULT
+    max_join_tokens: int = cap_rules.MAX_JOIN_TOKENS_DEFAULT
+
+    @property
+    def caps(self) -> cap_rules.TenantCaps:
+        return cap_rules.TenantCaps(
+            self.max_schedules, self.min_schedule_interval, self.max_join_tokens
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,10 +128,17 @@ class Tenant:
             "job_retention": rules.describe(self.job_retention),
             "job_retention_seconds": self.job_retention,
             "max_queued_jobs": self.max_queued_jobs,
+            "max_schedules": self.max_schedules,
+            "min_schedule_interval": rules.describe(self.min_schedule_interval),
+            "min_schedule_interval_seconds": self.min_schedule_interval,
+            "max_join_tokens": self.max_join_tokens,
         }
 
 
-_COLUMNS = "name, created_at, job_retention_s, max_queued_jobs"
+_COLUMNS = (
+    "name, created_at, job_retention_s, max_queued_jobs, max_schedules,"
+    " min_schedule_interval_s, max_join_tokens"
+)
 
 
 # Temporal's own namespaces (temporal-system, and whatever it adds) take this prefix.
@@ -132,11 +168,18 @@ def create(
 ) -> Tenant:
     retention = settings.job_retention or rules.JOB_RETENTION_DEFAULT
     queued = settings.max_queued_jobs or rules.MAX_QUEUED_DEFAULT
+    caps = cap_rules.TenantCaps(
+        settings.max_schedules or cap_rules.MAX_SCHEDULES_DEFAULT,
+        settings.min_schedule_interval or cap_rules.MIN_SCHEDULE_INTERVAL_DEFAULT,
+        settings.max_join_tokens or cap_rules.MAX_JOIN_TOKENS_DEFAULT,
+    )
     row = conn.execute(
-        "INSERT INTO tenants (name, job_retention_s, max_queued_jobs) VALUES (%s, %s, %s)"
+        "INSERT INTO tenants (name, job_retention_s, max_queued_jobs, max_schedules,"
+        " min_schedule_interval_s, max_join_tokens) VALUES (%s, %s, %s, %s, %s, %s)"
         f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
-        (check_name(name), retention, queued),
-    ).fetchone()
+        (check_name(name), retention, queued, caps.max_schedules, caps.min_schedule_interval,
+         caps.max_join_tokens),
+    ).fetchone()  # fmt: skip
     if row is None:
         raise TenantExists(f"tenant {name} already exists")
     audit.record(
@@ -148,6 +191,9 @@ def create(
             "namespace": name,
             "job_retention": rules.describe(retention),
             "max_queued_jobs": queued,
+            "max_schedules": caps.max_schedules,
+            "min_schedule_interval": rules.describe(caps.min_schedule_interval),
+            "max_join_tokens": caps.max_join_tokens,
         },
         tenants=[name],
     )
@@ -204,20 +250,24 @@ def change(
         before,
         job_retention=settings.job_retention or before.job_retention,
         max_queued_jobs=settings.max_queued_jobs or before.max_queued_jobs,
+        max_schedules=settings.max_schedules or before.max_schedules,
+        min_schedule_interval=settings.min_schedule_interval or before.min_schedule_interval,
+        max_join_tokens=settings.max_join_tokens or before.max_join_tokens,
     )
     changed: dict[str, dict[str, Any]] = {}
-    if before.job_retention != after.job_retention:
-        changed["job_retention"] = {
-            "from": rules.describe(before.job_retention),
-            "to": rules.describe(after.job_retention),
-        }
-    if before.max_queued_jobs != after.max_queued_jobs:
-        changed["max_queued_jobs"] = {"from": before.max_queued_jobs, "to": after.max_queued_jobs}
+    for key in _SETTINGS:
+        was, now = getattr(before, key), getattr(after, key)
+        if was != now:
+            durations = key in ("job_retention", "min_schedule_interval")
+            shown = (rules.describe(was), rules.describe(now)) if durations else (was, now)
+            changed[key] = {"from": shown[0], "to": shown[1]}
     if changed:
         conn.execute(
-            "UPDATE tenants SET job_retention_s = %s, max_queued_jobs = %s WHERE name = %s",
-            (after.job_retention, after.max_queued_jobs, name),
-        )
+            "UPDATE tenants SET job_retention_s = %s, max_queued_jobs = %s, max_schedules = %s,"
+            " min_schedule_interval_s = %s, max_join_tokens = %s WHERE name = %s",
+            (after.job_retention, after.max_queued_jobs, after.max_schedules,
+             after.min_schedule_interval, after.max_join_tokens, name),
+        )  # fmt: skip
         if "job_retention" in changed:
             # A shorter retention should take effect now, not at the next scheduled pass.
             conn.execute("UPDATE cluster_settings SET prune_due_at = now()")

@@ -5,13 +5,20 @@ polls do not count: a tab left open is idle), ABSOLUTE after its sign-in, or onc
 operator is removed, whichever comes first; every server reads the same rows, so a
 sign-out ends it everywhere.
 
-Failed sign-ins are rows too, counted per account and source (an IPv6 source by its /64:
-one machine has the whole prefix) and per source alone, over FAILURE_WINDOW. Past the
+Failed sign-ins are rows too, counted per typed name and source (an IPv6 source by its
+/64: one machine has the whole prefix) and per source alone, over FAILURE_WINDOW. Past the
 free ones, each further try waits longer (FIRST_DELAY, doubling up to MAX_DELAY), and is
 refused without checking the password until then; a failure from one source never locks
 the account out for the others, and a password reset clears the account's failures.
 The password is checked (scrypt: tens of milliseconds of CPU) outside any transaction,
 on a limiter of few threads, so a crowd of sign-ins holds no pooled connection.
+
+A name with no account is answered as one with an account and a wrong password, at every
+step (OWASP's authentication cheat sheet): its password is checked against a dummy hash of
+the same cost, and its failures are counted per name too, under a keyed digest of the
+typed text (`Names`), so that its lockout comes when a real name's would. Shared counts
+for all unknown names would have told them apart: the sixth unknown name from one source
+refused (429) while a real one is still only wrong (401).
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ import math
 import secrets
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import trio
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from oz0 import access, audit, passwords
+from oz0 import access, audit, cap_rules, passwords
 from oz0.errors import Oz0Error
 from oz0.store.pool import Database
 
@@ -40,7 +49,7 @@ IDLE = dt.timedelta(minutes=30)
 ABSOLUTE = dt.timedelta(hours=12)
 # How long a failed sign-in counts; older failure rows are deleted.
 FAILURE_WINDOW = dt.timedelta(hours=1)
-# Failures of one account from one source that cost nothing more; each one after waits
+# Failures of one name from one source that cost nothing more; each one after waits
 # FIRST_DELAY, doubled per failure, at most MAX_DELAY.
 FREE_FAILURES = 5
 # Failures from one source, whatever the accounts, before the same delays apply.
@@ -49,9 +58,10 @@ FIRST_DELAY = dt.timedelta(seconds=30)
 MAX_DELAY = dt.timedelta(minutes=15)
 # How often (per server process) failure rows older than FAILURE_WINDOW are deleted.
 PRUNE_EVERY = 60.0
-# The account a failure for a name with no account is counted and audited under: never
-# the typed text (a password typed into the username field would land in the audit log).
-# Not a valid operator name, so no account can have it.
+# The account a failure for a name with no account is audited under: never the typed text
+# (a password typed into the username field would land in the audit log). Not a valid
+# operator name, so no account can have it; its failures are counted under it and a keyed
+# digest of the typed text (`Names`).
 UNKNOWN_ACCOUNT = "(unknown)"
 MAX_USERNAME = 64
 MAX_PASSWORD = 1024
@@ -106,6 +116,31 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Names:
+    """What the failures of a name with no account are counted under: UNKNOWN_ACCOUNT and
+    an HMAC of the typed text, keyed by KEY (from the master key: the same on every server,
+    so the count is the cluster's, and unknown to whoever reads only the database, so a
+    password typed as a name cannot be guessed back from its row)."""
+
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, cluster_name: str, master_key: bytes | None) -> Names:
+        if master_key is None:
+            # A cluster loaded without its master key (tests): counts hold per process.
+            return cls(secrets.token_bytes(32))
+        derive = HKDF(
+            hashes.SHA256(), 32, salt=None, info=f"oz0 sign-in names {cluster_name}".encode()
+        )
+        return cls(derive.derive(master_key))
+
+    def unknown(self, typed: str) -> str:
+        """The key failures of the name TYPED are counted under when no account has it."""
+        mac = hmac.new(self.key, typed.encode(), hashlib.sha256).hexdigest()
+        return f"{UNKNOWN_ACCOUNT}:{mac[:32]}"
+
+
 @functools.cache
 def _dummy_hash() -> str:
     """A hash no password matches, made once per process: an unknown username is checked
@@ -141,27 +176,33 @@ def delay_after(failures: int, free: int) -> dt.timedelta:
 
 @dataclass(frozen=True)
 class Attempt:
-    """A sign-in let through to its password check: the account failures count under (the
-    name, or UNKNOWN_ACCOUNT), its stored hash (None: no such account), and the failure
-    row written for it in advance (so tries made at once cannot all pass the limit before
-    any has failed), deleted if the password is right. Or, with RETRY_AFTER (seconds),
-    a sign-in refused unchecked: this account and source, or this source, must wait."""
+    """A sign-in let through to its password check: the account it is audited under (the
+    name, or UNKNOWN_ACCOUNT), the key its failures count under (the name, or
+    `Names.unknown`), its stored hash (None: no such account), and the failure row written
+    for it in advance (so tries made at once cannot all pass the limit before any has
+    failed), deleted if the password is right. Or, with RETRY_AFTER (seconds), a sign-in
+    refused unchecked: this name and source, or this source, must wait."""
 
     account: str
+    counted: str
     stored: str | None = None
     failure_id: int | None = None
     retry_after: int = 0
 
 
-def begin_attempt(conn: psycopg.Connection[Any], username: str, source: str) -> Attempt:
+def begin_attempt(
+    conn: psycopg.Connection[Any], username: str, source: str, names: Names
+) -> Attempt:
     """Let a sign-in of USERNAME from SOURCE through to its password check, or not yet.
-    Cheap, so that no connection is held while the hash is checked."""
+    Cheap, so that no connection is held while the hash is checked; the same queries
+    whether the name has an account or not."""
     row = conn.execute(
         "SELECT a.password_hash FROM ui_accounts a JOIN operators o ON o.name = a.username"
         " WHERE a.username = %s",
         (username,),
     ).fetchone()
     account = username if row is not None else UNKNOWN_ACCOUNT
+    key = username if row is not None else names.unknown(username)
     group = source_group(source)
     # Tries from one source are let through one at a time, so tries made at once cannot
     # all pass the limit together.
@@ -170,7 +211,7 @@ def begin_attempt(conn: psycopg.Connection[Any], username: str, source: str) -> 
         "SELECT count(*) FILTER (WHERE username = %(u)s),"
         " max(at) FILTER (WHERE username = %(u)s), count(*), max(at), now()"
         " FROM ui_sign_in_failures WHERE source = %(s)s AND at > now() - %(window)s",
-        {"u": account, "s": group, "window": FAILURE_WINDOW},
+        {"u": key, "s": group, "window": FAILURE_WINDOW},
     ).fetchone()
     assert counted is not None
     mine, my_last, everyone, last, now = counted
@@ -180,13 +221,13 @@ def begin_attempt(conn: psycopg.Connection[Any], username: str, source: str) -> 
     if last is not None:
         wait = max(wait, last + delay_after(int(everyone), FREE_FAILURES_PER_SOURCE) - now)
     if wait > dt.timedelta(0):
-        return Attempt(account, retry_after=max(1, math.ceil(wait.total_seconds())))
+        return Attempt(account, key, retry_after=max(1, math.ceil(wait.total_seconds())))
     failure = conn.execute(
         "INSERT INTO ui_sign_in_failures (username, source) VALUES (%s, %s) RETURNING id",
-        (account, group),
+        (key, group),
     ).fetchone()
     assert failure is not None
-    return Attempt(account, row[0] if row else None, int(failure[0]))
+    return Attempt(account, key, row[0] if row else None, int(failure[0]))
 
 
 _last_prune = 0.0
@@ -215,14 +256,20 @@ def clear_failures(conn: psycopg.Connection[Any], username: str) -> None:
 
 
 async def check_password(
-    db: Database, limiter: trio.CapacityLimiter, username: str, password: str, source: str
+    db: Database,
+    limiter: trio.CapacityLimiter,
+    username: str,
+    password: str,
+    source: str,
+    names: Names,
 ) -> Verdict:
-    """Whether PASSWORD is USERNAME's; refused unchecked while the limit says wait.
+    """Whether PASSWORD is USERNAME's; refused unchecked while the limit says wait. A name
+    with no account costs what a wrong password does, and is counted as one (NAMES).
 
     Three steps: the attempt let through (a transaction), scrypt in a thread of LIMITER
     (no connection held meanwhile), the attempt settled (a transaction)."""
     username, password = username[:MAX_USERNAME], password[:MAX_PASSWORD]
-    attempt = await db.transaction(lambda conn: begin_attempt(conn, username, source))
+    attempt = await db.transaction(lambda conn: begin_attempt(conn, username, source, names))
     if attempt.retry_after:
         return Verdict(False, attempt.retry_after)
     stored = attempt.stored if attempt.stored is not None else _dummy_hash()
@@ -232,8 +279,17 @@ async def check_password(
     return Verdict(right)
 
 
-def start(conn: psycopg.Connection[Any], username: str, source: str) -> tuple[str, Session]:
-    """A new session for USERNAME, audited `ui.login`; the token for the cookie."""
+def start(
+    conn: psycopg.Connection[Any], username: str, source: str, *, max_open: int | None = None
+) -> tuple[str, Session]:
+    """A new session for USERNAME, audited `ui.login`; the token for the cookie. CapReached
+    if USERNAME has MAX_OPEN sessions open already (on every server)."""
+    if max_open is not None:
+        # One sign-in of a person at a time counts, so two at once cannot both pass it.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('oz0-sessions:' || %s))", (username,))
+        if count_open(conn, username) >= max_open:
+            idle = int(IDLE.total_seconds() // 60)
+            raise cap_rules.too_many_web_sessions(username, max_open, idle)
     token = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
     row = conn.execute(

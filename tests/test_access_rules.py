@@ -13,13 +13,15 @@ from oz0 import access
 from oz0.access import Right, Role
 from oz0.server.api.common import ManagementState
 from oz0.server.management import create_app
+from oz0.server.person_limits import PersonLimits
 
 
 def registered_endpoints() -> dict[str, tuple[str, set[str]]]:
     """Every endpoint the management app serves, with its path and methods."""
     state = SimpleNamespace(
-        db=None, cluster=SimpleNamespace(cluster_ca=None), hub=None, server_id="s"
-    )
+        db=None, cluster=SimpleNamespace(cluster_ca=None), hub=None, server_id="s",
+        limits=PersonLimits(),
+    )  # fmt: skip
     app = create_app(cast(ManagementState, state))
     return {
         rule.endpoint: (rule.rule, set(rule.methods or ()) - {"HEAD", "OPTIONS"})

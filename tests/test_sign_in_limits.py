@@ -1,7 +1,8 @@
-"""Failed web sign-ins: limited per account and source with growing delays (an IPv6 source
-by its /64), cleared by a password reset, an unknown name audited under one placeholder,
-old failure rows deleted, and the password checked (scrypt) outside any transaction on a
-small limiter. The product's own functions against a real PostgreSQL; no server runs.
+"""Failed web sign-ins: limited per name and source with growing delays (an IPv6 source
+by its /64), cleared by a password reset, an unknown name audited under one placeholder
+and counted per name as a known one is, old failure rows deleted, and the password checked
+(scrypt) outside any transaction on a small limiter. The product's own functions against a
+real PostgreSQL; no server runs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from oz0.store.pool import Database, open_database
 
 PASSWORD = "the-right-password-1"
 HERE, THERE = "192.0.2.1", "198.51.100.7"
+NAMES = sessions.Names.of("test", b"a master key of the test's own")
 # A little slack on retry-after figures: the database's clock moves while a test runs.
 SLACK = 3
 
@@ -58,7 +60,7 @@ async def check(
     db: Database, password: str, source: str, username: str = "admin", threads: int = 2
 ) -> sessions.Verdict:
     limiter = trio.CapacityLimiter(threads)
-    return await sessions.check_password(db, limiter, username, password, source)
+    return await sessions.check_password(db, limiter, username, password, source, NAMES)
 
 
 def age_failures(conn: psycopg.Connection[Any], by: dt.timedelta) -> None:
@@ -183,7 +185,7 @@ async def test_the_password_is_checked_outside_any_transaction_on_a_small_limite
     sources = [f"203.0.113.{n}" for n in range(6)]
 
     async def one(source: str) -> None:
-        await sessions.check_password(db, limiter, "admin", PASSWORD, source)
+        await sessions.check_password(db, limiter, "admin", PASSWORD, source, NAMES)
 
     # One at a time: no pooled connection is held while the password is hashed.
     for source in sources[:2]:
@@ -208,11 +210,17 @@ async def test_an_unknown_name_is_audited_under_one_placeholder_never_the_typed_
     for table in ("audit_log", "ui_sign_in_failures"):
         row = conn.execute(f"SELECT count(*) FROM {table} t WHERE t::text LIKE %s", (f"%{typed}%",))
         assert row.fetchone() == (0,), table
-    # Unknown names share one count per source; the real account from there is not held up.
-    for n in range(sessions.FREE_FAILURES - 1):
-        await check(db, "wrong", HERE, username=f"nobody-{n}")
-    assert (await check(db, "wrong", HERE, username="someone-else")).limited
+    # Each unknown name is counted on its own, as a known one is: the next unknown name
+    # from there is only wrong, like the real account, until it has failed as often.
+    for _ in range(sessions.FREE_FAILURES - 1):
+        assert not (await check(db, "wrong", HERE, username=typed)).limited
+    assert (await check(db, "wrong", HERE, username=typed)).limited
+    assert await check(db, "wrong", HERE, username="someone-else") == sessions.Verdict(False)
     assert await check(db, PASSWORD, HERE) == sessions.Verdict(True)
+    # What it is counted under is keyed: the digest of the typed text depends on the key.
+    other = sessions.Names.of("test", b"another master key")
+    assert NAMES.unknown(typed) != other.unknown(typed)
+    assert NAMES.unknown(typed).startswith(sessions.UNKNOWN_ACCOUNT)
 
 
 async def test_an_unknown_name_costs_one_scrypt_like_a_known_one(

@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
+from oz0.cap_rules import CapReached
 from oz0.operators import is_current, is_known
 from oz0.server.api import (
     agent_file,
@@ -92,6 +93,14 @@ def create_app(state: ManagementState) -> QuartTrio:
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> tuple[Response, int]:
         return jsonify({"error": error.message}), error.status
+
+    @app.errorhandler(CapReached)
+    async def cap_reached(error: CapReached) -> Response:
+        answer = jsonify({"error": str(error)})
+        answer.status_code = error.status
+        if error.retry_after is not None:
+            answer.headers["Retry-After"] = str(error.retry_after)
+        return answer
 
     async def database_unavailable(error: Exception) -> tuple[Response, int]:
         # A change and its audit row share one transaction: a failed request changed nothing.

@@ -8,7 +8,7 @@ import resource
 import secrets
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.server.metrics import ServerMetrics
+from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
@@ -66,6 +67,8 @@ class StartOptions:
     visibility_sqlite: Path | None = None
     # The organisation's certificate for the web UI (`--ui-cert/--ui-key`), else the UI CA's.
     ui_pair: tls.UiPair | None = None
+    # What one person may hold or ask of this server (`--max-web-sessions-per-person`, ...).
+    limits: PersonLimits = field(default_factory=PersonLimits)
 
     @property
     def listen_host(self) -> str:
@@ -200,6 +203,7 @@ async def run_server(
             kick_jobs=jobs.kick,
             in_namespace=jobs.in_namespace,
             hub=hub,
+            limits=options.limits,
         )
         management_tls = certs.management_context(tickets=management.TLS_TICKETS)
         served = await nursery.start(management.run, state, management_tls, host)

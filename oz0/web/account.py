@@ -51,7 +51,9 @@ def add(web: Blueprint, pages: Pages) -> None:
         given, where = form.get("current", ""), pages.source()
         token = request.cookies.get(sessions.COOKIE)
         username = current.username
-        verdict = await sessions.check_password(state.db, pages.hashing, username, given, where)
+        verdict = await sessions.check_password(
+            state.db, pages.hashing, username, given, where, pages.names
+        )
         if verdict.limited:
             return await account_page(
                 current, 429, f"Too many failed sign-ins; try again in {verdict.wait_text()}."

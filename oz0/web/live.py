@@ -12,9 +12,10 @@ streams), or within REREAD_EVERY once the server begins to stop (its drain waits
 every request in flight).
 
 A stream takes its slot (of MAX_STREAMS on the server, MAX_STREAMS_PER_SESSION per
-session) when its first event is asked for, and frees it when it ends however it ends: a
-client that left before that never held one. Following a stream is no activity: it does
-not keep its session from going idle.
+session, and the server's `--max-live-pages-per-person` per person, whatever the session:
+one viewer with many sessions cannot take them all) when its first event is asked for,
+and frees it when it ends however it ends: a client that left before that never held
+one. Following a stream is no activity: it does not keep its session from going idle.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import psycopg
 import trio
 from quart import Blueprint, Response, request
 
-from oz0 import access, listing, nodes
+from oz0 import access, cap_rules, listing, nodes
 from oz0 import ui_sessions as sessions
+from oz0.server_defaults import MAX_LIVE_PAGES_PER_PERSON
 from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
@@ -67,6 +69,8 @@ class Stream:
     # Its person was given another role or other tenants: the page shows what it may no
     # longer see, or lacks what it now may (found by Feed.check_sessions).
     changed: bool = False
+    # Its person's name: a person's streams are capped, across their sessions.
+    person: str = ""
 
 
 @dataclass
@@ -74,16 +78,21 @@ class Feed:
     """The streams open on this server, woken by the hub's notifications about nodes."""
 
     streams: set[Stream] = field(default_factory=set)
+    # Streams one person may hold on this server (`server start --max-live-pages-per-person`).
+    per_person: int = MAX_LIVE_PAGES_PER_PERSON
     # When the streams' sessions are next asked about, on the Trio clock.
     next_check: float = float("-inf")
     checking: trio.Lock = field(default_factory=trio.Lock)
 
-    def full_for(self, token: str) -> str | None:
-        """Why a new stream of the session TOKEN names may not open now (None: it may)."""
+    def full_for(self, token: str, person: str = "") -> str | None:
+        """Why a new stream of the session TOKEN names, of PERSON, may not open now (None:
+        it may)."""
         if len(self.streams) >= MAX_STREAMS:
             return "too many live pages are open on this server; reload later"
         if sum(1 for s in self.streams if s.token == token) >= MAX_STREAMS_PER_SESSION:
             return "too many live pages are open in this session; close some and reload"
+        if person and sum(1 for s in self.streams if s.person == person) >= self.per_person:
+            return str(cap_rules.too_many_live_pages(person, self.per_person))
         return None
 
     async def held(
@@ -93,7 +102,7 @@ class Feed:
         end, however they end. Registered here, in the generator, not before the response
         is sent: a client that leaves before the body starts never runs this, and so
         never takes a slot it would not give back."""
-        if self.full_for(stream.token) is not None:
+        if self.full_for(stream.token, stream.person) is not None:
             return  # others took the last slot since the request was let in
         self.streams.add(stream)
         try:
@@ -166,7 +175,7 @@ def _watched(text: str) -> frozenset[str]:
 
 def add(web: Blueprint, pages: Pages) -> None:
     state = pages.state
-    feed = Feed()
+    feed = Feed(per_person=state.limits.live_pages)
     if state.hub is not None:
         feed.attach(state.hub)
 
@@ -219,7 +228,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         # Not touched: following a page is no activity.
         person = (await pages.session()).person
         token = request.cookies.get(sessions.COOKIE, "")
-        full = feed.full_for(token)
+        full = feed.full_for(token, person.name)
         if full is not None:
             return full, 503 if len(feed.streams) >= MAX_STREAMS else 429
         stream = Stream(
@@ -227,6 +236,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             request.args.get("new") == "1",
             token,
             (person.role, person.tenants),
+            person=person.name,
         )
         response = Response(
             feed.held(stream, body(stream, person.scope)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlencode
 
@@ -53,6 +54,11 @@ class Pages:
     hashing: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(HASHING_THREADS)
     )
+
+    @cached_property
+    def names(self) -> sessions.Names:
+        """What sign-in failures of names with no account are counted under."""
+        return sessions.Names.of(self.state.cluster.name, self.state.cluster.master_key)
 
     @staticmethod
     def source() -> str:

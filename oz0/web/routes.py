@@ -8,11 +8,13 @@ oz0.audit, ...), with the actor `ui:<account>`.
 
 from __future__ import annotations
 
+import trio
 from quart import Blueprint, Response, redirect, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.wrappers.response import Response as WerkzeugResponse
 
 from oz0 import access
+from oz0.cap_rules import CapReached
 from oz0.server.api.common import ManagementState
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.web import (
@@ -29,6 +31,10 @@ from oz0.web import (
 )
 from oz0.web.headers import secure
 from oz0.web.pages import NotSignedIn, Pages, Refused
+
+# Requests a person's rate does not count: a live page's stream, held open for minutes
+# under a cap of its own (live.py).
+UNCOUNTED = frozenset({"web.events"})
 
 # Each adds its pages; a new page is a new module added here.
 PAGE_MODULES = (
@@ -62,6 +68,8 @@ def blueprint(state: ManagementState) -> Blueprint:
         if rule.right is access.Right.PUBLIC:
             return
         session = await pages.session()
+        if request.endpoint not in UNCOUNTED:
+            state.limits.take_request(session.username, trio.current_time())
         try:
             session.person.check(rule.right, rule.doing)
         except access.Forbidden as e:
@@ -74,6 +82,14 @@ def blueprint(state: ManagementState) -> Blueprint:
     @web.errorhandler(NotSignedIn)
     async def not_signed_in(_: NotSignedIn) -> WerkzeugResponse:
         return redirect("/", 303)
+
+    @web.errorhandler(CapReached)
+    async def cap_reached(error: CapReached) -> Response:
+        page, status = await error_page(state, error.status, "Not now", str(error))
+        answer = Response(page, status, mimetype="text/html")
+        if error.retry_after is not None:
+            answer.headers["Retry-After"] = str(error.retry_after)
+        return answer
 
     @web.errorhandler(Refused)
     async def refused(error: Refused) -> tuple[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from quart import Blueprint, Response, redirect, request
 
 from oz0 import ui_sessions as sessions
+from oz0.cap_rules import CapReached
 from oz0.web.pages import Page, Pages, Refused
 
 
@@ -52,16 +53,24 @@ def add(web: Blueprint, pages: Pages) -> None:
         form = await request.form
         username, password = form.get("username", ""), form.get("password", "")
         where = pages.source()
-        verdict = await sessions.check_password(state.db, pages.hashing, username, password, where)
+        verdict = await sessions.check_password(
+            state.db, pages.hashing, username, password, where, pages.names
+        )
         if not verdict.ok:
             return await refused(verdict, username)
+        most = state.limits.web_sessions
         try:
             token, _ = await state.db.transaction(
-                lambda conn: sessions.start(conn, username, where)
+                lambda conn: sessions.start(conn, username, where, max_open=most)
             )
         except sessions.SignInRefused:
             # Its operator was removed between the password check and now.
             return await refused(sessions.Verdict(False), username)
+        except CapReached as e:
+            # Only ever said after the right password: it tells no stranger anything.
+            return await pages.render(
+                "sign_in.html", None, e.status, error=str(e), username=username
+            )
         response = redirect("/overview", 303)
         response.set_cookie(
             sessions.COOKIE, token, secure=True, httponly=True, samesite="Strict", path="/",

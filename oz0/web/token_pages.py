@@ -13,7 +13,8 @@ from typing import Any
 from quart import Blueprint
 from werkzeug.datastructures import MultiDict
 
-from oz0 import access, listing, tenants, tokens
+from oz0 import access, listing, tenant_caps, tenants, tokens
+from oz0.cap_rules import CapReached
 from oz0.errors import Oz0Error
 from oz0.server import join_command
 from oz0.ui_sessions import Session
@@ -96,12 +97,17 @@ def add(web: Blueprint, pages: Pages) -> None:
         try:
             tokens.check_creator(session.person, spec)
             where = await join_command.offer(db, pages.state.server_id)
-            token, secret = await db.transaction(
-                lambda conn: tokens.create_from(conn, spec, session.actor)
-            )
+
+            def create(conn: Any) -> tuple[tokens.JoinToken, str]:
+                tenant_caps.room_for_token(conn, spec.tenant)
+                return tokens.create_from(conn, spec, session.actor)
+
+            token, secret = await db.transaction(create)
         except access.Forbidden as e:
             # On the form, which a ttl and a number of uses make good.
             return await create_form(session, form, 403, str(e))
+        except CapReached as e:
+            return await create_form(session, form, e.status, str(e))
         except Oz0Error as e:
             return await create_form(session, form, 400, str(e))
         join = where.command(secret, pages.state.cluster.ca_hash)

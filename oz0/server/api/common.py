@@ -15,6 +15,7 @@ from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
+from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
 from oz0.store.batches import Batches
 from oz0.store.events import EventHub
@@ -45,6 +46,8 @@ class ManagementState:
     node_changes: Batches = field(init=False)
     # Set when the server begins to stop: what never ends by itself (a live page) ends.
     stopping: trio.Event = field(default_factory=trio.Event)
+    # What one person may hold or ask of this server (`server start` flags).
+    limits: PersonLimits = field(default_factory=PersonLimits)
 
     def __post_init__(self) -> None:
         changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)
@@ -106,8 +109,9 @@ async def current_person(state: ManagementState, identity: pki.Identity) -> acce
 
 async def authorize(state: ManagementState) -> None:
     """Before every API request: refuse a route the rule table does not name (deny by
-    default), and a caller whose role lacks the route's right (403, one line). Web pages
-    are checked by their blueprint (oz0/web/routes.py), with a session for a certificate."""
+    default), a caller past its requests a second (429), and a caller whose role lacks the
+    route's right (403, one line). Web pages are checked by their blueprint
+    (oz0/web/routes.py), with a session for a certificate."""
     if request.routing_exception is not None:
         return  # 404 or 405: answered as such
     if request.path.startswith(API_PREFIX):
@@ -119,6 +123,8 @@ async def authorize(state: ManagementState) -> None:
     if rule.right is access.Right.PUBLIC or endpoint.startswith("web."):
         return
     person = await operator(state)
+    # CapReached past the person's rate: answered 429 (management.py).
+    state.limits.take_request(person.name, trio.current_time())
     try:
         person.check(rule.right, rule.doing)
     except access.Forbidden as e:

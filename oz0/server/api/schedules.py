@@ -20,7 +20,8 @@ from quart_trio import QuartTrio
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from oz0 import access
+from oz0 import access, tenant_caps
+from oz0.cap_rules import CapReached, TenantCaps
 from oz0.jobs import schedule_calls, schedule_owners, schedules, store
 from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.schedule_owners import Held
@@ -94,18 +95,34 @@ async def create(
         raise ApiError(400, str(e)) from None
     _check(person, "create schedules", spec.tenant)
     await _db(state, lambda conn: _tenant_exists(conn, spec.tenant))
+    # The tenant's caps (oz0/tenant_caps.py) before Temporal is asked, and again with the row.
+    await _db(state, lambda conn: _room(conn, spec))
     schedule_id = schedules.new_schedule_id()
     await _temporal(state, spec.tenant, lambda c: schedule_calls.create(c, schedule_id, spec))
     try:
-        made = await _db(state, lambda conn: schedules.create(conn, schedule_id, spec, person))
+        timing = await _temporal(
+            state, spec.tenant, lambda c: schedule_calls.describe(c, schedule_id)
+        )
+
+        def made_within_caps(conn: store.Conn) -> Schedule:
+            caps = _room(conn, spec)
+            if spec.cron is not None and caps is not None:
+                # A cron expression's runs as Temporal works them out: the next five.
+                tenant_caps.check_runs(spec.tenant, spec.when(), timing.next_times, caps)
+            return schedules.create(conn, schedule_id, spec, person)
+
+        made = await _db(state, made_within_caps)
     except Exception:
         try:
             await _temporal(state, spec.tenant, lambda c: schedule_calls.delete(c, schedule_id))
         except ApiError as e:  # its runs find no row and start nothing
             log.warning("schedule %s: its Temporal Schedule is left: %s", schedule_id, e)
         raise
-    timing = await _timing(state, made)
     return {**made.to_json(), **_timing_json(timing, made)}
+
+
+def _room(conn: store.Conn, spec: ScheduleSpec) -> TenantCaps | None:
+    return tenant_caps.room_for_schedule(conn, spec.tenant, when=spec.when(), every=spec.every)
 
 
 async def listing(
@@ -328,6 +345,8 @@ def _check_id(schedule_id: str) -> None:
 async def _db(state: ManagementState, work: Callable[[store.Conn], T]) -> T:
     try:
         return await state.db.transaction(work)
+    except CapReached as e:
+        raise ApiError(e.status, str(e)) from None
     except ScheduleNotFound as e:
         raise ApiError(404, str(e)) from None
     except (ScheduleError, JobError) as e:

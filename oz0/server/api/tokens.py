@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0 import access, tokens
+from oz0 import access, tenant_caps, tokens
+from oz0.cap_rules import CapReached
 from oz0.errors import Oz0Error
 from oz0.server import join_command
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
@@ -27,9 +31,14 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             actor.check(access.Right.OPERATE, "create join tokens", tenant=spec.tenant)
             tokens.check_creator(actor, spec)
             where = await join_command.offer(state.db, state.server_id)
-            token, secret = await state.db.transaction(
-                lambda conn: tokens.create_from(conn, spec, actor)
-            )
+
+            def create(conn: psycopg.Connection[Any]) -> tuple[tokens.JoinToken, str]:
+                tenant_caps.room_for_token(conn, spec.tenant)
+                return tokens.create_from(conn, spec, actor)
+
+            token, secret = await state.db.transaction(create)
+        except CapReached as e:
+            raise ApiError(e.status, str(e)) from None
         except access.Forbidden as e:
             raise ApiError(403, str(e)) from None
         except join_command.NoServerUp as e:
