@@ -82,7 +82,10 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("leaving")
     with cluster_of(root, SERVERS) as files:
-        made = ApiClient(Context.load(files.context_path)).post(
+        api = ApiClient(Context.load(files.context_path))
+        # Runs every second (EVERY), below a tenant's default shortest interval.
+        api.request("PATCH", "/api/v1/tenants/default", {"min_schedule_interval": 1})
+        made = api.post(
             "/api/v1/tokens", {"tenant": "default", "ttl": "1h", "max_uses": 1, "labels": {}}
         )
         agent = AgentProcess.joining(
