@@ -52,6 +52,7 @@ from oz0.nodes._model import (
     get,
     get_many,
     public_key_sha256,
+    tenants_of,
 )
 from oz0.nodes._rules import (
     DEFAULT_TENANT,
@@ -164,6 +165,7 @@ __all__ = [
     "select_labels",
     "set_max_jobs",
     "streams_recorded",
+    "tenants_of",
     "unblock",
     "unblock_many",
     "under_token",
