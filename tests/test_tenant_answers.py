@@ -39,6 +39,8 @@ class World:
     # What does not exist, and what exists in another tenant than acme, by kind.
     absent: dict[str, str]
     theirs: dict[str, str]
+    # A schedule of acme's: what a probe's path names as MINE.
+    mine: str
 
 
 async def _join(edge: str, ca_pem: bytes, token: str | None) -> str:
@@ -47,6 +49,16 @@ async def _join(edge: str, ca_pem: bytes, token: str | None) -> str:
     answer = await edge_client.join(edge, keys, token=token, labels={"role": "web"})
     assert answer.get("type") == "joined", answer
     return keys.node_id
+
+
+def _schedule(admin: Person, tenant: str) -> dict[str, Any]:
+    body = {"job": {"tenant": tenant, "command": ["true"]}, "cron": NEVER}
+    # The new tenant's namespace is usable within seconds.
+    made: dict[str, Any] = wait_until(
+        lambda: (a := admin.api("POST", "/api/v1/schedules", body))[0] == 201 and a[1],
+        30, f"a schedule made in tenant {tenant}",
+    )  # fmt: skip
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +75,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     job = admin.ok(
         "POST", "/api/v1/jobs", {"tenant": "beta", "command": ["true"], "queue_timeout": 3600}
     )
-    schedule_body = {"job": {"tenant": "beta", "command": ["true"]}, "cron": NEVER}
-    # The new tenant's namespace is usable within seconds.
-    schedule = wait_until(
-        lambda: (a := admin.api("POST", "/api/v1/schedules", schedule_body))[0] == 201 and a[1],
-        30, "a schedule made in tenant beta",
-    )  # fmt: skip
+    schedule, mine = (_schedule(admin, tenant) for tenant in ("beta", "acme"))
     scoped_people.make(files, root, ADDRESS, "bea", "operator", ["beta"])
     admin.ok("POST", "/api/v1/operators", {"name": "ben", "role": "viewer", "tenants": ["beta"]})
     scoped_people.make(files, root, ADDRESS, "abel", "viewer", ["acme"])
@@ -86,6 +93,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
             "node": node, "pending": pending, "job": job["id"], "schedule": schedule["id"],
             "token": token["id"], "tenant": "beta", "person": "bea", "enrolling": "ben",
         },
+        mine=mine["id"],
     )  # fmt: skip
 
 
@@ -99,7 +107,7 @@ class Probe:
     body: Any = None
     web: bool = False
 
-    def filled(self, value: str) -> tuple[str, Any]:
+    def filled(self, value: str, mine: str) -> tuple[str, Any]:
         def fill(item: Any) -> Any:
             if isinstance(item, str):
                 return item.replace("{}", value)
@@ -109,7 +117,7 @@ class Probe:
                 return {k: fill(v) for k, v in item.items()}
             return item
 
-        return self.path.replace("{}", value), fill(self.body)
+        return self.path.replace("{}", value).replace("MINE", mine), fill(self.body)
 
     def __str__(self) -> str:
         return f"{'web' if self.web else 'api'} {self.method} {self.path} ({self.kind})"
@@ -152,6 +160,9 @@ PROBES = [
     api("schedule", "POST", "/api/v1/schedules/{}/unpause", {}),
     api("schedule", "POST", "/api/v1/schedules/{}/trigger", {}),
     api("schedule", "DELETE", "/api/v1/schedules/{}"),
+    api("schedule", "PATCH", "/api/v1/schedules/{}", {"owner": "ada"}),
+    # A schedule's new owner: a person of another tenant reads as one who does not exist.
+    api("person", "PATCH", "/api/v1/schedules/MINE", {"owner": "{}"}),
     api("tenant", "GET", "/api/v1/schedules?tenant={}"),
     api("tenant", "POST", "/api/v1/schedules",
         {"job": {"tenant": "{}", "command": ["true"]}, "cron": NEVER}),
@@ -210,10 +221,10 @@ PROBES = [
 ]  # fmt: skip
 
 
-def answer(person: Person, probe: Probe, value: str) -> tuple[int, str]:
+def answer(person: Person, probe: Probe, value: str, mine: str) -> tuple[int, str]:
     """PROBE's answer about VALUE, its text with VALUE written `{}` (and a page's CSRF
     token left out: a form on it carries the session's)."""
-    path, body = probe.filled(value)
+    path, body = probe.filled(value, mine)
     if probe.web:
         status, text = person.web(probe.method, path, body)
     else:
@@ -227,8 +238,8 @@ def answer(person: Person, probe: Probe, value: str) -> tuple[int, str]:
 def test_a_thing_of_another_tenant_is_answered_as_one_that_does_not_exist(
     world: World, probe: Probe
 ) -> None:
-    absent = answer(world.ada, probe, world.absent[probe.kind])
-    theirs = answer(world.ada, probe, world.theirs[probe.kind])
+    absent = answer(world.ada, probe, world.absent[probe.kind], world.mine)
+    theirs = answer(world.ada, probe, world.theirs[probe.kind], world.mine)
     assert theirs == absent
     # Refused or empty, never a thing of the other tenant.
     assert absent[0] >= 400 or probe.method == "GET", absent
