@@ -30,9 +30,7 @@ import logging
 import math
 import os
 import resource
-import shutil
 import signal
-import stat
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -43,6 +41,7 @@ from oz0_common.files import write_private
 from oz0_node import layout
 from oz0_node.jobs import procfs
 from oz0_node.jobs.job_user import JobUser, resolve_job_user
+from oz0_node.jobs.removal import remove_tree
 from oz0_node.jobs.tracking import (
     CGROUP_V2,
     PROCESS_GROUP,
@@ -181,32 +180,6 @@ class Placement:
     applied: dict[str, object]
 
 
-def remove_tree(path: Path) -> None:
-    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
-
-    A command may leave directories it made unwritable; those are made writable (never
-    through a link) and the removal tried once more."""
-    if path.is_symlink() or not path.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except OSError:
-        pass
-    for root, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            with contextlib.suppress(OSError):
-                target = Path(root, name)
-                if not target.is_symlink():
-                    target.chmod(stat.S_IRWXU)
-    try:
-        shutil.rmtree(path)
-    except OSError as e:
-        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
 def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
@@ -308,6 +281,11 @@ class Isolation:
         return {"job_user": self.user.name, "tracking": tracking}
 
     @property
+    def _removes_as(self) -> JobUser | None:
+        """Who removes an attempt's directory first: its job's user, when it is not root."""
+        return self.user if self.drop else None
+
+    @property
     def tools_on_path(self) -> bool:
         # DIR/tools/ is for plugins; a job user who is not the agent's cannot read it.
         return not self.drop and self.user.uid == os.geteuid()
@@ -370,7 +348,7 @@ class Isolation:
         except BaseException:
             for cgroup in reversed(made):
                 remove_cgroup(cgroup)
-            remove_tree(workdir)
+            remove_tree(workdir, as_user=self._removes_as)
             self.record.drop(key)
             raise
         oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
@@ -410,7 +388,7 @@ class Isolation:
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
-        remove_tree(placement.workdir)
+        remove_tree(placement.workdir, as_user=self._removes_as)
         self.record.drop(placement.key)
 
     def _limits(
