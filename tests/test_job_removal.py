@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from oz0_node.jobs import removal
+from oz0_node.jobs import procfs, removal
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER, JobUser
 from oz0_node.jobs.removal import remove_tree
 
@@ -169,7 +169,7 @@ def test_a_link_swapped_in_during_the_removal_changes_nothing_outside(
     swapper = Swapper(call, matches, lambda: swap_for_link(swapped, outside))
     monkeypatch.setattr(os, call, swapper)
     user = AS[as_user]
-    assert user is None or removal._one_thread(), "the job user's pass is a fork of this one"
+    assert user is None or procfs.one_thread(), "the job user's pass is a fork of this one"
     remove_tree(top, as_user=user)
     monkeypatch.undo()
     assert swapper.fired_as() == [user.uid if user is not None else 0], "swapped during it"

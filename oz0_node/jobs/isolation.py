@@ -33,7 +33,7 @@ import resource
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from oz0_node import layout
 from oz0_node.jobs import procfs
 from oz0_node.jobs.job_user import JobUser, resolve_job_user
 from oz0_node.jobs.removal import remove_tree
+from oz0_node.jobs.spawn import ChildSteps
 from oz0_node.jobs.tracking import (
     CGROUP_V2,
     PROCESS_GROUP,
@@ -174,7 +175,7 @@ class Placement:
     key: str
     workdir: Path
     env: dict[str, str]
-    preexec: Callable[[], None]
+    steps: ChildSteps  # what the command's process does before its exec (spawn.py)
     tracking: Tracking
     cgroups: list[Path]
     applied: dict[str, object]
@@ -182,37 +183,6 @@ class Placement:
 
 def _write(path: Path, text: str) -> None:
     path.write_text(text)
-
-
-def _preexec(
-    procs: list[bytes], rlimits: list[tuple[int, int]], user: JobUser | None
-) -> Callable[[], None]:
-    """The child's last steps before exec, in this order: join the attempt's cgroups (as
-    root: the job user could not), set the hard rlimits (only root may raise them again),
-    then drop to the job user.
-
-    It runs between fork and exec in a copy of an agent that has several threads (Trio's,
-    the runtime's asyncio loop, Temporal's core): another thread may have held a lock at the
-    fork, so it uses only values computed before (bytes, ints) and plain system calls, no
-    logging and nothing that allocates much. CPython applies Popen's user=/group= before
-    preexec_fn, so those are not used: the cgroup must be joined while still root."""
-    o_wronly = os.O_WRONLY
-
-    def preexec() -> None:
-        for path in procs:
-            fd = os.open(path, o_wronly)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        for which, value in rlimits:
-            resource.setrlimit(which, (value, value))
-        if user is not None:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-
-    return preexec
 
 
 @dataclass
@@ -352,8 +322,12 @@ class Isolation:
             self.record.drop(key)
             raise
         oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
-        preexec = _preexec(
-            [os.fsencode(p) for p in procs], rlimits, self.user if self.drop else None
+        v2 = made[0] if self.tracking == CGROUP_V2 else None
+        steps = ChildSteps(
+            cgroup=v2,
+            join=tuple(os.fsencode(p) for p in procs if v2 is None or p.parent != v2),
+            rlimits=tuple(rlimits),
+            user=self.user if self.drop else None,
         )
         applied: dict[str, object] = {
             "user": self.user.name,
@@ -364,7 +338,7 @@ class Isolation:
             key=key,
             workdir=workdir,
             env=self.environment(workdir, job_env, oz0),
-            preexec=preexec,
+            steps=steps,
             tracking=tracking,
             cgroups=made,
             applied=applied,

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from oz0_node.jobs import procfs
 from oz0_node.jobs.job_user import JobUser
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def remove_tree(path: Path, *, as_user: JobUser | None = None) -> None:
     link is removed); a failure is logged. AS_USER: first as that user (the module's
     docstring), when this process is root and has one thread (a fork of a process with more
     could deadlock in the child)."""
-    if as_user is not None and as_user.uid != 0 and os.geteuid() == 0 and _one_thread():
+    if as_user is not None and as_user.uid != 0 and os.geteuid() == 0 and procfs.one_thread():
         _remove_as(as_user, path)
     failed = _remove(path)
     if failed:
@@ -270,18 +271,6 @@ class _Removal:
 
 
 # --- as the job's user ------------------------------------------------------------------------
-
-
-def _one_thread() -> bool:
-    """Whether this process has one thread (Python's and any other: /proc counts them all)."""
-    try:
-        with Path("/proc/self/status").open("rb") as f:
-            for line in f:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1]) == 1
-    except (OSError, ValueError):
-        pass
-    return False
 
 
 def _remove_as(user: JobUser, path: Path) -> None:
