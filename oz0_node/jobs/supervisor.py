@@ -12,8 +12,8 @@ command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
-  tracking, the limits), starts the command (without asyncio: its import alone is slow), then
-  says "ready" to `launch`;
+  tracking, the limits), starts the command (spawn.py: born in its cgroup; without asyncio,
+  whose import alone is slow), then says "ready" to `launch`;
 - appends the command's output to DIR/output as it comes (below);
 - ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
   then SIGKILL (cgroup.kill) after KILL_GRACE; once the command has exited, ends whatever
