@@ -2,6 +2,7 @@
 `supervisor_client.launch` for `true`, with the isolation the agent uses by default.
 
     python -m bench.supervisor_cost [--attempts N] [--parallel K] [--no-launcher]
+                                    [--unisolated]
 
 Launches N attempts of `true` (K at a time, each from a thread of its own, as the agent's
 manager does), each under a fresh supervisor, and prints one JSON object:
@@ -14,6 +15,10 @@ manager does), each under a fresh supervisor, and prints one JSON object:
 - `agent_cpu_s_per_attempt`: CPU of this process (the agent's side: the launching thread);
 - `launch_to_ready_ms` p50 / p99: `launch` called → it returned (the command has started);
 - `launch_to_status_ms` p50 / p99: `launch` called → DIR/status.json written.
+
+`--unisolated`: the same supervisor, but the command runs as this process's user with no
+cgroup, no limits and no job user (as attempts ran before issue 29): the baseline that
+isolation's cost is measured against.
 
 Self-contained: it starts no server. Runs as root (the job user, cgroups) or as a user (the
 attempts run as that user). Progress and the setup go to stderr.
@@ -38,8 +43,10 @@ from typing import Any
 from oz0_node.jobs import procfs
 from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.job_user import JobUser
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.supervisor_client import Supervised, launch, stop_all
+from oz0_node.jobs.tracking import PROCESS_GROUP
 
 PR_SET_CHILD_SUBREAPER = 36
 NODE_ID = "node-5c0e0000b0b0"
@@ -112,13 +119,19 @@ def _wait_status(supervised: Supervised) -> None:
         time.sleep(0.001)
 
 
-def measure(attempts: int, parallel: int, use_launcher: bool) -> dict[str, Any]:
+def measure(
+    attempts: int, parallel: int, use_launcher: bool, isolated: bool = True
+) -> dict[str, Any]:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become a child subreaper")
     with tempfile.TemporaryDirectory(prefix="oz0-supervisor-cost-") as raw:
         data_dir = Path(raw)
-        isolation = Isolation.detect(data_dir, supervised=True)
+        isolation = (
+            Isolation.detect(data_dir, supervised=True)
+            if isolated
+            else Isolation(data_dir, JobUser.of_agent(), drop=False, tracking=PROCESS_GROUP)
+        )
         print(f"isolation: {isolation.describe(NODE_ID)}", file=sys.stderr)
         started = Launcher() if use_launcher else None
         if started is not None:
@@ -186,13 +199,23 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=50)
     parser.add_argument("--parallel", type=int, default=1, help="attempts launched at once")
     parser.add_argument(
+        "--unisolated",
+        action="store_true",
+        help="no job user, cgroup or limits: the baseline isolation is measured against",
+    )
+    parser.add_argument(
         "--no-launcher",
         action="store_true",
         help="a fresh interpreter per attempt (launch's fallback), not the launcher's fork",
     )
     options = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        result = measure(options.attempts, max(1, options.parallel), not options.no_launcher)
+        result = measure(
+            options.attempts,
+            max(1, options.parallel),
+            not options.no_launcher,
+            isolated=not options.unisolated,
+        )
         print(json.dumps(result, indent=2))
 
 

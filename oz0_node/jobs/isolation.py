@@ -30,12 +30,10 @@ import logging
 import math
 import os
 import resource
-import shutil
 import signal
-import stat
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +41,8 @@ from oz0_common.files import write_private
 from oz0_node import layout
 from oz0_node.jobs import procfs
 from oz0_node.jobs.job_user import JobUser, resolve_job_user
+from oz0_node.jobs.removal import remove_tree
+from oz0_node.jobs.spawn import ChildSteps
 from oz0_node.jobs.tracking import (
     CGROUP_V2,
     PROCESS_GROUP,
@@ -175,71 +175,14 @@ class Placement:
     key: str
     workdir: Path
     env: dict[str, str]
-    preexec: Callable[[], None]
+    steps: ChildSteps  # what the command's process does before its exec (spawn.py)
     tracking: Tracking
     cgroups: list[Path]
     applied: dict[str, object]
 
 
-def remove_tree(path: Path) -> None:
-    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
-
-    A command may leave directories it made unwritable; those are made writable (never
-    through a link) and the removal tried once more."""
-    if path.is_symlink() or not path.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except OSError:
-        pass
-    for root, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            with contextlib.suppress(OSError):
-                target = Path(root, name)
-                if not target.is_symlink():
-                    target.chmod(stat.S_IRWXU)
-    try:
-        shutil.rmtree(path)
-    except OSError as e:
-        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
 def _write(path: Path, text: str) -> None:
     path.write_text(text)
-
-
-def _preexec(
-    procs: list[bytes], rlimits: list[tuple[int, int]], user: JobUser | None
-) -> Callable[[], None]:
-    """The child's last steps before exec, in this order: join the attempt's cgroups (as
-    root: the job user could not), set the hard rlimits (only root may raise them again),
-    then drop to the job user.
-
-    It runs between fork and exec in a copy of an agent that has several threads (Trio's,
-    the runtime's asyncio loop, Temporal's core): another thread may have held a lock at the
-    fork, so it uses only values computed before (bytes, ints) and plain system calls, no
-    logging and nothing that allocates much. CPython applies Popen's user=/group= before
-    preexec_fn, so those are not used: the cgroup must be joined while still root."""
-    o_wronly = os.O_WRONLY
-
-    def preexec() -> None:
-        for path in procs:
-            fd = os.open(path, o_wronly)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        for which, value in rlimits:
-            resource.setrlimit(which, (value, value))
-        if user is not None:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-
-    return preexec
 
 
 @dataclass
@@ -308,6 +251,11 @@ class Isolation:
         return {"job_user": self.user.name, "tracking": tracking}
 
     @property
+    def _removes_as(self) -> JobUser | None:
+        """Who removes an attempt's directory first: its job's user, when it is not root."""
+        return self.user if self.drop else None
+
+    @property
     def tools_on_path(self) -> bool:
         # DIR/tools/ is for plugins; a job user who is not the agent's cannot read it.
         return not self.drop and self.user.uid == os.geteuid()
@@ -370,12 +318,16 @@ class Isolation:
         except BaseException:
             for cgroup in reversed(made):
                 remove_cgroup(cgroup)
-            remove_tree(workdir)
+            remove_tree(workdir, as_user=self._removes_as)
             self.record.drop(key)
             raise
         oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
-        preexec = _preexec(
-            [os.fsencode(p) for p in procs], rlimits, self.user if self.drop else None
+        v2 = made[0] if self.tracking == CGROUP_V2 else None
+        steps = ChildSteps(
+            cgroup=v2,
+            join=tuple(os.fsencode(p) for p in procs if v2 is None or p.parent != v2),
+            rlimits=tuple(rlimits),
+            user=self.user if self.drop else None,
         )
         applied: dict[str, object] = {
             "user": self.user.name,
@@ -386,7 +338,7 @@ class Isolation:
             key=key,
             workdir=workdir,
             env=self.environment(workdir, job_env, oz0),
-            preexec=preexec,
+            steps=steps,
             tracking=tracking,
             cgroups=made,
             applied=applied,
@@ -410,7 +362,7 @@ class Isolation:
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
-        remove_tree(placement.workdir)
+        remove_tree(placement.workdir, as_user=self._removes_as)
         self.record.drop(placement.key)
 
     def _limits(
