@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cli.main import run
+from fixtures import one_thread
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import (
     DEFAULT_ADVERTISE,
@@ -131,6 +132,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return ByAddresses(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    one_thread.describe(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    return one_thread.run_alone(pyfuncitem)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

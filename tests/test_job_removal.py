@@ -146,6 +146,7 @@ WHEN = [
 ]
 
 
+@pytest.mark.one_thread  # the job user's pass is a fork: fixtures/one_thread.py
 @pytest.mark.parametrize("as_user", list(AS), ids=list(AS))
 @pytest.mark.parametrize("when", WHEN)
 def test_a_link_swapped_in_during_the_removal_changes_nothing_outside(
@@ -203,6 +204,7 @@ print(swapped)
 """
 
 
+@pytest.mark.one_thread  # the job user's pass is a fork: fixtures/one_thread.py
 @pytest.mark.parametrize("as_user", list(AS), ids=list(AS))
 def test_a_job_swapping_links_in_a_loop_while_its_directory_is_removed_changes_nothing_outside(
     as_user: str, temp_root: Path, outside: Path

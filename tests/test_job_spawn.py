@@ -92,6 +92,7 @@ def report(cgroup: Path, tmp_path: Path) -> list[str]:
     return out.splitlines()
 
 
+@pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py
 def test_the_command_is_born_in_its_cgroup_as_the_job_user_in_a_session_of_its_own(
     cgroup: Path, tmp_path: Path, popen_calls: list[bool]
 ) -> None:
@@ -109,6 +110,7 @@ def test_the_command_is_born_in_its_cgroup_as_the_job_user_in_a_session_of_its_o
     assert stdin == "/dev/null"
 
 
+@pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py
 def test_the_pre_exec_path_gives_the_command_the_same(
     cgroup: Path, tmp_path: Path, popen_calls: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +161,7 @@ def error_of(argv: list[str], cwd: Path, env: dict[str, str], steps: ChildSteps)
     return f"exit {run(command)[0]}"
 
 
+@pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py
 def test_errors_are_those_popen_gives(
     cgroup: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
