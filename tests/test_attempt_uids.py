@@ -177,17 +177,26 @@ def test_the_sweep_ends_the_uids_processes_and_removes_its_ipc_and_files_followi
 
 
 def test_a_tree_deeper_than_the_walk_opens_is_removed_whole(tmp_path: Path) -> None:
+    """Three times MAX_DEPTH deep, removed by a process that may open MAX_DEPTH descriptors
+    (and a few): directories are moved up, not opened deeper."""
     top = tmp_path / "top"
     deep = top.joinpath(*["d"] * (uid_sweep.MAX_DEPTH * 3 + 5))
     deep.mkdir(parents=True)
     (deep / "f").write_text("x")
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        removed, left = uid_sweep.remove_tree_at(fd, "top", top.lstat())
-    finally:
-        os.close(fd)
-    assert left == [] and not top.exists()
-    assert removed == uid_sweep.MAX_DEPTH * 3 + 5 + 2
+    script = textwrap.dedent(f"""
+        import os, resource
+        from pathlib import Path
+        from oz0_node.jobs import uid_sweep
+        fd = os.open({str(tmp_path)!r}, os.O_RDONLY | os.O_DIRECTORY)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd + uid_sweep.MAX_DEPTH + 4, hard))
+        print(uid_sweep.remove_tree_at(fd, "top", Path({str(top)!r}).lstat()))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == f"({uid_sweep.MAX_DEPTH * 3 + 5 + 2}, [])", done.stdout
+    assert not top.exists()
 
 
 def test_a_directory_the_uid_could_not_enter_is_not_walked(uid: int, tmp_path: Path) -> None:
