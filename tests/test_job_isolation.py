@@ -227,7 +227,7 @@ def test_jobs_as_root_must_be_said_and_the_log_says_so(
     isolation = agent.prepare_jobs(
         agent.StartOptions(data_dir=identity.data_dir, job_user="root"), identity, None
     )
-    assert isolation.user.uid == 0 and not isolation.drop
+    assert isolation.user is not None and isolation.user.uid == 0 and not isolation.drop
     assert "jobs run as root (--job-user root)" in caplog.text
     caplog.clear()
     agent.prepare_jobs(agent.StartOptions(data_dir=identity.data_dir), identity, None)
