@@ -26,7 +26,7 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 PRIVATE_DIRS = (Path("/tmp"), Path("/var/tmp"))
-HELD = "mount namespace: /tmp and /var/tmp its own"
+HELD = "mount namespace"
 NOT_TRIED = "not applied: the command did not start"
 
 
@@ -81,7 +81,8 @@ class PrivateTmp:
         os.write(self._write, b"+")
 
     def outcome(self) -> str:
-        """HELD, or `not applied: ...` with why (once; closes the pipe)."""
+        """HELD, or `not applied: ...` with why (once; closes the pipe): the attempt's
+        `applied` says it as `private_tmp`."""
         try:
             said = os.read(self._read, 256)
         except BlockingIOError:
