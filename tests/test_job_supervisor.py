@@ -57,9 +57,9 @@ LEAVE_BEHIND = (
 PR_GET_CHILD_SUBREAPER = 37
 
 
-def own_uid(applied: Mapping[str, object] | None) -> int:
+def own_uid(applied: object) -> int:
     """The UID an attempt ran as, from what it applied (`uid N (its own)`), in the range."""
-    assert applied is not None
+    assert isinstance(applied, Mapping), applied
     found = re.fullmatch(r"uid (\d+) \(its own\)", str(applied["user"]))
     assert found is not None, applied
     assert int(found[1]) in DEFAULT_RANGE
