@@ -15,8 +15,8 @@ manager does), each under a fresh supervisor, and prints one JSON object:
 - `launch_to_ready_ms` p50 / p99: `launch` called → it returned (the command has started);
 - `launch_to_status_ms` p50 / p99: `launch` called → DIR/status.json written.
 
-Self-contained: it starts no server. Runs as root (the job user, cgroups) or as a user (the
-attempts run as that user). Progress and the setup go to stderr.
+Self-contained: it starts no server. Runs as root (each attempt its own UID, swept after;
+cgroups) or as a user (the attempts run as that user). Progress and the setup go to stderr.
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ def measure(attempts: int, parallel: int, use_launcher: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="oz0-supervisor-cost-") as raw:
         data_dir = Path(raw)
         isolation = Isolation.detect(data_dir, supervised=True)
+        # As the agent's start does: each attempt's own UID needs its claims' directory.
+        isolation.prepare_uids()
         print(f"isolation: {isolation.describe(NODE_ID)}", file=sys.stderr)
         started = Launcher() if use_launcher else None
         if started is not None:

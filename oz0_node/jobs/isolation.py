@@ -530,26 +530,30 @@ class Isolation:
         its record goes."""
         if placement.private is not None:
             placement.applied["private_tmp"] = placement.private.outcome()
-        if placement.claim is not None:
+        ended = None
+        if placement.claim is not None and placement.claim.fd >= 0:
             # Before the cgroups go: whatever escaped its tracking may still be in them.
-            uid_sweep.end_processes(placement.claim.uid)
+            ended = uid_sweep.end_processes(placement.claim.uid)
         for cgroup in reversed(placement.cgroups):
             remove_cgroup(cgroup)
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
         remove_tree(placement.workdir)
-        swept = self._sweep(placement)
+        swept = self._sweep(placement, ended)
         if swept is not None:
             placement.applied["swept"] = swept.describe()
         self.record.drop(placement.key)
 
-    def _sweep(self, placement: Placement) -> uid_sweep.Swept | None:
-        """Sweep PLACEMENT's own UID (if it has one); give the UID up if nothing is left."""
+    def _sweep(
+        self, placement: Placement, ended: tuple[int, list[int]] | None = None
+    ) -> uid_sweep.Swept | None:
+        """Sweep PLACEMENT's own UID (if it has one; ENDED: its processes are, as
+        `end_processes` said); give the UID up if nothing is left."""
         claim = placement.claim
         if claim is None or claim.fd < 0:
             return None
-        swept = uid_sweep.sweep(claim.uid)
+        swept = uid_sweep.sweep(claim.uid, ended=ended)
         if swept.clean:
             claim.release()
         else:

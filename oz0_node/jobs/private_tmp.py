@@ -30,16 +30,27 @@ HELD = "mount namespace"
 NOT_TRIED = "not applied: the command did not start"
 
 
+_LIBC: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library, its mount's argument types set (once per process)."""
+    if not _LIBC:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
 class PrivateTmp:
     """The steps for one attempt whose working directory is WORKDIR (made before the fork);
     called in the child; `outcome` (in the parent, once the command has started) says
     whether they held."""
 
     def __init__(self, workdir: Path, dirs: tuple[Path, ...] = PRIVATE_DIRS) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         self._unshare = libc.unshare
         self._mount = libc.mount
-        self._mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
         self._dirs = [os.fsencode(d) for d in dirs if d.is_dir() and not d.is_symlink()]
         # The directories to make in the private one, down to WORKDIR, if it is in one.
         self._path: list[bytes] = []
