@@ -21,8 +21,9 @@
   agent's subtree has it, else the machine's v1 hierarchy), open files and address space
   through rlimits; the result says what was applied and how.
 - **Swept after**: once an attempt with a UID of its own has ended, every process of that
-  UID is killed and its System V IPC objects and its files in /tmp, /var/tmp, /dev/shm,
-  /dev/mqueue and /run/lock removed (uid_sweep.py); only then is the UID given again. The
+  UID is killed and its System V IPC objects and its files in /dev/shm, /dev/mqueue,
+  /run/lock, and /tmp and /var/tmp unless it had its own, removed (uid_sweep.py); only then
+  is the UID given again. The
   result's `applied` says what held (`private_tmp`) and what the sweep found (`swept`).
 - **Left by a crash**: DIR/attempts.json (0600, replaced atomically) records each running
   attempt's directory, cgroups, (subreaper) processes with their start times and own UID;
@@ -54,7 +55,7 @@ from oz0_node.errors import AgentError
 from oz0_node.jobs import procfs, uid_sweep
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE, Claim, UidClaims, UidRange, check_machine
 from oz0_node.jobs.job_user import JobUser, own_user, resolve_job_user
-from oz0_node.jobs.private_tmp import PrivateTmp
+from oz0_node.jobs.private_tmp import HELD, PrivateTmp
 from oz0_node.jobs.tracking import (
     CGROUP_V2,
     PROCESS_GROUP,
@@ -528,8 +529,9 @@ class Isolation:
         """Undo begin: its cgroups (empty by now) and directory go, its own UID is swept
         (what is left of it said in `applied`, and the UID given up once nothing is), and
         its record goes."""
+        private = None
         if placement.private is not None:
-            placement.applied["private_tmp"] = placement.private.outcome()
+            private = placement.applied["private_tmp"] = placement.private.outcome()
         ended = None
         if placement.claim is not None and placement.claim.fd >= 0:
             # Before the cgroups go: whatever escaped its tracking may still be in them.
@@ -540,20 +542,24 @@ class Isolation:
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
         remove_tree(placement.workdir)
-        swept = self._sweep(placement, ended)
+        places = uid_sweep.PRIVATE_SWEPT if private == HELD else uid_sweep.SHARED_PLACES
+        swept = self._sweep(placement, ended, places)
         if swept is not None:
             placement.applied["swept"] = swept.describe()
         self.record.drop(placement.key)
 
     def _sweep(
-        self, placement: Placement, ended: tuple[int, list[int]] | None = None
+        self,
+        placement: Placement,
+        ended: tuple[int, list[int]] | None = None,
+        places: tuple[Path, ...] = uid_sweep.SHARED_PLACES,
     ) -> uid_sweep.Swept | None:
         """Sweep PLACEMENT's own UID (if it has one; ENDED: its processes are, as
-        `end_processes` said); give the UID up if nothing is left."""
+        `end_processes` said) in PLACES; give the UID up if nothing is left."""
         claim = placement.claim
         if claim is None or claim.fd < 0:
             return None
-        swept = uid_sweep.sweep(claim.uid, ended=ended)
+        swept = uid_sweep.sweep(claim.uid, places, ended=ended)
         if swept.clean:
             claim.release()
         else:
