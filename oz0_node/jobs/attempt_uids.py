@@ -160,10 +160,15 @@ class UidClaims:
 
     def _try(self, uid: int, holder: str) -> Claim | None:
         path = self.path(uid)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, flags, 0o600)
         except FileExistsError:
             return None
+        except FileNotFoundError:
+            # The directory went (removed by hand): made again as the agent's start makes it.
+            self.ensure_directory()
+            fd = os.open(path, flags, 0o600)
         try:
             # Another's reclaim may have taken it between the two: then it is theirs.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
