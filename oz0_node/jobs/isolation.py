@@ -23,8 +23,8 @@
 - **Swept after**: once an attempt with a UID of its own has ended, every process of that
   UID is killed and its System V IPC objects and its files in /dev/shm, /dev/mqueue,
   /run/lock, and /tmp and /var/tmp unless it had its own, removed (uid_sweep.py); only then
-  is the UID given again. The
-  result's `applied` says what held (`private_tmp`) and what the sweep found (`swept`).
+  is the UID given again. The result's `applied` says what held (`private_tmp`) and what
+  the sweep found (`swept`).
 - **Left by a crash**: DIR/attempts.json (0600, replaced atomically) records each running
   attempt's directory, cgroups, (subreaper) processes with their start times and own UID;
   the next start of the agent ends what is left of them (`end_leftovers`), removes the
@@ -192,7 +192,6 @@ class Placement:
     tracking: Tracking
     cgroups: list[Path]
     applied: dict[str, object]
-    user: JobUser | None = None  # whom the command runs as
     claim: Claim | None = None  # its own UID, held until the sweep finds nothing left
     uid_claims: Path | None = None  # where that claim is
     private: PrivateTmp | None = None  # its own /tmp, if it has its own UID
@@ -471,7 +470,7 @@ class Isolation:
             raise
         made: list[Path] = []
         place = Placement(
-            key, workdir, {}, lambda: None, GroupTracking(), made, {}, user, claim,
+            key, workdir, {}, lambda: None, GroupTracking(), made, {}, claim,
             self.uids.directory if self.uids is not None else None,
         )  # fmt: skip
         try:
