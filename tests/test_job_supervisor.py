@@ -36,7 +36,7 @@ from oz0_node.jobs.attempt_files import (
     SupervisedSpec,
     attempts_root,
 )
-from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE
+from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE, UidClaims
 from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
@@ -376,11 +376,19 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert found.stdout.strip() == f"[('{JOB}', 1, True)]"
+    # Its own UID stays its own through the agent's death: claimed, and held by the
+    # supervisor (no one may sweep it or take it meanwhile).
+    running = uid_sweep.read_status(command)
+    assert running is not None
+    uid = running.uids[0]
+    assert uid in DEFAULT_RANGE and (CLAIMS_DIR / str(uid)).is_file()
+    assert UidClaims().reclaim(uid, uid_sweep.sweep) is None, "swept while its attempt runs"
     flag.unlink()
     status = wait_status(supervised)
     assert (status.exit_code, status.ended_because) == (7, "exit")
     assert text(supervised) == f"{command}\nlast\n"
     assert gone(command) and no_cgroup_left()
+    assert not (CLAIMS_DIR / str(uid)).exists(), "given up once swept"
 
 
 # --- stop, timeout, what a command leaves -------------------------------------------------------
