@@ -225,7 +225,11 @@ def test_the_machine_check_names_what_uses_the_range_unless_it_is_claimed(
     sleeper = subprocess.Popen(as_uid(uid, "sleep", "600"))
     try:
         deadline = time.monotonic() + 5
-        while not uid_sweep.processes(lambda u: u == uid) and time.monotonic() < deadline:
+        # The sleeper once it has its UID (zombies of earlier tests' do not count).
+        while not any(
+            p.pid == sleeper.pid and not p.zombie for p in uid_sweep.processes(lambda u: u == uid)
+        ):
+            assert time.monotonic() < deadline, "the sleeper never took its UID"
             time.sleep(0.01)
         refused = check_machine(claims)
         assert refused is not None and f"process {sleeper.pid} runs as uid {uid}/" in refused
