@@ -13,13 +13,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from oz0_node import service
 from oz0_node.errors import AgentError
 
 log = logging.getLogger(__name__)
 
-# The account `--job-user` names in the docs' examples (and the tests').
-DEFAULT_JOB_USER = service.DEFAULT_JOB_USER
+# The account `--job-user` names in the docs' examples (and the tests': fixtures/job_user.py).
+DEFAULT_JOB_USER = "oz0-job"
 
 
 @dataclass(frozen=True)
