@@ -2,7 +2,7 @@
 `supervisor_client.launch` for `true`, with the isolation the agent uses by default.
 
     python -m bench.supervisor_cost [--attempts N] [--parallel K] [--no-launcher]
-        [--against-job-user NAME]
+        [--against-job-user NAME] [--unisolated]
 
 Launches N attempts of `true` (K at a time, each from a thread of its own, as the agent's
 manager does), each under a fresh supervisor, and prints one JSON object:
@@ -21,6 +21,10 @@ isolation (each its own UID, its own /tmp, swept after) and one that runs them a
 account NAME, so that both meet the same machine; `against` has the account's figures and
 `own_uid_adds_ms` the differences of the p50s (what the own UID's claim, namespace and sweep
 add), the CPU figures are then of both together.
+
+`--unisolated`: the same supervisor, but the command runs as this process's user with no
+cgroup, no limits and no job user (as attempts ran before issue 29): the baseline that
+isolation's cost is measured against.
 
 Self-contained: it starts no server. Runs as root (each attempt its own UID, swept after;
 cgroups) or as a user (the attempts run as that user). Progress and the setup go to stderr.
@@ -45,8 +49,10 @@ from typing import Any
 from oz0_node.jobs import procfs
 from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.job_user import JobUser
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.supervisor_client import Supervised, launch, stop_all
+from oz0_node.jobs.tracking import PROCESS_GROUP
 
 PR_SET_CHILD_SUBREAPER = 36
 NODE_ID = "node-5c0e0000b0b0"
@@ -120,14 +126,22 @@ def _wait_status(supervised: Supervised) -> None:
 
 
 def measure(
-    attempts: int, parallel: int, use_launcher: bool, against: str | None = None
+    attempts: int,
+    parallel: int,
+    use_launcher: bool,
+    against: str | None = None,
+    isolated: bool = True,
 ) -> dict[str, Any]:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become a child subreaper")
     with tempfile.TemporaryDirectory(prefix="oz0-supervisor-cost-") as raw:
         data_dir = Path(raw)
-        isolation = Isolation.detect(data_dir, supervised=True)
+        isolation = (
+            Isolation.detect(data_dir, supervised=True)
+            if isolated
+            else Isolation(data_dir, JobUser.of_agent(), drop=False, tracking=PROCESS_GROUP)
+        )
         # As the agent's start does: each attempt's own UID needs its claims' directory.
         isolation.prepare_uids()
         print(f"isolation: {isolation.describe(NODE_ID)}", file=sys.stderr)
@@ -217,6 +231,11 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=50)
     parser.add_argument("--parallel", type=int, default=1, help="attempts launched at once")
     parser.add_argument(
+        "--unisolated",
+        action="store_true",
+        help="no job user, cgroup or limits: the baseline isolation is measured against",
+    )
+    parser.add_argument(
         "--no-launcher",
         action="store_true",
         help="a fresh interpreter per attempt (launch's fallback), not the launcher's fork",
@@ -233,6 +252,7 @@ def main() -> None:
             max(1, options.parallel),
             not options.no_launcher,
             options.against_job_user,
+            isolated=not options.unisolated,
         )
         print(json.dumps(result, indent=2))
 

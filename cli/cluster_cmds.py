@@ -12,6 +12,7 @@ from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0 import retention_rules as rules
 from oz0.context import select
+from oz0.errors import Oz0Error
 
 app = App(name="cluster", help_format="markdown")  # help: cli/main.py
 
@@ -26,6 +27,7 @@ def info(*, json: JsonFlag = False, context: ContextPath = None) -> int:
     print(f"cluster: {data['name']}")
     print(f"CA hash: {data['ca_hash']}")
     print(f"audit log kept: {_kept(data['audit_retention'])}")
+    print(f"node labels: {_labels(data.get('lock_node_labels'))}")
     print(f"servers up: {len(data['servers'])}")
     print_table(
         ["ID", "ADVERTISE", "TEMPORAL", "STARTED", "LAST HEARTBEAT"],
@@ -39,6 +41,12 @@ def info(*, json: JsonFlag = False, context: ContextPath = None) -> int:
 
 def _kept(retention: str) -> str:
     return "for ever" if retention == rules.KEEP else retention
+
+
+def _labels(locked: bool | None) -> str:
+    if locked is None:  # a server of an earlier release
+        return "unknown"
+    return "their join token's only (locked)" if locked else "their join token's and their own"
 
 
 def _audit_retention(type_: Any, tokens: Sequence[Token]) -> str:
@@ -55,8 +63,9 @@ def _audit_retention(type_: Any, tokens: Sequence[Token]) -> str:
 def set_(
     *,
     audit_retention: Annotated[
-        str, Parameter(converter=_audit_retention, metavar="DURATION|keep", negative=())
-    ],
+        str | None, Parameter(converter=_audit_retention, metavar="DURATION|keep", negative=())
+    ] = None,
+    lock_node_labels: bool | None = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -67,12 +76,22 @@ def set_(
     audit_retention
         How long the audit log keeps a row: 1d to 3650d, such as 400d, or `keep` (for
         ever, the default). Older rows are deleted within minutes.
+    lock_node_labels
+        A node joining with a token gets the token's labels only, whatever token: a label
+        it claims beyond them refuses its join. `--no-lock-node-labels` (the default): a
+        node adds its own labels for the keys its token does not set.
     """
-    data = ApiClient(select(context)).request(
-        "PATCH", "/api/v1/cluster", {"audit_retention": audit_retention}
-    )
+    body: dict[str, Any] = {}
+    if audit_retention is not None:
+        body["audit_retention"] = audit_retention
+    if lock_node_labels is not None:
+        body["lock_node_labels"] = lock_node_labels
+    if not body:
+        raise Oz0Error("nothing to change: give --audit-retention or --[no-]lock-node-labels")
+    data = ApiClient(select(context)).request("PATCH", "/api/v1/cluster", body)
     if json:
         print_json(data)
     else:
         print(f"audit log kept: {_kept(data['audit_retention'])}")
+        print(f"node labels: {_labels(data.get('lock_node_labels'))}")
     return 0

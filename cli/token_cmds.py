@@ -35,6 +35,7 @@ def create(
     max_uses: int = DEFAULT_MAX_USES,
     label: LabelArgs = None,
     description: str = "",
+    lock_labels: Annotated[bool, Parameter(negative=())] = False,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -50,6 +51,9 @@ def create(
         How many nodes can join with it; 0 for any number.
     description
         What the token is for.
+    lock_labels
+        The token's labels are all a node joining with it gets: a label the node claims
+        beyond them refuses its join.
     """
     ctx = select(context)
     body: dict[str, Any] = {
@@ -59,7 +63,15 @@ def create(
         "labels": parse_label_pairs(label or []),
         "description": description,
     }
+    if lock_labels:  # sent only when asked: a server of an earlier release knows no such field
+        body["lock_labels"] = True
     token = ApiClient(ctx).post("/api/v1/tokens", body)
+    if lock_labels and token.get("lock_labels") is not True:
+        raise Oz0Error(
+            f"the server is of an earlier release and made token {token['id']} without"
+            f" --lock-labels: revoke it (token revoke {token['id']}) and make it again once"
+            " every server is upgraded"
+        )
     if json:
         print_json(token)
         return 0
@@ -68,7 +80,8 @@ def create(
     expires = (
         "never expires" if token["expires_at"] is None else f"expires {_time(token['expires_at'])}"
     )
-    print(f"token {token['id']} created for tenant {token['tenant']}: {uses}, {expires}")
+    locked = ", labels locked" if token.get("lock_labels") else ""
+    print(f"token {token['id']} created for tenant {token['tenant']}: {uses}, {expires}{locked}")
     print()
     print(f"    {token['token']}")
     print()
@@ -101,7 +114,8 @@ def list_(*, json: JsonFlag = False, context: ContextPath = None) -> int:
                 t["uses"],
                 "unlimited" if t["max_uses"] == 0 else t["max_uses"],
                 "never" if t["expires_at"] is None else _time(t["expires_at"]),
-                ",".join(f"{k}={v}" for k, v in sorted(t["labels"].items())),
+                ",".join(f"{k}={v}" for k, v in sorted(t["labels"].items()))
+                + (" (locked)" if t.get("lock_labels") else ""),
                 t["description"],
                 "yes" if t["revoked"] else "no",
             ]

@@ -150,13 +150,18 @@ class Filters:
         """The WHERE clause naming only the filters given: each is then an index condition
         ((action, id), (target, id), (actor, id)), also in a prepared statement's generic
         plan, which `(%(x)s IS NULL OR ...)` would defeat. SCOPE (tenants; None: all):
-        only rows about one of them (audit_log_tenants, GIN); rows about the cluster as a
-        whole, which name no tenant, are for cluster-wide persons only."""
+        only rows all of whose tenants are among them. A row about several tenants (a
+        person of acme and beta added, changed or signed in) names them all, so it is
+        hidden from a person of only some of them, as `operator list` hides that person;
+        rows about the cluster as a whole, which name no tenant, are for cluster-wide
+        persons only. `&&` finds the rows (audit_log_tenants, GIN), `<@` drops the rest."""
         where = listing.Where()
         for column, value in self._params().items():
             where = where.equal(column, value)
         if scope is not None:
-            where = where.also("tenants && %(scope)s::text[]", scope=list(scope))
+            where = where.also(
+                "tenants && %(scope)s::text[] AND tenants <@ %(scope)s::text[]", scope=list(scope)
+            )
         return where
 
 

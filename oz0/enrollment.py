@@ -141,10 +141,7 @@ def add(
     actor.check(access.Right.MANAGE_OPERATORS, "add operators")
     granted = operators.check_grant(conn, actor, tenants, "add operators")
     if conn.execute("SELECT 1 FROM operators WHERE name = %s", (name,)).fetchone():
-        raise operators.OperatorConflict(
-            f"operator {name} exists already: change it with `operator set {name}`, or "
-            f"`operator remove {name}` first to add it anew"
-        )
+        raise _taken(name)
     # An enrollment that expired (or, its operator since removed, was used) gives way.
     conn.execute(
         "DELETE FROM operator_enrollments WHERE name = %s"
@@ -160,6 +157,12 @@ def add(
         (name, code_digest(code), str(role), list(granted), f"{actor.kind}:{actor.name}", lifetime),
     ).fetchone()
     if row is None:
+        pending = conn.execute(
+            "SELECT tenants FROM operator_enrollments WHERE name = %s", (name,)
+        ).fetchone()
+        if pending is not None and not actor.reaches_all(pending[0]):
+            # Names are the cluster's: that one is taken is all another tenant's admin learns.
+            raise _taken(name)
         raise operators.OperatorConflict(
             f"operator {name} has an open enrollment already: `operator remove {name}` "
             "voids its code, then add it again"
@@ -172,6 +175,13 @@ def add(
     return Added(
         name, role, granted, expires_at, code, enroll_command(code, server, ca_hash)
     )  # fmt: skip
+
+
+def _taken(name: str) -> operators.OperatorConflict:
+    return operators.OperatorConflict(
+        f"operator {name} exists already: change it with `operator set {name}`, or "
+        f"`operator remove {name}` first to add it anew"
+    )
 
 
 def _failed(conn: psycopg.Connection[Any], source: str) -> None:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, nodes, pki, tokens
+from oz0 import audit, node_labels, nodes, pki, tokens
 from oz0.errors import Oz0Error
 
 
@@ -91,18 +91,22 @@ def join_many(
     if not joining:
         return outcomes
 
+    # Asked only when a node claims labels: the cluster may lock them to its token's.
+    locked = any(requests[i].labels for i in joining) and node_labels.cluster_locked(conn)
     # The certificates are signed before the tokens are locked, for the joins an unlocked
     # read admits: the lock is then held for the statements and the commit only.
     strings = [requests[i].token for i in joining]
+    unlocked_read = tokens.Ledger.lock(conn, strings, lock=False)
     signed = {
         n.index: (n, nodes.issue_certificate(ca, n.node_id, n.key))
-        for n in _admitted(tokens.Ledger.lock(conn, strings, lock=False), requests, joining, keys)
+        for n in _admitted(unlocked_read, requests, joining, keys, locked)
         if not isinstance(n, Oz0Error)
     }
     ledger = tokens.Ledger.lock(conn, strings)
     new: list[_New] = []
     certificates: list[str] = []
-    for i, admitted in zip(joining, _admitted(ledger, requests, joining, keys), strict=True):
+    admitted_all = _admitted(ledger, requests, joining, keys, locked)
+    for i, admitted in zip(joining, admitted_all, strict=True):
         if isinstance(admitted, Oz0Error):
             outcomes[i] = admitted
             continue
@@ -165,15 +169,24 @@ def _admitted(
     requests: Sequence[TokenJoin],
     joining: list[int],
     keys: dict[int, tuple[ec.EllipticCurvePublicKey, str]],
+    cluster_locked: bool,
 ) -> list[_New | Oz0Error]:
     """For each join of JOINING, in order, its new node or why LEDGER refuses it; the uses
-    are counted in LEDGER."""
+    are counted in LEDGER. CLUSTER_LOCKED: every token's nodes get its labels only."""
     out: list[_New | Oz0Error] = []
     for i in joining:
         request = requests[i]
         try:
             token = ledger.admits(request.token)
-            labels = nodes.under_token(token.labels, nodes.check_labels(request.labels))
+            labels = nodes.under_token(
+                token.labels,
+                nodes.check_labels(request.labels),
+                locked_by=node_labels.locked_by(token.lock_labels, cluster_locked),
+            )
+        except nodes.LabelsRefused as e:
+            e.token_id = token.id
+            out.append(e)
+            continue
         except Oz0Error as e:
             out.append(e)
             continue

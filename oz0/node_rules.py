@@ -51,11 +51,27 @@ def check_labels(labels: object) -> dict[str, str]:
     return dict(labels)
 
 
-def under_token(token_labels: dict[str, str], labels: dict[str, str]) -> dict[str, str]:
+class LabelsRefused(NodeError):
+    """A joining node claimed labels where only its token's count (LABELS: those claimed
+    beyond the token's); TOKEN_ID: the token, once known, for the audit row."""
+
+    def __init__(self, message: str, labels: dict[str, str]) -> None:
+        super().__init__(message)
+        self.labels = labels
+        self.token_id: str | None = None
+
+
+def under_token(
+    token_labels: dict[str, str], labels: dict[str, str], *, locked_by: str | None = None
+) -> dict[str, str]:
     """A joining node's labels: its token's, plus the node's own for the keys the token does
     not set. A label of the node that gives a token's key another value is refused: the
     token is what an operator decided, and a selector on that key must not attract a node
-    that only claims it (a "laptops" token's node joining as role=db-prod)."""
+    that only claims it (a "laptops" token's node joining as role=db-prod). LOCKED_BY ("this
+    join token", "this cluster"): the token's labels are all the node gets, and any label it
+    claims beyond them refuses the join (LabelsRefused): refused, not dropped, so whoever
+    starts the agent learns at once that its labels do not count, rather than later from
+    jobs that never find the node."""
     contradictions = [
         f"label {key}={value} contradicts the token's {key}={token_labels[key]}"
         for key, value in sorted(labels.items())
@@ -63,6 +79,16 @@ def under_token(token_labels: dict[str, str], labels: dict[str, str]) -> dict[st
     ]
     if contradictions:
         raise NodeError("; ".join(contradictions))
+    claimed = {k: v for k, v in sorted(labels.items()) if k not in token_labels}
+    if locked_by is not None and claimed:
+        given = ",".join(f"{k}={v}" for k, v in sorted(token_labels.items())) or "none"
+        raise LabelsRefused(
+            f"label{'s' if len(claimed) > 1 else ''} "
+            + ",".join(f"{k}={v}" for k, v in claimed.items())
+            + f" refused: {locked_by} gives a node its token's labels only ({given});"
+            " start the agent without --label",
+            claimed,
+        )
     return {**labels, **token_labels}
 
 

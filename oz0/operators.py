@@ -229,16 +229,18 @@ def check_grant(
     conn: psycopg.Connection[Any], actor: access.Person, tenants: Iterable[str], doing: str
 ) -> tuple[str, ...]:
     """TENANTS (none: every tenant) if they all exist and ACTOR may give them: a tenant's
-    admin gives only its own tenants, never the whole cluster."""
+    admin gives only its own tenants, never the whole cluster. Whether ACTOR may give a
+    tenant is asked first: a tenant's admin is answered the same for another tenant as for
+    one that does not exist, and so does not learn the others' names."""
     wanted = tuple(sorted(set(tenants)))
-    for tenant in wanted:
-        if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (tenant,)).fetchone() is None:
-            raise OperatorError(f"tenant {tenant} does not exist")
     if not actor.cluster_wide:
         if not wanted:
             raise access.Forbidden(f"{actor.describe()} may not {doing} of every tenant")
         for tenant in wanted:
             actor.check(access.Right.MANAGE_OPERATORS, doing, tenant)
+    for tenant in wanted:
+        if conn.execute("SELECT 1 FROM tenants WHERE name = %s", (tenant,)).fetchone() is None:
+            raise OperatorError(f"tenant {tenant} does not exist")
     return wanted
 
 

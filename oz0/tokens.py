@@ -20,7 +20,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import access, audit, listing, tenants
+from oz0 import access, audit, listing, node_labels, tenants
 from oz0.errors import Oz0Error
 
 # The rules the command line checks too live in a light module of their own; callers keep
@@ -51,7 +51,7 @@ _REFUSAL_MESSAGES: dict[RefusalReason, str] = {
 
 _COLUMNS = (
     "id, tenant, uses, max_uses, expires_at, labels, description,"
-    " revoked_at IS NOT NULL, revoked_at, created_at, created_by"
+    " revoked_at IS NOT NULL, revoked_at, created_at, created_by, lock_labels"
 )
 
 
@@ -90,6 +90,8 @@ class JoinToken:
     revoked_at: dt.datetime | None
     created_at: dt.datetime
     created_by: str
+    # Its labels are all a node joining with it gets (node_labels).
+    lock_labels: bool = False
 
     def state(self, now: dt.datetime) -> TokenState:
         """Whether a node presenting this token at NOW gets in, or why not (in the order
@@ -115,6 +117,7 @@ class JoinToken:
             "revoked_at": _iso(self.revoked_at),
             "created_at": self.created_at.isoformat(),
             "created_by": self.created_by,
+            "lock_labels": self.lock_labels,
         }
 
 
@@ -177,11 +180,13 @@ class TokenSpec:
     max_uses: int
     labels: dict[str, str]
     description: str
+    lock_labels: bool = False
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> TokenSpec:
-        """From `{"tenant", "ttl", "max_uses", "labels", "description"}`; all but the
-        tenant optional (DEFAULT_TTL, DEFAULT_MAX_USES). Oz0Error says what is wrong."""
+        """From `{"tenant", "ttl", "max_uses", "labels", "description", "lock_labels"}`; all
+        but the tenant optional (DEFAULT_TTL, DEFAULT_MAX_USES, not locked). Oz0Error says
+        what is wrong."""
         tenant = body.get("tenant")
         if not isinstance(tenant, str):
             raise Oz0Error("a token needs a `tenant`")
@@ -199,12 +204,16 @@ class TokenSpec:
         description = body.get("description", "")
         if not isinstance(description, str):
             raise Oz0Error("`description` must be a string")
+        lock_labels = body.get("lock_labels", False)
+        if not isinstance(lock_labels, bool):
+            raise Oz0Error("`lock_labels` must be true or false")
         return cls(
             tenant=tenant,
             ttl=parse_ttl(ttl_text),
             max_uses=_check_max_uses(max_uses),
             labels=check_labels(dict(labels)),
             description=_check_description(description),
+            lock_labels=lock_labels,
         )
 
 
@@ -232,8 +241,11 @@ def create(
     labels: dict[str, str],
     description: str,
     actor: audit.Actor,
+    lock_labels: bool = False,
 ) -> tuple[JoinToken, str]:
-    """A new token and the string a node presents: `ID.SECRET`, never stored."""
+    """A new token and the string a node presents: `ID.SECRET`, never stored. LOCK_LABELS:
+    its labels are all a node joining with it gets (refused while an older server is up,
+    node_labels.check_upgraded)."""
     _check_max_uses(max_uses)
     check_labels(labels)
     _check_description(description)
@@ -241,12 +253,14 @@ def create(
         raise Oz0Error("a token's ttl must be positive, or None for one that never expires")
     if not tenants.exists(conn, tenant):
         raise UnknownTenant(f"tenant {tenant} does not exist")
+    if lock_labels:
+        node_labels.check_upgraded(conn, "--lock-labels")
     token_id = "tok-" + secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     row = conn.execute(
         "INSERT INTO join_tokens"
-        " (id, secret_sha256, tenant, labels, description, max_uses, expires_at, created_by)"
-        " VALUES (%s, %s, %s, %s, %s, %s, now() + %s::interval, %s)"
+        " (id, secret_sha256, tenant, labels, description, max_uses, expires_at, created_by,"
+        " lock_labels) VALUES (%s, %s, %s, %s, %s, %s, now() + %s::interval, %s, %s)"
         f" RETURNING {_COLUMNS}",
         (
             token_id,
@@ -257,6 +271,7 @@ def create(
             max_uses,
             ttl,
             f"{actor.kind}:{actor.name}",
+            lock_labels,
         ),
     ).fetchone()
     assert row is not None
@@ -272,6 +287,8 @@ def create(
             "expires_at": _iso(token.expires_at),
             "labels": token.labels,
             "description": token.description,
+            # Only when locked: a row without it, of any release, is of an unlocked token.
+            **({"lock_labels": True} if token.lock_labels else {}),
         },
         tenants=[token.tenant],
     )
@@ -289,6 +306,7 @@ def create_from(
         labels=spec.labels,
         description=spec.description,
         actor=actor,
+        lock_labels=spec.lock_labels,
     )
 
 

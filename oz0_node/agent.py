@@ -9,9 +9,11 @@ and returns `Purged` (from then on it writes nothing, so nothing recreates the d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +138,12 @@ async def run(
                 options.data_dir, isolation, max_running=node.record.max_jobs or DEFAULT_MAX_JOBS
             )
             await nursery.start(manager.run)
+            # Read now: an unreadable one is said at the start (log, status.json), and its
+            # repair is said as soon as an attempt finds it (from either thread).
+            node.run_record = manager.run_record(options.data_dir)
+            node.run_record.on_change = _in_trio(node.publish)
+            if node.run_record.unusable is not None:
+                node.publish()
             runtimes = Runtimes(
                 runtime_factory if runtime_factory is not None else NodeRuntime,
                 manager=manager,
@@ -154,6 +162,18 @@ async def run(
         if failed is not None:
             raise failed
         return purged
+
+
+def _in_trio(fn: Callable[[], None]) -> Callable[[], None]:
+    """FN, called in this Trio run's thread whichever thread calls it (none once the run
+    has ended)."""
+    token = trio.lowlevel.current_trio_token()
+
+    def soon() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(fn)
+
+    return soon
 
 
 def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | None) -> Isolation:

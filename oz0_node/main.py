@@ -168,6 +168,8 @@ def status(
         print(
             f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}" + at_once
         )
+        if jobs.get("not_run"):
+            print(f"jobs:      NONE RUN: {jobs['not_run']}")
     cert = report["certificate"]
     if isinstance(cert, dict):
         if cert["expired"]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from oz0_node import addresses, status
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
+from oz0_node.jobs.grants import RunRecord
 from oz0_node.jobs.isolation import Isolation
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ class Node:
         self.runtime = "stopped"
         # How jobs run (the job user, the tracking), for status.json; set at the start.
         self.isolation: Isolation | None = None
+        # The attempts it ran: when unreadable, no attempt runs, and status.json says why.
+        self.run_record: RunRecord | None = None
 
     @property
     def name(self) -> str:
@@ -84,13 +87,17 @@ class Node:
             self.publish()
 
     def _jobs(self) -> dict[str, object] | None:
-        """How jobs run here: as whom, tracked how, how many at once."""
+        """How jobs run here: as whom, tracked how, how many at once; why none runs, if
+        none can."""
         if self.isolation is None:
             return None
-        return {
+        jobs: dict[str, object] = {
             **self.isolation.describe(self.record.node_id),
             "max_jobs": self.record.max_jobs or DEFAULT_MAX_JOBS,
         }
+        if self.run_record is not None and self.run_record.unusable is not None:
+            jobs["not_run"] = self.run_record.unusable
+        return jobs
 
     def publish(self) -> None:
         status.write(

@@ -32,7 +32,7 @@ class Status:
     pid: int | None = None
     updated_at: str | None = None
     # {"job_user": NAME, "tracking": "cgroup v2 PATH" | "subreaper" | "process group",
-    #  "max_jobs": N}
+    #  "max_jobs": N, "not_run": why no attempt runs and how to repair it, if none can}
     jobs: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:

@@ -199,6 +199,33 @@ def test_a_node_label_contradicting_its_tokens_is_refused_and_uses_nothing(
     assert uses(conn, token.id) == 2
 
 
+def test_labels_claimed_under_a_lock_refuse_that_join_alone_in_a_batch(
+    conn: psycopg.Connection[Any], ca: pki.CertificateAuthority
+) -> None:
+    with conn.transaction():
+        locked, string = tokens.create(
+            conn, tenant="default", ttl=None, max_uses=2, labels={"team": "data"},
+            description="", actor=ADMIN, lock_labels=True,
+        )  # fmt: skip
+    _, free = new_token(conn, max_uses=0, labels={"team": "data"})
+    batch = [request(string, zone="eu-1"), request(string, team="data"), request(string)]
+    outcomes = join_many(conn, ca, [*batch, request(free, zone="eu-1")])
+    refused = outcomes[0]
+    assert isinstance(refused, nodes.LabelsRefused)
+    assert (refused.labels, refused.token_id) == ({"zone": "eu-1"}, locked.id)
+    # The use it did not spend is the third join's.
+    for joined in outcomes[1:3]:
+        assert isinstance(joined, nodes.Joined)
+        assert nodes.get(conn, joined.node_id).labels == {"team": "data"}
+    assert uses(conn, locked.id) == 2
+    # The cluster's lock: every token's.
+    conn.execute("UPDATE cluster_settings SET lock_node_labels = true")
+    [unlocked_before, by_cluster] = join_many(conn, ca, [request(free), request(free, os="x")])
+    assert isinstance(unlocked_before, nodes.Joined)
+    assert isinstance(by_cluster, nodes.LabelsRefused)
+    assert str(by_cluster).startswith("label os=x refused: this cluster gives")
+
+
 def test_batches_racing_on_many_connections_admit_exactly_max_uses(
     cluster_files: ClusterFiles, conn: psycopg.Connection[Any], ca: pki.CertificateAuthority
 ) -> None:

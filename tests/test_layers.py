@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "oz0.enrollment",
             "oz0.membership",
             "oz0.nodes",
+            "oz0.node_labels",
             "oz0.node_strings",
             "oz0.joins",
             "oz0.operators",

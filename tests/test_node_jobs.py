@@ -458,6 +458,49 @@ def test_a_grant_expires_at_its_not_after_and_the_run_record_forgets_it_then(
         check.check(attempt(3, now[0] - 61))  # pruned, but its grant cannot come back
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda p: p.write_text('{"job-00000000abcd/1": 17'), "not JSON"),
+        (lambda p: p.write_text("[]"), "not a JSON object"),
+        (lambda p: p.write_text('{"job-00000000abcd/1": "soon"}'), "has no not_after"),
+        (lambda p: p.write_bytes(b"\xff\xfe"), "not JSON"),
+        (lambda p: p.mkdir(), "Is a directory"),
+    ],
+    ids=["cut short", "a list", "an entry without a number", "not text", "a directory"],
+)
+def test_an_unreadable_run_record_refuses_every_attempt_until_it_is_repaired(
+    damage: Callable[[Path], object], said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "attempts-run"
+    damage(path)
+    check = GrantCheck(
+        cluster="test",
+        tenant="default",
+        node_id=NODE_ID,
+        ca=CLUSTER_CA.cert,
+        record=RunRecord.load(tmp_path),
+    )
+    changed: list[str | None] = []
+    check.record.on_change = lambda: changed.append(check.record.unusable)
+    for number in (1, 2):
+        with pytest.raises(AttemptRefused) as refused_by:
+            check.check(sign(unsigned("true", attempt=number)))
+        reason = refused_by.value.reason
+        assert reason.startswith(f"cannot read {path}, this node's record of the attempts it ran")
+        assert said in reason and "no attempt runs here until it is repaired" in reason
+        assert "fix its JSON or remove it" in reason and "\n" not in reason
+    assert path.exists(), "never written over"
+    assert changed == []
+    if path.is_dir():
+        path.rmdir()
+    else:
+        path.unlink()
+    check.check(sign(unsigned("true", attempt=1)))  # read again: repaired, no restart
+    assert changed == [None], "said once"
+    assert json.loads(path.read_text()).keys() == {f"{JOB}/1"}
+
+
 # --- ending it: timeout, cancellation, the cluster ----------------------------------------
 
 

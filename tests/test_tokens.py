@@ -184,6 +184,7 @@ def test_list_and_to_json_show_every_token_without_secrets(
         "revoked_at": None,
         "created_at": first.created_at.isoformat(),
         "created_by": "operator:admin",
+        "lock_labels": False,
     }
     assert first_string.split(".")[1] not in json.dumps([t.to_json() for t in listed])
     assert second.expires_at is not None

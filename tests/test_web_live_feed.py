@@ -15,7 +15,7 @@ from fixtures.postgres import fresh_database_url
 from oz0 import access, nodes
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
-from oz0.web import live
+from oz0.web import live, live_others
 from oz0.web.live import Feed, Stream
 
 SERVER = "server-live-feed"
@@ -57,6 +57,42 @@ def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     assert not a_page.woken.is_set()
     hub._gap()
     assert a_page.woken.is_set()
+
+
+def test_a_list_of_some_tenants_is_woken_only_by_nodes_not_known_to_be_anothers() -> None:
+    acme_viewer = (access.Role.VIEWER, frozenset({"acme"}))
+    scoped, everyone = (
+        Stream(frozenset(), True, "t1", acme_viewer),
+        Stream(frozenset(), True, "t2", VIEWER),
+    )
+    hub, feed = feed_with(scoped, everyone)
+    theirs, unknown = nodes.new_node_id(), nodes.new_node_id()
+    feed.changed.tenant_of[theirs] = "beta"
+    hub._dispatch(Notification(NODES, theirs))
+    assert not scoped.woken.is_set() and feed.changed.count == 0
+    assert everyone.woken.is_set() and everyone.others_changed
+    # Perhaps acme's: woken to read whose it is, never told outright.
+    hub._dispatch(Notification(NODE_LINKS, unknown))
+    assert scoped.woken.is_set() and not scoped.others_changed
+    assert feed.changed.since(0) == ({unknown}, 1)
+
+
+def test_the_window_of_changed_nodes_gives_each_list_what_came_since_it_looked() -> None:
+    changed = live_others.Changed()
+    first = [nodes.new_node_id() for _ in range(3)]
+    for node_id in first:
+        changed.note(node_id)
+    assert changed.since(0) == (set(first), 3)
+    assert changed.since(2) == ({first[2]}, 3)
+    assert changed.since(3) == (set(), 3)
+    # A list further behind than the window gets what it still holds.
+    later = [nodes.new_node_id() for _ in range(live_others.KEPT)]
+    for node_id in later:
+        changed.note(node_id)
+    assert changed.since(0) == (set(later), 3 + live_others.KEPT)
+    assert changed.outside(later[0], {"acme"}) is False  # not known: perhaps acme's
+    changed.tenant_of[later[0]] = "acme"
+    assert not changed.outside(later[0], {"acme"}) and changed.outside(later[0], {"beta"})
 
 
 async def events() -> AsyncGenerator[bytes, None]:

@@ -52,6 +52,7 @@ from oz0.nodes._model import (
     get,
     get_many,
     public_key_sha256,
+    tenants_of,
 )
 from oz0.nodes._rules import (
     DEFAULT_TENANT,
@@ -60,6 +61,7 @@ from oz0.nodes._rules import (
     MAX_PENDING,
     MAX_PER_REQUEST,
     STATES,
+    LabelsRefused,
     NodeError,
     NodeNotFound,
     TooManyNodes,
@@ -115,6 +117,7 @@ __all__ = [
     "ControlStateRead",
     "Joined",
     "LabelFilter",
+    "LabelsRefused",
     "Node",
     "NodeChange",
     "NodeError",
@@ -164,6 +167,7 @@ __all__ = [
     "select_labels",
     "set_max_jobs",
     "streams_recorded",
+    "tenants_of",
     "unblock",
     "unblock_many",
     "under_token",

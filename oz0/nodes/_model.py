@@ -101,3 +101,22 @@ def get_many(
     where = listing.Where().also("id = ANY(%(ids)s)", ids=node_ids).within("tenant", scope)
     rows = conn.execute(SELECT + where.sql, {**CONNECTED_PARAMS, **where.params}).fetchall()
     return [Node(*r) for r in rows]
+
+
+def tenants_of(conn: psycopg.Connection[Any], node_ids: list[str]) -> dict[str, str]:
+    """The tenant of each node of NODE_IDS that the cluster has, or had: a deleted node's
+    is named by its last audit row that names one tenant (its join, its deletion). A node
+    found in neither is left out. A node's tenant never changes, so an answer holds."""
+    found = {
+        str(r[0]): str(r[1])
+        for r in conn.execute("SELECT id, tenant FROM nodes WHERE id = ANY(%s)", (node_ids,))
+    }
+    gone = [f"node:{n}" for n in node_ids if n not in found]
+    if gone:
+        rows = conn.execute(
+            "SELECT DISTINCT ON (target) substr(target, 6), tenants[1] FROM audit_log"
+            " WHERE target = ANY(%s) AND cardinality(tenants) = 1 ORDER BY target, id DESC",
+            (gone,),
+        )
+        found.update((str(r[0]), str(r[1])) for r in rows)
+    return found

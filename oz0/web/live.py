@@ -5,11 +5,13 @@ asks to hear of others (`&new=1`). One feed per server subscribes to the LISTEN 
 node's state, tenant or key changed; its server changed) and wakes the streams watching
 that node; every stream also re-reads its nodes every REREAD_EVERY, since a node going
 silent changes no row and a LISTEN gap loses notifications. Each stream sends a node only
-when what the page shows of it changed, and ends after MAX_LIFE (the browser reconnects),
-within about two seconds of its session's end (signed out, expired, its person removed:
-every SESSION_CHECK_EVERY one query asks about the sessions of all of this server's
-streams), or within REREAD_EVERY once the server begins to stop (its drain waits for
-every request in flight).
+when what the page shows of it changed (another tenant's than its person's as gone, as an
+unknown one), tells a list of others only when they may concern its person (any node for
+a cluster-wide one, its tenants' for another: live_others), and ends after MAX_LIFE (the
+browser reconnects), within about two seconds of its session's end (signed out, expired,
+its person removed: every SESSION_CHECK_EVERY one query asks about the sessions of all
+of this server's streams), or within REREAD_EVERY once the server begins to stop (its
+drain waits for every request in flight).
 
 A stream takes its slot (of MAX_STREAMS on the server, MAX_STREAMS_PER_SESSION per
 session, and the server's `--max-live-pages-per-person` per person, whatever the session:
@@ -37,6 +39,7 @@ from oz0.store.events import NODE_LINKS, NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.store.pool import Database
+from oz0.web.live_others import Changed
 from oz0.web.pages import Page, Pages
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,11 @@ class Stream:
     # Its person's name: a person's streams are capped, across their sessions.
     person: str = ""
 
+    @property
+    def scope(self) -> frozenset[str] | None:
+        """The tenants whose nodes the page may hear of; None: every tenant's."""
+        return self.rights[1] or None
+
 
 @dataclass
 class Feed:
@@ -83,6 +91,8 @@ class Feed:
     # When the streams' sessions are next asked about, on the Trio clock.
     next_check: float = float("-inf")
     checking: trio.Lock = field(default_factory=trio.Lock)
+    # The nodes that changed, for the lists of a person of some tenants (live_others).
+    changed: Changed = field(default_factory=Changed)
 
     def full_for(self, token: str, person: str = "") -> str | None:
         """Why a new stream of the session TOKEN names, of PERSON, may not open now (None:
@@ -141,12 +151,21 @@ class Feed:
         hub.on_gap.append(self._wake_all)
 
     def _changed(self, notification: Notification) -> None:
+        node_id, noted = notification.payload, False
         for stream in self.streams:
-            if notification.payload in stream.watched:
+            if node_id in stream.watched:
                 stream.woken.set()
             elif stream.want_others:
-                stream.others_changed = True
-                stream.woken.set()
+                scope = stream.scope
+                if scope is None:
+                    stream.others_changed = True
+                    stream.woken.set()
+                elif not self.changed.outside(node_id, scope):
+                    # Perhaps one of its tenants': the stream reads which (live_others).
+                    if not noted:
+                        self.changed.note(node_id)
+                        noted = True
+                    stream.woken.set()
 
     def _wake_all(self) -> None:
         for stream in self.streams:
@@ -185,9 +204,24 @@ def add(web: Blueprint, pages: Pages) -> None:
         # Another tenant's node than the person's is sent as gone, as an unknown ID is.
         return {n.id: _shown(n) for n in nodes.get_many(conn, ids, scope=scope)}
 
+    async def others(stream: Stream, seen: int) -> tuple[bool, int]:
+        """Whether a scoped list is to hear of nodes noted since number SEEN (one of its
+        tenants' among them), and the number to read on from; the same SEEN again when the
+        database cannot be asked now."""
+        noted, upto = feed.changed.since(seen)
+        noted -= stream.watched
+        if not noted or stream.scope is None:
+            return False, upto
+        try:
+            return await feed.changed.any_within(state.db, noted, stream.scope), upto
+        except DATABASE_ERRORS:
+            return False, seen
+
     async def body(stream: Stream, scope: listing.Scope) -> AsyncGenerator[bytes, None]:
         ids = sorted(stream.watched)
         last: dict[str, dict[str, Any] | None] = {}
+        # Where a scoped list is in the nodes noted for such lists (Feed.changed).
+        seen = feed.changed.count
         now = trio.current_time()
         ends, keepalive = now + MAX_LIFE, now + KEEPALIVE_EVERY
         yield f"retry: {RECONNECT_MS}\n\n".encode()
@@ -213,6 +247,10 @@ def add(web: Blueprint, pages: Pages) -> None:
             if stream.others_changed:
                 stream.others_changed = False
                 yield _event("others", {})
+            elif stream.want_others and scope is not None:
+                told, seen = await others(stream, seen)
+                if told:
+                    yield _event("others", {})
             now = trio.current_time()
             if now >= keepalive:
                 keepalive = now + KEEPALIVE_EVERY

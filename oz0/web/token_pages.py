@@ -42,6 +42,7 @@ def spec_from_form(form: MultiDict[str, str]) -> tokens.TokenSpec:
             "max_uses": whole_number(form.get("max_uses", "")),
             "labels": tokens.parse_label_pairs(form_lines(form.get("labels", ""))),
             "description": form.get("description", "").strip(),
+            "lock_labels": form.get("lock_labels") == "on",
         }
     )
 

@@ -6,10 +6,11 @@ this node, now, once, and hands it to manager.py, which starts its supervisor th
 supervisor_client.py (the agent's handle on it; launcher.py forks it): supervisor.py is
 that process of its own, which owns the command, its output file and its exit status,
 and attempt_files.py holds what the two exchange. isolation.py says where, as whom
-(job_user.py) and with what limits it runs, and tracking.py follows and ends all of its
-processes (a cgroup, or the supervisor as their subreaper; procfs.py reads /proc);
-process.py ends them. The manager
-relays output and results to the edge over whichever control stream is up (edge_link.py).
+(job_user.py) and with what limits it runs, spawn.py starts the command that way (born in
+its cgroup), tracking.py follows and ends all of its processes (a cgroup, or the
+supervisor as their subreaper; procfs.py reads /proc), process.py ends them, and
+removal.py removes its working directory (following no link). The manager relays output
+and results to the edge over whichever control stream is up (edge_link.py).
 The protocol is in docs/node-protocol.md, "Jobs".
 
 The names below are imported when first used, not with the package: the per-attempt

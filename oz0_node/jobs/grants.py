@@ -12,7 +12,10 @@ it came with; and this node has not run that (job, attempt) before.
 What this node ran is kept in DATA_DIR/attempts-run (0600, replaced whole): each (job,
 attempt) with its grant's `not_after`, forgotten once that has passed (with the skew), as
 the grant can no longer be run anywhere by then. Refusing is the safe side of every doubt:
-a record that cannot be written refuses the attempt.
+a record that cannot be written refuses the attempt, and one that cannot be read or is not
+this format refuses every attempt until a person repairs it (`RunRecord.unusable` says
+how: in the agent's log and `oz0-node status`); it is read again at each attempt, so the
+repair needs no restart.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from oz0_common.files import write_private
 log = logging.getLogger(__name__)
 
 RECORD_FILE = "attempts-run"
+# How long the grants a removed record held may still be good for (docs/node-protocol.md,
+# "Signed attempts": 15 s to start plus 30 s; an --all job's part, its queue timeout).
+GRANT_LIFE = "45 s, an --all job's part its queue timeout"
 # How far this node's clock may be behind the placing server's and a grant still refused
 # once expired (or ahead, and one still taken until then).
 CLOCK_SKEW = 30.0
@@ -55,30 +61,37 @@ class GrantExpired(AttemptRefused):
 class RunRecord:
     """The (job, attempt)s this node has run, each until its grant's not_after."""
 
-    def __init__(self, path: Path, entries: dict[str, float]) -> None:
+    def __init__(self, path: Path, entries: dict[str, float], unusable: str | None = None) -> None:
         self.path = path
         self._entries = entries
+        # Why no attempt may run (the record cannot be read), and how to repair it.
+        self.unusable = unusable
+        # Called (in whichever thread checks an attempt) when `unusable` changes.
+        self.on_change: Callable[[], None] | None = None
 
     @classmethod
     def load(cls, data_dir: Path) -> RunRecord:
+        """DATA_DIR's record; an unreadable one comes back `unusable` (logged once)."""
         path = data_dir / RECORD_FILE
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raw = {}
-        except (OSError, ValueError) as e:
-            # Refusing everything until an operator looks would stop the node's jobs for
-            # good; every grant it held expires within minutes anyway.
-            log.warning("cannot read %s (%s); starting with no attempts run", path, e)
-            raw = {}
-        entries = {}
-        if isinstance(raw, dict):
-            entries = {
-                k: float(v)
-                for k, v in raw.items()
-                if isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-            }
-        return cls(path, entries)
+        entries, why = _read(path)
+        record = cls(path, entries, _repair(path, why) if why is not None else None)
+        if record.unusable is not None:
+            log.error("%s", record.unusable)
+        return record
+
+    def usable(self) -> bool:
+        """Whether attempts may run: a record found unreadable is read again (a person may
+        have repaired it since)."""
+        if self.unusable is None:
+            return True
+        entries, why = _read(self.path)
+        if why is not None:
+            return False
+        log.warning("%s is readable again: attempts run here again", self.path)
+        self._entries, self.unusable = entries, None
+        if self.on_change is not None:
+            self.on_change()
+        return True
 
     @staticmethod
     def key(job_id: str, attempt: int) -> str:
@@ -89,10 +102,41 @@ class RunRecord:
 
     def add(self, key: str, not_after: float, now: float) -> None:
         """Record KEY (pruning what expired) on disk: OSError if it cannot be written."""
+        assert self.unusable is None, "an unreadable record is never written over"
         kept = {k: v for k, v in self._entries.items() if v + CLOCK_SKEW >= now}
         kept[key] = not_after
         write_private(self.path, json.dumps(kept, sort_keys=True).encode())
         self._entries = kept
+
+
+def _read(path: Path) -> tuple[dict[str, float], str | None]:
+    """PATH's entries, or why they cannot be had (no file: none, and nothing wrong)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, None
+    except OSError as e:
+        return {}, str(e.strerror or e)
+    except ValueError as e:  # UnicodeDecodeError too
+        return {}, f"not JSON ({e})"
+    if not isinstance(raw, dict):
+        return {}, "not a JSON object"
+    entries = {}
+    for key, value in raw.items():
+        # Each entry's, or none: a record read in part could let an attempt run twice.
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return {}, f"the entry {key[:80]!r} has no not_after"
+        entries[key] = float(value)
+    return entries, None
+
+
+def _repair(path: Path, why: str) -> str:
+    """The one line that says the record is unreadable, what follows, and the repair."""
+    return (
+        f"cannot read {path}, this node's record of the attempts it ran ({why}): no attempt "
+        f"runs here until it is repaired; fix its JSON or remove it (removed, an attempt it "
+        f"recorded could run here again while its grant holds: {GRANT_LIFE})"
+    )
 
 
 class GrantCheck:
@@ -162,6 +206,9 @@ class GrantCheck:
         if not isinstance(job_id, str) or not isinstance(attempt, int):
             raise AttemptRefused("the grant names no job and attempt")
         run = RunRecord.key(job_id, attempt)
+        if not self.record.usable():
+            assert self.record.unusable is not None
+            raise AttemptRefused(self.record.unusable)
         if run in self.record:
             raise AttemptRefused(f"this node has run job {job_id} attempt {attempt} already")
         try:

@@ -39,12 +39,10 @@ import logging
 import math
 import os
 import resource
-import shutil
 import signal
-import stat
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +54,8 @@ from oz0_node.jobs import procfs, uid_sweep
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE, Claim, UidClaims, UidRange, check_machine
 from oz0_node.jobs.job_user import JobUser, own_user, resolve_job_user
 from oz0_node.jobs.private_tmp import HELD, PrivateTmp
+from oz0_node.jobs.removal import remove_tree
+from oz0_node.jobs.spawn import ChildSteps
 from oz0_node.jobs.tracking import (
     CGROUP_V2,
     PROCESS_GROUP,
@@ -188,7 +188,7 @@ class Placement:
     key: str
     workdir: Path
     env: dict[str, str]
-    preexec: Callable[[], None]
+    steps: ChildSteps  # what the command's process does before its exec (spawn.py)
     tracking: Tracking
     cgroups: list[Path]
     applied: dict[str, object]
@@ -210,70 +210,8 @@ class Placement:
         return entry
 
 
-def remove_tree(path: Path) -> None:
-    """Delete PATH and all in it, never following a symbolic link; a failure is logged.
-
-    A command may leave directories it made unwritable; those are made writable (never
-    through a link) and the removal tried once more."""
-    if path.is_symlink() or not path.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except OSError:
-        pass
-    for root, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            with contextlib.suppress(OSError):
-                target = Path(root, name)
-                if not target.is_symlink():
-                    target.chmod(stat.S_IRWXU)
-    try:
-        shutil.rmtree(path)
-    except OSError as e:
-        log.warning("cannot remove %s: %s (%s)", path, e.strerror or e, e.filename or path)
-
-
 def _write(path: Path, text: str) -> None:
     path.write_text(text)
-
-
-def _preexec(
-    procs: list[bytes],
-    rlimits: list[tuple[int, int]],
-    user: JobUser | None,
-    private: PrivateTmp | None = None,
-) -> Callable[[], None]:
-    """The child's last steps before exec, in this order: join the attempt's cgroups (as
-    root: the job user could not), its own /tmp (PRIVATE, as root), set the hard rlimits
-    (only root may raise them again), then drop to the job user.
-
-    It runs between fork and exec in a copy of an agent that has several threads (Trio's,
-    the runtime's asyncio loop, Temporal's core): another thread may have held a lock at the
-    fork, so it uses only values computed before (bytes, ints) and plain system calls, no
-    logging and nothing that allocates much. CPython applies Popen's user=/group= before
-    preexec_fn, so those are not used: the cgroup must be joined while still root."""
-    o_wronly = os.O_WRONLY
-
-    def preexec() -> None:
-        for path in procs:
-            fd = os.open(path, o_wronly)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        if private is not None:
-            private()
-        for which, value in rlimits:
-            resource.setrlimit(which, (value, value))
-        if user is not None:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-
-    return preexec
 
 
 @dataclass
@@ -396,6 +334,11 @@ class Isolation:
     def uids_range(self) -> UidRange | None:
         return self.uids.range if self.uids is not None else None
 
+    def _removes_as(self, user: JobUser) -> JobUser | None:
+        """Who removes an attempt's directory first: its USER (the account's, or its own
+        UID), when it is not root."""
+        return user if self.drop else None
+
     @property
     def tools_on_path(self) -> bool:
         # DIR/tools/ is for plugins; a job user who is not the agent's cannot read it.
@@ -470,7 +413,7 @@ class Isolation:
             raise
         made: list[Path] = []
         place = Placement(
-            key, workdir, {}, lambda: None, GroupTracking(), made, {}, claim,
+            key, workdir, {}, ChildSteps(), GroupTracking(), made, {}, claim,
             self.uids.directory if self.uids is not None else None,
         )  # fmt: skip
         try:
@@ -500,16 +443,18 @@ class Isolation:
         except BaseException:
             for cgroup in reversed(made):
                 remove_cgroup(cgroup)
-            remove_tree(workdir)
+            remove_tree(workdir, as_user=self._removes_as(user))
             self._sweep(place)
             self.record.drop(key)
             raise
         oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
-        place.preexec = _preexec(
-            [os.fsencode(p) for p in procs],
-            rlimits,
-            user if self.drop else None,
-            place.private,
+        v2 = made[0] if self.tracking == CGROUP_V2 else None
+        place.steps = ChildSteps(
+            cgroup=v2,
+            join=tuple(os.fsencode(p) for p in procs if v2 is None or p.parent != v2),
+            private=place.private,
+            rlimits=tuple(rlimits),
+            user=user if self.drop else None,
         )
         place.tracking = tracking
         place.applied = {
@@ -540,12 +485,19 @@ class Isolation:
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
-        remove_tree(placement.workdir)
+        remove_tree(placement.workdir, as_user=self._removes_as(self._user_of(placement)))
         places = uid_sweep.PRIVATE_SWEPT if private == HELD else uid_sweep.SHARED_PLACES
         swept = self._sweep(placement, ended, places)
         if swept is not None:
             placement.applied["swept"] = swept.describe()
         self.record.drop(placement.key)
+
+    def _user_of(self, placement: Placement) -> JobUser:
+        """Whom PLACEMENT's command ran as."""
+        if placement.claim is not None:
+            return own_user(placement.claim.uid)
+        assert self.user is not None
+        return self.user
 
     def _sweep(
         self,

@@ -9,7 +9,7 @@ account's jobs may share /tmp with its other processes, and root's may mount thi
 
 Where the kernel refuses (no CAP_SYS_ADMIN, as in most containers; no mount namespaces) the
 attempt runs with the machine's /tmp, and says so (`outcome`). Set up in the command's
-process between fork and exec, while still root (isolation.py's preexec): nothing there but
+process between fork and exec, while still root (spawn.py's ChildSteps): nothing there but
 system calls on values made before the fork.
 """
 

@@ -182,3 +182,16 @@ def environ_has(pid: int, wanted: Mapping[str, str]) -> bool:
         return False
     entries = set(raw.split(b"\0"))
     return all(f"{k}={v}".encode() in entries for k, v in wanted.items())
+
+
+def one_thread() -> bool:
+    """Whether this process has a single thread (of any kind: /proc counts them all), so
+    that a fork of it may run Python code before its exec: no other thread held a lock."""
+    try:
+        with (PROC / "self" / "status").open("rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1]) == 1
+    except (OSError, ValueError):
+        pass
+    return False

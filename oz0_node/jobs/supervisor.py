@@ -12,8 +12,8 @@ command line. It then
 
 - sets the attempt up with the agent's Isolation (isolation.py: the job user, a clean
   environment, a fresh working directory, a cgroup or, as the command's parent, subreaper
-  tracking, the limits), starts the command (without asyncio: its import alone is slow), then
-  says "ready" to `launch`;
+  tracking, the limits), starts the command (spawn.py: born in its cgroup; without asyncio,
+  whose import alone is slow), then says "ready" to `launch`;
 - appends the command's output to DIR/output as it comes (below);
 - ends the command at its timeout, or when asked (SIGTERM: `Supervised.stop`), SIGTERM
   then SIGKILL (cgroup.kill) after KILL_GRACE; once the command has exited, ends whatever
@@ -76,6 +76,7 @@ from oz0_node.jobs.attempt_files import (
 )
 from oz0_node.jobs.isolation import AttemptRecord, Isolation, Placement
 from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
+from oz0_node.jobs.spawn import Command, spawn
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
 log = logging.getLogger(__name__)
@@ -251,17 +252,7 @@ def _run(
     stopping: list[int],
 ) -> AttemptStatus:
     try:
-        # As process.spawn does it: its own session, stdin /dev/null, the isolation's steps.
-        popen = subprocess.Popen(
-            spec.command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=place.workdir,
-            env=place.env,
-            start_new_session=True,
-            preexec_fn=place.preexec,
-        )
+        popen = spawn(spec.command, cwd=place.workdir, env=place.env, steps=place.steps)
     except (OSError, subprocess.SubprocessError) as e:
         # As attempt.py says it: 127 not found, 126 not runnable or not isolated.
         if isinstance(e, OSError):
@@ -315,7 +306,7 @@ class _Command:
 
     def __init__(
         self,
-        popen: subprocess.Popen[bytes],
+        popen: Command,
         place: Placement,
         output: OutputFile,
         stopping: list[int],

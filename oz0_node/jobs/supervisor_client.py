@@ -51,9 +51,10 @@ from oz0_node.jobs.attempt_files import (
     attempts_root,
     handover,
 )
-from oz0_node.jobs.isolation import AttemptRecord, Isolation, end_recorded, remove_tree
+from oz0_node.jobs.isolation import AttemptRecord, Isolation, end_recorded
 from oz0_node.jobs.launcher import FORK_WITHIN, FORKED, Launcher, supervisor_env
 from oz0_node.jobs.process import REAP_TIMEOUT
+from oz0_node.jobs.removal import remove_tree
 
 log = logging.getLogger(__name__)
 

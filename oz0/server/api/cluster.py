@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0 import audit, membership
+from oz0 import audit, membership, node_labels
 from oz0 import retention_rules as rules
+from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+
+SETTINGS = ("audit_retention", "lock_node_labels")
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/cluster")
     async def cluster_info() -> Response:
         await operator(state)
-        servers, kept = await state.db.transaction(
-            lambda conn: (membership.servers_up(conn), audit.retention(conn))
+        servers, settings = await state.db.transaction(
+            lambda conn: (membership.servers_up(conn), _settings(conn))
         )
         return jsonify(
             {
                 "name": state.cluster.name,
                 "ca_hash": state.cluster.ca_hash,
                 "servers": [s.to_json() for s in servers],
-                **_settings(kept),
+                **settings,
             }
         )
 
@@ -30,21 +36,43 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     async def cluster_set() -> Response:
         actor = await operator(state)
         body = await json_object()
-        if "audit_retention" not in body:
-            raise ApiError(400, "nothing to change: give audit_retention")
-        value = body["audit_retention"]
+        unknown = sorted(set(body) - set(SETTINGS))
+        if unknown:
+            raise ApiError(400, f"unknown setting {unknown[0]!r}: give {' or '.join(SETTINGS)}")
+        if not body:
+            raise ApiError(400, f"nothing to change: give {' or '.join(SETTINGS)}")
+        seconds = _retention(body["audit_retention"]) if "audit_retention" in body else None
+        locked = body.get("lock_node_labels")
+        if "lock_node_labels" in body and not isinstance(locked, bool):
+            raise ApiError(400, "lock_node_labels must be true or false")
+
+        def change(conn: psycopg.Connection[Any]) -> dict[str, object]:
+            if "audit_retention" in body:
+                audit.set_retention(conn, seconds, actor)
+            if isinstance(locked, bool):
+                node_labels.set_cluster_lock(conn, locked, actor)
+            return _settings(conn)
+
         try:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
-                raise rules.RetentionError("audit_retention must be seconds, a duration or keep")
-            seconds = rules.audit_retention(value)
-        except rules.RetentionError as e:
+            return jsonify(await state.db.transaction(change))
+        except Oz0Error as e:
             raise ApiError(400, str(e)) from None
-        await state.db.transaction(lambda conn: audit.set_retention(conn, seconds, actor))
-        return jsonify(_settings(seconds))
 
 
-def _settings(audit_retention: int | None) -> dict[str, object]:
+def _retention(value: object) -> int | None:
+    """The audit retention VALUE asks for, in seconds (None: keep for ever); 400 if none."""
+    try:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
+            raise rules.RetentionError("audit_retention must be seconds, a duration or keep")
+        return rules.audit_retention(value)
+    except rules.RetentionError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def _settings(conn: psycopg.Connection[Any]) -> dict[str, object]:
+    kept = audit.retention(conn)
     return {
-        "audit_retention": rules.describe(audit_retention),
-        "audit_retention_seconds": audit_retention,
+        "audit_retention": rules.describe(kept),
+        "audit_retention_seconds": kept,
+        "lock_node_labels": node_labels.cluster_locked(conn),
     }

@@ -86,6 +86,14 @@ async def _answer_join(edge: Edge, ws: Wire, message: dict[str, Any]) -> None:
         )
         await send(ws, "error", code="pending_limit", message=str(e))
         return
+    except nodes.LabelsRefused as e:
+        # Audited, as a refused token is: a node claiming labels its token locks is news.
+        edge.metrics.join_refused("labels_locked")
+        await edge.join_refusals.refused(
+            "labels_locked", partial(_record_labels_refused, e, hostname, edge.actor)
+        )
+        await send(ws, "error", code="bad_request", message=str(e))
+        return
     except nodes.NodeError as e:
         edge.metrics.join_refused("bad_request")
         await send(ws, "error", code="bad_request", message=str(e))
@@ -101,6 +109,18 @@ async def _answer_join(edge: Edge, ws: Wire, message: dict[str, Any]) -> None:
         certificate=joined.certificate,
         edges=edge.directory.edges,
     )
+
+
+def _record_labels_refused(
+    refusal: nodes.LabelsRefused, hostname: str, actor: audit.Actor, conn: psycopg.Connection[Any]
+) -> None:
+    """`node.join.refused` about the token's tenant, naming the labels claimed."""
+    known = tokens.get(conn, refusal.token_id) if refusal.token_id is not None else None
+    audit.record(
+        conn, actor, "node.join.refused", f"token:{refusal.token_id or 'unknown'}",
+        {"reason": "labels_locked", "labels": refusal.labels, "hostname": hostname[:253]},
+        tenants=[known.tenant] if known is not None else [],
+    )  # fmt: skip
 
 
 async def _answer_pickup(edge: Edge, ws: Wire, message: dict[str, Any], challenge: bytes) -> None:

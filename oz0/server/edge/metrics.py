@@ -11,13 +11,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 # The node's state once its join was answered.
 JOINED_STATES = ("pending", "accepted")
 # Why a join was refused: the token's reasons (oz0.tokens.RefusalReason), too many nodes
-# waiting, a malformed join, the database unavailable.
+# waiting, labels claimed where the token's are locked, a malformed join, the database
+# unavailable.
 REFUSAL_REASONS = (
     "unknown",
     "revoked",
     "expired",
     "used_up",
     "pending_limit",
+    "labels_locked",
     "bad_request",
     "unavailable",
 )

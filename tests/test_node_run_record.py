@@ -1,0 +1,94 @@
+"""The node's record of the attempts it ran fails closed (oz0_node/jobs/grants.py), with a
+real server and a real agent (127.0.0.63): an agent that finds DATA_DIR/attempts-run
+unreadable runs no attempt, says so and how to repair it in its log and in `oz0-node
+status`, and runs attempts again once it is repaired, without a restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fixtures.agent import AgentProcess
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from tests.conftest import CliRunner
+
+SERVER = "127.0.0.63"
+ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
+EDGE = f"{SERVER}:7443"
+NONE_RUN = "no attempt runs here until it is repaired"
+
+
+@pytest.fixture
+def one_server(
+    cluster_files: ClusterFiles, start_server: Callable[..., ServerProcess]
+) -> Iterator[ClusterFiles]:
+    start_server(cluster_files, SERVER)
+    yield cluster_files
+
+
+def status_text(agent: AgentProcess) -> str:
+    """`oz0-node status` as a person reads it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "oz0_node.main", "status", "--data-dir", str(agent.data_dir)],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=30,
+        check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_an_unreadable_record_of_attempts_run_stops_every_attempt_until_repaired(
+    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    files, env = one_server, one_server.cli_env
+    token = cli("token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=env)
+    assert token.code == 0, token.err
+    data_dir = tmp_path / "node"
+    agent = AgentProcess.joining(data_dir, [EDGE], files.ca_hash, token=token.json()["token"])
+    agents.append(agent.start())
+    node = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
+    ran = cli("job", "run", "--node", node, "--", "true", env=env)
+    assert ran.code == 0, ran.err
+    record = data_dir / "attempts-run"
+    assert record.exists()
+
+    # Damaged while the agent is down (a disk error, a crash mid-write, a person's edit).
+    agent.stop()
+    record.write_text('{"job-0123456789ab/1": 17')
+    agent = AgentProcess.resuming(data_dir)
+    agents.append(agent.start())
+    status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+    not_run = status["jobs"]["not_run"]
+    assert not_run.startswith(f"cannot read {record}") and NONE_RUN in not_run, not_run
+    assert f"jobs:      NONE RUN: {not_run}\n" in status_text(agent)
+    assert [line for line in agent.log().splitlines() if NONE_RUN in line], agent.log()
+
+    # Where the job user may write: the command would leave its mark if it ran.
+    marks = Path(tempfile.mkdtemp(prefix="oz0-test-run-record-"))
+    marks.chmod(0o777)
+    try:
+        refused = cli("job", "run", "--node", node, "--", "touch", f"{marks}/ran", env=env)
+        assert refused.code != 0
+        assert f"node {node} refused attempt 1: cannot read {record}" in refused.err, refused.err
+        assert NONE_RUN in refused.err
+        assert not (marks / "ran").exists(), "the attempt ran"
+        assert record.read_text() == '{"job-0123456789ab/1": 17', "never written over"
+
+        # Repaired: the next attempt runs, with no restart, and the status says no more.
+        record.unlink()
+        ran = cli("job", "run", "--node", node, "--", "touch", f"{marks}/ran", env=env)
+        assert ran.code == 0, ran.err
+        assert (marks / "ran").exists()
+        agent.wait_status(lambda s: "not_run" not in (s.get("jobs") or {}), timeout=10)
+        assert "NONE RUN" not in status_text(agent)
+        assert "is readable again" in agent.log()
+    finally:
+        for path in marks.iterdir():
+            path.unlink()
+        marks.rmdir()
