@@ -476,6 +476,22 @@ def test_what_a_command_left_double_forked_or_setsid_ends_with_its_attempt(
     assert flag.value == 0, "detect(supervised=True) made the agent a subreaper"
 
 
+def test_what_escaped_subreaper_tracking_is_ended_by_the_sweep_of_its_own_uid(
+    data_dir: Path, pids: list[int]
+) -> None:
+    """A grandchild that is orphaned at once and clears its environment (`env -i`) is seen
+    by neither the subreaper's parent chain nor its OZ0_ names: the sweep of the attempt's
+    UID over /proc ends it, and `applied` says so."""
+    escape = "sh -c 'env -i setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'; sleep 0.5"
+    supervised = launch(data_dir, spec_of("sh", "-c", escape), isolation_for(data_dir, SUBREAPER))
+    status = wait_status(supervised)
+    assert status.exit_code == 0, text(supervised, "stderr")
+    (escaped,) = [int(n) for n in text(supervised).split()]
+    pids.append(escaped)
+    assert gone(escaped), "it outlived its attempt"
+    assert status.applied is not None and status.applied["swept"] == "ended 1 process"
+
+
 # --- the supervisor's own death, and a purge ------------------------------------------------------
 
 

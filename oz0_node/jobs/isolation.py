@@ -21,7 +21,8 @@
   agent's subtree has it, else the machine's v1 hierarchy), open files and address space
   through rlimits; the result says what was applied and how.
 - **Swept after**: once an attempt with a UID of its own has ended, every process of that
-  UID is killed and its System V IPC objects and its files in /dev/shm, /dev/mqueue,
+  UID is killed (its cgroup v2 held them all; else a scan of /proc by UID) and its System V
+  IPC objects and its files in /dev/shm, /dev/mqueue,
   /run/lock, and /tmp and /var/tmp unless it had its own, removed (uid_sweep.py); only then
   is the UID given again. The result's `applied` says what held (`private_tmp`) and what
   the sweep found (`swept`).
@@ -476,10 +477,16 @@ class Isolation:
         private = None
         if placement.private is not None:
             private = placement.applied["private_tmp"] = placement.private.outcome()
-        ended = None
+        ended: tuple[int, list[int]] | None = None
         if placement.claim is not None and placement.claim.fd >= 0:
-            # Before the cgroups go: whatever escaped its tracking may still be in them.
-            ended = uid_sweep.end_processes(placement.claim.uid)
+            if placement.tracking.kind == CGROUP_V2 and not placement.tracking.alive():
+                # No process of the UID can leave its cgroup v2 (moving one takes write
+                # access to cgroups that are root's): empty, it held them all and none is
+                # left, so the scan of every process's status is spared.
+                ended = (0, [])
+            else:
+                # Before the cgroups go: whatever escaped its tracking may be in them.
+                ended = uid_sweep.end_processes(placement.claim.uid)
         for cgroup in reversed(placement.cgroups):
             remove_cgroup(cgroup)
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
