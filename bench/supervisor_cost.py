@@ -2,7 +2,7 @@
 `supervisor_client.launch` for `true`, with the isolation the agent uses by default.
 
     python -m bench.supervisor_cost [--attempts N] [--parallel K] [--no-launcher]
-                                    [--unisolated]
+        [--against-job-user NAME] [--unisolated]
 
 Launches N attempts of `true` (K at a time, each from a thread of its own, as the agent's
 manager does), each under a fresh supervisor, and prints one JSON object:
@@ -16,12 +16,18 @@ manager does), each under a fresh supervisor, and prints one JSON object:
 - `launch_to_ready_ms` p50 / p99: `launch` called → it returned (the command has started);
 - `launch_to_status_ms` p50 / p99: `launch` called → DIR/status.json written.
 
+`--against-job-user NAME` (root; one at a time): attempts alternate between the default
+isolation (each its own UID, its own /tmp, swept after) and one that runs them all as the
+account NAME, so that both meet the same machine; `against` has the account's figures and
+`own_uid_adds_ms` the differences of the p50s (what the own UID's claim, namespace and sweep
+add), the CPU figures are then of both together.
+
 `--unisolated`: the same supervisor, but the command runs as this process's user with no
 cgroup, no limits and no job user (as attempts ran before issue 29): the baseline that
 isolation's cost is measured against.
 
-Self-contained: it starts no server. Runs as root (the job user, cgroups) or as a user (the
-attempts run as that user). Progress and the setup go to stderr.
+Self-contained: it starts no server. Runs as root (each attempt its own UID, swept after;
+cgroups) or as a user (the attempts run as that user). Progress and the setup go to stderr.
 """
 
 from __future__ import annotations
@@ -120,7 +126,11 @@ def _wait_status(supervised: Supervised) -> None:
 
 
 def measure(
-    attempts: int, parallel: int, use_launcher: bool, isolated: bool = True
+    attempts: int,
+    parallel: int,
+    use_launcher: bool,
+    against: str | None = None,
+    isolated: bool = True,
 ) -> dict[str, Any]:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -132,7 +142,12 @@ def measure(
             if isolated
             else Isolation(data_dir, JobUser.of_agent(), drop=False, tracking=PROCESS_GROUP)
         )
+        # As the agent's start does: each attempt's own UID needs its claims' directory.
+        isolation.prepare_uids()
         print(f"isolation: {isolation.describe(NODE_ID)}", file=sys.stderr)
+        named = Isolation.detect(data_dir, against, supervised=True) if against else None
+        named_ready: list[float] = []
+        named_status: list[float] = []
         started = Launcher() if use_launcher else None
         if started is not None:
             started.start()
@@ -153,7 +168,10 @@ def measure(
                 pids: list[int] = []
 
                 def one(k: int, pids: list[int] = pids) -> None:
-                    pids.append(_one(data_dir, isolation, started, k, ready_ms, status_ms))
+                    if named is not None and k % 2:
+                        pids.append(_one(data_dir, named, started, k, named_ready, named_status))
+                    else:
+                        pids.append(_one(data_dir, isolation, started, k, ready_ms, status_ms))
 
                 threads = [threading.Thread(target=one, args=(k,)) for k in batch]
                 for thread in threads:
@@ -172,6 +190,18 @@ def measure(
             if started is not None:
                 started.stop()
             stop_all(data_dir, 5.0)
+    compared: dict[str, Any] = {}
+    if named is not None:
+        compared["against"] = {
+            "isolation": named.describe(NODE_ID),
+            "attempts": len(named_ready),
+            "launch_to_ready_ms": _figures(named_ready),
+            "launch_to_status_ms": _figures(named_status),
+        }
+        compared["own_uid_adds_ms"] = {
+            "ready_p50": round(statistics.median(ready_ms) - statistics.median(named_ready), 1),
+            "status_p50": round(statistics.median(status_ms) - statistics.median(named_status), 1),
+        }
     return {
         "benchmark": "supervisor_cost",
         "attempts": attempts,
@@ -181,16 +211,18 @@ def measure(
         "cpu_s_per_attempt": round((children_cpu + launcher_cpu) / attempts, 4),
         "launcher_cpu_s_per_attempt": round(launcher_cpu / attempts, 4),
         "agent_cpu_s_per_attempt": round(agent_cpu / attempts, 4),
-        "launch_to_ready_ms": {
-            "p50": round(statistics.median(ready_ms), 1),
-            "p99": round(_percentile(ready_ms, 0.99), 1),
-        },
-        "launch_to_status_ms": {
-            "p50": round(statistics.median(status_ms), 1),
-            "p99": round(_percentile(status_ms, 0.99), 1),
-        },
+        "launch_to_ready_ms": _figures(ready_ms),
+        "launch_to_status_ms": _figures(status_ms),
         "attempts_per_s": round(attempts / wall, 1),
         "load_average": [round(v, 2) for v in os.getloadavg()],
+        **compared,
+    }
+
+
+def _figures(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 1),
+        "p99": round(_percentile(values, 0.99), 1),
     }
 
 
@@ -208,12 +240,18 @@ def main() -> None:
         action="store_true",
         help="a fresh interpreter per attempt (launch's fallback), not the launcher's fork",
     )
+    parser.add_argument(
+        "--against-job-user",
+        metavar="NAME",
+        help="every other attempt as the account NAME: what the own UID adds, side by side",
+    )
     options = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         result = measure(
             options.attempts,
             max(1, options.parallel),
             not options.no_launcher,
+            options.against_job_user,
             isolated=not options.unisolated,
         )
         print(json.dumps(result, indent=2))

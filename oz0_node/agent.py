@@ -26,6 +26,7 @@ from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
 from oz0_node.jobs import supervisor_client
+from oz0_node.jobs.attempt_uids import UidRange
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
 from oz0_node.jobs.manager import STOP_WITHIN, AttemptManager
@@ -46,8 +47,10 @@ class StartOptions:
     # Given: remembered in node.json. Else what node.json remembers, else the default.
     launcher: Path | None = None
     default_launcher: Path | None = None
-    # The user jobs run as (--job-user); None: oz0-job for an agent running as root.
+    # The user jobs run as (--job-user); None: for an agent running as root, each attempt
+    # a UID of its own from JOB_UIDS (--job-uids; None: the default range).
     job_user: str | None = None
+    job_uids: UidRange | None = None
     # How many attempts run at once (--max-jobs). Given: remembered in node.json. Else
     # what node.json remembers, else DEFAULT_MAX_JOBS.
     max_jobs: int | None = None
@@ -180,17 +183,22 @@ def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | No
     run safely."""
     # supervised: the attempts' supervisors follow their commands; the agent is no
     # subreaper (it would adopt every supervisor it started, and never reap them).
-    isolation = Isolation.detect(options.data_dir, options.job_user, supervised=True)
+    isolation = Isolation.detect(
+        options.data_dir, options.job_user, supervised=True, job_uids=options.job_uids
+    )
     root = os.geteuid() == 0
     # Root: closed here (0700). An agent whose jobs run as itself refuses instead: it
     # cannot tell who opened them, nor why.
     check_private([options.data_dir, identity.root], enforce=root)
-    if root and isolation.user.uid == 0:
+    if root and isolation.user is not None and isolation.user.uid == 0:
         log.warning(
             "jobs run as root (--job-user %s): a job can read this node's identity and "
             "change its agent",
             isolation.user.name,
         )
+    # Each attempt's own UID: nothing on the machine may use the range (one line if
+    # something does), and what dead supervisors' attempts left of theirs is swept.
+    isolation.prepare_uids()
     described = isolation.describe(node_id)
     log.info("jobs run as %s, tracked by %s", described["job_user"], described["tracking"])
     isolation.end_leftovers(node_id)

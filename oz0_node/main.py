@@ -2,7 +2,7 @@
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
         [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] [--data-dir DIR]
-        [--job-user NAME] [--max-jobs N]
+        [--job-user NAME | --job-uids FIRST-LAST] [--max-jobs N]
     OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
     oz0-node start [--data-dir DIR]          # resume from what DIR remembers
     oz0-node status [--data-dir DIR] [--json]
@@ -22,7 +22,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from cyclopts import App, Parameter
 
@@ -33,6 +33,9 @@ from oz0_node import addresses, join_token, service
 from oz0_node import status as status_mod
 from oz0_node.errors import AgentError
 from oz0_node.identity import MAX_JOBS, valid_max_jobs
+
+if TYPE_CHECKING:
+    from oz0_node.jobs.attempt_uids import UidRange
 
 app = App(name="oz0-node", help="The orchestrator-zero node agent.", version=__version__)
 
@@ -60,6 +63,7 @@ def start(
     label: Annotated[tuple[str, ...], Many] = (),
     launcher: Path | None = None,
     job_user: str | None = None,
+    job_uids: str | None = None,
     max_jobs: int | None = None,
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
@@ -91,9 +95,14 @@ def start(
         repeat it. If never given, the `oz0-node` command that runs this agent is its
         launcher; run any other way (`python -m oz0_node.main`), it has none.
     job_user
-        The user jobs run as when the agent runs as root (default: oz0-job, which
-        `oz0-node install-service` creates); `--job-user root` runs them as root, and says
-        so. An agent that is not root runs jobs as itself.
+        The account every job runs as when the agent runs as root, shared by all its jobs
+        (weaker than the default: each attempt a UID of its own, see --job-uids);
+        `--job-user root` runs them as root, and says so. An agent that is not root runs
+        jobs as itself.
+    job_uids
+        FIRST-LAST: the UIDs the attempts of an agent running as root take, one each, for
+        the attempt's life and its cleanup (default 61184-65519). The agent refuses to start
+        if an account, a process or a file of the machine uses one.
     max_jobs
         How many job attempts this node runs at once, 1 to 256 (default 4); the cluster
         places no more on it. Remembered in DIR, so later starts need not repeat it.
@@ -117,6 +126,7 @@ def start(
         launcher=_parse_launcher(launcher),
         default_launcher=console_script(sys.argv[0]),
         job_user=job_user,
+        job_uids=_parse_job_uids(job_uids),
         max_jobs=_parse_max_jobs(max_jobs),
     )
     _configure_logging(verbose)
@@ -178,8 +188,7 @@ def install_service(
     unit_path: Path | None = None,
     force: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
-    """Write the systemd unit that runs this agent (`systemctl enable --now oz0-node` next);
-    as root, also make the system user jobs run as (oz0-job) unless it exists.
+    """Write the systemd unit that runs this agent (`systemctl enable --now oz0-node` next).
 
     Parameters
     ----------
@@ -209,8 +218,6 @@ def install_service(
     service.install(target, service.unit_text(program, directory, system=euid == 0), force=force)
     scope = "" if euid == 0 else " --user"
     print(f"wrote {target}: runs {program} start --data-dir {directory}")
-    if euid == 0 and service.ensure_job_user(service.DEFAULT_JOB_USER):
-        print(f"made the system user {service.DEFAULT_JOB_USER}: jobs run as it")
     print(f"next: systemctl{scope} daemon-reload && systemctl{scope} enable --now oz0-node")
     return 0
 
@@ -229,6 +236,17 @@ def _parse_launcher(value: Path | None) -> Path | None:
     if path.is_dir():
         raise AgentError(f"--launcher must name a file, and {path} is a directory")
     return path
+
+
+def _parse_job_uids(value: str | None) -> UidRange | None:
+    if value is None:
+        return None
+    from oz0_node.jobs.attempt_uids import UidRange  # with the agent's start, not `status`
+
+    try:
+        return UidRange.parse(value)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
 
 
 def _parse_max_jobs(value: int | None) -> int | None:

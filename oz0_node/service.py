@@ -18,17 +18,12 @@ Run as root, it also makes the system user jobs run as (`oz0-job`) unless it exi
 
 from __future__ import annotations
 
-import pwd
-import shutil
-import subprocess
 from pathlib import Path
 
 from oz0_common.files import write_private
 from oz0_node.errors import AgentError
 
 UNIT_NAME = "oz0-node.service"
-# The system user jobs run as by default when the agent runs as root (jobs/isolation.py).
-DEFAULT_JOB_USER = "oz0-job"
 SYSTEM_UNIT = Path("/etc/systemd/system") / UNIT_NAME
 USER_UNIT = Path(".config", "systemd", "user") / UNIT_NAME  # under the user's home
 # More than the agent needs to stop its runtime (runtime.STOP_TIMEOUT, under 10 s) and
@@ -88,24 +83,3 @@ def install(unit_path: Path, text: str, *, force: bool) -> None:
         unit_path.chmod(0o644)  # systemd reads it; it holds no secret
     except OSError as e:
         raise AgentError(f"cannot write {unit_path}: {e.strerror or e}") from None
-
-
-def ensure_job_user(name: str) -> bool:
-    """Make NAME a system user with no home and no login shell unless it exists; whether
-    this made it. AgentError when it cannot be made."""
-    try:
-        pwd.getpwnam(name)
-        return False
-    except KeyError:
-        pass
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    done = subprocess.run(
-        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    # 9: made meanwhile by someone else (a second installer, a test worker): there it is.
-    if done.returncode not in (0, 9):
-        raise AgentError(f"cannot create the job user {name}: {done.stderr.strip()}")
-    return done.returncode == 0

@@ -264,7 +264,8 @@ def not_a_subreaper_after() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def job_user() -> str:
-    """The default job user (`oz0-job`), which an agent running as root needs to run jobs
-    (oz0_node/jobs/job_user.py): made here as `oz0-node install-service` would make it."""
+    """The account `oz0-job`, for the tests that run jobs as a named account
+    (`--job-user`) and for the previous release's agents (tests/test_rolling_upgrade.py),
+    which needed it as root; this release's agents give each attempt a UID of its own."""
     ensure_job_user(DEFAULT_JOB_USER)
     return DEFAULT_JOB_USER

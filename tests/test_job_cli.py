@@ -750,8 +750,10 @@ def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
     cli: CliRunner, api: RecordingApi
 ) -> None:
     applied = {
-        "user": "oz0-job",
+        "user": "uid 61184 (its own)",
         "tracking": "cgroup v2",
+        "private_tmp": "mount namespace",
+        "swept": "nothing left",
         "limits": {
             "memory": "cgroup v1",
             "max_open_files": "rlimit",
@@ -774,7 +776,8 @@ def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
     [limits] = [line for line in shown.out.splitlines() if line.startswith("limits:")]
     assert limits.split(None, 1)[1] == "memory 512 MiB, cpu 0.5, open files 1024"
     assert shown.out.splitlines()[-3:] == [
-        "attempt 1: user oz0-job, tracked by cgroup v2; limits: memory 512 MiB (cgroup v1),"
+        "attempt 1: user uid 61184 (its own), tracked by cgroup v2, own /tmp and /var/tmp:"
+        " mount namespace, swept: nothing left; limits: memory 512 MiB (cgroup v1),"
         " cpu 0.5 (not applied: no cpu controller), open files 1024 (rlimit)",
         "attempt 2: not reported",
         "attempt 3: running: the node says what it applied when the attempt ends",

@@ -18,6 +18,7 @@ from oz0_node import agent, main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import procfs, tracking
+from oz0_node.jobs.attempt_uids import DEFAULT_RANGE, UidRange
 from oz0_node.jobs.isolation import Isolation, Limits, parse_limits
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER, check_private, resolve_job_user
 from oz0_node.jobs.procfs import Mount, ProcStat
@@ -146,22 +147,48 @@ def test_limits_parse_each_key_and_refuse_bad_values() -> None:
         assert isinstance(parse_limits(bad), str), bad
 
 
-def test_the_job_user_is_oz0_job_by_default_and_root_only_when_said(tmp_path: Path) -> None:
-    assert resolve_job_user(None, euid=0).name == DEFAULT_JOB_USER
-    assert resolve_job_user("root", euid=0).uid == 0
+def test_each_attempt_has_its_own_uid_by_default_an_account_when_named_root_when_said(
+    tmp_path: Path, job_user: str
+) -> None:
+    assert resolve_job_user(None, euid=0) is None, "no account: each attempt its own UID"
+    assert resolve_job_user("root", euid=0).uid == 0  # type: ignore[union-attr]
     with pytest.raises(AgentError, match="the job user no-such-oz0-user does not exist"):
         resolve_job_user("no-such-oz0-user", euid=0)
     # An agent that is not root: its jobs run as itself, and it cannot be told otherwise.
     with pytest.raises(AgentError, match="only an agent running as root"):
         resolve_job_user(DEFAULT_JOB_USER, euid=1234)
-    isolation = Isolation.detect(tmp_path, tracking=SUBREAPER)
-    user = pwd.getpwnam(DEFAULT_JOB_USER)
+    own = Isolation.detect(tmp_path, tracking=SUBREAPER)
+    assert own.user is None and own.uids is not None and own.drop
+    assert own.uids.range == DEFAULT_RANGE
+    assert own.describe("node-1") == {"job_user": "own uids 61184-65519", "tracking": SUBREAPER}
+    narrow = Isolation.detect(tmp_path, tracking=SUBREAPER, job_uids=UidRange(70000, 70099))
+    assert narrow.uids is not None and narrow.uids.range == UidRange(70000, 70099)
+    # Named: that account's, shared by all its jobs.
+    isolation = Isolation.detect(tmp_path, job_user, tracking=SUBREAPER)
+    assert isolation.user is not None and isolation.uids is None
+    user = pwd.getpwnam(job_user)
     assert (isolation.user.uid, isolation.user.gid) == (user.pw_uid, user.pw_gid)
-    assert isolation.user.groups == tuple(os.getgrouplist(DEFAULT_JOB_USER, user.pw_gid))
+    assert isolation.user.groups == tuple(os.getgrouplist(job_user, user.pw_gid))
     assert isolation.drop and isolation.describe("node-1") == {
-        "job_user": DEFAULT_JOB_USER,
+        "job_user": job_user,
         "tracking": SUBREAPER,
     }
+    with pytest.raises(AgentError, match="--job-uids is for attempts that each run as a UID"):
+        Isolation.detect(tmp_path, job_user, job_uids=UidRange(70000, 70099))
+
+
+def test_job_uids_that_do_not_parse_or_are_in_use_stop_the_agent_before_any_network(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["start", "--data-dir", str(tmp_path / "node"), "--edge", "edge.invalid:7443"]
+    args += ["--ca-hash", "sha256:" + "0" * 64]
+    assert main.run([*args, "--job-uids", "5-1"]) == 1
+    assert "--job-uids 5-1: FIRST must be at least 1000" in capsys.readouterr().err
+    # nobody (65534) has one of these.
+    assert main.run([*args, "--job-uids", "65530-65535"]) == 1
+    err = capsys.readouterr().err
+    assert "the job UIDs 65530-65535 are not free on this machine: the account " in err
+    assert "edge.invalid" not in err, "it stopped before reaching for the edge"
 
 
 def test_a_data_dir_open_to_others_is_closed_by_root_and_refused_otherwise(
@@ -200,11 +227,11 @@ def test_jobs_as_root_must_be_said_and_the_log_says_so(
     isolation = agent.prepare_jobs(
         agent.StartOptions(data_dir=identity.data_dir, job_user="root"), identity, None
     )
-    assert isolation.user.uid == 0 and not isolation.drop
+    assert isolation.user is not None and isolation.user.uid == 0 and not isolation.drop
     assert "jobs run as root (--job-user root)" in caplog.text
     caplog.clear()
     agent.prepare_jobs(agent.StartOptions(data_dir=identity.data_dir), identity, None)
-    assert f"jobs run as {DEFAULT_JOB_USER}, tracked by" in caplog.text
+    assert "jobs run as own uids 61184-65519, tracked by" in caplog.text
     assert "jobs run as root" not in caplog.text
 
 

@@ -11,19 +11,20 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from oz0_common.attempt_messages import AttemptResult, EndedBecause
-from oz0_node.jobs import attempt_files, procfs
+from oz0_node.jobs import attempt_files, procfs, uid_sweep
 from oz0_node.jobs import launcher as launcher_module
 from oz0_node.jobs.attempt_files import (
     OUTPUT_CAP,
@@ -35,8 +36,8 @@ from oz0_node.jobs.attempt_files import (
     SupervisedSpec,
     attempts_root,
 )
+from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE, UidClaims
 from oz0_node.jobs.isolation import Isolation, Limits
-from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.supervisor_client import Supervised, find_all, launch, stop_all
@@ -54,6 +55,15 @@ LEAVE_BEHIND = (
     "sh -c 'nohup sleep 600 >/dev/null 2>&1 & echo $!'"
 )
 PR_GET_CHILD_SUBREAPER = 37
+
+
+def own_uid(applied: object) -> int:
+    """The UID an attempt ran as, from what it applied (`uid N (its own)`), in the range."""
+    assert isinstance(applied, Mapping), applied
+    found = re.fullmatch(r"uid (\d+) \(its own\)", str(applied["user"]))
+    assert found is not None, applied
+    assert int(found[1]) in DEFAULT_RANGE
+    return int(found[1])
 
 
 def isolation_for(data_dir: Path, tracking: str) -> Isolation:
@@ -171,6 +181,7 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
     assert (supervised.job_id, supervised.attempt) == (JOB, 1)
     wait_status(supervised)
     written = json.loads((supervised.dir / "status.json").read_bytes())
+    uid = own_uid(written["applied"])
     assert written == {
         "version": 2,
         "exit_code": 3,
@@ -179,9 +190,11 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
         "output_bytes": len("one\ntwo\nthree\n64\n"),
         "truncated": False,
         "applied": {
-            "user": DEFAULT_JOB_USER,
+            "user": f"uid {uid} (its own)",
             "tracking": CGROUP_V2,
             "limits": {"memory": "cgroup v1", "max_open_files": "rlimit"},
+            "private_tmp": "mount namespace",
+            "swept": "nothing left",
         },
         # The supervisor's own word; the agent says whether it lost output of it.
         "output_complete": True,
@@ -310,8 +323,8 @@ WAITS_THEN_ENDS = 'echo $$; while [ -e "$1" ]; do sleep 0.05; done; echo last; e
 def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_status(
     kill: str, how: str, data_dir: Path, pids: list[int]
 ) -> None:
-    # Where the job user can see it (not below pytest's 0700 directories).
-    flag = Path(f"/tmp/oz0-supervisor-test-{os.getpid()}")
+    # Where the job can see it: not below pytest's 0700 directories, nor in /tmp (its own).
+    flag = Path(f"/dev/shm/oz0-supervisor-test-{os.getpid()}")
     flag.write_text("")
     flag.chmod(0o644)
     agent = subprocess.Popen(
@@ -363,11 +376,19 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert found.stdout.strip() == f"[('{JOB}', 1, True)]"
+    # Its own UID stays its own through the agent's death: claimed, and held by the
+    # supervisor (no one may sweep it or take it meanwhile).
+    running = uid_sweep.read_status(command)
+    assert running is not None
+    uid = running.uids[0]
+    assert uid in DEFAULT_RANGE and (CLAIMS_DIR / str(uid)).is_file()
+    assert UidClaims().reclaim(uid, uid_sweep.sweep) is None, "swept while its attempt runs"
     flag.unlink()
     status = wait_status(supervised)
     assert (status.exit_code, status.ended_because) == (7, "exit")
     assert text(supervised) == f"{command}\nlast\n"
     assert gone(command) and no_cgroup_left()
+    assert not (CLAIMS_DIR / str(uid)).exists(), "given up once swept"
 
 
 # --- stop, timeout, what a command leaves -------------------------------------------------------
@@ -436,7 +457,13 @@ def test_what_a_command_left_double_forked_or_setsid_ends_with_its_attempt(
     )
     status = wait_status(supervised)
     assert status.exit_code == 0, text(supervised, "stderr")
-    assert status.applied == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    assert status.applied == {
+        "user": f"uid {own_uid(status.applied)} (its own)",
+        "tracking": tracking,
+        "limits": {},
+        "private_tmp": "mount namespace",
+        "swept": "nothing left",
+    }
     left = [int(n) for n in text(supervised).split()]
     pids.extend(left)
     assert len(left) == 3
@@ -449,6 +476,22 @@ def test_what_a_command_left_double_forked_or_setsid_ends_with_its_attempt(
     assert flag.value == 0, "detect(supervised=True) made the agent a subreaper"
 
 
+def test_what_escaped_subreaper_tracking_is_ended_by_the_sweep_of_its_own_uid(
+    data_dir: Path, pids: list[int]
+) -> None:
+    """A grandchild that is orphaned at once and clears its environment (`env -i`) is seen
+    by neither the subreaper's parent chain nor its OZ0_ names: the sweep of the attempt's
+    UID over /proc ends it, and `applied` says so."""
+    escape = "sh -c 'env -i setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'; sleep 0.5"
+    supervised = launch(data_dir, spec_of("sh", "-c", escape), isolation_for(data_dir, SUBREAPER))
+    status = wait_status(supervised)
+    assert status.exit_code == 0, text(supervised, "stderr")
+    (escaped,) = [int(n) for n in text(supervised).split()]
+    pids.append(escaped)
+    assert gone(escaped), "it outlived its attempt"
+    assert status.applied is not None and status.applied["swept"] == "ended 1 process"
+
+
 # --- the supervisor's own death, and a purge ------------------------------------------------------
 
 
@@ -458,11 +501,13 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
 ) -> None:
     supervised = launch(
         data_dir,
-        spec_of("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD; sleep 600"),
+        spec_of("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD $(id -u); sleep 600"),
         isolation_for(data_dir, tracking),
     )
     *left, shell_and_dir = output_lines(supervised, 4)
-    shell, workdir = shell_and_dir.split()
+    shell, workdir, uid = shell_and_dir.split()
+    claim = CLAIMS_DIR / uid
+    assert claim.is_file(), "its own UID is claimed while it runs"
     numbers = [int(n) for n in left] + [int(shell)]
     pids.extend(numbers)
     time.sleep(2 * SCAN_EVERY + 0.2)  # a subreaper records what it found at its last look
@@ -474,6 +519,9 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
     assert all_gone(numbers), f"{tracking}: what it left still runs"
     assert not Path(workdir).exists() and no_cgroup_left()
     assert not (supervised.dir / TRACKING_FILE).exists()
+    # Its UID (recorded in tracking.json) swept and given up: nothing of it is left.
+    assert not claim.exists()
+    assert all(p.zombie for p in uid_sweep.processes(lambda u: u == int(uid)))
     supervised.remove()
     assert find_all(data_dir) == []
 

@@ -14,7 +14,9 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -49,7 +51,7 @@ from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt_files
-from oz0_node.jobs.job_user import DEFAULT_JOB_USER
+from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
 
@@ -187,7 +189,8 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     listed = cli("job", "list", "--state", "failed", "--json", env=env).json()
     assert [j["id"] for j in listed] == [job_id]
 
-    # Isolated: as the job user, away from the node's key, and nothing it left runs on.
+    # Isolated: as a UID of its own, away from the node's key (here below /tmp, which is its
+    # own: not even there), and nothing it left runs on.
     key = agents[0].data_dir / "identity" / "node.key"
     isolated = cli(
         "job", "run", "--node", web, "--",
@@ -196,12 +199,14 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     )  # fmt: skip
     ended_at = time.monotonic()
     uid, *left = isolated.out.split()
-    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
-    assert "Permission denied" in isolated.err and "PRIVATE KEY" not in isolated.out
+    assert int(uid) in DEFAULT_RANGE
+    with pytest.raises(KeyError):
+        pwd.getpwuid(int(uid))
+    assert "No such file" in isolated.err and "PRIVATE KEY" not in isolated.out
     assert len(left) == 2 and all(pid_gone(int(pid), 5.0) for pid in left)
     print(f"isolated job's leftovers gone {time.monotonic() - ended_at:.2f} s after it ended")
     jobs = agents[0].status()["jobs"]
-    assert jobs["job_user"] == DEFAULT_JOB_USER
+    assert jobs["job_user"] == "own uids 61184-65519"
     # This machine: cgroup v2 at /sys/fs/cgroup/unified, writable by the agent (root).
     assert jobs["tracking"].startswith("cgroup v2 /sys/fs/cgroup/"), jobs
 
@@ -230,9 +235,11 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     assert ["limits:", "memory", "64", "MiB,", "open", "files", "64"] in [
         line.split() for line in shown_text
     ]
-    assert shown_text[-1] == (
-        f"attempt 1: user {DEFAULT_JOB_USER}, tracked by cgroup v2; "
-        "limits: memory 64 MiB (cgroup v1), open files 64 (rlimit)"
+    assert re.fullmatch(
+        r"attempt 1: user uid \d+ \(its own\), tracked by cgroup v2, own /tmp and /var/tmp: "
+        r"mount namespace, swept: nothing left; "
+        r"limits: memory 64 MiB \(cgroup v1\), open files 64 \(rlimit\)",
+        shown_text[-1],
     ), shown_text
 
     queued = cli(
@@ -774,13 +781,22 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
     files, env = one_server, one_server.cli_env
     [node] = join_agents(cli, files, tmp_path, agents, [{}])
     ca = cluster_ca(files)
-    # The markers where the job user may write (the test's own directory is private).
-    shared = Path(tempfile.mkdtemp(prefix="oz0-test-grants-"))
-    shared.chmod(0o777)
+    # The markers where a job may touch them: not the test's own directory (private), nor
+    # /tmp (each attempt's own); root's, as the sweep removes what an attempt's UID owns. A
+    # touch is seen in its time (they start at 0).
+    shared = Path(tempfile.mkdtemp(prefix="oz0-test-grants-", dir="/dev/shm"))
+    shared.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(shared))
     unsigned_marker, tampered_marker, replayed_marker = (
         shared / name for name in ("unsigned", "tampered", "replayed")
     )
+    for marker in (unsigned_marker, tampered_marker, replayed_marker):
+        marker.touch()
+        marker.chmod(0o666)
+        os.utime(marker, (0, 0))
+
+    def touched(marker: Path) -> bool:
+        return marker.stat().st_mtime > 0
 
     def attempt(*command: str) -> dict[str, Any]:
         job = "job-" + secrets.token_hex(6)
@@ -796,13 +812,13 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
     # What the cluster signed runs: the check is not simply refusing everything.
     assert answers == ["AttemptRefused", "AttemptRefused", "taken"]
     deadline = time.monotonic() + 10
-    while not replayed_marker.exists():
+    while not touched(replayed_marker):
         assert time.monotonic() < deadline, "the granted attempt did not run"
         time.sleep(0.05)
-    replayed_marker.unlink()
+    os.utime(replayed_marker, (0, 0))
     assert run_async(lambda: put_on_queue(files, node, [granted])) == ["AttemptRefused"]
-    assert not unsigned_marker.exists() and not tampered_marker.exists()
-    assert not replayed_marker.exists(), "the replay ran"
+    assert not touched(unsigned_marker) and not touched(tampered_marker)
+    assert not touched(replayed_marker), "the replay ran"
 
     rows = cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
     refused = {(r["target"], r["details"]["attempt"]): r for r in rows}

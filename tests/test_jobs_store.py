@@ -111,7 +111,13 @@ def test_limits_are_kept_with_the_job_and_what_a_node_applied_with_its_attempt(
         "SELECT details FROM audit_log WHERE target = %s", (f"job:{job.id}",)
     ).fetchone()
     assert row is not None and row[0]["limits"] == asked
-    applied = {"user": "oz0-job", "tracking": "cgroup v2", "limits": {"memory": "cgroup v1"}}
+    applied = {
+        "user": "uid 61184 (its own)",
+        "tracking": "cgroup v2",
+        "limits": {"memory": "cgroup v1"},
+        "private_tmp": "mount namespace",
+        "swept": "ended 1 process, removed 2 files",
+    }
     # A node is not trusted to keep to the shape: unknown keys go, text is cut and made
     # printable.
     hostile = {

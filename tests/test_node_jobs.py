@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -27,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,10 @@ from oz0_node.jobs import attempt_files, supervisor_client
 from oz0_node.jobs import manager as manager_module
 from oz0_node.jobs.attempt import ACTIVITY, attempt_activity, given_again, hand_over
 from oz0_node.jobs.attempt_files import OUTPUT_CAP, SupervisedSpec
+from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from oz0_node.jobs.edge_link import OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
-from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.launcher import BOOT as LAUNCHER_BOOT
 from oz0_node.jobs.manager import MESSAGE_DATA, NODE_FAULT, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
@@ -154,6 +155,15 @@ def forked_by_launcher(pid: int) -> bool:
     return LAUNCHER_BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
+def own_uid(applied: object) -> int:
+    """The UID an attempt ran as, from what it applied (`uid N (its own)`), in the range."""
+    assert isinstance(applied, Mapping), applied
+    found = re.fullmatch(r"uid (\d+) \(its own\)", str(applied["user"]))
+    assert found is not None, applied
+    assert int(found[1]) in DEFAULT_RANGE
+    return int(found[1])
+
+
 def gone(pid: int) -> bool:
     """No such process, or only its zombie (this machine's PID 1 may not reap orphans)."""
     try:
@@ -190,6 +200,7 @@ def printed_pids(edge: FakeEdge, into: list[int]) -> list[int]:
 def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) -> None:
     edge = FakeEdge()
     result = run_attempt(spec("sh", "-c", "echo hello; echo world; exit 3"), edge, tmp_path)
+    uid = own_uid(result["applied"])
     assert result == {
         "exit_code": 3,
         "signal": None,
@@ -197,7 +208,13 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
         "output_bytes": 12,
         "truncated": False,
         "output_complete": True,
-        "applied": {"user": DEFAULT_JOB_USER, "tracking": "cgroup v2", "limits": {}},
+        "applied": {
+            "user": f"uid {uid} (its own)",
+            "tracking": "cgroup v2",
+            "limits": {},
+            "private_tmp": "mount namespace",
+            "swept": "nothing left",
+        },
     }
     assert edge.chunks() == [("stdout", b"hello\nworld\n")]
     assert all(m["job"] == JOB and m["attempt"] == 1 for m in edge.messages())
@@ -241,26 +258,30 @@ def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_wi
     assert first == f"{JOB} 2 {NODE_ID} v w unset", "nothing of the agent's environment"
     env = dict(line.split("=", 1) for line in env_lines if "=" in line)
     assert env["PATH"] == STANDARD_PATH
-    assert env["USER"] == env["LOGNAME"] == DEFAULT_JOB_USER
+    # No account: a name that says whose it is.
+    assert re.fullmatch(r"oz0-uid-\d+", env["USER"]) and env["LOGNAME"] == env["USER"]
     assert env["HOME"] == env["TMPDIR"] == env["PWD"]
 
 
-def test_each_attempt_runs_as_the_job_user_in_a_fresh_directory_of_its_own_removed_after(
+def test_each_attempt_runs_as_its_own_uid_in_a_fresh_directory_of_its_own_removed_after(
     tmp_path: Path,
 ) -> None:
     edge = FakeEdge()
     # The command makes files, and a directory it leaves unwritable, in its directory.
     script = (
-        "id -u; pwd; stat -c '%U %a' .; ls -A; "
+        "id -u; id -G; pwd; stat -c '%u %g %a' .; ls -A; "
         "mkdir locked; touch locked/f; chmod 0 locked; echo > made"
     )
     result = run_attempt(spec("sh", "-c", script, attempt=4), edge, tmp_path)
     assert result["exit_code"] == 0, edge.text("stderr")
-    uid, where, owner, *rest = edge.text().splitlines()
-    assert int(uid) == pwd.getpwnam(DEFAULT_JOB_USER).pw_uid
+    uid, groups, where, owner, *rest = edge.text().splitlines()
+    assert int(uid) == own_uid(result["applied"])
+    with pytest.raises(KeyError):
+        pwd.getpwuid(int(uid))  # no account: crontab, at and su refuse it
+    assert groups == uid, "its own group, and no other"
     assert Path(where).parent == Path(tempfile.gettempdir())
     assert Path(where).name.startswith(f"{WORKDIR_PREFIX}{JOB}-4-")
-    assert owner == f"{DEFAULT_JOB_USER} 700"
+    assert owner == f"{uid} {uid} 700"
     assert rest == [], "it found it empty"
     assert not Path(where).exists()
 
@@ -274,10 +295,15 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     assert edge.chunks() == [
         ("stderr", b"oz0-node: cannot run 'no-such-command-oz0': No such file or directory\n")
     ]
-    plain = tmp_path / "plain-file"
+    # Where the job sees it (not in /tmp, its own).
+    plain = Path(tempfile.mkstemp(prefix="oz0-test-plain-", dir="/dev/shm")[1])
     plain.write_text("echo hi\n")
+    plain.chmod(0o644)
     edge = FakeEdge()
-    result = run_attempt(spec(str(plain), attempt=2), edge, tmp_path)
+    try:
+        result = run_attempt(spec(str(plain), attempt=2), edge, tmp_path)
+    finally:
+        plain.unlink()
     assert result["exit_code"] == 126
     assert edge.text("stderr") == f"oz0-node: cannot run {str(plain)!r}: Permission denied\n"
     assert not workdirs() and not workdirs(2)
@@ -383,9 +409,12 @@ def test_an_attempt_the_cluster_did_not_sign_for_this_node_is_refused_reported_a
 
 
 def test_an_attempt_is_run_once_a_replay_of_it_is_refused(tmp_path: Path) -> None:
-    # Where the job user may write (the test's own directory is the agent's, private).
-    shared = Path(tempfile.mkdtemp(prefix="oz0-test-replay-"))
+    # Where the job may write: not the test's own directory (the agent's, private), nor
+    # /tmp (its own); a file of root's, since the sweep removes what the job's UID owns.
+    shared = Path(tempfile.mkdtemp(prefix="oz0-test-replay-", dir="/dev/shm"))
     shared.chmod(0o777)
+    (shared / "count").touch(mode=0o666)
+    (shared / "count").chmod(0o666)
     try:
         raw = spec("sh", "-c", f"echo once >> {shared}/count")
         assert run_attempt(raw, FakeEdge(), tmp_path)["exit_code"] == 0
@@ -1321,7 +1350,13 @@ def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
         spec("sh", "-c", LEAVE_BEHIND), edge, tmp_path, isolation=isolation_for(tmp_path, tracking)
     )
     assert result["exit_code"] == 0, edge.text("stderr")
-    assert result["applied"] == {"user": DEFAULT_JOB_USER, "tracking": tracking, "limits": {}}
+    assert result["applied"] == {
+        "user": f"uid {own_uid(result['applied'])} (its own)",
+        "tracking": tracking,
+        "limits": {},
+        "private_tmp": "mount namespace",
+        "swept": "nothing left",
+    }
     left = printed_pids(edge, pids)
     assert len(left) == 3
     assert all_gone(left, 5.0), f"{tracking}: still running after the attempt ended"
@@ -1329,11 +1364,14 @@ def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
 
 
 def test_a_job_cannot_read_the_nodes_identity(tmp_path: Path) -> None:
-    identity = tmp_path / "identity"
-    identity.mkdir(mode=0o700)
+    # Where the job would see it if it could (not in /tmp, its own).
+    identity = Path(tempfile.mkdtemp(prefix="oz0-test-identity-", dir="/dev/shm"))
     (identity / "node.key").write_text("THE-NODE-KEY")
     edge = FakeEdge()
-    result = run_attempt(spec("cat", str(identity / "node.key")), edge, tmp_path)
+    try:
+        result = run_attempt(spec("cat", str(identity / "node.key")), edge, tmp_path)
+    finally:
+        shutil.rmtree(identity)
     assert result["exit_code"] != 0
     assert "THE-NODE-KEY" not in edge.text() + edge.text("stderr")
     assert "Permission denied" in edge.text("stderr")

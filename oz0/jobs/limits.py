@@ -10,11 +10,14 @@ input to the node (`oz0.job.attempt`, only the keys asked), with sizes in bytes:
 The node answers, in the attempt's result, what it could do (best effort: a machine without
 a memory controller still runs the job, unlimited there, and says so):
 
-    "applied": {"user": str, "tracking": str, "limits": {NAME: HOW}}
+    "applied": {"user": str, "tracking": str, "limits": {NAME: HOW},
+                "private_tmp": str, "swept": str}
 
 such as {"memory": "cgroup v1", "max_open_files": "rlimit", "cpu": "not applied: no cpu
-controller"}. A node that says nothing (an older agent) has null stored, shown "not
-reported".
+controller"}; `private_tmp` and `swept` only for an attempt that ran as a UID of its own
+(whether its own /tmp and /var/tmp held, "mount namespace" or "not applied: ...", and what
+the sweep of its UID found, "nothing left" or "ended 1 process, removed 2 files"). A node
+that says nothing (an older agent) has null stored, shown "not reported".
 
 Only the standard library here: the command line parses sizes with it, and the API, the
 workflow's steps and the web UI check and show with it.
@@ -51,6 +54,14 @@ _SHOWN = {
 # trusted to keep it short or printable).
 MAX_APPLIED_TEXT = 200
 NOT_REPORTED = "not reported"
+# What a node may say beside its limits, each one line of text, and how `job show` names it.
+APPLIED_TEXTS = ("user", "tracking", "private_tmp", "swept")
+_SHOWN_APPLIED = {
+    "user": "user",
+    "tracking": "tracked by",
+    "private_tmp": "own /tmp and /var/tmp:",
+    "swept": "swept:",
+}
 # The node answers with its attempt's result, so a running attempt has nothing to show yet.
 RUNNING = "running: the node says what it applied when the attempt ends"
 
@@ -149,7 +160,7 @@ def applied_from_node(value: object) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     kept: dict[str, Any] = {}
-    for key in ("user", "tracking"):
+    for key in APPLIED_TEXTS:
         text = _text(value.get(key))
         if text is not None:
             kept[key] = text
@@ -186,16 +197,12 @@ def describe(limits: Mapping[str, object]) -> str:
 
 
 def describe_applied(asked: Mapping[str, object], applied: Mapping[str, Any] | None) -> str:
-    """What a node did for one attempt, on one line: `user oz0-job, tracked by cgroup v2;
-    limits: memory 512 MiB (cgroup v1), cpu 0.5 (not applied: no cpu controller)`."""
+    """What a node did for one attempt, on one line: `user uid 61184 (its own), tracked by
+    cgroup v2, own /tmp and /var/tmp: mount namespace, swept: nothing left; limits: memory
+    512 MiB (cgroup v1), cpu 0.5 (not applied: no cpu controller)`."""
     if applied is None:
         return NOT_REPORTED
-    parts = []
-    if applied.get("user"):
-        parts.append(f"user {applied['user']}")
-    if applied.get("tracking"):
-        parts.append(f"tracked by {applied['tracking']}")
-    head = ", ".join(parts)
+    head = ", ".join(f"{_SHOWN_APPLIED[k]} {applied[k]}" for k in APPLIED_TEXTS if applied.get(k))
     how: Mapping[str, str] = applied.get("limits") or {}
     named = [n for n in NAMES if n in asked or n in how]
     if not named:

@@ -33,7 +33,6 @@ from typing import Any
 
 from oz0_common.attempt_messages import AttemptResult, BadAttemptMessage
 from oz0_node.jobs.isolation import ATTEMPTS_DIR, Isolation, Limits
-from oz0_node.jobs.job_user import JobUser
 
 # What a node keeps of an attempt's output (both streams together), and sends to the edge.
 OUTPUT_CAP = 1 << 20
@@ -147,39 +146,16 @@ def handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock: 
             "address_space": limits.address_space,
             "unknown": list(limits.unknown),
         },
-        "isolation": {
-            "data_dir": str(isolation.data_dir),
-            "user": {
-                "name": isolation.user.name,
-                "uid": isolation.user.uid,
-                "gid": isolation.user.gid,
-                "groups": list(isolation.user.groups),
-            },
-            "drop": isolation.drop,
-            "tracking": isolation.tracking,
-            "v2_own": str(isolation.v2_own) if isolation.v2_own is not None else None,
-            "v1_own": {k: str(v) for k, v in isolation.v1_own.items()},
-            "temp_dir": str(isolation.temp_dir),
-        },
+        "isolation": isolation.handed(),
     }
     return json.dumps(raw).encode()
 
 
 def parse_handover(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path, int]:
     """The handover `launch` wrote (trusted: the agent's own, from the same code)."""
-    iso, limits = raw["isolation"], raw["limits"]
-    user = iso["user"]
-    v2_own = iso["v2_own"]
+    limits = raw["limits"]
+    isolation = Isolation.from_handed(raw["isolation"])
     timeout = raw["timeout"]
-    isolation = Isolation(
-        data_dir=Path(iso["data_dir"]),
-        user=JobUser(user["name"], int(user["uid"]), int(user["gid"]), tuple(user["groups"])),
-        drop=bool(iso["drop"]),
-        tracking=str(iso["tracking"]),
-        v2_own=Path(v2_own) if v2_own is not None else None,
-        v1_own={k: Path(v) for k, v in iso["v1_own"].items()},
-        temp_dir=Path(iso["temp_dir"]),
-    )
     command, env = raw["command"], raw["env"]
     spec = SupervisedSpec(
         node_id=str(raw["node_id"]),

@@ -1,13 +1,16 @@
 """Where and as whom an attempt runs, what it may use, and how all of its processes end
 (docs/manage-nodes.md, "What a job can reach").
 
-- **As whom**: when the agent runs as root, every attempt runs as the job user
-  (`--job-user`, default `oz0-job`, made by `oz0-node install-service`): its uid, gid and
-  that user's own supplementary groups. `--job-user root` must be said to run jobs as root.
-  An agent that is not root runs jobs as itself (nothing else is possible).
-- **Where**: a fresh directory in the system's temporary directory (0700, the job user's),
-  its HOME and TMPDIR, removed when the attempt ends; never in the data directory, which
-  the job user cannot read.
+- **As whom**: when the agent runs as root, each attempt runs as a UID of its own
+  (attempt_uids.py: taken from `--job-uids`, default 61184-65519, for the attempt's life and
+  its cleanup; no account, so `crontab`, `at` and `su` refuse it; its group the GID of the
+  same number, no other). `--job-user NAME` runs every attempt as that account instead (its
+  uid, gid and own supplementary groups; weaker: its jobs share it), `--job-user root` as
+  root. An agent that is not root runs jobs as itself (nothing else is possible).
+- **Where**: a fresh directory in the system's temporary directory (0700, the attempt's
+  user's), its HOME and TMPDIR, removed when the attempt ends; never in the data directory,
+  which no job user can read. An attempt with a UID of its own also gets /tmp and /var/tmp
+  of its own where the kernel allows (private_tmp.py: a mount namespace).
 - **With what**: a clean environment (a standard PATH, HOME, USER, LOGNAME, LANG when the
   agent has one, TMPDIR), then the job's names, then OZ0_JOB_ID, OZ0_ATTEMPT, OZ0_NODE_ID.
 - **Tracked how**: a cgroup v2 per attempt under `<agent's cgroup>/oz0-node-<node ID>/`
@@ -17,9 +20,16 @@
 - **Limited how**: memory, cpu and processes through a cgroup controller (v2 where the
   agent's subtree has it, else the machine's v1 hierarchy), open files and address space
   through rlimits; the result says what was applied and how.
+- **Swept after**: once an attempt with a UID of its own has ended, every process of that
+  UID is killed (its cgroup v2 held them all; else a scan of /proc by UID) and its System V
+  IPC objects and its files in /dev/shm, /dev/mqueue,
+  /run/lock, and /tmp and /var/tmp unless it had its own, removed (uid_sweep.py); only then
+  is the UID given again. The result's `applied` says what held (`private_tmp`) and what
+  the sweep found (`swept`).
 - **Left by a crash**: DIR/attempts.json (0600, replaced atomically) records each running
-  attempt's directory, cgroups and (subreaper) processes with their start times; the next
-  start of the agent ends what is left of them (`end_leftovers`) and removes the directories.
+  attempt's directory, cgroups, (subreaper) processes with their start times and own UID;
+  the next start of the agent ends what is left of them (`end_leftovers`), removes the
+  directories and sweeps the UIDs.
 """
 
 from __future__ import annotations
@@ -36,11 +46,15 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oz0_common.files import write_private
 from oz0_node import layout
-from oz0_node.jobs import procfs
-from oz0_node.jobs.job_user import JobUser, resolve_job_user
+from oz0_node.errors import AgentError
+from oz0_node.jobs import procfs, uid_sweep
+from oz0_node.jobs.attempt_uids import DEFAULT_RANGE, Claim, UidClaims, UidRange, check_machine
+from oz0_node.jobs.job_user import JobUser, own_user, resolve_job_user
+from oz0_node.jobs.private_tmp import HELD, PrivateTmp
 from oz0_node.jobs.removal import remove_tree
 from oz0_node.jobs.spawn import ChildSteps
 from oz0_node.jobs.tracking import (
@@ -179,6 +193,22 @@ class Placement:
     tracking: Tracking
     cgroups: list[Path]
     applied: dict[str, object]
+    claim: Claim | None = None  # its own UID, held until the sweep finds nothing left
+    uid_claims: Path | None = None  # where that claim is
+    private: PrivateTmp | None = None  # its own /tmp, if it has its own UID
+
+    def entry(self, pids: list[list[int]]) -> dict[str, object]:
+        """What the record (attempts.json, tracking.json) says of it: what to end and
+        sweep if its supervisor dies."""
+        entry: dict[str, object] = {
+            "workdir": str(self.workdir),
+            "cgroups": [str(p) for p in self.cgroups],
+            "pids": pids,
+        }
+        if self.claim is not None:
+            entry["uid"] = self.claim.uid
+            entry["uid_claims"] = str(self.uid_claims)
+        return entry
 
 
 def _write(path: Path, text: str) -> None:
@@ -190,12 +220,13 @@ class Isolation:
     """How this agent runs attempts (one per agent process; see the module's docstring)."""
 
     data_dir: Path
-    user: JobUser
+    user: JobUser | None  # the account jobs run as; None: each attempt its own UID (UIDS)
     drop: bool  # change to the job user in the child (an agent running as root)
     tracking: str
     v2_own: Path | None = None  # the agent's own cgroup v2 (the subtree goes under it)
     v1_own: dict[str, Path] = field(default_factory=dict)
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    uids: UidClaims | None = None  # where each attempt's own UID comes from (USER None)
     record: AttemptRecord = field(init=False)
 
     def __post_init__(self) -> None:
@@ -209,13 +240,21 @@ class Isolation:
         *,
         tracking: str | None = None,
         supervised: bool = False,
+        job_uids: UidRange | None = None,
     ) -> Isolation:
-        """What this machine and this agent allow: the job user, cgroups, subreaper.
+        """What this machine and this agent allow: the job user (or each attempt's own UID,
+        from JOB_UIDS), cgroups, subreaper. AgentError when the job user cannot be.
 
         SUPERVISED: attempts run under supervisors (supervisor.py), each its command's
         subreaper; this process does not become one (it would adopt them all)."""
         user = resolve_job_user(job_user)
-        drop = os.geteuid() == 0 and user.uid != 0
+        if job_uids is not None and user is not None:
+            raise AgentError(
+                "--job-uids is for attempts that each run as a UID of their own, which only an "
+                "agent running as root without --job-user gives"
+            )
+        uids = UidClaims(job_uids or DEFAULT_RANGE) if user is None else None
+        drop = os.geteuid() == 0 and (user is None or user.uid != 0)
         mounts: list[procfs.Mount] = []
         own: dict[str, str] = {}
         with contextlib.suppress(OSError):
@@ -239,7 +278,48 @@ class Isolation:
         else:
             kind = SUBREAPER if supervised or become_subreaper() else PROCESS_GROUP
             v2 = None
-        return cls(data_dir, user, drop, kind, v2_own=v2, v1_own=v1)
+        return cls(data_dir, user, drop, kind, v2_own=v2, v1_own=v1, uids=uids)
+
+    def handed(self) -> dict[str, object]:
+        """This isolation as the agent hands it to an attempt's supervisor (`from_handed`)."""
+        user = self.user
+        return {
+            "data_dir": str(self.data_dir),
+            "user": None
+            if user is None
+            else {"name": user.name, "uid": user.uid, "gid": user.gid, "groups": list(user.groups)},
+            "drop": self.drop,
+            "tracking": self.tracking,
+            "v2_own": str(self.v2_own) if self.v2_own is not None else None,
+            "v1_own": {k: str(v) for k, v in self.v1_own.items()},
+            "temp_dir": str(self.temp_dir),
+            "uids": None
+            if self.uids is None
+            else {
+                "first": self.uids.range.first,
+                "last": self.uids.range.last,
+                "claims": str(self.uids.directory),
+            },
+        }
+
+    @classmethod
+    def from_handed(cls, raw: Mapping[str, Any]) -> Isolation:
+        """What `handed` wrote (trusted: the agent's own, of the same code)."""
+        user, uids, v2_own = raw["user"], raw["uids"], raw["v2_own"]
+        return cls(
+            data_dir=Path(raw["data_dir"]),
+            user=None
+            if user is None
+            else JobUser(user["name"], int(user["uid"]), int(user["gid"]), tuple(user["groups"])),
+            drop=bool(raw["drop"]),
+            tracking=str(raw["tracking"]),
+            v2_own=Path(v2_own) if v2_own is not None else None,
+            v1_own={k: Path(v) for k, v in raw["v1_own"].items()},
+            temp_dir=Path(raw["temp_dir"]),
+            uids=None
+            if uids is None
+            else UidClaims(UidRange(int(uids["first"]), int(uids["last"])), Path(uids["claims"])),
+        )
 
     def subtree(self, node_id: str) -> Path | None:
         return self.v2_own / f"{SUBTREE_PREFIX}{node_id}" if self.v2_own is not None else None
@@ -248,26 +328,56 @@ class Isolation:
         tracking = self.tracking
         if self.tracking == CGROUP_V2 and node_id is not None:
             tracking = f"{CGROUP_V2} {self.subtree(node_id)}"
-        return {"job_user": self.user.name, "tracking": tracking}
+        job_user = self.user.name if self.user is not None else f"own uids {self.uids_range}"
+        return {"job_user": job_user, "tracking": tracking}
 
     @property
-    def _removes_as(self) -> JobUser | None:
-        """Who removes an attempt's directory first: its job's user, when it is not root."""
-        return self.user if self.drop else None
+    def uids_range(self) -> UidRange | None:
+        return self.uids.range if self.uids is not None else None
+
+    def _removes_as(self, user: JobUser) -> JobUser | None:
+        """Who removes an attempt's directory first: its USER (the account's, or its own
+        UID), when it is not root."""
+        return user if self.drop else None
 
     @property
     def tools_on_path(self) -> bool:
         # DIR/tools/ is for plugins; a job user who is not the agent's cannot read it.
-        return not self.drop and self.user.uid == os.geteuid()
+        return not self.drop and self.user is not None and self.user.uid == os.geteuid()
+
+    def prepare_uids(self) -> None:
+        """At the agent's start, for attempts with UIDs of their own: the claims' directory,
+        the check that nothing on the machine uses the range (AgentError, one line), then
+        the stale claims swept (attempt_uids.py)."""
+        if self.uids is None:
+            return
+        try:
+            self.uids.ensure_directory()
+        except OSError as e:
+            raise AgentError(
+                f"cannot keep the job UIDs' claims in {self.uids.directory}: {e.strerror or e}"
+            ) from None
+        refused = check_machine(self.uids)
+        if refused is not None:
+            raise AgentError(refused)
+        self.uids.reclaim_stale()
 
     def environment(
-        self, workdir: Path, job_env: Mapping[str, str], oz0: Mapping[str, str]
+        self,
+        workdir: Path,
+        job_env: Mapping[str, str],
+        oz0: Mapping[str, str],
+        user: JobUser | None = None,
     ) -> dict[str, str]:
+        """The command's environment (see the module's docstring), for USER (by default the
+        account jobs run as)."""
+        user = user or self.user
+        assert user is not None  # an attempt's own UID is given by begin
         env = {
             "PATH": STANDARD_PATH,
             "HOME": str(workdir),
-            "USER": self.user.name,
-            "LOGNAME": self.user.name,
+            "USER": user.name,
+            "LOGNAME": user.name,
             "TMPDIR": str(workdir),
         }
         if "LANG" in os.environ:
@@ -289,13 +399,29 @@ class Isolation:
         """Make the attempt's directory and cgroups, and the child's steps; OSError when
         they cannot be made (what was made is undone)."""
         key = f"{job_id}-{attempt}"
-        workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{key}-", dir=self.temp_dir))
+        # Its own UID first (NoFreeUid, an OSError, when every one is in use).
+        claim = self.uids.take(str(self.record.path)) if self.uids is not None else None
+        if claim is not None:
+            user = own_user(claim.uid)
+        else:
+            assert self.user is not None  # no UIDS: the account jobs run as
+            user = self.user
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{key}-", dir=self.temp_dir))
+        except BaseException:
+            if claim is not None:
+                claim.release()  # nothing has had the UID yet
+            raise
         made: list[Path] = []
+        place = Placement(
+            key, workdir, {}, ChildSteps(), GroupTracking(), made, {}, claim,
+            self.uids.directory if self.uids is not None else None,
+        )  # fmt: skip
         try:
             workdir.chmod(0o700)
             if self.drop:
-                os.chown(workdir, self.user.uid, self.user.gid)
-            self.record.put(key, {"workdir": str(workdir), "cgroups": [], "pids": []})
+                os.chown(workdir, user.uid, user.gid)
+            self.record.put(key, place.entry([]))
             procs: list[Path] = []
             tracking: Tracking
             if self.tracking == CGROUP_V2:
@@ -311,62 +437,107 @@ class Isolation:
                 )
             else:
                 tracking = GroupTracking()
-            applied_limits, rlimits = self._limits(node_id, key, limits, made, procs)
-            self.record.put(
-                key, {"workdir": str(workdir), "cgroups": [str(p) for p in made], "pids": []}
-            )
+            applied_limits, rlimits = self._limits(node_id, key, limits, made, procs, user)
+            if claim is not None:
+                place.private = PrivateTmp(workdir)
+            self.record.put(key, place.entry([]))
         except BaseException:
             for cgroup in reversed(made):
                 remove_cgroup(cgroup)
-            remove_tree(workdir, as_user=self._removes_as)
+            remove_tree(workdir, as_user=self._removes_as(user))
+            self._sweep(place)
             self.record.drop(key)
             raise
         oz0 = {"OZ0_JOB_ID": job_id, "OZ0_ATTEMPT": str(attempt), "OZ0_NODE_ID": node_id}
         v2 = made[0] if self.tracking == CGROUP_V2 else None
-        steps = ChildSteps(
+        place.steps = ChildSteps(
             cgroup=v2,
             join=tuple(os.fsencode(p) for p in procs if v2 is None or p.parent != v2),
+            private=place.private,
             rlimits=tuple(rlimits),
-            user=self.user if self.drop else None,
+            user=user if self.drop else None,
         )
-        applied: dict[str, object] = {
-            "user": self.user.name,
+        place.tracking = tracking
+        place.applied = {
+            "user": f"uid {claim.uid} (its own)" if claim is not None else user.name,
             "tracking": tracking.kind,
             "limits": applied_limits,
         }
-        return Placement(
-            key=key,
-            workdir=workdir,
-            env=self.environment(workdir, job_env, oz0),
-            steps=steps,
-            tracking=tracking,
-            cgroups=made,
-            applied=applied,
-        )
+        place.env = self.environment(workdir, job_env, oz0, user)
+        return place
 
     def note(self, placement: Placement) -> None:
         """Record PLACEMENT's processes as they are now (subreaper tracking)."""
-        self.record.put(
-            placement.key,
-            {
-                "workdir": str(placement.workdir),
-                "cgroups": [str(p) for p in placement.cgroups],
-                "pids": placement.tracking.recorded(),
-            },
-        )
+        self.record.put(placement.key, placement.entry(placement.tracking.recorded()))
 
     def end(self, placement: Placement) -> None:
-        """Undo begin: its cgroups (empty by now) and directory go, and its record."""
+        """Undo begin: its cgroups (empty by now) and directory go, its own UID is swept
+        (what is left of it said in `applied`, and the UID given up once nothing is), and
+        its record goes."""
+        private = None
+        if placement.private is not None:
+            private = placement.applied["private_tmp"] = placement.private.outcome()
+        ended: tuple[int, list[int]] | None = None
+        if placement.claim is not None and placement.claim.fd >= 0:
+            if placement.tracking.kind == CGROUP_V2 and not placement.tracking.alive():
+                # No process of the UID can leave its cgroup v2 (moving one takes write
+                # access to cgroups that are root's): empty, it held them all and none is
+                # left, so the scan of every process's status is spared.
+                ended = (0, [])
+            else:
+                # Before the cgroups go: whatever escaped its tracking may be in them.
+                ended = uid_sweep.end_processes(placement.claim.uid)
         for cgroup in reversed(placement.cgroups):
             remove_cgroup(cgroup)
             # The agent's subtree too once no attempt is left in it: nothing stays behind.
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
-        remove_tree(placement.workdir, as_user=self._removes_as)
+        remove_tree(placement.workdir, as_user=self._removes_as(self._user_of(placement)))
+        places = uid_sweep.PRIVATE_SWEPT if private == HELD else uid_sweep.SHARED_PLACES
+        swept = self._sweep(placement, ended, places)
+        if swept is not None:
+            placement.applied["swept"] = swept.describe()
         self.record.drop(placement.key)
 
+    def _user_of(self, placement: Placement) -> JobUser:
+        """Whom PLACEMENT's command ran as."""
+        if placement.claim is not None:
+            return own_user(placement.claim.uid)
+        assert self.user is not None
+        return self.user
+
+    def _sweep(
+        self,
+        placement: Placement,
+        ended: tuple[int, list[int]] | None = None,
+        places: tuple[Path, ...] = uid_sweep.SHARED_PLACES,
+    ) -> uid_sweep.Swept | None:
+        """Sweep PLACEMENT's own UID (if it has one; ENDED: its processes are, as
+        `end_processes` said) in PLACES; give the UID up if nothing is left."""
+        claim = placement.claim
+        if claim is None or claim.fd < 0:
+            return None
+        swept = uid_sweep.sweep(claim.uid, places, ended=ended)
+        if swept.clean:
+            claim.release()
+        else:
+            log.warning(
+                "attempt %s: uid %d kept (not given to another attempt): %s",
+                placement.key,
+                claim.uid,
+                swept.describe(),
+            )
+            claim.close()
+        return swept
+
     def _limits(
-        self, node_id: str, key: str, limits: Limits, made: list[Path], procs: list[Path]
+        self,
+        node_id: str,
+        key: str,
+        limits: Limits,
+        made: list[Path],
+        procs: list[Path],
+        user: JobUser,
     ) -> tuple[dict[str, str], list[tuple[int, int]]]:
         """Apply LIMITS: cgroup files written now (cgroups made are added to MADE and to
         PROCS, to be joined), rlimits returned for the child; what was applied, and how."""
@@ -426,14 +597,16 @@ class Isolation:
             elif (cgroup := v1("pids")) is not None:
                 _write(cgroup / "pids.max", str(limits.max_processes))
                 applied["max_processes"] = "cgroup v1"
-            elif self.user.uid == 0:
+            elif user.uid == 0:
                 applied["max_processes"] = (
                     "not applied: no pids controller, and root has no process rlimit"
                 )
             else:
                 rlimits.append((resource.RLIMIT_NPROC, limits.max_processes))
                 applied["max_processes"] = (
-                    f"rlimit (per user: counts every process of {self.user.name})"
+                    "rlimit (its own uid: this attempt's processes)"
+                    if self.uids is not None
+                    else f"rlimit (per user: counts every process of {user.name})"
                 )
         if limits.max_open_files is not None:
             rlimits.append((resource.RLIMIT_NOFILE, limits.max_open_files))
@@ -502,13 +675,20 @@ def end_recorded(entry: Mapping[str, object]) -> tuple[int, Path | None]:
         ):
             signal_quietly(pair[0], signal.SIGKILL)
             processes += 1
+    removed = None
     workdir = entry.get("workdir")
     if isinstance(workdir, str) and Path(workdir).name.startswith(WORKDIR_PREFIX):
         path = Path(workdir)
         if path.is_absolute() and path.is_dir() and not path.is_symlink():
             remove_tree(path)
-            return processes, path
-    return processes, None
+            removed = path
+    uid, claims = entry.get("uid"), entry.get("uid_claims")
+    if isinstance(uid, int) and not isinstance(uid, bool) and isinstance(claims, str):
+        # Swept only if no live supervisor holds it (given again meanwhile: another's).
+        swept = UidClaims(directory=Path(claims)).reclaim(uid, uid_sweep.sweep)
+        if swept is not None:
+            log.info("uid %d of a dead supervisor's attempt: %s", uid, swept.describe())
+    return processes, removed
 
 
 def _strings(value: object) -> list[str]:

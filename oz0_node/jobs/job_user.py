@@ -1,7 +1,8 @@
-"""As whom an attempt runs: the job user (`--job-user`, default `oz0-job`, made by
-`oz0-node install-service`) when the agent is root, else the agent's own user; and the
-agent's private directories, which no job user may read (docs/manage-nodes.md, "What a job
-can reach")."""
+"""As whom an attempt runs: when the agent is root, a UID of the attempt's own
+(attempt_uids.py) unless `--job-user NAME` names an account (all of that account's jobs
+share it: weaker), `root` only when named; an agent that is not root runs jobs as itself.
+Also the agent's private directories, which no job may read (docs/manage-nodes.md, "What a
+job can reach")."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from oz0_node import service
 from oz0_node.errors import AgentError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_JOB_USER = service.DEFAULT_JOB_USER
+# The account `--job-user` names in the docs' examples (and the tests': fixtures/job_user.py).
+DEFAULT_JOB_USER = "oz0-job"
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ class JobUser:
         return cls(name, uid, os.getegid(), tuple(os.getgroups()))
 
 
-def resolve_job_user(requested: str | None, *, euid: int | None = None) -> JobUser:
-    """The user jobs run as (see the module's docstring); AgentError when it cannot be."""
+def resolve_job_user(requested: str | None, *, euid: int | None = None) -> JobUser | None:
+    """The account jobs run as, or None when each attempt runs as a UID of its own (root,
+    no `--job-user`); see the module's docstring. AgentError when it cannot be."""
     euid = os.geteuid() if euid is None else euid
     agent = JobUser.of_agent()
     if euid != 0:
@@ -58,17 +60,21 @@ def resolve_job_user(requested: str | None, *, euid: int | None = None) -> JobUs
                 f"another user; this one runs as {agent.name}, and so do its jobs"
             )
         return agent
-    name = requested or DEFAULT_JOB_USER
-    user = JobUser.named(name)
+    if requested is None:
+        return None
+    user = JobUser.named(requested)
     if user is None:
-        hint = (
-            "run `oz0-node install-service` (which creates it) or `useradd --system "
-            f"--no-create-home --shell /usr/sbin/nologin {name}`, or give --job-user NAME"
-            if requested is None
-            else "create it, or give another --job-user"
+        raise AgentError(
+            f"the job user {requested} does not exist, so no job can run: create it, or "
+            "leave --job-user out (each attempt then runs as a UID of its own)"
         )
-        raise AgentError(f"the job user {name} does not exist, so no job can run: {hint}")
     return user
+
+
+def own_user(uid: int) -> JobUser:
+    """An attempt's own UID as the user it runs as: no account, its group of the same
+    number and no other (USER and LOGNAME say oz0-uid-UID)."""
+    return JobUser(f"oz0-uid-{uid}", uid, uid, ())
 
 
 def check_private(paths: list[Path], *, enforce: bool) -> None:

@@ -51,16 +51,24 @@ STEPS, EXEC = b"steps", b"exec"
 class ChildSteps:
     """What the command's process does before its exec, in this order: be in CGROUP (a v2
     directory: born in it, or joined), join the other cgroups (JOIN: cgroup.procs files,
-    v1), set the hard RLIMITS, then drop to USER."""
+    v1), its own /tmp (PRIVATE: private_tmp.py, while still root and in its working
+    directory), set the hard RLIMITS, then drop to USER."""
 
     cgroup: Path | None = None
     join: tuple[bytes, ...] = ()
+    private: Callable[[], None] | None = None
     rlimits: tuple[tuple[int, int], ...] = ()
     user: JobUser | None = None
 
     @property
     def none(self) -> bool:
-        return self.cgroup is None and not self.join and not self.rlimits and self.user is None
+        return (
+            self.cgroup is None
+            and not self.join
+            and self.private is None
+            and not self.rlimits
+            and self.user is None
+        )
 
     def preexec(self) -> Callable[[], None]:
         """The steps as Popen's pre-exec function.
@@ -72,7 +80,7 @@ class ChildSteps:
         cgroup must be joined while still root."""
         procs = [os.fsencode(self.cgroup / "cgroup.procs")] if self.cgroup is not None else []
         procs += self.join
-        rlimits, user, o_wronly = self.rlimits, self.user, os.O_WRONLY
+        private, rlimits, user, o_wronly = self.private, self.rlimits, self.user, os.O_WRONLY
 
         def preexec() -> None:
             for path in procs:
@@ -81,6 +89,8 @@ class ChildSteps:
                     os.write(fd, b"0")
                 finally:
                     os.close(fd)
+            if private is not None:
+                private()
             for which, value in rlimits:
                 resource.setrlimit(which, (value, value))
             if user is not None:
@@ -239,6 +249,8 @@ def _child(
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
         os.setsid()
+        if steps.private is not None:
+            steps.private()
         for which, value in steps.rlimits:
             resource.setrlimit(which, (value, value))
         if steps.user is not None:

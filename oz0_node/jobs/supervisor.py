@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -231,14 +232,16 @@ def _supervise(
     except OSError as e:
         why = f"{e.strerror or e} ({e.filename or isolation.temp_dir})"
         log.warning("job %s attempt %d: cannot set it up: %s", spec.job_id, spec.attempt, why)
-        line = f"oz0-node: cannot make its working directory or cgroup: {why}\n"
+        line = f"oz0-node: cannot make its working directory, cgroup or UID: {why}\n"
         output.add("stderr", line.encode())
         _ready()
         return _status(126, None, EndedBecause.EXIT, output, {})
     try:
-        return _run(spec, isolation, place, output, stopping)
+        status = _run(spec, isolation, place, output, stopping)
     finally:
         isolation.end(place)
+    # What the end found (its own /tmp held, the sweep of its UID) is part of what applied.
+    return replace(status, result=replace(status.result, applied=dict(place.applied)))
 
 
 def _run(
@@ -445,7 +448,4 @@ def _note(
     pids = place.tracking.recorded()
     if start is not None and all(pid != command for pid, _ in pids):
         pids.append([command, start.start_time])
-    isolation.record.put(
-        place.key,
-        {"workdir": str(place.workdir), "cgroups": [str(p) for p in place.cgroups], "pids": pids},
-    )
+    isolation.record.put(place.key, place.entry(pids))
