@@ -26,6 +26,8 @@ from oz0.server.api import (
     nodes,
     operators,
     schedules,
+    session_records,
+    sessions,
     tenants,
     tokens,
 )
@@ -73,6 +75,8 @@ API_MODULES = (
     audit,
     jobs,
     schedules,
+    sessions,
+    session_records,
     agent_file,
     health,
     web_routes,

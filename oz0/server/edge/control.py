@@ -26,8 +26,10 @@ from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close,
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
+from oz0.server.session_relay import LineGone, NodeLine
 from oz0.store.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
+from oz0_common import session_messages
 from oz0_common.attempt_messages import ALIVE, DONE, MAX_JOBS, TAKEN
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
         edge.seen.alive(node_id)
         edge.streams.opened(node_id)
         beat: Beat | None = None
+        line: NodeLine | None = None
         try:
             await send(
                 ws,
@@ -97,9 +100,13 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     edge, ws, node_id, key, node.tenant, challenge, beat, nursery
                 )
                 stream.start(changed, node.revision)
+                line = NodeLine(node_id, node.tenant, partial(_send_to_node, ws))
+                edge.sessions.attach(line)
             if beat.silent:
                 log.warning("node %s silent for three heartbeats; closed its stream", node_id)
         finally:
+            if line is not None:
+                edge.sessions.detach(line, f"node {node_id}'s stream to this server ended")
             if beat is not None:
                 edge.heartbeats.remove(beat)
             edge.streams.closed(node_id)
@@ -107,6 +114,14 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                 # Not while the node's newer stream is open here (it reconnected, with a
                 # renewed certificate say, before this one was over): it is connected.
                 edge.seen.left(node_id)
+
+
+async def _send_to_node(ws: Wire, kind: str, **fields: Any) -> None:
+    """A session's message to the node (session_relay.NodeLine)."""
+    try:
+        await send(ws, kind, **fields)
+    except Closed:
+        raise LineGone(f"the stream of the node ended ({kind} not sent)") from None
 
 
 def _node_of(
@@ -225,6 +240,10 @@ class ControlStream:
         """The node's answer to an attempt sent over this stream (deliveries.py)."""
         await self.sending.answered(message)
 
+    async def _on_session(self, message: dict[str, Any]) -> None:
+        """About a session relayed through this stream: to its person (session_relay.py)."""
+        self.edge.sessions.from_node(self.node_id, message)
+
     async def _act_on_changes(self, changed: NodeWatch, revision: int) -> None:
         """End the stream when the node stops being accepted, purging it first if it is purging.
 
@@ -308,4 +327,5 @@ HANDLERS: dict[str, Handler] = {
     attempt_refusals.REFUSED: ControlStream._on_attempt_refused,
     **dict.fromkeys((ALIVE, DONE, MAX_JOBS), ControlStream._on_attempt_report),
     TAKEN: ControlStream._on_attempt_taken,
+    **dict.fromkeys(session_messages.FROM_NODE, ControlStream._on_session),
 }
