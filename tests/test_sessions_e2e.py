@@ -111,6 +111,9 @@ def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exi
         time.sleep(0.5)  # SIGWINCH reaches the CLI, the resize the node
         shell.sendline("stty size")
         shell.expect(r"44 120")
+        # Its terminal is its controlling terminal (else no job control, no Ctrl-C).
+        shell.sendline("""awk '{print "ctty-" ($7 != 0)}' /proc/$$/stat""")
+        shell.expect("ctty-1")
         shell.sendline("sleep 60; echo not-$((1))-interrupted")
         time.sleep(1)
         began = time.monotonic()
@@ -255,3 +258,26 @@ def test_an_idle_session_ends_at_the_cluster_s_idle_timeout(served: Served, node
         assert "error: the session ended: it was idle for 2 s" in err, err
     finally:
         assert run_cli(env, "cluster", "set", "--session-idle-timeout", "15m").returncode == 0
+
+
+def test_ctrl_c_interrupts_a_command_on_its_terminal(served: Served, node: str) -> None:
+    """No shell to open /dev/tty: the PTY is the command's controlling terminal all the
+    same, so Ctrl-C reaches it (SIGINT: exit code 130)."""
+    env = {**os.environ, **served.files.cli_env, "PYTHONPATH": str(REPO)}
+    command = ["-m", "cli.main", "node", "exec", node, "-i", "-t", "--"]
+    sleeper = pexpect.spawn(
+        sys.executable,
+        [*command, "sh", "-c", "echo go-$((6*7)); exec sleep 30"],
+        env=env,
+        timeout=30,
+        encoding="utf-8",
+    )
+    try:
+        sleeper.expect("go-42")
+        began = time.monotonic()
+        sleeper.sendintr()
+        sleeper.expect(pexpect.EOF)
+        assert time.monotonic() - began < 5
+    finally:
+        sleeper.close()
+    assert sleeper.exitstatus == 130, sleeper.before
