@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import trio
 
 from oz0_common import session_messages as sm
+from oz0_common.session_messages import EXIT, OUTPUT, REFUSED, STARTED
 from oz0_node.jobs.grants import AttemptRefused, GrantCheck
 from oz0_node.jobs.isolation import Isolation, Limits, Placement
 from oz0_node.messages import Message
@@ -92,7 +93,7 @@ class NodeSessions:
             command = sm.command_of(message)
             size = sm.WindowSize.of(message)
         except sm.BadSessionMessage as e:
-            await self.conn.send(sm.REFUSED, session=session, reason=str(e))
+            await self.conn.send(REFUSED, session=session, reason=str(e))
             return
         term = message.get("term")
         if not isinstance(term, str) or not TERM.match(term):
@@ -100,14 +101,14 @@ class NodeSessions:
         grants, isolation = self.grants(), self.isolation
         if grants is None or isolation is None or self._nursery is None:
             await self.conn.send(
-                sm.REFUSED, session=session, reason="this agent runs no jobs, nor sessions"
+                REFUSED, session=session, reason="this agent runs no jobs, nor sessions"
             )
             return
         try:
             grants.check({**sm.grant_fields(session, command), "grant": message.get("grant")})
         except AttemptRefused as e:
             log.warning("refused session %s from edge %s: %s", session, self.conn.address, e)
-            await self.conn.send(sm.REFUSED, session=session, reason=e.reason)
+            await self.conn.send(REFUSED, session=session, reason=e.reason)
             return
         self._nursery.start_soon(self._run_one, session, command, size, term, isolation)
 
@@ -125,7 +126,7 @@ class NodeSessions:
             )
         except OSError as e:
             why = f"cannot make its working directory, cgroup or UID: {e.strerror or e}"
-            await self.conn.send(sm.REFUSED, session=session, reason=why)
+            await self.conn.send(REFUSED, session=session, reason=why)
             return
         live: _Live | None = None
         try:
@@ -134,15 +135,15 @@ class NodeSessions:
             except (OSError, subprocess.SubprocessError) as e:
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 await self.conn.send(
-                    sm.REFUSED, session=session, reason=f"cannot run {command[0]!r}: {why}"
+                    REFUSED, session=session, reason=f"cannot run {command[0]!r}: {why}"
                 )
                 return
             place.tracking.started(process.pid)
             live = self._live[session] = _Live(master, process, place)
             log.info("session %s: started process %d", session, process.pid)
-            await self.conn.send(sm.STARTED, session=session, user=place.applied.get("user"))
+            await self.conn.send(STARTED, session=session, user=place.applied.get("user"))
             code = await self._follow(session, live)
-            await self.conn.send(sm.EXIT, session=session, code=code)
+            await self.conn.send(EXIT, session=session, code=code)
         finally:
             self._live.pop(session, None)
             with trio.CancelScope(shield=True), trio.move_on_after(END_TIMEOUT):
@@ -174,7 +175,7 @@ class NodeSessions:
                     return
                 if not data:
                     return
-                await self.conn.send(sm.OUTPUT, session=session, data=sm.encode_data(data))
+                await self.conn.send(OUTPUT, session=session, data=sm.encode_data(data))
         finally:
             live.ended.set()
 
