@@ -106,7 +106,7 @@ def test_push_to_three_agents_unchanged_and_refused_outside(
     outside = tmp_path / "outside"
     outside.mkdir()
     refused = cli("file", "push", str(source), "--dest", str(outside / "app.conf"),
-                  "--node", ids[0], "--json", env=env)  # fmt: skip
+                  "--owner", "nobody", "--node", ids[0], "--json", env=env)  # fmt: skip
     assert refused.code == 1
     [line] = results(refused.json()).values()
     assert line.startswith("error: this node lets pushes write only in"), line
