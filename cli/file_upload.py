@@ -30,8 +30,8 @@ def upload(client: ApiClient, tenant: str, source: Path) -> tuple[str, int]:
             f.seek(seq * chunk)
             data = f.read(chunk)
             client.post(
-                f"/api/v1/files/{sha256}/chunks/{seq}",
-                {"tenant": tenant, "data": base64.b64encode(data).decode("ascii")},
+                f"/api/v1/files/{sha256}/chunks",
+                {"tenant": tenant, "seq": seq, "data": base64.b64encode(data).decode("ascii")},
             )
     return sha256, size
 

@@ -1,5 +1,5 @@
 """POST/GET /api/v1/files, GET/DELETE /api/v1/files/<sha256>?tenant=T, POST
-/api/v1/files/<sha256>/chunks/<seq>: the files a tenant pushes to its nodes
+/api/v1/files/<sha256>/chunks: the files a tenant pushes to its nodes
 (oz0/file_blobs.py, docs/files.md)."""
 
 from __future__ import annotations
@@ -41,11 +41,14 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
         return jsonify({"sha256": sha256, "size": size, "chunk": CHUNK, "missing": missing}), 200
 
-    @app.post("/api/v1/files/<sha256>/chunks/<int:seq>")
-    async def file_chunk(sha256: str, seq: int) -> Response:
+    @app.post("/api/v1/files/<sha256>/chunks")
+    async def file_chunk(sha256: str) -> Response:
+        """One chunk, {"tenant", "seq", "data": base64}."""
         actor = await operator(state)
         body = await json_object()
-        tenant = _text(body, "tenant")
+        tenant, seq = _text(body, "tenant"), body.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ApiError(400, "seq must be the chunk's number")
         _check(actor, tenant, "push files")
         try:
             data = base64.b64decode(_text(body, "data"), validate=True)
