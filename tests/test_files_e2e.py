@@ -155,6 +155,19 @@ def test_push_to_three_agents_unchanged_and_refused_outside(
     by_name = {f["name"]: f for f in listed.json()}
     assert by_name["app.conf"]["sha256"] == hashlib.sha256(content).hexdigest()
     assert by_name["app.conf"]["size"] == len(content) and by_name["app.conf"]["complete"]
+    sha256 = by_name["app.conf"]["sha256"]
+    shown = cli("file", "show", sha256, "--json", env=env)
+    assert shown.code == 0 and job_id in shown.json()["jobs"], shown.out + shown.err
+    assert cli("file", "delete", sha256, env=env).code == 0
+    assert sha256 not in {f["sha256"] for f in cli("file", "list", "--json", env=env).json()}
+
+    # A tenant's cap on one file: past it, one line, nothing stored, no job.
+    assert cli("tenant", "set", "default", "--max-file-size", "100K", env=env).code == 0
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * 200_000)
+    over = cli("file", "push", str(big), "--dest", "big.bin", "--all", env=env)
+    assert over.code != 0 and "more than tenant default's cap of 102400" in over.err, over.err
+    assert "big.bin" not in {f["name"] for f in cli("file", "list", "--json", env=env).json()}
 
 
 def flip_a_byte(message: dict[str, Any]) -> dict[str, Any]:
