@@ -50,6 +50,7 @@ app.command(
 app.command("cli.audit_cmds:app", name="audit", help="The audit log of every change.")
 # Through its meta app, which checks that `job run` has its `--` (see job_cmds).
 app.command("cli.job_cmds:meta", name="job", help="Jobs: commands run on the fleet's nodes.")
+app.command("cli.file_cmds:app", name="file", help="Files put on the fleet's nodes.")
 app.command(
     "cli.schedule_cmds:meta",
     name="schedule",
