@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import TIMEOUT, ApiClient, ApiError
+from cli.file_results import push_results
+from cli.file_upload import placed_files
 from cli.job_follow import ENDED_STATES, Follower, outcome
 from cli.job_params import (
     batch_share,
@@ -38,6 +40,7 @@ from oz0 import node_rules
 from oz0.context import select
 from oz0.jobs import limits as job_limits
 from oz0.jobs.spec_text import DEFAULT_ON_LOST, describe_batch, describe_on_lost
+from oz0_common.file_push import PUSH
 
 app = App(name="job", help_format="markdown")  # help: cli/main.py
 
@@ -109,6 +112,7 @@ def run(
     max_address_space: Annotated[
         int | None, Parameter(converter=size_bytes, metavar="SIZE")
     ] = None,
+    file: Annotated[list[str] | None, Parameter(negative=(), metavar="SRC[:NAME]")] = None,
     detach: Flag = False,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -179,6 +183,10 @@ def run(
         Files each process may hold open, from 16 (an rlimit).
     max_address_space
         Virtual memory each process may map, such as 4G (an rlimit).
+    file
+        SRC[:NAME]: put this local file in each attempt's working directory, as NAME
+        (default: its own name), before the command starts; repeat for several. Stored in
+        the cluster, checked by its SHA-256 on the node (docs/files.md).
     detach
         Print the job ID and leave it running.
     """
@@ -190,6 +198,8 @@ def run(
         )
     body = job_body(command, options)
     client = ApiClient(select(context))
+    if file:
+        body["files"] = placed_files(client, tenant, file)
     try:
         job = client.post("/api/v1/jobs", body)
     except KeyboardInterrupt:
@@ -254,7 +264,8 @@ def list_(
 def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """One job in detail, with its attempts."""
     path = f"/api/v1/jobs/{check_job_id(job_id)}"
-    job = ApiClient(select(context)).get(path)
+    client = ApiClient(select(context))
+    job = client.get(path)
     if json:
         print_json(job)
         return 0
@@ -298,6 +309,13 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             for a in attempts
         ],
     )  # fmt: skip
+    if job["command"][:1] == [PUSH]:
+        # A file push: what each node's agent said (written, unchanged or the error).
+        print()
+        pushed = push_results(client, job)
+        print_table(
+            ["ATTEMPT", "NODE", "FILE"], [[r["attempt"], r["node"], r["result"]] for r in pushed]
+        )
     _print_applied(asked, attempts)
     return 0
 
@@ -526,7 +544,7 @@ def _time(iso: str | None) -> str:
 
 
 # `job run`'s own parameters that are not the job's: how the command line follows it.
-_NOT_THE_JOBS = frozenset({"command", "detach", "json", "context"})
+_NOT_THE_JOBS = frozenset({"command", "detach", "json", "context", "file"})
 
 
 def job_body(command: Sequence[str], options: Mapping[str, Any]) -> dict[str, Any]:

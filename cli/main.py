@@ -55,6 +55,7 @@ app.command(
 )
 # Through its meta app, which checks that `job run` has its `--` (see job_cmds).
 app.command("cli.job_cmds:meta", name="job", help="Jobs: commands run on the fleet's nodes.")
+app.command("cli.file_cmds:app", name="file", help="Files put on the fleet's nodes.")
 app.command(
     "cli.schedule_cmds:meta",
     name="schedule",

@@ -70,6 +70,22 @@ MinInterval = Annotated[int | None, Parameter(converter=_interval, metavar="DURA
 MaxJoinTokens = Annotated[int | None, Parameter(converter=_join_tokens, metavar="N", negative=())]
 
 
+def _file_size(type_: Any, tokens: Sequence[Token]) -> int:
+    """cyclopts converter for `--max-file-size`/`--max-files-size`: bytes (64M, 4G)."""
+    text = tokens[0].value.strip()
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.rstrip("KMGTkmgt"), text[len(text.rstrip("KMGTkmgt")) :].upper()
+    if not number.isdigit() or unit not in units:
+        raise ValueError(f"invalid size {text!r}: give bytes or a size such as 64M or 4G")
+    try:
+        return cap_rules.max_file_bytes(int(number) * units[unit])
+    except rules.RetentionError as e:
+        raise ValueError(str(e)) from None
+
+
+FileSize = Annotated[int | None, Parameter(converter=_file_size, metavar="SIZE", negative=())]
+
+
 def _body(**settings: int | None) -> dict[str, object]:
     """The API's body: the settings given (their keys are the API's)."""
     return {key: value for key, value in settings.items() if value is not None}
@@ -84,6 +100,8 @@ def create(
     max_schedules: MaxSchedules = None,
     min_schedule_interval: MinInterval = None,
     max_join_tokens: MaxJoinTokens = None,
+    max_file_size: FileSize = None,
+    max_files_size: FileSize = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -110,11 +128,16 @@ def create(
     max_join_tokens
         How many of its join tokens may let a node in at once (not revoked, expired or
         used up); `token create` past it is refused (default 100).
+    max_file_size
+        The largest file it may store for pushes, such as 64M (default 64M).
+    max_files_size
+        All its stored files together, such as 4G (default 4G).
     """
     settings = _body(
         job_retention=job_retention, max_queued_jobs=max_queued_jobs,
         max_schedules=max_schedules, min_schedule_interval=min_schedule_interval,
-        max_join_tokens=max_join_tokens,
+        max_join_tokens=max_join_tokens, max_file_bytes=max_file_size,
+        max_files_bytes=max_files_size,
     )  # fmt: skip
     body = {"name": name, **settings}
     tenant = ApiClient(select(context)).post("/api/v1/tenants", body)
@@ -134,6 +157,8 @@ def set_(
     max_schedules: MaxSchedules = None,
     min_schedule_interval: MinInterval = None,
     max_join_tokens: MaxJoinTokens = None,
+    max_file_size: FileSize = None,
+    max_files_size: FileSize = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -153,16 +178,21 @@ def set_(
         The shortest time between two runs of a new schedule of it: 1s to 1d.
     max_join_tokens
         How many of its join tokens may let a node in at once (those it has stay).
+    max_file_size
+        The largest file it may store for pushes, such as 64M.
+    max_files_size
+        All its stored files together, such as 4G (those it has stay).
     """
     body = _body(
         job_retention=job_retention, max_queued_jobs=max_queued_jobs,
         max_schedules=max_schedules, min_schedule_interval=min_schedule_interval,
-        max_join_tokens=max_join_tokens,
+        max_join_tokens=max_join_tokens, max_file_bytes=max_file_size,
+        max_files_bytes=max_files_size,
     )  # fmt: skip
     if not body:
         raise Oz0Error(
             "nothing to change: give --job-retention, --max-queued-jobs, --max-schedules,"
-            " --min-schedule-interval or --max-join-tokens"
+            " --min-schedule-interval, --max-join-tokens, --max-file-size or --max-files-size"
         )
     tenant = ApiClient(select(context)).request("PATCH", f"/api/v1/tenants/{quote(name)}", body)
     if json:
@@ -194,6 +224,8 @@ def show(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -
             ("max schedules", tenant["max_schedules"]),
             ("min schedule interval", tenant["min_schedule_interval"]),
             ("max join tokens", tenant["max_join_tokens"]),
+            ("max file size", tenant.get("max_file_bytes", "-")),
+            ("max files size", tenant.get("max_files_bytes", "-")),
         ]
     )
     return 0

@@ -181,6 +181,12 @@ RULES: dict[str, Rule] = {
     "job_show": _rule(Right.READ, "read jobs"),
     "job_output": _rule(Right.READ_OUTPUT, "read job output"),
     "job_cancel": _rule(Right.OPERATE, "cancel jobs"),
+    # Files pushed to nodes (issue 43): who may run jobs in a tenant may push its files.
+    "file_add": _rule(Right.OPERATE, "push files"),
+    "file_chunk": _rule(Right.OPERATE, "push files"),
+    "file_list": _rule(Right.READ, "list files"),
+    "file_show": _rule(Right.READ, "read files"),
+    "file_delete": _rule(Right.OPERATE, "delete files"),
     # Schedules: who may run jobs in a tenant may make and change its schedules.
     "schedule_create": _rule(Right.OPERATE, "create schedules"),
     "schedule_list": _rule(Right.READ, "list schedules"),

@@ -33,6 +33,12 @@ MIN_SCHEDULE_INTERVAL_MIN, MIN_SCHEDULE_INTERVAL_MAX = 1, 86_400
 MAX_JOIN_TOKENS_DEFAULT = 100
 MAX_JOIN_TOKENS_MIN, MAX_JOIN_TOKENS_MAX = 1, 100_000
 
+# Files stored for pushes (docs/files.md): one file's size, and all of a tenant's files
+# together (`tenant set --max-file-size`, `--max-files-size`), in bytes.
+MAX_FILE_BYTES_DEFAULT = 64 << 20
+MAX_FILES_BYTES_DEFAULT = 4 << 30
+MAX_FILE_BYTES_MIN, MAX_FILE_BYTES_MAX = 1, 1 << 40
+
 # Statuses: a cap on how many or how often is 429 (Too Many Requests), as a tenant's
 # queued jobs are: the same request succeeds once something is deleted, revoked or waited
 # for. A schedule that runs too often is 422: the request itself is what the cap refuses,
@@ -66,6 +72,14 @@ def max_schedules(value: int) -> int:
 
 def max_join_tokens(value: int) -> int:
     return _count("max join tokens", value, MAX_JOIN_TOKENS_MIN, MAX_JOIN_TOKENS_MAX)
+
+
+def max_file_bytes(value: int) -> int:
+    return _count("max file size", value, MAX_FILE_BYTES_MIN, MAX_FILE_BYTES_MAX)
+
+
+def max_files_bytes(value: int) -> int:
+    return _count("max files size", value, MAX_FILE_BYTES_MIN, MAX_FILE_BYTES_MAX)
 
 
 def min_schedule_interval(value: str | int) -> int:

@@ -64,6 +64,8 @@ class Settings:
     max_schedules: int | None = None
     min_schedule_interval: int | None = None
     max_join_tokens: int | None = None
+    max_file_bytes: int | None = None
+    max_files_bytes: int | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any], *, also: tuple[str, ...] = ()) -> Settings:
@@ -89,6 +91,8 @@ class Settings:
                 _maybe(cap_rules.max_schedules, body.get("max_schedules")),
                 None if interval is None else cap_rules.min_schedule_interval(interval),
                 _maybe(cap_rules.max_join_tokens, body.get("max_join_tokens")),
+                _maybe(cap_rules.max_file_bytes, body.get("max_file_bytes")),
+                _maybe(cap_rules.max_files_bytes, body.get("max_files_bytes")),
             )
         except rules.RetentionError as e:
             raise TenantRefused(str(e)) from None
@@ -96,7 +100,7 @@ class Settings:
 
 _SETTINGS = (
     "job_retention", "max_queued_jobs", "max_schedules", "min_schedule_interval",
-    "max_join_tokens",
+    "max_join_tokens", "max_file_bytes", "max_files_bytes",
 )  # fmt: skip
 
 
@@ -113,6 +117,8 @@ class Tenant:
     max_schedules: int = cap_rules.MAX_SCHEDULES_DEFAULT
     min_schedule_interval: int = cap_rules.MIN_SCHEDULE_INTERVAL_DEFAULT
     max_join_tokens: int = cap_rules.MAX_JOIN_TOKENS_DEFAULT
+    max_file_bytes: int = cap_rules.MAX_FILE_BYTES_DEFAULT
+    max_files_bytes: int = cap_rules.MAX_FILES_BYTES_DEFAULT
 
     @property
     def caps(self) -> cap_rules.TenantCaps:
@@ -132,12 +138,14 @@ class Tenant:
             "min_schedule_interval": rules.describe(self.min_schedule_interval),
             "min_schedule_interval_seconds": self.min_schedule_interval,
             "max_join_tokens": self.max_join_tokens,
+            "max_file_bytes": self.max_file_bytes,
+            "max_files_bytes": self.max_files_bytes,
         }
 
 
 _COLUMNS = (
     "name, created_at, job_retention_s, max_queued_jobs, max_schedules,"
-    " min_schedule_interval_s, max_join_tokens"
+    " min_schedule_interval_s, max_join_tokens, max_file_bytes, max_files_bytes"
 )
 
 
@@ -173,12 +181,15 @@ def create(
         settings.min_schedule_interval or cap_rules.MIN_SCHEDULE_INTERVAL_DEFAULT,
         settings.max_join_tokens or cap_rules.MAX_JOIN_TOKENS_DEFAULT,
     )
+    file_bytes = settings.max_file_bytes or cap_rules.MAX_FILE_BYTES_DEFAULT
+    files_bytes = settings.max_files_bytes or cap_rules.MAX_FILES_BYTES_DEFAULT
     row = conn.execute(
         "INSERT INTO tenants (name, job_retention_s, max_queued_jobs, max_schedules,"
-        " min_schedule_interval_s, max_join_tokens) VALUES (%s, %s, %s, %s, %s, %s)"
+        " min_schedule_interval_s, max_join_tokens, max_file_bytes, max_files_bytes)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
         f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
         (check_name(name), retention, queued, caps.max_schedules, caps.min_schedule_interval,
-         caps.max_join_tokens),
+         caps.max_join_tokens, file_bytes, files_bytes),
     ).fetchone()  # fmt: skip
     if row is None:
         raise TenantExists(f"tenant {name} already exists")
@@ -194,6 +205,8 @@ def create(
             "max_schedules": caps.max_schedules,
             "min_schedule_interval": rules.describe(caps.min_schedule_interval),
             "max_join_tokens": caps.max_join_tokens,
+            "max_file_bytes": file_bytes,
+            "max_files_bytes": files_bytes,
         },
         tenants=[name],
     )
@@ -253,6 +266,8 @@ def change(
         max_schedules=settings.max_schedules or before.max_schedules,
         min_schedule_interval=settings.min_schedule_interval or before.min_schedule_interval,
         max_join_tokens=settings.max_join_tokens or before.max_join_tokens,
+        max_file_bytes=settings.max_file_bytes or before.max_file_bytes,
+        max_files_bytes=settings.max_files_bytes or before.max_files_bytes,
     )
     changed: dict[str, dict[str, Any]] = {}
     for key in _SETTINGS:
@@ -264,9 +279,11 @@ def change(
     if changed:
         conn.execute(
             "UPDATE tenants SET job_retention_s = %s, max_queued_jobs = %s, max_schedules = %s,"
-            " min_schedule_interval_s = %s, max_join_tokens = %s WHERE name = %s",
+            " min_schedule_interval_s = %s, max_join_tokens = %s, max_file_bytes = %s,"
+            " max_files_bytes = %s WHERE name = %s",
             (after.job_retention, after.max_queued_jobs, after.max_schedules,
-             after.min_schedule_interval, after.max_join_tokens, name),
+             after.min_schedule_interval, after.max_join_tokens, after.max_file_bytes,
+             after.max_files_bytes, name),
         )  # fmt: skip
         if "job_retention" in changed:
             # A shorter retention should take effect now, not at the next scheduled pass.

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 FORMAT = "oz0.attempt-grant/1"
 PREFIX = FORMAT.encode() + b"\n"
 # What the node compares with the input it is asked to run, field by field.
-MATCHED = ("job_id", "attempt", "command", "env_digest", "limits", "timeout")
+MATCHED = ("job_id", "attempt", "command", "env_digest", "limits", "timeout", "files")
 
 
 class MalformedGrant(ValueError):
@@ -57,9 +57,12 @@ def payload(
     limits: Mapping[str, Any] | None,
     timeout: float | None,
     not_after: int,
+    files: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The signed object; NOT_AFTER in whole seconds since the epoch (UTC)."""
-    return {
+    """The signed object; NOT_AFTER in whole seconds since the epoch (UTC). FILES (placed
+    in the attempt's working directory, `job run --file`) only when there are some: a
+    grant without is the same as before they existed."""
+    fields = {
         "format": FORMAT,
         "cluster": cluster,
         "tenant": tenant,
@@ -72,6 +75,9 @@ def payload(
         "timeout": timeout,
         "not_after": not_after,
     }
+    if files:
+        fields["files"] = [dict(f) for f in files]
+    return fields
 
 
 def signed_bytes(fields: Mapping[str, Any]) -> bytes:

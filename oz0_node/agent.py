@@ -27,6 +27,7 @@ from oz0_node.errors import AgentError
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
 from oz0_node.jobs import supervisor_client
 from oz0_node.jobs.attempt_uids import UidRange
+from oz0_node.jobs.file_push import PushPolicy
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.job_user import check_private
 from oz0_node.jobs.manager import STOP_WITHIN, AttemptManager
@@ -54,6 +55,10 @@ class StartOptions:
     # How many attempts run at once (--max-jobs). Given: remembered in node.json. Else
     # what node.json remembers, else DEFAULT_MAX_JOBS.
     max_jobs: int | None = None
+    # Where `file push` may write besides DATA_DIR/files (--push-dir), and whether a file
+    # may be root's (--push-root-owned): jobs/file_push.py.
+    push_dirs: tuple[Path, ...] = ()
+    push_root_owned: bool = False
 
 
 def check_options(record: NodeRecord | None, options: StartOptions) -> None:
@@ -136,6 +141,9 @@ async def run(
             # they run under outlive the agent itself (a restart re-attaches them here).
             manager = AttemptManager(
                 options.data_dir, isolation, max_running=node.record.max_jobs or DEFAULT_MAX_JOBS
+            )
+            manager.pushes = PushPolicy.of(
+                options.data_dir, options.push_dirs, options.push_root_owned
             )
             await nursery.start(manager.run)
             # Read now: an unreadable one is said at the start (log, status.json), and its

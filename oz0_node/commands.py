@@ -17,6 +17,7 @@ import trio
 
 from oz0_common import session_messages as sm
 from oz0_common.attempt_messages import ATTEMPT, STOP
+from oz0_common.file_push import DATA as FILE_DATA
 from oz0_node import purge, renewal
 from oz0_node.errors import AgentError, EdgeLeaving, EdgeUnavailable
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink
@@ -106,6 +107,11 @@ async def _on_move(stream: LiveStream, message: Message) -> None:
 
 async def _on_job_output_ack(stream: LiveStream, message: Message) -> None:
     stream.jobs.deliver(OUTPUT_ACK, message)
+
+
+async def _on_file_data(stream: LiveStream, message: Message) -> None:
+    """A piece of a file being pushed here, to the push waiting for it (jobs/file_push.py)."""
+    stream.jobs.deliver(FILE_DATA, message)
 
 
 async def _on_attempt_done_ack(stream: LiveStream, message: Message) -> None:
@@ -232,6 +238,7 @@ HANDLERS: dict[str, Handler] = {
     STOP: _on_attempt_stop,
     ATTEMPT: _on_attempt,
     **dict.fromkeys((sm.OPEN, sm.INPUT, sm.RESIZE, sm.CLOSE), _on_session),
+    FILE_DATA: _on_file_data,
 }
 
 

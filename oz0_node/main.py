@@ -65,6 +65,8 @@ def start(
     job_user: str | None = None,
     job_uids: str | None = None,
     max_jobs: int | None = None,
+    push_dir: Annotated[tuple[Path, ...], Many] = (),
+    push_root_owned: Annotated[bool, Parameter(negative=())] = False,
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
     """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
@@ -106,6 +108,12 @@ def start(
     max_jobs
         How many job attempts this node runs at once, 1 to 256 (default 4); the cluster
         places no more on it. Remembered in DIR, so later starts need not repeat it.
+    push_dir
+        A directory `file push` may write in (repeat for several; its subdirectories
+        too). Without: only DIR/files, where a relative destination goes.
+    push_root_owned
+        Let `file push` write files owned by root (with the agent running as root and no
+        --owner, or --owner root) outside DIR/files.
     verbose
         Log debug messages too.
     """
@@ -128,6 +136,8 @@ def start(
         job_user=job_user,
         job_uids=_parse_job_uids(job_uids),
         max_jobs=_parse_max_jobs(max_jobs),
+        push_dirs=tuple(d.absolute() for d in push_dir),
+        push_root_owned=push_root_owned,
     )
     _configure_logging(verbose)
     purged = trio.run(agent.run_until_signalled, options)

@@ -6,10 +6,14 @@ ends (`attempt_done`). Processes run on real time, with generous bounds.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from fixtures.attempt_grants import signed
@@ -97,11 +101,20 @@ def test_the_fifth_waits_for_a_slot_answered_waiting_then_started(tmp_path: Path
     assert started_at[0] > 0.5, "it waited for a slot"
 
 
-def test_an_attempt_the_cluster_did_not_sign_is_refused_told_and_not_run(tmp_path: Path) -> None:
+def test_an_attempt_the_cluster_did_not_sign_is_refused_told_and_not_run(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     edge = FakeEdge()
-    other = signed(
-        unsigned("touch", str(tmp_path / "ran")), CLUSTER_CA, node_id="node-ffffffffffff"
-    )
+    # Where the attempt could touch it if it ran: root's, in /dev/shm (not the test's own
+    # directory, which its UID cannot enter, nor /tmp, its own); a touch shows in its time.
+    marks = Path(tempfile.mkdtemp(prefix="oz0-test-intake-", dir="/dev/shm"))
+    marks.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(marks))
+    mark = marks / "ran"
+    mark.touch()
+    mark.chmod(0o666)
+    os.utime(mark, (0, 0))
+    other = signed(unsigned("touch", str(mark)), CLUSTER_CA, node_id="node-ffffffffffff")
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -114,7 +127,7 @@ def test_an_attempt_the_cluster_did_not_sign_is_refused_told_and_not_run(tmp_pat
     assert taken["failure"]["type"] == "AttemptRefused"
     assert "node_id" in taken["failure"]["message"]
     assert [k for k, _ in edge.notified].count("attempt_refused") == 1, "told for the audit"
-    assert not (tmp_path / "ran").exists()
+    assert mark.stat().st_mtime == 0, "it ran"
 
 
 def test_a_malformed_or_expired_attempt_fails_saying_why_and_makes_nothing(

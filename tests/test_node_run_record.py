@@ -6,6 +6,7 @@ status`, and runs attempts again once it is repaired, without a restart."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,26 +70,29 @@ def test_an_unreadable_record_of_attempts_run_stops_every_attempt_until_repaired
     assert f"jobs:      NONE RUN: {not_run}\n" in status_text(agent)
     assert [line for line in agent.log().splitlines() if NONE_RUN in line], agent.log()
 
-    # Where the job user may write: the command would leave its mark if it ran.
-    marks = Path(tempfile.mkdtemp(prefix="oz0-test-run-record-"))
-    marks.chmod(0o777)
+    # The mark where an attempt may touch it: not /tmp (each attempt's own), and root's,
+    # as the sweep removes what an attempt's UID owns. A touch is seen in its time.
+    marks = Path(tempfile.mkdtemp(prefix="oz0-test-run-record-", dir="/dev/shm"))
+    marks.chmod(0o755)
+    mark = marks / "ran"
+    mark.touch()
+    mark.chmod(0o666)
+    os.utime(mark, (0, 0))
     try:
-        refused = cli("job", "run", "--node", node, "--", "touch", f"{marks}/ran", env=env)
+        refused = cli("job", "run", "--node", node, "--", "touch", str(mark), env=env)
         assert refused.code != 0
         assert f"node {node} refused attempt 1: cannot read {record}" in refused.err, refused.err
         assert NONE_RUN in refused.err
-        assert not (marks / "ran").exists(), "the attempt ran"
+        assert mark.stat().st_mtime == 0, "the attempt ran"
         assert record.read_text() == '{"job-0123456789ab/1": 17', "never written over"
 
         # Repaired: the next attempt runs, with no restart, and the status says no more.
         record.unlink()
-        ran = cli("job", "run", "--node", node, "--", "touch", f"{marks}/ran", env=env)
+        ran = cli("job", "run", "--node", node, "--", "touch", str(mark), env=env)
         assert ran.code == 0, ran.err
-        assert (marks / "ran").exists()
+        assert mark.stat().st_mtime > 0
         agent.wait_status(lambda s: "not_run" not in (s.get("jobs") or {}), timeout=10)
         assert "NONE RUN" not in status_text(agent)
         assert "is readable again" in agent.log()
     finally:
-        for path in marks.iterdir():
-            path.unlink()
-        marks.rmdir()
+        shutil.rmtree(marks)

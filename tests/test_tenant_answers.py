@@ -3,7 +3,7 @@ asks every API route and web page that looks a thing up by its ID or name about 
 does not exist and about one of another tenant, and gets the same status and the same
 text (the ID it asked about aside), with one real server on 127.0.0.94.
 
-Each kind is walked: nodes (one by one and many at once), jobs, schedules, join tokens,
+Each kind is walked: nodes (one by one and many at once), jobs, schedules, files, join tokens,
 tenants, people (enrolled and pending), audit rows, and what names a tenant or a node to
 make something there. Ada, an admin of acme, asks: her role reaches every route but the
 cluster-wide admin's, so each handler runs its own lookup.
@@ -76,6 +76,9 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
         "POST", "/api/v1/jobs", {"tenant": "beta", "command": ["true"], "queue_timeout": 3600}
     )
     schedule, mine = (_schedule(admin, tenant) for tenant in ("beta", "acme"))
+    theirs_file = "b" * 64
+    admin.ok("POST", "/api/v1/files", {"tenant": "beta", "sha256": theirs_file, "size": 1,
+                                       "name": "x"})  # fmt: skip
     scoped_people.make(files, root, ADDRESS, "bea", "operator", ["beta"])
     admin.ok("POST", "/api/v1/operators", {"name": "ben", "role": "viewer", "tenants": ["beta"]})
     scoped_people.make(files, root, ADDRESS, "abel", "viewer", ["acme"])
@@ -87,11 +90,12 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
             "node": "node-000000000000", "pending": "node-00000000000f",
             "job": "job-000000000000", "schedule": "sched-000000000000",
             "token": "tok-000000000000", "tenant": "nosuch", "person": "nobody",
-            "enrolling": "nobody-yet",
+            "enrolling": "nobody-yet", "file": "f" * 64,
         },
         theirs={
             "node": node, "pending": pending, "job": job["id"], "schedule": schedule["id"],
             "token": token["id"], "tenant": "beta", "person": "bea", "enrolling": "ben",
+            "file": theirs_file,
         },
         mine=mine["id"],
     )  # fmt: skip
@@ -167,6 +171,15 @@ PROBES = [
     api("tenant", "POST", "/api/v1/schedules",
         {"job": {"tenant": "{}", "command": ["true"]}, "cron": NEVER}),
     api("schedule", "GET", "/api/v1/jobs?schedule={}"),
+    # Files (docs/files.md): a tenant's stored files, named by SHA-256.
+    api("file", "GET", "/api/v1/files/{}?tenant=acme"),
+    api("file", "DELETE", "/api/v1/files/{}?tenant=acme"),
+    api("file", "POST", "/api/v1/files/{}/chunks", {"tenant": "acme", "seq": 0, "data": "eA=="}),
+    api("tenant", "GET", "/api/v1/files?tenant={}"),
+    api("tenant", "POST", "/api/v1/files",
+        {"tenant": "{}", "sha256": "a" * 64, "size": 1, "name": "x"}),
+    api("tenant", "GET", "/api/v1/files/{}?tenant={}".replace("{}", "b" * 64, 1)),
+    api("tenant", "DELETE", "/api/v1/files/{}?tenant={}".replace("{}", "b" * 64, 1)),
     # Join tokens.
     api("token", "POST", "/api/v1/tokens/{}/revoke", {}),
     api("tenant", "POST", "/api/v1/tokens", {"tenant": "{}"}),
@@ -273,6 +286,7 @@ def test_nothing_of_the_other_tenant_was_changed_by_the_walk(world: World) -> No
     people = {p["name"]: p for p in root.ok("GET", "/api/v1/operators")["operators"]}
     assert people["bea"]["role"] == "operator" and people["ben"]["state"] == "pending"
     assert people["abel"]["tenants"] == ["acme"] and "newcomer" not in people
+    assert root.ok("GET", f"/api/v1/files/{theirs['file']}?tenant=beta")["name"] == "x"
 
 
 # Routes with a parameter in their path that names no thing of a tenant.

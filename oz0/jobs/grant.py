@@ -54,6 +54,7 @@ class AttemptSigner:
             limits=limits,
             timeout=job.timeout,
             not_after=math.ceil(self.clock() + bound.total_seconds()),
+            files=job.files or None,
         )
         data = attempt_grant.signed_bytes(fields)
         return attempt_grant.encode(

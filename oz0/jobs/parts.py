@@ -63,6 +63,8 @@ def attempt_message(job: Job, number: int, grant: Mapping[str, str], sealed: str
     }
     if job.limits:  # only when asked, as the grant signs them
         attempt["limits"] = job.limits
+    if job.files:  # the same
+        attempt["files"] = job.files
     if sealed:
         attempt["secrets"] = sealed
     return attempt

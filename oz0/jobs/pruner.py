@@ -1,7 +1,9 @@
 """Deleting what the cluster keeps no longer: each tenant's finished jobs (succeeded,
 failed, lost, cancelled; never queued or running) whose end is older than its job retention,
-with their attempts, output and secrets; and audit rows older than the audit retention,
-when one is set (oz0/retention_rules.py has the defaults and bounds).
+with their attempts, output and secrets; files (oz0/file_blobs.py) that no job names any
+more and not pushed for that long, and the blobs nothing refers to; and audit rows older
+than the audit retention, when one is set (oz0/retention_rules.py has the defaults and
+bounds).
 
 One server prunes at a time. Every server looks every CHECK_EVERY whether a pass is due
 (`cluster_settings.prune_due_at`, one row); the one whose UPDATE moves it PASS_EVERY ahead
@@ -26,7 +28,7 @@ from functools import partial
 
 import trio
 
-from oz0 import audit
+from oz0 import audit, file_blobs
 from oz0.jobs.spec import ENDED_STATES
 from oz0.jobs.store import Conn
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -50,12 +52,13 @@ class Pruned:
     attempts: int = 0
     output_rows: int = 0
     audit_rows: int = 0
+    files: int = 0
     seconds: float = 0.0
 
     def describe(self) -> str:
         return (
             f"{self.jobs} jobs ({self.attempts} attempts, {self.output_rows} output rows),"
-            f" {self.audit_rows} audit rows, in {self.seconds:.1f} s"
+            f" {self.audit_rows} audit rows, {self.files} files, in {self.seconds:.1f} s"
         )
 
 
@@ -140,6 +143,11 @@ async def prune(
             await trio.sleep(pause)
             if len(ids) < JOBS_PER_BATCH:
                 break
+    # Files no job names any more (jobs just deleted named some): after the jobs.
+    while count := await db.transaction(file_blobs.prune_unused):
+        done.files += count
+        deleted(Pruned(files=count))
+        await trio.sleep(pause)
     keep_audit = await db.transaction(audit.retention)
     if keep_audit is not None:
         while rows := await db.transaction(partial(delete_some_audit, keep=keep_audit)):

@@ -19,7 +19,7 @@ from oz0.jobs.spec_text import (
     ON_LOST,
     parse_share,
 )
-from oz0_common import attempt_messages
+from oz0_common import attempt_messages, file_push
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -92,6 +92,9 @@ class JobSpec:
     # Secret values: sealed as the job is made, never kept with it, shown or logged (not
     # even in this spec's repr).
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # Files placed in each attempt's working directory before its command starts (`job run
+    # --file`): [{"sha256", "size", "name"}], each a complete file of the tenant's.
+    files: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobSpec:
@@ -140,14 +143,35 @@ class JobSpec:
             batch_wait=batch_wait,
             max_failures=max_failures,
             secret_env=_secret_env(body.get("secret_env", {}), env),
+            files=_files(body.get("files", [])),
         )  # fmt: skip
 
 
 _FIELDS = {
     "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
     "no_move", "queue_timeout", "limits", "secret_env", "on_lost", "lost_after", "batch",
-    "batch_wait", "max_failures",
+    "batch_wait", "max_failures", "files",
 }  # fmt: skip
+MAX_FILES = 32
+
+
+def _files(value: object) -> list[dict[str, Any]]:
+    """`files`: each {"sha256", "size", "name"}, NAME a plain file name, none twice."""
+    if not isinstance(value, list) or len(value) > MAX_FILES:
+        raise JobError(f"files must be a list of at most {MAX_FILES}")
+    files: list[dict[str, Any]] = []
+    for entry in value:
+        if not isinstance(entry, dict) or set(entry) != {"sha256", "size", "name"}:
+            raise JobError("each of files is {sha256, size, name}")
+        try:
+            file_push.check_name(entry["name"])
+            file_push.PushOrder(entry["sha256"], entry["size"], entry["name"])
+        except file_push.BadPush as e:
+            raise JobError(f"files: {e}") from None
+        files.append({"sha256": entry["sha256"], "size": entry["size"], "name": entry["name"]})
+    if len({f["name"] for f in files}) != len(files):
+        raise JobError("files: two files of one name")
+    return files
 
 
 def _batch(body: dict[str, Any], all_nodes: bool) -> tuple[str | None, float, str | None]:

@@ -148,6 +148,7 @@ class ServerMetrics:
                 ("attempts", "Attempts of those jobs"),
                 ("output_rows", "Output rows of those jobs"),
                 ("audit_rows", "Audit rows past the audit retention"),
+                ("files", "Stored files that nothing names any more"),
             )
         }
         self.registry.register(_ReadAtScrape(self))

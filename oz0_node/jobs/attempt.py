@@ -50,6 +50,7 @@ from temporalio.exceptions import ApplicationError
 from oz0_common import certs, sealed_env
 from oz0_common.attempt_heartbeat import HEARD
 from oz0_common.attempt_messages import DEFAULT_LOST_AFTER, JOB_ID
+from oz0_common.file_push import PUSH
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.edge_link import LinkDown
@@ -252,6 +253,13 @@ async def hand_over(
     its `secrets` (node_secrets); without it, secrets are refused. With ANSWER the attempt
     is held: its end is given to ANSWER, not reported to the edge."""
     await _check_grant(raw, grants, port)
+    command = raw.get("command") if isinstance(raw, dict) else None
+    if isinstance(raw, dict) and (
+        raw.get("files") or (isinstance(command, list) and command[:1] == [PUSH])
+    ):
+        # Files come over the control stream only (jobs/file_push.py, for the intake):
+        # refused here rather than run as a command that does not exist.
+        raise _bad("an attempt with files comes over the control stream, not as an activity")
     spec = AttemptSpec.parse(raw, open_secrets)
     supervised = SupervisedSpec(
         node_id=node_id,

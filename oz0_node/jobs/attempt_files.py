@@ -119,6 +119,9 @@ class SupervisedSpec:
     env: Mapping[str, str] = field(repr=False)
     timeout: float | None
     limits: Limits
+    # Files to place in its working directory before the command starts (`job run
+    # --file`): (name, path of the checked copy the agent staged).
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -147,6 +150,7 @@ def handover(spec: SupervisedSpec, isolation: Isolation, directory: Path, lock: 
             "unknown": list(limits.unknown),
         },
         "isolation": isolation.handed(),
+        "files": [list(f) for f in spec.files],
     }
     return json.dumps(raw).encode()
 
@@ -172,5 +176,6 @@ def parse_handover(raw: dict[str, Any]) -> tuple[SupervisedSpec, Isolation, Path
             address_space=limits["address_space"],
             unknown=tuple(limits["unknown"]),
         ),
+        files=tuple((str(name), str(path)) for name, path in raw.get("files", [])),
     )
     return spec, isolation, Path(raw["dir"]), int(raw["lock_fd"])

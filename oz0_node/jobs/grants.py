@@ -197,6 +197,7 @@ class GrantCheck:
             else None,
             "limits": raw.get("limits"),
             "timeout": raw.get("timeout"),
+            "files": raw.get("files"),
         }
         for name in attempt_grant.MATCHED:
             if fields.get(name) != given[name]:

@@ -22,7 +22,9 @@ An answer the stream lost is not repeated: the edge sends the attempt again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from functools import partial
 
 from temporalio.exceptions import ApplicationError
 
@@ -34,6 +36,8 @@ from oz0_common.attempt_messages import (
     Failure,
     Taken,
 )
+from oz0_common.file_push import BadPush, PushOrder
+from oz0_node.jobs import file_push
 from oz0_node.jobs.attempt import (
     ATTEMPT_REFUSED,
     NO_WORKDIR,
@@ -51,6 +55,8 @@ from oz0_node.messages import Message
 log = logging.getLogger(__name__)
 
 GRANT_EXPIRED = "GrantExpired"
+# A `job run --file` file that could not be fetched or did not pass its check.
+FILE_REFUSED = "FileRefused"
 
 
 class Intake:
@@ -118,9 +124,35 @@ class Intake:
         except BaseException:
             self.manager.release()
             raise
+        if isinstance(checked, PushOrder):
+            # Run by the agent itself, not a supervisor (file_push.py): no slot held.
+            self.manager.release()
+            pushes = self.manager.pushes
+            assert pushes is not None
+            self.manager.start_soon(
+                partial(file_push.run, self.manager.link, pushes, sent.job, sent.number, checked)
+            )
+            log.info("job %s attempt %d: a file push, run by the agent", sent.job, sent.number)
+            return None
         if not isinstance(checked, SupervisedSpec):
             self.manager.release()
             return checked
+        staged = None
+        orders = file_push.parse_files(sent.attempt.get("files"))  # checked: _checked
+        if orders:
+            staged = file_push.staged_dir(self.manager.data_dir, sent.job, sent.number)
+            try:
+                placed = await file_push.stage_files(
+                    self.manager.link, self.manager.data_dir, sent.job, sent.number, orders
+                )
+                checked = dataclasses.replace(checked, files=tuple(placed))
+            except (file_push.PushRefused, OSError) as e:
+                self.manager.release()
+                file_push.remove_staged(staged)
+                why = str(e) if isinstance(e, file_push.PushRefused) else (e.strerror or str(e))
+                return Taken.FAILED, Failure(
+                    FILE_REFUSED, f"job {sent.job} attempt {sent.number}: --file: {why}"
+                )
         try:
             await self.manager.start(checked, sent.lost_after)  # gives the slot back
         except OSError as e:
@@ -129,11 +161,18 @@ class Intake:
                 f"job {sent.job} attempt {sent.number}: cannot make its directory on the "
                 f"node ({e.filename or 'the attempts directory'}): {e.strerror or e}",
             )
+        finally:
+            if staged is not None:
+                # Placed in its working directory by now (or never will be).
+                file_push.remove_staged(staged)
         log.info("job %s attempt %d: handed to its supervisor", sent.job, sent.number)
         return None
 
-    async def _checked(self, sent: AttemptSent) -> SupervisedSpec | tuple[Taken, Failure]:
-        """SENT as its supervisor runs it, if its grant and fields hold; else the answer."""
+    async def _checked(
+        self, sent: AttemptSent
+    ) -> SupervisedSpec | PushOrder | tuple[Taken, Failure]:
+        """SENT as its supervisor runs it (or the file push it orders), if its grant and
+        fields hold; else the answer."""
         grants = self.grants
         if grants is None:
             return Taken.FAILED, Failure(NO_WORKDIR, "this node has no grant check yet")
@@ -145,9 +184,21 @@ class Intake:
             await self._tell_refused(sent, e.reason)
             return Taken.REFUSED, Failure(ATTEMPT_REFUSED, e.reason)
         try:
+            order = PushOrder.of(sent.attempt.get("command") or [])
+        except BadPush as e:
+            return Taken.FAILED, Failure("BadAttempt", str(e))
+        if order is not None:
+            if self.manager.pushes is None:
+                return Taken.FAILED, Failure("BadAttempt", "this agent takes no file pushes")
+            return order
+        try:
             spec = AttemptSpec.parse(sent.attempt, self.open_secrets)
         except ApplicationError as e:
             return Taken.FAILED, Failure(e.type or "BadAttempt", e.message)
+        try:
+            file_push.parse_files(sent.attempt.get("files"))  # fetched in _start
+        except BadPush as e:
+            return Taken.FAILED, Failure("BadAttempt", str(e))
         return SupervisedSpec(
             node_id=self.node_id,
             job_id=spec.job_id,

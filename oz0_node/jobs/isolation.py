@@ -43,7 +43,7 @@ import resource
 import signal
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,9 +395,11 @@ class Isolation:
         attempt: int,
         job_env: Mapping[str, str],
         limits: Limits,
+        files: Sequence[tuple[str, str]] = (),
     ) -> Placement:
-        """Make the attempt's directory and cgroups, and the child's steps; OSError when
-        they cannot be made (what was made is undone)."""
+        """Make the attempt's directory (with FILES in it: name, path of a checked copy)
+        and cgroups, and the child's steps; OSError when they cannot be made (what was made
+        is undone)."""
         key = f"{job_id}-{attempt}"
         # Its own UID first (NoFreeUid, an OSError, when every one is in use).
         claim = self.uids.take(str(self.record.path)) if self.uids is not None else None
@@ -421,6 +423,8 @@ class Isolation:
             workdir.chmod(0o700)
             if self.drop:
                 os.chown(workdir, user.uid, user.gid)
+            for name, staged in files:
+                _place_file(Path(staged), workdir / name, user if self.drop else None)
             self.record.put(key, place.entry([]))
             procs: list[Path] = []
             tracking: Tracking
@@ -703,3 +707,19 @@ def _is_attempt_cgroup(path: Path) -> bool:
         and path.name.startswith("job-")
         and (path / "cgroup.procs").is_file()
     )
+
+
+def _place_file(staged: Path, dest: Path, user: JobUser | None) -> None:
+    """A copy of STAGED at DEST (a fresh working directory's: nothing of the job runs yet),
+    0600 and USER's (None: the agent's own, jobs run as it)."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with staged.open("rb") as source:
+            while block := source.read(1 << 20):
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view) :]
+        if user is not None:
+            os.fchown(fd, user.uid, user.gid)
+    finally:
+        os.close(fd)

@@ -64,6 +64,7 @@ from oz0_node.jobs import supervisor_client
 from oz0_node.jobs.attempt import ATTEMPT_ENDED, NODE_STOPPING, Answer
 from oz0_node.jobs.attempt_files import HEADER, AttemptStatus, OutputRecord, SupervisedSpec
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
+from oz0_node.jobs.file_push import PushPolicy
 from oz0_node.jobs.grants import RunRecord
 from oz0_node.jobs.isolation import Isolation
 from oz0_node.jobs.launcher import Launcher
@@ -181,6 +182,9 @@ class AttemptManager:
         self.isolation = isolation
         self.max_running = max_running
         self.link = link if link is not None else EdgeLink()
+        # Where file pushes may write (file_push.py, run by the intake); by default only
+        # DATA_DIR/files.
+        self.pushes: PushPolicy | None = PushPolicy.of(data_dir)
         self._live: dict[Key, Tracked] = {}
         self._reserved = 0
         self._freed = trio.Event()

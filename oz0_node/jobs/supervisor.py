@@ -228,7 +228,9 @@ def _supervise(
     spec: SupervisedSpec, isolation: Isolation, output: OutputFile, stopping: list[int]
 ) -> AttemptStatus:
     try:
-        place = isolation.begin(spec.node_id, spec.job_id, spec.attempt, spec.env, spec.limits)
+        place = isolation.begin(
+            spec.node_id, spec.job_id, spec.attempt, spec.env, spec.limits, spec.files
+        )
     except OSError as e:
         why = f"{e.strerror or e} ({e.filename or isolation.temp_dir})"
         log.warning("job %s attempt %d: cannot set it up: %s", spec.job_id, spec.attempt, why)

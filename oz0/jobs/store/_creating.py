@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 from psycopg.types.json import Jsonb
 
-from oz0 import audit, membership
+from oz0 import audit, file_blobs, membership
 from oz0.jobs import secret_env
 from oz0.jobs.spec import JobError, JobNotFound, JobSpec, TooManyQueued, new_job_id
 from oz0.jobs.spec_text import DEFAULT_ON_LOST
 from oz0.jobs.store._reads import get
 from oz0.jobs.store._records import Conn, Job
+from oz0_common.file_push import BadPush, PushOrder
 
 
 class TenantNotFound(JobNotFound):
@@ -55,6 +56,7 @@ def create(
         node = conn.execute("SELECT tenant FROM nodes WHERE id = %s", (spec.node,)).fetchone()
         if node is None or node[0] != spec.tenant:
             raise JobError(f"node {spec.node} is not a node of tenant {spec.tenant}")
+    _check_push(conn, spec)
     cap = int(row[0])
     if spec.batch is not None and not membership.all_up_at_least(conn, BATCH_SCHEMA):
         raise JobError(
@@ -65,15 +67,15 @@ def create(
     conn.execute(
         "INSERT INTO jobs (id, tenant, name, command, selector, node, all_nodes, env,"
         " timeout_s, queue_timeout_s, retries, no_move, created_by, limits, secret_env,"
-        " on_lost, lost_after_s, batch, batch_wait_s, max_failures)"
+        " on_lost, lost_after_s, batch, batch_wait_s, max_failures, files)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        " %s)",
+        " %s, %s)",
         (
             job_id, spec.tenant, spec.name, Jsonb(spec.command), Jsonb(spec.selector),
             spec.node, spec.all_nodes, Jsonb(spec.env), spec.timeout, spec.queue_timeout,
             spec.retries, spec.no_move, f"{actor.kind}:{actor.name}", Jsonb(spec.limits),
             Jsonb(sorted(spec.secret_env)), spec.on_lost, spec.lost_after, spec.batch,
-            spec.batch_wait, spec.max_failures,
+            spec.batch_wait, spec.max_failures, Jsonb(spec.files),
         ),
     )  # fmt: skip
     if run is not None:
@@ -136,3 +138,16 @@ def _check_queued(conn: Conn, tenant: str, cap: int) -> None:
             f"tenant {tenant} has {queued} jobs queued, its limit (tenant set"
             " --max-queued-jobs); wait or cancel some"
         )
+
+
+def _check_push(conn: Conn, spec: JobSpec) -> None:
+    """A file push's command (oz0_common/file_push.py), and each of its `files`, must name a
+    complete file of the job's tenant: its nodes fetch exactly those from their edges."""
+    try:
+        order = PushOrder.of(spec.command)
+        if order is not None:
+            file_blobs.check_pushable(conn, spec.tenant, order.sha256, order.size)
+        for placed in spec.files:
+            file_blobs.check_pushable(conn, spec.tenant, placed["sha256"], placed["size"])
+    except (BadPush, file_blobs.FileError) as e:
+        raise JobError(str(e)) from None

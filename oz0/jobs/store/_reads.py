@@ -17,7 +17,7 @@ _JOB_COLUMNS = (
     "id, tenant, name, command, selector, node, all_nodes, env, timeout_s, queue_timeout_s,"
     " retries, no_move, state, reason, exit_code, created_by, created_at, started_at, ended_at,"
     " limits, secret_env, on_lost, lost_after_s, batch, batch_wait_s, max_failures,"
-    " schedule_id, cancel_requested, streamed"
+    " schedule_id, cancel_requested, streamed, files"
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"

@@ -99,6 +99,9 @@ class Job:
     cancel_requested: bool = False
     # Its workflow was started streaming its attempts (parts.py, JobInput.streamed).
     streamed: bool = False
+    # Files placed in each attempt's working directory (`job run --file`): [{"sha256",
+    # "size", "name"}], signed with the attempt.
+    files: list[dict[str, Any]] = field(default_factory=list)
     attempts: tuple[Attempt, ...] = ()
     # A batch job's parts (job_parts); other jobs have none.
     parts: tuple[Part, ...] = ()
@@ -160,6 +163,7 @@ class Job:
             else {"size": self.batch, "wait": self.batch_wait, "max_failures": self.max_failures},
             "parts": self.parts_json(),
             "schedule": self.schedule_id,
+            "files": self.files,
             "attempts": [a.to_json() for a in self.attempts],
         }
 

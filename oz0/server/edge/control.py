@@ -21,7 +21,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import nodes, pki
-from oz0.server.edge import attempt_refusals, attempts, deliveries, job_output, renew
+from oz0.server.edge import (
+    attempt_refusals,
+    attempts,
+    deliveries,
+    file_serve,
+    job_output,
+    renew,
+)
 from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close, refuse, send
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
@@ -31,6 +38,7 @@ from oz0.store.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
 from oz0_common import session_messages
 from oz0_common.attempt_messages import ALIVE, DONE, MAX_JOBS, TAKEN
+from oz0_common.file_push import GET as FILE_GET
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +252,10 @@ class ControlStream:
         """About a session relayed through this stream: to its person (session_relay.py)."""
         self.edge.sessions.from_node(self.node_id, message)
 
+    async def _on_file_get(self, message: dict[str, Any]) -> None:
+        """A piece of a blob the node pushes (file_serve.py), read in a task of its own."""
+        self._nursery.start_soon(file_serve.serve, self.edge, self.ws, self.node_id, message)
+
     async def _act_on_changes(self, changed: NodeWatch, revision: int) -> None:
         """End the stream when the node stops being accepted, purging it first if it is purging.
 
@@ -328,4 +340,6 @@ HANDLERS: dict[str, Handler] = {
     **dict.fromkeys((ALIVE, DONE, MAX_JOBS), ControlStream._on_attempt_report),
     TAKEN: ControlStream._on_attempt_taken,
     **dict.fromkeys(session_messages.FROM_NODE, ControlStream._on_session),
+
+    FILE_GET: ControlStream._on_file_get,
 }

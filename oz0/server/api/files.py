@@ -1,0 +1,114 @@
+"""POST/GET /api/v1/files, GET/DELETE /api/v1/files/<sha256>?tenant=T, POST
+/api/v1/files/<sha256>/chunks: the files a tenant pushes to its nodes
+(oz0/file_blobs.py, docs/files.md)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+
+from oz0 import access, file_blobs
+from oz0.node_rules import DEFAULT_TENANT
+from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0_common.file_push import CHUNK
+
+T = TypeVar("T")
+
+
+def register(app: QuartTrio, state: ManagementState) -> None:
+    @app.post("/api/v1/files")
+    async def file_add() -> tuple[Response, int]:
+        """Register a file by its SHA-256 and size: answered with the chunks to upload."""
+        actor = await operator(state)
+        body = await json_object()
+        tenant, sha256, size, name = (
+            _text(body, "tenant"),
+            body.get("sha256"),
+            body.get("size"),
+            body.get("name"),
+        )
+        _check(actor, tenant, "push files")
+        if not isinstance(sha256, str) or not isinstance(size, int) or not isinstance(name, str):
+            raise ApiError(400, "give the file's sha256, size and name")
+        missing = await _do(
+            state,
+            lambda conn: file_blobs.register(conn, tenant, sha256, size, name, actor.actor),
+        )
+        return jsonify({"sha256": sha256, "size": size, "chunk": CHUNK, "missing": missing}), 200
+
+    @app.post("/api/v1/files/<sha256>/chunks")
+    async def file_chunk(sha256: str) -> Response:
+        """One chunk, {"tenant", "seq", "data": base64}."""
+        actor = await operator(state)
+        body = await json_object()
+        tenant, seq = _text(body, "tenant"), body.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ApiError(400, "seq must be the chunk's number")
+        _check(actor, tenant, "push files")
+        try:
+            data = base64.b64decode(_text(body, "data"), validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, "data must be base64") from None
+        stored = await _do(
+            state, lambda conn: file_blobs.put_chunk(conn, tenant, sha256, seq, data)
+        )
+        if isinstance(stored, file_blobs.Mismatch):
+            raise ApiError(422, str(stored.error()))
+        return jsonify({"complete": stored})
+
+    @app.get("/api/v1/files/<sha256>")
+    async def file_show(sha256: str) -> Response:
+        actor = await operator(state)
+        tenant = request.args.get("tenant", DEFAULT_TENANT)
+        if not actor.reaches(tenant):
+            raise ApiError(404, f"tenant {tenant} has no file {sha256}")
+
+        def read(conn: file_blobs.Conn) -> dict[str, Any]:
+            found = file_blobs.get(conn, tenant, sha256)
+            return {**found.to_json(), "jobs": file_blobs.jobs_naming(conn, tenant, sha256)}
+
+        return jsonify(await _do(state, read))
+
+    @app.delete("/api/v1/files/<sha256>")
+    async def file_delete(sha256: str) -> Response:
+        actor = await operator(state)
+        tenant = request.args.get("tenant", DEFAULT_TENANT)
+        _check(actor, tenant, "delete files")
+        await _do(state, lambda conn: file_blobs.delete(conn, tenant, sha256, actor.actor))
+        return jsonify({"sha256": sha256, "tenant": tenant, "deleted": True})
+
+    @app.get("/api/v1/files")
+    async def file_list() -> Response:
+        scope = (await operator(state)).scope
+        tenant = request.args.get("tenant")
+        tenants: list[str] | None = None if scope is None else list(scope)
+        if tenant is not None:
+            tenants = [tenant] if tenants is None or tenant in tenants else []
+        found = await _do(state, lambda conn: file_blobs.list_files(conn, tenants))
+        return jsonify({"files": [f.to_json() for f in found]})
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise ApiError(400, f"give {name}")
+    return value
+
+
+def _check(actor: access.Person, tenant: str, doing: str) -> None:
+    try:
+        actor.check(access.Right.OPERATE, doing, tenant=tenant)
+    except access.Forbidden as e:
+        raise ApiError(403, str(e)) from None
+
+
+async def _do(state: ManagementState, work: Callable[[file_blobs.Conn], T]) -> T:
+    try:
+        return await state.db.transaction(work)
+    except file_blobs.FileError as e:
+        raise ApiError(e.status, str(e)) from None

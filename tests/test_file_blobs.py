@@ -1,0 +1,154 @@
+"""Stored files on a real PostgreSQL (oz0/file_blobs.py): uploaded in chunks and complete
+only once their SHA-256 is checked, within the tenant's caps; served to a node only for a
+running part of its own that names them; removed by the retention pruner once nothing
+names them. No server runs here: nodes and jobs are rows (fixtures/job_rows.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from fixtures import job_rows
+from fixtures.cluster import ClusterFiles
+from fixtures.job_rows import ADMIN, add_node, new_job, place
+from oz0 import file_blobs, tenants
+from oz0.jobs import store
+from oz0.jobs.end_reasons import EndReason
+from oz0.jobs.spec import JobError, JobSpec
+from oz0_common.file_push import CHUNK, PushOrder
+from tests.test_jobs_store import ended_ago, prune
+
+one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
+
+
+@pytest.fixture
+def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
+    for c in job_rows.conn(one_cluster):
+        c.execute("TRUNCATE file_blobs CASCADE")
+        c.execute("UPDATE tenants SET max_file_bytes = DEFAULT, max_files_bytes = DEFAULT")
+        yield c
+
+
+def upload(conn: psycopg.Connection[Any], content: bytes, tenant: str = "default") -> str:
+    sha256 = hashlib.sha256(content).hexdigest()
+    with conn.transaction():
+        missing = file_blobs.register(conn, tenant, sha256, len(content), "f", ADMIN)
+    for seq in missing:
+        with conn.transaction():
+            file_blobs.put_chunk(
+                conn, tenant, sha256, seq, content[seq * CHUNK : (seq + 1) * CHUNK]
+            )
+    return sha256
+
+
+def test_a_file_is_complete_only_once_every_chunk_is_in_and_hashes_to_its_name(
+    conn: psycopg.Connection[Any],
+) -> None:
+    content = os.urandom(2 * CHUNK + 5)
+    sha256 = hashlib.sha256(content).hexdigest()
+    with conn.transaction():
+        assert file_blobs.register(conn, "default", sha256, len(content), "a", ADMIN) == [0, 1, 2]
+    with conn.transaction():
+        assert not file_blobs.put_chunk(conn, "default", sha256, 2, content[2 * CHUNK :])
+    with conn.transaction():
+        assert file_blobs.register(conn, "default", sha256, len(content), "a", ADMIN) == [0, 1]
+    with pytest.raises(JobError, match="has no complete file"), conn.transaction():
+        store.create(conn, _push_spec(sha256, len(content)), ADMIN)
+    # A changed byte: refused once the last chunk is in, every chunk dropped.
+    with conn.transaction():
+        file_blobs.put_chunk(conn, "default", sha256, 0, content[:CHUNK])
+    with conn.transaction():
+        wrong = file_blobs.put_chunk(conn, "default", sha256, 1, b"x" * CHUNK)
+    assert isinstance(wrong, file_blobs.Mismatch) and "hash to" in str(wrong.error())
+    with conn.transaction():
+        assert file_blobs.register(conn, "default", sha256, len(content), "a", ADMIN) == [0, 1, 2]
+    assert upload(conn, content) == sha256
+    with conn.transaction():
+        assert file_blobs.register(conn, "default", sha256, len(content), "a", ADMIN) == []
+        store.create(conn, _push_spec(sha256, len(content)), ADMIN)
+
+
+def test_a_tenants_caps_on_one_file_and_on_all_of_them(conn: psycopg.Connection[Any]) -> None:
+    # Set as `tenant set --max-file-size 100 --max-files-size 150` sets them.
+    with conn.transaction():
+        tenants.change(
+            conn, "default", tenants.Settings(max_file_bytes=100, max_files_bytes=150), ADMIN
+        )
+    upload(conn, b"a" * 100)
+    big = pytest.raises(file_blobs.FileError, match="cap of 100 a file")
+    with big as one, conn.transaction():
+        file_blobs.register(conn, "default", "0" * 64, 101, "big", ADMIN)
+    assert one.value.status == 413
+    more = pytest.raises(file_blobs.FileError, match="past its cap of 150")
+    with more as total, conn.transaction():
+        file_blobs.register(conn, "default", "1" * 64, 51, "more", ADMIN)
+    assert total.value.status == 429
+    upload(conn, b"b" * 50)
+
+
+def _push_spec(sha256: str, size: int, **fields: Any) -> JobSpec:
+    order = PushOrder(sha256, size, "x.conf")
+    return JobSpec.from_json({"command": order.command(), **fields})
+
+
+def test_a_node_is_served_only_what_a_running_part_of_its_own_names(
+    conn: psycopg.Connection[Any],
+) -> None:
+    content = os.urandom(CHUNK + 10)
+    sha256 = upload(conn, content)
+    other = upload(conn, b"not pushed")
+    node, stranger = add_node(conn), add_node(conn)
+    job = new_job(conn, command=PushOrder(sha256, len(content), "x").command(), node=node)
+    assert place(conn, job, 1).node == node
+
+    def read(who: str, sha: str, offset: int) -> tuple[bytes, int] | None:
+        with conn.transaction():
+            return file_blobs.read_for_node(conn, who, job.id, 1, sha, offset, CHUNK)
+
+    assert read(node, sha256, 0) == (content[:CHUNK], len(content))
+    assert read(node, sha256, CHUNK) == (content[CHUNK:], len(content))
+    assert read(node, sha256, len(content)) == (b"", len(content))
+    assert read(stranger, sha256, 0) is None
+    assert read(node, other, 0) is None
+    with conn.transaction():
+        store.end_attempt(conn, job.id, 1, EndReason.EXIT, 0)
+    assert read(node, sha256, 0) is None, "an ended part is served nothing"
+    # `job run --file`: its files are served to its parts too.
+    placed = new_job(conn, node=node, files=[{"sha256": other, "size": 10, "name": "in"}])
+    assert place(conn, placed, 1).node == node
+    with conn.transaction():
+        assert file_blobs.read_for_node(conn, node, placed.id, 1, other, 0, CHUNK) == (
+            b"not pushed", 10,
+        )  # fmt: skip
+
+
+def test_the_pruner_removes_files_nothing_names_and_keeps_the_others(
+    conn: psycopg.Connection[Any], one_cluster: ClusterFiles
+) -> None:
+    node = add_node(conn)
+    pushed, deleted, kept = (upload(conn, c) for c in (b"pushed", b"deleted", b"kept"))
+    job = new_job(conn, command=PushOrder(pushed, 6, "x").command(), node=node)
+    assert place(conn, job, 1).node == node
+    conn.execute("UPDATE tenant_files SET used_at = now() - interval '31 days'")
+    with conn.transaction():
+        file_blobs.delete(conn, "default", deleted, ADMIN)
+    conn.execute("UPDATE tenant_files SET used_at = now() WHERE sha256 = %s", (kept,))
+    assert prune(one_cluster).files == 1, "only the deleted one: a running job names pushed"
+    assert _blobs(conn) == {pushed, kept}
+    with conn.transaction():
+        store.end_attempt(conn, job.id, 1, EndReason.EXIT, 0)
+        store.finish(conn, job.id, "succeeded", 0, None)
+    ended_ago(conn, job, 31)
+    done = prune(one_cluster)
+    assert (done.jobs, done.files) == (1, 1)
+    assert _blobs(conn) == {kept}
+    assert conn.execute("SELECT count(*) FROM file_chunks").fetchone() == (1,)
+
+
+def _blobs(conn: psycopg.Connection[Any]) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT sha256 FROM file_blobs")}
