@@ -340,6 +340,5 @@ HANDLERS: dict[str, Handler] = {
     **dict.fromkeys((ALIVE, DONE, MAX_JOBS), ControlStream._on_attempt_report),
     TAKEN: ControlStream._on_attempt_taken,
     **dict.fromkeys(session_messages.FROM_NODE, ControlStream._on_session),
-
     FILE_GET: ControlStream._on_file_get,
 }
