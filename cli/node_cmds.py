@@ -250,9 +250,10 @@ def exec_(
     *command: str,
     interactive: Annotated[bool, Parameter(name=["--interactive", "-i"], negative=())] = False,
     tty: Annotated[bool, Parameter(name=["--tty", "-t"], negative=())] = False,
+    user: str | None = None,
     context: ContextPath = None,
 ) -> int:
-    """Run a command on a node on a terminal of its own (put it after --); its exit code.
+    """Run a command on a node (put it after --); its exit code.
 
     It runs isolated as a job does (its own UID where the node gives them), recorded and
     audited (docs/sessions.md). Operators and admins of the node's tenant only.
@@ -262,9 +263,14 @@ def exec_(
     command
         The command and its arguments, after --; run as is, without a shell.
     interactive
-        Send this command's stdin to it.
+        Send this command's stdin to it (without -t: its stdin ends where this one does).
     tty
-        Put this terminal in raw mode meanwhile: every key (Ctrl-C too) goes to the node.
+        Give it a terminal (a PTY) and put this one in raw mode meanwhile: every key
+        (Ctrl-C too) goes to the node. Without: its stdout comes to stdout, its stderr
+        to stderr.
+    user
+        Run it as this account of the node: admins of its tenant only, and only where the
+        node allows it (oz0-node --session-users).
     """
     if not command:
         raise Oz0Error(
@@ -274,13 +280,20 @@ def exec_(
     from cli.session_client import run_session
 
     return run_session(
-        select(context), node_id, list(command), interactive=interactive, terminal=tty
+        select(context), node_id, list(command), interactive=interactive, terminal=tty, user=user
     )
 
 
 @app.command
-def shell(node_id: str, /, *, context: ContextPath = None) -> int:
-    """An interactive shell on a node (as `node exec -i -t NODE -- bash -l`); its exit code."""
+def shell(node_id: str, /, *, user: str | None = None, context: ContextPath = None) -> int:
+    """An interactive shell on a node (as `node exec -i -t NODE -- bash -l`); its exit code.
+
+    Parameters
+    ----------
+    user
+        As this account of the node: admins of its tenant only, and only where the node
+        allows it (oz0-node --session-users).
+    """
     from cli.session_client import run_session
 
-    return run_session(select(context), node_id, SHELL, interactive=True, terminal=True)
+    return run_session(select(context), node_id, SHELL, interactive=True, terminal=True, user=user)

@@ -32,7 +32,8 @@ CONNECT_TIMEOUT = 10.0
 MAX_HOPS = 2
 # What a terminal too small to ask says it is.
 DEFAULT_SIZE = sm.WindowSize(24, 80)
-# Sent when stdin (not a terminal) ends: the PTY's end-of-file character.
+# Sent when stdin ends on a session with a PTY: its end-of-file character (without a PTY,
+# the end itself is sent: the command's stdin is closed).
 EOF_CHARACTER = b"\x04"
 READ_SIZE = 16 * 1024
 
@@ -68,12 +69,20 @@ def raw_terminal(enabled: bool) -> Iterator[None]:
 
 
 def run_session(
-    context: Context, node_id: str, command: list[str], *, interactive: bool, terminal: bool
+    context: Context,
+    node_id: str,
+    command: list[str],
+    *,
+    interactive: bool,
+    terminal: bool,
+    user: str | None = None,
 ) -> int:
-    """Run COMMAND on NODE_ID with a PTY; its exit code. INTERACTIVE: stdin goes to it;
-    TERMINAL: this terminal is raw meanwhile."""
+    """Run COMMAND on NODE_ID; its exit code. INTERACTIVE: stdin goes to it; TERMINAL: it
+    has a PTY and this terminal is raw meanwhile, else it has pipes (its stdout here to
+    stdout, its stderr to stderr); USER: as that account of the node."""
+    mode = sm.Mode(tty=terminal, stdin=interactive, user=user)
     with raw_terminal(terminal):
-        return trio.run(_session, context, node_id, command, interactive)
+        return trio.run(_session, context, node_id, command, mode)
 
 
 def _ssl_context(context: Context) -> ssl.SSLContext:
@@ -85,7 +94,7 @@ def _ssl_context(context: Context) -> ssl.SSLContext:
     return tls
 
 
-async def _session(context: Context, node_id: str, command: list[str], interactive: bool) -> int:
+async def _session(context: Context, node_id: str, command: list[str], mode: sm.Mode) -> int:
     tls = _ssl_context(context)
     servers = list(context.addresses)
     failures: list[str] = []
@@ -93,7 +102,7 @@ async def _session(context: Context, node_id: str, command: list[str], interacti
     while servers:
         server = servers.pop(0)
         try:
-            answer = await _one_server(server, tls, context, node_id, command, interactive)
+            answer = await _one_server(server, tls, context, node_id, command, mode)
         except OSError as e:
             failures.append(f"{server}: {e.strerror or e}")
             continue
@@ -112,7 +121,7 @@ async def _one_server(
     context: Context,
     node_id: str,
     command: list[str],
-    interactive: bool,
+    mode: sm.Mode,
 ) -> int | str:
     """The session through SERVER: its exit code, or the server that holds the node."""
     host, _, port = server.rpartition(":")
@@ -132,7 +141,7 @@ async def _one_server(
         raise OSError(f"{server} is not a server of cluster {context.cluster}")
     path = f"/api/v1/nodes/{urllib.parse.quote(node_id, safe='')}/session"
     try:
-        return await _through(stream, host, path, command, interactive)
+        return await _through(stream, host, path, command, mode)
     except BaseExceptionGroup as group:
         raise _one_error(group) from None
 
@@ -153,7 +162,7 @@ async def _through(
     host: str,
     path: str,
     command: list[str],
-    interactive: bool,
+    mode: sm.Mode,
 ) -> int | str:
     async with trio.open_nursery() as nursery:
         try:
@@ -161,7 +170,7 @@ async def _through(
         except trio_websocket.HandshakeError as e:
             raise OSError(f"refused the session's websocket ({e})") from None
         try:
-            answer = await _converse(ws, command, interactive, nursery)
+            answer = await _converse(ws, command, mode, nursery)
         finally:
             # Before the nursery's cancel: cancelled, the close would end this function
             # without its answer.
@@ -178,12 +187,12 @@ async def _send(ws: trio_websocket.WebSocketConnection, kind: str, **fields: Any
 async def _converse(
     ws: trio_websocket.WebSocketConnection,
     command: list[str],
-    interactive: bool,
+    mode: sm.Mode,
     nursery: trio.Nursery,
 ) -> int | str:
     size = window_size()
     term = os.environ.get("TERM") or None
-    await _send(ws, "open", command=command, term=term, **size.fields())
+    await _send(ws, "open", command=command, term=term, **size.fields(), **mode.fields())
     started = False
     while True:
         try:
@@ -193,12 +202,13 @@ async def _converse(
         message = json.loads(raw)
         kind = message.get("type")
         if kind == "output":
-            await _write_out(sm.data_of(message))
+            await _write_out(2 if message.get("stream") == sm.STDERR else 1, sm.data_of(message))
         elif kind == "started" and not started:
             started = True
-            nursery.start_soon(_follow_resizes, ws)
-            if interactive:
-                nursery.start_soon(_send_input, ws)
+            if mode.tty:
+                nursery.start_soon(_follow_resizes, ws)
+            if mode.stdin:
+                nursery.start_soon(_send_input, ws, mode.tty)
         elif kind == "exit":
             return sm.exit_code_of(message)
         elif kind == "elsewhere" and not started:
@@ -218,24 +228,28 @@ def _management_address(advertise: str) -> str:
         raise SessionError(f"the server named an invalid address {advertise!r}") from None
 
 
-async def _write_out(data: bytes) -> None:
+async def _write_out(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
-            written = os.write(1, view)
+            written = os.write(fd, view)
         except BlockingIOError:
-            await trio.lowlevel.wait_writable(1)
+            await trio.lowlevel.wait_writable(fd)
             continue
         view = view[written:]
 
 
-async def _send_input(ws: trio_websocket.WebSocketConnection) -> None:
+async def _send_input(ws: trio_websocket.WebSocketConnection, tty: bool) -> None:
     """Stdin to the session as it comes (a worker thread blocks on it: stdin's flags are
-    the terminal's, left as they are); at its end, the PTY's end-of-file character."""
+    the terminal's, left as they are); at its end, the PTY's end-of-file character, or
+    without a PTY the end itself."""
     while True:
         data = await trio.to_thread.run_sync(os.read, 0, READ_SIZE, abandon_on_cancel=True)
         if not data:
-            await _send(ws, "input", data=sm.encode_data(EOF_CHARACTER))
+            if tty:
+                await _send(ws, "input", data=sm.encode_data(EOF_CHARACTER))
+            else:
+                await _send(ws, "input", data="", eof=True)
             return
         await _send(ws, "input", data=sm.encode_data(data))
 

@@ -245,6 +245,12 @@ RULES: dict[str, Rule] = {
 }
 
 
+# A session as a named account of the node (`node shell --user`), not a UID of its own:
+# that account's files and processes are the session's, so its tenant's admins only (and
+# only where the node lists the account: oz0-node --session-users).
+NAMED_USER_SESSIONS = _rule(Right.ADMINISTER, "open sessions as a named user")
+
+
 def rule_of(endpoint: str | None) -> Rule | None:
     """The rule of ENDPOINT; None when the table names none (the route is refused)."""
     return RULES.get(endpoint or "")

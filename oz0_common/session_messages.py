@@ -3,10 +3,12 @@ the CLI and the management API (a websocket on 8443), the edge and the node (the
 control stream).
 
 On the control stream (each names its session, `session`):
-- edge → node: `session_open` (its grant, command, window size), `session_input` (bytes,
-  base64), `session_resize` (rows, cols), `session_close` (why);
+- edge → node: `session_open` (its grant, command, window size, and its `Mode`: a PTY or
+  pipes, stdin or none, a named user), `session_input` (bytes, base64; `eof` true: the
+  person's stdin has ended), `session_resize` (rows, cols), `session_close` (why);
 - node → edge: `session_started` (who it runs as), `session_refused` (why),
-  `session_output` (bytes, base64), `session_exit` (its exit code).
+  `session_output` (bytes, base64; `stream` "stderr" for a command's stderr without a
+  PTY, else none), `session_exit` (its exit code).
 
 Between the CLI and its server the same meanings without the prefix and without the
 session's ID, which the connection names: `open`, `input`, `resize` from the CLI;
@@ -36,6 +38,10 @@ EXIT = "session_exit"
 FROM_NODE = (STARTED, REFUSED, OUTPUT, EXIT)
 
 SESSION_ID = re.compile(r"session-[0-9a-f]{12}\Z")
+# What an account's name may be (useradd's rule, and no longer than Linux allows).
+USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z", re.IGNORECASE)
+STDERR = "stderr"
+STDIN = "stdin"
 # A terminal larger than this is no terminal.
 MAX_SIDE = 10_000
 # What one message carries, before base64: the node reads its PTY in pieces this large.
@@ -93,6 +99,33 @@ class WindowSize:
         return {"rows": self.rows, "cols": self.cols}
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How a session runs: on a PTY (TTY), or with pipes, its stdout and stderr apart and
+    its stdin a pipe (STDIN) or /dev/null; as USER (an account the node allows) or, None,
+    as a UID of its own. An `open` without these fields is a PTY as its own UID."""
+
+    tty: bool = True
+    stdin: bool = False
+    user: str | None = None
+
+    @classmethod
+    def of(cls, message: dict[str, Any]) -> Mode:
+        tty, stdin, user = (
+            message.get("tty", True),
+            message.get("stdin", False),
+            message.get("user"),
+        )
+        if not isinstance(tty, bool) or not isinstance(stdin, bool):
+            raise BadSessionMessage(f"{message.get('type')}'s tty and stdin are true or false")
+        if user is not None and (not isinstance(user, str) or not USER_NAME.match(user)):
+            raise BadSessionMessage(f"{message.get('type')} names no valid user")
+        return cls(tty, stdin, user)
+
+    def fields(self) -> dict[str, Any]:
+        return {"tty": self.tty, "stdin": self.stdin, "user": self.user}
+
+
 def command_of(message: dict[str, Any]) -> list[str]:
     value = message.get("command")
     if (
@@ -112,12 +145,14 @@ def exit_code_of(message: dict[str, Any]) -> int:
     return value
 
 
-def grant_fields(session: str, command: list[str]) -> dict[str, Any]:
+def grant_fields(session: str, command: list[str], user: str | None = None) -> dict[str, Any]:
     """What a session's grant signs besides the cluster, tenant and node: the attempt
     grant's format (oz0_common/attempt_grant.py), the session as a job of one attempt,
-    with no environment, limits or timeout: so a node checks it as it checks an attempt's
-    (oz0_node/jobs/grants.py), and runs it at most once."""
+    with no environment, limits or timeout, and the USER it runs as when it names one: so a
+    node checks it as it checks an attempt's (oz0_node/jobs/grants.py), and runs it at
+    most once."""
     return {
+        "user": user,
         "job_id": session,
         "attempt": 1,
         "command": command,

@@ -130,6 +130,8 @@ async def _one_stream(
                 conn,
                 node.isolation,
                 lambda: intake.grants if intake is not None else None,
+                launcher=runtimes.manager.launcher if runtimes.manager is not None else None,
+                users=node.session_users,
             )
             if node.record.node_id is not None
             else None

@@ -30,6 +30,7 @@ class Node:
         self.runtime = "stopped"
         # How jobs run (the job user, the tracking), for status.json; set at the start.
         self.isolation: Isolation | None = None
+        self.session_users: frozenset[str] = frozenset()
         # The attempts it ran: when unreadable, no attempt runs, and status.json says why.
         self.run_record: RunRecord | None = None
 

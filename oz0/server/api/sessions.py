@@ -58,11 +58,16 @@ class Refused(Exception):
 
 
 def session_grant(
-    ca: pki.CertificateAuthority, tenant: str, node_id: str, session: str, command: list[str]
+    ca: pki.CertificateAuthority,
+    tenant: str,
+    node_id: str,
+    session: str,
+    command: list[str],
+    user: str | None = None,
 ) -> dict[str, str]:
-    """The grant that lets NODE_ID run SESSION's COMMAND (oz0_common/session_messages.py's
-    `grant_fields` over the attempt grant's format)."""
-    given = sm.grant_fields(session, command)
+    """The grant that lets NODE_ID run SESSION's COMMAND, as USER if it names one
+    (oz0_common/session_messages.py's `grant_fields` over the attempt grant's format)."""
+    given = sm.grant_fields(session, command, user)
     fields = attempt_grant.payload(
         cluster=ca.cluster,
         tenant=tenant,
@@ -74,6 +79,7 @@ def session_grant(
         limits=given["limits"],
         timeout=given["timeout"],
         not_after=math.ceil(time.time() + GRANT_LIFE),
+        user=user,
     )
     data = attempt_grant.signed_bytes(fields)
     return attempt_grant.encode(data, ca.key.sign(data, attempt_grant.signature_algorithm()))
@@ -148,8 +154,16 @@ async def _serve(state: ManagementState, node_id: str) -> None:
     try:
         command = sm.command_of(opening)
         size = sm.WindowSize.of(opening)
+        mode = sm.Mode.of(opening)
     except sm.BadSessionMessage as e:
         raise Refused(str(e)) from None
+    if mode.user is not None:
+        # As a named account (which the node must allow too): its tenant's admins only.
+        rule = access.NAMED_USER_SESSIONS
+        try:
+            person.check(rule.right, rule.doing, tenant=node.tenant)
+        except access.Forbidden as e:
+            raise Refused(str(e)) from None
     term = opening.get("term") if isinstance(opening.get("term"), str) else None
     line = state.sessions.line(node_id)
     if line is None:
@@ -164,7 +178,7 @@ async def _serve(state: ManagementState, node_id: str) -> None:
         "env": {"TERM": term or ""},
         "title": f"{person.name} on {node_id}: {' '.join(command)}",
     }
-    details = {"node": node_id, "command": command, "person": person.name}
+    details = {"node": node_id, "command": command, "person": person.name, "user": mode.user}
 
     def opened(conn: Any) -> None:
         node_sessions.create(
@@ -185,8 +199,9 @@ async def _serve(state: ManagementState, node_id: str) -> None:
     try:
         await _to_line(
             line,
-            sm.OPEN, session=session_id, grant=sm_grant(state, line, session_id, command),
-            command=command, term=term, **size.fields(),
+            sm.OPEN, session=session_id,
+            grant=sm_grant(state, line, session_id, command, mode.user),
+            command=command, term=term, **size.fields(), **mode.fields(),
         )  # fmt: skip
         await relay.run()
     finally:
@@ -216,9 +231,15 @@ async def _serve(state: ManagementState, node_id: str) -> None:
 
 
 def sm_grant(
-    state: ManagementState, line: NodeLine, session_id: str, command: list[str]
+    state: ManagementState,
+    line: NodeLine,
+    session_id: str,
+    command: list[str],
+    user: str | None = None,
 ) -> dict[str, str]:
-    return session_grant(state.cluster.cluster_ca, line.tenant, line.node_id, session_id, command)
+    return session_grant(
+        state.cluster.cluster_ca, line.tenant, line.node_id, session_id, command, user
+    )
 
 
 async def _elsewhere(state: ManagementState, node: nodes.Node) -> None:
@@ -282,7 +303,7 @@ class _Relay:
             if not batch:
                 self._end(scope, live.why or "the node's stream ended")
                 raise Refused(f"the session ended: {self.why}")
-            shown: list[str] = []
+            shown: list[dict[str, Any]] = []
             exit_code: int | None = None
             for message in batch:
                 kind = message.get("type")
@@ -291,7 +312,9 @@ class _Relay:
                         self.recording.output(sm.data_of(message))
                     except sm.BadSessionMessage:
                         continue
-                    shown.append(message["data"])
+                    # Stderr (a command without a PTY) is recorded as output too.
+                    stream = {"stream": sm.STDERR} if message.get("stream") == sm.STDERR else {}
+                    shown.append({"data": message["data"], **stream})
                 elif kind == sm.EXIT:
                     try:
                         exit_code = sm.exit_code_of(message)
@@ -302,8 +325,8 @@ class _Relay:
                 self.active = trio.current_time()
                 # Recorded before it is shown: a server killed now has lost nothing seen.
                 await self.recording.flush()
-                for data in shown:
-                    await _send("output", data=data)
+                for fields in shown:
+                    await _send("output", **fields)
             if exit_code is not None:
                 self.code = exit_code
                 await _send("exit", code=exit_code)
@@ -322,7 +345,8 @@ class _Relay:
                     raise Refused(str(e)) from None
                 self.active = trio.current_time()
                 self.recording.input(data)
-                await _to_line(line, sm.INPUT, session=live.id, data=message["data"])
+                eof = {"eof": True} if message.get("eof") is True else {}
+                await _to_line(line, sm.INPUT, session=live.id, data=message["data"], **eof)
             elif kind == "resize":
                 try:
                     size = sm.WindowSize.of(message)
