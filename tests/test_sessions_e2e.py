@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,21 @@ def run_cli(files_env: dict[str, str], *args: str) -> subprocess.CompletedProces
     )
 
 
+# The account sessions may run as on the module's node (--session-users), and one not listed.
+SESSION_USER, NOT_LISTED = "daemon", "bin"
+
+
+@dataclass
+class Running:
+    """The module's agent (a test may restart it: the one running now)."""
+
+    agent: AgentProcess
+
+
 @pytest.fixture(scope="module")
-def node(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One agent joined to the module's server, running: its node ID."""
+def running(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One agent joined to the module's server, running, allowing sessions as
+    SESSION_USER."""
     env = served.files.cli_env
     made = run_cli(env, "token", "create", "--tenant", "default", "--json")
     assert made.returncode == 0, made.stderr
@@ -59,12 +72,20 @@ def node(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         [f"{ADVERTISE}:7443"],
         served.files.ca_hash,
         token=json.loads(made.stdout)["token"],
-    ).start()
+    )
+    agent.args += ["--session-users", SESSION_USER]
+    holder = Running(agent.start())
     try:
-        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
-        yield str(status["node_id"])
+        agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+        yield holder
     finally:
-        stop_all([agent])
+        stop_all([holder.agent])
+
+
+@pytest.fixture(scope="module")
+def node(running: Running) -> str:
+    """The module's agent's node ID."""
+    return str(running.agent.status()["node_id"])
 
 
 def wait_connected(env: dict[str, str], node: str, timeout: float = 60) -> None:
@@ -154,10 +175,30 @@ def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exi
     assert row["output_bytes"] == len(seen.getvalue().encode())
 
 
-def test_exec_returns_the_command_s_code_and_output(served: Served, node: str) -> None:
-    done = run_cli(served.files.cli_env, "node", "exec", node, "--", "sh", "-c", "echo hi; exit 7")
+def test_exec_without_t_gives_stdout_stderr_apart_and_the_exit_code(
+    served: Served, node: str
+) -> None:
+    """No PTY: stdout to stdout, stderr to stderr, no terminal (`-t` gives one), and the
+    exit code; with -i, stdin is a pipe that ends where the CLI's does; both streams
+    recorded."""
+    env = served.files.cli_env
+    script = "echo out-1; echo err-1 >&2; test -t 0 || echo no-tty; exit 7"
+    done = run_cli(env, "node", "exec", node, "--", "sh", "-c", script)
     assert done.returncode == 7, done.stderr
-    assert done.stdout.replace("\r\n", "\n") == "hi\n"
+    assert (done.stdout, done.stderr) == ("out-1\nno-tty\n", "err-1\n")
+    [started, *_] = audit_rows(env, "session.start")
+    cast = run_cli(env, "session", "play", started["target"], "--cast")
+    played = "".join(json.loads(line)[2] for line in cast.stdout.splitlines()[1:])
+    assert "out-1" in played and "err-1" in played, cast.stdout
+    fed = subprocess.run(
+        cli_command("node", "exec", node, "-i", "--", "sh", "-c", "tr a-z A-Z; echo end"),
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        input="piped in\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (fed.returncode, fed.stdout) == (0, "PIPED IN\nend\n"), fed.stderr
 
 
 def test_a_viewer_may_not_open_a_session_nor_anyone_on_an_unknown_node(
@@ -172,7 +213,104 @@ def test_a_viewer_may_not_open_a_session_nor_anyone_on_an_unknown_node(
     ), refused.stderr
     unknown = run_cli(served.files.cli_env, "node", "exec", "node-000000000000", "--", "true")
     assert unknown.returncode == 1
-    assert "not found" in unknown.stderr
+    assert unknown.stderr == "error: node node-000000000000 not found\n", unknown.stderr
+
+
+def test_a_session_as_a_named_user_the_node_lists_for_admins_only(
+    served: Served, node: str, tmp_path: Path
+) -> None:
+    """--user runs it as that account where the node lists it (--session-users), named in
+    the grant and the audit; refused in one line when the node does not list it, and to an
+    operator of the tenant (admins only)."""
+    env = served.files.cli_env
+    done = run_cli(env, "node", "exec", node, "--user", SESSION_USER, "--", "id", "-un")
+    assert (done.returncode, done.stdout) == (0, f"{SESSION_USER}\n"), done.stderr
+    [started, *_] = audit_rows(env, "session.start")
+    assert started["details"]["user"] == SESSION_USER
+    refused = run_cli(env, "node", "exec", node, "--user", NOT_LISTED, "--", "id", "-un")
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (
+        f"error: node {node} refused the session: this node does not allow sessions as "
+        f"{NOT_LISTED} (oz0-node --session-users)\n"
+    )
+    carol = operator_certs.issue(served.files, "carol", tmp_path / "c", ADVERTISE, role="operator")
+    operator = {"OZ0_CONTEXT": str(carol.directory / CONTEXT_FILE)}
+    refused = run_cli(operator, "node", "shell", node, "--user", SESSION_USER)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "error: operator carol (operator) may not open sessions as a named user\n"
+    ), refused.stderr
+    # Without --user the operator's session runs, as a UID of its own.
+    own = run_cli(operator, "node", "exec", node, "--", "id", "-u")
+    assert own.returncode == 0, own.stderr
+    assert int(own.stdout) in range(DEFAULT_RANGE.first, DEFAULT_RANGE.last + 1)
+
+
+def uid_processes(uid: int) -> list[int]:
+    """The PIDs of UID's processes on this machine."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    found.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return found
+
+
+def none_left(uid: int, within: float = 10.0) -> None:
+    """No process of UID is left, WITHIN seconds from now at most."""
+    deadline = time.monotonic() + within
+    while uid_processes(uid):
+        assert time.monotonic() < deadline, f"uid {uid} still runs {uid_processes(uid)}"
+        time.sleep(0.1)
+
+
+def test_a_session_runs_under_the_launcher_and_leaves_nothing_behind(
+    served: Served, node: str, running: Running
+) -> None:
+    """Its command's parent is a supervisor the agent's launcher forked, not the agent (no
+    fork of the agent's threads); what it left running, even in a session of its own, is
+    ended with it."""
+    script = (
+        'echo "uid-$(id -u) parent-$PPID"; tr "\\0" " " < /proc/$PPID/cmdline; echo;'
+        " setsid sleep 300 </dev/null >/dev/null 2>&1 &"
+    )
+    done = run_cli(served.files.cli_env, "node", "exec", node, "--", "sh", "-c", script)
+    assert done.returncode == 0, done.stderr
+    first, cmdline = done.stdout.splitlines()
+    uid, parent = (int(word.partition("-")[2]) for word in first.split())
+    assert running.agent.process is not None and parent != running.agent.process.pid
+    assert "from oz0_node.jobs.launcher import main" in cmdline, cmdline
+    assert uid in range(DEFAULT_RANGE.first, DEFAULT_RANGE.last + 1)
+    none_left(uid)
+
+
+def test_a_session_ends_with_its_agent_and_an_offline_node_is_said_in_one_line(
+    served: Served, node: str, running: Running
+) -> None:
+    """The agent killed (-9): its session's CLI gets one line, the session's processes are
+    ended by its supervisor, its UID's too; the node offline is one line; a new agent
+    serves sessions again."""
+    env = served.files.cli_env
+    session = started_session(env, node, "echo started-$(id -u); exec sleep 600")
+    uid = int(session.started.partition("-")[2])
+    assert uid_processes(uid)
+    agent = running.agent
+    assert agent.process is not None
+    agent.process.kill()
+    agent.process.wait(10)
+    err = ended_within(session, 10)
+    assert err.startswith("error: the session ended: "), err
+    none_left(uid)
+    offline = run_cli(env, "node", "exec", node, "--", "true")
+    assert (offline.returncode, offline.stderr) == (1, f"error: node {node} is not connected\n")
+    running.agent = AgentProcess.resuming(agent.data_dir, "--session-users", SESSION_USER)
+    running.agent.start()
+    wait_connected(env, node)
+    again = run_cli(env, "node", "exec", node, "--", "echo", "back")
+    assert (again.returncode, again.stdout) == (0, "back\n"), again.stderr
 
 
 def test_a_block_ends_a_session_within_2_s(served: Served, node: str) -> None:
@@ -183,6 +321,8 @@ def test_a_block_ends_a_session_within_2_s(served: Served, node: str) -> None:
         assert blocked.returncode == 0, blocked.stderr
         err = ended_within(session, BLOCK_BOUND)
         assert "stream to this server ended" in err, err
+        refused = run_cli(env, "node", "exec", node, "--", "true")
+        assert (refused.returncode, refused.stderr) == (1, f"error: node {node} is not connected\n")
     finally:
         assert run_cli(env, "node", "unblock", node).returncode == 0
         wait_connected(env, node)
@@ -210,17 +350,25 @@ def test_the_web_ui_lists_sessions_and_replays_one_in_chromium(
     checked_shot(page, shots(tmp_path), "session.png", console)
 
 
-def started_session(env: dict[str, str], node: str) -> subprocess.Popen[str]:
-    """`node exec NODE -- ...` that prints `started` then sleeps, once it has printed it."""
-    session = subprocess.Popen(
-        cli_command("node", "exec", node, "--", "sh", "-c", "echo started; exec sleep 600"),
+class Session(subprocess.Popen[str]):
+    started = ""  # the line it printed first
+
+
+def started_session(
+    env: dict[str, str], node: str, script: str = "echo started; exec sleep 600"
+) -> Session:
+    """`node exec NODE -- sh -c SCRIPT` (which prints a line beginning `started`, then
+    sleeps), once it has printed it."""
+    session = Session(
+        cli_command("node", "exec", node, "--", "sh", "-c", script),
         env={**os.environ, **env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     assert session.stdout is not None
-    assert session.stdout.readline().strip() == "started", session.stderr
+    session.started = session.stdout.readline().strip()
+    assert session.started.startswith("started"), session.stderr
     return session
 
 
