@@ -33,21 +33,27 @@ class Recorder:
         self.sent.append({"type": kind, **fields})
 
 
-def opening(session: str, grant: dict[str, str], command: list[str]) -> dict[str, object]:
+def opening(
+    session: str, grant: dict[str, str], command: list[str], user: str | None = None
+) -> dict[str, object]:
     return {
         "type": sm.OPEN, "session": session, "grant": grant, "command": command,
-        "rows": 24, "cols": 80,
+        "rows": 24, "cols": 80, "user": user,
     }  # fmt: skip
 
 
-async def refusal(tmp_path: Path, message: dict[str, object]) -> str:
-    """What a node answers MESSAGE with: the reason it refused (it must refuse)."""
+async def refusal(
+    tmp_path: Path, message: dict[str, object], users: frozenset[str] = frozenset()
+) -> str:
+    """What a node allowing sessions as USERS answers MESSAGE with: the reason it refused
+    (it must refuse)."""
     edge = Recorder()
     sessions = NodeSessions(
         NODE_ID,
         edge,  # type: ignore[arg-type]
         Isolation.detect(tmp_path / "data"),
         lambda: check_for(CLUSTER_CA, NODE_ID, tmp_path),
+        users=users,
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sessions.run)
@@ -87,3 +93,22 @@ async def test_no_grant_or_another_tenant_is_refused(tmp_path: Path) -> None:
     grant = session_grant(CLUSTER_CA, "other", NODE_ID, session, COMMAND)
     reason = await refusal(tmp_path, opening(session, grant, COMMAND))
     assert reason == "the grant names tenant 'other', not 'default'"
+
+
+@pytest.mark.trio
+async def test_the_user_must_be_the_grant_s_and_one_the_node_allows(tmp_path: Path) -> None:
+    """A session as a named user runs only if its grant names that user (an edge cannot
+    add, drop or swap it) and the node lists the user (--session-users)."""
+    allowed = frozenset({"daemon"})
+    session = sm.new_id()
+    grant = session_grant(CLUSTER_CA, "default", NODE_ID, session, COMMAND, "daemon")
+    reason = await refusal(tmp_path, opening(session, grant, COMMAND), allowed)
+    assert reason == "the attempt's user is not the one the grant signed"
+    session = sm.new_id()
+    grant = session_grant(CLUSTER_CA, "default", NODE_ID, session, COMMAND)
+    reason = await refusal(tmp_path, opening(session, grant, COMMAND, "daemon"), allowed)
+    assert reason == "the attempt's user is not the one the grant signed"
+    session = sm.new_id()
+    grant = session_grant(CLUSTER_CA, "default", NODE_ID, session, COMMAND, "root")
+    reason = await refusal(tmp_path, opening(session, grant, COMMAND, "root"), allowed)
+    assert reason == "this node does not allow sessions as root (oz0-node --session-users)"
