@@ -60,7 +60,7 @@ def popen_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     real = spawn_module._popen
 
     def recorded(*args: object) -> subprocess.Popen[bytes]:
-        calls.append(args[-1] is not None)
+        calls.append(args[3] is not None)  # its pre-exec function
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(spawn_module, "_popen", recorded)
