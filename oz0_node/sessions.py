@@ -148,6 +148,11 @@ class NodeSessions:
         except session_client.SessionNotStarted as e:
             await self.conn.send(REFUSED, session=session, reason=str(e))
             return
+        except OSError as e:  # no socket, pipe or process to be had: the machine is full
+            why = f"cannot start its supervisor: {e.strerror or e}"
+            log.warning("session %s: %s", session, why)
+            await self.conn.send(REFUSED, session=session, reason=why)
+            return
         live = self._live[session] = _Live(started)
         try:
             log.info("session %s: started", session)

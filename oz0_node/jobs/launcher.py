@@ -24,6 +24,11 @@ this process costs a few milliseconds. What the supervisor guarantees stays as i
   (FORK_WITHIN) costs only the fallback, today's `python -c BOOT`. A child that finds the
   ready pipe closed (`launch` gave up) or no attempt on its pipe exits having done nothing.
 
+A session's supervisor (session_process.py) is forked the same way, so that the agent,
+which runs threads, never forks for one: `session_client.launch` sends SESSION_REQUEST with
+its spec's pipe, the supervisor's end of the agent's socket in place of the ready pipe
+(FORKED and all that follows go over it), the log and the lock.
+
 The launcher runs the agent's own code (the same interpreter and sys.path), so it is one
 per agent process: it exits when its socket closes, that is when its agent exits, however
 (a SIGKILL too); a new agent, an upgraded one for instance, starts its own. An agent whose
