@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -290,25 +291,31 @@ def test_a_session_runs_under_the_launcher_and_leaves_nothing_behind(
 def test_a_session_ends_with_its_agent_and_an_offline_node_is_said_in_one_line(
     served: Served, node: str, running: Running
 ) -> None:
-    """The agent killed (-9): its session's CLI gets one line, the session's processes are
-    ended by its supervisor, its UID's too; the node offline is one line; a new agent
-    serves sessions again."""
+    """The agent killed (-9): its sessions' CLIs get one line each, a session's processes
+    are ended by its supervisor, its UID's too; the node offline is one line; a new agent
+    ends what a session whose supervisor was killed too left, and serves sessions again."""
     env = served.files.cli_env
-    session = started_session(env, node, "echo started-$(id -u); exec sleep 600")
-    uid = int(session.started.partition("-")[2])
-    assert uid_processes(uid)
+    script = "echo started-$(id -u)-$PPID; exec sleep 600"
+    session, orphaned = started_session(env, node, script), started_session(env, node, script)
+    uid = int(session.started.split("-")[1])
+    orphaned_uid, orphaned_supervisor = map(int, orphaned.started.split("-")[1:])
     agent = running.agent
     assert agent.process is not None
     agent.process.kill()
+    os.kill(orphaned_supervisor, signal.SIGKILL)
     agent.process.wait(10)
-    err = ended_within(session, 10)
-    assert err.startswith("error: the session ended: "), err
+    for each in (session, orphaned):
+        err = ended_within(each, 10)
+        assert err.startswith("error: the session ended: "), err
     none_left(uid)
+    assert uid_processes(orphaned_uid), "no supervisor is left to end it"
     offline = run_cli(env, "node", "exec", node, "--", "true")
     assert (offline.returncode, offline.stderr) == (1, f"error: node {node} is not connected\n")
     running.agent = AgentProcess.resuming(agent.data_dir, "--session-users", SESSION_USER)
     running.agent.start()
     wait_connected(env, node)
+    none_left(orphaned_uid)
+    assert not list((agent.data_dir / "sessions").iterdir())
     again = run_cli(env, "node", "exec", node, "--", "echo", "back")
     assert (again.returncode, again.stdout) == (0, "back\n"), again.stderr
 
