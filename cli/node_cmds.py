@@ -277,8 +277,9 @@ def exec_(
             "node exec needs the command after --, such as: orchestrator-zero node exec NODE"
             " -- uptime"
         )
-    from cli.session_client import run_session
+    from cli.session_client import check_user, run_session
 
+    check_user(user)
     return run_session(
         select(context), node_id, list(command), interactive=interactive, terminal=tty, user=user
     )
@@ -294,6 +295,7 @@ def shell(node_id: str, /, *, user: str | None = None, context: ContextPath = No
         As this account of the node: admins of its tenant only, and only where the node
         allows it (oz0-node --session-users).
     """
-    from cli.session_client import run_session
+    from cli.session_client import check_user, run_session
 
+    check_user(user)
     return run_session(select(context), node_id, SHELL, interactive=True, terminal=True, user=user)

@@ -42,6 +42,12 @@ class SessionError(Oz0Error):
     pass
 
 
+def check_user(user: str | None) -> None:
+    """SessionError (one line) unless USER is None or could be an account's name."""
+    if user is not None and not sm.USER_NAME.match(user):
+        raise SessionError(f"--user {user!r} is not an account's name")
+
+
 def window_size() -> sm.WindowSize:
     for fd in (1, 0, 2):
         try:

@@ -234,6 +234,8 @@ def test_a_session_as_a_named_user_the_node_lists_for_admins_only(
         f"error: node {node} refused the session: this node does not allow sessions as "
         f"{NOT_LISTED} (oz0-node --session-users)\n"
     )
+    bad = run_cli(env, "node", "exec", node, "--user", "a b", "--", "true")
+    assert (bad.returncode, bad.stderr) == (1, "error: --user 'a b' is not an account's name\n")
     carol = operator_certs.issue(served.files, "carol", tmp_path / "c", ADVERTISE, role="operator")
     operator = {"OZ0_CONTEXT": str(carol.directory / CONTEXT_FILE)}
     refused = run_cli(operator, "node", "shell", node, "--user", SESSION_USER)
