@@ -2,10 +2,11 @@
 (docs/sessions.md; the messages: oz0_common/session_messages.py).
 
 Who: an operator certificate of a person whose role operates (operator, admin) in the
-node's tenant; another tenant's node is not found. Where: the server holding the node's
-control stream relays it (server/session_relay.py); any other answers `elsewhere` with
-that server's management address. What the node runs is what the cluster CA signed for
-this session (`session_grant`): the node refuses anything else.
+node's tenant; another tenant's node is not found; as a named account of the node (`user`:
+`node shell --user`), its admins only (access.NAMED_USER_SESSIONS). Where: the server
+holding the node's control stream relays it (server/session_relay.py); any other answers
+`elsewhere` with that server's management address. What the node runs is what the
+cluster CA signed for this session (`session_grant`): the node refuses anything else.
 
 While it lasts it is recorded (server/session_recording.py), and it ends when its person
 may no longer open it (removed, demoted, the tenant taken away: looked at every
