@@ -185,6 +185,8 @@ def status(
         print(
             f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}" + at_once
         )
+        if jobs.get("session_users"):
+            print(f"sessions:  may run as {', '.join(jobs['session_users'])} (--session-users)")
         if jobs.get("not_run"):
             print(f"jobs:      NONE RUN: {jobs['not_run']}")
     cert = report["certificate"]

@@ -95,6 +95,8 @@ class Node:
         jobs: dict[str, object] = {
             **self.isolation.describe(self.record.node_id),
             "max_jobs": self.record.max_jobs or DEFAULT_MAX_JOBS,
+            # The accounts sessions may run as (--session-users), besides their own UIDs.
+            "session_users": sorted(self.session_users),
         }
         if self.run_record is not None and self.run_record.unusable is not None:
             jobs["not_run"] = self.run_record.unusable

@@ -77,7 +77,8 @@ def running(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     agent.args += ["--session-users", SESSION_USER]
     holder = Running(agent.start())
     try:
-        agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+        status = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)
+        assert status["jobs"]["session_users"] == [SESSION_USER]
         yield holder
     finally:
         stop_all([holder.agent])
