@@ -57,7 +57,7 @@ from oz0_node.jobs.session_handover import (
     parse_handover,
 )
 from oz0_node.jobs.spawn import Command, spawn
-from oz0_node.jobs.supervisor import _BoundedLog, _read_all
+from oz0_node.jobs.supervisor import BoundedLog, read_all
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ BOOT = "from oz0_node.jobs.session_process import main; main()"
 def main(lock: int | None = None) -> None:
     """The supervisor's process: forked by the launcher (which passes LOCK) or started as
     `python -c BOOT`, with the spec's pipe on stdin and the agent's socket on stdout."""
-    handed = _read_all(0)
+    handed = read_all(0)
     if not handed:
         return  # the agent gave up on this one before handing it anything
     raw = json.loads(handed)
@@ -91,7 +91,7 @@ def main(lock: int | None = None) -> None:
     for fd in (0, 1):
         os.dup2(devnull, fd)
     os.close(devnull)
-    logging.basicConfig(level=logging.INFO, handlers=[_BoundedLog(sys.stderr)], force=True)
+    logging.basicConfig(level=logging.INFO, handlers=[BoundedLog(sys.stderr)], force=True)
     me = procfs.read_stat(os.getpid())
     assert me is not None
     write_private(
