@@ -65,6 +65,7 @@ SCENARIOS = (
     "outlive",
     "salt_side_by_side",
     "schedule_cron",
+    "sessions",
     "silent_strangers",
     "temporal_host",
     "web_live",

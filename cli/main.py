@@ -48,6 +48,11 @@ app.command(
     help="Join tokens: a node joining with one is accepted at once.",
 )
 app.command("cli.audit_cmds:app", name="audit", help="The audit log of every change.")
+app.command(
+    "cli.session_cmds:app",
+    name="session",
+    help="Sessions on nodes (node shell, node exec): list them, play their recordings.",
+)
 # Through its meta app, which checks that `job run` has its `--` (see job_cmds).
 app.command("cli.job_cmds:meta", name="job", help="Jobs: commands run on the fleet's nodes.")
 app.command("cli.file_cmds:app", name="file", help="Files put on the fleet's nodes.")

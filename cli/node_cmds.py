@@ -237,3 +237,65 @@ def purge(
     node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/purge", {})
     print(f"node {node['id']} purging: it removes itself on its next control stream")
     return 0
+
+
+# `node shell`: the node's bash as a login shell if it has one, else its sh.
+SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; fi; exec sh -l"]
+
+
+@app.command(name="exec")
+def exec_(
+    node_id: str,
+    /,
+    *command: str,
+    interactive: Annotated[bool, Parameter(name=["--interactive", "-i"], negative=())] = False,
+    tty: Annotated[bool, Parameter(name=["--tty", "-t"], negative=())] = False,
+    user: str | None = None,
+    context: ContextPath = None,
+) -> int:
+    """Run a command on a node (put it after --); its exit code.
+
+    It runs isolated as a job does (its own UID where the node gives them), recorded and
+    audited (docs/sessions.md). Operators and admins of the node's tenant only.
+
+    Parameters
+    ----------
+    command
+        The command and its arguments, after --; run as is, without a shell.
+    interactive
+        Send this command's stdin to it (without -t: its stdin ends where this one does).
+    tty
+        Give it a terminal (a PTY) and put this one in raw mode meanwhile: every key
+        (Ctrl-C too) goes to the node. Without: its stdout comes to stdout, its stderr
+        to stderr.
+    user
+        Run it as this account of the node: admins of its tenant only, and only where the
+        node allows it (oz0-node --session-users).
+    """
+    if not command:
+        raise Oz0Error(
+            "node exec needs the command after --, such as: orchestrator-zero node exec NODE"
+            " -- uptime"
+        )
+    from cli.session_client import check_user, run_session
+
+    check_user(user)
+    return run_session(
+        select(context), node_id, list(command), interactive=interactive, terminal=tty, user=user
+    )
+
+
+@app.command
+def shell(node_id: str, /, *, user: str | None = None, context: ContextPath = None) -> int:
+    """An interactive shell on a node (as `node exec -i -t NODE -- bash -l`); its exit code.
+
+    Parameters
+    ----------
+    user
+        As this account of the node: admins of its tenant only, and only where the node
+        allows it (oz0-node --session-users).
+    """
+    from cli.session_client import check_user, run_session
+
+    check_user(user)
+    return run_session(select(context), node_id, SHELL, interactive=True, terminal=True, user=user)

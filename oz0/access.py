@@ -169,6 +169,12 @@ RULES: dict[str, Rule] = {
     "node_unblock": _rule(Right.OPERATE, "unblock nodes"),
     "node_purge": _rule(Right.ADMINISTER, "purge nodes"),
     "node_delete": _rule(Right.ADMINISTER, "delete nodes"),
+    # A shell on a node is operating it: operators and admins of its tenant (api/sessions.py).
+    "node_session": _rule(Right.OPERATE, "open sessions on nodes"),
+    # That a session happened: its tenant's readers; what it showed: its admins only.
+    "session_list": _rule(Right.READ, "list sessions"),
+    "session_show": _rule(Right.READ, "read sessions"),
+    "session_recording": _rule(Right.ADMINISTER, "read sessions' recordings"),
     "audit_list": _rule(Right.READ, "read the audit log"),
     "job_run": _rule(Right.OPERATE, "run jobs"),
     "job_list": _rule(Right.READ, "list jobs"),
@@ -233,7 +239,16 @@ RULES: dict[str, Rule] = {
     "web.create_token": _rule(Right.OPERATE, "create join tokens"),
     "web.confirm_revoke": _rule(Right.OPERATE, "revoke join tokens"),
     "web.revoke_token": _rule(Right.OPERATE, "revoke join tokens"),
+    # What a session showed only to admins (the page says so to the others).
+    "web.sessions_page": _rule(Right.READ, "list sessions"),
+    "web.session_show": _rule(Right.READ, "read sessions"),
 }
+
+
+# A session as a named account of the node (`node shell --user`), not a UID of its own:
+# that account's files and processes are the session's, so its tenant's admins only (and
+# only where the node lists the account: oz0-node --session-users).
+NAMED_USER_SESSIONS = _rule(Right.ADMINISTER, "open sessions as a named user")
 
 
 def rule_of(endpoint: str | None) -> Rule | None:

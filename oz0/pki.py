@@ -85,6 +85,8 @@ class Sealed(enum.StrEnum):
     UI_CA_KEY = "ui-ca-key"
     # A job's secret environment value; bound to its job ID and name (oz0/jobs/secret_env.py).
     JOB_SECRET = "job-secret"
+    # A chunk of a session's recording; bound to its session ID and number (oz0/node_sessions.py).
+    SESSION = "session-recording"
 
 
 def _associated_data(cluster_name: str, what: Sealed, bound: tuple[str, ...] = ()) -> bytes:

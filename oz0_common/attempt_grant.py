@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 FORMAT = "oz0.attempt-grant/1"
 PREFIX = FORMAT.encode() + b"\n"
 # What the node compares with the input it is asked to run, field by field.
-MATCHED = ("job_id", "attempt", "command", "env_digest", "limits", "timeout", "files")
+MATCHED = ("job_id", "attempt", "command", "env_digest", "limits", "timeout", "files", "user")
 
 
 class MalformedGrant(ValueError):
@@ -58,10 +58,12 @@ def payload(
     timeout: float | None,
     not_after: int,
     files: Sequence[Mapping[str, Any]] | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """The signed object; NOT_AFTER in whole seconds since the epoch (UTC). FILES (placed
-    in the attempt's working directory, `job run --file`) only when there are some: a
-    grant without is the same as before they existed."""
+    in the attempt's working directory, `job run --file`) only when there are some, USER
+    (the account a session runs as, docs/sessions.md) only when it names one: a grant
+    without either is the same as before they existed."""
     fields = {
         "format": FORMAT,
         "cluster": cluster,
@@ -77,6 +79,8 @@ def payload(
     }
     if files:
         fields["files"] = [dict(f) for f in files]
+    if user is not None:
+        fields["user"] = user
     return fields
 
 

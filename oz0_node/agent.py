@@ -25,7 +25,7 @@ from oz0_common import commands as process
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
-from oz0_node.jobs import supervisor_client
+from oz0_node.jobs import session_client, supervisor_client
 from oz0_node.jobs.attempt_uids import UidRange
 from oz0_node.jobs.file_push import PushPolicy
 from oz0_node.jobs.isolation import Isolation
@@ -59,6 +59,8 @@ class StartOptions:
     # may be root's (--push-root-owned): jobs/file_push.py.
     push_dirs: tuple[Path, ...] = ()
     push_root_owned: bool = False
+    # The accounts sessions may run as besides their own UIDs (--session-users).
+    session_users: frozenset[str] = frozenset()
 
 
 def check_options(record: NodeRecord | None, options: StartOptions) -> None:
@@ -122,6 +124,7 @@ async def run(
             identity.save_record(record)
         node = Node(identity, record)
         node.isolation = isolation
+        node.session_users = options.session_users
         node.remember(
             edges=options.edges,
             launcher=str(options.launcher) if options.launcher is not None else None,
@@ -209,6 +212,8 @@ def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | No
     isolation.prepare_uids()
     described = isolation.describe(node_id)
     log.info("jobs run as %s, tracked by %s", described["job_user"], described["tracking"])
+    # Sessions are the agent's: none outlives it (their cgroups first, as theirs).
+    session_client.end_left(options.data_dir)
     isolation.end_leftovers(node_id)
     return isolation
 

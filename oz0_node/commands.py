@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
+from oz0_common import session_messages as sm
 from oz0_common.attempt_messages import ATTEMPT, STOP
 from oz0_common.file_push import DATA as FILE_DATA
 from oz0_node import purge, renewal
@@ -24,6 +25,7 @@ from oz0_node.jobs.intake import Intake
 from oz0_node.jobs.manager import AttemptManager
 from oz0_node.messages import Hello, Message, Refusal, edge_list, kind
 from oz0_node.node import Node
+from oz0_node.sessions import NodeSessions
 from oz0_node.transport import EdgeConnection
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,8 @@ class LiveStream:
     attempts: AttemptManager | None = None
     # Attempts the edge sends over the stream (`attempt`).
     intake: Intake | None = None
+    # Interactive sessions opened on this stream (sessions.py): they end with it.
+    sessions: NodeSessions | None = None
 
 
 Handler = Callable[[LiveStream, Message], Awaitable[None]]
@@ -138,6 +142,20 @@ async def _on_attempt(stream: LiveStream, message: Message) -> None:
     stream.intake.received(message)
 
 
+async def _on_session(stream: LiveStream, message: Message) -> None:
+    """A session message (sessions.py); an agent without sessions refuses an open."""
+    sessions = stream.sessions
+    if sessions is None:
+        return
+    handler = {
+        sm.OPEN: sessions.opened,
+        sm.INPUT: sessions.input,
+        sm.RESIZE: sessions.resize,
+        sm.CLOSE: sessions.close,
+    }[kind(message)]
+    await handler(message)
+
+
 async def _on_refused(stream: LiveStream, message: Message) -> None:
     address = stream.conn.address
     refusal = Refusal.parse(message, address)
@@ -219,6 +237,7 @@ HANDLERS: dict[str, Handler] = {
     DONE_ACK: _on_attempt_done_ack,
     STOP: _on_attempt_stop,
     ATTEMPT: _on_attempt,
+    **dict.fromkeys((sm.OPEN, sm.INPUT, sm.RESIZE, sm.CLOSE), _on_session),
     FILE_DATA: _on_file_data,
 }
 

@@ -46,6 +46,7 @@ from oz0_node.runtime import (
     Runtimes,
     RuntimeSettings,
 )
+from oz0_node.sessions import NodeSessions
 from oz0_node.tls import edge_context
 from oz0_node.transport import EdgeConnection, OpenStream, open_edge, open_tcp
 
@@ -123,7 +124,19 @@ async def _one_stream(
         manager = runtimes.manager
         link = manager.link if manager is not None else EdgeLink()
         intake = _intake(node, runtimes)
-        stream = LiveStream(node, conn, ca_pem, hello, nonces, link, manager, intake)
+        sessions = (
+            NodeSessions(
+                node.record.node_id,
+                conn,
+                node.isolation,
+                lambda: intake.grants if intake is not None else None,
+                launcher=runtimes.manager.launcher if runtimes.manager is not None else None,
+                users=node.session_users,
+            )
+            if node.record.node_id is not None
+            else None
+        )
+        stream = LiveStream(node, conn, ca_pem, hello, nonces, link, manager, intake, sessions)
         answer = await conn.receive(WELCOME_TIMEOUT)
         while kind(answer) == "purge":
             # Refused (it returned): the edge goes on with `refused`, code `purging`.
@@ -174,6 +187,8 @@ async def _one_stream(
                 nursery.start_soon(_send_heartbeats, conn, welcome.heartbeat)
                 nursery.start_soon(_keep_runtime, node, welcome, address, runtimes)
                 nursery.start_soon(renewal.keep_fresh, stream, clock)
+                if sessions is not None:
+                    nursery.start_soon(sessions.run)
                 await _receive(stream, welcome.heartbeat)
         except BaseExceptionGroup as group:
             raise one_error(group) from None

@@ -2,7 +2,7 @@
 
     oz0-node start --edge HOST:PORT[,HOST:PORT...] --ca-hash sha256:HEX \\
         [--token-file PATH] [--label KEY=VALUE ...] [--launcher PATH] [--data-dir DIR]
-        [--job-user NAME | --job-uids FIRST-LAST] [--max-jobs N]
+        [--job-user NAME | --job-uids FIRST-LAST] [--max-jobs N] [--session-users NAME,...]
     OZ0_JOIN_TOKEN=TOKEN oz0-node start ...   # the token from the environment instead
     oz0-node start [--data-dir DIR]          # resume from what DIR remembers
     oz0-node status [--data-dir DIR] [--json]
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json as json_module
 import logging
 import os
+import pwd
 import re
 import socket
 import sys
@@ -67,6 +68,7 @@ def start(
     max_jobs: int | None = None,
     push_dir: Annotated[tuple[Path, ...], Many] = (),
     push_root_owned: Annotated[bool, Parameter(negative=())] = False,
+    session_users: Annotated[tuple[str, ...], Many] = (),
     verbose: Annotated[bool, Parameter(negative=())] = False,
 ) -> int:
     """Join a cluster (first start) or resume, then stay connected until SIGINT or SIGTERM.
@@ -114,6 +116,10 @@ def start(
     push_root_owned
         Let `file push` write files owned by root (with the agent running as root and no
         --owner, or --owner root) outside DIR/files.
+    session_users
+        Accounts a session (`node shell --user`, `node exec --user`) may run as, comma-
+        separated or repeated; `root` only if listed. Without: none, each session runs as a
+        UID of its own. Only for an agent running as root.
     verbose
         Log debug messages too.
     """
@@ -138,6 +144,7 @@ def start(
         max_jobs=_parse_max_jobs(max_jobs),
         push_dirs=tuple(d.absolute() for d in push_dir),
         push_root_owned=push_root_owned,
+        session_users=_parse_session_users(session_users),
     )
     _configure_logging(verbose)
     purged = trio.run(agent.run_until_signalled, options)
@@ -178,6 +185,8 @@ def status(
         print(
             f"jobs:      run as {jobs.get('job_user')}, tracked by {jobs.get('tracking')}" + at_once
         )
+        if jobs.get("session_users"):
+            print(f"sessions:  may run as {', '.join(jobs['session_users'])} (--session-users)")
         if jobs.get("not_run"):
             print(f"jobs:      NONE RUN: {jobs['not_run']}")
     cert = report["certificate"]
@@ -257,6 +266,18 @@ def _parse_job_uids(value: str | None) -> UidRange | None:
         return UidRange.parse(value)
     except ValueError as e:
         raise AgentError(str(e)) from None
+
+
+def _parse_session_users(values: Sequence[str]) -> frozenset[str]:
+    names = {n.strip() for v in values for n in v.split(",") if n.strip()}
+    if names and os.geteuid() != 0:
+        raise AgentError("--session-users needs an agent running as root (it runs as itself)")
+    for name in sorted(names):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            raise AgentError(f"--session-users: there is no user {name} on this machine") from None
+    return frozenset(names)
 
 
 def _parse_max_jobs(value: int | None) -> int | None:

@@ -30,6 +30,7 @@ class Node:
         self.runtime = "stopped"
         # How jobs run (the job user, the tracking), for status.json; set at the start.
         self.isolation: Isolation | None = None
+        self.session_users: frozenset[str] = frozenset()
         # The attempts it ran: when unreadable, no attempt runs, and status.json says why.
         self.run_record: RunRecord | None = None
 
@@ -94,6 +95,8 @@ class Node:
         jobs: dict[str, object] = {
             **self.isolation.describe(self.record.node_id),
             "max_jobs": self.record.max_jobs or DEFAULT_MAX_JOBS,
+            # The accounts sessions may run as (--session-users), besides their own UIDs.
+            "session_users": sorted(self.session_users),
         }
         if self.run_record is not None and self.run_record.unusable is not None:
             jobs["not_run"] = self.run_record.unusable

@@ -25,12 +25,17 @@ SERVER_ONLY = (
     "temporalio", "trio", "trio_websocket",
 )  # fmt: skip
 
-# Every module of the command line but the server's own group.
+# The one client module with an event loop: an interactive session's two directions at
+# once (`node shell`, `node exec`), imported inside those commands only.
+SESSION_CLIENT = "cli.session_client"
+# Every module of the command line but the server's own group and the session client.
 CLIENT_MODULES = sorted(
     f"cli.{path.stem}"
     for path in Path(cli.__file__).parent.glob("*.py")
-    if path.stem not in ("__init__", "server_cmds")
+    if path.stem not in ("__init__", "server_cmds") and f"cli.{path.stem}" != SESSION_CLIENT
 )
+# What the session client may load of SERVER_ONLY: Trio and its websocket client.
+SESSION_LOOP = ("trio", "trio_websocket", "wsproto")
 
 
 def _loaded(probe: str, *, env: dict[str, str] | None = None) -> set[str]:
@@ -101,3 +106,13 @@ def test_a_client_command_that_runs_loads_nothing_of_the_server(tmp_path: Path) 
     )
     assert "cli.node_cmds" in loaded
     assert _server_modules(loaded) == []
+
+
+def test_the_session_client_loads_trio_and_nothing_else_of_the_server() -> None:
+    loaded = _loaded(f"import {SESSION_CLIENT}")
+    assert {"trio", "trio_websocket"} <= loaded
+    extra = [
+        m for m in _server_modules(loaded)
+        if not any(m == p or m.startswith(p + ".") for p in SESSION_LOOP)
+    ]  # fmt: skip
+    assert extra == []

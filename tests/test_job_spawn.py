@@ -60,7 +60,7 @@ def popen_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     real = spawn_module._popen
 
     def recorded(*args: object) -> subprocess.Popen[bytes]:
-        calls.append(args[-1] is not None)
+        calls.append(args[3] is not None)  # its pre-exec function
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(spawn_module, "_popen", recorded)
@@ -193,3 +193,50 @@ def test_errors_are_those_popen_gives(
     with pytest.raises(subprocess.SubprocessError, match="a step before its exec failed"):
         spawn(["true"], cwd=shared_dir, env={"PATH": PATH}, steps=failing)
     assert not (cgroup / "cgroup.procs").read_text().split(), "none left over"
+
+
+@pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py
+@pytest.mark.parametrize("clone3", [True, False], ids=["clone3", "pre-exec"])
+def test_a_session_s_terminal_is_its_controlling_terminal_on_either_path(
+    cgroup: Path,
+    tmp_path: Path,
+    popen_calls: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+    clone3: bool,
+) -> None:
+    """A session's command (session_process.py) is given a PTY's side for its stdin,
+    stdout and stderr (STDIO), which becomes its controlling terminal (TTY): else no
+    Ctrl-C, no job control."""
+    monkeypatch.setattr(spawn_module._Clone3, "works", clone3)
+    tmp_path.chmod(0o755)
+    master, slave = os.openpty()
+    try:
+        assert JOB_USER is not None
+        os.fchown(slave, JOB_USER.uid, JOB_USER.gid)
+        command = spawn(
+            ["sh", "-c", "test -t 0 && echo tty; echo tty_nr=$(cut -d' ' -f7 /proc/self/stat)"],
+            cwd=tmp_path,
+            env={"PATH": PATH},
+            steps=steps_for(cgroup),
+            stdio=(slave, slave, slave),
+            tty=True,
+        )
+    finally:
+        os.close(slave)
+    assert command.stdout is None and command.stderr is None
+    assert popen_calls == ([] if clone3 else [True])
+    seen = b""
+    deadline = time.monotonic() + 10
+    while b"tty_nr=" not in seen or not seen.endswith(b"\n"):
+        assert time.monotonic() < deadline, seen
+        try:
+            seen += os.read(master, 1024)
+        except OSError:  # EIO: it has exited, its output read
+            break
+    os.close(master)
+    while command.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    lines = seen.decode().split()
+    assert lines[0] == "tty"
+    assert lines[1] != "tty_nr=0", "the terminal is its controlling terminal"

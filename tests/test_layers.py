@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "oz0.tokens",
             "oz0.ui_accounts",
             "oz0.ui_sessions",
+            "oz0.node_sessions",
         ),
     ),
     # The embedded Temporal server: its host process, namespaces, who may reach it.

@@ -27,6 +27,8 @@ from oz0.server.api import (
     nodes,
     operators,
     schedules,
+    session_records,
+    sessions,
     tenants,
     tokens,
 )
@@ -75,6 +77,8 @@ API_MODULES = (
     jobs,
     files,
     schedules,
+    sessions,
+    session_records,
     agent_file,
     health,
     web_routes,

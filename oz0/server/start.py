@@ -30,6 +30,7 @@ from oz0.server.edge.tracking import RECONCILE_EVERY
 from oz0.server.metrics import ServerMetrics
 from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
+from oz0.server.session_relay import SessionRelay
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
@@ -193,6 +194,7 @@ async def run_server(
         certs.on_renew.append(reconnect_jobs)
         await nursery.start(jobs.run)
         await nursery.start(partial(pruner.run, db, metrics.pruned, deleted=metrics.deleted))
+        relay = SessionRelay()
         state = ManagementState(
             db=db,
             cluster=cluster,
@@ -204,6 +206,7 @@ async def run_server(
             in_namespace=jobs.in_namespace,
             hub=hub,
             limits=options.limits,
+            sessions=relay,
         )
         management_tls = certs.management_context(tickets=management.TLS_TICKETS)
         served = await nursery.start(management.run, state, management_tls, host)
@@ -221,6 +224,7 @@ async def run_server(
                 max_pending=options.max_pending_nodes,
                 metrics=metrics.edge,
                 in_namespace=jobs.in_namespace,
+                sessions=relay,
             )
         )
         metrics.streams_open = lambda: len(streaming.streams)

@@ -26,6 +26,7 @@ from oz0.web import (
     node_pages,
     overview,
     schedule_pages,
+    session_pages,
     sign_in,
     token_pages,
 )
@@ -46,6 +47,7 @@ PAGE_MODULES = (
     job_pages,
     schedule_pages,
     audit_pages,
+    session_pages,
     admin_pages,
     account,
 )

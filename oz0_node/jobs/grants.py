@@ -7,7 +7,8 @@ cluster CA certificate this node pinned at its join (never one an edge offers); 
 signed payload is of this format; it names this node's cluster, tenant and node; it has
 not expired (`not_after`, with CLOCK_SKEW allowed for this node's clock); its job ID,
 attempt number, command, environment digest, limits and timeout are those of the input
-it came with; and this node has not run that (job, attempt) before.
+it came with (and the user, for a session that names one); and this node has not run
+that (job, attempt) before.
 
 What this node ran is kept in DATA_DIR/attempts-run (0600, replaced whole): each (job,
 attempt) with its grant's `not_after`, forgotten once that has passed (with the skew), as
@@ -198,6 +199,7 @@ class GrantCheck:
             "limits": raw.get("limits"),
             "timeout": raw.get("timeout"),
             "files": raw.get("files"),
+            "user": raw.get("user"),
         }
         for name in attempt_grant.MATCHED:
             if fields.get(name) != given[name]:

@@ -196,6 +196,7 @@ class Placement:
     claim: Claim | None = None  # its own UID, held until the sweep finds nothing left
     uid_claims: Path | None = None  # where that claim is
     private: PrivateTmp | None = None  # its own /tmp, if it has its own UID
+    named: JobUser | None = None  # the account a session asked for (`begin`'s AS_USER)
 
     def entry(self, pids: list[list[int]]) -> dict[str, object]:
         """What the record (attempts.json, tracking.json) says of it: what to end and
@@ -396,15 +397,23 @@ class Isolation:
         job_env: Mapping[str, str],
         limits: Limits,
         files: Sequence[tuple[str, str]] = (),
+        as_user: JobUser | None = None,
     ) -> Placement:
         """Make the attempt's directory (with FILES in it: name, path of a checked copy)
         and cgroups, and the child's steps; OSError when they cannot be made (what was made
-        is undone)."""
+        is undone). AS_USER: a session's named account (the node allows it: an agent
+        running as root, --session-users), instead of a UID of its own or the job user."""
         key = f"{job_id}-{attempt}"
         # Its own UID first (NoFreeUid, an OSError, when every one is in use).
-        claim = self.uids.take(str(self.record.path)) if self.uids is not None else None
+        claim = (
+            self.uids.take(str(self.record.path))
+            if self.uids is not None and as_user is None
+            else None
+        )
         if claim is not None:
             user = own_user(claim.uid)
+        elif as_user is not None:
+            user = as_user
         else:
             assert self.user is not None  # no UIDS: the account jobs run as
             user = self.user
@@ -417,14 +426,17 @@ class Isolation:
         made: list[Path] = []
         place = Placement(
             key, workdir, {}, ChildSteps(), GroupTracking(), made, {}, claim,
-            self.uids.directory if self.uids is not None else None,
+            self.uids.directory if self.uids is not None else None, named=as_user,
         )  # fmt: skip
+        # A session's named account is taken on even where jobs run as the agent's user
+        # (--job-user root): the node allowed that account, not root.
+        drop = self.drop or (as_user is not None and os.geteuid() == 0)
         try:
             workdir.chmod(0o700)
-            if self.drop:
+            if drop:
                 os.chown(workdir, user.uid, user.gid)
             for name, staged in files:
-                _place_file(Path(staged), workdir / name, user if self.drop else None)
+                _place_file(Path(staged), workdir / name, user if drop else None)
             self.record.put(key, place.entry([]))
             procs: list[Path] = []
             tracking: Tracking
@@ -459,7 +471,7 @@ class Isolation:
             join=tuple(os.fsencode(p) for p in procs if v2 is None or p.parent != v2),
             private=place.private,
             rlimits=tuple(rlimits),
-            user=user if self.drop else None,
+            user=user if drop else None,
         )
         place.tracking = tracking
         place.applied = {
@@ -507,6 +519,8 @@ class Isolation:
         """Whom PLACEMENT's command ran as."""
         if placement.claim is not None:
             return own_user(placement.claim.uid)
+        if placement.named is not None:
+            return placement.named
         assert self.user is not None
         return self.user
 
@@ -704,7 +718,7 @@ def _is_attempt_cgroup(path: Path) -> bool:
     return (
         path.is_absolute()
         and path.parent.name.startswith(SUBTREE_PREFIX)
-        and path.name.startswith("job-")
+        and path.name.startswith(("job-", "session-"))
         and (path / "cgroup.procs").is_file()
     )
 

@@ -24,6 +24,11 @@ this process costs a few milliseconds. What the supervisor guarantees stays as i
   (FORK_WITHIN) costs only the fallback, today's `python -c BOOT`. A child that finds the
   ready pipe closed (`launch` gave up) or no attempt on its pipe exits having done nothing.
 
+A session's supervisor (session_process.py) is forked the same way, so that the agent,
+which runs threads, never forks for one: `session_client.launch` sends SESSION_REQUEST with
+its spec's pipe, the supervisor's end of the agent's socket in place of the ready pipe
+(FORKED and all that follows go over it), the log and the lock.
+
 The launcher runs the agent's own code (the same interpreter and sys.path), so it is one
 per agent process: it exits when its socket closes, that is when its agent exits, however
 (a SIGKILL too); a new agent, an upgraded one for instance, starts its own. An agent whose
@@ -46,13 +51,16 @@ import traceback
 from collections.abc import Callable
 
 # What each supervisor would import: imported once, by the launcher, before any fork.
-from oz0_node.jobs import supervisor
+from oz0_node.jobs import session_process, supervisor
 
 log = logging.getLogger(__name__)
 
 BOOT = "from oz0_node.jobs.launcher import main; main()"
 # One request: this, with the four descriptors (attempt pipe, ready pipe, log, lock).
 REQUEST = b"oz0-launch 1"
+# A session's (session_process.py): its spec's pipe, the agent's socket, log, lock.
+SESSION_REQUEST = b"oz0-session 1"
+MAX_REQUEST = 64
 FORKED = b"forked\n"
 # How long `launch` waits for the launcher to take the descriptors, and to fork.
 SEND_WITHIN = 5.0
@@ -97,10 +105,11 @@ class Launcher:
             if self._socket is None and not self._stopped:
                 self._spawn()
 
-    def send(self, fds: tuple[int, int, int, int]) -> bool:
-        """Hand FDS to the launcher; False when it cannot take them (then it was not sent:
-        `launch` falls back to a fresh interpreter). A launcher that died is started again,
-        at most once every RESTART_AFTER seconds."""
+    def send(self, fds: tuple[int, int, int, int], request: bytes = REQUEST) -> bool:
+        """Hand FDS to the launcher (REQUEST: an attempt's supervisor, or SESSION_REQUEST a
+        session's); False when it cannot take them (then it was not sent: `launch` falls
+        back to a fresh interpreter). A launcher that died is started again, at most once
+        every RESTART_AFTER seconds."""
         with self._lock:
             if self._socket is None:
                 recent = self._started_at is not None and (
@@ -113,7 +122,7 @@ class Launcher:
         if sock is None:
             return False
         try:
-            socket.send_fds(sock, [REQUEST], list(fds))
+            socket.send_fds(sock, [request], list(fds))
         except OSError as e:  # gone (EPIPE), or too slow to take it (TimeoutError)
             log.warning("the supervisor launcher did not take an attempt (%s): restarting it", e)
             self._lost(sock)
@@ -199,7 +208,7 @@ def main() -> None:
         if not select.select([sock], [], [], wait)[0]:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(sock, len(REQUEST), 4)
+            message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 4)
         except InterruptedError:
             continue
         except OSError as e:
@@ -207,7 +216,8 @@ def main() -> None:
             return
         if not message and not fds:
             return  # its agent has gone
-        if message != REQUEST or len(fds) != 4:
+        supervise = {REQUEST: supervisor.main, SESSION_REQUEST: session_process.main}.get(message)
+        if supervise is None or len(fds) != 4:
             log.warning("not a request (%d bytes, %d descriptors): ignored", len(message), len(fds))
         else:
             try:
@@ -217,7 +227,7 @@ def main() -> None:
                 log.warning("cannot fork a supervisor: %s", e.strerror or e)
                 pid = -1
             if pid == 0:
-                _first_process(sock, fds, supervisor.main)
+                _first_process(sock, fds, supervise)
             if pid > 0:
                 forked += 1
         for fd in fds:
@@ -237,7 +247,8 @@ def _reap() -> int:
 def _first_process(sock: socket.socket, fds: list[int], supervise: Callable[..., None]) -> None:
     """The forked child: the supervisor's first process, as `python -c
     supervisor_client.BOOT` with the attempt's pipe on stdin, the ready pipe on stdout, the
-    log on stderr. It never returns into the launcher's loop."""
+    log on stderr (a session's: session_process.BOOT, its spec's pipe on stdin, the agent's
+    socket on stdout). It never returns into the launcher's loop."""
     code = 1
     try:
         os.setsid()

@@ -15,7 +15,9 @@ machine allows.
   thread): `subprocess.Popen` with the steps as its pre-exec function, as before.
 
 Either way the command runs in a session of its own, with stdin /dev/null, its output on
-two pipes, the working directory and environment given, and no other descriptor.
+two pipes, the working directory and environment given, and no other descriptor; or, for a
+session (session_process.py), with the three descriptors it is given (STDIO), and the
+terminal among them as its controlling terminal (TTY).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import os
 import resource
 import signal
 import subprocess
+import termios
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,26 +116,50 @@ class Command(Protocol):
     def poll(self) -> int | None: ...
 
 
-def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], steps: ChildSteps) -> Command:
-    """Start ARGV with STEPS (the module's docstring). OSError when it cannot be run (not
-    found: FileNotFoundError), subprocess.SubprocessError when a step failed."""
-    if steps.none:
-        return _popen(argv, cwd, env, None)
+def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    steps: ChildSteps,
+    stdio: tuple[int, int, int] | None = None,
+    tty: bool = False,
+) -> Command:
+    """Start ARGV with STEPS (the module's docstring): its stdin, stdout and stderr STDIO
+    (then it has no pipes here), else /dev/null and two pipes; TTY: its stdin is a terminal
+    that becomes its controlling terminal. OSError when it cannot be run (not found:
+    FileNotFoundError), subprocess.SubprocessError when a step failed."""
+    if steps.none and not tty:
+        return _popen(argv, cwd, env, None, stdio)
     if steps.cgroup is not None and not steps.join and _Clone3.usable():
-        started = _Clone3.spawn(argv, cwd, env, steps)
+        started = _Clone3.spawn(argv, cwd, env, steps, stdio, tty)
         if started is not None:
             return started
-    return _popen(argv, cwd, env, steps.preexec())
+    preexec = steps.preexec()
+    if tty:
+        # Only ever in a supervisor (one thread): setsid is done (start_new_session), so
+        # the terminal on stdin becomes the session's controlling terminal.
+        def preexec_tty() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            preexec()
+
+        return _popen(argv, cwd, env, preexec_tty, stdio)
+    return _popen(argv, cwd, env, preexec, stdio)
 
 
 def _popen(
-    argv: Sequence[str], cwd: Path, env: Mapping[str, str], preexec: Callable[[], None] | None
+    argv: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    preexec: Callable[[], None] | None,
+    stdio: tuple[int, int, int] | None = None,
 ) -> subprocess.Popen[bytes]:
+    stdin, stdout, stderr = stdio or (subprocess.DEVNULL, subprocess.PIPE, subprocess.PIPE)
     return subprocess.Popen(
         list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
         cwd=cwd,
         env=dict(env),
         start_new_session=True,
@@ -162,9 +190,17 @@ class _Clone3:
 
     @classmethod
     def spawn(
-        cls, argv: Sequence[str], cwd: Path, env: Mapping[str, str], steps: ChildSteps
+        cls,
+        argv: Sequence[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        steps: ChildSteps,
+        stdio: tuple[int, int, int] | None = None,
+        tty: bool = False,
     ) -> Started | None:
-        """ARGV started in STEPS' cgroup; None when clone3 cannot do it here."""
+        """ARGV started in STEPS' cgroup (its stdin, stdout and stderr STDIO, else
+        /dev/null and two pipes; TTY: stdin its controlling terminal); None when clone3
+        cannot do it here."""
         assert steps.cgroup is not None
         if cls._syscall is None:
             # PyDLL: the interpreter's lock stays held across the call, so the child
@@ -187,20 +223,23 @@ class _Clone3:
         cgroup = os.open(steps.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fds: list[int] = [cgroup]
         try:
-            stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            fds.append(stdin)
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            fds += [out_r, out_w]
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
-            fds += [err_r, err_w]
+            if stdio is None:
+                stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(stdin)
+                out_r, out_w = os.pipe2(os.O_CLOEXEC)
+                fds += [out_r, out_w]
+                err_r, err_w = os.pipe2(os.O_CLOEXEC)
+                fds += [err_r, err_w]
+                given = (stdin, out_w, err_w)
+            else:
+                given = stdio  # the caller's: not closed here
             fail_r, fail_w = os.pipe2(os.O_CLOEXEC)
             fds += [fail_r, fail_w]
             clone = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cgroup)
             pid = cls._syscall(SYS_CLONE3, ctypes.byref(clone), ctypes.sizeof(clone))
             if pid == 0:
                 _child(
-                    fail_w, (stdin, out_w, err_w), workdir, steps, candidates, args, environ,
-                    fd_bound,
+                    fail_w, given, workdir, steps, candidates, args, environ, fd_bound, tty,
                 )  # fmt: skip
             if pid < 0:
                 code = ctypes.get_errno()
@@ -211,7 +250,7 @@ class _Clone3:
                     )
                     return None
                 raise OSError(code, os.strerror(code), "clone3")
-            for fd in (stdin, out_w, err_w, fail_w):
+            for fd in (*(given if stdio is None else ()), fail_w):
                 os.close(fd)
                 fds.remove(fd)
             failed = _read_all(fail_r)
@@ -219,6 +258,8 @@ class _Clone3:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
                 _raise(failed, argv[0])
+            if stdio is not None:
+                return Started(pid, None, None)
             started = Started(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
             fds.remove(out_r)
             fds.remove(err_r)
@@ -237,6 +278,7 @@ def _child(
     args: list[bytes],
     environ: dict[bytes, bytes],
     fd_bound: int,
+    tty: bool = False,
 ) -> NoReturn:
     """The command's process between clone3 and exec; it never returns. Its errors go to
     FAIL as STAGE:ERRNO."""
@@ -249,6 +291,8 @@ def _child(
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
         os.setsid()
+        if tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         if steps.private is not None:
             steps.private()
         for which, value in steps.rlimits:
@@ -301,7 +345,7 @@ def _read_all(fd: int) -> bytes:
 class Started:
     """A command started by clone3: what the supervisor asks of a Popen."""
 
-    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def __init__(self, pid: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         self.pid = pid
         self.stdout: IO[bytes] | None = stdout
         self.stderr: IO[bytes] | None = stderr

@@ -121,7 +121,7 @@ class OutputFile:
         os.close(self._fd)
 
 
-class _BoundedLog(logging.Handler):
+class BoundedLog(logging.Handler):
     """Log lines to STREAM until LOG_CAP bytes were written, then one line saying so."""
 
     def __init__(self, stream: IO[str]) -> None:
@@ -147,7 +147,7 @@ class _BoundedLog(logging.Handler):
 def main(lock: int | None = None) -> None:
     """The supervisor's process: started by `launch` as `python -c BOOT`, or forked by the
     launcher (launcher.py), which passes LOCK, the lock's descriptor in this process."""
-    handed = _read_all(0)
+    handed = read_all(0)
     if not handed:
         return  # `launch` gave up on this one before handing it anything: nothing starts
     raw = json.loads(handed)
@@ -167,7 +167,7 @@ def main(lock: int | None = None) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
-    handler = _BoundedLog(sys.stderr)
+    handler = BoundedLog(sys.stderr)
     # force: forked by the launcher, whose own handler must not take these lines.
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     me = procfs.read_stat(os.getpid())
@@ -193,7 +193,7 @@ def main(lock: int | None = None) -> None:
     # Exiting releases the lock: the status is there before the agent can see it dead.
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 16):
         chunks.append(chunk)

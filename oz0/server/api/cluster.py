@@ -8,12 +8,20 @@ import psycopg
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
-from oz0 import audit, membership, node_labels
+from oz0 import audit, membership, node_labels, node_sessions
 from oz0 import retention_rules as rules
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 
-SETTINGS = ("audit_retention", "lock_node_labels")
+SETTINGS = (
+    "audit_retention",
+    "lock_node_labels",
+    "session_record_input",
+    "session_idle_timeout_seconds",
+    "session_max_seconds",
+)
+# The longest a session's idle timeout or length may be set to: a week.
+MAX_SESSION_SECONDS = 7 * 86400
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
@@ -46,7 +54,12 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         if "lock_node_labels" in body and not isinstance(locked, bool):
             raise ApiError(400, "lock_node_labels must be true or false")
 
+        session_changes = _session_changes(body)
+
         def change(conn: psycopg.Connection[Any]) -> dict[str, object]:
+            if session_changes:
+                changed = node_sessions.set_settings(conn, session_changes)
+                audit.record(conn, actor, "cluster.set", "cluster", changed)
             if "audit_retention" in body:
                 audit.set_retention(conn, seconds, actor)
             if isinstance(locked, bool):
@@ -57,6 +70,27 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             return jsonify(await state.db.transaction(change))
         except Oz0Error as e:
             raise ApiError(400, str(e)) from None
+
+
+def _session_changes(body: dict[str, Any]) -> dict[str, Any]:
+    """The session settings BODY changes, by their column's name; 400 if one is invalid."""
+    changes: dict[str, Any] = {}
+    if "session_record_input" in body:
+        if not isinstance(body["session_record_input"], bool):
+            raise ApiError(400, "session_record_input must be true or false")
+        changes["record_input"] = body["session_record_input"]
+    for name, column in (("session_idle_timeout_seconds", "idle_timeout_s"),
+                         ("session_max_seconds", "max_s")):  # fmt: skip
+        if name in body:
+            value = body[name]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 < value <= MAX_SESSION_SECONDS
+            ):
+                raise ApiError(400, f"{name} must be 1 to {MAX_SESSION_SECONDS} seconds")
+            changes[column] = value
+    return changes
 
 
 def _retention(value: object) -> int | None:
@@ -75,4 +109,5 @@ def _settings(conn: psycopg.Connection[Any]) -> dict[str, object]:
         "audit_retention": rules.describe(kept),
         "audit_retention_seconds": kept,
         "lock_node_labels": node_labels.cluster_locked(conn),
+        **node_sessions.Settings.read(conn).to_json(),
     }

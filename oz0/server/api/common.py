@@ -17,6 +17,7 @@ from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
 from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
+from oz0.server.session_relay import SessionRelay
 from oz0.store.batches import Batches
 from oz0.store.events import EventHub
 from oz0.store.pool import Database
@@ -48,6 +49,8 @@ class ManagementState:
     stopping: trio.Event = field(default_factory=trio.Event)
     # What one person may hold or ask of this server (`server start` flags).
     limits: PersonLimits = field(default_factory=PersonLimits)
+    # The node streams this server's edge holds, for the sessions relayed through them.
+    sessions: SessionRelay = field(default_factory=SessionRelay)
 
     def __post_init__(self) -> None:
         changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)

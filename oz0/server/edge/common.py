@@ -23,6 +23,7 @@ from oz0.server.edge.output_writes import output_writes
 from oz0.server.edge.part_ends import PartEnds
 from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Wire
+from oz0.server.session_relay import SessionRelay
 from oz0.store.batches import Batches
 from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
@@ -101,6 +102,9 @@ class Edge:
     )
     # Those messages being answered from rows, at most ROW_WORK.
     row_work: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(ROW_WORK))
+    # The node streams held here, for the sessions relayed through them (shared with the
+    # management API, which opens them).
+    sessions: SessionRelay = field(default_factory=SessionRelay)
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)

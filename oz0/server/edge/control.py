@@ -33,8 +33,10 @@ from oz0.server.edge.common import CLOSE_BLOCKED, CLOSE_GOING_AWAY, Edge, close,
 from oz0.server.edge.heartbeats import HEARTBEATS, Beat
 from oz0.server.edge.purge import PURGE_ANSWERS, decode, next_answer, purge
 from oz0.server.edge.wire import Closed, Wire
+from oz0.server.session_relay import LineGone, NodeLine
 from oz0.store.events import NodeWatch
 from oz0.store.outage import Outage, until_it_works
+from oz0_common import session_messages
 from oz0_common.attempt_messages import ALIVE, DONE, MAX_JOBS, TAKEN
 from oz0_common.file_push import GET as FILE_GET
 
@@ -88,6 +90,7 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
         edge.seen.alive(node_id)
         edge.streams.opened(node_id)
         beat: Beat | None = None
+        line: NodeLine | None = None
         try:
             await send(
                 ws,
@@ -105,9 +108,13 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                     edge, ws, node_id, key, node.tenant, challenge, beat, nursery
                 )
                 stream.start(changed, node.revision)
+                line = NodeLine(node_id, node.tenant, partial(_send_to_node, ws))
+                edge.sessions.attach(line)
             if beat.silent:
                 log.warning("node %s silent for three heartbeats; closed its stream", node_id)
         finally:
+            if line is not None:
+                edge.sessions.detach(line, f"node {node_id}'s stream to this server ended")
             if beat is not None:
                 edge.heartbeats.remove(beat)
             edge.streams.closed(node_id)
@@ -115,6 +122,14 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
                 # Not while the node's newer stream is open here (it reconnected, with a
                 # renewed certificate say, before this one was over): it is connected.
                 edge.seen.left(node_id)
+
+
+async def _send_to_node(ws: Wire, kind: str, **fields: Any) -> None:
+    """A session's message to the node (session_relay.NodeLine)."""
+    try:
+        await send(ws, kind, **fields)
+    except Closed:
+        raise LineGone(f"the stream of the node ended ({kind} not sent)") from None
 
 
 def _node_of(
@@ -233,6 +248,10 @@ class ControlStream:
         """The node's answer to an attempt sent over this stream (deliveries.py)."""
         await self.sending.answered(message)
 
+    async def _on_session(self, message: dict[str, Any]) -> None:
+        """About a session relayed through this stream: to its person (session_relay.py)."""
+        self.edge.sessions.from_node(self.node_id, message)
+
     async def _on_file_get(self, message: dict[str, Any]) -> None:
         """A piece of a blob the node pushes (file_serve.py), read in a task of its own."""
         self._nursery.start_soon(file_serve.serve, self.edge, self.ws, self.node_id, message)
@@ -320,5 +339,6 @@ HANDLERS: dict[str, Handler] = {
     attempt_refusals.REFUSED: ControlStream._on_attempt_refused,
     **dict.fromkeys((ALIVE, DONE, MAX_JOBS), ControlStream._on_attempt_report),
     TAKEN: ControlStream._on_attempt_taken,
+    **dict.fromkeys(session_messages.FROM_NODE, ControlStream._on_session),
     FILE_GET: ControlStream._on_file_get,
 }

@@ -30,6 +30,7 @@ from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.tracking import RECONCILE_EVERY, SeenTracker, StreamReconciler
 from oz0.server.edge.wire import Closed, Wire, tls_handshake
+from oz0.server.session_relay import SessionRelay
 from oz0.server.tls import open_tcp_listeners
 from oz0.store.events import EventHub
 from oz0.store.pool import Database
@@ -60,6 +61,7 @@ async def run(
     max_pending: int = nodes.MAX_PENDING,
     metrics: EdgeMetrics | None = None,
     in_namespace: InNamespace | None = None,
+    sessions: SessionRelay | None = None,
     task_status: trio.TaskStatus[Edge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     # Thousands of nodes reconnecting at once (a server lost) query the database once
@@ -80,6 +82,7 @@ async def run(
         metrics=metrics or EdgeMetrics(),
         prompt_db=pool,
         in_namespace=in_namespace,
+        sessions=sessions or SessionRelay(),
     )
     admission = Admission(f"edge {host}:{port}", on_refused=edge.metrics.connection_over_limit)
     turns = Turns(f"edge {host}:{port}", on_busy=edge.metrics.connection_shed)

@@ -1,0 +1,231 @@
+"""Sessions' records (docs/sessions.md): who opened which on what node, when, how it ended,
+and its recording, an asciicast v2 file (https://docs.asciinema.org/manual/asciicast/v2/)
+kept as the header (a column of its row) and chunks of event lines.
+
+Each chunk is sealed with the cluster's master key as pki.Sealed.SESSION, bound to the
+session's ID and the chunk's number: a chunk cannot be moved to stand in another session
+or another place. Reading a session's content (`recording`) is an admin's; that it
+happened (`Session`) the viewers' of its tenant too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from oz0 import listing, pki
+from oz0.errors import Oz0Error
+
+Conn = psycopg.Connection[Any]
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+class SessionNotFound(Oz0Error):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The cluster's settings for sessions (cluster_settings.session_*)."""
+
+    record_input: bool = False
+    idle_timeout: float = 900.0
+    max_length: float = 8 * 3600.0
+
+    @classmethod
+    def read(cls, conn: Conn) -> Settings:
+        row = conn.execute(
+            "SELECT session_record_input, session_idle_timeout_s, session_max_s"
+            " FROM cluster_settings"
+        ).fetchone()
+        if row is None:
+            return cls()
+        return cls(bool(row[0]), float(row[1]), float(row[2]))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "session_record_input": self.record_input,
+            "session_idle_timeout_seconds": int(self.idle_timeout),
+            "session_max_seconds": int(self.max_length),
+        }
+
+
+def set_settings(conn: Conn, changes: dict[str, Any]) -> dict[str, Any]:
+    """Change the settings CHANGES names (record_input, idle_timeout_s, max_s); what they
+    were, by name, for the audit row."""
+    before = Settings.read(conn)
+    was = {
+        "record_input": before.record_input,
+        "idle_timeout_s": int(before.idle_timeout),
+        "max_s": int(before.max_length),
+    }
+    for name, value in changes.items():
+        conn.execute(
+            f"UPDATE cluster_settings SET session_{name} = %s",
+            (value,),
+        )
+    return {name: {"from": was[name], "to": value} for name, value in changes.items()}
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    tenant: str
+    node_id: str
+    person: str
+    command: list[str]
+    header: dict[str, Any]
+    server: str
+    records_input: bool
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    exit_code: int | None
+    why: str | None
+    input_bytes: int
+    output_bytes: int
+    # Whether the server that relays it is up: one killed leaves its sessions unended,
+    # over all the same (its node ended them with its stream).
+    server_up: bool = True
+
+    @property
+    def live(self) -> bool:
+        return self.ended_at is None and self.server_up
+
+    @property
+    def ending(self) -> str | None:
+        """Why it ended, if it did without an exit code."""
+        if self.ended_at is None and not self.server_up:
+            return "its server stopped"
+        return self.why
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "node": self.node_id,
+            "person": self.person,
+            "command": self.command,
+            "width": self.header.get("width"),
+            "height": self.header.get("height"),
+            "server": self.server,
+            "records_input": self.records_input,
+            "started_at": self.started_at.isoformat(),
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "live": self.live,
+            "exit_code": self.exit_code,
+            "why": self.ending,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+        }
+
+
+# The last: whether its server is up (membership.UP_WINDOW, as `cluster info` counts them).
+_COLUMNS = (
+    "id, tenant, node_id, person, command, header, server, records_input, started_at,"
+    " ended_at, exit_code, why, input_bytes, output_bytes,"
+    " EXISTS (SELECT 1 FROM servers WHERE servers.id = sessions.server"
+    " AND last_heartbeat > now() - interval '5 seconds')"
+)
+
+
+def create(
+    conn: Conn,
+    session_id: str,
+    *,
+    tenant: str,
+    node_id: str,
+    person: str,
+    command: list[str],
+    header: dict[str, Any],
+    server: str,
+    records_input: bool,
+) -> None:
+    conn.execute(
+        "INSERT INTO sessions (id, tenant, node_id, person, command, header, server,"
+        " records_input) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (session_id, tenant, node_id, person, Jsonb(command), Jsonb(header), server,
+         records_input),
+    )  # fmt: skip
+
+
+def add_chunk(
+    conn: Conn, session_id: str, seq: int, sealed: bytes, input_bytes: int, output_bytes: int
+) -> None:
+    """Chunk SEQ of the session's recording, and its counts of bytes as they are now."""
+    conn.execute(
+        "INSERT INTO session_chunks (session_id, seq, sealed) VALUES (%s, %s, %s)",
+        (session_id, seq, sealed),
+    )
+    conn.execute(
+        "UPDATE sessions SET input_bytes = %s, output_bytes = %s WHERE id = %s",
+        (input_bytes, output_bytes, session_id),
+    )
+
+
+def finish(conn: Conn, session_id: str, exit_code: int | None, why: str | None) -> None:
+    conn.execute(
+        "UPDATE sessions SET ended_at = now(), exit_code = %s, why = %s"
+        " WHERE id = %s AND ended_at IS NULL",
+        (exit_code, why, session_id),
+    )
+
+
+def get(conn: Conn, session_id: str, *, scope: listing.Scope = None) -> Session:
+    where = listing.Where().also("id = %(id)s", id=session_id).within("tenant", scope)
+    row = conn.execute(f"SELECT {_COLUMNS} FROM sessions" + where.sql, where.params).fetchone()
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    return Session(*row)
+
+
+def page(
+    conn: Conn,
+    *,
+    scope: listing.Scope = None,
+    node_id: str | None = None,
+    person: str | None = None,
+    live: bool = False,
+    limit: int = DEFAULT_LIMIT,
+) -> list[Session]:
+    """The newest sessions first, LIMIT at most."""
+    where = (
+        listing.Where().equal("node_id", node_id).equal("person", person).within("tenant", scope)
+    )
+    if live:
+        where = where.also(
+            "ended_at IS NULL AND server IN (SELECT id FROM servers"
+            " WHERE last_heartbeat > now() - interval '5 seconds')"
+        )
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM sessions{where.sql} ORDER BY started_at DESC, id DESC"
+        " LIMIT %(limit)s",
+        {**where.params, "limit": limit},
+    ).fetchall()
+    return [Session(*r) for r in rows]
+
+
+def seal_chunk(master_key: bytes, cluster: str, session_id: str, seq: int, text: str) -> bytes:
+    return pki.seal(
+        master_key, text.encode(), cluster, pki.Sealed.SESSION, bound=(session_id, str(seq))
+    )
+
+
+def recording(conn: Conn, master_key: bytes, cluster: str, session: Session) -> Iterator[str]:
+    """SESSION's asciicast v2 file, line by line: its header, then its events as recorded."""
+    yield json.dumps(session.header) + "\n"
+    rows = conn.execute(
+        "SELECT seq, sealed FROM session_chunks WHERE session_id = %s ORDER BY seq",
+        (session.id,),
+    ).fetchall()
+    for seq, sealed in rows:
+        yield pki.unseal(
+            master_key, bytes(sealed), cluster, pki.Sealed.SESSION, bound=(session.id, str(seq))
+        ).decode()
