@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,7 +256,9 @@ def seal_chunk(master_key: bytes, cluster: str, session_id: str, seq: int, text:
     )
 
 
-def recording(conn: Conn, master_key: bytes, cluster: str, session: Session) -> Iterator[str]:
+def recording(
+    conn: Conn, master_key: bytes, cluster: str, session: Session
+) -> Generator[str, None, None]:
     """SESSION's asciicast v2 file, line by line: its header, then its events as recorded."""
     yield json.dumps(session.header) + "\n"
     # A cursor of the server's, read a few chunks at a time: a reader that stops early

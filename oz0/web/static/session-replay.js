@@ -1,28 +1,130 @@
-// Plays a session's recording back in its page's <pre id="screen">: the output events
-// (time in seconds, plain text) the server put in its data-events attribute, at their
-// own pace, a pause of more than two seconds played as two.
+// Plays a session's recording back in its page's terminal view, <pre id="screen">: the
+// frames of its data-frames URL (oz0/web/terminal_frames.py: the lines that changed, at
+// their recorded time, a page at a time, each page beginning with the whole screen), at
+// the chosen speed, a pause longer than two seconds played as two. Without JavaScript the
+// page shows the screen the session left, and the controls stay hidden.
 (function () {
   "use strict";
-  var button = document.getElementById("replay");
   var screen = document.getElementById("screen");
-  if (!button || !screen) { return; }
-  var events = JSON.parse(screen.getAttribute("data-events") || "[]");
-  var timer = null;
-  button.addEventListener("click", function () {
-    if (timer !== null) { clearTimeout(timer); }
-    screen.textContent = "";
-    var i = 0, previous = 0;
-    function next() {
-      if (i >= events.length) { timer = null; return; }
-      var at = events[i][0];
-      var wait = Math.min(Math.max(at - previous, 0), 2) * 1000;
-      previous = at;
-      timer = setTimeout(function () {
-        screen.textContent += events[i][1];
-        i += 1;
-        next();
-      }, wait);
+  var controls = document.getElementById("replay-controls");
+  if (!screen || !controls) { return; }
+  var replay = document.getElementById("replay");
+  var pause = document.getElementById("pause");
+  var speed = document.getElementById("speed");
+  var clock = document.getElementById("clock");
+  var url = screen.getAttribute("data-frames");
+  var MAX_PAUSE = 2;
+  // Each Replay starts a new run; what an older run had scheduled does nothing.
+  var run = 0;
+  var state = null;
+  controls.hidden = false;
+
+  function pad(line, cols) {
+    return line.length >= cols ? line : line + " ".repeat(cols - line.length);
+  }
+
+  function draw() {
+    screen.textContent = state.lines.map(function (line) {
+      return pad(line, state.cols);
+    }).join("\n");
+  }
+
+  function seconds(t) {
+    var whole = Math.floor(t);
+    var s = whole % 60;
+    return Math.floor(whole / 60) + ":" + (s < 10 ? "0" : "") + s + "." +
+      Math.floor((t - whole) * 10);
+  }
+
+  function apply(frame) {
+    if (frame.size) {
+      state.cols = frame.size[0];
+      state.lines.length = Math.min(state.lines.length, frame.size[1]);
+      while (state.lines.length < frame.size[1]) { state.lines.push(""); }
     }
-    next();
+    frame.lines.forEach(function (line) { state.lines[line[0]] = line[1]; });
+    draw();
+    clock.textContent = seconds(frame.t);
+  }
+
+  function fetchPage(number) {
+    return fetch(url + "?page=" + number, {
+      credentials: "same-origin", headers: { Accept: "application/json" }
+    }).then(function (answer) {
+      return answer.json().then(function (body) {
+        if (!answer.ok) { throw new Error(body.error || answer.statusText); }
+        return body;
+      });
+    });
+  }
+
+  function failed(mine, error) {
+    if (mine !== run) { return; }
+    clock.textContent = "the replay stopped: " + error.message;
+    pause.disabled = true;
+  }
+
+  function load(page) {
+    state.frames = page.frames;
+    state.index = 0;
+    // The next page is asked for while this one plays.
+    state.pending = page.next === null ? null : fetchPage(page.next);
+  }
+
+  function step(mine) {
+    if (mine !== run || state.paused) { return; }
+    if (state.index >= state.frames.length) {
+      if (state.pending === null) {
+        pause.disabled = true;
+        pause.textContent = "Pause";
+        return;
+      }
+      state.pending.then(function (page) {
+        if (mine !== run) { return; }
+        load(page);
+        step(mine);
+      }, function (error) { failed(mine, error); });
+      return;
+    }
+    var frame = state.frames[state.index];
+    var gap = Math.min(Math.max(frame.t - state.at, 0), MAX_PAUSE);
+    state.timer = setTimeout(function () {
+      if (mine !== run || state.paused) { return; }
+      apply(frame);
+      state.at = frame.t;
+      state.index += 1;
+      step(mine);
+    }, gap * 1000 / Number(speed.value));
+  }
+
+  replay.addEventListener("click", function () {
+    run += 1;
+    var mine = run;
+    if (state !== null) { clearTimeout(state.timer); }
+    var rows = screen.textContent.split("\n").length;
+    state = { lines: [], cols: 0, at: 0, frames: [], index: 0, pending: null, paused: false,
+      timer: null };
+    // Blank at once, as the terminal was before the session's first output.
+    for (var i = 0; i < rows; i += 1) { state.lines.push(""); }
+    draw();
+    clock.textContent = seconds(0);
+    pause.disabled = false;
+    pause.textContent = "Pause";
+    fetchPage(0).then(function (page) {
+      if (mine !== run) { return; }
+      load(page);
+      step(mine);
+    }, function (error) { failed(mine, error); });
+  });
+
+  pause.addEventListener("click", function () {
+    if (state === null) { return; }
+    state.paused = !state.paused;
+    pause.textContent = state.paused ? "Play" : "Pause";
+    if (state.paused) {
+      clearTimeout(state.timer);
+    } else {
+      step(run);
+    }
   });
 })();
