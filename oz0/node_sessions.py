@@ -95,8 +95,9 @@ class Session:
     why: str | None
     input_bytes: int
     output_bytes: int
-    # Whether the server that relays it is up: one killed leaves its sessions unended,
-    # over all the same (its node ended them with its stream).
+    # Whether the server that relays it is up: one killed leaves its sessions unended
+    # until another ends them in the records (`end_orphans`, seconds later), over all
+    # the same meanwhile (its node ended them with its stream).
     server_up: bool = True
 
     @property
