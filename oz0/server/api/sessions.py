@@ -213,6 +213,12 @@ async def _serve(state: ManagementState, node_id: str) -> None:
                         conn, person.actor, "session.end", session_id, ended,
                         tenants=[line.tenant],
                     )  # fmt: skip
+                else:
+                    log.warning(
+                        "session %s was ended in the records by another server (this one "
+                        "taken for stopped) before it ended here: %s", session_id,
+                        relay.why or f"exit code {relay.code}",
+                    )  # fmt: skip
 
             await state.db.transaction(closed)
 
