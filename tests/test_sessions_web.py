@@ -1,10 +1,10 @@
 """Sessions in the web UI, in Chromium, on a real server and agent (127.0.0.29): a session's
 page shows an admin what its terminal showed, a grid of its size (a carriage return
-overwrites, an erase clears, a cursor move moves), with JavaScript or without, and plays
-it back; a viewer sees only that it happened. Last, the server is killed (SIGKILL) during
-a live session and started again: the session, live on the Sessions page before, is
-ended in the records by then (once, with its audit row) and listed among the recent, its
-recording intact."""
+overwrites, an erase clears, a cursor move moves, a colour colours, the cursor shows),
+with JavaScript or without, and plays it back; a viewer sees only that it happened.
+Last, the server is killed (SIGKILL) during a live session and started again: the
+session, live on the Sessions page before, is ended in the records by then (once, with
+its audit row) and listed among the recent, its recording intact."""
 
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ ADVERTISE = "127.0.0.29"
 UI = f"https://{ADVERTISE}:8443"
 # What a terminal shows of this, line by line: "hello", erased once the cursor is back on
 # its line; "abc", its first letter overwritten after a carriage return; "world" where
-# "hello" was; "end" where the cursor was moved, row 4, column 5. A second apart, so that
+# "hello" was; "end", in red, where the cursor was moved, row 4, column 5; the cursor
+# after it. A second apart, so that
 # a replay shows each for a while; nothing in the first half second, so that it begins
 # blank.
 PRINTS = (
     "sleep 0.5; printf 'hello\\r\\n'; sleep 1; printf 'abc\\rX\\r\\n'; sleep 1;"
-    " printf '\\033[1;1H\\033[2Kworld\\033[4;5Hend'"
+    " printf '\\033[1;1H\\033[2Kworld\\033[4;5H\\033[31mend\\033[0m'"
 )
 # The recording's length at 1 x, and at 16 x with room for a loaded machine.
 LENGTH = 2.5
@@ -100,6 +101,12 @@ def test_a_session_s_page_shows_what_its_terminal_showed_and_plays_it_back(
     assert [line.rstrip() for line in shown[:4]] == SHOWN
     assert len(shown) == rows and {len(line) for line in shown} == {cols}
     assert "hello" not in "".join(shown)
+    expect(screen.locator("span.fg-red")).to_have_text("end")
+    expect(screen.locator("span.cursor")).to_have_count(1)
+    assert (
+        page.evaluate("getComputedStyle(document.querySelector('#screen .fg-red')).color")
+        == "rgb(205, 49, 49)"
+    )
     checked_shot(page, shots(tmp_path), "session-last-screen.png", console)
 
     # Played back: blank first, then each step at its recorded time, "hello" before it
@@ -113,6 +120,7 @@ def test_a_session_s_page_shows_what_its_terminal_showed_and_plays_it_back(
     expect(screen).not_to_contain_text("hello")
     expect(pause).to_be_disabled()  # played to its end
     assert grid(page) == shown
+    expect(screen.locator("span.fg-red")).to_have_text("end")
     # (Not checked again: Playwright's screenshot leaves an empty style attribute behind.)
     page.screenshot(path=str(shots(tmp_path) / "session-replayed.png"), full_page=True)
 

@@ -27,8 +27,8 @@ def played(pages: list[tf.Page]) -> list[str]:
             if frame.size is not None:
                 cols = frame.size[0]
                 lines = (lines + [""] * frame.size[1])[: frame.size[1]]
-            for row, text in frame.lines.items():
-                lines[row] = text
+            for row, line in frame.lines.items():
+                lines[row] = tf.text_of(line)
     return [line.ljust(cols) for line in lines]
 
 
@@ -63,7 +63,7 @@ def test_the_screen_is_what_a_terminal_shows_not_the_text_written() -> None:
     assert first.lines == {0: "abc"}
     assert overwritten.lines == {0: "Xbc"}
     assert cleared.lines[0] == "world" and "hello" not in json.dumps(page.to_json())
-    assert moved.lines == {2: "    red"}
+    assert moved.lines == {2: [("    ", ""), ("red", "fg-red b")]}
     assert played([page]) == screen
 
 
@@ -143,3 +143,32 @@ def test_a_huge_window_is_cut_to_the_largest_shown() -> None:
 def test_what_is_not_a_recording_is_refused(lines: list[str], why: str) -> None:
     with pytest.raises(tf.BadRecording, match=why):
         tf.read(lines)
+
+
+def test_colours_and_styles_are_classes_and_the_cursor_is_where_the_terminal_had_it() -> None:
+    recorded = tf.read(
+        cast(
+            20, 3,
+            # 256 colours' 208 (orange) shown as the nearest of 16; reverse swaps.
+            (0.1, "o", "\x1b[1;31mred\x1b[0m \x1b[38;5;196mx\x1b[0m \x1b[7mrv\x1b[0m\r\n"),
+            (0.5, "o", "\x1b[4;42mu\x1b[0m ab"),
+            (0.9, "o", "\x1b[D"),  # the cursor moves, nothing else
+            (1.3, "o", "\x1b[?25l"),  # hidden
+        )
+    )  # fmt: skip
+    [page] = all_pages(recorded)
+    blank, first, second, moved, hidden = page.frames
+    assert blank.cursor == (0, 0)
+    assert first.lines == {
+        0: [("red", "fg-red b"), (" ", ""), ("x", "fg-brightred"), (" ", ""),
+            ("rv", "fg-bg bg-fg")],
+    }  # fmt: skip
+    assert first.cursor == (0, 1)
+    assert second.lines == {1: [("u", "bg-green u"), (" ab", "")]}
+    assert second.cursor == (4, 1)
+    assert (moved.lines, moved.cursor) == ({}, (3, 1))
+    assert (hidden.lines, hidden.cursor) == ({}, None)
+    assert json.loads(json.dumps(first.to_json()))["lines"][0][1][0] == ["red", "fg-red b"]
+    # The page's grid: each line as wide as the screen, the cursor's character its own.
+    shown = tf.html_lines(tf.last_frame(tf.read(cast(6, 2, (0.1, "o", "ab\x1b[D")))))
+    assert shown == [[("a", ""), ("b", "cursor"), ("    ", "")], [("      ", "")]]

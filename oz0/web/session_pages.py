@@ -62,7 +62,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             )
         except node_sessions.SessionNotFound:
             return await pages.missing(current, f"session {session_id}")
-        screen: list[str] | None = None
+        screen: list[list[terminal_frames.Run]] | None = None
         recorded: terminal_frames.Events | None = None
         unreadable: str | None = None
         if current.person.has(access.Right.ADMINISTER) and pages.state.cluster.master_key:
@@ -71,9 +71,10 @@ def add(web: Blueprint, pages: Pages) -> None:
             except terminal_frames.BadRecording as e:
                 unreadable = str(e)
             else:
-                screen = await trio.to_thread.run_sync(
-                    terminal_frames.last_screen, recorded, limiter=rendering
+                last = await trio.to_thread.run_sync(
+                    terminal_frames.last_frame, recorded, limiter=rendering
                 )
+                screen = terminal_frames.html_lines(last)
         return await pages.render(
             "session.html",
             current,

@@ -9,6 +9,12 @@ all), a screen is at most MAX_COLS x MAX_ROWS (a larger one is cut to it), outpu
 less than FRAME_STEP apart make one frame, and frames come in pages of PAGE_FRAMES frames
 or PAGE_TEXT characters of lines at most, each page beginning with the whole screen, so
 that one answer is never larger than a page and a screen.
+
+A line is its text, or, when anything on it is coloured or styled, runs of (text, CSS
+classes): `fg-NAME`/`bg-NAME` of the 16 colours (a colour of the 256 or of 24 bits shown
+as the nearest of them: the page's CSP allows no style of its own), `b` bold, `i` italic,
+`u` underlined, `s` struck through (reverse swaps the colours). The cursor is where the
+terminal had it (a character's place on its row; None when the program hid it).
 """
 
 from __future__ import annotations
@@ -28,6 +34,21 @@ DEFAULT_SIZE = (80, 24)
 FRAME_STEP = 1 / 30
 PAGE_FRAMES = 500
 PAGE_TEXT = 256 * 1024
+
+
+# A line as shown: its text, or runs of (text, CSS classes) when any of it is styled.
+Run = tuple[str, str]
+Line = str | list[Run]
+# The 16 colours (pyte's names; "brown" is yellow) as xterm draws them, to match those of
+# 256 or of 24 bits to the nearest.
+PALETTE = {
+    "black": (0, 0, 0), "red": (205, 0, 0), "green": (0, 205, 0), "brown": (205, 205, 0),
+    "blue": (0, 0, 238), "magenta": (205, 0, 205), "cyan": (0, 205, 205),
+    "white": (229, 229, 229), "brightblack": (127, 127, 127), "brightred": (255, 0, 0),
+    "brightgreen": (0, 255, 0), "brightbrown": (255, 255, 0), "brightblue": (92, 92, 255),
+    "brightmagenta": (255, 0, 255), "brightcyan": (0, 255, 255),
+    "brightwhite": (255, 255, 255),
+}  # fmt: skip
 
 
 class BadRecording(ValueError):
@@ -111,24 +132,74 @@ def _resize(text: str) -> tuple[int, int] | None:
         return None
 
 
+def text_of(line: Line) -> str:
+    return line if isinstance(line, str) else "".join(text for text, _ in line)
+
+
+def _rstrip(runs: list[Run]) -> Line:
+    """RUNS without the unstyled spaces at their end; their text alone if none is styled."""
+    while runs and not runs[-1][1] and not runs[-1][0].strip():
+        runs.pop()
+    if runs and not runs[-1][1]:
+        runs[-1] = (runs[-1][0].rstrip(), "")
+    if all(not classes for _, classes in runs):
+        return "".join(text for text, _ in runs)
+    return runs
+
+
+def _nearest(colour: str) -> str:
+    """A colour as pyte names it: one of PALETTE's, "default", or 6 hex digits."""
+    if colour in PALETTE or colour == "default":
+        return colour
+    try:
+        rgb = (int(colour[0:2], 16), int(colour[2:4], 16), int(colour[4:6], 16))
+    except ValueError:
+        return "default"
+
+    def distance(name: str) -> int:
+        return sum((a - b) ** 2 for a, b in zip(PALETTE[name], rgb, strict=True))
+
+    return min(PALETTE, key=distance)
+
+
+def classes_of(char: pyte.screens.Char) -> str:
+    """The CSS classes a cell is drawn with (none for the terminal's default look)."""
+    fg, bg = _nearest(char.fg), _nearest(char.bg)
+    if char.reverse:
+        # "fg-bg": the terminal's own background colour as a foreground, and so on.
+        fg, bg = (bg if bg != "default" else "bg"), (fg if fg != "default" else "fg")
+    names = [f"fg-{fg}"] if fg != "default" else []
+    names += [f"bg-{bg}"] if bg != "default" else []
+    names += [name for name, on in (("b", char.bold), ("i", char.italics),
+              ("u", char.underscore), ("s", char.strikethrough)) if on]  # fmt: skip
+    return " ".join(names)
+
+
 @dataclass(frozen=True)
 class Frame:
-    """The screen at AT: the LINES that changed (by row, trailing spaces left out), and
-    its size when it changed (every line is given then)."""
+    """The screen at AT: the LINES that changed (by row, trailing spaces left out), its
+    size when it changed (every line is given then), and where its CURSOR is (character,
+    row; None: hidden)."""
 
     at: float
-    lines: dict[int, str]
+    lines: dict[int, Line]
     size: tuple[int, int] | None = None
+    cursor: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        shown: dict[str, Any] = {"t": round(self.at, 3), "lines": sorted(self.lines.items())}
+        shown: dict[str, Any] = {
+            "t": round(self.at, 3),
+            "lines": [[row, line if isinstance(line, str) else [list(r) for r in line]]
+                      for row, line in sorted(self.lines.items())],
+            "cursor": list(self.cursor) if self.cursor is not None else None,
+        }  # fmt: skip
         if self.size is not None:
             shown["size"] = list(self.size)
         return shown
 
     @property
     def text(self) -> int:
-        return sum(len(line) for line in self.lines.values())
+        return sum(len(text_of(line)) for line in self.lines.values())
 
 
 class Terminal:
@@ -138,35 +209,60 @@ class Terminal:
         self.recorded = recorded
         self.screen = pyte.Screen(recorded.cols, recorded.rows)
         self._stream = pyte.Stream(self.screen)
+        self._cursor: tuple[int, int] | None = None
 
     @property
     def size(self) -> tuple[int, int]:
         return self.screen.columns, self.screen.lines
 
-    def line(self, row: int) -> str:
-        """Row ROW as the terminal shows it (a wide character's second cell left out)."""
+    def _cells(self, row: int) -> Iterator[tuple[int, pyte.screens.Char]]:
+        """Row ROW's cells as the terminal shows them, with their columns: a wide
+        character's second cell left out."""
         cells = self.screen.buffer[row]
-        shown: list[str] = []
         wide = False
         for x in range(self.screen.columns):
             if wide:
                 wide = False
                 continue
-            char = cells[x].data
-            if not char:  # the second half of a wide character whose first was overwritten
-                shown.append(" ")
+            char = cells[x]
+            if not char.data:  # the second half of a wide character overwritten
+                yield x, char._replace(data=" ")
                 continue
-            wide = wcwidth(char[0]) == 2
-            shown.append(char)
-        return "".join(shown)
+            wide = wcwidth(char.data[0]) == 2
+            yield x, char
+
+    def line(self, row: int) -> Line:
+        """Row ROW as shown (see Line), trailing unstyled spaces left out."""
+        runs: list[Run] = []
+        for _, char in self._cells(row):
+            classes = classes_of(char)
+            if runs and runs[-1][1] == classes:
+                runs[-1] = (runs[-1][0] + char.data, classes)
+            else:
+                runs.append((char.data, classes))
+        return _rstrip(runs)
+
+    def text(self, row: int) -> str:
+        """Row ROW's text, as wide as the screen."""
+        return "".join(char.data for _, char in self._cells(row))
 
     def lines(self) -> list[str]:
-        return [self.line(row) for row in range(self.screen.lines)]
+        return [self.text(row) for row in range(self.screen.lines)]
+
+    def cursor(self) -> tuple[int, int] | None:
+        """Where the cursor is: its character's place on its row (a wide character
+        before it counts one), and the row; None when hidden."""
+        cursor = self.screen.cursor
+        if cursor.hidden or not 0 <= cursor.y < self.screen.lines:
+            return None
+        place = sum(1 for x, _ in self._cells(cursor.y) if x < cursor.x)
+        return place, cursor.y
 
     def whole(self, at: float) -> Frame:
         """The screen as it is now, every line, as a frame at AT."""
-        return Frame(at, {row: self.line(row).rstrip() for row in range(self.screen.lines)},
-                     self.size)  # fmt: skip
+        self._cursor = self.cursor()
+        lines = {row: self.line(row) for row in range(self.screen.lines)}
+        return Frame(at, lines, self.size, self._cursor)
 
     def _apply(self, code: str, data: str) -> bool:
         """Feed one event; whether the screen's size changed."""
@@ -186,7 +282,8 @@ class Terminal:
 
     def frames(self) -> Iterator[Frame]:
         """The blank screen at 0, then one frame per FRAME_STEP or less of events that
-        changed the screen. When one is yielded, the screen is as it shows."""
+        changed the screen or moved the cursor. When one is yielded, the screen is as it
+        shows."""
         yield self.whole(0.0)
         self.screen.dirty.clear()
         began: float | None = None
@@ -210,8 +307,10 @@ class Terminal:
             return
         rows = sorted(row for row in self.screen.dirty if row < self.screen.lines)
         self.screen.dirty.clear()
-        if rows:
-            yield Frame(at, {row: self.line(row).rstrip() for row in rows})
+        cursor = self.cursor()
+        if rows or cursor != self._cursor:
+            self._cursor = cursor
+            yield Frame(at, {row: self.line(row) for row in rows}, cursor=cursor)
 
 
 @dataclass(frozen=True)
@@ -265,8 +364,51 @@ def _first_size(recorded: Events) -> tuple[int, int]:
 
 
 def last_screen(recorded: Events) -> list[str]:
-    """The screen as the recording (as far as the replay goes) left it: every line, each
-    as wide as the screen."""
+    """The text of the screen as the recording (as far as the replay goes) left it: every
+    line, each as wide as the screen."""
     terminal = Terminal(recorded)
     terminal.play()
     return terminal.lines()
+
+
+def last_frame(recorded: Events) -> Frame:
+    """The screen as the recording left it, as a frame (every line, styled, its cursor)."""
+    terminal = Terminal(recorded)
+    terminal.play()
+    return terminal.whole(recorded.events[-1][0] if recorded.events else 0.0)
+
+
+def html_lines(frame: Frame) -> list[list[Run]]:
+    """FRAME's lines (a whole one: `last_frame`) as runs of (text, CSS classes), each as
+    wide as its screen, the cursor's character in a run of its own with class `cursor`:
+    what the page's grid shows (oz0/web/templates/session.html)."""
+    cols = frame.size[0] if frame.size is not None else 0
+    shown: list[list[Run]] = []
+    for row, line in sorted(frame.lines.items()):
+        runs = [(line, "")] if isinstance(line, str) else list(line)
+        width = len(text_of(runs))
+        if frame.cursor is not None and frame.cursor[1] == row:
+            runs = _with_cursor(runs, frame.cursor[0])
+            width = max(width, frame.cursor[0] + 1)
+        if width < cols:
+            runs.append((" " * (cols - width), ""))
+        shown.append([run for run in runs if run[0]])
+    return shown
+
+
+def _with_cursor(runs: list[Run], place: int) -> list[Run]:
+    """RUNS with the character at PLACE (a space past their end) in a run of its own."""
+    out: list[Run] = []
+    start = 0
+    for text, classes in runs:
+        end = start + len(text)
+        if start <= place < end:
+            at = place - start
+            out += [(text[:at], classes), (text[at], f"{classes} cursor".strip()),
+                    (text[at + 1 :], classes)]  # fmt: skip
+        else:
+            out.append((text, classes))
+        start = end
+    if place >= start:
+        out += [(" " * (place - start), ""), (" ", "cursor")]
+    return out

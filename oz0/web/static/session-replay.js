@@ -1,8 +1,9 @@
 // Plays a session's recording back in its page's terminal view, <pre id="screen">: the
 // frames of its data-frames URL (oz0/web/terminal_frames.py: the lines that changed, at
 // their recorded time, a page at a time, each page beginning with the whole screen), at
-// the chosen speed, a pause longer than two seconds played as two. Without JavaScript the
-// page shows the screen the session left, and the controls stay hidden.
+// the chosen speed, a pause longer than two seconds played as two; colours and styles as
+// CSS classes, the cursor as a cell of class "cursor". Without JavaScript the page shows
+// the screen the session left, and the controls stay hidden.
 (function () {
   "use strict";
   var screen = document.getElementById("screen");
@@ -19,14 +20,58 @@
   var state = null;
   controls.hidden = false;
 
-  function pad(line, cols) {
-    return line.length >= cols ? line : line + " ".repeat(cols - line.length);
+  // A line is its text, or runs of [text, CSS classes] when any of it is styled.
+  function runsOf(line) {
+    return typeof line === "string" ? [[line, ""]] : line.slice();
   }
 
+  function widthOf(runs) {
+    return runs.reduce(function (n, run) { return n + run[0].length; }, 0);
+  }
+
+  // RUNS with the character at PLACE (a space past their end) in a run of its own.
+  function withCursor(runs, place) {
+    var out = [], start = 0;
+    runs.forEach(function (run) {
+      var end = start + run[0].length;
+      if (start <= place && place < end) {
+        var at = place - start;
+        out.push([run[0].slice(0, at), run[1]], [run[0][at], (run[1] + " cursor").trim()],
+          [run[0].slice(at + 1), run[1]]);
+      } else {
+        out.push(run);
+      }
+      start = end;
+    });
+    if (place >= start) { out.push([" ".repeat(place - start), ""], [" ", "cursor"]); }
+    return out;
+  }
+
+  // Every line as wide as the screen: a grid of its size.
   function draw() {
-    screen.textContent = state.lines.map(function (line) {
-      return pad(line, state.cols);
-    }).join("\n");
+    var drawn = document.createDocumentFragment();
+    state.lines.forEach(function (line, row) {
+      var runs = runsOf(line);
+      var width = widthOf(runs);
+      if (state.cursor && state.cursor[1] === row) {
+        runs = withCursor(runs, state.cursor[0]);
+        width = Math.max(width, state.cursor[0] + 1);
+      }
+      if (width < state.cols) { runs.push([" ".repeat(state.cols - width), ""]); }
+      runs.forEach(function (run) {
+        if (!run[0]) { return; }
+        if (run[1]) {
+          var span = document.createElement("span");
+          span.className = run[1];
+          span.textContent = run[0];
+          drawn.appendChild(span);
+        } else {
+          drawn.appendChild(document.createTextNode(run[0]));
+        }
+      });
+      if (row < state.lines.length - 1) { drawn.appendChild(document.createTextNode("\n")); }
+    });
+    screen.replaceChildren(drawn);
   }
 
   function seconds(t) {
@@ -43,6 +88,7 @@
       while (state.lines.length < frame.size[1]) { state.lines.push(""); }
     }
     frame.lines.forEach(function (line) { state.lines[line[0]] = line[1]; });
+    state.cursor = frame.cursor;
     draw();
     clock.textContent = seconds(frame.t);
   }
@@ -102,8 +148,8 @@
     var mine = run;
     if (state !== null) { clearTimeout(state.timer); }
     var rows = screen.textContent.split("\n").length;
-    state = { lines: [], cols: 0, at: 0, frames: [], index: 0, pending: null, paused: false,
-      timer: null };
+    state = { lines: [], cols: 0, cursor: null, at: 0, frames: [], index: 0, pending: null,
+      paused: false, timer: null };
     // Blank at once, as the terminal was before the session's first output.
     for (var i = 0; i < rows; i += 1) { state.lines.push(""); }
     draw();
