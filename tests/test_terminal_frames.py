@@ -91,15 +91,15 @@ def test_pages_are_bounded_begin_with_the_whole_screen_and_compose_to_the_last(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(tf, "PAGE_FRAMES", 4)
-    monkeypatch.setattr(tf, "PAGE_TEXT", 40)
+    monkeypatch.setattr(tf, "PAGE_CELLS", 36)
     events = [(i * 0.1, "o", f"line {i}\r\n") for i in range(1, 30)]
     recorded = tf.read(cast(12, 5, *events))
     pages = all_pages(recorded)
     assert len(pages) > 3
     for page in pages:
         assert len(page.frames) <= 4
-        # Its frames but the first (the whole screen, 12 x 5 at most) within PAGE_TEXT.
-        assert sum(f.text for f in page.frames[1:]) <= 40
+        # Its frames but the first (the whole screen, 12 x 5 at most) within PAGE_CELLS.
+        assert sum(len(f.lines) * 12 for f in page.frames[1:]) <= 36
         first = page.frames[0]
         assert first.size == (12, 5) and set(first.lines) == set(range(5))
     assert pages[-1].next is None

@@ -7,8 +7,10 @@ Bounded, since a session may last hours: the replay covers the first REPLAY_OUTP
 characters of output (`Events.truncated` says it stopped there; `session play` has it
 all), a screen is at most MAX_COLS x MAX_ROWS (a larger one is cut to it), output events
 less than FRAME_STEP apart make one frame, and frames come in pages of PAGE_FRAMES frames
-or PAGE_TEXT characters of lines at most, each page beginning with the whole screen, so
-that one answer is never larger than a page and a screen.
+or PAGE_CELLS cells of changed lines at most, each page beginning with the whole screen,
+so that one answer is never larger than a page and a screen. A page is found by feeding
+the emulator from the start (pyte does some hundreds of KiB a second) and drawing the
+lines of that page's frames only.
 
 A line is its text, or, when anything on it is coloured or styled, runs of (text, CSS
 classes): `fg-NAME`/`bg-NAME` of the 16 colours (a colour of the 256 or of 24 bits shown
@@ -19,6 +21,7 @@ terminal had it (a character's place on its row; None when the program hid it).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,13 +30,14 @@ from typing import Any
 import pyte
 from pyte.screens import wcwidth
 
-REPLAY_OUTPUT = 2 * 1024 * 1024
+# pyte feeds some hundreds of KiB a second: about a second of a core, at most.
+REPLAY_OUTPUT = 512 * 1024
 MAX_COLS, MAX_ROWS = 400, 200
 # (cols, rows) of a recording whose header has no size.
 DEFAULT_SIZE = (80, 24)
 FRAME_STEP = 1 / 30
 PAGE_FRAMES = 500
-PAGE_TEXT = 256 * 1024
+PAGE_CELLS = 128 * 1024
 
 
 # A line as shown: its text, or runs of (text, CSS classes) when any of it is styled.
@@ -164,14 +168,22 @@ def _nearest(colour: str) -> str:
 
 def classes_of(char: pyte.screens.Char) -> str:
     """The CSS classes a cell is drawn with (none for the terminal's default look)."""
-    fg, bg = _nearest(char.fg), _nearest(char.bg)
-    if char.reverse:
+    return _classes(char.fg, char.bg, char.bold, char.italics, char.underscore,
+                    char.strikethrough, char.reverse)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _classes(
+    fg: str, bg: str, bold: bool, italics: bool, underscore: bool, strike: bool, reverse: bool
+) -> str:
+    fg, bg = _nearest(fg), _nearest(bg)
+    if reverse:
         # "fg-bg": the terminal's own background colour as a foreground, and so on.
         fg, bg = (bg if bg != "default" else "bg"), (fg if fg != "default" else "fg")
     names = [f"fg-{fg}"] if fg != "default" else []
     names += [f"bg-{bg}"] if bg != "default" else []
-    names += [name for name, on in (("b", char.bold), ("i", char.italics),
-              ("u", char.underscore), ("s", char.strikethrough)) if on]  # fmt: skip
+    names += [name for name, on in (("b", bold), ("i", italics), ("u", underscore),
+              ("s", strike)) if on]  # fmt: skip
     return " ".join(names)
 
 
@@ -260,9 +272,8 @@ class Terminal:
 
     def whole(self, at: float) -> Frame:
         """The screen as it is now, every line, as a frame at AT."""
-        self._cursor = self.cursor()
         lines = {row: self.line(row) for row in range(self.screen.lines)}
-        return Frame(at, lines, self.size, self._cursor)
+        return Frame(at, lines, self.size, self.cursor())
 
     def _apply(self, code: str, data: str) -> bool:
         """Feed one event; whether the screen's size changed."""
@@ -280,37 +291,60 @@ class Terminal:
         for _, code, data in self.recorded.events:
             self._apply(code, data)
 
-    def frames(self) -> Iterator[Frame]:
-        """The blank screen at 0, then one frame per FRAME_STEP or less of events that
+    def changes(self) -> Iterator[Change]:
+        """The blank screen at 0, then one change per FRAME_STEP or less of events that
         changed the screen or moved the cursor. When one is yielded, the screen is as it
-        shows."""
-        yield self.whole(0.0)
+        leaves it (`frame` draws it)."""
+        yield Change(0.0, list(range(self.screen.lines)), self.size, self.cursor())
         self.screen.dirty.clear()
+        self._cursor = self.cursor()
         began: float | None = None
         last = 0.0
         resized = False
         for at, code, data in self.recorded.events:
             if began is not None and at - began >= FRAME_STEP:
-                yield from self._frame(last, resized)
+                yield from self._change(last, resized)
                 began, resized = None, False
             resized = self._apply(code, data) or resized
             if began is None:
                 began = at
             last = at
         if began is not None:
-            yield from self._frame(last, resized)
+            yield from self._change(last, resized)
 
-    def _frame(self, at: float, resized: bool) -> Iterator[Frame]:
+    def _change(self, at: float, resized: bool) -> Iterator[Change]:
+        cursor = self.cursor()
         if resized:
             self.screen.dirty.clear()
-            yield self.whole(at)
+            self._cursor = cursor
+            yield Change(at, list(range(self.screen.lines)), self.size, cursor)
             return
         rows = sorted(row for row in self.screen.dirty if row < self.screen.lines)
         self.screen.dirty.clear()
-        cursor = self.cursor()
         if rows or cursor != self._cursor:
             self._cursor = cursor
-            yield Frame(at, {row: self.line(row) for row in rows}, cursor=cursor)
+            yield Change(at, rows, None, cursor)
+
+    def frame(self, change: Change) -> Frame:
+        """CHANGE drawn, the screen being as it leaves it."""
+        return Frame(change.at, {row: self.line(row) for row in change.rows}, change.size,
+                     change.cursor)  # fmt: skip
+
+    def frames(self) -> Iterator[Frame]:
+        """Every change, drawn."""
+        for change in self.changes():
+            yield self.frame(change)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a frame will show, before its lines are drawn: the ROWS that changed, the
+    screen's SIZE when it changed, the CURSOR."""
+
+    at: float
+    rows: list[int]
+    size: tuple[int, int] | None
+    cursor: tuple[int, int] | None
 
 
 @dataclass(frozen=True)
@@ -338,22 +372,23 @@ class Page:
 
 def page(recorded: Events, number: int) -> Page | None:
     """Page NUMBER of RECORDED's frames (None: there is no such page). Pages are cut where
-    PAGE_FRAMES or PAGE_TEXT is reached, the same way whichever page is asked for; the
-    events after the page asked for are not fed to the emulator."""
+    PAGE_FRAMES or PAGE_CELLS is reached, the same way whichever page is asked for; only
+    that page's lines are drawn, and the events after it are not fed to the emulator."""
     terminal = Terminal(recorded)
-    current, count, text = 0, 0, 0
+    current, count, cells = 0, 0, 0
     taken: list[Frame] = []
-    for frame in terminal.frames():
-        if count and (count >= PAGE_FRAMES or text + frame.text > PAGE_TEXT):
+    for change in terminal.changes():
+        changed = len(change.rows) * terminal.size[0]
+        if count and (count >= PAGE_FRAMES or cells + changed > PAGE_CELLS):
             if current == number:
                 return Page(number, *_first_size(recorded), taken, number + 1,
                             recorded.truncated)  # fmt: skip
-            current, count, text = current + 1, 0, 0
+            current, count, cells = current + 1, 0, 0
         count += 1
-        text += frame.text
+        cells += changed
         if current == number:
             # A page begins with the whole screen: it plays without the pages before it.
-            taken.append(terminal.whole(frame.at) if count == 1 else frame)
+            taken.append(terminal.whole(change.at) if count == 1 else terminal.frame(change))
     if current == number and taken:
         return Page(number, *_first_size(recorded), taken, None, recorded.truncated)
     return None
