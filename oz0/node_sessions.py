@@ -194,13 +194,16 @@ def end_orphans(conn: Conn, actor: audit.Actor) -> list[str]:
     server noticing), with the bytes as recorded; ended at the server's last heartbeat
     when its row is still there (else now). Their IDs.
 
-    Idempotent among servers noticing at once: a row another transaction ends meanwhile
-    is looked at again once that one commits, and left as it ended."""
+    Idempotent among servers noticing at once, and never waiting: a row another
+    transaction holds (another server ending it, or the stopped server's last write, if
+    it was frozen in the middle of one) is left to the next look."""
     rows = conn.execute(
         "UPDATE sessions SET ended_at = greatest(started_at, coalesce((SELECT last_heartbeat"
         "  FROM servers WHERE servers.id = sessions.server), now())), why = %(why)s"
-        " WHERE ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM servers"
-        "  WHERE servers.id = sessions.server AND last_heartbeat > now() - %(up)s)"
+        " WHERE id IN (SELECT id FROM sessions WHERE ended_at IS NULL AND NOT EXISTS"
+        "  (SELECT 1 FROM servers WHERE servers.id = sessions.server"
+        "  AND last_heartbeat > now() - %(up)s) FOR UPDATE SKIP LOCKED)"
+        " AND ended_at IS NULL"
         " RETURNING id, tenant, node_id, person, command, server,"
         "  extract(epoch FROM ended_at - started_at), input_bytes, output_bytes",
         {"why": SERVER_STOPPED, "up": membership.UP_WINDOW},

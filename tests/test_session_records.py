@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -107,24 +106,34 @@ def test_a_stopped_server_s_sessions_are_ended_with_their_audit_row_and_an_up_on
     assert node_sessions.get(conn, orphan).why == "its server stopped"
 
 
-def test_servers_that_look_at_once_end_a_session_once(
+def test_servers_that_look_at_once_end_a_session_once_and_none_waits(
     conn: psycopg.Connection[Any], one_cluster: ClusterFiles
 ) -> None:
     stop_server(conn, DEAD, dt.timedelta(seconds=10))
     orphan = open_session(conn, DEAD)
     main = one_cluster.url.for_database(one_cluster.url.names.main)
-    second: list[list[str]] = []
     with psycopg.connect(main) as first, psycopg.connect(main, autocommit=True) as other:
         # The first has ended it and not yet committed; the second, looking meanwhile,
-        # waits on the row, then finds it ended.
+        # leaves it to the first (else it would wait on the first's lock here).
         assert node_sessions.end_orphans(first, SWEEPER) == [orphan]
-        looking = threading.Thread(
-            target=lambda: second.append(node_sessions.end_orphans(other, SWEEPER))
-        )
-        looking.start()
-        looking.join(0.5)
-        assert looking.is_alive()  # waiting on the first's lock
+        other.execute("SET lock_timeout = '2s'")
+        assert node_sessions.end_orphans(other, SWEEPER) == []
         first.commit()
-        looking.join(10)
-    assert second == [[]]
+        assert node_sessions.end_orphans(other, SWEEPER) == []
     assert [e.target for e in ends(conn)] == [orphan]
+
+
+def test_a_session_whose_row_a_frozen_server_holds_is_left_to_the_next_look(
+    conn: psycopg.Connection[Any], one_cluster: ClusterFiles
+) -> None:
+    """A server frozen (SIGSTOP, a paused machine) in the middle of writing a chunk holds
+    its session's row: the look ends the others, and that one once it is let go."""
+    stop_server(conn, DEAD, dt.timedelta(seconds=10))
+    held, free = open_session(conn, DEAD), open_session(conn, DEAD)
+    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    with psycopg.connect(main) as frozen:
+        node_sessions.add_chunk(frozen, held, 7, b"sealed", 0, 10)
+        conn.execute("SET lock_timeout = '2s'")
+        assert node_sessions.end_orphans(conn, SWEEPER) == [free]
+        frozen.rollback()
+    assert node_sessions.end_orphans(conn, SWEEPER) == [held]

@@ -86,8 +86,9 @@ def test_a_session_asked_of_another_server_is_relayed_by_the_one_holding_the_nod
 
 
 # A killed server's sessions are ended within the up window (5 s) and a sweep (2 s) of its
-# last heartbeat (oz0/server/session_sweeper.py); generous, as end-to-end bounds are.
-ENDED_BOUND = 15.0
+# last heartbeat (oz0/server/session_sweeper.py); generous, as end-to-end bounds are
+# (a loaded machine has lagged past 15 s).
+ENDED_BOUND = 30.0
 # A stopped (SIGSTOP) server's node ends its stream after three heartbeats (15 s): the
 # stop must end before that, for the stream to be there when it goes on.
 STOPPED_BOUND = 12.0
