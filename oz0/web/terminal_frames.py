@@ -209,10 +209,6 @@ class Frame:
             shown["size"] = list(self.size)
         return shown
 
-    @property
-    def text(self) -> int:
-        return sum(len(text_of(line)) for line in self.lines.values())
-
 
 class Terminal:
     """A pyte screen fed a recording's events (Events), frame by frame."""
