@@ -242,6 +242,7 @@ RULES: dict[str, Rule] = {
     # What a session showed only to admins (the page says so to the others).
     "web.sessions_page": _rule(Right.READ, "list sessions"),
     "web.session_show": _rule(Right.READ, "read sessions"),
+    "web.session_frames": _rule(Right.ADMINISTER, "read sessions' recordings"),
 }
 
 

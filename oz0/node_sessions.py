@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from oz0 import listing, pki
+from oz0 import audit, listing, membership, pki
 from oz0.errors import Oz0Error
 
 Conn = psycopg.Connection[Any]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+# Chunks of a recording read from the database at once.
+CHUNKS_AT_ONCE = 64
+# Why a session ended whose server stopped before it could say (`end_orphans`).
+SERVER_STOPPED = "its server stopped"
 
 
 class SessionNotFound(Oz0Error):
@@ -91,8 +95,9 @@ class Session:
     why: str | None
     input_bytes: int
     output_bytes: int
-    # Whether the server that relays it is up: one killed leaves its sessions unended,
-    # over all the same (its node ended them with its stream).
+    # Whether the server that relays it is up: one killed leaves its sessions unended
+    # until another ends them in the records (`end_orphans`, seconds later), over all
+    # the same meanwhile (its node ended them with its stream).
     server_up: bool = True
 
     @property
@@ -103,7 +108,7 @@ class Session:
     def ending(self) -> str | None:
         """Why it ended, if it did without an exit code."""
         if self.ended_at is None and not self.server_up:
-            return "its server stopped"
+            return SERVER_STOPPED
         return self.why
 
     def to_json(self) -> dict[str, Any]:
@@ -170,12 +175,49 @@ def add_chunk(
     )
 
 
-def finish(conn: Conn, session_id: str, exit_code: int | None, why: str | None) -> None:
-    conn.execute(
-        "UPDATE sessions SET ended_at = now(), exit_code = %s, why = %s"
-        " WHERE id = %s AND ended_at IS NULL",
-        (exit_code, why, session_id),
+def finish(conn: Conn, session_id: str, exit_code: int | None, why: str | None) -> bool:
+    """The session's end, as the server relaying it saw it; False if it was ended before
+    (by another server, `end_orphans`, while this one was taken for stopped)."""
+    return bool(
+        conn.execute(
+            "UPDATE sessions SET ended_at = now(), exit_code = %s, why = %s"
+            " WHERE id = %s AND ended_at IS NULL",
+            (exit_code, why, session_id),
+        ).rowcount
     )
+
+
+def end_orphans(conn: Conn, actor: audit.Actor) -> list[str]:
+    """End, in the records, the sessions whose server is not up (membership.UP_WINDOW):
+    killed, or stopped without ending them. Its node ended them with its stream; their
+    recording is as it was written. Each gets its `session.end` audit row by ACTOR (the
+    server noticing), with the bytes as recorded; ended at the server's last heartbeat
+    when its row is still there (else now). Their IDs.
+
+    Idempotent among servers noticing at once, and never waiting: a row another
+    transaction holds (another server ending it, or the stopped server's last write, if
+    it was frozen in the middle of one) is left to the next look."""
+    rows = conn.execute(
+        "UPDATE sessions SET ended_at = greatest(started_at, coalesce((SELECT last_heartbeat"
+        "  FROM servers WHERE servers.id = sessions.server), now())), why = %(why)s"
+        " WHERE id IN (SELECT id FROM sessions WHERE ended_at IS NULL AND NOT EXISTS"
+        "  (SELECT 1 FROM servers WHERE servers.id = sessions.server"
+        "  AND last_heartbeat > now() - %(up)s) FOR UPDATE SKIP LOCKED)"
+        " AND ended_at IS NULL"
+        " RETURNING id, tenant, node_id, person, command, server,"
+        "  extract(epoch FROM ended_at - started_at), input_bytes, output_bytes",
+        {"why": SERVER_STOPPED, "up": membership.UP_WINDOW},
+    ).fetchall()
+    ended = []
+    for session_id, tenant, node_id, person, command, server, took, ins, outs in rows:
+        details = {
+            "node": node_id, "command": command, "person": person, "exit_code": None,
+            "why": SERVER_STOPPED, "server": server, "seconds": round(float(took), 3),
+            "input_bytes": ins, "output_bytes": outs,
+        }  # fmt: skip
+        audit.record(conn, actor, "session.end", session_id, details, tenants=[tenant])
+        ended.append(str(session_id))
+    return ended
 
 
 def get(conn: Conn, session_id: str, *, scope: listing.Scope = None) -> Session:
@@ -218,14 +260,21 @@ def seal_chunk(master_key: bytes, cluster: str, session_id: str, seq: int, text:
     )
 
 
-def recording(conn: Conn, master_key: bytes, cluster: str, session: Session) -> Iterator[str]:
+def recording(
+    conn: Conn, master_key: bytes, cluster: str, session: Session
+) -> Generator[str, None, None]:
     """SESSION's asciicast v2 file, line by line: its header, then its events as recorded."""
     yield json.dumps(session.header) + "\n"
-    rows = conn.execute(
-        "SELECT seq, sealed FROM session_chunks WHERE session_id = %s ORDER BY seq",
-        (session.id,),
-    ).fetchall()
-    for seq, sealed in rows:
-        yield pki.unseal(
-            master_key, bytes(sealed), cluster, pki.Sealed.SESSION, bound=(session.id, str(seq))
-        ).decode()
+    # A cursor of the server's, read a few chunks at a time: a reader that stops early
+    # (the web UI's replay, oz0/web/terminal_frames.py) does not load the rest.
+    with conn.cursor(name=f"recording-{session.id}") as rows:
+        rows.itersize = CHUNKS_AT_ONCE
+        rows.execute(
+            "SELECT seq, sealed FROM session_chunks WHERE session_id = %s ORDER BY seq",
+            (session.id,),
+        )
+        for seq, sealed in rows:
+            yield pki.unseal(
+                master_key, bytes(sealed), cluster, pki.Sealed.SESSION,
+                bound=(session.id, str(seq)),
+            ).decode()  # fmt: skip

@@ -23,7 +23,7 @@ from oz0.errors import Oz0Error
 from oz0.jobs import pruner
 from oz0.jobs.role import JobsRole
 from oz0.jobs.secret_env import SecretKeeper
-from oz0.server import edge, gc_tuning, loop_lag, management, tls
+from oz0.server import edge, gc_tuning, loop_lag, management, session_sweeper, tls
 from oz0.server.api.common import ManagementState
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
@@ -194,6 +194,7 @@ async def run_server(
         certs.on_renew.append(reconnect_jobs)
         await nursery.start(jobs.run)
         await nursery.start(partial(pruner.run, db, metrics.pruned, deleted=metrics.deleted))
+        await nursery.start(session_sweeper.run, db, server_id)
         relay = SessionRelay()
         state = ManagementState(
             db=db,

@@ -1,45 +1,28 @@
 """/sessions: sessions on nodes, the live ones first; /sessions/ID: one, and for the
-admins of its tenant its recording, shown as the text it left on the terminal and played
-back by session-replay.js (the asciicast's output events, escape sequences left out: a
-terminal library is not vendored, and plain text is what a reviewer reads)."""
+admins of its tenant its recording in a terminal view: the screen it left (what a VT100
+emulator fed its output shows: oz0/web/terminal_frames.py), played back from the start by
+session-replay.js with the frames of /sessions/ID/frames.json, a page at a time."""
 
 from __future__ import annotations
 
-import json
-import re
+import contextlib
 from typing import Any
 
-from quart import Blueprint, request
+import trio
+from quart import Blueprint, Response, jsonify, request
 
 from oz0 import access, node_sessions
+from oz0.web import terminal_frames
 from oz0.web.pages import Page, Pages, text_arg
 
 PAGE = 100
-# What a terminal draws with rather than shows: CSI and OSC sequences, other escapes.
-_ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erasing
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC: the window's title
-    r"|\x1b[@-Z\\-_]"  # other escapes
-    r"|[\x00-\x08\x0b-\x1f\x7f]"  # controls but tab and newline
-)
-
-
-def plain(text: str) -> str:
-    """TEXT as a plain-text view shows it: escape sequences and controls left out."""
-    return _ESCAPES.sub("", text.replace("\r\n", "\n"))
-
-
-def events(cast: str) -> list[tuple[float, str]]:
-    """The output events of the asciicast CAST, as (time, plain text)."""
-    found: list[tuple[float, str]] = []
-    for line in cast.splitlines()[1:]:
-        at, code, data = json.loads(line)
-        if code == "o":
-            found.append((float(at), plain(data)))
-    return found
+# Recordings rendered at once by this server (each a thread, pyte's work is the CPU's).
+RENDERERS = 2
 
 
 def add(web: Blueprint, pages: Pages) -> None:
+    rendering = trio.CapacityLimiter(RENDERERS)
+
     @web.get("/sessions")
     async def sessions_page() -> Page:
         current = await pages.session()
@@ -57,6 +40,18 @@ def add(web: Blueprint, pages: Pages) -> None:
             "sessions.html", current, live=live, recent=recent, node=node, who=person
         )
 
+    async def events(found: node_sessions.Session) -> terminal_frames.Events:
+        """FOUND's recording as far as the replay goes (the rest is not read)."""
+        key = pages.state.cluster.master_key
+        assert key is not None
+
+        def read(conn: Any) -> terminal_frames.Events:
+            lines = node_sessions.recording(conn, key, pages.state.cluster.name, found)
+            with contextlib.closing(lines):
+                return terminal_frames.read(lines)
+
+        return await pages.state.db.transaction(read)
+
     @web.get("/sessions/<session_id>")
     async def session_show(session_id: str) -> Page:
         current = await pages.session()
@@ -67,19 +62,54 @@ def add(web: Blueprint, pages: Pages) -> None:
             )
         except node_sessions.SessionNotFound:
             return await pages.missing(current, f"session {session_id}")
-        replay: list[tuple[float, str]] | None = None
-        key = pages.state.cluster.master_key
-        if current.person.has(access.Right.ADMINISTER) and key is not None:
-            cast = await pages.state.db.transaction(
-                lambda conn: "".join(
-                    node_sessions.recording(conn, key, pages.state.cluster.name, found)
+        screen: list[list[terminal_frames.Run]] | None = None
+        recorded: terminal_frames.Events | None = None
+        unreadable: str | None = None
+        if current.person.has(access.Right.ADMINISTER) and pages.state.cluster.master_key:
+            try:
+                recorded = await events(found)
+            except terminal_frames.BadRecording as e:
+                unreadable = str(e)
+            else:
+                last = await trio.to_thread.run_sync(
+                    terminal_frames.last_frame, recorded, limiter=rendering
                 )
-            )
-            replay = events(cast)
+                screen = terminal_frames.html_lines(last)
         return await pages.render(
             "session.html",
             current,
             s=found,
-            replay=replay,
-            screen="".join(text for _, text in replay) if replay is not None else None,
+            screen=screen,
+            recorded=recorded,
+            unreadable=unreadable,
+            replay_limit=terminal_frames.REPLAY_OUTPUT,
         )
+
+    @web.get("/sessions/<session_id>/frames.json")
+    async def session_frames(session_id: str) -> tuple[Response, int]:
+        # Its tenant's admins only (the rule table, oz0/access.py).
+        current = await pages.session()
+        try:
+            number = int(request.args.get("page", "0"))
+        except ValueError:
+            number = -1
+        if number < 0:
+            return jsonify({"error": "page must be a whole number, 0 or more"}), 400
+        try:
+            found = await pages.state.db.transaction(
+                lambda conn: node_sessions.get(conn, session_id, scope=current.person.scope)
+            )
+        except node_sessions.SessionNotFound as e:
+            return jsonify({"error": str(e)}), 404
+        if not pages.state.cluster.master_key:
+            return jsonify({"error": "this server cannot read recordings"}), 503
+        try:
+            recorded = await events(found)
+        except terminal_frames.BadRecording as e:
+            return jsonify({"error": str(e)}), 500
+        shown = await trio.to_thread.run_sync(
+            terminal_frames.page, recorded, number, limiter=rendering
+        )
+        if shown is None:
+            return jsonify({"error": f"session {session_id}'s replay has no page {number}"}), 404
+        return jsonify(shown.to_json()), 200

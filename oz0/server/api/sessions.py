@@ -223,10 +223,18 @@ async def _serve(state: ManagementState, node_id: str) -> None:
             }
 
             def closed(conn: Any) -> None:
-                node_sessions.finish(conn, session_id, relay.code, relay.why)
-                audit.record(
-                    conn, person.actor, "session.end", session_id, ended, tenants=[line.tenant]
-                )
+                # Not twice: another server may have ended it, this one taken for stopped.
+                if node_sessions.finish(conn, session_id, relay.code, relay.why):
+                    audit.record(
+                        conn, person.actor, "session.end", session_id, ended,
+                        tenants=[line.tenant],
+                    )  # fmt: skip
+                else:
+                    log.warning(
+                        "session %s was ended in the records by another server (this one "
+                        "taken for stopped) before it ended here: %s", session_id,
+                        relay.why or f"exit code {relay.code}",
+                    )  # fmt: skip
 
             await state.db.transaction(closed)
 
@@ -357,12 +365,18 @@ class _Relay:
                 await _to_line(line, sm.RESIZE, session=live.id, **size.fields())
 
     async def _watch(self, scope: trio.CancelScope) -> None:
-        """End the session once idle or too long, or once its person may no longer."""
+        """End the session once idle or too long, once its person may no longer, or once
+        this server has written no heartbeat for so long that the others take it for
+        stopped (and end its sessions' rows: oz0/server/session_sweeper.py)."""
         settings = self.settings
         while True:
             await trio.sleep(PERSON_CHECK)
             now = trio.current_time()
-            if now - self.began >= settings.max_length:
+            beat = self.state.metrics.heartbeat_age()
+            if beat is not None and beat >= membership.UP_WINDOW.total_seconds():
+                # The other servers take this one for stopped and end its sessions' rows.
+                why = f"its server wrote no heartbeat for {beat:.0f} s"
+            elif now - self.began >= settings.max_length:
                 why = f"it reached the cluster's maximum length ({settings.max_length:g} s)"
             elif now - self.active >= settings.idle_timeout:
                 why = f"it was idle for {settings.idle_timeout:g} s"

@@ -4,7 +4,8 @@
 -- this; the settings' defaults hold for it.
 --
 -- sessions: one row per session, written when it opens (its person, node, tenant and
---   command, its first window as asciicast v2's header) and when it ends.
+--   command, its first window as asciicast v2's header) and when it ends (by the server
+--   relaying it, or by any server once that one has stopped).
 -- session_chunks: its recording as it happens, asciicast v2 event lines, each chunk sealed
 --   with the master key bound to the session and the chunk's number (pki.Sealed.SESSION);
 --   written before what it holds is shown to the person, so a server killed loses
@@ -30,6 +31,9 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_by_start ON sessions (started_at DESC, id DESC);
 CREATE INDEX sessions_by_node ON sessions (node_id, started_at DESC);
 CREATE INDEX sessions_by_person ON sessions (person, started_at DESC);
+-- The sessions not yet ended, by server: what each server's sweep looks at every few
+-- seconds for those a server that stopped left open (oz0/server/session_sweeper.py).
+CREATE INDEX sessions_open_by_server ON sessions (server) WHERE ended_at IS NULL;
 
 CREATE TABLE session_chunks (
     session_id text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
