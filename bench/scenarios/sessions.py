@@ -9,24 +9,35 @@ echo (the PTY's, on the node) is back: p50/p99 of that round trip, CLI → serve
 node → PTY and back. Recording: a session's command writes RATE MiB/s of text for SECONDS;
 the server process's CPU over that window against an idle window as long before it (every
 byte of the output is relayed, recorded, sealed and written in chunks: the server's whole
-cost, so an upper bound of the recording's own).
+cost, so an upper bound of the recording's own). Then the recording alone: the same output,
+in as many pieces and as many chunks as the server's session had, at the same pace, given
+to the server's own Recording (session_recording.py) in this process: the CPU of this
+process (less what the same pacing costs without recording) and of its one PostgreSQL
+backend over that window is what recording costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import time
+from functools import partial
 from typing import Any
 
+import psycopg
 import trio
 import trio_websocket
+from psycopg.rows import dict_row
 
 from bench.measure import cpu_seconds, percentiles
 from bench.runner import Bench, Scenario, create_token
 from cli.session_client import _ssl_context
 from fixtures.agent import AgentProcess, stop_all
+from oz0 import node_sessions
 from oz0.context import Context
+from oz0.server.session_recording import Recording
+from oz0.store.pool import open_database
 from oz0_common import certs
 from oz0_common import session_messages as sm
 
@@ -88,22 +99,90 @@ async def _recording(
     await trio.sleep(seconds)
     idle = (cpu_seconds(pid) - before) / seconds
     ws = await _open(bench, nursery, node, ["python3", "-c", WRITER, str(rate), str(seconds)])
-    received = 0
+    received = pieces = 0
     began, before = time.monotonic(), cpu_seconds(pid)
     while True:
         message = json.loads(await ws.get_message())
         if message["type"] == "output":
             received += len(sm.data_of(message))
+            pieces += 1
         elif message["type"] in ("exit", "error"):
             break
     wall, busy = time.monotonic() - began, cpu_seconds(pid) - before
     await ws.aclose()
+    bench.out["recording_alone"] = await _recording_alone(bench, pieces, received, wall)
     return {
         "rate_mib_s": round(received / wall / 2**20, 2),
         "seconds": round(wall, 1),
         "server_idle_core_pct": round(100 * idle, 1),
         "server_core_pct": round(100 * busy / wall, 1),
         "added_core_pct": round(100 * (busy / wall - idle), 1),
+    }
+
+
+def _newest_session(url: str) -> dict[str, Any]:
+    """The session the recording window ran: its row and how many chunks it wrote."""
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        row = conn.execute(
+            "SELECT s.*, (SELECT count(*) FROM session_chunks c WHERE c.session_id = s.id)"
+            " AS chunks FROM sessions s ORDER BY started_at DESC LIMIT 1"
+        ).fetchone()
+    assert row is not None, "no session recorded"
+    return row
+
+
+async def _recording_alone(bench: Bench, pieces: int, received: int, wall: float) -> dict[str, Any]:
+    """RECEIVED bytes in PIECES over WALL seconds through a Recording of this process, into
+    as many chunks as the server wrote for its session; the CPU that takes here and in the
+    one database backend it writes with, in percent of a core."""
+    url = bench.files.url.for_database(bench.files.url.names.main)
+    real = _newest_session(url)
+    chunks = max(int(real["chunks"]), 1)
+    piece = (b"x" * 63 + b"\n") * max(received // max(pieces, 1) // 64, 1)
+    session_id = sm.new_id()
+    async with open_database(url, min_size=1, max_size=1, own_threads=True) as db:
+        await db.transaction(
+            partial(node_sessions.create, session_id=session_id, tenant=real["tenant"],
+                    node_id=real["node_id"], person=real["person"], command=["bench"],
+                    header=real["header"], server=real["server"], records_input=False)
+        )  # fmt: skip
+        backend = await db.transaction(
+            lambda conn: int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        )
+        recording = Recording(db, secrets.token_bytes(32), "bench", session_id, records_input=False)
+        every = max(pieces // chunks, 1)
+
+        async def paced(record: bool) -> tuple[float, float, float]:
+            """Wall seconds, this process's and the backend's CPU seconds: the pieces at
+            the session's pace, given to the recording or (RECORD false) not, so that what
+            the pacing itself costs is known and taken away."""
+            began = time.monotonic()
+            mine, theirs = cpu_seconds(), cpu_seconds(backend)
+            for n in range(pieces):
+                if record:
+                    recording.output(piece)
+                    if (n + 1) % every == 0 or n + 1 == pieces:
+                        await recording.flush()
+                await trio.sleep(max(0.0, began + (n + 1) * wall / pieces - time.monotonic()))
+            return (
+                time.monotonic() - began,
+                cpu_seconds() - mine,
+                cpu_seconds(backend) - theirs,
+            )
+
+        idle_took, idle_mine, _ = await paced(record=False)
+        took, mine, theirs = await paced(record=True)
+        await db.transaction(
+            lambda conn: conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
+        )
+    return {
+        "pieces": pieces,
+        "chunks": chunks,
+        "rate_mib_s": round(len(piece) * pieces / took / 2**20, 2),
+        "pacing_core_pct": round(100 * idle_mine / idle_took, 1),
+        "recording_core_pct": round(100 * (mine / took - idle_mine / idle_took), 1),
+        "database_core_pct": round(100 * theirs / took, 1),
+        "total_core_pct": round(100 * (mine / took - idle_mine / idle_took + theirs / took), 1),
     }
 
 

@@ -52,6 +52,12 @@ START_TIMEOUT = 30.0
 PERSON_CHECK = 0.5
 # Output the relay takes into one chunk of the recording at most, in messages.
 BATCH = 64
+# While output streams (the last chunk held HOLD_ABOVE bytes or more), the relay gathers
+# it for up to GATHER after its last write began before it writes again: a flood costs
+# about ten chunk writes a second instead of one a read of the PTY (each a transaction;
+# bench.sessions' recording_alone), while a keystroke's echo (a few bytes) is never held.
+GATHER = 0.1
+HOLD_ABOVE = 8 * 1024
 
 
 class Refused(Exception):
@@ -307,20 +313,24 @@ class _Relay:
             self.why = f"refused: {first.get('reason')}"
             raise Refused(f"node {live.node_id} refused the session: {first.get('reason')}")
         await _send("started", session=live.id, user=first.get("user"))
+        gather_until: float | None = None
         while True:
-            batch = await _batch(live)
+            batch = await gather_batch(live, gather_until)
             if not batch:
                 self._end(scope, live.why or "the node's stream ended")
                 raise Refused(f"the session ended: {self.why}")
             shown: list[dict[str, Any]] = []
+            shown_bytes = 0
             exit_code: int | None = None
             for message in batch:
                 kind = message.get("type")
                 if kind == sm.OUTPUT:
                     try:
-                        self.recording.output(sm.data_of(message))
+                        piece = sm.data_of(message)
                     except sm.BadSessionMessage:
                         continue
+                    self.recording.output(piece)
+                    shown_bytes += len(piece)
                     # Stderr (a command without a PTY) is recorded as output too.
                     stream = {"stream": sm.STDERR} if message.get("stream") == sm.STDERR else {}
                     shown.append({"data": message["data"], **stream})
@@ -331,9 +341,10 @@ class _Relay:
                         exit_code = 255
                     break
             if shown:
-                self.active = trio.current_time()
+                self.active = began = trio.current_time()
                 # Recorded before it is shown: a server killed now has lost nothing seen.
                 await self.recording.flush()
+                gather_until = gather_after(began, shown_bytes)
                 for fields in shown:
                     await _send("output", **fields)
             if exit_code is not None:
@@ -429,16 +440,36 @@ async def _next(live: LiveSession) -> dict[str, Any] | None:
         return None
 
 
-async def _batch(live: LiveSession) -> list[dict[str, Any]]:
-    """The next message from the node and whatever else came meanwhile (BATCH at most);
-    empty once the session has ended on this side."""
+def gather_after(began: float, written: int) -> float | None:
+    """Until when the next batch of output is gathered, after a write of WRITTEN bytes that
+    began at BEGAN: only while output streams (see GATHER)."""
+    return began + GATHER if written >= HOLD_ABOVE else None
+
+
+async def gather_batch(
+    live: LiveSession, gather_until: float | None = None
+) -> list[dict[str, Any]]:
+    """The next message from the node and whatever else came meanwhile, or (GATHER_UNTIL)
+    comes until then, BATCH at most and none after an exit; empty once the session has
+    ended on this side."""
     first = await _next(live)
     if first is None:
         return []
     batch = [first]
-    while len(batch) < BATCH:
+    while len(batch) < BATCH and batch[-1].get("type") != sm.EXIT:
         try:
             batch.append(live.messages.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
+            continue
+        except trio.EndOfChannel:
             break
+        except trio.WouldBlock:
+            if gather_until is None:
+                break
+        with trio.move_on_at(gather_until):
+            more = await _next(live)
+            if more is None:
+                break
+            batch.append(more)
+            continue
+        break
     return batch
