@@ -88,6 +88,7 @@ def show(session_id: str, /, *, json: JsonFlag = False, context: ContextPath = N
             ("tenant", session["tenant"]),
             ("node", session["node"]),
             ("person", session["person"]),
+            ("user", session.get("user") or "its own UID"),
             ("command", " ".join(session["command"])),
             ("terminal", f"{session['width']}x{session['height']}"),
             ("started", session["started_at"]),

@@ -95,6 +95,8 @@ class Session:
     why: str | None
     input_bytes: int
     output_bytes: int
+    # The account it ran as (`--user`); None: a UID of its own, or the agent's user.
+    run_as: str | None
     # Whether the server that relays it is up: one killed leaves its sessions unended
     # until another ends them in the records (`end_orphans`, seconds later), over all
     # the same meanwhile (its node ended them with its stream).
@@ -129,13 +131,14 @@ class Session:
             "why": self.ending,
             "input_bytes": self.input_bytes,
             "output_bytes": self.output_bytes,
+            "user": self.run_as,
         }
 
 
 # The last: whether its server is up (membership.UP_WINDOW, as `cluster info` counts them).
 _COLUMNS = (
     "id, tenant, node_id, person, command, header, server, records_input, started_at,"
-    " ended_at, exit_code, why, input_bytes, output_bytes,"
+    " ended_at, exit_code, why, input_bytes, output_bytes, run_as,"
     " EXISTS (SELECT 1 FROM servers WHERE servers.id = sessions.server"
     " AND last_heartbeat > now() - interval '5 seconds')"
 )
@@ -152,12 +155,13 @@ def create(
     header: dict[str, Any],
     server: str,
     records_input: bool,
+    run_as: str | None = None,
 ) -> None:
     conn.execute(
         "INSERT INTO sessions (id, tenant, node_id, person, command, header, server,"
-        " records_input) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        " records_input, run_as) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (session_id, tenant, node_id, person, Jsonb(command), Jsonb(header), server,
-         records_input),
+         records_input, run_as),
     )  # fmt: skip
 
 

@@ -229,6 +229,8 @@ def test_a_session_as_a_named_user_the_node_lists_for_admins_only(
     assert (done.returncode, done.stdout) == (0, f"{SESSION_USER}\n"), done.stderr
     [started, *_] = audit_rows(env, "session.start")
     assert started["details"]["user"] == SESSION_USER
+    shown = run_cli(env, "session", "show", started["target"], "--json")
+    assert json.loads(shown.stdout)["user"] == SESSION_USER, shown.stderr
     refused = run_cli(env, "node", "exec", node, "--user", NOT_LISTED, "--", "id", "-un")
     assert (refused.returncode, refused.stdout) == (1, "")
     assert refused.stderr == (

@@ -191,7 +191,7 @@ async def _serve(state: ManagementState, node_id: str) -> None:
         node_sessions.create(
             conn, session_id, tenant=line.tenant, node_id=node_id, person=person.name,
             command=command, header=header, server=state.server_id,
-            records_input=settings.record_input,
+            records_input=settings.record_input, run_as=mode.user,
         )  # fmt: skip
         audit.record(
             conn, person.actor, "session.start", session_id, details, tenants=[line.tenant]

@@ -21,6 +21,8 @@ CREATE TABLE sessions (
     header jsonb NOT NULL,
     server text NOT NULL,
     records_input boolean NOT NULL,
+    -- The account it ran as (`--user`, docs/sessions.md); NULL: a UID of its own.
+    run_as text,
     started_at timestamptz NOT NULL DEFAULT now(),
     ended_at timestamptz,
     exit_code integer,
