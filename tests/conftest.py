@@ -19,9 +19,10 @@ from fixtures.cluster import (
     Served,
     ServerProcess,
     end_all,
-    initialise,
     serving,
 )
+from fixtures.cluster_copies import ClusterTemplate
+from fixtures.cluster_copies import cluster_template as cluster_template_of
 from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
@@ -173,15 +174,25 @@ def pg_url() -> Iterator[DatabaseUrl]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def cluster_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTemplate]:
+    with cluster_template_of(tmp_path_factory.mktemp("cluster-template")) as template:
+        yield template
+
+
 @pytest.fixture
 def cluster_files(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_url: DatabaseUrl
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    pg_url: DatabaseUrl,
+    cluster_template: ClusterTemplate,
 ) -> ClusterFiles:
-    """A cluster initialised in the test's own database. Its context names the API at the
-    test module's `ADVERTISE` address where the module sets one (its own server: the
-    README's table), else at the default cluster's 127.0.0.11."""
+    """A cluster of its own in the test's databases, as `server init` leaves it (a copy of
+    this process's one: fixtures/cluster_copies.py). Its context names the API at the test
+    module's `ADVERTISE` address where the module sets one (its own server: the README's
+    table), else at the default cluster's 127.0.0.11."""
     advertise = getattr(request.module, "ADVERTISE", DEFAULT_ADVERTISE)
-    return initialise(tmp_path, pg_url, advertise=advertise)
+    return cluster_template.copy(tmp_path, pg_url, advertise=advertise)
 
 
 @pytest.fixture(scope="module")

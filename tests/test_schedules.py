@@ -235,25 +235,39 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     wait_for("the second run's end", lambda: ended(jobs_of(cli, env, long)), RUN_BOUND)
     assert overlapping(files, jobs_of(cli, env, long)) == []
 
-    # Pause stops runs; unpause resumes them.
-    often = create(cli, env, "--every", "2s", "--", "true")
-    wait_for("two runs", lambda: len(jobs_of(cli, env, often)) >= 2, RUN_BOUND)
+    # Pause stops runs and unpause resumes them; a deleted schedule runs no more. One paused
+    # and one deleted, watched over the same runs of a third.
+    often = create(cli, env, "--every", "1s", "--", "true")
+    doomed = create(cli, env, "--every", "1s", "--", "true")
+    for one in (often, doomed):
+        wait_for("two runs", lambda: len(jobs_of(cli, env, one)) >= 2, RUN_BOUND)  # noqa: B023
     assert cli("schedule", "pause", often, env=env).code == 0
+    assert cli("schedule", "delete", doomed, env=env).code == 0
     paused = cli("schedule", "show", often, "--json", env=env).json()
     assert paused["paused"] is True and paused["next_times"] == []
     assert "paused" in cli("schedule", "list", env=env).out
-    time.sleep(3)  # a run that was starting as it paused has made its job by now
+    assert cli("schedule", "show", doomed, env=env).code != 0
+    # A run that was starting as it paused has made its job once Temporal says nothing runs.
+    wait_for("the paused one's last run to close", lambda: temporal_of(often)["running"] == 0,
+             RUN_BOUND)  # fmt: skip
     before = len(jobs_of(cli, env, often))
-    time.sleep(6)
+    # The deleted one, which Temporal no longer knows: once a run of a schedule made after
+    # the delete has made its job and the deleted one's jobs have all ended.
+    witness = create(cli, env, "--every", "1s", "--", "true")
+    wait_for("a run made after the delete, and the deleted one's jobs ended",
+             lambda: jobs_of(cli, env, witness) and ended(jobs_of(cli, env, doomed)),
+             RUN_BOUND)  # fmt: skip
+    gone = len(jobs_of(cli, env, doomed))
+    # Then three of their due times go by, seen by three more runs of the witness, of the same
+    # interval: on a loaded machine a fixed wait could go by with Temporal starting nothing.
+    wait_for("three more runs of a live schedule", lambda: len(jobs_of(cli, env, witness)) >= 4,
+             RUN_BOUND)  # fmt: skip
+    assert cli("schedule", "delete", witness, env=env).code == 0
     assert len(jobs_of(cli, env, often)) == before, "a paused schedule ran"
+    assert len(jobs_of(cli, env, doomed)) == gone, "a deleted schedule ran"
     assert cli("schedule", "unpause", often, env=env).code == 0
     wait_for("runs after unpause", lambda: len(jobs_of(cli, env, often)) >= before + 2, RUN_BOUND)
     assert cli("schedule", "delete", often, env=env).code == 0
-    time.sleep(3)
-    gone = len(jobs_of(cli, env, often))
-    time.sleep(5)
-    assert len(jobs_of(cli, env, often)) == gone, "a deleted schedule ran"
-    assert cli("schedule", "show", often, env=env).code != 0
 
     # Another tenant's operator sees none of it, and cannot touch it.
     assert cli("tenant", "create", "acme", env=env).code == 0
