@@ -66,6 +66,7 @@ SCENARIOS = (
     "salt_side_by_side",
     "schedule_cron",
     "silent_strangers",
+    "soak",
     "temporal_host",
     "web_live",
 )
