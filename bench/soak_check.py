@@ -12,11 +12,16 @@ The kinds (VIOLATION_KINDS), each with what it compares:
 - `false_success`: a job `succeeded` one of whose parts' last attempt did not end 0 in the
   ledger (no `end`, or another status); also any attempt the cluster says exited with a
   code other than the ledger's.
-- `output_differs`: an attempt the ledger saw end whose stored stdout (not truncated) has
-  another SHA-256 than the ledger's digest.
+- `output_differs`: an attempt the cluster says ended `exit` (it claims the command's whole
+  run) and the ledger saw end, whose stored stdout (not truncated) has another SHA-256
+  than the ledger's digest, or none. An attempt ended another way (its node blocked or
+  lost, a timeout, a cancel) keeps what came before its end: at-least-once, its job moved
+  on or ended without it.
 - `audit_missing`: a change the workload made (and the API accepted) with no audit row.
 - `slow_block`: a block whose effect on a connected node (seen from the node's side: its
-  stream refused `blocked`) came more than BLOCK_BOUND after the request, or never.
+  stream refused `blocked`) came more than BLOCK_BOUND after the API's answer (the block
+  committed: docs/manage-nodes.md promises two seconds from there, on every server), or
+  never. The request's own time is reported beside it, not judged.
 - `unplanned_exit`: a server (or its Temporal host) that exited when no fault asked it to.
 - `rss_growth`: a server's or agent's resident memory grew more than RSS_GROWTH from the
   reference (the tenth minute of an hour: a sixth of the run) to the end. A short run
@@ -109,6 +114,7 @@ class AttemptRecord:
     ended_because: str | None
     truncated: bool = False
     stdout_sha256: str | None = None
+    stdout_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,12 +139,13 @@ class Change:
 
 @dataclass(frozen=True)
 class BlockProbe:
-    """A block seen from its node: from the request to its stream refused `blocked`
-    (seconds; None: never within the probe's watch)."""
+    """A block seen from its node: from the API's answer to its stream refused `blocked`
+    (seconds; None: never within the probe's watch), and from the request to the answer."""
 
     node: str
     minute: float
     took: float | None
+    asked: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -292,14 +299,15 @@ def outputs_differ(records: Records) -> Iterable[Violation]:
     for job in records.jobs:
         for attempt in job.attempts:
             run = ended.get((job.id, attempt.number))
-            if run is None or attempt.truncated or attempt.state == "running":
+            if run is None or attempt.truncated or attempt.ended_because != "exit":
                 continue
             if attempt.stdout_sha256 != run.digest:
                 yield Violation(
                     "output_differs",
                     job.minute,
-                    f"{job.id} attempt {attempt.number}: stored stdout differs from the"
-                    f" {run.size} bytes the command printed",
+                    f"{job.id} attempt {attempt.number} on {attempt.node}: {attempt.stdout_bytes}"
+                    f" bytes of stdout stored, other than the {run.size} bytes the command"
+                    " printed",
                 )
 
 

@@ -92,6 +92,9 @@ def test_output_that_differs_from_the_digest() -> None:
     assert kinds(records(jobs=[ok_job("job-a", lost)])) == ["output_differs"]
     truncated = AttemptRecord(1, 0, "node-1", "ended", 0, "exit", True, None)
     assert kinds(records(jobs=[ok_job("job-a", truncated)])) == []
+    # An attempt its node's block ended keeps what came before; its job moved on.
+    moved = AttemptRecord(1, 0, "node-1", "ended", None, "node blocked", False, None)
+    assert kinds(records(jobs=[ok_job("job-a", moved, state="failed")])) == []
 
 
 def test_a_change_without_its_audit_row() -> None:

@@ -63,7 +63,8 @@ from bench.soak_check import (
 )
 from bench.soak_faults import CONTROL_PLANE, KINDS, Fault, plan
 from bench.soak_ledger import Ledger, ledger
-from bench.soak_workload import ACTIONS, MARGIN, QUEUE_TIMEOUT, Action, JobPlan, draw
+from bench.soak_netns import CUTS, Namespace, namespaces
+from bench.soak_workload import ACTIONS, MADE, MARGIN, QUEUE_TIMEOUT, Action, JobPlan, draw
 from cli.client import ApiClient, ApiError
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ServerProcess
@@ -72,12 +73,15 @@ from oz0.context import MANAGEMENT_PORT, Context
 ADDRESSES = ("127.0.0.44", "127.0.0.45", "127.0.0.46")
 EDGES = [f"{address}:7443" for address in ADDRESSES]
 POSTGRES_PORT = 5444
+# The network namespaces of the agents cut off (README: .47-.50 are the soak's).
+NAMESPACES = (47, 48, 49, 50)
 APP_NAME = "oz0-soak"  # the soak's own database sessions, not counted as the cluster's
 
-# Each server's database connections at most: its pool (oz0/store/pool.py, 8), the
-# membership's own (1), its listeners for notifications, and its Temporal host's two pools
-# (oz0/temporal/host/config.go: 10 and 4).
-CONNECTIONS_PER_SERVER = 8 + 1 + 3 + 10 + 4
+# Each server's database connections at most, as docs/run-a-cluster.md has operators size
+# PostgreSQL for ("max_connections of at least 100 per server"): its pool (8), the
+# membership's (1), its listeners, and its Temporal host's services, each with pools of
+# its own (oz0/temporal/host/config.go: 10, and 4 for visibility).
+CONNECTIONS_PER_SERVER = 100
 SAMPLE_EVERY = 5.0
 EXIT_POLL = 0.5
 UNBLOCK_TRIES = 60
@@ -105,6 +109,13 @@ class Agent:
     # Purged and not yet joined again, or blocked: no fault, no block.
     gone: bool = False
     generation: int = 0
+    # Its network namespace, if it runs in one (soak_netns.py).
+    namespace: Namespace | None = None
+
+    def start(self, process: AgentProcess) -> None:
+        if self.namespace is not None:
+            process.prefix = self.namespace.prefix
+        self.process = process.start()
 
 
 @dataclass(eq=False)
@@ -126,10 +137,12 @@ class Soak:
     exits: list[Exit] = field(default_factory=list)
     rss: list[Sample] = field(default_factory=list)
     connections: list[tuple[float, int]] = field(default_factory=list)
+    connections_at_peak: dict[str, int] = field(default_factory=dict)
     api_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     api_errors: Counter[str] = field(default_factory=Counter)
     faults_done: Counter[str] = field(default_factory=Counter)
     faults_skipped: Counter[str] = field(default_factory=Counter)
+    net_cuts: Counter[str] = field(default_factory=Counter)
     active: list[Fault] = field(default_factory=list)
     # Servers a fault has taken down on purpose (by address).
     planned_down: set[str] = field(default_factory=set)
@@ -194,6 +207,10 @@ class Soak:
         self.token = create_token(self.bench.files, "bench.soak")
         base = self.bench.root / "agents"
         base.mkdir()
+        # The last few agents in network namespaces of their own (the nodes cut off).
+        held = min(len(NAMESPACES), count // 4)
+        spaces = self.bench.cleanups.enter_context(namespaces(NAMESPACES[:held], ADDRESSES))
+        in_space = dict(zip(range(count - held, count), spaces, strict=True))
         for i in range(count):
             data_dir = base / f"node-{i}"
             if i == 0:
@@ -213,7 +230,9 @@ class Soak:
                 data_dir, EDGES[i % 3 :] + EDGES[: i % 3], self.bench.files.ca_hash,
                 token=self.token,
             )  # fmt: skip
-            self.agents.append(Agent(i, data_dir, agent.start()))
+            slot = Agent(i, data_dir, agent, namespace=in_space.get(i))
+            self.agents.append(slot)
+            slot.start(agent)
         # Last in, first out: the agents stop before the tmpfs goes.
         self.bench.cleanups.callback(self.stop_agents)
         deadline = time.monotonic() + AGENTS_UP_TIMEOUT
@@ -241,7 +260,7 @@ class Soak:
 
     async def workload(self, nursery: trio.Nursery) -> None:
         rng = random.Random(self.args.seed * 7919 + 1)
-        weights = dict(ACTIONS)
+        weights = {**ACTIONS, **self.args.actions}
         schedule = await self.call(
             "POST",
             "/api/v1/schedules",
@@ -331,9 +350,10 @@ class Soak:
         def refused() -> bool:
             return agent.process.reported().get("state") == "blocked"
 
+        answered = time.time()
         if await wait_until(refused, PROBE_WATCH):
-            took = time.time() - sent
-        self.blocks.append(BlockProbe(node, self.minute(sent), took))
+            took = time.time() - answered
+        self.blocks.append(BlockProbe(node, self.minute(sent), took, answered - sent))
         self.block_during_fault.append(during or bool(self.active))
         await trio.sleep(hold)
         for _ in range(UNBLOCK_TRIES):
@@ -357,10 +377,12 @@ class Soak:
         agent.generation += 1
         agent.data_dir = agent.data_dir.with_name(f"node-{agent.index}-{agent.generation}")
         i = agent.index
-        agent.process = AgentProcess.joining(
-            agent.data_dir, EDGES[i % 3 :] + EDGES[: i % 3], self.bench.files.ca_hash,
-            token=self.token,
-        ).start()  # fmt: skip
+        agent.start(
+            AgentProcess.joining(
+                agent.data_dir, EDGES[i % 3 :] + EDGES[: i % 3], self.bench.files.ca_hash,
+                token=self.token,
+            )
+        )  # fmt: skip
         if await wait_until(lambda: connected(agent.process), 120):
             agent.node_id = str(agent.process.reported()["node_id"])
             agent.gone = False
@@ -373,9 +395,6 @@ class Soak:
             nursery.start_soon(self.inject, fault)
 
     async def inject(self, fault: Fault) -> None:
-        if fault.kind == "net_cut":
-            self.faults_skipped[fault.kind] += 1  # hook: nodes in namespaces come next
-            return
         target = self.fault_target(fault)
         if target is None:
             self.faults_skipped[fault.kind] += 1
@@ -402,6 +421,8 @@ class Soak:
             first = self.agents[0]
             return first if first.busy is None else None
         free = [a for a in self.agents[1:] if a.busy is None and not a.gone]
+        if fault.kind == "net_cut":
+            free = [a for a in free if a.namespace is not None]
         return free[fault.target % len(free)] if free else None
 
     async def control_plane_fault(self, fault: Fault) -> None:
@@ -461,13 +482,22 @@ class Soak:
                 process.kill()
                 await trio.to_thread.run_sync(process.wait, 30)
                 await trio.sleep(fault.hold)
-                agent.process = AgentProcess.resuming(agent.data_dir).start()
+                agent.start(AgentProcess.resuming(agent.data_dir))
             elif fault.kind == "agent_pause":
                 process.send_signal(signal.SIGSTOP)
                 try:
                     await trio.sleep(fault.hold)
                 finally:
                     process.send_signal(signal.SIGCONT)
+            elif fault.kind == "net_cut":
+                assert agent.namespace is not None
+                how = CUTS[fault.target % len(CUTS)]
+                self.net_cuts[how] += 1
+                await trio.to_thread.run_sync(agent.namespace.cut, how)
+                try:
+                    await trio.sleep(fault.hold)
+                finally:
+                    await trio.to_thread.run_sync(agent.namespace.mend)
             elif fault.kind == "disk_full":
                 assert self.disk_mount is not None
                 filler = self.disk_mount / "filler"
@@ -515,23 +545,28 @@ class Soak:
                 if agent.process.running():
                     pid = agent.process.process.pid  # type: ignore[union-attr]
                     self.rss.append(Sample(f"agent {agent.index}", pid, minute, rss_mib(pid)))
-            count = await trio.to_thread.run_sync(self.count_connections)
-            if count is not None:
-                self.connections.append((minute, count))
+            counts = await trio.to_thread.run_sync(self.count_connections)
+            if counts is not None:
+                total = sum(counts.values())
+                if total > max((n for _, n in self.connections), default=-1):
+                    self.connections_at_peak = counts
+                self.connections.append((minute, total))
             await trio.sleep(SAMPLE_EVERY)
 
-    def count_connections(self) -> int | None:
+    def count_connections(self) -> dict[str, int] | None:
+        """The cluster's database sessions, by database (the soak's own left out)."""
         names = list(self.bench.url.names.all())
         try:
             with self.store() as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)"
-                    " AND backend_type = 'client backend' AND application_name <> %s",
+                rows = conn.execute(
+                    "SELECT datname, count(*) FROM pg_stat_activity WHERE datname = ANY(%s)"
+                    " AND backend_type = 'client backend' AND application_name <> %s"
+                    " GROUP BY datname",
                     (names, APP_NAME),
-                ).fetchone()
+                ).fetchall()
         except psycopg.Error:
             return None
-        return int(row[0]) if row else None
+        return {str(name): int(count) for name, count in rows}
 
     def store(self) -> psycopg.Connection[Any]:
         url = self.bench.url.for_database(self.bench.url.names.main)
@@ -579,6 +614,7 @@ class Soak:
                 " FROM job_attempts ORDER BY job_id, number"
             ).fetchall()
             digests: dict[tuple[str, int], Any] = defaultdict(hashlib.sha256)
+            sizes: Counter[tuple[str, int]] = Counter()
             truncated: set[tuple[str, int]] = set()
             # A named cursor (the output is read in pieces) needs a transaction.
             with conn.transaction(), conn.cursor(name="output") as cursor:
@@ -588,6 +624,7 @@ class Soak:
                 )
                 for job_id, attempt, data, cut in cursor:
                     digests[(str(job_id), int(attempt))].update(bytes(data))
+                    sizes[(str(job_id), int(attempt))] += len(data)
                     if cut:
                         truncated.add((str(job_id), int(attempt)))
             rows = conn.execute("SELECT action, target FROM audit_log").fetchall()
@@ -601,7 +638,7 @@ class Soak:
                 AttemptRecord(
                     int(number), int(part), str(node), str(state), code, because,
                     bool(cut) or key in truncated,
-                    digests[key].hexdigest() if key in digests else empty,
+                    digests[key].hexdigest() if key in digests else empty, sizes[key],
                 )
             )  # fmt: skip
         return Records(
@@ -654,6 +691,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
     return {
         "faults": dict(soak.faults_done),
         "faults_skipped": dict(soak.faults_skipped),
+        "net_cuts": dict(soak.net_cuts),
         "fault_schedule": [f.to_json() for f in schedule],
         "actions": dict(soak.actions),
         "jobs": dict(jobs_by_state),
@@ -666,12 +704,14 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
                 "during_faults": percentiles([t for t in during if t is not None]),
                 "outside_faults": percentiles([t for t in outside if t is not None]),
                 "never": sum(t is None for t in during + outside),
+                "request_to_answer": percentiles([p.asked for p in soak.blocks]),
             },
             "api_ms": {k: percentiles(v) for k, v in soak.api_ms.items()},
         },
         "api_errors": dict(soak.api_errors),
         "db_connections_max": max((n for _, n in soak.connections), default=None),
         "db_connection_bound": records.connection_bound,
+        "db_connections_at_peak": soak.connections_at_peak,
         "server_exits": [dataclasses.asdict(e) for e in soak.exits],
     }
 
@@ -729,6 +769,23 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--faults", default="", help=f"only these kinds, comma-separated (of {', '.join(KINDS)})"
     )
+    parser.add_argument(
+        "--actions",
+        type=weights,
+        default={},
+        metavar="KIND=W,...",
+        help=f"the workload's weights changed (of {', '.join(ACTIONS)})",
+    )
+
+
+def weights(text: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for item in filter(None, text.split(",")):
+        kind, _, weight = item.partition("=")
+        if kind not in ACTIONS or not weight.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: KIND=WEIGHT, KIND one of {list(ACTIONS)}")
+        found[kind] = int(weight)
+    return found
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -737,6 +794,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     unknown = set(filter(None, args.faults.split(","))) - set(KINDS)
     if unknown:
         return f"unknown fault kinds: {sorted(unknown)}"
+    hooks = sorted(k for k, w in args.actions.items() if w and k not in MADE)
+    if hooks:
+        return f"the workload cannot make {hooks} yet (hooks for other branches)"
     return None
 
 
