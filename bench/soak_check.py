@@ -91,9 +91,12 @@ def read_ledger(text: str) -> list[Run]:
             elif fields[0] == "end" and len(fields) == 9:
                 key = (fields[1], int(fields[2]), fields[3], int(fields[4]))
                 index = open_runs.pop(key)
+                # The wrapper could not keep the output (its directory gone under it): "-".
+                kept = fields[7] not in ("", "-") and fields[8].isdigit()
                 runs[index] = Run(
                     *key, start=runs[index].start, end=float(fields[5]),
-                    status=int(fields[6]), digest=fields[7], size=int(fields[8]),
+                    status=int(fields[6]), digest=fields[7] if kept else None,
+                    size=int(fields[8]) if kept else None,
                 )  # fmt: skip
             else:
                 raise BadLedger(f"ledger line {number}: {line[:200]!r}")

@@ -40,10 +40,10 @@ printf 'start\t%s\t%s\t%s\t%s\t%s\n' "$OZ0_JOB_ID" "$OZ0_ATTEMPT" "$OZ0_NODE_ID"
 d=$(mktemp -d) || exit 125
 {{ "$@"; echo "$?" > "$d/rc"; }} | tee "$d/out"
 rc=$(cat "$d/rc" 2>/dev/null || echo 125)
-sum=$(sha256sum < "$d/out" | cut -d' ' -f1)
-size=$(wc -c < "$d/out")
+sum=$(sha256sum < "$d/out" 2>/dev/null | cut -d' ' -f1)
+size=$(wc -c < "$d/out" 2>/dev/null)
 printf 'end\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$OZ0_JOB_ID" "$OZ0_ATTEMPT" "$OZ0_NODE_ID" \
-  "$$" "$(date +%s.%N)" "$rc" "$sum" "$size" >> "$L"
+  "$$" "$(date +%s.%N)" "$rc" "${{sum:--}}" "${{size:--}}" >> "$L"
 rm -rf "$d"
 exit "$rc"
 """

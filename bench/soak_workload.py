@@ -23,6 +23,10 @@ QUEUE_TIMEOUT = 120.0
 # and the moves it may make.
 MARGIN = 180.0
 SECRET_NAME = "SOAK_SECRET"
+# Every agent carries the label GROUP_LABEL=i % GROUPS: an --all job selects one group, so
+# that a fleet of 100 runs fan-outs of 20, not of 100, and selectors are used.
+GROUP_LABEL = "soak-group"
+GROUPS = 5
 
 # What the workload does, and how often (relative weights).
 ACTIONS: dict[str, int] = {
@@ -92,14 +96,16 @@ def job(rng: random.Random, kind: str, nodes: int) -> JobPlan:
         bound += 2 * own
     elif kind == "all":
         text = lines(count)
-        body["all"] = True
+        body.update(all=True, selector={GROUP_LABEL: str(rng.randrange(GROUPS))})
     elif kind == "batch":
         # About a quarter of the nodes fail (their ID's last hex digit).
         text = lines(count, tail='case "$OZ0_NODE_ID" in *[0-3]) exit 1;; esac')
         size = rng.choice(["2", "3", "25%"])
         body.update(all=True, batch=size, max_failures=rng.choice(["1", "2", "50%"]))
-        at_once = 2 if size == "2" else 3 if size == "3" else max(1, nodes // 4)
-        bound += own * (nodes // at_once + 1)
+        body["selector"] = {GROUP_LABEL: str(rng.randrange(GROUPS))}
+        group = -(-nodes // GROUPS)
+        at_once = 2 if size == "2" else 3 if size == "3" else max(1, group // 4)
+        bound += own * (group // at_once + 1)
     elif kind == "timeout":
         text = lines(60)
         body["timeout"] = rng.uniform(2.0, 6.0)

@@ -145,6 +145,12 @@ def test_a_ledger_line_that_does_not_parse_is_an_error() -> None:
         read_ledger("end\tjob-a\t1\tnode-1\t10\t2.0\t0\tabc\t3\n")  # no start
 
 
+def test_a_run_whose_output_the_wrapper_lost_has_no_digest() -> None:
+    text = "start\tjob-a\t1\tnode-1\t10\t1.0\nend\tjob-a\t1\tnode-1\t10\t2.0\t125\t-\t-\n"
+    (run,) = read_ledger(text)
+    assert (run.status, run.digest, run.size) == (125, None, None)
+
+
 def test_the_wrapper_writes_what_the_checker_reads() -> None:
     """The wrapper run as another UID than the ledger's owner (when root), with its own
     TMPDIR: its two lines, the exit status and the digest of its stdout only. The ledger

@@ -64,7 +64,17 @@ from bench.soak_check import (
 from bench.soak_faults import CONTROL_PLANE, KINDS, Fault, plan
 from bench.soak_ledger import Ledger, ledger
 from bench.soak_netns import CUTS, Namespace, namespaces
-from bench.soak_workload import ACTIONS, MADE, MARGIN, QUEUE_TIMEOUT, Action, JobPlan, draw
+from bench.soak_workload import (
+    ACTIONS,
+    GROUP_LABEL,
+    GROUPS,
+    MADE,
+    MARGIN,
+    QUEUE_TIMEOUT,
+    Action,
+    JobPlan,
+    draw,
+)
 from cli.client import ApiClient, ApiError
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ServerProcess
@@ -228,7 +238,7 @@ class Soak:
                 data_dir = mount / "node"
             agent = AgentProcess.joining(
                 data_dir, EDGES[i % 3 :] + EDGES[: i % 3], self.bench.files.ca_hash,
-                token=self.token,
+                token=self.token, labels=group_of(i),
             )  # fmt: skip
             slot = Agent(i, data_dir, agent, namespace=in_space.get(i))
             self.agents.append(slot)
@@ -380,7 +390,7 @@ class Soak:
         agent.start(
             AgentProcess.joining(
                 agent.data_dir, EDGES[i % 3 :] + EDGES[: i % 3], self.bench.files.ca_hash,
-                token=self.token,
+                token=self.token, labels=group_of(i),
             )
         )  # fmt: skip
         if await wait_until(lambda: connected(agent.process), 120):
@@ -660,6 +670,10 @@ class Soak:
             checked_at=time.time(),
             started_at=self.started,
         )
+
+
+def group_of(index: int) -> dict[str, str]:
+    return {GROUP_LABEL: str(index % GROUPS)}
 
 
 def fill(path: Path) -> None:
