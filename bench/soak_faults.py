@@ -17,7 +17,7 @@ Each kind, and what "ends" it:
 - `agent_pause`: SIGSTOP of an agent for `hold` seconds (5-20), then SIGCONT.
 - `disk_full`: the data directory of the agent on a small tmpfs filled for `hold` seconds.
 - `net_cut`: a node's network cut for `hold` seconds (5-60) in its network namespace
-  (bench/soak_netns.py): its link down, every packet lost, or each delayed 3 s.
+  (bench/soak_netns.py): its link down, nearly every packet lost, or a crawling link.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ addresses (127.0.0.44-.46), which a namespace would take for its own: there, 127
 is local only as 127.0.0.1, the servers' addresses are routed through the veth, and both
 ends set `route_localnet` (loopback addresses are not martians on them), so the machine
 takes the packets to its own loopback and answers them through the veth. Nothing outside
-the namespace and its veth changes. A cut is on the machine's end: the link down, or
-`tc netem` dropping every packet or delaying each.
+the namespace and its veth changes. A cut is on the machine's end: the link down; or a
+token bucket (`tc ... tbf`; this machine's kernel has no `netem` and no drop action) that
+lets 1 kbit/s through with a queue of one packet, so nearly every packet is lost
+(`loss`); or 64 kbit/s with half a second of queue, a crawling link (`slow`).
 
 Root only. Every namespace is removed at the end (with its veth pair), also on failure.
 """
@@ -20,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 PREFIX = "oz0soak-"
-CUTS = ("link_down", "loss", "delay")
+CUTS = ("link_down", "loss", "slow")
 
 
 def _run(*command: str) -> None:
@@ -52,9 +54,11 @@ class Namespace:
         if how == "link_down":
             _run("ip", "link", "set", self.host_end, "down")
         elif how == "loss":
-            _run("tc", "qdisc", "add", "dev", self.host_end, "root", "netem", "loss", "100%")
-        elif how == "delay":
-            _run("tc", "qdisc", "add", "dev", self.host_end, "root", "netem", "delay", "3s")
+            _run("tc", "qdisc", "add", "dev", self.host_end, "root", "tbf", "rate", "1kbit",
+                 "burst", "1600", "limit", "1600")  # fmt: skip
+        elif how == "slow":
+            _run("tc", "qdisc", "add", "dev", self.host_end, "root", "tbf", "rate", "64kbit",
+                 "burst", "1600", "latency", "500ms")  # fmt: skip
         else:
             raise ValueError(f"no cut {how!r}")
 

@@ -153,6 +153,7 @@ class Soak:
     faults_done: Counter[str] = field(default_factory=Counter)
     faults_skipped: Counter[str] = field(default_factory=Counter)
     net_cuts: Counter[str] = field(default_factory=Counter)
+    faults_failed: Counter[str] = field(default_factory=Counter)
     active: list[Fault] = field(default_factory=list)
     # Servers a fault has taken down on purpose (by address).
     planned_down: set[str] = field(default_factory=set)
@@ -417,6 +418,12 @@ class Soak:
                 await self.control_plane_fault(fault)
             else:
                 await self.node_fault(fault, self.agent_for(fault))
+        except subprocess.CalledProcessError as e:
+            # A tool this machine lacks (a qdisc, say): said, not the cluster's fault.
+            why = (e.stderr or b"").decode(errors="replace").strip()[:200]
+            self.faults_failed[f"{fault.kind}: {' '.join(map(str, e.cmd))[:100]}: {why}"] += 1
+            self.faults_done[fault.kind] -= 1
+            log(f"fault {fault.kind} could not be injected: {why}")
         finally:
             self.active.remove(fault)
 
@@ -706,6 +713,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         "faults": dict(soak.faults_done),
         "faults_skipped": dict(soak.faults_skipped),
         "net_cuts": dict(soak.net_cuts),
+        "faults_failed": dict(soak.faults_failed),
         "fault_schedule": [f.to_json() for f in schedule],
         "actions": dict(soak.actions),
         "jobs": dict(jobs_by_state),
