@@ -21,7 +21,9 @@ The kinds (VIOLATION_KINDS), each with what it compares:
 - `slow_block`: a block whose effect on a connected node (seen from the node's side: its
   stream refused `blocked`) came more than BLOCK_BOUND after the API's answer (the block
   committed: docs/manage-nodes.md promises two seconds from there, on every server), or
-  never. The request's own time is reported beside it, not judged.
+  never. The request's own time is reported beside it, not judged; so is a block of a
+  node not connected then, or whose stream was on a server a fault had stopped or paused
+  (no server can end it before the node is on another).
 - `unplanned_exit`: a server (or its Temporal host) that exited when no fault asked it to.
 - `rss_growth`: a server's or agent's resident memory grew more than RSS_GROWTH from the
   reference (the tenth minute of an hour: a sixth of the run) to the end. A short run
@@ -149,6 +151,8 @@ class BlockProbe:
     minute: float
     took: float | None
     asked: float = 0.0
+    # Why it is not judged (its node's stream was on a server a fault stopped), if so.
+    exempt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -326,7 +330,7 @@ def audit_missing(records: Records) -> Iterable[Violation]:
 
 def slow_blocks(records: Records) -> Iterable[Violation]:
     for probe in records.blocks:
-        if probe.took is None or probe.took > BLOCK_BOUND:
+        if probe.exempt is None and (probe.took is None or probe.took > BLOCK_BOUND):
             took = "never" if probe.took is None else f"after {probe.took:.2f} s"
             yield Violation("slow_block", probe.minute, f"block of {probe.node} took effect {took}")
 

@@ -107,6 +107,8 @@ def test_a_block_slower_than_two_seconds() -> None:
     assert kinds(records(blocks=[BlockProbe("node-1", 1.0, 0.4)])) == []
     assert kinds(records(blocks=[BlockProbe("node-1", 1.0, 2.5)])) == ["slow_block"]
     assert kinds(records(blocks=[BlockProbe("node-1", 1.0, None)])) == ["slow_block"]
+    paused = BlockProbe("node-1", 1.0, 9.0, 0.1, "its stream was on 127.0.0.44, stopped")
+    assert kinds(records(blocks=[paused])) == []
 
 
 def test_an_unplanned_exit() -> None:

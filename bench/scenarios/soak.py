@@ -348,8 +348,22 @@ class Soak:
         finally:
             agent.busy = None
 
+    def stopped_servers(self) -> set[str]:
+        """The servers (by address) a fault has stopped or paused now."""
+        stopping = ("server_kill", "server_term", "server_pause")
+        return {ADDRESSES[f.target] for f in self.active if f.kind in stopping}
+
+    def server_address(self, server_id: object) -> str | None:
+        with self.store() as conn:
+            row = conn.execute(
+                "SELECT advertise FROM servers WHERE id = %s", (str(server_id),)
+            ).fetchone()
+        return str(row[0]) if row else None
+
     async def block(self, agent: Agent, hold: float) -> None:
         node = agent.node_id
+        before = agent.process.reported()
+        stopped = self.stopped_servers()
         sent = time.time()
         during = bool(self.active)
         answer = await self.call("POST", f"/api/v1/nodes/{node}/block", {"reason": "soak"})
@@ -364,7 +378,20 @@ class Soak:
         answered = time.time()
         if await wait_until(refused, PROBE_WATCH):
             took = time.time() - answered
-        self.blocks.append(BlockProbe(node, self.minute(sent), took, answered - sent))
+        # A node whose stream is on a server a fault stopped (or none) hears of nothing
+        # until it is on another: its block is reported, not judged.
+        exempt = None
+        if before.get("connected") is not True:
+            exempt = "not connected when blocked"
+        else:
+            try:
+                home = await trio.to_thread.run_sync(self.server_address, before.get("server"))
+            except psycopg.Error:
+                home = None
+            if home in stopped | self.stopped_servers():
+                exempt = f"its stream was on {home}, stopped by a fault"
+        probe = BlockProbe(node, self.minute(sent), took, answered - sent, exempt)
+        self.blocks.append(probe)
         self.block_during_fault.append(during or bool(self.active))
         await trio.sleep(hold)
         for _ in range(UNBLOCK_TRIES):
@@ -726,6 +753,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
                 "during_faults": percentiles([t for t in during if t is not None]),
                 "outside_faults": percentiles([t for t in outside if t is not None]),
                 "never": sum(t is None for t in during + outside),
+                "exempt": [dataclasses.asdict(p) for p in soak.blocks if p.exempt],
                 "request_to_answer": percentiles([p.asked for p in soak.blocks]),
             },
             "api_ms": {k: percentiles(v) for k, v in soak.api_ms.items()},
