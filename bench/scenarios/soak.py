@@ -154,6 +154,8 @@ class Soak:
     faults_skipped: Counter[str] = field(default_factory=Counter)
     net_cuts: Counter[str] = field(default_factory=Counter)
     faults_failed: Counter[str] = field(default_factory=Counter)
+    # After each block's answer, the seconds until its node's runtime stopped.
+    runtime_stopped: list[float] = field(default_factory=list)
     active: list[Fault] = field(default_factory=list)
     # Servers a fault has taken down on purpose (by address).
     planned_down: set[str] = field(default_factory=set)
@@ -372,12 +374,24 @@ class Soak:
         self.changes.append(Change("node.block", f"node:{node}", self.minute(sent)))
         took = None
 
-        def refused() -> bool:
-            return agent.process.reported().get("state") == "blocked"
-
         answered = time.time()
-        if await wait_until(refused, PROBE_WATCH):
-            took = time.time() - answered
+        # The node's side: its stream refused `blocked` (judged), and its runtime (the
+        # Temporal worker, whose calls the block refuses) stopped (reported).
+        seen: dict[str, float] = {}
+
+        def refused() -> bool:
+            reported = agent.process.reported()
+            if reported.get("runtime") != "running":
+                seen.setdefault("runtime", time.time())
+            if reported.get("state") == "blocked":
+                seen.setdefault("refused", time.time())
+            return len(seen) == 2
+
+        await wait_until(refused, PROBE_WATCH)
+        if "refused" in seen:
+            took = seen["refused"] - answered
+        if "runtime" in seen:
+            self.runtime_stopped.append(seen["runtime"] - answered)
         # A node whose stream is on a server a fault stopped (or none) hears of nothing
         # until it is on another: its block is reported, not judged.
         exempt = None
@@ -755,6 +769,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
                 "never": sum(t is None for t in during + outside),
                 "exempt": [dataclasses.asdict(p) for p in soak.blocks if p.exempt],
                 "request_to_answer": percentiles([p.asked for p in soak.blocks]),
+                "answer_to_runtime_stopped": percentiles(soak.runtime_stopped),
             },
             "api_ms": {k: percentiles(v) for k, v in soak.api_ms.items()},
         },
