@@ -1,13 +1,14 @@
 """An hour of faults under load, checked by a ledger on the nodes (issue 44).
 
     python -m bench.soak [--minutes M] [--seed S] [--agents N] [--rate R]
-                         [--faults KIND,...] [--server-logs DIR]
+                         [--faults KIND,...] [--actions KIND=W,...] [--server-logs DIR]
 
 The runner (bench/runner.py) starts a PostgreSQL of the run's own on 127.0.0.1:5444 (so
 that it can be restarted; fixtures/private_postgres.py), a cluster in it and three real
 servers on 127.0.0.44, .45 and .46; then N real agents (fixtures/agent.py), agent i given
-edge i % 3 first, agent 0's data directory on a small tmpfs of its own (the disk that
-fills). For M minutes, from seed S:
+edge i % 3 first and the label soak-group=i % 5, agent 0's data directory on a small tmpfs
+of its own (the disk that fills), the last min(4, N/4) in network namespaces of their own
+(bench/soak_netns.py: the nodes whose network is cut). For M minutes, from seed S:
 
 - the workload (bench/soak_workload.py) sends jobs of every kind through the management
   API of the three servers in turn (single, retried, --all, rolling batches with
@@ -116,7 +117,7 @@ class Agent:
     node_id: str = ""
     # A fault or an action holds it: nothing else is done to it meanwhile.
     busy: str | None = None
-    # Purged and not yet joined again, or blocked: no fault, no block.
+    # Purged and not yet joined again: no fault, no action.
     gone: bool = False
     generation: int = 0
     # Its network namespace, if it runs in one (soak_netns.py).
@@ -132,7 +133,6 @@ class Agent:
 class Soak:
     bench: Bench
     ledger: Ledger
-    rng: random.Random = field(init=False)
     agents: list[Agent] = field(default_factory=list)
     token: str = ""
     started: float = 0.0
@@ -791,7 +791,6 @@ async def run(bench: Bench) -> None:
     log(f"seed {args.seed}; fault schedule: {json.dumps(bench.out['fault_schedule'])}")
     with ledger() as made:
         soak = Soak(bench, made)
-        soak.rng = random.Random(args.seed)
         bench.progress = soak.progress
         if not await wait_until_servers(bench.files, len(bench.servers)):
             raise Failed("not all servers were up")
