@@ -760,6 +760,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         "jobs": dict(jobs_by_state),
         "jobs_by_kind": {k: dict(v) for k, v in by_kind.items()},
         "attempts_ended_other_than_exit": dict(moves),
+        "attempts_truncated": sum(a.truncated for j in records.jobs for a in j.attempts),
         "ledger_runs": len(records.runs),
         "changes": len(records.changes),
         "bounds": {
