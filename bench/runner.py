@@ -67,6 +67,7 @@ SCENARIOS = (
     "schedule_cron",
     "sessions",
     "silent_strangers",
+    "soak",
     "temporal_host",
     "web_live",
 )

@@ -145,6 +145,12 @@ def test_a_failure_the_node_names_decides_the_part_end() -> None:
         parts.Report.of(NODE, AttemptDone.parse(stopping.to_wire())), EndReason.NODE_BLOCKED
     )
     assert (end.because, end.lost) == ("node blocked", "stopped")  # as the node's fate says
+    # A node that could not record the attempt as run (its disk full): moved, not failed.
+    unrecorded = AttemptDone(JOB, 3, failure=Failure("RecordUnwritable", "No space left"))
+    end, _ = parts.part_end(
+        parts.Report.of(NODE, AttemptDone.parse(unrecorded.to_wire())), EndReason.NODE_LOST
+    )
+    assert (end.because, end.refusal) == ("node lost", None)
 
 
 def test_both_ends_handle_the_messages_the_other_sends() -> None:

@@ -131,6 +131,31 @@ def test_a_nodes_report_is_its_parts_end_by_the_rules_of_an_activitys_end(
         ]
 
 
+@pytest.mark.parametrize(
+    "said",
+    [{"truncated": True}, {"output_complete": False}, {}],
+    ids=["cut on the node", "dropped by the agent", "whole"],
+)
+def test_a_part_whose_node_kept_less_output_than_printed_is_shown_truncated(
+    conn: psycopg.Connection[Any], said: dict[str, Any]
+) -> None:
+    """The node's disk full: its supervisor could not write the output, nor the mark that
+    would have told the stream; only the result says so. The attempt is shown truncated,
+    not as whole output (bench.soak found one ended `exit` with nothing of what it
+    printed)."""
+    node = streaming_node(conn)
+    job = new_job(conn, node=node)
+    with conn.transaction():
+        store.set_streamed(conn, [job.id])
+    stream_first(conn, job)
+    result = {"exit_code": 0, "output_bytes": 104, **said}
+    with conn.transaction():
+        [recorded] = parts.record_ends(conn, [report(node, job.id, result=result)])
+    assert recorded.answer == parts.STORED
+    [attempt] = store.get(conn, job.id).attempts
+    assert (attempt.ended_because, attempt.truncated) == ("exit", bool(said))
+
+
 def test_a_refusal_names_the_node_and_only_the_nodes_own_running_part_is_written(
     conn: psycopg.Connection[Any],
 ) -> None:

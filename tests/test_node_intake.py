@@ -6,6 +6,7 @@ ends (`attempt_done`). Processes run on real time, with generous bounds.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ from fixtures.node_attempts import (
     unsigned,
     until,
 )
+from oz0_node.jobs.grants import RunRecord
 from oz0_node.jobs.intake import Intake
 from oz0_node.jobs.manager import AttemptManager
 
@@ -156,6 +158,34 @@ def test_a_malformed_or_expired_attempt_fails_saying_why_and_makes_nothing(
     }
     assert failures == {2: "BadAttempt", 3: "GrantExpired"}
     assert answers(edge, 1) == []
+
+
+def test_an_attempt_its_node_cannot_record_fails_to_move_and_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's disk full (the record of attempts run cannot be written, the fault
+    injected): not run, answered `failed` (the part moves to another node), not `refused`
+    (which fails the job) nor told as a refusal. bench.soak found it: a node whose data
+    directory filled failed every job placed on it meanwhile."""
+    edge = FakeEdge()
+
+    def full(self: RunRecord, key: str, not_after: float, now: float) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RunRecord, "add", full)
+
+    async def main() -> None:
+        async with node_manager(tmp_path, edge) as manager:
+            intake_for(manager).received(sent(spec("true")))
+            await until(lambda: bool(answers(edge)))
+            assert not len(manager)
+
+    trio.run(main)
+    assert answers(edge) == ["failed"]
+    [taken] = [f for k, f in edge.notified if k == "attempt_taken"]
+    assert taken["failure"]["type"] == "RecordUnwritable"
+    assert "No space left on device" in taken["failure"]["message"]
+    assert "attempt_refused" not in [k for k, _ in edge.notified]
 
 
 def test_an_agent_killed_after_starting_one_finds_it_and_answers_runs_when_sent_again(

@@ -246,6 +246,16 @@ class Recorded:
     end: PartEnd | None = None
 
 
+def output_cut(report: Report) -> bool:
+    """Whether the node says it kept less output than the command printed: past the cap,
+    or its disk full (the supervisor could not write it, nor the mark that would have told
+    the stream), or dropped by the agent. Without this the attempt showed its output whole:
+    bench.soak found an attempt ended `exit` with 0 of the 104 bytes its command printed,
+    on the node whose disk was full."""
+    result = report.result
+    return result is not None and (result.truncated or not result.output_complete)
+
+
 def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
     """Each of REPORTS recorded as its part's end, if it is its node's streamed attempt and
     still running; in one transaction, the rows locked in key order (two edges writing
@@ -280,11 +290,12 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
         kept = job_limits.applied_from_node(applied)
         conn.execute(
             "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-            " exit_code = %s, applied = %s, part_end = %s, sent = sent - 'secrets'"
-            " WHERE job_id = %s AND number = %s",
+            " exit_code = %s, applied = %s, part_end = %s, sent = sent - 'secrets',"
+            " truncated = truncated OR %s WHERE job_id = %s AND number = %s",
             (
                 end.because, end.exit_code, None if kept is None else Jsonb(kept),
-                Jsonb(dataclasses.asdict(end)), report.job_id, report.number,
+                Jsonb(dataclasses.asdict(end)), output_cut(report), report.job_id,
+                report.number,
             ),
         )  # fmt: skip
         rows[(report.job_id, report.number)] = (node_id, "ended", streamed, tenant, node_state)

@@ -54,7 +54,7 @@ from oz0_common.file_push import PUSH
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.edge_link import LinkDown
-from oz0_node.jobs.grants import AttemptRefused, GrantCheck
+from oz0_node.jobs.grants import AttemptRefused, GrantCheck, RecordUnwritable
 from oz0_node.jobs.isolation import Limits, parse_limits
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.messages import Message
@@ -70,6 +70,8 @@ BAD_ATTEMPT = "BadAttempt"
 ATTEMPT_ENDED = "AttemptEnded"
 NODE_STOPPING = "NodeStopping"
 NO_WORKDIR = "NoWorkingDirectory"
+# The node could not record the attempt as run (grants.RecordUnwritable): moved, not failed.
+RECORD_UNWRITABLE = "RecordUnwritable"
 SECRETS_UNREADABLE = "SecretsUnreadable"
 
 # Opens an attempt's `secrets` (the text, the job ID, the attempt's number): its values,
@@ -378,6 +380,9 @@ async def _check_grant(raw: object, grants: GrantCheck, port: AttemptPort) -> No
     try:
         grants.check(fields)
         return
+    except RecordUnwritable as e:
+        # The node's own trouble: the attempt moves (any failure but a refusal does).
+        raise ApplicationError(e.reason, type=RECORD_UNWRITABLE, non_retryable=True) from None
     except AttemptRefused as e:
         reason = e.reason
     # The node's word on what it was sent, unchecked: the edge bounds and audits it.

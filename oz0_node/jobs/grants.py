@@ -59,6 +59,13 @@ class GrantExpired(AttemptRefused):
     (the cluster moves it rather than fail the job: another node gets a fresh grant)."""
 
 
+class RecordUnwritable(AttemptRefused):
+    """The node cannot record the attempt as run (its disk full, say): its own trouble,
+    not the grant's. Not run, and not refused: the cluster moves it to another node, as
+    an attempt whose directory cannot be made (a refusal would fail the job, which another
+    node could run)."""
+
+
 class RunRecord:
     """The (job, attempt)s this node has run, each until its grant's not_after."""
 
@@ -217,6 +224,6 @@ class GrantCheck:
         try:
             self.record.add(run, float(not_after), now)
         except OSError as e:
-            raise AttemptRefused(
+            raise RecordUnwritable(
                 f"cannot record the attempt as run in {self.record.path}: {e.strerror or e}"
             ) from None

@@ -16,7 +16,8 @@ Each `attempt` is answered `attempt_taken` {"job", "attempt", "taken"}, "taken" 
 - "refused" {"failure": {"type": "AttemptRefused", "message"}}: its grant does not hold
   (also told as `attempt_refused`, which the edge audits);
 - "failed" {"failure": {"type", "message"}}: it could not start (a malformed attempt,
-  secrets that do not open, no working directory, an expired grant).
+  secrets that do not open, no working directory, an expired grant, a record of attempts
+  run it cannot write: its disk full).
 An answer the stream lost is not repeated: the edge sends the attempt again.
 """
 
@@ -41,6 +42,7 @@ from oz0_node.jobs import file_push
 from oz0_node.jobs.attempt import (
     ATTEMPT_REFUSED,
     NO_WORKDIR,
+    RECORD_UNWRITABLE,
     REFUSED,
     REPORT_WITHIN,
     AttemptSpec,
@@ -48,7 +50,13 @@ from oz0_node.jobs.attempt import (
 )
 from oz0_node.jobs.attempt_files import SupervisedSpec
 from oz0_node.jobs.edge_link import LinkDown
-from oz0_node.jobs.grants import AttemptRefused, GrantCheck, GrantExpired, RunRecord
+from oz0_node.jobs.grants import (
+    AttemptRefused,
+    GrantCheck,
+    GrantExpired,
+    RecordUnwritable,
+    RunRecord,
+)
 from oz0_node.jobs.manager import AttemptManager
 from oz0_node.messages import Message
 
@@ -180,6 +188,8 @@ class Intake:
             grants.check(sent.attempt)
         except GrantExpired as e:
             return Taken.FAILED, Failure(GRANT_EXPIRED, e.reason)
+        except RecordUnwritable as e:
+            return Taken.FAILED, Failure(RECORD_UNWRITABLE, e.reason)
         except AttemptRefused as e:
             await self._tell_refused(sent, e.reason)
             return Taken.REFUSED, Failure(ATTEMPT_REFUSED, e.reason)

@@ -1,0 +1,380 @@
+"""The soak's checker (issue 44): the ledger (what ran on the nodes, bench/soak_ledger.py)
+and what the soak saw from outside, against the cluster's own records. Pure: it reads
+values the soak collected, so that each kind of violation is tested on hand-made ledgers
+and records (tests/test_soak_check.py).
+
+The kinds (VIOLATION_KINDS), each with what it compares:
+- `not_terminal`: a job not ended when the check ran, past its bound (the workload's
+  worst case for it: queue timeout, every attempt's length, moves).
+- `ran_twice`: a (job, attempt) with more than one `start` in the ledger.
+- `unlisted_run`: a run in the ledger that the job does not list as an attempt on that
+  node (or whose job the cluster does not know).
+- `false_success`: a job `succeeded` one of whose parts' last attempt did not end 0 in the
+  ledger (no `end`, or another status); also any attempt the cluster says exited with a
+  code other than the ledger's.
+- `output_differs`: an attempt the cluster says ended `exit` (it claims the command's whole
+  run) and the ledger saw end, whose stored stdout (not truncated) has another SHA-256
+  than the ledger's digest, or none. An attempt ended another way (its node blocked or
+  lost, a timeout, a cancel) keeps what came before its end: at-least-once, its job moved
+  on or ended without it.
+- `audit_missing`: a change the workload made (and the API accepted) with no audit row.
+- `slow_block`: a block whose effect on a connected node (seen from the node's side: its
+  stream refused `blocked`) came more than BLOCK_BOUND after the API's answer (the block
+  committed: docs/manage-nodes.md promises two seconds from there, on every server), or
+  never. The request's own time is reported beside it, not judged; so is a block of a
+  node not connected then, or whose stream was on a server a fault had stopped or paused
+  (no server can end it before the node is on another).
+- `unplanned_exit`: a server (or its Temporal host) that exited when no fault asked it to.
+- `rss_growth`: a server's or agent's resident memory grew more than RSS_GROWTH from the
+  reference (the tenth minute of an hour: a sixth of the run) to the end. A short run
+  scales it: the reference is the median of the samples in [run/6, run/6 + run/12], the
+  end the median of the last run/12 (a single sample is noise), and a process is judged
+  only if it lived, the same PID, from before the reference to the end (a restarted
+  process starts afresh).
+- `db_connections`: the cluster's database connections past their bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VIOLATION_KINDS = (
+    "not_terminal",
+    "ran_twice",
+    "unlisted_run",
+    "false_success",
+    "output_differs",
+    "audit_missing",
+    "slow_block",
+    "unplanned_exit",
+    "rss_growth",
+    "db_connections",
+)
+ENDED = ("succeeded", "failed", "cancelled", "lost")
+BLOCK_BOUND = 2.0
+RSS_GROWTH = 0.20
+
+
+class BadLedger(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Run:
+    """One command run, from its ledger lines: END and after are None if it never ended."""
+
+    job: str
+    attempt: int
+    node: str
+    pid: int
+    start: float
+    end: float | None = None
+    status: int | None = None
+    digest: str | None = None
+    size: int | None = None
+
+
+def read_ledger(text: str) -> list[Run]:
+    """The runs of a ledger's TEXT, in the order they started. An `end` is matched to the
+    `start` of the same job, attempt, node and PID."""
+    runs: list[Run] = []
+    open_runs: dict[tuple[str, int, str, int], int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("\t")
+        try:
+            if fields[0] == "start" and len(fields) == 6:
+                key = (fields[1], int(fields[2]), fields[3], int(fields[4]))
+                open_runs[key] = len(runs)
+                runs.append(Run(*key, start=float(fields[5])))
+            elif fields[0] == "end" and len(fields) == 9:
+                key = (fields[1], int(fields[2]), fields[3], int(fields[4]))
+                index = open_runs.pop(key)
+                # The wrapper could not keep the output (its directory gone under it): "-".
+                kept = fields[7] not in ("", "-") and fields[8].isdigit()
+                runs[index] = Run(
+                    *key, start=runs[index].start, end=float(fields[5]),
+                    status=int(fields[6]), digest=fields[7] if kept else None,
+                    size=int(fields[8]) if kept else None,
+                )  # fmt: skip
+            else:
+                raise BadLedger(f"ledger line {number}: {line[:200]!r}")
+        except (ValueError, KeyError) as e:
+            raise BadLedger(f"ledger line {number}: {line[:200]!r} ({e})") from None
+    return runs
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """An attempt as the cluster records it, with the SHA-256 of its stored stdout."""
+
+    number: int
+    part: int
+    node: str
+    state: str
+    exit_code: int | None
+    ended_because: str | None
+    truncated: bool = False
+    stdout_sha256: str | None = None
+    stdout_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    state: str
+    # By when (wall clock) it must have ended, from what the workload asked of it.
+    bound: float
+    attempts: tuple[AttemptRecord, ...] = ()
+    # The minute of the soak it was made in (for the report).
+    minute: float = 0.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """Something the workload changed that the API accepted: the audit row it expects."""
+
+    action: str
+    target: str
+    minute: float
+
+
+@dataclass(frozen=True)
+class BlockProbe:
+    """A block seen from its node: from the API's answer to its stream refused `blocked`
+    (seconds; None: never within the probe's watch), and from the request to the answer."""
+
+    node: str
+    minute: float
+    took: float | None
+    asked: float = 0.0
+    # Why it is not judged (its node's stream was on a server a fault stopped), if so.
+    exempt: str | None = None
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A process of the cluster that exited, and whether a fault meant it to."""
+
+    name: str
+    minute: float
+    code: int | None
+    planned: bool
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of a process's RSS (MiB) at a minute of the run."""
+
+    name: str
+    pid: int
+    minute: float
+    rss_mib: float
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    minute: float
+    detail: str
+
+    def to_json(self, seed: int) -> dict[str, Any]:
+        return {**asdict(self), "minute": round(self.minute, 2), "seed": seed}
+
+
+@dataclass
+class Records:
+    """Everything the checker compares."""
+
+    runs: list[Run]
+    jobs: list[JobRecord]
+    audit: set[tuple[str, str]] = field(default_factory=set)
+    changes: list[Change] = field(default_factory=list)
+    blocks: list[BlockProbe] = field(default_factory=list)
+    exits: list[Exit] = field(default_factory=list)
+    rss: list[Sample] = field(default_factory=list)
+    # (minute, connections) readings, and their bound.
+    connections: list[tuple[float, int]] = field(default_factory=list)
+    connection_bound: int = 0
+    # The run's length (minutes), and when the check ran (wall clock, and its minute).
+    minutes: float = 0.0
+    checked_at: float = 0.0
+    started_at: float = 0.0
+
+
+def check(records: Records) -> list[Violation]:
+    """Every violation, in the order of VIOLATION_KINDS."""
+    return [
+        *not_terminal(records),
+        *ran_twice(records),
+        *unlisted_runs(records),
+        *false_successes(records),
+        *outputs_differ(records),
+        *audit_missing(records),
+        *slow_blocks(records),
+        *unplanned_exits(records),
+        *rss_growth(records),
+        *db_connections(records),
+    ]
+
+
+def _minute(records: Records, at: float) -> float:
+    return (at - records.started_at) / 60.0
+
+
+def not_terminal(records: Records) -> Iterable[Violation]:
+    for job in records.jobs:
+        if job.state not in ENDED and records.checked_at > job.bound:
+            yield Violation(
+                "not_terminal",
+                job.minute,
+                f"{job.id} still {job.state} {records.checked_at - job.bound:.0f} s past its bound",
+            )
+
+
+def ran_twice(records: Records) -> Iterable[Violation]:
+    starts: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in records.runs:
+        starts[(run.job, run.attempt)].append(run)
+    for (job, attempt), runs in starts.items():
+        if len(runs) > 1:
+            where = ", ".join(f"{r.node} pid {r.pid}" for r in runs)
+            yield Violation(
+                "ran_twice",
+                _minute(records, runs[1].start),
+                f"{job} attempt {attempt} started {len(runs)} times: {where}",
+            )
+
+
+def unlisted_runs(records: Records) -> Iterable[Violation]:
+    jobs = {job.id: job for job in records.jobs}
+    for run in records.runs:
+        job = jobs.get(run.job)
+        listed = job is not None and any(
+            a.number == run.attempt and a.node == run.node for a in job.attempts
+        )
+        if not listed:
+            yield Violation(
+                "unlisted_run",
+                _minute(records, run.start),
+                f"{run.job} attempt {run.attempt} ran on {run.node} (pid {run.pid}), which"
+                f" {'the cluster does not know' if job is None else 'the job does not list'}",
+            )
+
+
+def false_successes(records: Records) -> Iterable[Violation]:
+    ran: dict[tuple[str, int], Run] = {}
+    for each in records.runs:
+        ran.setdefault((each.job, each.attempt), each)
+    for job in records.jobs:
+        last: dict[int, AttemptRecord] = {}
+        for attempt in sorted(job.attempts, key=lambda a: a.number):
+            last[attempt.part] = attempt
+            seen = ran.get((job.id, attempt.number))
+            if (
+                attempt.ended_because == "exit"
+                and seen is not None
+                and seen.status is not None
+                and attempt.exit_code != seen.status
+            ):
+                yield Violation(
+                    "false_success",
+                    job.minute,
+                    f"{job.id} attempt {attempt.number}: the cluster says exit"
+                    f" {attempt.exit_code}, the ledger {seen.status}",
+                )
+        if job.state != "succeeded":
+            continue
+        for attempt in last.values():
+            run = ran.get((job.id, attempt.number))
+            if run is None or run.status != 0:
+                said = "no run" if run is None else f"exit {run.status}"
+                said = "a run that never ended" if run and run.status is None else said
+                yield Violation(
+                    "false_success",
+                    job.minute,
+                    f"{job.id} succeeded but its attempt {attempt.number} on {attempt.node}"
+                    f" has {said} in the ledger",
+                )
+
+
+def outputs_differ(records: Records) -> Iterable[Violation]:
+    ended = {(r.job, r.attempt): r for r in records.runs if r.digest is not None}
+    for job in records.jobs:
+        for attempt in job.attempts:
+            run = ended.get((job.id, attempt.number))
+            if run is None or attempt.truncated or attempt.ended_because != "exit":
+                continue
+            if attempt.stdout_sha256 != run.digest:
+                yield Violation(
+                    "output_differs",
+                    job.minute,
+                    f"{job.id} attempt {attempt.number} on {attempt.node}: {attempt.stdout_bytes}"
+                    f" bytes of stdout stored, other than the {run.size} bytes the command"
+                    " printed",
+                )
+
+
+def audit_missing(records: Records) -> Iterable[Violation]:
+    for change in records.changes:
+        if (change.action, change.target) not in records.audit:
+            yield Violation(
+                "audit_missing",
+                change.minute,
+                f"no audit row {change.action} {change.target}",
+            )
+
+
+def slow_blocks(records: Records) -> Iterable[Violation]:
+    for probe in records.blocks:
+        if probe.exempt is None and (probe.took is None or probe.took > BLOCK_BOUND):
+            took = "never" if probe.took is None else f"after {probe.took:.2f} s"
+            yield Violation("slow_block", probe.minute, f"block of {probe.node} took effect {took}")
+
+
+def unplanned_exits(records: Records) -> Iterable[Violation]:
+    for exit_ in records.exits:
+        if not exit_.planned:
+            yield Violation(
+                "unplanned_exit", exit_.minute, f"{exit_.name} exited (code {exit_.code})"
+            )
+
+
+def rss_growth(records: Records) -> Iterable[Violation]:
+    if records.minutes <= 0:
+        return
+    reference = records.minutes / 6
+    window = records.minutes / 12
+    series: dict[tuple[str, int], list[Sample]] = defaultdict(list)
+    for sample in records.rss:
+        series[(sample.name, sample.pid)].append(sample)
+    for (name, pid), samples in series.items():
+        if samples[0].minute > reference or samples[-1].minute < records.minutes - window:
+            continue  # not alive, the same process, from the reference to the end
+        at_ref = [s.rss_mib for s in samples if reference <= s.minute <= reference + window]
+        at_end = [s.rss_mib for s in samples if s.minute >= records.minutes - window]
+        if not at_ref or not at_end:
+            continue
+        before, after = statistics.median(at_ref), statistics.median(at_end)
+        if after > before * (1 + RSS_GROWTH):
+            yield Violation(
+                "rss_growth",
+                records.minutes,
+                f"{name} (pid {pid}) grew from {before:.1f} MiB (minute {reference:.1f})"
+                f" to {after:.1f} MiB (+{100 * (after / before - 1):.0f} %)",
+            )
+
+
+def db_connections(records: Records) -> Iterable[Violation]:
+    over = [(m, n) for m, n in records.connections if n > records.connection_bound]
+    if over:
+        minute, most = max(over, key=lambda o: o[1])
+        yield Violation(
+            "db_connections",
+            minute,
+            f"{most} database connections, bound {records.connection_bound}"
+            f" ({len(over)} readings over it)",
+        )
