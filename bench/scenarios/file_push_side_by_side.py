@@ -66,6 +66,12 @@ SERVER_ADDRESSES = ("127.0.0.34", "127.0.0.35", "127.0.0.36")
 # salt-cp waits this long for the minions' answers (its -t); ours follows its job.
 SALT_TIMEOUT = 600
 SYSTEMS = ("salt-cp", "salt-cp --chunked", "file push")
+# --systems names them without spaces.
+SYSTEM_NAMES = {
+    "salt-cp": "salt-cp",
+    "salt-cp-chunked": "salt-cp --chunked",
+    "file-push": "file push",
+}
 SALT_CHUNKED = "salt-cp --chunked"
 OURS_NAME = "file push"
 
@@ -164,7 +170,8 @@ class FilePush:
         rounds: list[dict[str, Any]] = []
         size["rounds"] = rounds
         for r in range(self.args.rounds):
-            order = list(SYSTEMS) if r % 2 == 0 else list(SYSTEMS)[::-1]
+            chosen = [system for system in SYSTEMS if system in self.args.systems]
+            order = chosen if r % 2 == 0 else chosen[::-1]
             got: dict[str, Any] = {"load_average_before": os.getloadavg()[0]}
             rounds.append(got)
             name = f"pushed-{nodes}-{r + 1}.txt"
@@ -294,11 +301,20 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds at each size")
     parser.add_argument("--size-mib", type=int, default=10, help="the file's size, MiB")
     parser.add_argument("--servers", type=int, default=3, help="our servers, 1 to 3")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEM_NAMES),
+        default=list(SYSTEM_NAMES),
+        type=str,
+        help="what sends the file (default: all three)",
+    )
     parser.add_argument("--salt-venv", type=Path, default=DEFAULT_VENV, help="Salt's own venv")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
 
 
 def check(args: argparse.Namespace) -> str | None:
+    args.systems = [SYSTEM_NAMES[name] for name in args.systems]
     if sorted(set(args.nodes)) != args.nodes or args.nodes[0] < 1:
         return "--nodes: sizes of 1 or more, ascending, each once"
     if not 1 <= args.servers <= len(SERVER_ADDRESSES):
