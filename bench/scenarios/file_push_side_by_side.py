@@ -63,8 +63,11 @@ from fixtures.agent import stop_all
 
 MASTER = "127.0.0.37"
 SERVER_ADDRESSES = ("127.0.0.34", "127.0.0.35", "127.0.0.36")
-# salt-cp waits this long for the minions' answers (its -t); ours follows its job.
-SALT_TIMEOUT = 600
+# salt-cp waits this long for the minions' answers (its -t); ours follows its job. Each
+# command is killed (and the run fails) past COMMAND_TIMEOUT: salt-cp of 10 MiB took
+# minutes at 20 minions (each minion's return carries the file back to the master).
+SALT_TIMEOUT = 3000
+COMMAND_TIMEOUT = 3600.0
 SYSTEMS = ("salt-cp", "salt-cp --chunked", "file push")
 # --systems names them without spaces.
 SYSTEM_NAMES = {
@@ -132,7 +135,7 @@ class FilePush:
         nodes = len(self.side.agents)
         if system == OURS_NAME:
             command = [OURS, "file", "push", str(source), "--dest", name, "--all", "--json"]
-            ran = timed(command, self.side.env)
+            ran = timed(command, self.side.env, COMMAND_TIMEOUT)
             if ran.code != 0:
                 return ran.wall, ran.problem("file push did not succeed")
             try:
@@ -149,7 +152,7 @@ class FilePush:
             str(salt.venv / "bin" / "salt-cp"), "-c", str(salt.config_dir), "--out=json",
             "-t", str(SALT_TIMEOUT), *chunked, "*", str(source), name,
         ]  # fmt: skip
-        ran = timed(command)
+        ran = timed(command, timeout=COMMAND_TIMEOUT)
         try:
             answers = json.loads(ran.stdout)
             good = sum(
