@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from oz0_common.file_push import DATA
+from oz0_common.file_push import CHUNK, DATA, GET, READS_PER_STREAM, WINDOW
 from tests.conftest import CliRunner, create_token
 from tests.test_edge import cli_async
 
@@ -205,3 +206,80 @@ async def test_a_byte_changed_in_transit_is_refused_by_the_node(
     [line] = results(pushed.json()).values()
     assert "has SHA-256" in line and "refused, nothing written" in line, line
     assert list((data_dir / "files").iterdir()) == [], "nothing written, no temporary left"
+
+
+async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    """A node that asks for many pieces at once (here the rogue multiplies the agent's first
+    file_get) has READS_PER_STREAM read at once by its edge; the others are answered
+    `unavailable` at once, not queued. The reads are held by a lock on the table of rows,
+    so none ends while they are counted."""
+    start_server(cluster_files, SERVER)
+    env = cluster_files.cli_env
+    data_dir = tmp_path / "node"
+    extra = 2 * READS_PER_STREAM
+    locked = psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main))
+    answers: list[dict[str, Any]] = []
+    burst, enough = trio.Event(), trio.Event()
+    # The agent's own window and the rogue's extra pieces, all asked at once: all but the
+    # cap's are answered at once.
+    asked = WINDOW + extra
+
+    def multiply(message: dict[str, Any]) -> list[dict[str, Any]]:
+        if message.get("type") != GET or burst.is_set():
+            return [message]
+        burst.set()
+        # Held from before the first read reaches the edge until the test lets go.
+        locked.execute("LOCK TABLE file_chunks IN ACCESS EXCLUSIVE MODE")
+        # Offsets the agent never asks for: their answers reach no push of its own.
+        more = [{**message, "offset": k * CHUNK + 7, "most": CHUNK} for k in range(1, extra + 1)]
+        return [message, *more]
+
+    def record(message: dict[str, Any]) -> dict[str, Any]:
+        if message.get("type") == DATA:
+            answers.append(message)
+            if len(answers) >= asked - READS_PER_STREAM:
+                enough.set()
+        return message
+
+    async with rogue_edge.running(
+        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=record, upward=multiply
+    ):
+        token = await trio.to_thread.run_sync(create_token, cli, env)
+        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
+        status = await trio.to_thread.run_sync(
+            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
+        )
+        content = os.urandom(2 << 20)
+        source = tmp_path / "big.bin"
+        source.write_bytes(content)
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def push() -> None:
+                    node = status["node_id"]
+                    args = ["file", "push", str(source), "--dest", "big.bin", "--node", node]
+                    pushed = await cli_async(cli, *args, "--json", env=env)
+                    assert pushed.code == 0, pushed.out + pushed.err
+                    assert results(pushed.json()) == {node: "written"}
+
+                nursery.start_soon(push)
+                with trio.fail_after(RUNNING):
+                    await burst.wait()
+                with trio.fail_after(30):
+                    await enough.wait()
+                await trio.sleep(1.0)  # anything more would have come by now
+                held = list(answers)
+                locked.rollback()
+        finally:
+            locked.close()  # the lock goes with it, whatever happened
+    refused = [a for a in held if a.get("error") == "unavailable"]
+    served = [a for a in held if "data" in a]
+    assert served == [], "no read ended while the rows were locked"
+    assert len(refused) >= asked - READS_PER_STREAM, held
+    assert (data_dir / "files" / "big.bin").read_bytes() == content
