@@ -24,10 +24,20 @@ import psycopg
 import pytest
 import trio
 
+from cli.client import ApiClient, ApiError
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from oz0_common.file_push import CHUNK, DATA, GET, READS_PER_STREAM, WINDOW
+from oz0.context import Context
+from oz0.server.management import UPLOAD_BODY_SIZE
+from oz0_common.file_push import (
+    CHUNK,
+    CHUNKS_PER_UPLOAD,
+    DATA,
+    GET,
+    READS_PER_STREAM,
+    WINDOW,
+)
 from tests.conftest import CliRunner, create_token
 from tests.test_edge import cli_async
 
@@ -283,3 +293,31 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
     assert served == [], "no read ended while the rows were locked"
     assert len(refused) >= asked - READS_PER_STREAM, held
     assert (data_dir / "files" / "big.bin").read_bytes() == content
+
+
+def test_an_upload_route_takes_whole_rows_up_to_its_own_body_limit(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    """The chunks' route takes CHUNKS_PER_UPLOAD rows (1 MiB) in one body, past the API's
+    64 KiB; more than UPLOAD_BODY_SIZE is refused 413 there, and any other route keeps
+    the 64 KiB."""
+    start_server(cluster_files, SERVER)
+    client = ApiClient(Context.load(cluster_files.context_path))
+    content = os.urandom(CHUNKS_PER_UPLOAD * CHUNK + 10)
+    sha256 = hashlib.sha256(content).hexdigest()
+    registered = client.post(
+        "/api/v1/files", {"tenant": "default", "sha256": sha256, "size": len(content), "name": "m"}
+    )
+    assert registered["chunks_per_upload"] == CHUNKS_PER_UPLOAD
+    assert len(registered["missing"]) == CHUNKS_PER_UPLOAD + 1
+
+    def chunks(seq: int, data: bytes) -> Any:
+        body = {"tenant": "default", "seq": seq, "data": base64.b64encode(data).decode()}
+        return client.post(f"/api/v1/files/{sha256}/chunks", body)
+
+    assert chunks(0, content[: CHUNKS_PER_UPLOAD * CHUNK]) == {"complete": False}
+    with pytest.raises(ApiError, match="Too Large"):
+        chunks(0, os.urandom(UPLOAD_BODY_SIZE))
+    with pytest.raises(ApiError, match="Too Large"):
+        client.post("/api/v1/tokens", {"tenant": "default", "description": "x" * 70_000})
+    assert chunks(CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :]) == {"complete": True}
