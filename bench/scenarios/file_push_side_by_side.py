@@ -1,7 +1,8 @@
 """`file push` side by side with SaltStack 3008's `salt-cp` on this machine (issue 43).
 
     python -m bench.file_push_side_by_side [--nodes 20] [--rounds R] [--size-mib 10]
-                                           [--servers S] [--salt-venv DIR]
+                                           [--servers S] [--systems NAME...]
+                                           [--command-timeout S] [--salt-venv DIR]
                                            [--results-dir DIR] [--server-logs DIR]
 
 The fleets are bench.salt_side_by_side's (its SideBySide grows them; bench/salt.py):
@@ -66,10 +67,9 @@ from fixtures.agent import stop_all
 
 MASTER = "127.0.0.37"
 SERVER_ADDRESSES = ("127.0.0.34", "127.0.0.35", "127.0.0.36")
-# salt-cp waits this long for the minions' answers (its -t); ours follows its job. Each
-# command is killed (and the run fails) past COMMAND_TIMEOUT: salt-cp of 10 MiB took
-# minutes at 20 minions (each minion's return carries the file back to the master).
-SALT_TIMEOUT = 3000
+# Each command is killed (and the run fails) past --command-timeout (salt-cp's own -t is
+# that too): salt-cp of 10 MiB took 13 minutes at 20 minions (each minion's return
+# carries the file back to the master, whose requests time out and are sent again).
 COMMAND_TIMEOUT = 3600.0
 SYSTEMS = ("salt-cp", "salt-cp --chunked", "file push")
 # --systems names them without spaces.
@@ -143,7 +143,7 @@ class FilePush:
         nodes = len(self.side.agents)
         if system == OURS_NAME:
             command = [OURS, "file", "push", str(source), "--dest", name, "--all", "--json"]
-            ran = timed(command, self.side.env, COMMAND_TIMEOUT)
+            ran = timed(command, self.side.env, self.args.command_timeout)
             if ran.code != 0:
                 return ran.wall, ran.problem("file push did not succeed")
             try:
@@ -158,9 +158,9 @@ class FilePush:
         chunked = ["--chunked"] if system == SALT_CHUNKED else []
         command = [
             str(salt.venv / "bin" / "salt-cp"), "-c", str(salt.config_dir), "--out=json",
-            "-t", str(SALT_TIMEOUT), *chunked, "*", str(source), name,
+            "-t", str(int(self.args.command_timeout)), *chunked, "*", str(source), name,
         ]  # fmt: skip
-        ran = timed(command, timeout=COMMAND_TIMEOUT)
+        ran = timed(command, timeout=self.args.command_timeout)
         try:
             answers = json.loads(ran.stdout)
             good = sum(
@@ -326,6 +326,12 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         default=list(SYSTEM_NAMES),
         type=str,
         help="what sends the file (default: all three)",
+    )
+    parser.add_argument(
+        "--command-timeout",
+        type=float,
+        default=COMMAND_TIMEOUT,
+        help="seconds a command may take before the run fails (salt-cp's -t too)",
     )
     parser.add_argument("--salt-venv", type=Path, default=DEFAULT_VENV, help="Salt's own venv")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
