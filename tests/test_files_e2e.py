@@ -316,8 +316,15 @@ def test_an_upload_route_takes_whole_rows_up_to_its_own_body_limit(
         return client.post(f"/api/v1/files/{sha256}/chunks", body)
 
     assert chunks(0, content[: CHUNKS_PER_UPLOAD * CHUNK]) == {"complete": False}
-    with pytest.raises(ApiError, match="Too Large"):
+    # A refused body ends its connection (the rest of it is not read): each of these on a
+    # client of its own, so that none is sent on a connection the last one ended. The
+    # server may close before a client that is still sending reads its 413: refused either
+    # way (a route without its own limit would answer the content, not its size).
+    client = ApiClient(Context.load(cluster_files.context_path))
+    with pytest.raises(ApiError, match=r"Too Large|closed the connection without answering"):
         chunks(0, os.urandom(UPLOAD_BODY_SIZE))
+    client = ApiClient(Context.load(cluster_files.context_path))
     with pytest.raises(ApiError, match="Too Large"):
         client.post("/api/v1/tokens", {"tenant": "default", "description": "x" * 70_000})
+    client = ApiClient(Context.load(cluster_files.context_path))
     assert chunks(CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :]) == {"complete": True}
