@@ -35,6 +35,7 @@ from oz0_common.file_push import (
     CHUNKS_PER_UPLOAD,
     DATA,
     GET,
+    PIECE,
     READS_PER_STREAM,
     WINDOW,
 )
@@ -328,3 +329,38 @@ def test_an_upload_route_takes_whole_rows_up_to_its_own_body_limit(
         client.post("/api/v1/tokens", {"tenant": "default", "description": "x" * 70_000})
     client = ApiClient(Context.load(cluster_files.context_path))
     assert chunks(CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :]) == {"complete": True}
+
+
+def as_an_older_edge(message: dict[str, Any]) -> dict[str, Any]:
+    """A piece cut to one row, as an edge from before `most` serves it."""
+    if message.get("type") == DATA and "data" in message:
+        data = base64.b64decode(message["data"])[:CHUNK]
+        message = {**message, "data": base64.b64encode(data).decode()}
+    return message
+
+
+async def test_pieces_shorter_than_asked_have_their_rest_asked(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, SERVER)
+    env = cluster_files.cli_env
+    data_dir = tmp_path / "node"
+    async with rogue_edge.running(
+        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=as_an_older_edge
+    ):
+        token = await trio.to_thread.run_sync(create_token, cli, env)
+        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
+        status = await trio.to_thread.run_sync(
+            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
+        )
+        content = os.urandom(PIECE * WINDOW + 3 * CHUNK + 5)
+        source = tmp_path / "rows.bin"
+        source.write_bytes(content)
+        pushed = await cli_async(cli, "file", "push", str(source), "--dest", "rows.bin",
+                                 "--node", status["node_id"], "--json", env=env)  # fmt: skip
+    assert pushed.code == 0, pushed.out + pushed.err
+    assert (data_dir / "files" / "rows.bin").read_bytes() == content
