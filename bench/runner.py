@@ -56,6 +56,7 @@ SCENARIOS = (
     "database_restart",
     "edge_load",
     "fanout_scale",
+    "file_push_side_by_side",
     "fleet_scale",
     "idle_streams",
     "jobs",

@@ -218,9 +218,13 @@ class SaltFleet:
             _stop_groups([self.master])
 
     def _start(self, program: str, config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+        """PROGRAM with its configuration directory CONFIG, which is also its working
+        directory: what a minion writes to a relative path (`salt-cp '*' FILE NAME`) is its
+        own, not every minion's one file."""
         with log_path.open("ab") as out:
             return subprocess.Popen(
                 [str(self.venv / "bin" / program), "-c", str(config), "-l", "warning"],
+                cwd=config,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,

@@ -21,7 +21,8 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit
 from oz0.errors import Oz0Error
-from oz0_common.file_push import CHUNK, PUSH, is_sha256
+from oz0.file_blob_cache import BlobCache
+from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD, PUSH, is_sha256
 
 Conn = psycopg.Connection[Any]
 
@@ -148,9 +149,10 @@ class Mismatch:
 
 
 def put_chunk(conn: Conn, tenant: str, sha256: str, seq: int, data: bytes) -> bool | Mismatch:
-    """Chunk SEQ of blob SHA256 (the tenant's) stored; True once the blob is complete.
-    The last chunk in checks the whole blob's SHA-256: a mismatch drops every chunk and
-    is answered Mismatch (its transaction committed: the chunks go)."""
+    """Chunk SEQ of blob SHA256 (the tenant's) stored, or with more DATA the chunks from
+    SEQ on that it holds (whole rows of CHUNK bytes, the blob's last one shorter); True once
+    the blob is complete. The last chunk in checks the whole blob's SHA-256: a mismatch
+    drops every chunk and is answered Mismatch (its transaction committed: the chunks go)."""
     _check_sha(sha256)
     row = conn.execute(
         "SELECT b.size, b.complete FROM file_blobs b JOIN tenant_files t"
@@ -165,13 +167,20 @@ def put_chunk(conn: Conn, tenant: str, sha256: str, seq: int, data: bytes) -> bo
     count = chunks_of(size)
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < count:
         raise FileError(f"chunk must be from 0 to {count - 1}")
-    expected = CHUNK if seq < count - 1 else size - CHUNK * (count - 1)
-    if len(data) != expected:
-        raise FileError(f"chunk {seq} of {sha256} is {expected} bytes, not {len(data)}")
-    conn.execute(
-        "INSERT INTO file_chunks (sha256, seq, data) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-        (sha256, seq, data),
-    )
+    end = seq * CHUNK + len(data)
+    rows = chunks_of(len(data))
+    whole = len(data) % CHUNK == 0 or end == size
+    if not data or end > size or not whole or rows > CHUNKS_PER_UPLOAD:
+        raise FileError(
+            f"chunks from {seq} of {sha256} are whole rows of {CHUNK} bytes (the file's last"
+            f" one shorter), at most {CHUNKS_PER_UPLOAD} a request: not {len(data)} bytes"
+        )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO file_chunks (sha256, seq, data) VALUES (%s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            [(sha256, seq + i, data[i * CHUNK : (i + 1) * CHUNK]) for i in range(rows)],
+        )
     have_row = conn.execute(
         "SELECT count(*) FROM file_chunks WHERE sha256 = %s", (sha256,)
     ).fetchone()
@@ -203,11 +212,20 @@ def check_pushable(conn: Conn, tenant: str, sha256: str, size: int) -> None:
 
 
 def read_for_node(
-    conn: Conn, node_id: str, job_id: str, attempt: int, sha256: str, offset: int, most: int
+    conn: Conn,
+    node_id: str,
+    job_id: str,
+    attempt: int,
+    sha256: str,
+    offset: int,
+    most: int,
+    cache: BlobCache | None = None,
 ) -> tuple[bytes, int] | None:
     """Up to MOST bytes of blob SHA256 from OFFSET, and its size, for NODE_ID's running
     attempt ATTEMPT of job JOB_ID that pushes that blob or places it in its working
-    directory; None if there is no such part (a node reads only what it is told to write)."""
+    directory; None if there is no such part (a node reads only what it is told to write).
+    The rows come from CACHE when it has them (each server reads a blob once for the many
+    nodes it serves), else from the database."""
     row = conn.execute(
         "SELECT b.size FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
         " JOIN file_blobs b ON b.sha256 = %s AND b.complete"
@@ -220,15 +238,25 @@ def read_for_node(
     size = int(row[0])
     if offset >= size:
         return b"", size
-    seq, within = divmod(offset, CHUNK)
-    take = min(most, CHUNK - within, size - offset)
-    piece = conn.execute(
-        "SELECT substring(data FROM %s FOR %s) FROM file_chunks WHERE sha256 = %s AND seq = %s",
-        (within + 1, take, sha256, seq),
-    ).fetchone()
-    if piece is None:
+    take = min(most, size - offset)
+    first, last = offset // CHUNK, (offset + take - 1) // CHUNK
+
+    def read(low: int, high: int) -> list[bytes]:
+        rows = conn.execute(
+            "SELECT data FROM file_chunks WHERE sha256 = %s AND seq BETWEEN %s AND %s ORDER BY seq",
+            (sha256, low, high),
+        ).fetchall()
+        return [bytes(r[0]) for r in rows]
+
+    if cache is not None:
+        rows = cache.rows(sha256, first, last, chunks_of(size), read)
+    else:
+        rows = read(first, last)
+        rows = rows if len(rows) == last - first + 1 else None
+    if rows is None:
         return None
-    return bytes(piece[0]), size
+    within = offset - first * CHUNK
+    return b"".join(rows)[within : within + take], size
 
 
 def list_files(conn: Conn, tenants: list[str] | None) -> list[StoredFile]:

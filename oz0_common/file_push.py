@@ -7,9 +7,13 @@ the cluster CA signed, whichever edge serves the bytes. The node's agent runs su
 itself (oz0_node/jobs/file_push.py), never as a process: no program named PUSH exists.
 
 Over the node's control stream the agent asks its edge for the blob a piece at a time:
-`file_get` {"job", "attempt", "sha256", "offset"}, answered `file_data` {"job", "attempt",
-"sha256", "offset", "data": base64 (at most SERVED bytes), "size"} or, when the edge will
-not serve it, the same with "error" (a line) and no data.
+`file_get` {"job", "attempt", "sha256", "offset", "most"}, answered `file_data` {"job",
+"attempt", "sha256", "offset", "data": base64 (at most min(most, SERVED_MOST) bytes; without
+"most", as an older agent asks, at most SERVED), "size"} or, when the edge will not serve
+it, the same with "error" (a line) and no data; "unavailable" (the database away, or the
+stream's reads at their cap, READS_PER_STREAM) is asked again. The agent keeps up to
+WINDOW pieces asked at once, each of PIECE bytes: a piece's round trip no longer paces
+the push, and what one push holds in memory, on each side, stays bounded (WINDOW x PIECE).
 """
 
 from __future__ import annotations
@@ -21,11 +25,23 @@ from dataclasses import dataclass
 PUSH = "@oz0/file-push"
 GET = "file_get"
 DATA = "file_data"
-# How the cluster stores a blob: rows of CHUNK bytes (the last one shorter), each uploaded
-# in one request (the API's bodies are at most 64 KiB, and this in base64 fits).
+# How the cluster stores a blob: rows of CHUNK bytes (the last one shorter); uploaded up to
+# CHUNKS_PER_UPLOAD rows a request.
 CHUNK = 32 << 10
-# What one file_data carries at most: a row.
+# What one file_data carries at most when the node does not say (an older agent): a row.
 SERVED = CHUNK
+# What it carries at most when the node asks for more ("most"): 8 rows, 341 KiB of base64,
+# well inside the 1 MiB a message the agent's websocket takes.
+SERVED_MOST = 8 * CHUNK
+# What the agent asks for in one file_get, and how many it keeps asked at once.
+PIECE = SERVED_MOST
+WINDOW = 4
+# The edge reads at most this many pieces at once for one stream; a file_get past that is
+# answered "unavailable" (asked again), never queued (docs/node-protocol.md).
+READS_PER_STREAM = WINDOW
+# A chunk upload (POST /api/v1/files/<sha256>/chunks) carries up to this many consecutive
+# rows (its body, base64, within the route's own limit: oz0/server/management.py).
+CHUNKS_PER_UPLOAD = 32
 DEFAULT_MODE = 0o644
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _OWNER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$|^[0-9]{1,10}$")

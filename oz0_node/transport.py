@@ -34,6 +34,9 @@ OpenStream = Callable[[str, int], Awaitable[trio.abc.Stream]]
 CONNECT_TIMEOUT = 10.0
 # A polite websocket close; after it the stream is closed regardless.
 CLOSE_TIMEOUT = 1.0
+# What one read from the TLS stream takes at most (trio-websocket's default, 4 KiB, made a
+# pushed file's pieces, 341 KiB each, some 85 reads apiece).
+RECEIVE_SIZE = 64 * 1024
 
 
 async def open_tcp(host: str, port: int) -> trio.abc.Stream:
@@ -135,6 +138,7 @@ async def open_edge(
                         cast(trio.SSLStream[trio.SocketStream], stream),
                         addresses.join(host, port),
                         path,
+                        receive_buffer_size=RECEIVE_SIZE,
                     )
             except trio.TooSlowError:
                 raise EdgeUnavailable(f"edge {address}: websocket handshake timed out") from None

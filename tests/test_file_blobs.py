@@ -17,10 +17,11 @@ from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
 from fixtures.job_rows import ADMIN, add_node, new_job, place
 from oz0 import file_blobs, tenants
+from oz0.file_blob_cache import BlobCache
 from oz0.jobs import store
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec import JobError, JobSpec
-from oz0_common.file_push import CHUNK, PushOrder
+from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD, SERVED_MOST, PushOrder
 from tests.test_jobs_store import ended_ago, prune
 
 one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
@@ -71,6 +72,37 @@ def test_a_file_is_complete_only_once_every_chunk_is_in_and_hashes_to_its_name(
     with conn.transaction():
         assert file_blobs.register(conn, "default", sha256, len(content), "a", ADMIN) == []
         store.create(conn, _push_spec(sha256, len(content)), ADMIN)
+
+
+def test_one_upload_carries_several_whole_rows_and_nothing_else(
+    conn: psycopg.Connection[Any],
+) -> None:
+    content = os.urandom((CHUNKS_PER_UPLOAD + 3) * CHUNK + 7)
+    sha256 = hashlib.sha256(content).hexdigest()
+    with conn.transaction():
+        assert len(file_blobs.register(conn, "default", sha256, len(content), "m", ADMIN)) == (
+            CHUNKS_PER_UPLOAD + 4
+        )
+    for seq, data in (
+        (0, content[: CHUNK + 1]),  # not whole rows
+        (0, content[: (CHUNKS_PER_UPLOAD + 1) * CHUNK]),  # more rows than a request takes
+        (CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :] + b"x"),  # past the end
+        (1, b""),
+    ):
+        with pytest.raises(file_blobs.FileError, match="whole rows"), conn.transaction():
+            file_blobs.put_chunk(conn, "default", sha256, seq, data)
+    with conn.transaction():
+        assert not file_blobs.put_chunk(
+            conn, "default", sha256, 0, content[: CHUNKS_PER_UPLOAD * CHUNK]
+        )
+    with conn.transaction():
+        missing = file_blobs.register(conn, "default", sha256, len(content), "m", ADMIN)
+    assert missing == [CHUNKS_PER_UPLOAD + i for i in range(4)]
+    with conn.transaction():  # the rest, the file's short last row with it
+        done = file_blobs.put_chunk(
+            conn, "default", sha256, CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :]
+        )
+    assert done is True
 
 
 def test_a_tenants_caps_on_one_file_and_on_all_of_them(conn: psycopg.Connection[Any]) -> None:
@@ -125,6 +157,55 @@ def test_a_node_is_served_only_what_a_running_part_of_its_own_names(
         assert file_blobs.read_for_node(conn, node, placed.id, 1, other, 0, CHUNK) == (
             b"not pushed", 10,
         )  # fmt: skip
+
+
+def test_a_piece_spans_rows_and_a_server_reads_a_blob_once_for_many_nodes(
+    conn: psycopg.Connection[Any],
+) -> None:
+    content = os.urandom(40 * CHUNK + 123)  # two spans of the cache, the last one short
+    sha256 = upload(conn, content)
+    nodes = [add_node(conn) for _ in range(3)]
+    order = PushOrder(sha256, len(content), "x").command()
+    jobs = []
+    for node in nodes:
+        job = new_job(conn, command=order, node=node)
+        assert place(conn, job, 1).node == node
+        jobs.append(job)
+    cache = BlobCache(max_bytes=64 * CHUNK, span_rows=32)
+
+    def read(i: int, offset: int, most: int, cached: bool = True) -> tuple[bytes, int] | None:
+        with conn.transaction():
+            return file_blobs.read_for_node(
+                conn, nodes[i], jobs[i].id, 1, sha256, offset, most, cache if cached else None
+            )
+
+    size = len(content)
+    for offset, most in ((0, SERVED_MOST), (CHUNK - 5, SERVED_MOST), (31 * CHUNK, 3 * CHUNK),
+                         (size - 200, SERVED_MOST), (7, 1)):  # fmt: skip
+        want = (content[offset : offset + most], size)
+        assert read(0, offset, most) == want and read(0, offset, most, cached=False) == want
+    assert cache.reads == 2, "each span read once from the database"
+    whole = b""
+    for i in (1, 2):  # the other nodes' pushes: from what the server kept
+        got = b""
+        while len(got) < size:
+            piece = read(i, len(got), SERVED_MOST)
+            assert piece is not None
+            got += piece[0]
+        whole = got
+    assert whole == content and cache.reads == 2
+    assert cache.kept_bytes == size
+    # Kept or not, a node is served only what a running part of its own names.
+    with conn.transaction():
+        assert file_blobs.read_for_node(
+            conn, nodes[0], jobs[1].id, 1, sha256, 0, SERVED_MOST, cache
+        ) is None  # fmt: skip
+    # Past MAX_BYTES the least recently used span goes.
+    small = BlobCache(max_bytes=40 * CHUNK, span_rows=32)
+    with conn.transaction():
+        file_blobs.read_for_node(conn, nodes[0], jobs[0].id, 1, sha256, 0, CHUNK, small)
+        file_blobs.read_for_node(conn, nodes[0], jobs[0].id, 1, sha256, size - 1, 1, small)
+    assert small.kept_bytes == size - 32 * CHUNK, "the first span gave way to the second"
 
 
 def test_the_pruner_removes_files_nothing_names_and_keeps_the_others(

@@ -14,19 +14,34 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import stat
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
+from cli.client import ApiClient
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from oz0_common.file_push import DATA
+from fixtures.tls import as_our_client
+from oz0.context import Context
+from oz0.server.management import UPLOAD_BODY_SIZE
+from oz0_common.file_push import (
+    CHUNK,
+    CHUNKS_PER_UPLOAD,
+    DATA,
+    GET,
+    PIECE,
+    READS_PER_STREAM,
+    WINDOW,
+)
 from tests.conftest import CliRunner, create_token
 from tests.test_edge import cli_async
 
@@ -205,3 +220,167 @@ async def test_a_byte_changed_in_transit_is_refused_by_the_node(
     [line] = results(pushed.json()).values()
     assert "has SHA-256" in line and "refused, nothing written" in line, line
     assert list((data_dir / "files").iterdir()) == [], "nothing written, no temporary left"
+
+
+async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    """A node that asks for many pieces at once (here the rogue multiplies the agent's first
+    file_get) has READS_PER_STREAM read at once by its edge; the others are answered
+    `unavailable` at once, not queued. The reads are held by a lock on the table of rows,
+    so none ends while they are counted."""
+    start_server(cluster_files, SERVER)
+    env = cluster_files.cli_env
+    data_dir = tmp_path / "node"
+    extra = 2 * READS_PER_STREAM
+    locked = psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main))
+    answers: list[dict[str, Any]] = []
+    burst, enough = trio.Event(), trio.Event()
+    # The agent's own window and the rogue's extra pieces, all asked at once: all but the
+    # cap's are answered at once.
+    asked = WINDOW + extra
+
+    def multiply(message: dict[str, Any]) -> list[dict[str, Any]]:
+        if message.get("type") != GET or burst.is_set():
+            return [message]
+        burst.set()
+        # Held from before the first read reaches the edge until the test lets go.
+        locked.execute("LOCK TABLE file_chunks IN ACCESS EXCLUSIVE MODE")
+        # Offsets the agent never asks for: their answers reach no push of its own.
+        more = [{**message, "offset": k * CHUNK + 7, "most": CHUNK} for k in range(1, extra + 1)]
+        return [message, *more]
+
+    def record(message: dict[str, Any]) -> dict[str, Any]:
+        if message.get("type") == DATA:
+            answers.append(message)
+            if len(answers) >= asked - READS_PER_STREAM:
+                enough.set()
+        return message
+
+    async with rogue_edge.running(
+        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=record, upward=multiply
+    ):
+        token = await trio.to_thread.run_sync(create_token, cli, env)
+        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
+        status = await trio.to_thread.run_sync(
+            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
+        )
+        content = os.urandom(2 << 20)
+        source = tmp_path / "big.bin"
+        source.write_bytes(content)
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def push() -> None:
+                    node = status["node_id"]
+                    args = ["file", "push", str(source), "--dest", "big.bin", "--node", node]
+                    pushed = await cli_async(cli, *args, "--json", env=env)
+                    assert pushed.code == 0, pushed.out + pushed.err
+                    assert results(pushed.json()) == {node: "written"}
+
+                nursery.start_soon(push)
+                with trio.fail_after(RUNNING):
+                    await burst.wait()
+                with trio.fail_after(30):
+                    await enough.wait()
+                await trio.sleep(1.0)  # anything more would have come by now
+                held = list(answers)
+                locked.rollback()
+        finally:
+            locked.close()  # the lock goes with it, whatever happened
+    refused = [a for a in held if a.get("error") == "unavailable"]
+    served = [a for a in held if "data" in a]
+    assert served == [], "no read ended while the rows were locked"
+    assert len(refused) >= asked - READS_PER_STREAM, held
+    assert (data_dir / "files" / "big.bin").read_bytes() == content
+
+
+def curl_post(files: ClusterFiles, path: str, body: str) -> tuple[int, Any]:
+    """POST BODY to PATH on SERVER with the admin's certificate; the status and the JSON."""
+    context = files.context_dir
+    done = subprocess.run(
+        [
+            "curl", "--silent", "--show-error", "--max-time", "20",
+            "--cacert", str(context / "ca.crt"),
+            "--cert", str(context / "operator.crt"),
+            "--key", str(context / "operator.key"),
+            "--header", "Content-Type: application/json", "--data-binary", "@-",
+            "--write-out", "\n%{http_code}",
+            *as_our_client(f"https://{SERVER}:8443{path}"),
+        ],
+        input=body, capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    text, _, code = done.stdout.rpartition("\n")
+    return int(code), json.loads(text)
+
+
+def test_an_upload_route_takes_whole_rows_up_to_its_own_body_limit(
+    cluster_files: ClusterFiles, start_server: StartServer
+) -> None:
+    """The chunks' route takes CHUNKS_PER_UPLOAD rows (1 MiB) in one body, past the API's
+    64 KiB; more than UPLOAD_BODY_SIZE is refused 413 there, and any other route keeps
+    the 64 KiB."""
+    start_server(cluster_files, SERVER)
+    client = ApiClient(Context.load(cluster_files.context_path))
+    content = os.urandom(CHUNKS_PER_UPLOAD * CHUNK + 10)
+    sha256 = hashlib.sha256(content).hexdigest()
+    registered = client.post(
+        "/api/v1/files", {"tenant": "default", "sha256": sha256, "size": len(content), "name": "m"}
+    )
+    assert registered["chunks_per_upload"] == CHUNKS_PER_UPLOAD
+    assert len(registered["missing"]) == CHUNKS_PER_UPLOAD + 1
+
+    def chunks(seq: int, data: bytes) -> Any:
+        body = {"tenant": "default", "seq": seq, "data": base64.b64encode(data).decode()}
+        return client.post(f"/api/v1/files/{sha256}/chunks", body)
+
+    assert chunks(0, content[: CHUNKS_PER_UPLOAD * CHUNK]) == {"complete": False}
+    # Refused by size, in the API's JSON: sent by curl, which reads the 413 the server
+    # answers (and closes on) while the body is still going out.
+    big = base64.b64encode(os.urandom(UPLOAD_BODY_SIZE)).decode()
+    for path, body in (
+        (f"/api/v1/files/{sha256}/chunks", {"tenant": "default", "seq": 0, "data": big}),
+        ("/api/v1/tokens", {"tenant": "default", "description": "x" * 70_000}),
+    ):
+        code, answer = curl_post(cluster_files, path, json.dumps(body))
+        assert code == 413 and "Too Large" in answer["error"], (path, code, answer)
+    assert chunks(CHUNKS_PER_UPLOAD, content[CHUNKS_PER_UPLOAD * CHUNK :]) == {"complete": True}
+
+
+def as_an_older_edge(message: dict[str, Any]) -> dict[str, Any]:
+    """A piece cut to one row, as an edge from before `most` serves it."""
+    if message.get("type") == DATA and "data" in message:
+        data = base64.b64decode(message["data"])[:CHUNK]
+        message = {**message, "data": base64.b64encode(data).decode()}
+    return message
+
+
+async def test_pieces_shorter_than_asked_have_their_rest_asked(
+    cli: CliRunner,
+    cluster_files: ClusterFiles,
+    start_server: StartServer,
+    agents: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    start_server(cluster_files, SERVER)
+    env = cluster_files.cli_env
+    data_dir = tmp_path / "node"
+    async with rogue_edge.running(
+        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=as_an_older_edge
+    ):
+        token = await trio.to_thread.run_sync(create_token, cli, env)
+        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
+        status = await trio.to_thread.run_sync(
+            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
+        )
+        content = os.urandom(PIECE * WINDOW + 3 * CHUNK + 5)
+        source = tmp_path / "rows.bin"
+        source.write_bytes(content)
+        pushed = await cli_async(cli, "file", "push", str(source), "--dest", "rows.bin",
+                                 "--node", status["node_id"], "--json", env=env)  # fmt: skip
+    assert pushed.code == 0, pushed.out + pushed.err
+    assert (data_dir / "files" / "rows.bin").read_bytes() == content

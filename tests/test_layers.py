@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "oz0.tenants",
             "oz0.tenant_caps",
             "oz0.file_blobs",
+            "oz0.file_blob_cache",
             "oz0.tokens",
             "oz0.ui_accounts",
             "oz0.ui_sessions",

@@ -236,14 +236,16 @@ class Ran:
         said = " / ".join(
             line for text in (self.stdout[-400:], self.stderr[-400:]) for line in text.splitlines()
         )
-        exited = f"killed after {COMMAND_TIMEOUT:g} s" if self.code == -1 else f"exit {self.code}"
+        exited = "killed at its timeout" if self.code == -1 else f"exit {self.code}"
         return f"{why}: `{' '.join(self.command)}` ({exited}): {said or 'no output'}"
 
 
-def timed(command: list[str], env: dict[str, str] | None = None) -> Ran:
-    """COMMAND run to its end, within COMMAND_TIMEOUT. In a session of its own, so that a
-    timeout kills what it forked too: a child left holding its pipes would make the read of
-    its output wait forever (subprocess.run's own timeout kills the child alone)."""
+def timed(
+    command: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT
+) -> Ran:
+    """COMMAND run to its end, within TIMEOUT. In a session of its own, so that a timeout
+    kills what it forked too: a child left holding its pipes would make the read of its
+    output wait forever (subprocess.run's own timeout kills the child alone)."""
     began = time.perf_counter()
     process = subprocess.Popen(
         command,
@@ -255,7 +257,7 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> Ran:
         start_new_session=True,
     )
     try:
-        out, err = process.communicate(timeout=COMMAND_TIMEOUT)
+        out, err = process.communicate(timeout=timeout)
         code = process.returncode
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from functools import partial
 from typing import Any
@@ -12,6 +13,7 @@ import trio
 from quart import Response, jsonify, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
+from quart_trio.wrappers.request import TrioRequest
 from werkzeug.exceptions import HTTPException
 
 from oz0 import pki
@@ -47,6 +49,10 @@ MANAGEMENT_PORT = 8443
 # The CLI resumes its last session on a new connection (cli/client.py): one ticket does.
 TLS_TICKETS = 1
 MAX_BODY_SIZE = 64 * 1024
+# One route takes more: a pushed file's upload, CHUNKS_PER_UPLOAD rows (1 MiB) in base64 a
+# request, so that a 10 MiB file is 10 requests, not 320 (UploadRequest).
+UPLOAD_BODY_SIZE = 1536 * 1024
+_UPLOAD_PATH = re.compile(r"^/api/v1/files/[0-9a-f]{64}/chunks$")
 # A check of open operator connections that failed (the database away) is tried again after.
 CHECK_AGAIN_AFTER = 1.0
 BODY_TIMEOUT = 10
@@ -85,8 +91,20 @@ API_MODULES = (
 )
 
 
+class UploadRequest(TrioRequest):
+    """A request whose body may be up to UPLOAD_BODY_SIZE if it is a file's chunks' upload,
+    else MAX_BODY_SIZE as any (the app's MAX_CONTENT_LENGTH): Quart sets one limit for
+    every route, so the one route that needs more says so here, by its method and path."""
+
+    def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(method, scheme, path, *args, **kwargs)
+        if method == "POST" and _UPLOAD_PATH.match(path):
+            self.body = self.body_class(self.content_length, UPLOAD_BODY_SIZE)
+
+
 def create_app(state: ManagementState) -> QuartTrio:
     app = QuartTrio("oz0.management")
+    app.request_class = UploadRequest
     app.json = _JsonProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_SIZE
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT

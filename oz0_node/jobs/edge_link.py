@@ -16,13 +16,14 @@ from typing import Protocol
 
 import trio
 
-from oz0_common import attempt_messages
+from oz0_common import attempt_messages, file_push
 from oz0_node.errors import EdgeUnavailable
 from oz0_node.messages import Message
 
 log = logging.getLogger(__name__)
 
-# What an ack answers: its kind, then the job, the attempt and (for output) the seq.
+# What an ack answers: its kind, then the job, the attempt and (for output) the seq or
+# (for a file's piece) the offset.
 AckKey = tuple[object, ...]
 OUTPUT_ACK = "job_output_ack"
 DONE_ACK = attempt_messages.DONE_ACK
@@ -48,6 +49,10 @@ def ack_key(kind: str, message: Message) -> AckKey | None:
     if kind == OUTPUT_ACK:
         seq = message.get("seq")
         return (kind, job, attempt, seq) if _whole(seq) else None
+    if kind == file_push.DATA:
+        # Several pieces of one push are asked at once: each answer names its offset.
+        offset = message.get("offset")
+        return (kind, job, attempt, offset) if _whole(offset) else None
     return (kind, job, attempt)
 
 

@@ -13,11 +13,11 @@ attempt's, then hands a push here instead of to a supervisor:
    directory is resolved and held open, so a symbolic link cannot move the write elsewhere.
 2. A file there already with the same content (its SHA-256), mode and owner: `unchanged`,
    nothing fetched.
-3. Else the blob is fetched from the edge a piece at a time (`file_get`/`file_data`) into
-   a temporary file in the destination's directory (0600 until it is complete), hashed as
-   it comes; a SHA-256 other than the one the grant signed refuses it, and the temporary
-   file goes. Then its mode and owner, fsync, rename over the destination, fsync of the
-   directory: `written`.
+3. Else the blob is fetched from the edge (`file_get`/`file_data`, a few pieces asked at
+   once, written in order) into a temporary file in the destination's directory (0600
+   until it is complete), hashed as it comes; a SHA-256 other than the one the grant
+   signed refuses it, and the temporary file goes. Then its mode and owner, fsync,
+   rename over the destination, fsync of the directory: `written`.
 
 The outcome is the part's output (one line: `written`, `unchanged` or `error: WHY`) and
 its exit code (0, 0, 1), reported as any attempt's (`job_output`, `attempt_done`).
@@ -35,13 +35,14 @@ import pwd
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from oz0_common.attempt_messages import DONE, AttemptDone, AttemptResult
-from oz0_common.file_push import DATA, GET, BadPush, PushOrder, check_name
+from oz0_common.file_push import DATA, GET, PIECE, WINDOW, BadPush, PushOrder, check_name
+from oz0_node.errors import one_error
 from oz0_node.jobs.edge_link import DONE_ACK, OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.messages import Message
 
@@ -238,16 +239,63 @@ async def _push(
     return WRITTEN
 
 
+@dataclass(eq=False)
+class _Asked:
+    """A piece asked of the edge: WANT bytes from OFFSET; DATA (or ERROR) once DONE."""
+
+    offset: int
+    want: int
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes = b""
+    error: Exception | None = None
+
+
 async def _fetch(link: EdgeLink, job: str, attempt: int, order: PushOrder, target: Target) -> None:
-    """ORDER's content fetched, checked and renamed to TARGET (`Staging`)."""
+    """ORDER's content fetched, checked and renamed to TARGET (`Staging`).
+
+    Up to WINDOW pieces of PIECE bytes are asked at once (a round trip each would pace
+    the push); they are written in order as they come, so at most WINDOW pieces wait here.
+    A piece the edge sent shorter than asked (an older edge serves a row at a time) has
+    its rest asked next."""
     staging = await trio.to_thread.run_sync(Staging, target)
     try:
-        while staging.size < order.size:
-            data = await _piece(link, job, attempt, order, staging.size)
-            await trio.to_thread.run_sync(staging.write, data)
+        try:
+            async with trio.open_nursery() as nursery:
+                asked: dict[int, _Asked] = {}
+
+                def ask(offset: int, want: int) -> None:
+                    piece = asked[offset] = _Asked(offset, want)
+                    nursery.start_soon(_get, link, job, attempt, order, piece)
+
+                ahead = 0  # the first byte not asked for yet
+                while staging.size < order.size:
+                    while ahead < order.size and len(asked) < WINDOW:
+                        want = min(PIECE, order.size - ahead)
+                        ask(ahead, want)
+                        ahead += want
+                    piece = asked.pop(staging.size)
+                    await piece.done.wait()
+                    if piece.error is not None:
+                        raise piece.error
+                    await trio.to_thread.run_sync(staging.write, piece.data)
+                    if len(piece.data) < piece.want:
+                        ask(staging.size, piece.want - len(piece.data))
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise one_error(group) from None
         await trio.to_thread.run_sync(staging.finish, order)
     finally:
         await trio.to_thread.run_sync(staging.close)
+
+
+async def _get(link: EdgeLink, job: str, attempt: int, order: PushOrder, piece: _Asked) -> None:
+    try:
+        data = await _piece(link, job, attempt, order, piece.offset, piece.want)
+        piece.data = data[: piece.want]
+    except PushRefused as e:
+        piece.error = e
+    finally:
+        piece.done.set()
 
 
 # --- `job run --file`: files for an attempt's working directory ---------------------------
@@ -304,13 +352,19 @@ def remove_staged(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _piece(link: EdgeLink, job: str, attempt: int, order: PushOrder, offset: int) -> bytes:
-    """The blob's bytes from OFFSET, from whichever edge the node has (retried)."""
-    fields: Message = {"job": job, "attempt": attempt, "sha256": order.sha256, "offset": offset}
+async def _piece(
+    link: EdgeLink, job: str, attempt: int, order: PushOrder, offset: int, most: int
+) -> bytes:
+    """Up to MOST of the blob's bytes from OFFSET, from whichever edge the node has
+    (asked again while it is `unavailable`)."""
+    fields: Message = {
+        "job": job, "attempt": attempt, "sha256": order.sha256, "offset": offset, "most": most,
+    }  # fmt: skip
+    key = (DATA, job, attempt, offset)
     with trio.move_on_after(FETCH_WITHIN):
         while True:
             try:
-                answer = await link.exchange(GET, fields, (DATA, job, attempt), PIECE_TIMEOUT)
+                answer = await link.exchange(GET, fields, key, PIECE_TIMEOUT)
             except LinkDown:
                 answer = None
             if answer is not None:

@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 from oz0 import access, file_blobs
 from oz0.node_rules import DEFAULT_TENANT
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
-from oz0_common.file_push import CHUNK
+from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD
 
 T = TypeVar("T")
 
@@ -39,11 +39,13 @@ def register(app: QuartTrio, state: ManagementState) -> None:
             state,
             lambda conn: file_blobs.register(conn, tenant, sha256, size, name, actor.actor),
         )
-        return jsonify({"sha256": sha256, "size": size, "chunk": CHUNK, "missing": missing}), 200
+        answer = {"sha256": sha256, "size": size, "chunk": CHUNK, "missing": missing}
+        return jsonify({**answer, "chunks_per_upload": CHUNKS_PER_UPLOAD}), 200
 
     @app.post("/api/v1/files/<sha256>/chunks")
     async def file_chunk(sha256: str) -> Response:
-        """One chunk, {"tenant", "seq", "data": base64}."""
+        """Chunks from SEQ on, {"tenant", "seq", "data": base64}: whole rows, at most
+        CHUNKS_PER_UPLOAD (the route's body may be UPLOAD_BODY_SIZE, management.py)."""
         actor = await operator(state)
         body = await json_object()
         tenant, seq = _text(body, "tenant"), body.get("seq")

@@ -12,6 +12,7 @@ import trio
 
 from oz0 import audit, nodes
 from oz0.cluster import Cluster
+from oz0.file_blob_cache import BlobCache
 from oz0.jobs import parts
 from oz0.server.edge.attempt_refusals import AttemptRefusals
 from oz0.server.edge.directory import EdgeDirectory
@@ -105,6 +106,8 @@ class Edge:
     # The node streams held here, for the sessions relayed through them (shared with the
     # management API, which opens them).
     sessions: SessionRelay = field(default_factory=SessionRelay)
+    # Pushed files' rows, read once for the many nodes this edge serves (file_serve.py).
+    blob_cache: BlobCache = field(default_factory=BlobCache)
     heartbeats: Heartbeats = field(init=False)
     # Joins with a token, written in batches; its `run` is started with the edge.
     joins: JoinBatcher = field(init=False)

@@ -187,6 +187,8 @@ class ControlStream:
         self.renewing = trio.Lock()
         self.sending = deliveries.Deliveries(edge, ws, node_id)
         self.reports = attempts.NodeAttempts(edge, ws, node_id, tenant, nursery, self.sending)
+        # The node's file_get reads under way (file_serve.py), bounded.
+        self.file_reads = file_serve.FileReads()
 
     def start(self, changed: NodeWatch, revision: int) -> None:
         """The stream's tasks, in its nursery; CHANGED wakes on news of the node, last read
@@ -253,8 +255,18 @@ class ControlStream:
         self.edge.sessions.from_node(self.node_id, message)
 
     async def _on_file_get(self, message: dict[str, Any]) -> None:
-        """A piece of a blob the node pushes (file_serve.py), read in a task of its own."""
-        self._nursery.start_soon(file_serve.serve, self.edge, self.ws, self.node_id, message)
+        """A piece of a blob the node pushes (file_serve.py), read in a task of its own;
+        past the stream's cap on reads at once, answered `unavailable` now."""
+        if not self.file_reads.take():
+            await file_serve.busy(self.ws, message)
+            return
+        self._nursery.start_soon(self._serve_file, message)
+
+    async def _serve_file(self, message: dict[str, Any]) -> None:
+        try:
+            await file_serve.serve(self.edge, self.ws, self.node_id, message)
+        finally:
+            self.file_reads.done()
 
     async def _act_on_changes(self, changed: NodeWatch, revision: int) -> None:
         """End the stream when the node stops being accepted, purging it first if it is purging.
