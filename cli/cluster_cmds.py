@@ -123,8 +123,8 @@ def set_(
             body[name] = max(1, round(value))
     if not body:
         raise Oz0Error(
-            "nothing to change: give --audit-retention, --[no-]lock-node-labels or a"
-            " --session-... setting"
+            "nothing to change: give --audit-retention, --[no-]lock-node-labels,"
+            " --[no-]session-record-input, --session-idle-timeout or --session-max-length"
         )
     data = ApiClient(select(context)).request("PATCH", "/api/v1/cluster", body)
     if json:

@@ -44,7 +44,7 @@ class SessionError(Oz0Error):
 
 def check_user(user: str | None) -> None:
     """SessionError (one line) unless USER is None or could be an account's name."""
-    if user is not None and not sm.USER_NAME.match(user):
+    if user is not None and not sm.USER_NAME.fullmatch(user):
         raise SessionError(f"--user {user!r} is not an account's name")
 
 

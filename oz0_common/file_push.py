@@ -53,7 +53,7 @@ class BadPush(ValueError):
 
 
 def is_sha256(value: object) -> bool:
-    return isinstance(value, str) and _SHA256.match(value) is not None
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class PushOrder:
         check_dest(self.dest)
         if not 0 <= self.mode <= 0o7777:
             raise BadPush(f"invalid mode {self.mode:o}: give an octal mode such as 0644")
-        if self.owner is not None and not _OWNER.match(self.owner):
+        if self.owner is not None and not _OWNER.fullmatch(self.owner):
             raise BadPush(f"invalid owner {self.owner!r}: give a user name or a UID")
 
     def command(self) -> list[str]:

@@ -59,7 +59,7 @@ def new_id() -> str:
 
 def session_of(message: dict[str, Any]) -> str:
     value = message.get("session")
-    if not isinstance(value, str) or not SESSION_ID.match(value):
+    if not isinstance(value, str) or not SESSION_ID.fullmatch(value):
         raise BadSessionMessage(f"{message.get('type')} names no valid session")
     return value
 
@@ -118,7 +118,7 @@ class Mode:
         )
         if not isinstance(tty, bool) or not isinstance(stdin, bool):
             raise BadSessionMessage(f"{message.get('type')}'s tty and stdin are true or false")
-        if user is not None and (not isinstance(user, str) or not USER_NAME.match(user)):
+        if user is not None and (not isinstance(user, str) or not USER_NAME.fullmatch(user)):
             raise BadSessionMessage(f"{message.get('type')} names no valid user")
         return cls(tty, stdin, user)
 

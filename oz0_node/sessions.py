@@ -111,7 +111,7 @@ class NodeSessions:
             await self.conn.send(REFUSED, session=session, reason=str(e))
             return
         term = message.get("term")
-        if not isinstance(term, str) or not TERM.match(term):
+        if not isinstance(term, str) or not TERM.fullmatch(term):
             term = DEFAULT_TERM
         grants, isolation = self.grants(), self.isolation
         if grants is None or isolation is None or self._nursery is None:

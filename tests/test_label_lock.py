@@ -149,7 +149,8 @@ def test_the_cluster_setting_locks_every_tokens_labels_until_it_is_turned_off(
         {"lock_node_labels": {"from": False, "to": True}},
     ]
     assert cli("cluster", "set", env=files.cli_env).err == (
-        "error: nothing to change: give --audit-retention or --[no-]lock-node-labels\n"
+        "error: nothing to change: give --audit-retention, --[no-]lock-node-labels,"
+        " --[no-]session-record-input, --session-idle-timeout or --session-max-length\n"
     )
 
 

@@ -11,18 +11,23 @@ cluster-wide admin's, so each handler runs its own lookup.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 import trio
+import trio_websocket
 
 from fixtures import edge_client, scoped_people
 from fixtures.cluster import Served
 from fixtures.polling import wait_until
 from fixtures.scoped_people import Person
+from oz0 import node_sessions
 from oz0.context import Context
+from oz0_common import certs
 from tests.test_access_rules import registered_endpoints
 
 ADDRESS = "127.0.0.94"
@@ -49,6 +54,37 @@ async def _join(edge: str, ca_pem: bytes, token: str | None) -> str:
     answer = await edge_client.join(edge, keys, token=token, labels={"role": "web"})
     assert answer.get("type") == "joined", answer
     return keys.node_id
+
+
+def _session_of(served: Served, tenant: str, node: str) -> str:
+    """A session of TENANT on NODE, ended, as its server writes one (no agent here runs
+    one: what is asked is the lookup, not the session)."""
+    session_id = "session-0000000000bb"
+    url = served.files.url.for_database(served.files.url.names.main)
+    with psycopg.connect(url) as conn:
+        node_sessions.create(
+            conn, session_id, tenant=tenant, node_id=node, person="root", command=["true"],
+            header={"version": 2, "width": 80, "height": 24}, server="s", records_input=False,
+        )  # fmt: skip
+        node_sessions.finish(conn, session_id, 0, None)
+    return session_id
+
+
+async def _open_session(person: Person, node: str) -> dict[str, Any]:
+    """The first answer of the session websocket to PERSON asking for a session on NODE."""
+    tcp = await trio.open_tcp_stream(person.address, 8443)
+    tls = trio.SSLStream(tcp, person.certs.ssl_context(), server_hostname=certs.API_SERVER_NAME)
+    async with trio.open_nursery() as nursery:
+        ws = await trio_websocket.wrap_client_stream(
+            nursery, tls, person.address, f"/api/v1/nodes/{node}/session"
+        )
+        opening = {"type": "open", "command": ["true"], "rows": 24, "cols": 80}
+        await ws.send_message(json.dumps(opening))
+        with trio.fail_after(10):
+            answer: dict[str, Any] = json.loads(await ws.get_message())
+        await ws.aclose()
+        nursery.cancel_scope.cancel()
+    return answer
 
 
 def _schedule(admin: Person, tenant: str) -> dict[str, Any]:
@@ -83,16 +119,19 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     admin.ok("POST", "/api/v1/operators", {"name": "ben", "role": "viewer", "tenants": ["beta"]})
     scoped_people.make(files, root, ADDRESS, "abel", "viewer", ["acme"])
     ada = scoped_people.make(files, root, ADDRESS, "ada", "admin", ["acme"]).signed_in()
+    session = _session_of(served, "beta", node)
     return World(
         admin,
         ada,
         absent={
+            "session": "session-000000000000",
             "node": "node-000000000000", "pending": "node-00000000000f",
             "job": "job-000000000000", "schedule": "sched-000000000000",
             "token": "tok-000000000000", "tenant": "nosuch", "person": "nobody",
             "enrolling": "nobody-yet", "file": "f" * 64,
         },
         theirs={
+            "session": session,
             "node": node, "pending": pending, "job": job["id"], "schedule": schedule["id"],
             "token": token["id"], "tenant": "beta", "person": "bea", "enrolling": "ben",
             "file": theirs_file,
@@ -196,6 +235,9 @@ PROBES = [
     api("tenant", "POST", "/api/v1/operators",
         {"name": "newcomer", "role": "viewer", "tenants": ["acme", "{}"]}),
     api("tenant", "PATCH", "/api/v1/operators/abel", {"tenants": ["acme", "{}"]}),
+    # Sessions (docs/sessions.md): one's record and recording, and its web page.
+    api("session", "GET", "/api/v1/sessions/{}"),
+    api("session", "GET", "/api/v1/sessions/{}/recording"),
     # The audit log, by target and by actor.
     api("node", "GET", "/api/v1/audit?target=node:{}"),
     api("tenant", "GET", "/api/v1/audit?target=tenant:{}"),
@@ -228,6 +270,9 @@ PROBES = [
     web("token", "GET", "/tokens/{}/revoke"),
     web("token", "POST", "/tokens/{}/revoke"),
     web("tenant", "POST", "/tokens", {"tenant": "{}", "ttl": "1h", "max_uses": "1"}),
+    # Sessions.
+    web("session", "GET", "/sessions/{}"),
+    web("session", "GET", "/sessions/{}/frames.json"),
     # The audit log.
     web("node", "GET", "/audit?target=node:{}"),
     web("person", "GET", "/audit?actor={}"),
@@ -293,8 +338,24 @@ def test_nothing_of_the_other_tenant_was_changed_by_the_walk(world: World) -> No
 NOT_A_THING = {"static", "web.static", "operator_renew"}
 
 
+# The session websocket, asked in a test of its own (a websocket, not a request).
+SESSION_OPEN = ("GET", "/api/v1/nodes/{}/session")
+
+
+def test_a_session_on_a_node_of_another_tenant_is_answered_as_on_none(world: World) -> None:
+    absent, theirs = (
+        trio.run(_open_session, world.ada, node)
+        for node in (world.absent["node"], world.theirs["node"])
+    )
+    assert theirs["type"] == "error", theirs
+    assert str(theirs).replace(world.theirs["node"], "{}") == str(absent).replace(
+        world.absent["node"], "{}"
+    )
+
+
 def test_every_route_that_names_a_thing_in_its_path_is_walked() -> None:
     walked = {(p.method, ("web." if p.web else "") + p.path.split("?")[0]) for p in PROBES}
+    walked.add(SESSION_OPEN)
     missing = []
     for endpoint, (path, methods) in registered_endpoints().items():
         if "<" not in path or endpoint in NOT_A_THING:

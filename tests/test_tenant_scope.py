@@ -645,7 +645,8 @@ def test_the_servers_delete_a_finished_job_past_its_retention_and_keep_a_younger
     assert listed(cli, world.admin, "cluster", "info")["audit_retention"] == "keep"
     assert listed(cli, world.admin, "cluster", "set", "--audit-retention", "30d") == {
         "audit_retention": "30d", "audit_retention_seconds": 30 * 86400,
-        "lock_node_labels": False,
+        "lock_node_labels": False, "session_record_input": False,
+        "session_idle_timeout_seconds": 15 * 60, "session_max_seconds": 8 * 3600,
     }  # fmt: skip
 
     def old_rows() -> list[dict[str, Any]]:

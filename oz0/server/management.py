@@ -98,7 +98,7 @@ class UploadRequest(TrioRequest):
 
     def __init__(self, method: str, scheme: str, path: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(method, scheme, path, *args, **kwargs)
-        if method == "POST" and _UPLOAD_PATH.match(path):
+        if method == "POST" and _UPLOAD_PATH.fullmatch(path):
             self.body = self.body_class(self.content_length, UPLOAD_BODY_SIZE)
 
 
