@@ -13,12 +13,13 @@ agent's key (read as the job's identity, which cannot).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,29 @@ def start_agent(
     agent.args += list(extra)
     agents.append(agent.start())
     return agent
+
+
+@contextlib.asynccontextmanager
+async def behind_rogue(
+    cli: CliRunner,
+    files: ClusterFiles,
+    agents: list[AgentProcess],
+    data_dir: Path,
+    *,
+    rewrite: Callable[[dict[str, Any]], dict[str, Any]],
+    upward: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+) -> AsyncIterator[str]:
+    """A rogue edge (REWRITE, UPWARD: rogue_edge.running's) before the server's, and an
+    agent joined through it and running: its node ID."""
+    async with rogue_edge.running(
+        files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=rewrite, upward=upward
+    ):
+        token = await trio.to_thread.run_sync(create_token, cli, files.cli_env)
+        agent = start_agent(agents, data_dir, ROGUE, files, token)
+        status = await trio.to_thread.run_sync(
+            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
+        )
+        yield str(status["node_id"])
 
 
 def results(pushed: dict[str, Any]) -> dict[str, str]:
@@ -204,18 +228,11 @@ async def test_a_byte_changed_in_transit_is_refused_by_the_node(
     start_server(cluster_files, SERVER)
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
-    async with rogue_edge.running(
-        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=flip_a_byte
-    ):
-        token = await trio.to_thread.run_sync(create_token, cli, env)
-        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
-        status = await trio.to_thread.run_sync(
-            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
-        )
+    async with behind_rogue(cli, cluster_files, agents, data_dir, rewrite=flip_a_byte) as node:
         source = tmp_path / "app.conf"
         source.write_bytes(b"x" * 100_000)
         pushed = await cli_async(cli, "file", "push", str(source), "--dest", "app.conf",
-                                 "--node", status["node_id"], "--json", env=env)  # fmt: skip
+                                 "--node", node, "--json", env=env)  # fmt: skip
     assert pushed.code == 1, pushed.out + pushed.err
     [line] = results(pushed.json()).values()
     assert "has SHA-256" in line and "refused, nothing written" in line, line
@@ -261,14 +278,9 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
                 enough.set()
         return message
 
-    async with rogue_edge.running(
-        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=record, upward=multiply
-    ):
-        token = await trio.to_thread.run_sync(create_token, cli, env)
-        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
-        status = await trio.to_thread.run_sync(
-            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
-        )
+    async with behind_rogue(
+        cli, cluster_files, agents, data_dir, rewrite=record, upward=multiply
+    ) as node:
         content = os.urandom(2 << 20)
         source = tmp_path / "big.bin"
         source.write_bytes(content)
@@ -276,7 +288,6 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
             async with trio.open_nursery() as nursery:
 
                 async def push() -> None:
-                    node = status["node_id"]
                     args = ["file", "push", str(source), "--dest", "big.bin", "--node", node]
                     pushed = await cli_async(cli, *args, "--json", env=env)
                     assert pushed.code == 0, pushed.out + pushed.err
@@ -369,18 +380,11 @@ async def test_pieces_shorter_than_asked_have_their_rest_asked(
     start_server(cluster_files, SERVER)
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
-    async with rogue_edge.running(
-        cluster_files, ROGUE, upstream=EDGE, node_dir=data_dir, rewrite=as_an_older_edge
-    ):
-        token = await trio.to_thread.run_sync(create_token, cli, env)
-        agent = start_agent(agents, data_dir, ROGUE, cluster_files, token)
-        status = await trio.to_thread.run_sync(
-            agent.wait_status, lambda s: s.get("runtime") == "running", RUNNING
-        )
+    async with behind_rogue(cli, cluster_files, agents, data_dir, rewrite=as_an_older_edge) as node:
         content = os.urandom(PIECE * WINDOW + 3 * CHUNK + 5)
         source = tmp_path / "rows.bin"
         source.write_bytes(content)
         pushed = await cli_async(cli, "file", "push", str(source), "--dest", "rows.bin",
-                                 "--node", status["node_id"], "--json", env=env)  # fmt: skip
+                                 "--node", node, "--json", env=env)  # fmt: skip
     assert pushed.code == 0, pushed.out + pushed.err
     assert (data_dir / "files" / "rows.bin").read_bytes() == content
