@@ -5,26 +5,24 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from cyclopts import App, Parameter
+from cyclopts import App
 
 from cli.client import ApiClient
 from cli.file_results import push_results
 from cli.file_upload import upload
 from cli.job_cmds import DEFAULT_QUEUE_TIMEOUT, job_body
 from cli.job_follow import ENDED_STATES
-from cli.job_params import batch_share, selector_pairs, usage_error
+from cli.job_params import BatchShare, Selectors, usage_error
 from cli.output import print_fields, print_json, print_table, terminal_safe
-from cli.params import ContextPath, JsonFlag
+from cli.params import ContextPath, Flag, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 from oz0.jobs.spec_text import DEFAULT_ON_LOST
 from oz0_common.file_push import BadPush, PushOrder, is_sha256
 
 app = App(name="file", help_format="markdown")  # help: cli/main.py
-
-Flag = Annotated[bool, Parameter(negative=())]
 
 
 def _mode(text: str) -> int:
@@ -44,12 +42,10 @@ def push(
     mode: str = "0644",
     owner: str | None = None,
     tenant: str = node_rules.DEFAULT_TENANT,
-    selector: Annotated[
-        list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
-    ] = None,
+    selector: Selectors = None,
     node: str | None = None,
     all: Flag = False,
-    batch: Annotated[str | None, Parameter(converter=batch_share, metavar="N|P%")] = None,
+    batch: BatchShare = None,
     detach: Flag = False,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -240,9 +236,7 @@ def pull(
     *,
     to: Path,
     tenant: str = node_rules.DEFAULT_TENANT,
-    selector: Annotated[
-        list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
-    ] = None,
+    selector: Selectors = None,
     node: str | None = None,
     all: Flag = False,
     json: JsonFlag = False,

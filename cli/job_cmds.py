@@ -17,7 +17,8 @@ from cli.file_results import push_results
 from cli.file_upload import placed_files
 from cli.job_follow import ENDED_STATES, Follower, outcome
 from cli.job_params import (
-    batch_share,
+    BatchShare,
+    Selectors,
     batch_wait_duration,
     check_job_id,
     cpus,
@@ -30,12 +31,11 @@ from cli.job_params import (
     parse_selector,
     secret_names,
     secret_values,
-    selector_pairs,
     size_bytes,
     usage_error,
 )
 from cli.output import print_fields, print_json, print_table, terminal_safe, warn
-from cli.params import ContextPath, JsonFlag
+from cli.params import ContextPath, Flag, JsonFlag
 from oz0 import node_rules
 from oz0.context import select
 from oz0.jobs import limits as job_limits
@@ -44,7 +44,6 @@ from oz0_common.file_push import PUSH
 
 app = App(name="job", help_format="markdown")  # help: cli/main.py
 
-Flag = Annotated[bool, Parameter(negative=())]
 DEFAULT_QUEUE_TIMEOUT = 600.0
 COMMAND_WIDTH = 48
 _HELP_FLAGS = ("--help", "-h")
@@ -73,12 +72,10 @@ meta = app.meta
 def run(
     *command: str,
     tenant: str = node_rules.DEFAULT_TENANT,
-    selector: Annotated[
-        list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
-    ] = None,
+    selector: Selectors = None,
     node: str | None = None,
     all: Flag = False,
-    batch: Annotated[str | None, Parameter(converter=batch_share, metavar="N|P%")] = None,
+    batch: BatchShare = None,
     batch_wait: Annotated[
         float | None, Parameter(converter=batch_wait_duration, metavar="DURATION")
     ] = None,

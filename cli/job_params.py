@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from cyclopts import CycloptsError, Token
+from cyclopts import CycloptsError, Parameter, Token
 
 from oz0.jobs.limits import parse_cpu, parse_size
 from oz0.jobs.spec_text import (
@@ -117,3 +117,11 @@ def check_job_id(job_id: str) -> str:
 def usage_error(message: str) -> CycloptsError:
     """A bad-parameter error found in a command's body: reported like cyclopts' own (exit 2)."""
     return CycloptsError(msg=message)
+
+
+# The options that choose nodes and pace a rollout, as every command that makes a job
+# takes them (`job run`, `file push`, `file pull`).
+Selectors = Annotated[
+    list[str] | None, Parameter(negative=(), converter=selector_pairs, metavar="KEY=VALUE")
+]
+BatchShare = Annotated[str | None, Parameter(converter=batch_share, metavar="N|P%")]

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from cyclopts import Parameter
 
+# A flag with no --no- form.
+Flag = Annotated[bool, Parameter(negative=())]
 JsonFlag = Annotated[bool, Parameter(name="--json", negative=(), help="Print JSON for scripts.")]
 ContextPath = Annotated[
     Path | None,

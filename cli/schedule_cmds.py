@@ -19,12 +19,11 @@ from cli import job_cmds
 from cli.client import ApiClient
 from cli.job_params import duration, usage_error
 from cli.output import print_fields, print_json, print_table, terminal_safe
-from cli.params import ContextPath, JsonFlag
+from cli.params import ContextPath, Flag, JsonFlag
 from oz0.context import select
 
 app = App(name="schedule", help_format="markdown")  # help: cli/main.py
 
-Flag = Annotated[bool, Parameter(negative=())]
 OVERLAPS = ("skip", "buffer-one", "allow", "cancel-other")
 _SCHEDULE_ID = re.compile(r"sched-[0-9a-f]{12}")
 _HELP_FLAGS = ("--help", "-h")
