@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import datetime as dt
 import hashlib
 import json
 import os
@@ -62,6 +61,7 @@ from bench.scenarios.salt_side_by_side import (
     before_servers,
     step,
     timed,
+    write_results,
 )
 from fixtures.agent import stop_all
 
@@ -291,7 +291,7 @@ def run(bench: runner.Bench) -> None:
     bench.out["salt_master"] = MASTER
     bench.progress = side.progress
     with contextlib.ExitStack() as undo:
-        undo.callback(write_results, bench)
+        undo.callback(write_results, bench, "file-push-side-by-side")
         undo.callback(step, "stopping the agents", lambda: stop_all(side.agents))
         undo.callback(step, "stopping the salt-master and minions", salt.stop)
         undo.callback(show_table, bench, push)
@@ -301,17 +301,6 @@ def run(bench: runner.Bench) -> None:
 def show_table(bench: runner.Bench, push: FilePush) -> None:
     bench.out["table"] = table(push.sizes)
     log("results:\n" + bench.out["table"])
-
-
-def write_results(bench: runner.Bench) -> None:
-    document = {**bench.out, "load_average_at_write": os.getloadavg()}
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    sizes = "-".join(str(n) for n in bench.args.nodes)
-    commit = str(bench.out.get("source", "?")).split()[0]
-    path = bench.args.results_dir / f"file-push-side-by-side-{sizes}-{commit}-{stamp}.json"
-    bench.args.results_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2, default=str))
-    log(f"wrote {path}")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

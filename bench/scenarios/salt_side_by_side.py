@@ -909,13 +909,14 @@ def show_table(bench: runner.Bench, side: SideBySide) -> None:
     log("results:\n" + bench.out["table"])
 
 
-def write_results(bench: runner.Bench) -> None:
-    """The document as it is now, to --results-dir (the runner prints it whole after)."""
+def write_results(bench: runner.Bench, name: str = "salt-side-by-side") -> None:
+    """The document as it is now, to --results-dir as NAME-SIZES-COMMIT-TIME.json (the
+    runner prints it whole after)."""
     document = {**bench.out, "load_average_at_write": os.getloadavg()}
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     sizes = "-".join(str(n) for n in bench.args.nodes)
     commit = str(bench.out.get("source", "?")).split()[0]
-    path = bench.args.results_dir / f"salt-side-by-side-{sizes}-{commit}-{stamp}.json"
+    path = bench.args.results_dir / f"{name}-{sizes}-{commit}-{stamp}.json"
     bench.args.results_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str))
     log(f"wrote {path}")
