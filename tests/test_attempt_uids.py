@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from oz0_node.jobs import isolation as isolation_module
 from oz0_node.jobs import uid_sweep
 from oz0_node.jobs.attempt_uids import (
     DEFAULT_RANGE,
@@ -26,7 +28,9 @@ from oz0_node.jobs.attempt_uids import (
     UidRange,
     check_machine,
 )
+from oz0_node.jobs.isolation import Isolation, Limits
 from oz0_node.jobs.private_tmp import HELD, PrivateTmp
+from oz0_node.jobs.tracking import SUBREAPER
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other UIDs)")
 
@@ -245,6 +249,69 @@ def test_the_machine_check_names_what_uses_the_range_unless_it_is_claimed(
     (claims.directory / str(uid)).write_text("{}")
     assert check_machine(claims) is None
     left.unlink()
+
+
+@pytest.mark.parametrize("starting", [1, 2, 3])
+def test_attempts_starting_during_the_machine_check_are_not_taken_for_strangers(
+    uid: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, starting: int
+) -> None:
+    """Other agents' attempts take UIDs (a claim, then a working directory in /tmp) while
+    the check looks: one during each of the first STARTING looks of /tmp, so each look finds
+    the newest. Each had a claim by the time that look ended: an attempt's, not a stranger's.
+    Then they end, and a stranger's file is found twice, and named."""
+    claims = UidClaims(TEST_RANGE, tmp_path / "uids")
+    claims.ensure_directory()
+    workdirs: list[Path] = []
+    real_first_owned = uid_sweep.first_owned
+
+    def first_owned(top: Path, match: uid_sweep.Match) -> tuple[Path, int] | None:
+        if top == Path("/tmp") and len(workdirs) < starting:
+            claim = claims.take("another agent")
+            workdir = Path(f"/tmp/oz0-job-test-check-{os.getpid()}-{len(workdirs)}")
+            workdir.mkdir(mode=0o700)
+            workdirs.append(workdir)
+            os.chown(workdir, claim.uid, claim.uid)
+        return real_first_owned(top, match)
+
+    monkeypatch.setattr(uid_sweep, "first_owned", first_owned)
+    try:
+        assert check_machine(claims) is None
+        assert len(workdirs) == starting
+    finally:
+        for workdir in workdirs:
+            workdir.rmdir()
+        for taken in claims.claimed():
+            claims.path(taken).unlink()
+    left = Path(f"/var/tmp/oz0-test-stranger-{uid}")
+    left.write_text("x")
+    os.chown(left, uid, uid)
+    try:
+        refused = check_machine(claims)
+        assert refused is not None and f"{left} belongs to uid {uid}" in refused
+    finally:
+        left.unlink()
+
+
+def test_a_working_directory_left_behind_is_swept_before_its_uid_is_given_up(
+    uid: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt had its own /tmp (so the sweep spares the machine's), but the removal of
+    its working directory, which lies in the machine's /tmp, failed: the sweep takes the
+    machine's /tmp too, and the UID is given up only once the directory is gone (left with
+    no claim, it would stop the next agent's start as a stranger's)."""
+    claims = UidClaims(UidRange(uid, uid), tmp_path / "uids")
+    isolation = Isolation(tmp_path, None, drop=True, tracking=SUBREAPER, uids=claims)
+    placement = isolation.begin("node-1", "job-uid-left", 1, {}, Limits())
+    assert placement.claim is not None and placement.claim.uid == uid
+    assert placement.workdir.parent == Path(tempfile.gettempdir())
+    assert placement.workdir.stat().st_uid == uid
+    assert placement.private is not None
+    monkeypatch.setattr(placement.private, "outcome", lambda: HELD)
+    monkeypatch.setattr(isolation_module, "remove_tree", lambda path, as_user=None: None)
+    isolation.end(placement)
+    assert not placement.workdir.exists()
+    assert placement.applied["swept"] == "removed 1 file"
+    assert claims.claimed() == set(), "nothing left: the UID is free again"
 
 
 def test_the_attempts_own_tmp_hides_the_machines_and_goes_with_it(tmp_path: Path) -> None:

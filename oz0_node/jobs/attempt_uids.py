@@ -55,6 +55,8 @@ _RANGE = re.compile(r"([0-9]+)-([0-9]+)")
 MAX_UID = 4294967293
 # Below: the system's and people's accounts.
 MIN_UID = 1000
+# Looks of the machine check before it gives up telling a stranger from attempts starting.
+CHECK_LOOKS = 5
 
 
 class NoFreeUid(OSError):
@@ -229,48 +231,80 @@ def check_machine(claims: UidClaims) -> str | None:
     """Why CLAIMS' range cannot be used on this machine (see the module's docstring: what
     has a UID of the range and no claim), on one line; None when nothing has."""
     uids = claims.range
-    # Claimed before or after the looks: a UID taken meanwhile is an attempt's.
-    before = claims.claimed()
-    found = _foreign_use(uids, lambda u: u in uids and u not in before)
-    if found is None:
-        return None
-    after = before | claims.claimed()
-    found = _foreign_use(uids, lambda u: u in uids and u not in after)
-    if found is None:
-        return None
+    # A UID claimed at any moment of the check is an attempt's (of this agent or another,
+    # starting meanwhile): the claims are read before and after each look, and what a look
+    # finds counts only if its UID had no claim on either side of it and it is found again
+    # by the next look (an attempt that came and went meanwhile swept its things before
+    # giving its claim up).
+    claimed = claims.claimed()  # grows: never rebound, so WANTED sees each claim read
+
+    def wanted(uid: int) -> bool:
+        return uid in uids and uid not in claimed
+
+    last: Foreign | None = None
+    for _ in range(CHECK_LOOKS):
+        found = _foreign_use(uids, wanted)
+        claimed |= claims.claimed()
+        if found is None:
+            return None
+        if found.uid in claimed:
+            last = None
+            continue
+        if found == last:
+            break
+        last = found
+    else:
+        if last is None:
+            # Each look found a UID claimed meanwhile: attempts start faster than it looks.
+            return None
+    assert last is not None
     return (
-        f"the job UIDs {uids} are not free on this machine: {found}; give another range "
+        f"the job UIDs {uids} are not free on this machine: {last.what}; give another range "
         f"with --job-uids FIRST-LAST, or --job-user NAME"
     )
 
 
-def _foreign_use(uids: UidRange, wanted: Callable[[int], bool]) -> str | None:
+@dataclass(frozen=True)
+class Foreign:
+    """A thing with a UID (or GID) of the range: UID, said in a few words (WHAT)."""
+
+    uid: int
+    what: str
+
+
+def _foreign_use(uids: UidRange, wanted: Callable[[int], bool]) -> Foreign | None:
     """The first thing found with a UID WANTED says is not ours, said in a few words."""
     for user in pwd.getpwall():
         if wanted(user.pw_uid) or wanted(user.pw_gid):
-            return f"the account {user.pw_name} has uid {user.pw_uid}, gid {user.pw_gid}"
+            uid = user.pw_uid if wanted(user.pw_uid) else user.pw_gid
+            return Foreign(
+                uid, f"the account {user.pw_name} has uid {user.pw_uid}, gid {user.pw_gid}"
+            )
     for group in grp.getgrall():
         if wanted(group.gr_gid):
-            return f"the group {group.gr_name} has gid {group.gr_gid}"
+            return Foreign(group.gr_gid, f"the group {group.gr_name} has gid {group.gr_gid}")
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(SYSTEMD_DYNAMIC)):  # noqa: PTH208
             if name.isdigit() and wanted(int(name)):
-                return f"systemd gave uid {name} to a service ({SYSTEMD_DYNAMIC})"
+                return Foreign(
+                    int(name), f"systemd gave uid {name} to a service ({SYSTEMD_DYNAMIC})"
+                )
     for process in uid_sweep.processes(wanted):
         if process.zombie:
             continue  # ended; its parent has yet to wait for it
-        return f"process {process.pid} runs as uid {'/'.join(map(str, process.uids))}"
+        uid = next((u for u in process.uids if wanted(u)), process.uids[0])
+        return Foreign(uid, f"process {process.pid} runs as uid {'/'.join(map(str, process.uids))}")
     for obj in uid_sweep.ipc_objects(wanted):
-        return f"System V {obj.kind} {obj.id} belongs to uid {obj.uid}"
+        return Foreign(obj.uid, f"System V {obj.kind} {obj.id} belongs to uid {obj.uid}")
     for place in uid_sweep.SHARED_PLACES:
         owned = uid_sweep.first_owned(place, wanted)
         if owned is not None:
-            return f"{owned[0]} belongs to uid {owned[1]}"
+            return Foreign(owned[1], f"{owned[0]} belongs to uid {owned[1]}")
     for place in ACCOUNT_PLACES:
         with contextlib.suppress(OSError), os.scandir(place) as entries:
             for entry in entries:
                 with contextlib.suppress(OSError):
                     owner = entry.stat(follow_symlinks=False).st_uid
                     if wanted(owner):
-                        return f"{entry.path} belongs to uid {owner}"
+                        return Foreign(owner, f"{entry.path} belongs to uid {owner}")
     return None

@@ -509,7 +509,11 @@ class Isolation:
             with contextlib.suppress(OSError):
                 cgroup.parent.rmdir()
         remove_tree(placement.workdir, as_user=self._removes_as(self._user_of(placement)))
-        places = uid_sweep.PRIVATE_SWEPT if private == HELD else uid_sweep.SHARED_PLACES
+        # Its own /tmp hid the machine's from it, but its working directory lies in the
+        # machine's: left behind (a removal that failed), the whole sweep takes it, or keeps
+        # the UID while it stays.
+        private_only = private == HELD and not os.path.lexists(placement.workdir)
+        places = uid_sweep.PRIVATE_SWEPT if private_only else uid_sweep.SHARED_PLACES
         swept = self._sweep(placement, ended, places)
         if swept is not None:
             placement.applied["swept"] = swept.describe()
