@@ -1,7 +1,8 @@
 """Builds the Temporal host (Go) and the agent file while the package is installed.
 
 Servers need both; a missing Go toolchain or a failed agent build only warns here, and
-`server start` then says how to build what is missing.
+`server start` then says how to build what is missing. A wheel that carries the host is
+for this platform alone (`nox -s wheel`): it installs a server where there is no Go.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -23,12 +25,16 @@ AGENT_DIR = ROOT / "oz0" / "agent_file"
 AGENT_INPUTS = ("requirements/agent.txt", "oz0_node", "oz0_common", "oz0/agent_file")
 
 
+def _go() -> str | None:
+    return shutil.which("go") or (
+        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
+    )
+
+
 def build_temporal_host() -> None:
     if os.environ.get("OZ0_SKIP_TEMPORAL_HOST"):
         return
-    go = shutil.which("go") or (
-        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
-    )
+    go = _go()
     if go is None:
         print(
             "warning: Go not found; the Temporal host was not built. Servers need it: "
@@ -82,4 +88,32 @@ class BuildPyWithTemporalHost(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithTemporalHost})
+def carries_host() -> bool:
+    """Whether what is built holds the Temporal host: decided before anything is built,
+    since it decides where setuptools builds and installs (a platform's directory)."""
+    if os.environ.get("OZ0_SKIP_TEMPORAL_HOST"):
+        return False
+    return _go() is not None or (HOST_DIR / "bin" / "oz0-temporal-host").is_file()
+
+
+class ForThisPlatform(Distribution):
+    """With the host, the package is for this machine's platform: a Go program inside."""
+
+    def has_ext_modules(self) -> bool:
+        return carries_host()
+
+
+class WheelForThisPlatform(bdist_wheel):
+    """Nothing in the package is built against Python (the host is a Go program, the agent
+    file a zip application), so its wheel is for any Python 3 on this platform:
+    py3-none-PLATFORM, not one CPython's tag."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        python, abi, platform = super().get_tag()
+        return (python, abi, platform) if self.root_is_pure else ("py3", "none", platform)
+
+
+setup(
+    distclass=ForThisPlatform,
+    cmdclass={"build_py": BuildPyWithTemporalHost, "bdist_wheel": WheelForThisPlatform},
+)
