@@ -163,9 +163,7 @@ def test_installed_without_go_a_dev_server_starts_and_an_agent_from_it_runs_a_jo
     try:
         server.start(timeout=180, ready="export OZ0_CONTEXT=")
         print(f"dev server up in {time.monotonic() - began:.1f} s")
-        shown = dict(
-            line.rstrip("\n").split(":", 1) for line in server.stdout_lines if ":" in line
-        )
+        shown = dict(line.rstrip("\n").split(":", 1) for line in server.stdout_lines if ":" in line)
         ca_hash = shown["CA hash"].strip()
         context = server.stdout_lines[-1].rstrip("\n").split("=", 1)[1]
         cli_env = dict(env, OZ0_CONTEXT=context)
@@ -202,7 +200,7 @@ def test_installed_without_go_a_dev_server_starts_and_an_agent_from_it_runs_a_jo
             joining = time.monotonic()
             while not (status.get("state") == "accepted" and status.get("connected") is True):
                 assert agent.poll() is None, log.read_text()
-                assert time.monotonic() - joining < 120, f"never joined: {status}\n{log.read_text()}"
+                assert time.monotonic() - joining < 120, f"not joined: {status}\n{log.read_text()}"
                 time.sleep(0.3)
                 with contextlib.suppress(FileNotFoundError, ValueError):
                     status = json.loads((node_data / "status.json").read_text())
