@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import zipfile
 from pathlib import Path
 
 import nox
@@ -17,6 +19,31 @@ PACKAGES = ["oz0", "oz0_node", "cli"]
 # `go test` given the same find every package Temporal is made of in Go's build cache,
 # rather than compiling all of it a second time (cgo on, paths kept: other cache keys).
 GO_AS_BUILT = {"CGO_ENABLED": "0", "GOFLAGS": "-trimpath"}
+# What a server's wheel must carry: without them it would install a server that cannot start.
+CARRIED = ("oz0/temporal/host/bin/oz0-temporal-host", "oz0/agent_file/bin/oz0-node")
+
+
+def build_wheel(session: nox.Session) -> Path:
+    """dist/orchestrator_zero-VERSION-py3-none-PLATFORM.whl, carrying the Temporal host and
+    the agent file (setup.py builds both; the host needs Go here, not where it installs)."""
+    # setuptools puts into a wheel whatever an earlier build left in build/, even a file
+    # the package no longer has.
+    shutil.rmtree("build", ignore_errors=True)
+    out = Path(session.create_tmp()) / "wheel"
+    shutil.rmtree(out, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), ".")
+    (built,) = out.glob("*.whl")
+    with zipfile.ZipFile(built) as archive:
+        missing = sorted(set(CARRIED) - set(archive.namelist()))
+    if missing or built.name.endswith("-any.whl"):
+        session.error(
+            f"{built.name} lacks {', '.join(missing) or 'a platform tag'}: the Temporal host "
+            "needs Go >= 1.26.4 to build (oz0/temporal/host/build.sh)"
+        )
+    Path("dist").mkdir(exist_ok=True)
+    wheel = Path("dist") / built.name
+    shutil.copyfile(built, wheel)
+    return wheel.absolute()
 
 
 @nox.session
@@ -30,6 +57,9 @@ def tests(session: nox.Session) -> None:
     if built.is_file():
         session.env["OZ0_AGENT_FILE"] = str(built.absolute())
     if not session.posargs:
+        # tests/test_wheel.py installs it; built before pytest, whose servers run the host
+        # this build writes again (with arguments, that test builds its own).
+        session.env["OZ0_WHEEL"] = str(build_wheel(session))
         session.run("mypy")
         for module in ("oz0/temporal/host", "bench/loadgen"):
             with session.chdir(module):
@@ -50,6 +80,13 @@ def tests(session: nox.Session) -> None:
 def agent(session: nox.Session) -> None:
     """dist/oz0-node: the node agent as one file for this platform (oz0/agent_file/build.py)."""
     session.run("python", "oz0/agent_file/build.py", "--out", "dist/oz0-node", *session.posargs)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """dist/orchestrator_zero-…-py3-none-PLATFORM.whl: a server for this platform that
+    installs with pip where there is no Go (the Temporal host and the agent file inside)."""
+    session.log(f"built {build_wheel(session)}")
 
 
 @nox.session
