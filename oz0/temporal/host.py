@@ -25,7 +25,8 @@ def host_binary() -> Path:
     if not os.access(path, os.X_OK):
         raise Oz0Error(
             f"the Temporal host is not built ({path} is missing); install Go >= 1.26.4 and run "
-            f"`bash {_BUILT.parent.parent / 'build.sh'}` (or reinstall orchestrator-zero)"
+            f"`bash {_BUILT.parent.parent / 'build.sh'}` (or reinstall orchestrator-zero: from "
+            f"the wheel `nox -s wheel` builds, which carries the host, no Go is needed)"
         )
     return path
 
