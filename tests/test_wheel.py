@@ -59,7 +59,22 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def _without_go(home: Path, venv: Path | None = None) -> dict[str, str]:
+def _bare_path(machine: Path) -> str:
+    """BARE_PATH, or where Go is in it (a distribution's package), a directory of links to
+    all else it holds."""
+    if shutil.which("go", path=BARE_PATH) is None:
+        return BARE_PATH
+    shadow = machine / "bin"
+    shadow.mkdir(exist_ok=True)
+    for directory in reversed(BARE_PATH.split(os.pathsep)):
+        for tool in Path(directory).iterdir():
+            if not tool.name.startswith("go"):
+                (shadow / tool.name).unlink(missing_ok=True)
+                (shadow / tool.name).symlink_to(tool)
+    return str(shadow)
+
+
+def _without_go(machine: Path, home: Path, venv: Path) -> dict[str, str]:
     """This process's environment without anything that would find the source tree, a
     virtual environment or Go: what a server machine gives (pip's own settings kept)."""
     env = {
@@ -67,8 +82,7 @@ def _without_go(home: Path, venv: Path | None = None) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith("OZ0_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
     }
-    env.update(PATH=BARE_PATH if venv is None else f"{venv / 'bin'}{os.pathsep}{BARE_PATH}")
-    env.update(HOME=str(home))
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{_bare_path(machine)}", HOME=str(home))
     assert shutil.which("go", path=env["PATH"]) is None
     return env
 
@@ -93,7 +107,7 @@ def installed(wheel: Path, machine: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     began = time.monotonic()
     # pip's cache is in this HOME: the dependencies come from it when they can.
-    env = _without_go(Path.home(), venv)
+    env = _without_go(machine, Path.home(), venv)
     subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-input", str(wheel)],
         check=True, timeout=900, env=env, cwd=machine,
@@ -144,7 +158,7 @@ def test_installed_without_go_a_dev_server_starts_and_an_agent_from_it_runs_a_jo
 ) -> None:
     for d in ("home", "tmp", "cwd"):
         (machine / d).mkdir(parents=True)
-    env = _without_go(machine / "home", installed)
+    env = _without_go(machine, machine / "home", installed)
     env.update(TMPDIR=str(machine / "tmp"))
     python = str(installed / "bin" / "python")
     where = subprocess.run(
