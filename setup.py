@@ -89,11 +89,12 @@ class BuildPyWithTemporalHost(build_py):
 
 
 def carries_host() -> bool:
-    """Whether what is built holds the Temporal host: decided before anything is built,
-    since it decides where setuptools builds and installs (a platform's directory)."""
-    if os.environ.get("OZ0_SKIP_TEMPORAL_HOST"):
-        return False
-    return _go() is not None or (HOST_DIR / "bin" / "oz0-temporal-host").is_file()
+    """Whether what is built holds the Temporal host (one built before, or one Go builds
+    now): decided before anything is built, since it decides where setuptools builds and
+    installs (a platform's directory)."""
+    if (HOST_DIR / "bin" / "oz0-temporal-host").is_file():
+        return True
+    return not os.environ.get("OZ0_SKIP_TEMPORAL_HOST") and _go() is not None
 
 
 class ForThisPlatform(Distribution):
