@@ -1,6 +1,6 @@
 """The soak's workload (issue 44): what users and operators do, drawn from a seed. Pure:
 each draw is a job's API body (its command not yet wrapped by the ledger) with the bound
-it must end by, or an operator's action; the soak (bench/scenarios/soak.py) sends them.
+it must end by, or an operator's action; the soak (bench/soak_send.py) sends them.
 
 Every command prints a few numbered lines on stdout (what the ledger digests) and says
 how it ends by its text alone: the job's and attempt's numbers come from the node's
