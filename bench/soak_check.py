@@ -18,13 +18,18 @@ The kinds (VIOLATION_KINDS), each with what it compares:
   lost, a timeout, a cancel) keeps what came before its end: at-least-once, its job moved
   on or ended without it.
 - `audit_missing`: a change the workload made (and the API accepted) with no audit row.
-- `slow_block`: a block whose effect on a connected node (seen from the node's side: its
-  stream refused `blocked`) came more than BLOCK_BOUND after the API's answer (the block
-  committed: docs/manage-nodes.md promises two seconds from there, on every server), or
-  never. The request's own time is reported beside it, not judged; so is a block of a
-  node not connected then, or whose stream was on a server a fault had stopped or paused
-  (no server can end it before the node is on another).
-- `unplanned_exit`: a server (or its Temporal host) that exited when no fault asked it to.
+- `slow_block`: a block whose effect on a connected node, seen from the node's side, came
+  more than BLOCK_BOUND after the API's answer (the block committed: docs/manage-nodes.md
+  promises two seconds from there, on every server), or never: the latest of its stream
+  refused `blocked` and each server's Temporal refusing the node's own calls
+  (bench/soak_probe.py). The request's own time is reported beside it, not judged; so is
+  a block of a node not connected then, or whose stream was on a server a fault had
+  stopped or paused (no server can end it before the node is on another); and so is the
+  Temporal of a server a fault stopped, paused or whose host it killed meanwhile.
+- `unplanned_exit`: a server that exited when no fault asked it to, or a server's Temporal
+  host (a child of the server, which starts another) that exited with no
+  `temporal_host_kill` of that server nor a stop of the server itself (planned or not)
+  within EXIT_SLACK of it.
 - `rss_growth`: a server's or agent's resident memory grew more than RSS_GROWTH from the
   reference (the tenth minute of an hour: a sixth of the run) to the end. A short run
   scales it: the reference is the median of the samples in [run/6, run/6 + run/12], the
@@ -57,6 +62,11 @@ VIOLATION_KINDS = (
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 BLOCK_BOUND = 2.0
 RSS_GROWTH = 0.20
+# A host exit is explained by a fault on its server this long (minutes) before or after:
+# the watch sees an exit within its poll, a stop's span ends once the server is back.
+EXIT_SLACK = 10.0 / 60.0
+# The faults that end a server's Temporal host (a server stopped takes its host with it).
+HOST_ENDING = ("temporal_host_kill", "server_kill", "server_term")
 
 
 class BadLedger(ValueError):
@@ -145,7 +155,8 @@ class Change:
 @dataclass(frozen=True)
 class BlockProbe:
     """A block seen from its node: from the API's answer to its stream refused `blocked`
-    (seconds; None: never within the probe's watch), and from the request to the answer."""
+    (seconds; None: never within the probe's watch), and from the request to the answer;
+    and from the answer to each server's Temporal refusing the node's calls."""
 
     node: str
     minute: float
@@ -153,6 +164,25 @@ class BlockProbe:
     asked: float = 0.0
     # Why it is not judged (its node's stream was on a server a fault stopped), if so.
     exempt: str | None = None
+    # (server, seconds from the answer to its Temporal's first refusal; None: never) for
+    # each server judged: not one a fault stopped, paused, or whose host it killed.
+    temporal: tuple[tuple[str, float | None], ...] = ()
+
+    @property
+    def effect(self) -> float | None:
+        """When the block had taken effect everywhere: the latest of the stream's refusal
+        and every server's Temporal's; None if one never came."""
+        times = [self.took, *(t for _, t in self.temporal)]
+        return None if None in times else max(t for t in times if t is not None)
+
+    def late(self) -> str:
+        """What came last (or never), for the violation."""
+        parts = ["stream " + ("never" if self.took is None else f"{self.took:.2f} s")]
+        parts += [
+            f"Temporal on {server} " + ("never" if t is None else f"{t:.2f} s")
+            for server, t in self.temporal
+        ]
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -163,6 +193,26 @@ class Exit:
     minute: float
     code: int | None
     planned: bool
+
+
+@dataclass(frozen=True)
+class HostExit:
+    """A server's Temporal host (by its PID) seen gone while its server ran on."""
+
+    server: str
+    pid: int
+    minute: float
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """A fault injected: its kind, its target (a server's address, "postgres", an agent)
+    and when it began and ended (minutes of the run)."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)
@@ -195,6 +245,8 @@ class Records:
     changes: list[Change] = field(default_factory=list)
     blocks: list[BlockProbe] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
+    host_exits: list[HostExit] = field(default_factory=list)
+    faults: list[FaultSpan] = field(default_factory=list)
     rss: list[Sample] = field(default_factory=list)
     # (minute, connections) readings, and their bound.
     connections: list[tuple[float, int]] = field(default_factory=list)
@@ -330,17 +382,44 @@ def audit_missing(records: Records) -> Iterable[Violation]:
 
 def slow_blocks(records: Records) -> Iterable[Violation]:
     for probe in records.blocks:
-        if probe.exempt is None and (probe.took is None or probe.took > BLOCK_BOUND):
-            took = "never" if probe.took is None else f"after {probe.took:.2f} s"
-            yield Violation("slow_block", probe.minute, f"block of {probe.node} took effect {took}")
+        effect = probe.effect
+        if probe.exempt is None and (effect is None or effect > BLOCK_BOUND):
+            took = "never" if effect is None else f"after {effect:.2f} s"
+            yield Violation(
+                "slow_block",
+                probe.minute,
+                f"block of {probe.node} took effect {took} ({probe.late()})",
+            )
 
 
 def unplanned_exits(records: Records) -> Iterable[Violation]:
     for exit_ in records.exits:
         if not exit_.planned:
+            code = "unknown" if exit_.code is None else exit_.code
+            yield Violation("unplanned_exit", exit_.minute, f"{exit_.name} exited (code {code})")
+    for host in records.host_exits:
+        if not _host_exit_explained(records, host):
             yield Violation(
-                "unplanned_exit", exit_.minute, f"{exit_.name} exited (code {exit_.code})"
+                "unplanned_exit",
+                host.minute,
+                f"the Temporal host of server {host.server} (pid {host.pid}) exited, with"
+                " no fault on it or its server",
             )
+
+
+def _host_exit_explained(records: Records, host: HostExit) -> bool:
+    """Whether a fault that ends hosts hit HOST's server about then, or its server exited
+    (an unplanned server exit is its own violation)."""
+    near = (host.minute - EXIT_SLACK, host.minute + EXIT_SLACK)
+    if any(
+        span.target == host.server and span.kind in HOST_ENDING
+        and span.start <= near[1] and span.end >= near[0]
+        for span in records.faults
+    ):  # fmt: skip
+        return True
+    return any(
+        e.name == f"server {host.server}" and near[0] <= e.minute <= near[1] for e in records.exits
+    )
 
 
 def rss_growth(records: Records) -> Iterable[Violation]:

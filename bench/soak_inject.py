@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from bench.runner import log, wait_until
-from bench.soak_check import Exit
+from bench.soak_check import Exit, FaultSpan
 from bench.soak_faults import CONTROL_PLANE, Fault
 from bench.soak_fleet import Agent
 from bench.soak_netns import CUTS
@@ -39,6 +39,7 @@ async def inject(soak: Soak, fault: Fault) -> None:
         soak.faults_skipped[fault.kind] += 1
         return
     log(f"fault at minute {soak.minute():.2f}: {fault.kind} on {target} for {fault.hold:.1f} s")
+    began = soak.minute()
     soak.active.append(fault)
     soak.faults_done[fault.kind] += 1
     try:
@@ -53,6 +54,7 @@ async def inject(soak: Soak, fault: Fault) -> None:
         soak.faults_done[fault.kind] -= 1
         log(f"fault {fault.kind} could not be injected: {why}")
     finally:
+        soak.fault_spans.append(FaultSpan(fault.kind, target, began, soak.minute()))
         soak.active.remove(fault)
 
 

@@ -1,13 +1,16 @@
 """The soak's operators (issue 44): people added and removed, nodes blocked and unblocked
 (each block probed from its node: its status.json polled until the node says it is
-blocked, and its runtime stopped), nodes purged and a new agent joined in the purged
-one's place. Each on an agent nothing else holds meanwhile (bench/soak_fleet.py).
+blocked, and its runtime stopped; and every server's Temporal asked with the node's own
+identity until it refuses it: bench/soak_probe.py), nodes purged and a new agent joined
+in the purged one's place. Each on an agent nothing else holds meanwhile (bench/soak_fleet.py).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from functools import partial
+from typing import Any
 
 import psycopg
 import trio
@@ -15,11 +18,14 @@ import trio
 from bench.runner import log, wait_until
 from bench.soak_check import BlockProbe, Change
 from bench.soak_fleet import Agent
-from bench.soak_state import Failed, Soak
+from bench.soak_probe import TemporalProbe
+from bench.soak_state import ADDRESSES, Failed, Soak
 from bench.soak_workload import Action
 
 UNBLOCK_TRIES = 60
 PROBE_WATCH = 30.0
+# The tenant of the soak's nodes (they join with a token of `default`): their namespace.
+NAMESPACE = "default"
 
 
 async def operator_action(soak: Soak, action: Action, rng: random.Random) -> None:
@@ -55,15 +61,50 @@ async def block(soak: Soak, agent: Agent, hold: float) -> None:
     stopped = soak.stopped_servers()
     sent = time.time()
     during = bool(soak.active)
+    # Temporal, asked with the node's own identity from before the block is sent (its
+    # connections made by the answer) until every server refuses it.
+    temporal = TemporalProbe(agent.data_dir, NAMESPACE, ADDRESSES)
+    async with trio.open_nursery() as probing:
+        probing.start_soon(partial(trio.to_thread.run_sync, temporal.run, sent + PROBE_WATCH + 5.0))
+        try:
+            probe = await probe_block(soak, agent, temporal, before, stopped, sent, during)
+        finally:
+            temporal.stop.set()
+    if probe is None:
+        return
+    soak.blocks.append(probe)
+    soak.block_during_fault.append(during or bool(soak.active))
+    await trio.sleep(hold)
+    for _ in range(UNBLOCK_TRIES):
+        if await soak.call("POST", f"/api/v1/nodes/{node}/unblock", {}) is not None:
+            soak.changes.append(Change("node.unblock", f"node:{node}", soak.minute()))
+            return
+        await trio.sleep(2.0)
+    raise Failed(f"{node} could not be unblocked in {UNBLOCK_TRIES} tries")
+
+
+async def probe_block(
+    soak: Soak,
+    agent: Agent,
+    temporal: TemporalProbe,
+    before: dict[str, Any],
+    stopped: set[str],
+    sent: float,
+    during: bool,
+) -> BlockProbe | None:
+    """The block of AGENT's node sent, and its effect seen from the node's side; None if
+    the API did not take it."""
+    node = agent.node_id
     answer = await soak.call("POST", f"/api/v1/nodes/{node}/block", {"reason": "soak"})
     if answer is None:
-        return
+        return None
     soak.changes.append(Change("node.block", f"node:{node}", soak.minute(sent)))
     took = None
 
     answered = time.time()
     # The node's side: its stream refused `blocked` (judged), and its runtime (the
-    # Temporal worker, whose calls the block refuses) stopped (reported).
+    # Temporal worker, whose calls the block refuses) stopped (reported); every server's
+    # Temporal refusing the node's calls (judged).
     seen: dict[str, float] = {}
 
     def refused() -> bool:
@@ -72,13 +113,21 @@ async def block(soak: Soak, agent: Agent, hold: float) -> None:
             seen.setdefault("runtime", time.time())
         if reported.get("state") == "blocked":
             seen.setdefault("refused", time.time())
-        return len(seen) == 2
+        return len(seen) == 2 and len(temporal.refused) == len(ADDRESSES)
 
     await wait_until(refused, PROBE_WATCH)
     if "refused" in seen:
         took = seen["refused"] - answered
     if "runtime" in seen:
         soak.runtime_stopped.append(seen["runtime"] - answered)
+    # A server whose Temporal a fault stopped, paused or killed meanwhile: not judged.
+    disturbed = soak.temporal_disturbed(sent)
+    judged = tuple(
+        (address, None if at is None else max(0.0, at - answered))
+        for address in ADDRESSES
+        if address not in disturbed
+        for at in [temporal.refused.get(address)]
+    )
     # A node whose stream is on a server a fault stopped (or none) hears of nothing
     # until it is on another: its block is reported, not judged.
     exempt = None
@@ -91,16 +140,7 @@ async def block(soak: Soak, agent: Agent, hold: float) -> None:
             home = None
         if home in stopped | soak.stopped_servers():
             exempt = f"its stream was on {home}, stopped by a fault"
-    probe = BlockProbe(node, soak.minute(sent), took, answered - sent, exempt)
-    soak.blocks.append(probe)
-    soak.block_during_fault.append(during or bool(soak.active))
-    await trio.sleep(hold)
-    for _ in range(UNBLOCK_TRIES):
-        if await soak.call("POST", f"/api/v1/nodes/{node}/unblock", {}) is not None:
-            soak.changes.append(Change("node.unblock", f"node:{node}", soak.minute()))
-            return
-        await trio.sleep(2.0)
-    raise Failed(f"{node} could not be unblocked in {UNBLOCK_TRIES} tries")
+    return BlockProbe(node, soak.minute(sent), took, answered - sent, exempt, judged)
 
 
 async def purge(soak: Soak, agent: Agent) -> None:

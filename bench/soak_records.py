@@ -102,6 +102,8 @@ def records(soak: Soak) -> Records:
         changes=soak.changes,
         blocks=soak.blocks,
         exits=soak.exits,
+        host_exits=soak.host_exits,
+        faults=soak.fault_spans,
         rss=soak.rss,
         connections=soak.connections,
         connection_bound=CONNECTIONS_PER_SERVER * len(soak.servers),

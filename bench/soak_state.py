@@ -17,7 +17,7 @@ import psycopg
 import trio
 
 from bench.runner import Bench
-from bench.soak_check import BlockProbe, Change, Exit, Sample
+from bench.soak_check import BlockProbe, Change, Exit, FaultSpan, HostExit, Sample
 from bench.soak_faults import Fault
 from bench.soak_ledger import Ledger
 from bench.soak_workload import JobPlan
@@ -57,6 +57,11 @@ class Soak:
     blocks: list[BlockProbe] = field(default_factory=list)
     block_during_fault: list[bool] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
+    # Temporal hosts seen gone while their server ran on; the PIDs of each server's now.
+    host_exits: list[HostExit] = field(default_factory=list)
+    hosts: dict[str, set[int]] = field(default_factory=dict)
+    # The faults injected, once each has ended (the checker explains host exits by them).
+    fault_spans: list[FaultSpan] = field(default_factory=list)
     rss: list[Sample] = field(default_factory=list)
     connections: list[tuple[float, int]] = field(default_factory=list)
     connections_at_peak: dict[str, int] = field(default_factory=dict)
@@ -99,6 +104,15 @@ class Soak:
         """The servers (by address) a fault has stopped or paused now."""
         stopping = ("server_kill", "server_term", "server_pause")
         return {ADDRESSES[f.target] for f in self.active if f.kind in stopping}
+
+    def temporal_disturbed(self, since: float) -> set[str]:
+        """The servers (by address) whose Temporal a fault has stopped, paused or killed
+        at some time from the wall clock SINCE to now (its Temporal cannot be judged)."""
+        kinds = ("server_kill", "server_term", "server_pause", "temporal_host_kill")
+        found = {ADDRESSES[f.target] for f in self.active if f.kind in kinds}
+        after = self.minute(since)
+        found |= {s.target for s in self.fault_spans if s.kind in kinds and s.end >= after}
+        return found
 
     # --- the API -----------------------------------------------------------------------
 

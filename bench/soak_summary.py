@@ -1,7 +1,9 @@
 """The soak's report (issue 44): the figures of its JSON document besides `violations`:
 faults by kind (done, skipped, failed), the workload's actions, jobs by outcome and by
 kind, attempts ended other than by their command's exit, the bounds' p50/p99/max during
-faults and outside them, API errors, database connections, server exits.
+faults and outside them (a block's: the latest of its stream's and every server's
+Temporal's refusal, each also apart), API errors, database connections, server and
+Temporal host exits.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         str(a.ended_because) for j in records.jobs for a in j.attempts
         if a.ended_because not in (None, "exit")
     )  # fmt: skip
-    during = [p.took for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if d]
-    outside = [p.took for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if not d]
+    # A block's effect: the latest of its stream's refusal and every server's Temporal's.
+    during = [p.effect for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if d]
+    outside = [p.effect for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if not d]
+    temporal = [t for p in soak.blocks for _, t in p.temporal]
     return {
         "faults": dict(soak.faults_done),
         "faults_skipped": dict(soak.faults_skipped),
@@ -49,6 +53,11 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
                 "exempt": [dataclasses.asdict(p) for p in soak.blocks if p.exempt],
                 "request_to_answer": percentiles([p.asked for p in soak.blocks]),
                 "answer_to_runtime_stopped": percentiles(soak.runtime_stopped),
+                "answer_to_stream_refused": percentiles(
+                    [p.took for p in soak.blocks if p.took is not None]
+                ),
+                "answer_to_temporal_refused": percentiles([t for t in temporal if t is not None]),
+                "temporal_never_refused": sum(t is None for t in temporal),
             },
             "api_ms": {k: percentiles(v) for k, v in soak.api_ms.items()},
         },
@@ -57,4 +66,5 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         "db_connection_bound": records.connection_bound,
         "db_connections_at_peak": soak.connections_at_peak,
         "server_exits": [dataclasses.asdict(e) for e in soak.exits],
+        "temporal_host_exits": [dataclasses.asdict(e) for e in soak.host_exits],
     }

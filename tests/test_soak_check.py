@@ -18,6 +18,8 @@ from bench.soak_check import (
     BlockProbe,
     Change,
     Exit,
+    FaultSpan,
+    HostExit,
     JobRecord,
     Records,
     Run,
@@ -111,10 +113,44 @@ def test_a_block_slower_than_two_seconds() -> None:
     assert kinds(records(blocks=[paused])) == []
 
 
+def test_a_block_that_temporal_took_longer_than_two_seconds_to_refuse() -> None:
+    """The stream closed in time, but a server's Temporal took the node's calls on (or
+    never stopped): the block's effect is the latest of them, on every server judged."""
+    quick = (("127.0.0.44", 0.3), ("127.0.0.45", 0.5))
+    assert kinds(records(blocks=[BlockProbe("node-1", 1.0, 0.4, 0.1, None, quick)])) == []
+    slow = BlockProbe("node-1", 1.0, 0.4, 0.1, None, (*quick, ("127.0.0.46", 2.6)))
+    [found] = check(records(blocks=[slow]))
+    assert found.kind == "slow_block" and "after 2.60 s" in found.detail
+    assert "Temporal on 127.0.0.46 2.60 s" in found.detail
+    never = BlockProbe("node-1", 1.0, 0.4, 0.1, None, (*quick, ("127.0.0.46", None)))
+    [found] = check(records(blocks=[never]))
+    assert "took effect never" in found.detail and "127.0.0.46 never" in found.detail
+
+
 def test_an_unplanned_exit() -> None:
     planned = Exit("server 127.0.0.44", 1.0, -9, True)
     assert kinds(records(exits=[planned])) == []
     assert kinds(records(exits=[Exit("server 127.0.0.45", 2.0, 1, False)])) == ["unplanned_exit"]
+
+
+def test_an_unplanned_exit_of_a_temporal_host() -> None:
+    """A server's Temporal host gone while its server ran on: explained by a
+    temporal_host_kill of that server, a stop of the server (planned or not: an unplanned
+    one is its own violation), not by a fault elsewhere or long before."""
+    host = HostExit("127.0.0.45", 4242, 2.0)
+    killed = FaultSpan("temporal_host_kill", "127.0.0.45", 1.99, 1.99)
+    stopped = FaultSpan("server_kill", "127.0.0.45", 1.9, 2.3)
+    assert kinds(records(host_exits=[host], faults=[killed])) == []
+    assert kinds(records(host_exits=[host], faults=[stopped])) == []
+    server_died = Exit("server 127.0.0.45", 2.01, 1, False)
+    assert kinds(records(host_exits=[host], exits=[server_died])) == ["unplanned_exit"]
+    elsewhere = FaultSpan("temporal_host_kill", "127.0.0.44", 1.99, 1.99)
+    long_before = FaultSpan("temporal_host_kill", "127.0.0.45", 0.5, 0.5)
+    paused = FaultSpan("server_pause", "127.0.0.45", 1.8, 2.1)
+    for unexplained in (elsewhere, long_before, paused):
+        [found] = check(records(host_exits=[host], faults=[unexplained]))
+        assert found.kind == "unplanned_exit" and found.minute == 2.0
+        assert "Temporal host of server 127.0.0.45 (pid 4242)" in found.detail
 
 
 def test_memory_that_grew_past_a_fifth() -> None:
