@@ -120,8 +120,13 @@ async def probe_block(
         took = seen["refused"] - answered
     if "runtime" in seen:
         soak.runtime_stopped.append(seen["runtime"] - answered)
-    # A server whose Temporal a fault stopped, paused or killed meanwhile: not judged.
+    # A server whose Temporal a fault stopped, paused or killed meanwhile: not judged;
+    # nor any when the probe itself could not run (the soak's trouble, said).
     disturbed = soak.temporal_disturbed(sent)
+    if temporal.failed is not None:
+        log(f"the Temporal probe of {node}'s block could not run: {temporal.failed}")
+        soak.probe_failures.append(temporal.failed[:200])
+        disturbed = set(ADDRESSES)
     judged = tuple(
         (address, None if at is None else max(0.0, at - answered))
         for address in ADDRESSES

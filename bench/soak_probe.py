@@ -25,6 +25,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.service import ConnectConfig, RPCError, RPCStatusCode, ServiceClient, TLSConfig
 
 from oz0.temporal.host import FRONTEND_PORT
+from oz0_node.identity import IdentityDir
 
 PROBE_EVERY = 0.05
 CALL_DEADLINE = 1.0
@@ -43,6 +44,8 @@ class TemporalProbe:
     # Servers the probe could not reach at some point before their refusal (a fault).
     unreachable: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
+    # Why the probe could not run (the soak's trouble, not the cluster's), if so.
+    failed: str | None = None
 
     def run(self, until: float) -> None:
         """Ask until every server refused, STOP is set, or the wall clock passes UNTIL (in
@@ -50,11 +53,16 @@ class TemporalProbe:
         asyncio.run(self._all(until))
 
     async def _all(self, until: float) -> None:
-        tls = TLSConfig(
-            server_root_ca_cert=(self.data_dir / "ca.crt").read_bytes(),
-            client_cert=(self.data_dir / "node.crt").read_bytes(),
-            client_private_key=(self.data_dir / "node.key").read_bytes(),
-        )
+        identity = IdentityDir(self.data_dir)
+        try:
+            tls = TLSConfig(
+                server_root_ca_cert=identity.ca_path.read_bytes(),
+                client_cert=identity.cert_path.read_bytes(),
+                client_private_key=identity.key_path.read_bytes(),
+            )
+        except OSError as e:
+            self.failed = f"cannot read the node's identity: {e}"
+            return
         await asyncio.gather(*(self._one(address, tls, until) for address in self.addresses))
 
     async def _one(self, address: str, tls: TLSConfig, until: float) -> None:
@@ -64,8 +72,8 @@ class TemporalProbe:
         )  # fmt: skip
         try:
             client = await ServiceClient.connect(config)
-        except RuntimeError:
-            self.unreachable.add(address)
+        except Exception as e:  # the bridge's errors have no one type
+            self.failed = f"cannot connect to {address}: {e}"
             return
         request = DescribeNamespaceRequest(namespace=self.namespace)
         deadline = dt.timedelta(seconds=CALL_DEADLINE)

@@ -71,6 +71,8 @@ class Soak:
     faults_skipped: Counter[str] = field(default_factory=Counter)
     net_cuts: Counter[str] = field(default_factory=Counter)
     faults_failed: Counter[str] = field(default_factory=Counter)
+    # Why a block's Temporal probe could not run (bench/soak_probe.py), each time.
+    probe_failures: list[str] = field(default_factory=list)
     # After each block's answer, the seconds until its node's runtime stopped.
     runtime_stopped: list[float] = field(default_factory=list)
     active: list[Fault] = field(default_factory=list)

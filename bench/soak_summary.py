@@ -58,6 +58,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
                 ),
                 "answer_to_temporal_refused": percentiles([t for t in temporal if t is not None]),
                 "temporal_never_refused": sum(t is None for t in temporal),
+                "temporal_probe_failures": soak.probe_failures,
             },
             "api_ms": {k: percentiles(v) for k, v in soak.api_ms.items()},
         },
