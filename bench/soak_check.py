@@ -16,7 +16,17 @@ The kinds (VIOLATION_KINDS), each with what it compares:
   run) and the ledger saw end, whose stored stdout (not truncated) has another SHA-256
   than the ledger's digest, or none. An attempt ended another way (its node blocked or
   lost, a timeout, a cancel) keeps what came before its end: at-least-once, its job moved
-  on or ended without it.
+  on or ended without it. Also a run that ended 0 of a job whose output is known
+  beforehand (`job run --file`: the SHA-256 of the file placed) and printed other than it.
+- `file_differs`: a node whose agent reported a push `written` or `unchanged`, whose file
+  (read by the soak from the node's disk after the push ended) is missing or has another
+  SHA-256 than the content pushed. A push's job runs no command: the ledger checks above
+  leave it out.
+- `session_lost`: a session whose recording (read through the API) is not what ran: it
+  lacks output the soak was shown over the session's websocket (output is recorded
+  before it is shown), or the session ended by its command's exit (as the cluster
+  records it) and the output recorded has another SHA-256 than the ledger's digest of
+  what the command printed. A session refused or broken by a fault is no violation.
 - `audit_missing`: a change the workload made (and the API accepted) with no audit row.
 - `slow_block`: a block whose effect on a connected node, seen from the node's side, came
   more than BLOCK_BOUND after the API's answer (the block committed: docs/manage-nodes.md
@@ -41,6 +51,7 @@ The kinds (VIOLATION_KINDS), each with what it compares:
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -53,6 +64,8 @@ VIOLATION_KINDS = (
     "unlisted_run",
     "false_success",
     "output_differs",
+    "file_differs",
+    "session_lost",
     "audit_missing",
     "slow_block",
     "unplanned_exit",
@@ -141,6 +154,43 @@ class JobRecord:
     attempts: tuple[AttemptRecord, ...] = ()
     # The minute of the soak it was made in (for the report).
     minute: float = 0.0
+    # The SHA-256 of what its command prints, if known beforehand (`job run --file`).
+    expect: str | None = None
+    # Whether its command runs under the ledger (a push's is the agent's own).
+    ledgered: bool = True
+
+
+@dataclass(frozen=True)
+class PushedFile:
+    """A node's part of a push: what its agent reported (written, unchanged, error: ...),
+    and the SHA-256 of the file the soak found at its destination (None: none there)."""
+
+    node: str
+    attempt: int
+    result: str
+    found: str | None
+
+
+@dataclass(frozen=True)
+class PushRecord:
+    job: str
+    minute: float
+    sha256: str
+    nodes: tuple[PushedFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A session: what the soak was shown over its websocket, and the cluster's record of
+    it (how it ended, its recording's output; None: not read)."""
+
+    id: str
+    node: str
+    minute: float
+    received: bytes = b""
+    exit_code: int | None = None
+    live: bool = False
+    recorded: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +294,8 @@ class Records:
     audit: set[tuple[str, str]] = field(default_factory=set)
     changes: list[Change] = field(default_factory=list)
     blocks: list[BlockProbe] = field(default_factory=list)
+    pushes: list[PushRecord] = field(default_factory=list)
+    sessions: list[SessionRecord] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
     host_exits: list[HostExit] = field(default_factory=list)
     faults: list[FaultSpan] = field(default_factory=list)
@@ -265,6 +317,8 @@ def check(records: Records) -> list[Violation]:
         *unlisted_runs(records),
         *false_successes(records),
         *outputs_differ(records),
+        *files_differ(records),
+        *sessions_lost(records),
         *audit_missing(records),
         *slow_blocks(records),
         *unplanned_exits(records),
@@ -303,17 +357,22 @@ def ran_twice(records: Records) -> Iterable[Violation]:
 
 def unlisted_runs(records: Records) -> Iterable[Violation]:
     jobs = {job.id: job for job in records.jobs}
+    sessions = {s.id: s.node for s in records.sessions}
     for run in records.runs:
         job = jobs.get(run.job)
         listed = job is not None and any(
             a.number == run.attempt and a.node == run.node for a in job.attempts
         )
+        # A session's command runs as attempt 1 of a job named by the session's ID.
+        if run.job in sessions:
+            listed = sessions[run.job] == run.node and run.attempt == 1
+            job = JobRecord(run.job, "session", 0.0)
         if not listed:
+            which = "the cluster does not know" if job is None else "it does not list"
             yield Violation(
                 "unlisted_run",
                 _minute(records, run.start),
-                f"{run.job} attempt {run.attempt} ran on {run.node} (pid {run.pid}), which"
-                f" {'the cluster does not know' if job is None else 'the job does not list'}",
+                f"{run.job} attempt {run.attempt} ran on {run.node} (pid {run.pid}), which {which}",
             )
 
 
@@ -322,6 +381,8 @@ def false_successes(records: Records) -> Iterable[Violation]:
     for each in records.runs:
         ran.setdefault((each.job, each.attempt), each)
     for job in records.jobs:
+        if not job.ledgered:
+            continue
         last: dict[int, AttemptRecord] = {}
         for attempt in sorted(job.attempts, key=lambda a: a.number):
             last[attempt.part] = attempt
@@ -356,6 +417,14 @@ def false_successes(records: Records) -> Iterable[Violation]:
 def outputs_differ(records: Records) -> Iterable[Violation]:
     ended = {(r.job, r.attempt): r for r in records.runs if r.digest is not None}
     for job in records.jobs:
+        for given in (r for r in records.runs if r.job == job.id) if job.expect else ():
+            if given.status == 0 and given.digest not in (None, job.expect):
+                yield Violation(
+                    "output_differs",
+                    job.minute,
+                    f"{job.id} attempt {given.attempt} on {given.node} printed {given.size}"
+                    " bytes other than the SHA-256 of the file it was given",
+                )
         for attempt in job.attempts:
             run = ended.get((job.id, attempt.number))
             if run is None or attempt.truncated or attempt.ended_because != "exit":
@@ -368,6 +437,46 @@ def outputs_differ(records: Records) -> Iterable[Violation]:
                     f" bytes of stdout stored, other than the {run.size} bytes the command"
                     " printed",
                 )
+
+
+def files_differ(records: Records) -> Iterable[Violation]:
+    for push in records.pushes:
+        for node in push.nodes:
+            if node.result in ("written", "unchanged") and node.found != push.sha256:
+                found = "no file" if node.found is None else f"a file of SHA-256 {node.found}"
+                yield Violation(
+                    "file_differs",
+                    push.minute,
+                    f"{push.job} attempt {node.attempt} on {node.node}: reported"
+                    f" {node.result}, {found} there, not {push.sha256}",
+                )
+
+
+def sessions_lost(records: Records) -> Iterable[Violation]:
+    ended = {r.job: r for r in records.runs if r.digest is not None}
+    for session in records.sessions:
+        recorded = session.recorded
+        if recorded is None:
+            continue
+        if not recorded.startswith(session.received):
+            yield Violation(
+                "session_lost",
+                session.minute,
+                f"{session.id} on {session.node}: {len(session.received)} bytes shown, the"
+                f" recording's {len(recorded)} bytes of output do not begin with them",
+            )
+            continue
+        run = ended.get(session.id)
+        if session.live or session.exit_code is None or run is None:
+            continue
+        if hashlib.sha256(recorded).hexdigest() != run.digest:
+            yield Violation(
+                "session_lost",
+                session.minute,
+                f"{session.id} on {session.node} ended exit {session.exit_code}: its"
+                f" recording has {len(recorded)} bytes of output, the command printed"
+                f" {run.size}",
+            )
 
 
 def audit_missing(records: Records) -> Iterable[Violation]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from bench.soak_check import AttemptRecord, JobRecord, Records, read_ledger
+from bench.soak_check import AttemptRecord, JobRecord, Records, SessionRecord, read_ledger
 from bench.soak_state import Soak
 from bench.soak_workload import MARGIN, QUEUE_TIMEOUT
 
@@ -57,7 +57,7 @@ async def drain(soak: Soak) -> float:
     return time.time() - began
 
 
-def records(soak: Soak) -> Records:
+def records(soak: Soak, sessions: list[SessionRecord]) -> Records:
     with soak.store() as conn:
         jobs = conn.execute("SELECT id, state, extract(epoch FROM created_at) FROM jobs").fetchall()
         attempts = conn.execute(
@@ -92,15 +92,26 @@ def records(soak: Soak) -> Records:
                 digests[key].hexdigest() if key in digests else empty, sizes[key],
             )
         )  # fmt: skip
+    made = {job_id: plan for job_id, (plan, _) in soak.jobs.items()}
+    found = []
+    for j, s, c in jobs:
+        plan = made.get(str(j))
+        expect = plan.expect if plan is not None else None
+        found.append(
+            JobRecord(
+                str(j), str(s), bound[str(j)], tuple(listed[str(j)]), soak.minute(float(c)),
+                hashlib.sha256(expect).hexdigest() if expect is not None else None,
+                plan is None or plan.ledgered,
+            )
+        )  # fmt: skip
     return Records(
         runs=read_ledger(soak.ledger.read()),
-        jobs=[
-            JobRecord(str(j), str(s), bound[str(j)], tuple(listed[str(j)]), soak.minute(float(c)))
-            for j, s, c in jobs
-        ],
+        jobs=found,
         audit=audit,
         changes=soak.changes,
         blocks=soak.blocks,
+        pushes=soak.pushes,
+        sessions=sessions,
         exits=soak.exits,
         host_exits=soak.host_exits,
         faults=soak.fault_spans,

@@ -17,7 +17,15 @@ import psycopg
 import trio
 
 from bench.runner import Bench
-from bench.soak_check import BlockProbe, Change, Exit, FaultSpan, HostExit, Sample
+from bench.soak_check import (
+    BlockProbe,
+    Change,
+    Exit,
+    FaultSpan,
+    HostExit,
+    PushRecord,
+    Sample,
+)
 from bench.soak_faults import Fault
 from bench.soak_ledger import Ledger
 from bench.soak_workload import JobPlan
@@ -27,6 +35,7 @@ from oz0.context import MANAGEMENT_PORT, Context
 
 if TYPE_CHECKING:
     from bench.soak_fleet import Fleet
+    from bench.soak_sessions import Seen
 
 ADDRESSES = ("127.0.0.44", "127.0.0.45", "127.0.0.46")
 EDGES = [f"{address}:7443" for address in ADDRESSES]
@@ -55,6 +64,12 @@ class Soak:
     jobs: dict[str, tuple[JobPlan, float]] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
     blocks: list[BlockProbe] = field(default_factory=list)
+    # Each push's nodes, their files read back after it ended.
+    pushes: list[PushRecord] = field(default_factory=list)
+    # Per push, a node not read back (its agent purged since), and why.
+    pushes_unread: Counter[str] = field(default_factory=Counter)
+    # Each session as the soak saw it over its websocket.
+    sessions: list[Seen] = field(default_factory=list)
     block_during_fault: list[bool] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
     # Temporal hosts seen gone while their server ran on; the PIDs of each server's now.

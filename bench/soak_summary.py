@@ -9,6 +9,7 @@ Temporal host exits.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -28,6 +29,10 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         str(a.ended_because) for j in records.jobs for a in j.attempts
         if a.ended_because not in (None, "exit")
     )  # fmt: skip
+    # Why sessions broke, without their IDs (so that alike ones count together).
+    broken = Counter(
+        re.sub(r"(session|node)-[0-9a-f]+", r"\1-…", s.error) for s in soak.sessions if s.error
+    )
     # A block's effect: the latest of its stream's refusal and every server's Temporal's.
     during = [p.effect for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if d]
     outside = [p.effect for p, d in zip(soak.blocks, soak.block_during_fault, strict=True) if not d]
@@ -44,6 +49,17 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         "attempts_ended_other_than_exit": dict(moves),
         "attempts_truncated": sum(a.truncated for j in records.jobs for a in j.attempts),
         "ledger_runs": len(records.runs),
+        "pushes": {
+            "checked": len(records.pushes),
+            "nodes": dict(Counter(n.result.split(":")[0] for p in records.pushes for n in p.nodes)),
+            "unread": dict(soak.pushes_unread),
+        },
+        "sessions": {
+            "opened": len(soak.sessions),
+            "ended_by_exit": sum(s.exit_code is not None for s in soak.sessions),
+            "broken": dict(broken),
+            "recordings_read": sum(s.recorded is not None for s in records.sessions),
+        },
         "changes": len(records.changes),
         "bounds": {
             "block_ms": {

@@ -21,9 +21,12 @@ from bench.soak_check import (
     FaultSpan,
     HostExit,
     JobRecord,
+    PushedFile,
+    PushRecord,
     Records,
     Run,
     Sample,
+    SessionRecord,
     check,
     read_ledger,
 )
@@ -97,6 +100,73 @@ def test_output_that_differs_from_the_digest() -> None:
     # An attempt its node's block ended keeps what came before; its job moved on.
     moved = AttemptRecord(1, 0, "node-1", "ended", None, "node blocked", False, None)
     assert kinds(records(jobs=[ok_job("job-a", moved, state="failed")])) == []
+
+
+def test_a_placed_file_whose_digest_the_command_did_not_print() -> None:
+    """`job run --file`: the command prints its file's SHA-256 alone, known beforehand;
+    the ledger's digest of a run that ended 0 must be that line's (a wrong or missing file
+    prints another)."""
+    line = b"f" * 64 + b"\n"
+    expect = hashlib.sha256(line).hexdigest()
+    right = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 0, expect, 65)
+    stored = AttemptRecord(1, 0, "node-1", "ended", 0, "exit", False, expect, 65)
+    placed = JobRecord("job-a", "succeeded", T0 + 100, (stored,), expect=expect)
+    assert kinds(records(runs=[right], jobs=[placed])) == []
+    # The output stored is the command's (so the digests agree), but not the file's.
+    wrong = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 0, HELLO, 6)
+    told = AttemptRecord(1, 0, "node-1", "ended", 0, "exit", False, HELLO, 6)
+    other = JobRecord("job-a", "succeeded", T0 + 100, (told,), expect=expect)
+    assert kinds(records(runs=[wrong], jobs=[other])) == ["output_differs"]
+    # A run that failed (its file refused, say) is the job's to report, not this check's.
+    failed = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 1, HELLO, 6)
+    told = AttemptRecord(1, 0, "node-1", "ended", 1, "exit", False, HELLO, 6)
+    lost = JobRecord("job-a", "failed", T0 + 100, (told,), expect=expect)
+    assert kinds(records(runs=[failed], jobs=[lost])) == []
+
+
+def test_a_pushed_file_that_is_not_on_its_node() -> None:
+    sha = hashlib.sha256(b"content").hexdigest()
+    push = JobRecord(
+        "job-p", "succeeded", T0 + 100,
+        (AttemptRecord(1, 0, "node-1", "ended", 0, "exit"),
+         AttemptRecord(2, 1, "node-2", "ended", 0, "exit")),
+        ledgered=False,
+    )  # fmt: skip
+    good = PushRecord(
+        "job-p", 1.0, sha,
+        (PushedFile("node-1", 1, "written", sha), PushedFile("node-2", 2, "unchanged", sha)),
+    )  # fmt: skip
+    # A push runs no command: no ledger run is no false success.
+    assert kinds(records(jobs=[ok_job(), push], pushes=[good])) == []
+    missing = PushRecord("job-p", 1.0, sha, (PushedFile("node-1", 1, "written", None),))
+    other = PushRecord("job-p", 1.0, sha, (PushedFile("node-2", 2, "unchanged", HELLO),))
+    assert kinds(records(pushes=[missing, other])) == ["file_differs", "file_differs"]
+    # A node that said it failed is not judged by its disk.
+    failed = PushedFile("node-1", 1, "error: No space left on device", None)
+    assert kinds(records(pushes=[PushRecord("job-p", 1.0, sha, (failed,))])) == []
+
+
+def test_a_session_whose_recording_lost_output() -> None:
+    """The ledger's run of a session (the session's ID as its job, attempt 1); the
+    recording must begin with what the soak was shown, and when the session ended by its
+    command's exit, hold exactly what the command printed."""
+    run = Run("session-1", 1, "node-1", 12, T0 + 5, T0 + 6, 0, HELLO, 6)
+    fine = SessionRecord("session-1", "node-1", 1.0, b"hello\n", 0, False, b"hello\n")
+    assert kinds(records(runs=[ok_run(), run], sessions=[fine])) == []
+    shown_lost = SessionRecord("session-1", "node-1", 1.0, b"hello\n", None, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[shown_lost])) == ["session_lost"]
+    # Shown nothing (the soak's websocket broke), ended by its exit, recorded short.
+    cut = SessionRecord("session-1", "node-1", 1.0, b"", 0, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[cut])) == ["session_lost"]
+    # Its server stopped under it: what was recorded was shown; no exit, not judged.
+    broken = SessionRecord("session-1", "node-1", 1.0, b"hel", None, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[broken])) == []
+    unread = SessionRecord("session-1", "node-1", 1.0, b"hello\n", 0, False, None)
+    assert kinds(records(runs=[ok_run(), run], sessions=[unread])) == []
+    # A run the cluster lists as no session (nor job), or on another node, is unlisted.
+    assert kinds(records(runs=[ok_run(), run])) == ["unlisted_run"]
+    elsewhere = SessionRecord("session-1", "node-2", 1.0, b"", 0, False, b"hello\n")
+    assert kinds(records(runs=[ok_run(), run], sessions=[elsewhere])) == ["unlisted_run"]
 
 
 def test_a_change_without_its_audit_row() -> None:
