@@ -667,9 +667,10 @@ def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
         async with running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
-        # No reason from the workflow: the store derives it from what became of the node.
+        # No reason from the workflow: the store derives it from what became of the node;
+        # the node's words kept beside it.
         assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, None, None),
+            AttemptEnd(job.job_id, 1, None, None, detail="the node's runtime is stopping"),
             AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
         ]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
