@@ -60,7 +60,9 @@ async def session(soak: Soak, plan: SessionPlan, rng: random.Random) -> None:
     try:
         with trio.fail_after(plan.bound):
             await converse(soak, seen, command)
-    except (Broken, OSError, trio.TooSlowError, trio_websocket.HandshakeError) as e:
+    except Broken as e:
+        seen.error = str(e)[:200]
+    except (OSError, trio.TooSlowError, trio_websocket.HandshakeError) as e:
         seen.error = f"{type(e).__name__}: {e}"[:200]
 
 
@@ -108,7 +110,9 @@ async def through(
             raise OSError(f"refused the session's websocket ({e})") from None
         try:
             answer = await messages(ws, seen, command)
-        except (trio_websocket.ConnectionClosed, sm.BadSessionMessage, Broken) as e:
+        except Broken as e:
+            error = str(e)
+        except (trio_websocket.ConnectionClosed, sm.BadSessionMessage) as e:
             error = f"{type(e).__name__}: {e}"
         finally:
             with trio.move_on_after(1):
