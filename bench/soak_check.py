@@ -8,7 +8,8 @@ The kinds (VIOLATION_KINDS), each with what it compares:
   worst case for it: queue timeout, every attempt's length, moves).
 - `ran_twice`: a (job, attempt) with more than one `start` in the ledger.
 - `unlisted_run`: a run in the ledger that the job does not list as an attempt on that
-  node (or whose job the cluster does not know).
+  node (or whose job the cluster does not know); a session's run (its job the session's
+  ID, attempt 1) that the cluster lists as no session on that node.
 - `false_success`: a job `succeeded` one of whose parts' last attempt did not end 0 in the
   ledger (no `end`, or another status); also any attempt the cluster says exited with a
   code other than the ledger's.

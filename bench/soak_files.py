@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -88,7 +89,7 @@ async def said(soak: Soak, job: dict[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def sha256_of(path: Any) -> str | None:
+def sha256_of(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
