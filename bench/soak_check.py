@@ -8,7 +8,8 @@ The kinds (VIOLATION_KINDS), each with what it compares:
   worst case for it: queue timeout, every attempt's length, moves).
 - `ran_twice`: a (job, attempt) with more than one `start` in the ledger.
 - `unlisted_run`: a run in the ledger that the job does not list as an attempt on that
-  node (or whose job the cluster does not know).
+  node (or whose job the cluster does not know); a session's run (its job the session's
+  ID, attempt 1) that the cluster lists as no session on that node.
 - `false_success`: a job `succeeded` one of whose parts' last attempt did not end 0 in the
   ledger (no `end`, or another status); also any attempt the cluster says exited with a
   code other than the ledger's.
@@ -16,15 +17,30 @@ The kinds (VIOLATION_KINDS), each with what it compares:
   run) and the ledger saw end, whose stored stdout (not truncated) has another SHA-256
   than the ledger's digest, or none. An attempt ended another way (its node blocked or
   lost, a timeout, a cancel) keeps what came before its end: at-least-once, its job moved
-  on or ended without it.
+  on or ended without it. Also a run that ended 0 of a job whose output is known
+  beforehand (`job run --file`: the SHA-256 of the file placed) and printed other than it.
+- `file_differs`: a node whose agent reported a push `written` or `unchanged`, whose file
+  (read by the soak from the node's disk after the push ended) is missing or has another
+  SHA-256 than the content pushed. A push's job runs no command: the ledger checks above
+  leave it out.
+- `session_lost`: a session whose recording (read through the API) is not what ran: it
+  lacks output the soak was shown over the session's websocket (output is recorded
+  before it is shown), or the session ended by its command's exit (as the cluster
+  records it) and the output recorded has another SHA-256 than the ledger's digest of
+  what the command printed. A session refused or broken by a fault is no violation.
 - `audit_missing`: a change the workload made (and the API accepted) with no audit row.
-- `slow_block`: a block whose effect on a connected node (seen from the node's side: its
-  stream refused `blocked`) came more than BLOCK_BOUND after the API's answer (the block
-  committed: docs/manage-nodes.md promises two seconds from there, on every server), or
-  never. The request's own time is reported beside it, not judged; so is a block of a
-  node not connected then, or whose stream was on a server a fault had stopped or paused
-  (no server can end it before the node is on another).
-- `unplanned_exit`: a server (or its Temporal host) that exited when no fault asked it to.
+- `slow_block`: a block whose effect on a connected node, seen from the node's side, came
+  more than BLOCK_BOUND after the API's answer (the block committed: docs/manage-nodes.md
+  promises two seconds from there, on every server), or never: the latest of its stream
+  refused `blocked` and each server's Temporal refusing the node's own calls
+  (bench/soak_probe.py). The request's own time is reported beside it, not judged; so is
+  a block of a node not connected then, or whose stream was on a server a fault had
+  stopped or paused (no server can end it before the node is on another); and so is the
+  Temporal of a server a fault stopped, paused or whose host it killed meanwhile.
+- `unplanned_exit`: a server that exited when no fault asked it to, or a server's Temporal
+  host (a child of the server, which starts another) that exited with no
+  `temporal_host_kill` of that server nor a stop of the server itself (planned or not)
+  within EXIT_SLACK of it.
 - `rss_growth`: a server's or agent's resident memory grew more than RSS_GROWTH from the
   reference (the tenth minute of an hour: a sixth of the run) to the end. A short run
   scales it: the reference is the median of the samples in [run/6, run/6 + run/12], the
@@ -36,6 +52,7 @@ The kinds (VIOLATION_KINDS), each with what it compares:
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -48,6 +65,8 @@ VIOLATION_KINDS = (
     "unlisted_run",
     "false_success",
     "output_differs",
+    "file_differs",
+    "session_lost",
     "audit_missing",
     "slow_block",
     "unplanned_exit",
@@ -57,6 +76,11 @@ VIOLATION_KINDS = (
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 BLOCK_BOUND = 2.0
 RSS_GROWTH = 0.20
+# A host exit is explained by a fault on its server this long (minutes) before or after:
+# the watch sees an exit within its poll, a stop's span ends once the server is back.
+EXIT_SLACK = 10.0 / 60.0
+# The faults that end a server's Temporal host (a server stopped takes its host with it).
+HOST_ENDING = ("temporal_host_kill", "server_kill", "server_term")
 
 
 class BadLedger(ValueError):
@@ -131,6 +155,43 @@ class JobRecord:
     attempts: tuple[AttemptRecord, ...] = ()
     # The minute of the soak it was made in (for the report).
     minute: float = 0.0
+    # The SHA-256 of what its command prints, if known beforehand (`job run --file`).
+    expect: str | None = None
+    # Whether its command runs under the ledger (a push's is the agent's own).
+    ledgered: bool = True
+
+
+@dataclass(frozen=True)
+class PushedFile:
+    """A node's part of a push: what its agent reported (written, unchanged, error: ...),
+    and the SHA-256 of the file the soak found at its destination (None: none there)."""
+
+    node: str
+    attempt: int
+    result: str
+    found: str | None
+
+
+@dataclass(frozen=True)
+class PushRecord:
+    job: str
+    minute: float
+    sha256: str
+    nodes: tuple[PushedFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A session: what the soak was shown over its websocket, and the cluster's record of
+    it (how it ended, its recording's output; None: not read)."""
+
+    id: str
+    node: str
+    minute: float
+    received: bytes = b""
+    exit_code: int | None = None
+    live: bool = False
+    recorded: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +206,8 @@ class Change:
 @dataclass(frozen=True)
 class BlockProbe:
     """A block seen from its node: from the API's answer to its stream refused `blocked`
-    (seconds; None: never within the probe's watch), and from the request to the answer."""
+    (seconds; None: never within the probe's watch), and from the request to the answer;
+    and from the answer to each server's Temporal refusing the node's calls."""
 
     node: str
     minute: float
@@ -153,6 +215,25 @@ class BlockProbe:
     asked: float = 0.0
     # Why it is not judged (its node's stream was on a server a fault stopped), if so.
     exempt: str | None = None
+    # (server, seconds from the answer to its Temporal's first refusal; None: never) for
+    # each server judged: not one a fault stopped, paused, or whose host it killed.
+    temporal: tuple[tuple[str, float | None], ...] = ()
+
+    @property
+    def effect(self) -> float | None:
+        """When the block had taken effect everywhere: the latest of the stream's refusal
+        and every server's Temporal's; None if one never came."""
+        times = [self.took, *(t for _, t in self.temporal)]
+        return None if None in times else max(t for t in times if t is not None)
+
+    def late(self) -> str:
+        """What came last (or never), for the violation."""
+        parts = ["stream " + ("never" if self.took is None else f"{self.took:.2f} s")]
+        parts += [
+            f"Temporal on {server} " + ("never" if t is None else f"{t:.2f} s")
+            for server, t in self.temporal
+        ]
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -163,6 +244,26 @@ class Exit:
     minute: float
     code: int | None
     planned: bool
+
+
+@dataclass(frozen=True)
+class HostExit:
+    """A server's Temporal host (by its PID) seen gone while its server ran on."""
+
+    server: str
+    pid: int
+    minute: float
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """A fault injected: its kind, its target (a server's address, "postgres", an agent)
+    and when it began and ended (minutes of the run)."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)
@@ -194,7 +295,11 @@ class Records:
     audit: set[tuple[str, str]] = field(default_factory=set)
     changes: list[Change] = field(default_factory=list)
     blocks: list[BlockProbe] = field(default_factory=list)
+    pushes: list[PushRecord] = field(default_factory=list)
+    sessions: list[SessionRecord] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
+    host_exits: list[HostExit] = field(default_factory=list)
+    faults: list[FaultSpan] = field(default_factory=list)
     rss: list[Sample] = field(default_factory=list)
     # (minute, connections) readings, and their bound.
     connections: list[tuple[float, int]] = field(default_factory=list)
@@ -213,6 +318,8 @@ def check(records: Records) -> list[Violation]:
         *unlisted_runs(records),
         *false_successes(records),
         *outputs_differ(records),
+        *files_differ(records),
+        *sessions_lost(records),
         *audit_missing(records),
         *slow_blocks(records),
         *unplanned_exits(records),
@@ -251,17 +358,22 @@ def ran_twice(records: Records) -> Iterable[Violation]:
 
 def unlisted_runs(records: Records) -> Iterable[Violation]:
     jobs = {job.id: job for job in records.jobs}
+    sessions = {s.id: s.node for s in records.sessions}
     for run in records.runs:
         job = jobs.get(run.job)
         listed = job is not None and any(
             a.number == run.attempt and a.node == run.node for a in job.attempts
         )
+        # A session's command runs as attempt 1 of a job named by the session's ID.
+        if run.job in sessions:
+            listed = sessions[run.job] == run.node and run.attempt == 1
+            job = JobRecord(run.job, "session", 0.0)
         if not listed:
+            which = "the cluster does not know" if job is None else "it does not list"
             yield Violation(
                 "unlisted_run",
                 _minute(records, run.start),
-                f"{run.job} attempt {run.attempt} ran on {run.node} (pid {run.pid}), which"
-                f" {'the cluster does not know' if job is None else 'the job does not list'}",
+                f"{run.job} attempt {run.attempt} ran on {run.node} (pid {run.pid}), which {which}",
             )
 
 
@@ -270,6 +382,8 @@ def false_successes(records: Records) -> Iterable[Violation]:
     for each in records.runs:
         ran.setdefault((each.job, each.attempt), each)
     for job in records.jobs:
+        if not job.ledgered:
+            continue
         last: dict[int, AttemptRecord] = {}
         for attempt in sorted(job.attempts, key=lambda a: a.number):
             last[attempt.part] = attempt
@@ -304,6 +418,14 @@ def false_successes(records: Records) -> Iterable[Violation]:
 def outputs_differ(records: Records) -> Iterable[Violation]:
     ended = {(r.job, r.attempt): r for r in records.runs if r.digest is not None}
     for job in records.jobs:
+        for given in (r for r in records.runs if r.job == job.id) if job.expect else ():
+            if given.status == 0 and given.digest not in (None, job.expect):
+                yield Violation(
+                    "output_differs",
+                    job.minute,
+                    f"{job.id} attempt {given.attempt} on {given.node} printed {given.size}"
+                    " bytes other than the SHA-256 of the file it was given",
+                )
         for attempt in job.attempts:
             run = ended.get((job.id, attempt.number))
             if run is None or attempt.truncated or attempt.ended_because != "exit":
@@ -318,6 +440,46 @@ def outputs_differ(records: Records) -> Iterable[Violation]:
                 )
 
 
+def files_differ(records: Records) -> Iterable[Violation]:
+    for push in records.pushes:
+        for node in push.nodes:
+            if node.result in ("written", "unchanged") and node.found != push.sha256:
+                found = "no file" if node.found is None else f"a file of SHA-256 {node.found}"
+                yield Violation(
+                    "file_differs",
+                    push.minute,
+                    f"{push.job} attempt {node.attempt} on {node.node}: reported"
+                    f" {node.result}, {found} there, not {push.sha256}",
+                )
+
+
+def sessions_lost(records: Records) -> Iterable[Violation]:
+    ended = {r.job: r for r in records.runs if r.digest is not None}
+    for session in records.sessions:
+        recorded = session.recorded
+        if recorded is None:
+            continue
+        if not recorded.startswith(session.received):
+            yield Violation(
+                "session_lost",
+                session.minute,
+                f"{session.id} on {session.node}: {len(session.received)} bytes shown, the"
+                f" recording's {len(recorded)} bytes of output do not begin with them",
+            )
+            continue
+        run = ended.get(session.id)
+        if session.live or session.exit_code is None or run is None:
+            continue
+        if hashlib.sha256(recorded).hexdigest() != run.digest:
+            yield Violation(
+                "session_lost",
+                session.minute,
+                f"{session.id} on {session.node} ended exit {session.exit_code}: its"
+                f" recording has {len(recorded)} bytes of output, the command printed"
+                f" {run.size}",
+            )
+
+
 def audit_missing(records: Records) -> Iterable[Violation]:
     for change in records.changes:
         if (change.action, change.target) not in records.audit:
@@ -330,17 +492,44 @@ def audit_missing(records: Records) -> Iterable[Violation]:
 
 def slow_blocks(records: Records) -> Iterable[Violation]:
     for probe in records.blocks:
-        if probe.exempt is None and (probe.took is None or probe.took > BLOCK_BOUND):
-            took = "never" if probe.took is None else f"after {probe.took:.2f} s"
-            yield Violation("slow_block", probe.minute, f"block of {probe.node} took effect {took}")
+        effect = probe.effect
+        if probe.exempt is None and (effect is None or effect > BLOCK_BOUND):
+            took = "never" if effect is None else f"after {effect:.2f} s"
+            yield Violation(
+                "slow_block",
+                probe.minute,
+                f"block of {probe.node} took effect {took} ({probe.late()})",
+            )
 
 
 def unplanned_exits(records: Records) -> Iterable[Violation]:
     for exit_ in records.exits:
         if not exit_.planned:
+            code = "unknown" if exit_.code is None else exit_.code
+            yield Violation("unplanned_exit", exit_.minute, f"{exit_.name} exited (code {code})")
+    for host in records.host_exits:
+        if not _host_exit_explained(records, host):
             yield Violation(
-                "unplanned_exit", exit_.minute, f"{exit_.name} exited (code {exit_.code})"
+                "unplanned_exit",
+                host.minute,
+                f"the Temporal host of server {host.server} (pid {host.pid}) exited, with"
+                " no fault on it or its server",
             )
+
+
+def _host_exit_explained(records: Records, host: HostExit) -> bool:
+    """Whether a fault that ends hosts hit HOST's server about then, or its server exited
+    (an unplanned server exit is its own violation)."""
+    near = (host.minute - EXIT_SLACK, host.minute + EXIT_SLACK)
+    if any(
+        span.target == host.server and span.kind in HOST_ENDING
+        and span.start <= near[1] and span.end >= near[0]
+        for span in records.faults
+    ):  # fmt: skip
+        return True
+    return any(
+        e.name == f"server {host.server}" and near[0] <= e.minute <= near[1] for e in records.exits
+    )
 
 
 def rss_growth(records: Records) -> Iterable[Violation]:

@@ -1,22 +1,27 @@
 """The soak's workload (issue 44): what users and operators do, drawn from a seed. Pure:
 each draw is a job's API body (its command not yet wrapped by the ledger) with the bound
-it must end by, or an operator's action; the soak (bench/scenarios/soak.py) sends them.
+it must end by, or an operator's action; the soak (bench/soak_send.py) sends them.
 
 Every command prints a few numbered lines on stdout (what the ledger digests) and says
 how it ends by its text alone: the job's and attempt's numbers come from the node's
 environment (OZ0_JOB_ID, OZ0_ATTEMPT), so a command that is started again prints what
 its first run printed.
 
-Hooks: file pushes (`job run --file`, `file push`) and sessions land on other branches;
-ACTIONS names them (`file_push`, `session`) with weight 0, and `draw` refuses a weight
-for a kind it cannot make.
+Files and sessions: a `job_file` job (`job run --file`) has a file of seeded content
+placed in its working directory and prints the file's SHA-256 alone (its output known
+beforehand: `expect`); a `file_push` job (`file push`) writes one to every node of a
+group, under a name of its own in each agent's files/ directory; a `session` opens a
+session on a node and runs a command there (bench/soak_sessions.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Any
+
+from oz0_common.file_push import PushOrder
 
 QUEUE_TIMEOUT = 120.0
 # Past a job's own worst case: the faults' recovery (a server's restart, lost nodes found)
@@ -33,11 +38,11 @@ ACTIONS: dict[str, int] = {
     "single": 30, "retried": 8, "all": 5, "batch": 5, "timeout": 4, "cancel": 5,
     "on_lost": 10, "secret": 5, "limits": 5,
     "block": 5, "purge": 1, "person": 3,
-    # Hooks for what other branches bring: drawn once their weight is set.
-    "file_push": 0, "session": 0,
+    "job_file": 4, "file_push": 4, "session": 4,
 }  # fmt: skip
-MADE = {"single", "retried", "all", "batch", "timeout", "cancel", "on_lost", "secret",
-        "limits", "block", "purge", "person"}  # fmt: skip
+# The sizes of the files pushed and placed: a byte, a page, many of the store's 32 KiB
+# rows, and more than one upload request (1 MiB) and than a node's 256 KiB pieces.
+FILE_SIZES = (1, 4096, 100_000, 1_100_000)
 
 
 def lines(count: int, *, pause: float = 1.0, tail: str = "") -> str:
@@ -50,13 +55,50 @@ def lines(count: int, *, pause: float = 1.0, tail: str = "") -> str:
 
 
 @dataclass(frozen=True)
+class Content:
+    """A file's content, made from SEED: SIZE bytes, named NAME."""
+
+    seed: int
+    size: int
+    name: str
+
+    def data(self) -> bytes:
+        return random.Random(self.seed).randbytes(self.size)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data()).hexdigest()
+
+
+@dataclass(frozen=True)
 class JobPlan:
     kind: str
-    body: dict[str, Any]  # the API's job, its `command` the real one (wrap before sending)
+    # The API's job, its `command` the real one (the soak wraps it before sending, but a
+    # push's: the agent runs that itself).
+    body: dict[str, Any]
     # Seconds after submission by which it must have ended.
     bound: float
     cancel_after: float | None = None
     secret: str | None = field(default=None, repr=False)
+    # The file it places or pushes (stored in the cluster before the job is sent).
+    file: Content | None = None
+    # What its command prints, if known beforehand.
+    expect: bytes | None = None
+
+    @property
+    def ledgered(self) -> bool:
+        """Whether its command runs under the ledger (a push's is the agent's own)."""
+        return self.kind != "file_push"
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """A session on a node the soak picks, running COMMAND (not yet wrapped) without a
+    terminal, to end within BOUND seconds."""
+
+    kind: str
+    command: list[str]
+    bound: float
 
 
 @dataclass(frozen=True)
@@ -68,16 +110,28 @@ class Action:
     hold: float
 
 
-def draw(rng: random.Random, nodes: int, weights: dict[str, int] = ACTIONS) -> JobPlan | Action:
+def draw(
+    rng: random.Random, nodes: int, weights: dict[str, int] = ACTIONS
+) -> JobPlan | Action | SessionPlan:
     """One thing to do. NODES: how many nodes the fleet has (an --all job's size)."""
-    unknown = [k for k, w in weights.items() if w and k not in MADE]
+    unknown = [k for k, w in weights.items() if w and k not in ACTIONS]
     if unknown:
-        raise ValueError(f"the workload cannot make {unknown} yet")
+        raise ValueError(f"the workload cannot make {unknown}")
     kinds = [k for k, w in weights.items() if w]
     kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
     if kind in ("block", "purge", "person"):
         return Action(kind, rng.uniform(5.0, 20.0))
+    if kind == "session":
+        # Its lines a little apart: output recorded in several chunks, and while a fault
+        # may hit its node or server.
+        count = rng.randint(1, 8)
+        return SessionPlan(kind, ["sh", "-c", lines(count, pause=0.5)], count * 0.5 + 60.0)
     return job(rng, kind, nodes)
+
+
+def content(rng: random.Random) -> Content:
+    seed = rng.getrandbits(64)
+    return Content(seed, rng.choice(FILE_SIZES), f"soak-{seed:016x}.bin")
 
 
 def job(rng: random.Random, kind: str, nodes: int) -> JobPlan:
@@ -124,6 +178,20 @@ def job(rng: random.Random, kind: str, nodes: int) -> JobPlan:
     elif kind == "limits":
         text = lines(count)
         body["limits"] = {"memory": 256 * 2**20, "max_processes": 64, "max_open_files": 1024}
+    elif kind == "job_file":
+        placed = content(rng)
+        sha256 = placed.sha256
+        body["files"] = [{"sha256": sha256, "size": placed.size, "name": placed.name}]
+        body.update(command=["sh", "-c", f"sha256sum < {placed.name} | cut -d' ' -f1"])
+        body["name"] = f"soak {kind}"
+        return JobPlan(kind, body, bound, file=placed, expect=f"{sha256}\n".encode())
+    elif kind == "file_push":
+        # To every node of a group: each node's file is read back after the job ends.
+        pushed = content(rng)
+        order = PushOrder(pushed.sha256, pushed.size, pushed.name)
+        body.update(all=True, selector={GROUP_LABEL: str(rng.randrange(GROUPS))})
+        body.update(command=order.command(), name=f"soak {kind}")
+        return JobPlan(kind, body, bound, file=pushed)
     else:
         raise ValueError(f"no job of kind {kind}")
     body["command"] = ["sh", "-c", text]

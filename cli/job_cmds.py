@@ -306,6 +306,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
             for a in attempts
         ],
     )  # fmt: skip
+    _print_details(attempts)
     if job["command"][:1] == [PUSH]:
         # A file push: what each node's agent said (written, unchanged or the error).
         print()
@@ -446,6 +447,21 @@ def _stdout_closed() -> int:
 
 def _context_arg(context: Path | None) -> str:
     return f" --context {shlex.quote(str(context))}" if context is not None else ""
+
+
+def _print_details(attempts: list[dict[str, Any]]) -> None:
+    """Per attempt its node failed, the node's words on why (`node could not record the
+    attempt`: which file, and that its disk is full). A server older than the detail
+    sends none."""
+    lines = [
+        f"attempt {a['number']} on {a['node']}: {a['ended_detail']}"
+        for a in attempts
+        if a.get("ended_detail")
+    ]
+    if lines:
+        print()
+    for line in lines:
+        print(terminal_safe(line))
 
 
 def _print_applied(asked: dict[str, Any], attempts: list[dict[str, Any]]) -> None:

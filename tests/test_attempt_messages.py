@@ -150,7 +150,12 @@ def test_a_failure_the_node_names_decides_the_part_end() -> None:
     end, _ = parts.part_end(
         parts.Report.of(NODE, AttemptDone.parse(unrecorded.to_wire())), EndReason.NODE_LOST
     )
-    assert (end.because, end.refusal) == ("node lost", None)
+    assert (end.because, end.refusal) == ("node lost", None)  # a server up before it
+    end, _ = parts.part_end(
+        parts.Report.of(NODE, AttemptDone.parse(unrecorded.to_wire())), EndReason.NODE_LOST,
+        unrecorded=True,
+    )  # fmt: skip
+    assert (end.because, end.because.moves) == ("node could not record the attempt", True)
 
 
 def test_both_ends_handle_the_messages_the_other_sends() -> None:

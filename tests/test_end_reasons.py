@@ -16,6 +16,7 @@ from oz0.jobs.workflow import AttemptEnd, Outcome, PartEnd
 STORED = (
     "exit", "timeout", "cancelled", "refused", "node blocked", "node purged",
     "node deleted", "node lost", "node could not read secrets",
+    "node could not record the attempt",
 )  # fmt: skip
 
 

@@ -667,9 +667,10 @@ def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
         async with running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
-        # No reason from the workflow: the store derives it from what became of the node.
+        # No reason from the workflow: the store derives it from what became of the node;
+        # the node's words kept beside it.
         assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, None, None),
+            AttemptEnd(job.job_id, 1, None, None, detail="the node's runtime is stopping"),
             AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
         ]
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
@@ -1315,9 +1316,36 @@ def test_each_attempt_carries_only_the_secrets_sealed_for_it_and_its_node(
         assert all(x.payload["env"] == {"K": "V"} for x in fleet.attempts)
         # Secrets the node cannot open (its key renewed since): placed again, sealed again.
         assert fleet.ends[0] == AttemptEnd(
-            job.job_id, 1, EndReason.NODE_COULD_NOT_READ_SECRETS, None
-        )
+            job.job_id, 1, EndReason.NODE_COULD_NOT_READ_SECRETS, None,
+            detail="its secrets cannot be read on this node",
+        )  # fmt: skip
         assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("knows", [True, False], ids=["every server knows", "an older one up"])
+def test_an_attempt_its_node_could_not_record_moves_saying_so(
+    operator: Credentials, knows: bool
+) -> None:
+    """The node's data directory full: it fails the attempt (RecordUnwritable), which
+    moves. Ended `node could not record the attempt` with the node's words, not `node
+    lost`; a job started while a server of the previous release was up (its workers
+    would not read that reason) ends it as before, from what became of the node."""
+    said = "cannot record the attempt as run in /d/attempts-run: No space left on device"
+
+    async def full(attempt: Attempt) -> Result:
+        raise ApplicationError(said, type=wf.RECORD_UNWRITABLE, non_retryable=True)
+
+    fleet = Fleet({"a": full, "b": exits(0)})
+    job = job_input(unrecorded=knows)
+
+    async def scenario() -> None:
+        async with running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        because = EndReason.NODE_COULD_NOT_RECORD if knows else None
+        assert fleet.ends[0] == AttemptEnd(job.job_id, 1, because, None, detail=said)
+        assert [a.node for a in fleet.attempts] == [fleet.node("a"), fleet.node("b")]
 
     run(scenario)
 

@@ -18,7 +18,7 @@ from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
 from fixtures.job_rows import OneConnection, add_node, main_url, new_job, place
 from oz0 import nodes, pki
-from oz0.jobs import parts, placement, store
+from oz0.jobs import inputs, parts, placement, store
 from oz0.jobs.activities import JobActivities
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.grant import AttemptSigner
@@ -129,6 +129,39 @@ def test_a_nodes_report_is_its_parts_end_by_the_rules_of_an_activitys_end(
         assert parts.record_ends(conn, [report(node, job.id, **how)]) == [
             parts.Recorded(parts.ENDED)
         ]
+
+
+def test_an_attempt_its_node_could_not_record_ends_so_once_every_server_up_knows_why(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A node whose data directory is full fails the attempt (RecordUnwritable): it moves,
+    `node could not record the attempt` (not `node lost`), the node's words kept as its
+    detail. While a server of the previous release is up (its workers could not read that
+    reason in the row or the signal): `node lost` as before, the detail kept all the same."""
+    said = ("RecordUnwritable", "cannot record the attempt as run in /d/attempts-run: full")
+    node = streaming_node(conn)
+    conn.execute("UPDATE servers SET schema_version = %s", (inputs.UNRECORDED_SCHEMA,))
+    found = []
+    for older in (False, True):
+        if older:
+            conn.execute(
+                "INSERT INTO servers (id, advertise, version, schema_version)"
+                " VALUES ('server-00000000000c', '127.0.0.1', 'older', %s)",
+                (inputs.UNRECORDED_SCHEMA - 1,),
+            )
+        job = new_job(conn, node=node)
+        with conn.transaction():
+            store.set_streamed(conn, [job.id])
+        stream_first(conn, job)
+        with conn.transaction():
+            [recorded] = parts.record_ends(conn, [report(node, job.id, failure=said)])
+        [attempt] = store.get(conn, job.id).attempts
+        assert recorded.end is not None and recorded.end.because == attempt.ended_because
+        assert recorded.end.because.moves
+        found.append((attempt.ended_because, attempt.ended_detail))
+    assert found == [
+        (EndReason.NODE_COULD_NOT_RECORD, said[1]), (EndReason.NODE_LOST, said[1])
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
 """The node's record of the attempts it ran fails closed (oz0_node/jobs/grants.py), with a
 real server and a real agent (127.0.0.63): an agent that finds DATA_DIR/attempts-run
 unreadable runs no attempt, says so and how to repair it in its log and in `oz0-node
-status`, and runs attempts again once it is repaired, without a restart."""
+status`, and runs attempts again once it is repaired, without a restart; one that cannot
+write it (its disk full) runs none and the job says so, not that its node was lost."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -12,11 +14,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fixtures.agent import AgentProcess
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.polling import wait_until
 from tests.conftest import CliRunner
 
 SERVER = "127.0.0.63"
@@ -96,3 +100,69 @@ def test_an_unreadable_record_of_attempts_run_stops_every_attempt_until_repaired
         assert "is readable again" in agent.log()
     finally:
         shutil.rmtree(marks)
+
+
+def fill(path: Path) -> None:
+    """Zeros written to PATH until its file system has not a page left."""
+    with path.open("wb", buffering=0) as out:
+        for size in (1 << 20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * size)
+
+
+@pytest.mark.slow
+def test_an_attempt_its_node_cannot_record_ends_saying_so_not_that_its_node_was_lost(
+    cli: CliRunner,
+    one_server: ClusterFiles,
+    tmp_path: Path,
+    agents: list[AgentProcess],
+    request: pytest.FixtureRequest,
+) -> None:
+    """bench.soak's disk_full: the node's data directory full, the node fails the attempt
+    (RecordUnwritable) and it moves; `job show` said `node lost` (the node was there all
+    along). Now the attempt ends `node could not record the attempt`, with the node's
+    words (which file, why) as its detail, in the text and --json. --no-move: the job
+    ends at that first end, its reason saying the same."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs")
+    files, env = one_server, one_server.cli_env
+    token = cli("token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=env)
+    assert token.code == 0, token.err
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(disk)], check=False))
+    data_dir = disk / "node"
+    agent = AgentProcess.joining(data_dir, [EDGE], files.ca_hash, token=token.json()["token"])
+    agents.append(agent.start())
+    node = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
+    fill(disk / "filler")
+    try:
+        made = cli("job", "run", "--no-move", "--detach", "--json", "--", "true", env=env)
+        assert made.code == 0, made.err
+        job_id = made.json()["id"]
+
+        def ended() -> dict[str, Any] | None:
+            shown = cli("job", "show", job_id, "--json", env=env)
+            job: dict[str, Any] = shown.json() if shown.code == 0 else {}
+            return job if job.get("ended_at") else None
+
+        job = wait_until(ended, 60, f"{job_id} ended", step=0.5, detail=agent.log)
+    finally:
+        (disk / "filler").unlink()
+    [first] = job["attempts"]
+    record = data_dir / "attempts-run"
+    said = f"cannot record the attempt as run in {record}: No space left on device"
+    assert (first["node"], first["ended_because"]) == (node, "node could not record the attempt")
+    assert first["ended_detail"] == said, first
+    assert (job["state"], job["reason"]) == (
+        "lost", "attempt 1: node could not record the attempt (--no-move)"
+    )  # fmt: skip
+    text = cli("job", "show", job_id, env=env)
+    assert text.code == 0, text.err
+    assert "node could not record the attempt" in text.out and "node lost" not in text.out
+    assert f"attempt 1 on {node}: {said}\n" in text.out, text.out

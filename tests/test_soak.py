@@ -48,3 +48,6 @@ def test_a_short_soak_finds_no_violation() -> None:
     # It did what it is for: faults injected, commands run and checked.
     assert sum(report["faults"].values()) >= 3, report["faults"]
     assert report["ledger_runs"] >= 20, report["ledger_runs"]
+    # Files pushed and read back from the nodes' disks, sessions opened and read back.
+    assert report["pushes"]["checked"] >= 1, report["pushes"]
+    assert report["sessions"]["opened"] >= 1, report["sessions"]

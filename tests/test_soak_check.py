@@ -18,10 +18,15 @@ from bench.soak_check import (
     BlockProbe,
     Change,
     Exit,
+    FaultSpan,
+    HostExit,
     JobRecord,
+    PushedFile,
+    PushRecord,
     Records,
     Run,
     Sample,
+    SessionRecord,
     check,
     read_ledger,
 )
@@ -97,6 +102,73 @@ def test_output_that_differs_from_the_digest() -> None:
     assert kinds(records(jobs=[ok_job("job-a", moved, state="failed")])) == []
 
 
+def test_a_placed_file_whose_digest_the_command_did_not_print() -> None:
+    """`job run --file`: the command prints its file's SHA-256 alone, known beforehand;
+    the ledger's digest of a run that ended 0 must be that line's (a wrong or missing file
+    prints another)."""
+    line = b"f" * 64 + b"\n"
+    expect = hashlib.sha256(line).hexdigest()
+    right = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 0, expect, 65)
+    stored = AttemptRecord(1, 0, "node-1", "ended", 0, "exit", False, expect, 65)
+    placed = JobRecord("job-a", "succeeded", T0 + 100, (stored,), expect=expect)
+    assert kinds(records(runs=[right], jobs=[placed])) == []
+    # The output stored is the command's (so the digests agree), but not the file's.
+    wrong = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 0, HELLO, 6)
+    told = AttemptRecord(1, 0, "node-1", "ended", 0, "exit", False, HELLO, 6)
+    other = JobRecord("job-a", "succeeded", T0 + 100, (told,), expect=expect)
+    assert kinds(records(runs=[wrong], jobs=[other])) == ["output_differs"]
+    # A run that failed (its file refused, say) is the job's to report, not this check's.
+    failed = Run("job-a", 1, "node-1", 10, T0 + 5, T0 + 6, 1, HELLO, 6)
+    told = AttemptRecord(1, 0, "node-1", "ended", 1, "exit", False, HELLO, 6)
+    lost = JobRecord("job-a", "failed", T0 + 100, (told,), expect=expect)
+    assert kinds(records(runs=[failed], jobs=[lost])) == []
+
+
+def test_a_pushed_file_that_is_not_on_its_node() -> None:
+    sha = hashlib.sha256(b"content").hexdigest()
+    push = JobRecord(
+        "job-p", "succeeded", T0 + 100,
+        (AttemptRecord(1, 0, "node-1", "ended", 0, "exit"),
+         AttemptRecord(2, 1, "node-2", "ended", 0, "exit")),
+        ledgered=False,
+    )  # fmt: skip
+    good = PushRecord(
+        "job-p", 1.0, sha,
+        (PushedFile("node-1", 1, "written", sha), PushedFile("node-2", 2, "unchanged", sha)),
+    )  # fmt: skip
+    # A push runs no command: no ledger run is no false success.
+    assert kinds(records(jobs=[ok_job(), push], pushes=[good])) == []
+    missing = PushRecord("job-p", 1.0, sha, (PushedFile("node-1", 1, "written", None),))
+    other = PushRecord("job-p", 1.0, sha, (PushedFile("node-2", 2, "unchanged", HELLO),))
+    assert kinds(records(pushes=[missing, other])) == ["file_differs", "file_differs"]
+    # A node that said it failed is not judged by its disk.
+    failed = PushedFile("node-1", 1, "error: No space left on device", None)
+    assert kinds(records(pushes=[PushRecord("job-p", 1.0, sha, (failed,))])) == []
+
+
+def test_a_session_whose_recording_lost_output() -> None:
+    """The ledger's run of a session (the session's ID as its job, attempt 1); the
+    recording must begin with what the soak was shown, and when the session ended by its
+    command's exit, hold exactly what the command printed."""
+    run = Run("session-1", 1, "node-1", 12, T0 + 5, T0 + 6, 0, HELLO, 6)
+    fine = SessionRecord("session-1", "node-1", 1.0, b"hello\n", 0, False, b"hello\n")
+    assert kinds(records(runs=[ok_run(), run], sessions=[fine])) == []
+    shown_lost = SessionRecord("session-1", "node-1", 1.0, b"hello\n", None, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[shown_lost])) == ["session_lost"]
+    # Shown nothing (the soak's websocket broke), ended by its exit, recorded short.
+    cut = SessionRecord("session-1", "node-1", 1.0, b"", 0, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[cut])) == ["session_lost"]
+    # Its server stopped under it: what was recorded was shown; no exit, not judged.
+    broken = SessionRecord("session-1", "node-1", 1.0, b"hel", None, False, b"hel")
+    assert kinds(records(runs=[ok_run(), run], sessions=[broken])) == []
+    unread = SessionRecord("session-1", "node-1", 1.0, b"hello\n", 0, False, None)
+    assert kinds(records(runs=[ok_run(), run], sessions=[unread])) == []
+    # A run the cluster lists as no session (nor job), or on another node, is unlisted.
+    assert kinds(records(runs=[ok_run(), run])) == ["unlisted_run"]
+    elsewhere = SessionRecord("session-1", "node-2", 1.0, b"", 0, False, b"hello\n")
+    assert kinds(records(runs=[ok_run(), run], sessions=[elsewhere])) == ["unlisted_run"]
+
+
 def test_a_change_without_its_audit_row() -> None:
     change = Change("node.block", "node:node-1", 1.0)
     assert kinds(records(changes=[change])) == ["audit_missing"]
@@ -111,10 +183,44 @@ def test_a_block_slower_than_two_seconds() -> None:
     assert kinds(records(blocks=[paused])) == []
 
 
+def test_a_block_that_temporal_took_longer_than_two_seconds_to_refuse() -> None:
+    """The stream closed in time, but a server's Temporal took the node's calls on (or
+    never stopped): the block's effect is the latest of them, on every server judged."""
+    quick = (("127.0.0.44", 0.3), ("127.0.0.45", 0.5))
+    assert kinds(records(blocks=[BlockProbe("node-1", 1.0, 0.4, 0.1, None, quick)])) == []
+    slow = BlockProbe("node-1", 1.0, 0.4, 0.1, None, (*quick, ("127.0.0.46", 2.6)))
+    [found] = check(records(blocks=[slow]))
+    assert found.kind == "slow_block" and "after 2.60 s" in found.detail
+    assert "Temporal on 127.0.0.46 2.60 s" in found.detail
+    never = BlockProbe("node-1", 1.0, 0.4, 0.1, None, (*quick, ("127.0.0.46", None)))
+    [found] = check(records(blocks=[never]))
+    assert "took effect never" in found.detail and "127.0.0.46 never" in found.detail
+
+
 def test_an_unplanned_exit() -> None:
     planned = Exit("server 127.0.0.44", 1.0, -9, True)
     assert kinds(records(exits=[planned])) == []
     assert kinds(records(exits=[Exit("server 127.0.0.45", 2.0, 1, False)])) == ["unplanned_exit"]
+
+
+def test_an_unplanned_exit_of_a_temporal_host() -> None:
+    """A server's Temporal host gone while its server ran on: explained by a
+    temporal_host_kill of that server, a stop of the server (planned or not: an unplanned
+    one is its own violation), not by a fault elsewhere or long before."""
+    host = HostExit("127.0.0.45", 4242, 2.0)
+    killed = FaultSpan("temporal_host_kill", "127.0.0.45", 1.99, 1.99)
+    stopped = FaultSpan("server_kill", "127.0.0.45", 1.9, 2.3)
+    assert kinds(records(host_exits=[host], faults=[killed])) == []
+    assert kinds(records(host_exits=[host], faults=[stopped])) == []
+    server_died = Exit("server 127.0.0.45", 2.01, 1, False)
+    assert kinds(records(host_exits=[host], exits=[server_died])) == ["unplanned_exit"]
+    elsewhere = FaultSpan("temporal_host_kill", "127.0.0.44", 1.99, 1.99)
+    long_before = FaultSpan("temporal_host_kill", "127.0.0.45", 0.5, 0.5)
+    paused = FaultSpan("server_pause", "127.0.0.45", 1.8, 2.1)
+    for unexplained in (elsewhere, long_before, paused):
+        [found] = check(records(host_exits=[host], faults=[unexplained]))
+        assert found.kind == "unplanned_exit" and found.minute == 2.0
+        assert "Temporal host of server 127.0.0.45 (pid 4242)" in found.detail
 
 
 def test_memory_that_grew_past_a_fifth() -> None:

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from bench.soak_faults import CONTROL_PLANE, HOLD, KINDS, NODE, plan
-from bench.soak_workload import ACTIONS, Action, JobPlan, draw
+from bench.soak_workload import ACTIONS, Action, JobPlan, SessionPlan, draw
+from oz0_common.file_push import PUSH, PushOrder
 
 
 def test_a_seed_replays_its_schedule() -> None:
@@ -47,11 +48,38 @@ def test_the_workload_draws_every_kind_and_replays() -> None:
     for _ in range(200):
         made = draw(rng, 10)
         if isinstance(made, JobPlan):
-            assert made.bound > 0 and made.body["command"][0] == "sh"
+            assert made.bound > 0 and made.body["command"][0] in ("sh", PUSH)
+        elif isinstance(made, SessionPlan):
+            assert made.bound > 0 and made.command[0] == "sh"
         else:
             assert isinstance(made, Action)
 
 
-def test_a_hook_without_its_maker_is_refused() -> None:
-    with pytest.raises(ValueError, match="file_push"):
-        draw(random.Random(1), 10, {**ACTIONS, "file_push": 1})
+def test_files_are_placed_and_pushed_as_drawn() -> None:
+    """A `job_file` job names its file and prints its SHA-256 alone; a push's command is
+    the push of that content, to a group, under its own name; the content replays."""
+    rng = random.Random(5)
+    only = {"job_file": 1, "file_push": 1}
+    drawn = [draw(rng, 10, only) for _ in range(20)]
+    placed = [d for d in drawn if isinstance(d, JobPlan) and d.kind == "job_file"]
+    pushed = [d for d in drawn if isinstance(d, JobPlan) and d.kind == "file_push"]
+    assert placed and pushed
+    for job in placed:
+        assert job.file is not None and job.ledgered
+        assert job.body["files"] == [
+            {"sha256": job.file.sha256, "size": job.file.size, "name": job.file.name}
+        ]
+        assert job.expect == f"{job.file.sha256}\n".encode()
+        assert len(job.file.data()) == job.file.size and job.file.data() == job.file.data()
+    for job in pushed:
+        assert job.file is not None and not job.ledgered and job.body["all"] is True
+        order = PushOrder.of(job.body["command"])
+        assert order is not None
+        assert (order.sha256, order.size, order.dest) == (
+            job.file.sha256, job.file.size, job.file.name
+        )  # fmt: skip
+
+
+def test_a_kind_the_workload_does_not_know_is_refused() -> None:
+    with pytest.raises(ValueError, match="file_pull"):
+        draw(random.Random(1), 10, {**ACTIONS, "file_pull": 1})

@@ -171,7 +171,13 @@ class JobActivities:
     async def end_attempt(self, end: AttemptEnd) -> EndReason:
         return await self._run(
             lambda conn: store.end_attempt(
-                conn, end.job_id, end.number, end.because, end.exit_code, end.applied
+                conn,
+                end.job_id,
+                end.number,
+                end.because,
+                end.exit_code,
+                end.applied,
+                end.detail,
             )
         )
 

@@ -34,6 +34,11 @@ class EndReason(enum.StrEnum):
     # Its node could not open the secrets sealed to its key (renewed since): placed again,
     # sealed again to the new key.
     NODE_COULD_NOT_READ_SECRETS = "node could not read secrets"
+    # Its node could not record the attempt as run (its data directory full or not
+    # writable: oz0_node/jobs/grants.py RecordUnwritable), so did not run it: placed again.
+    # Only in jobs whose workflow every server up knew it at its start (JobInput.unrecorded;
+    # before: what became of the node, `node lost` while it is accepted).
+    NODE_COULD_NOT_RECORD = "node could not record the attempt"
 
     @property
     def moves(self) -> bool:
@@ -50,5 +55,6 @@ _MOVES = frozenset(
         EndReason.NODE_DELETED,
         EndReason.NODE_LOST,
         EndReason.NODE_COULD_NOT_READ_SECRETS,
+        EndReason.NODE_COULD_NOT_RECORD,
     }
 )

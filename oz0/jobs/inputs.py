@@ -23,6 +23,10 @@ WATCH_HEARD_SCHEMA = FIRST_PLACED_SCHEMA = 24
 # The first schema of a release whose job workers run attempts as rows sent over the
 # nodes' control streams (JobInput.streamed, oz0/jobs/parts.py) and whose edges send them.
 STREAMED_SCHEMA = 25
+# The first schema of a release whose job workers know the end reason `node could not
+# record the attempt` (JobInput.unrecorded; a worker of an older one could not read it in
+# a history) and whose edges keep a node's word on why (job_attempts.ended_detail).
+UNRECORDED_SCHEMA = 31
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Everywhere:
     watch_heard: bool
     first_placed: bool = False
     streamed: bool = False
+    unrecorded: bool = False
 
 
 def everywhere(conn: store.Conn) -> Everywhere:
@@ -43,6 +48,7 @@ def everywhere(conn: store.Conn) -> Everywhere:
         at_least(WATCH_HEARD_SCHEMA),
         at_least(FIRST_PLACED_SCHEMA),
         at_least(STREAMED_SCHEMA),
+        at_least(UNRECORDED_SCHEMA),
     )
 
 
@@ -80,4 +86,5 @@ def job_input(job: store.Job, runs: Everywhere, first: Placed | None = None) -> 
         # As the job's row says (set as its workflow was claimed to start: role.py), so
         # that the workflow and its placement agree.
         streamed=job.streamed and runs.local_steps,
+        unrecorded=runs.unrecorded,
     )

@@ -27,13 +27,16 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from oz0 import membership
 from oz0.jobs import limits as job_limits
 from oz0.jobs.end_reasons import EndReason
+from oz0.jobs.inputs import UNRECORDED_SCHEMA
 from oz0.jobs.spec_text import LOST_AFTER
 from oz0.jobs.store import Conn, Job, gone_because, tell_followers
 from oz0.jobs.workflow import (
     ATTEMPT_REFUSED,
     NODE_STOPPING,
+    RECORD_UNWRITABLE,
     SECRETS_UNREADABLE,
     STOPPED,
     TIMEOUT_MARGIN,
@@ -206,13 +209,16 @@ class Report:
         return recorded
 
 
-def part_end(report: Report, gone: EndReason) -> tuple[PartEnd, dict[str, Any] | None]:
+def part_end(
+    report: Report, gone: EndReason, unrecorded: bool = False
+) -> tuple[PartEnd, dict[str, Any] | None]:
     """The part's end as its workflow reads it, and what the node said it applied, by the
     same rules as an activity's end (workflow._attempts.attempt_ends): a result is its exit
     (or timeout); the node's refusal fails the job; secrets it could not read move the part;
-    anything else the node says went wrong is its node's fault, the part moved: GONE, what
-    became of the node as `gone_because` reads it at the write (NODE_LOST while it is
-    still accepted)."""
+    so does an attempt it could not record as run (its disk full), said so if every
+    server up knows that reason (UNRECORDED); anything else the node says went wrong is
+    its node's fault, the part moved: GONE, what became of the node as `gone_because`
+    reads it at the write (NODE_LOST while it is still accepted)."""
     number = report.number
     if report.result is not None:
         result = report.result
@@ -227,6 +233,8 @@ def part_end(report: Report, gone: EndReason) -> tuple[PartEnd, dict[str, Any] |
         return PartEnd(number, EndReason.REFUSED, refusal=refusal), None
     if kind == SECRETS_UNREADABLE:
         return PartEnd(number, EndReason.NODE_COULD_NOT_READ_SECRETS), None
+    if kind == RECORD_UNWRITABLE and unrecorded:
+        return PartEnd(number, EndReason.NODE_COULD_NOT_RECORD), None
     return PartEnd(number, gone, lost=STOPPED if kind == NODE_STOPPING else None), None
 
 
@@ -274,6 +282,11 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
     }
     out: list[Recorded] = []
     told: set[str] = set()
+    # Whether the workers of every server up read NODE_COULD_NOT_RECORD (in the row's
+    # part_end, the signal): asked only when a node says so, rarely.
+    unrecorded = any(
+        r.failure is not None and r.failure.type == RECORD_UNWRITABLE for r in reports
+    ) and membership.all_up_at_least(conn, UNRECORDED_SCHEMA)
     for report in reports:
         row = rows.get((report.job_id, report.number))
         if row is None:
@@ -286,16 +299,17 @@ def record_ends(conn: Conn, reports: list[Report]) -> list[Recorded]:
         if not streamed:
             out.append(Recorded(NOT_STREAMED))
             continue
-        end, applied = part_end(report, gone_because(node_state))
+        end, applied = part_end(report, gone_because(node_state), unrecorded)
         kept = job_limits.applied_from_node(applied)
+        detail = report.failure.message if report.failure is not None else None
         conn.execute(
             "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
             " exit_code = %s, applied = %s, part_end = %s, sent = sent - 'secrets',"
-            " truncated = truncated OR %s WHERE job_id = %s AND number = %s",
+            " truncated = truncated OR %s, ended_detail = %s WHERE job_id = %s AND number = %s",
             (
                 end.because, end.exit_code, None if kept is None else Jsonb(kept),
-                Jsonb(dataclasses.asdict(end)), output_cut(report), report.job_id,
-                report.number,
+                Jsonb(dataclasses.asdict(end)), output_cut(report), detail or None,
+                report.job_id, report.number,
             ),
         )  # fmt: skip
         rows[(report.job_id, report.number)] = (node_id, "ended", streamed, tenant, node_state)

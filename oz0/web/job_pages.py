@@ -257,6 +257,8 @@ def live_json(job: store.Job, page: store.OutputPage, after: int) -> dict[str, A
                 "started": when(a.started_at),
                 "ended": when(a.ended_at),
                 "ended_because": a.ended_because,
+                # The node's words on why it failed it (shown on hover).
+                "ended_detail": a.ended_detail,
                 "truncated": a.truncated,
             }
             for a in job.attempts

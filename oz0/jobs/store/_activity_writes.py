@@ -32,10 +32,12 @@ def end_attempt(
     because: EndReason | None,
     exit_code: int | None,
     applied: object = None,
+    detail: str | None = None,
 ) -> EndReason:
-    """Record how attempt NUMBER ended, and what its node said it APPLIED (limits.py; None
-    or malformed: not reported); BECAUSE None: from what became of its node. Returns the
-    reason recorded (the first one, if it had ended already)."""
+    """Record how attempt NUMBER ended, what its node said it APPLIED (limits.py; None
+    or malformed: not reported) and its DETAIL (the node's words on why it failed it);
+    BECAUSE None: from what became of its node. Returns the reason recorded (the first
+    one, if it had ended already)."""
     row = conn.execute(
         f"SELECT a.state, a.ended_because, {_NODE_FATE} FROM job_attempts a"
         " LEFT JOIN nodes n ON n.id = a.node_id WHERE a.job_id = %s AND a.number = %s"
@@ -50,9 +52,9 @@ def end_attempt(
     kept = job_limits.applied_from_node(applied)
     conn.execute(
         "UPDATE job_attempts SET state = 'ended', ended_at = now(), ended_because = %s,"
-        " exit_code = %s, applied = %s, sent = sent - 'secrets'"
+        " exit_code = %s, applied = %s, ended_detail = %s, sent = sent - 'secrets'"
         " WHERE job_id = %s AND number = %s",
-        (recorded, exit_code, None if kept is None else Jsonb(kept), job_id, number),
+        (recorded, exit_code, None if kept is None else Jsonb(kept), detail, job_id, number),
     )
     tell_followers(conn, job_id)
     return recorded

@@ -21,7 +21,7 @@ _JOB_COLUMNS = (
 )
 _ATTEMPT_COLUMNS = (
     "number, part, node_id, state, started_at, ended_at, exit_code, ended_because,"
-    " output_bytes, truncated, applied"
+    " output_bytes, truncated, applied, ended_detail"
 )
 
 

@@ -29,6 +29,8 @@ class Attempt:
     truncated: bool
     # What the node said it applied (limits.py); None: it said nothing.
     applied: dict[str, Any] | None = None
+    # The node's words on why it failed the attempt (ended_because names what that was).
+    ended_detail: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +45,7 @@ class Attempt:
             "output_bytes": self.output_bytes,
             "truncated": self.truncated,
             "applied": self.applied,
+            "ended_detail": self.ended_detail,
         }
 
 

@@ -29,6 +29,7 @@ from oz0.jobs.workflow._values import (
     LOST,
     NODE_ACTIVITY,
     NODE_STOPPING,
+    RECORD_UNWRITABLE,
     SECRETS_UNREADABLE,
     STOPPED,
     UNHEARD,
@@ -60,6 +61,9 @@ HEARD_AFTER, HEARD_CHECKS = 5.0, 3
 # No job timeout: heartbeats alone keep the attempt honest.
 NO_TIMEOUT = dt.timedelta(days=365)
 TIMEOUT_MARGIN = dt.timedelta(seconds=60)
+# The most of a node's words kept as an attempt's detail (as a streamed failure's message:
+# oz0_common/attempt_messages.py MAX_FAILURE_MESSAGE; the workflow imports no oz0_common).
+MAX_DETAIL = 4 * 1024
 
 
 async def attempt(run: JobState, job: JobInput, placed: Placed) -> Outcome:
@@ -163,9 +167,8 @@ async def attempt_ends(
                 because, None, f"node {node} refused attempt {number}: {refused}",
                 cancelled=late or later,
             )  # fmt: skip
-        because, later = await whole(
-            job, record_end(job, AttemptEnd(job.job_id, number, failure_because(e), None))
-        )
+        end = AttemptEnd(job.job_id, number, failure_because(e, job), None, detail=node_detail(e))
+        because, later = await whole(job, record_end(job, end))
         return Outcome(because, None, lost=lost_how(e), cancelled=late or later)
     # The node's own word for how its command ended: "exit", "timeout" (or "stopped").
     ended_because = (
@@ -227,15 +230,27 @@ def unheard(handle: workflow.ActivityHandle[dict[str, Any]]) -> bool:
     )
 
 
-def failure_because(error: ActivityError) -> EndReason | None:
-    """Why the node's activity failed: the job's own timeout, or None when only what became
-    of the node can tell (its runtime stopped, it fell silent, it never took the attempt)."""
+def failure_because(error: ActivityError, job: JobInput) -> EndReason | None:
+    """Why the node's activity failed: the job's own timeout, the node's own trouble it
+    named, or None when only what became of the node can tell (its runtime stopped, it fell
+    silent, it never took the attempt)."""
     cause = error.cause
     if isinstance(cause, TimeoutError) and cause.type == TimeoutType.START_TO_CLOSE:
         return EndReason.TIMEOUT
     if isinstance(cause, ApplicationError) and cause.type == SECRETS_UNREADABLE:
         return EndReason.NODE_COULD_NOT_READ_SECRETS  # a move: placed again, sealed again
+    if isinstance(cause, ApplicationError) and cause.type == RECORD_UNWRITABLE and job.unrecorded:
+        return EndReason.NODE_COULD_NOT_RECORD  # a move: its disk full, say
     return None
+
+
+def node_detail(error: ActivityError) -> str | None:
+    """The node's own words on why it failed the attempt (its ApplicationError's message),
+    bounded; None when the node said nothing (a timeout, a cancellation, UNHEARD)."""
+    cause = error.cause
+    if not isinstance(cause, ApplicationError) or cause.type == UNHEARD or not cause.message:
+        return None
+    return cause.message[:MAX_DETAIL]
 
 
 def lost_how(error: ActivityError) -> str | None:

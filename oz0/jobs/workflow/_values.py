@@ -28,6 +28,9 @@ NODE_STOPPING = "NodeStopping"
 # key (renewed since they were sealed): the attempt moves, sealed again to the new key.
 SECRETS_UNAVAILABLE = "SecretsUnavailable"
 SECRETS_UNREADABLE = "SecretsUnreadable"
+# The node's error type for an attempt it could not record as run (its data directory full
+# or not writable; oz0_node/jobs/grants.py): not run, moved (JobInput.unrecorded).
+RECORD_UNWRITABLE = "RecordUnwritable"
 # With JobInput.watch_heard, the workflow asks Temporal (the step CHECK_HEARD, heard.py)
 # about the attempts handed out that no node has been heard of yet (_attempts.py): one
 # started a while ago with no heartbeat yet is failed by ID (UNHEARD) and so given again.
@@ -93,6 +96,10 @@ class JobInput:
     # (Placed.streamed), their ends signalled (`parts_ended`). Set like local_steps
     # (inputs.py); False: every attempt an activity, as every workflow before.
     streamed: bool = False
+    # An attempt its node could not record as run (RECORD_UNWRITABLE: its data directory
+    # full) ends NODE_COULD_NOT_RECORD, not what became of its node. Set like local_steps
+    # (inputs.py), once every server up knows that reason; False: as every workflow before.
+    unrecorded: bool = False
 
     @property
     def lost_after_s(self) -> float:
@@ -146,6 +153,9 @@ class AttemptEnd:
     exit_code: int | None
     # What the node said it applied (its result's `applied`), checked by the store.
     applied: dict[str, Any] | None = None
+    # The node's word on why it failed the attempt (its error's message), kept beside the
+    # reason (job_attempts.ended_detail). A worker of an older release drops it unread.
+    detail: str | None = None
 
 
 @dataclass

@@ -87,6 +87,8 @@ document.addEventListener("DOMContentLoaded", () => {
         if (value instanceof Node) td.append(value); else td.textContent = String(value);
         row.append(td);
       }
+      // The node's words on why it failed the attempt, on the reason's cell.
+      if (a.ended_detail) row.lastChild.title = a.ended_detail;
       return row;
     }));
     for (const a of attempts) {

@@ -1,0 +1,12 @@
+-- oz0: expand
+-- Why a node could not run an attempt, in its own words (issue 44): a node whose data
+-- directory is full fails the attempt (RecordUnwritable) and it moves; `job show` said
+-- only `node lost`. Expand only: a server of the previous release beside this one writes
+-- no detail and reads none; its workers would not know the end reason `node could not
+-- record the attempt`, so a job's workflow ends attempts so only when every server up
+-- is at this schema (oz0/jobs/inputs.py UNRECORDED_SCHEMA; oz0/jobs/parts.py the same
+-- for the ends an edge writes).
+--
+-- job_attempts.ended_detail: the node's one line (its failure's message, at most 4 KiB)
+--   when it ended the attempt with a failure, not a process's end; else null.
+ALTER TABLE job_attempts ADD COLUMN ended_detail text;
