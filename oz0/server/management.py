@@ -27,6 +27,7 @@ from oz0.server.api import (
     health,
     jobs,
     nodes,
+    openapi,
     operators,
     schedules,
     session_records,
@@ -87,6 +88,7 @@ API_MODULES = (
     session_records,
     agent_file,
     health,
+    openapi,
     web_routes,
 )
 
