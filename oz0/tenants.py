@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import psycopg
 
@@ -108,6 +108,23 @@ def _maybe(check: Any, value: Any) -> int | None:
     return None if value is None else int(check(value))
 
 
+class TenantJson(TypedDict):
+    """A tenant and its caps as the API answers them."""
+
+    name: str
+    namespace: str
+    created_at: str
+    job_retention: str
+    job_retention_seconds: int | None
+    max_queued_jobs: int | None
+    max_schedules: int | None
+    min_schedule_interval: str
+    min_schedule_interval_seconds: int | None
+    max_join_tokens: int | None
+    max_file_bytes: int | None
+    max_files_bytes: int | None
+
+
 @dataclass(frozen=True)
 class Tenant:
     name: str
@@ -126,7 +143,7 @@ class Tenant:
             self.max_schedules, self.min_schedule_interval, self.max_join_tokens
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TenantJson:
         return {
             "name": self.name,
             "namespace": self.name,

@@ -16,7 +16,7 @@ import re
 import secrets
 import zoneinfo
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from psycopg.types.json import Jsonb
 
@@ -172,6 +172,27 @@ def _seconds(value: object, key: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise ScheduleError(f"{key} must be a number of seconds from {low:g} to {high:g}")
     return float(value)
+
+
+class ScheduleJson(TypedDict):
+    """A schedule's row as the API answers it (its state in Temporal is added by the API)."""
+
+    id: str
+    tenant: str
+    cron: str | None
+    every: float | None
+    timezone: str | None
+    overlap: str
+    pause_on_failure: bool
+    catchup_window: float
+    when: str
+    command: list[str]
+    # The job each run starts, as `job run` takes one (env by its names only).
+    job: dict[str, Any]
+    created_by: str
+    created_at: str
+    owner: str
+    paused_reason: str | None
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def _path_parameters(rule: Rule, what: Described) -> Iterator[dict[str, Any]]:
 def _query_parameters(what: Described) -> Iterator[dict[str, Any]]:
     if what.query is None:
         return
-    required = getattr(what.query, "__required_keys__", frozenset())
+    required: frozenset[str] = getattr(what.query, "__required_keys__", frozenset())
     for name, kind in typing.get_type_hints(what.query).items():
         yield {
             "name": name,
@@ -169,8 +169,10 @@ def _responses(what: Described, schema_of: dict[str, Any]) -> dict[str, Any]:
             content = {JSON: {"schema": schema_of[_key(kind)]}}
         answers[str(status)] = {"description": _status_words(status), "content": content}
     error = {JSON: {"schema": schema_of[_key(Error)]}}
-    for status, words in {**_COMMON_ERRORS, **(what.errors or {})}.items():
-        answers.setdefault(str(status), {"description": words, "content": error})
+    errors: dict[str, str] = {**_COMMON_ERRORS}
+    errors |= {str(code): words for code, words in (what.errors or {}).items()}
+    for code, words in errors.items():
+        answers.setdefault(code, {"description": words, "content": error})
     return answers
 
 
