@@ -32,8 +32,9 @@ class Error(TypedDict):
 @dataclass(frozen=True)
 class Described:
     summary: str
-    # The answers by HTTP status: a type for JSON, or a media type's name for other text
-    # (`/metrics`, the agent file). Errors (Error) are added by openapi.py for every route.
+    # The answers by HTTP status: a type for JSON, a media type's name for anything else
+    # (`/metrics`, the agent file), None for no body (a WebSocket's upgrade). Errors
+    # (Error) are added by openapi.py for every route.
     answers: Mapping[int, Any]
     # The JSON request body's type; None: the route reads no body.
     body: Any = None
@@ -56,17 +57,21 @@ def described(
     path: Mapping[str, Mapping[str, Any]] | None = None,
     errors: Mapping[int, str] | None = None,
     notes: str = "",
+    method: str | None = None,
 ) -> Callable[[F], F]:
-    """Marks a handler with what its route takes and answers (Described)."""
+    """Marks a handler with what its route takes and answers (Described): for METHOD only
+    where one handler serves two methods that differ (a mark each), else for all."""
     what = Described(summary, answers, body, query, path, errors, notes)
 
     def mark(view: F) -> F:
-        setattr(view, _ATTRIBUTE, what)
+        marks: dict[str | None, Described] = getattr(view, _ATTRIBUTE, {})
+        setattr(view, _ATTRIBUTE, {**marks, method: what})
         return view
 
     return mark
 
 
-def description_of(view: Callable[..., Any]) -> Described | None:
-    found = getattr(view, _ATTRIBUTE, None)
-    return found if isinstance(found, Described) else None
+def description_of(view: Callable[..., Any], method: str) -> Described | None:
+    """VIEW's mark for METHOD (upper case), if it has one."""
+    marks: dict[str | None, Described] = getattr(view, _ATTRIBUTE, {})
+    return marks.get(method, marks.get(None))

@@ -76,19 +76,19 @@ def operations(rule: Rule) -> list[str]:
 def document(app: QuartTrio) -> OpenApiDocument:
     """The OpenAPI 3.1 document of APP's described routes (an undescribed one is left out:
     tests/test_openapi.py fails on it)."""
-    marked: list[tuple[Rule, Described]] = []
+    marked: list[tuple[Rule, str, Described]] = []
     for rule in api_rules(app):
-        found = description_of(app.view_functions[rule.endpoint])
-        if found is not None:
-            marked.append((rule, found))
-    types = _types_of(marked)
+        for method in operations(rule):
+            found = description_of(app.view_functions[rule.endpoint], method.upper())
+            if found is not None:
+                marked.append((rule, method, found))
+    types = _types_of([what for _, _, what in marked])
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     schema_of = dict(zip(map(_key, types), schemas, strict=True))
     paths: dict[str, Any] = {}
-    for rule, what in marked:
+    for rule, method, what in marked:
         item = paths.setdefault(openapi_path(rule), {})
-        for method in operations(rule):
-            item[method] = _operation(rule, method, what, schema_of)
+        item[method] = _operation(rule, method, what, schema_of)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -102,9 +102,9 @@ def document(app: QuartTrio) -> OpenApiDocument:
     }
 
 
-def _types_of(marked: list[tuple[Rule, Described]]) -> list[Any]:
+def _types_of(marked: list[Described]) -> list[Any]:
     found: dict[str, Any] = {_key(Error): Error}
-    for _, what in marked:
+    for what in marked:
         for answer in [*what.answers.values(), what.body]:
             if answer is not None and not isinstance(answer, str):
                 found.setdefault(_key(answer), answer)
@@ -163,11 +163,12 @@ def _query_parameters(what: Described) -> Iterator[dict[str, Any]]:
 def _responses(what: Described, schema_of: dict[str, Any]) -> dict[str, Any]:
     answers: dict[str, Any] = {}
     for status, kind in what.answers.items():
+        answer: dict[str, Any] = {"description": _status_words(status)}
         if isinstance(kind, str):
-            content = {kind: {"schema": {"type": "string"}}}
-        else:
-            content = {JSON: {"schema": schema_of[_key(kind)]}}
-        answers[str(status)] = {"description": _status_words(status), "content": content}
+            answer["content"] = {kind: {"schema": {"type": "string"}}}
+        elif kind is not None:
+            answer["content"] = {JSON: {"schema": schema_of[_key(kind)]}}
+        answers[str(status)] = answer
     error = {JSON: {"schema": schema_of[_key(Error)]}}
     errors: dict[str, str] = {**_COMMON_ERRORS}
     errors |= {str(code): words for code, words in (what.errors or {}).items()}
@@ -177,4 +178,5 @@ def _responses(what: Described, schema_of: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status_words(status: int) -> str:
-    return {200: "done", 201: "created", 204: "nothing to say"}.get(status, str(status))
+    words = {101: "switching protocols", 200: "done", 201: "created", 503: "not ready"}
+    return words.get(status, str(status))
