@@ -98,8 +98,16 @@ def document(app: QuartTrio) -> OpenApiDocument:
             'refusal is `{"error": "one line"}`.',
         },
         "paths": dict(sorted(paths.items())),
-        "components": {"schemas": dict(sorted(components.items()))},
+        "components": {"schemas": {k: _closed(v) for k, v in sorted(components.items())}},
     }
+
+
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """A TypedDict's schema with no field besides those it names: answers carry none, and
+    a body with another is refused (a misspelt field would be lost)."""
+    if schema.get("type") == "object" and "properties" in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
 
 
 def _types_of(marked: list[Described]) -> list[Any]:
