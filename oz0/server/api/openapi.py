@@ -141,6 +141,13 @@ def _operation(
             "required": True,
             "content": {JSON: {"schema": schema_of[_key(what.body)]}},
         }
+    elif method == "post":
+        # A POST's body is JSON or it is refused (common.refuse_cross_site): one that
+        # reads nothing takes `{}`.
+        operation["requestBody"] = {
+            "required": True,
+            "content": {JSON: {"schema": {"type": "object", "additionalProperties": False}}},
+        }
     return operation
 
 
