@@ -259,3 +259,23 @@ def test_every_operation_answers_as_the_document_says(
     assert not wrong, "answers the document does not describe:\n" + "\n".join(wrong)
     every = {(t, m) for t, item in document["paths"].items() for m in item}
     assert not every - called, f"operations no call reached: {sorted(every - called)}"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/v1/nodes/not-a-node", None),
+        ("POST", "/api/v1/nodes/not-a-node/accept", {}),
+        ("POST", "/api/v1/nodes/not-a-node/block", {"reason": "probe"}),
+        ("DELETE", "/api/v1/nodes/node-XYZ", None),
+        ("POST", "/api/v1/nodes/block", {"ids": ["not-a-node"], "reason": "probe"}),
+    ],
+)
+def test_a_malformed_node_id_is_bad_input_not_a_conflict(
+    world: World, method: str, path: str, body: Any
+) -> None:
+    """Found by the fuzz: a node ID that is not one was answered 409 (a conflict, as if a
+    node's state forbade the change); it is bad input."""
+    answer = call(world.root, method, path, body)
+    assert answer.status == 400, answer
+    assert answer.json()["error"].startswith("invalid node ID "), answer

@@ -58,7 +58,13 @@ class BlockSelection(Selection):
     reason: Required[str]
 
 
-_ONE = {404: "no such node (or another tenant's)", 409: "its state forbids the change"}
+_ONE = {
+    400: "not a node ID",
+    404: "no such node (or another tenant's)",
+    409: "its state forbids the change",
+}
+NODE_ID = {"type": "string", "pattern": "^node-[0-9a-f]{12}$"}
+_NODE_ID = {"node_id": NODE_ID}
 _MANY = {
     404: "a node is unknown, or the selector matches none",
     409: "a node's state forbids the change",
@@ -91,13 +97,23 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return Response(body, content_type="application/json")
 
     @app.get("/api/v1/nodes/<node_id>")
-    @described("A node", answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "A node", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_show(node_id: str) -> Response:
         scope = (await operator(state)).scope
-        return await _change(state, lambda conn: nodes.get(conn, node_id, scope=scope))
+        return await _change(
+            state, lambda conn: nodes.get(conn, nodes.check_node_id(node_id), scope=scope)
+        )
 
     @app.post("/api/v1/nodes/<node_id>/accept")
-    @described("Accept a node that asked to join", answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "Accept a node that asked to join",
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
+    )
     async def node_accept(node_id: str) -> Response:
         actor = await operator(state)
         ca = state.cluster.cluster_ca
@@ -107,7 +123,11 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
     @app.post("/api/v1/nodes/<node_id>/reject")
     @described(
-        "Reject a node that asked to join", body=Reason, answers={200: nodes.NodeJson}, errors=_ONE
+        "Reject a node that asked to join",
+        body=Reason,
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
     )
     async def node_reject(node_id: str) -> Response:
         actor = await operator(state)
@@ -141,7 +161,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/nodes/<node_id>/block")
-    @described("Block a node", body=Blocking, answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "Block a node", body=Blocking, answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_block(node_id: str) -> Response:
         actor = await operator(state)
         reason = (await json_object()).get("reason")
@@ -151,14 +174,22 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/unblock")
-    @described("Unblock a node", answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "Unblock a node", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_unblock(node_id: str) -> Response:
         actor = await operator(state)
         change = nodes.NodeChange("unblock", node_id, actor, scope=actor.scope)
         return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/purge")
-    @described("Purge a node: its agent removes itself", answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "Purge a node: its agent removes itself",
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
+    )
     async def node_purge(node_id: str) -> Response:
         actor = await operator(state)
         return await _change(
@@ -166,7 +197,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.delete("/api/v1/nodes/<node_id>")
-    @described("Delete a node's record", answers={200: nodes.NodeJson}, errors=_ONE)
+    @described(
+        "Delete a node's record", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_delete(node_id: str) -> Response:
         actor = await operator(state)
         return await _change(
@@ -191,6 +225,8 @@ async def _change(
             node = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
+    except nodes.InvalidNodeId as e:
+        raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
     return jsonify(node.to_json())
@@ -233,7 +269,7 @@ async def _change_many(
         changed = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
-    except nodes.TooManyNodes as e:
+    except (nodes.TooManyNodes, nodes.InvalidNodeId) as e:
         raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
