@@ -20,6 +20,7 @@ from oz0.server.api.common import ApiError, ManagementState, operator
 from oz0.server.api.described import described
 
 _NOT_FOUND = {404: "no such session (or another tenant's)"}
+_SESSION_ID = {"session_id": {"type": "string", "pattern": "^session-[0-9a-f]{12}$"}}
 
 
 class SessionQuery(TypedDict, total=False):
@@ -61,7 +62,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({"sessions": [s.to_json() for s in found]})
 
     @app.get("/api/v1/sessions/<session_id>")
-    @described("A session's record", answers={200: node_sessions.SessionJson}, errors=_NOT_FOUND)
+    @described(
+        "A session's record", answers={200: node_sessions.SessionJson}, path=_SESSION_ID,
+        errors=_NOT_FOUND,
+    )  # fmt: skip
     async def session_show(session_id: str) -> Response:
         person = await operator(state)
         found = await _get(state, session_id, person.scope)
@@ -69,7 +73,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
     @app.get("/api/v1/sessions/<session_id>/recording")
     @described(
-        "What a session showed (admins only)", answers={200: SessionRecording},
+        "What a session showed (admins only)", answers={200: SessionRecording}, path=_SESSION_ID,
         errors={**_NOT_FOUND, 503: "this server does not hold the master key"},
     )  # fmt: skip
     async def session_recording(session_id: str) -> Response:

@@ -76,6 +76,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/tokens/<token_id>/revoke")
     @described(
         "Revoke a join token", answers={200: tokens.TokenJson},
+        path={"token_id": {"type": "string", "pattern": "^tok-[0-9a-f]{12}$"}},
         errors={404: "no such token (or another tenant's)", 409: "already revoked"},
     )  # fmt: skip
     async def token_revoke(token_id: str) -> Response:
