@@ -279,3 +279,40 @@ def test_a_malformed_node_id_is_bad_input_not_a_conflict(
     answer = call(world.root, method, path, body)
     assert answer.status == 400, answer
     assert answer.json()["error"].startswith("invalid node ID "), answer
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/v1/sessions?node=a%00b", None),
+        ("GET", "/api/v1/jobs?tenant=%00", None),
+        ("GET", "/api/v1/tenants/a%00b", None),
+        ("POST", "/api/v1/jobs", {"tenant": "acme", "command": ["echo", "a\u0000b"]}),
+        ("POST", "/api/v1/tenants", {"name": "\u0000"}),
+    ],
+)
+def test_a_nul_character_is_bad_input(world: World, method: str, path: str, body: Any) -> None:
+    """Found by the fuzz: a NUL in a query reached PostgreSQL, which holds none in text,
+    and was answered 500."""
+    answer = call(world.root, method, path, body)
+    assert answer.status == 400, answer
+    assert "NUL character" in answer.json()["error"], answer
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/tenants/a%0Ab",
+        "/api/v1/operators/a%0Ab%1B%5B2J",
+        "/api/v1/nodes/a%0Ab",
+        "/api/v1/sessions/a%0D%0Ab",
+    ],
+)
+def test_an_error_naming_what_was_sent_stays_one_line(world: World, path: str) -> None:
+    """Found by the fuzz: an error naming what the caller sent (a tenant's, a person's
+    name) carried its newlines and terminal escapes into the answer; they are escaped."""
+    answer = call(world.root, "GET", path)
+    assert 400 <= answer.status < 500, answer
+    message = answer.json()["error"]
+    assert message.isprintable(), message
+    assert "\\n" in message, message
