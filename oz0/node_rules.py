@@ -30,8 +30,13 @@ class TooManyNodes(NodeError):
     pass
 
 
-class InvalidNodeId(NodeError):
-    """Not a node ID at all: bad input (400), not a node whose state forbids a change."""
+class BadNodeInput(NodeError):
+    """What was asked of a node is malformed: bad input (400), not a node whose state
+    forbids a change (409)."""
+
+
+class InvalidNodeId(BadNodeInput):
+    """Not a node ID at all."""
 
 
 def is_node_id(text: str) -> bool:

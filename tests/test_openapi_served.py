@@ -316,3 +316,19 @@ def test_an_error_naming_what_was_sent_stays_one_line(world: World, path: str) -
     message = answer.json()["error"]
     assert message.isprintable(), message
     assert "\\n" in message, message
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/nodes/not-a-node/reject", {"reason": "two\nlines"}),
+        ("/api/v1/nodes/{node}/reject", {"reason": "two\nlines"}),
+        ("/api/v1/nodes/{node}/block", {"reason": "\u0013"}),
+        ("/api/v1/nodes/{node}/block", {"reason": " "}),
+    ],
+)
+def test_a_reason_that_is_not_one_line_is_bad_input(world: World, path: str, body: Any) -> None:
+    """Found by the fuzz: a reason that is not one printable line (or none where one is
+    required) was answered 409, as if the node's state forbade the change."""
+    answer = call(world.root, "POST", path.replace("{node}", world.ids["node"]), body)
+    assert answer.status == 400, answer

@@ -59,7 +59,7 @@ class BlockSelection(Selection):
 
 
 _ONE = {
-    400: "not a node ID",
+    400: "not a node ID, or a reason that is not one printable line",
     404: "no such node (or another tenant's)",
     409: "its state forbids the change",
 }
@@ -225,7 +225,7 @@ async def _change(
             node = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
-    except nodes.InvalidNodeId as e:
+    except nodes.BadNodeInput as e:
         raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
@@ -269,7 +269,7 @@ async def _change_many(
         changed = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
-    except (nodes.TooManyNodes, nodes.InvalidNodeId) as e:
+    except (nodes.TooManyNodes, nodes.BadNodeInput) as e:
         raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
