@@ -52,6 +52,7 @@ from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 SCENARIOS = (
     "agent_file",
     "api_cost",
+    "api_fuzz",
     "block_burst",
     "database_restart",
     "edge_load",

@@ -143,6 +143,8 @@ RULES: dict[str, Rule] = {
     "static": _rule(Right.PUBLIC),
     # The API (operator certificates).
     "cluster_info": _rule(Right.READ, "read the cluster"),
+    # The API described (api/openapi.py): any signed-in person, as every listing.
+    "openapi_document": _rule(Right.READ, "read the API's description"),
     "cluster_set": _rule(Right.CREATE_TENANTS, "change the cluster's settings"),
     "operator_renew": _rule(Right.SELF, "renew its certificate"),
     # A new person has no identity yet: its one-time code is its proof (oz0/enrollment.py).

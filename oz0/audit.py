@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -104,6 +104,22 @@ def _each_tenants(tenants: list[list[str]] | None, count: int) -> list[Jsonb]:
     return [Jsonb(sorted(set(t))) for t in tenants]
 
 
+class ActorJson(TypedDict):
+    kind: str
+    name: str
+
+
+class EntryJson(TypedDict):
+    """An audit entry as the API answers it."""
+
+    id: int
+    time: str
+    actor: ActorJson
+    action: str
+    target: str
+    details: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Entry:
     id: int
@@ -114,7 +130,7 @@ class Entry:
     target: str
     details: dict[str, Any]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EntryJson:
         return {
             "id": self.id,
             "time": self.at.isoformat(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -35,6 +35,18 @@ class FileError(Oz0Error):
         self.status = status
 
 
+class FileJson(TypedDict):
+    """A tenant's file as the API answers it."""
+
+    sha256: str
+    size: int
+    complete: bool
+    tenant: str
+    name: str
+    created_by: str
+    created_at: str
+
+
 @dataclass(frozen=True)
 class StoredFile:
     sha256: str
@@ -45,7 +57,7 @@ class StoredFile:
     created_by: str
     created_at: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> FileJson:
         return {
             "sha256": self.sha256,
             "size": self.size,

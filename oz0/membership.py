@@ -6,7 +6,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import trio
@@ -25,6 +25,16 @@ UP_WINDOW = dt.timedelta(seconds=5)
 FORGET_AFTER = dt.timedelta(days=1)
 
 
+class ServerJson(TypedDict):
+    """A server of the cluster as `cluster info` shows it."""
+
+    id: str
+    advertise: str
+    started_at: str
+    last_heartbeat: str
+    temporal: str
+
+
 @dataclass(frozen=True)
 class ServerRow:
     id: str
@@ -33,7 +43,7 @@ class ServerRow:
     last_heartbeat: dt.datetime
     temporal: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ServerJson:
         return {
             "id": self.id,
             "advertise": self.advertise,

@@ -30,13 +30,22 @@ class TooManyNodes(NodeError):
     pass
 
 
+class BadNodeInput(NodeError):
+    """What was asked of a node is malformed: bad input (400), not a node whose state
+    forbids a change (409)."""
+
+
+class InvalidNodeId(BadNodeInput):
+    """Not a node ID at all."""
+
+
 def is_node_id(text: str) -> bool:
     return NODE_ID.fullmatch(text) is not None
 
 
 def check_node_id(node_id: str) -> str:
     if not NODE_ID.fullmatch(node_id):
-        raise NodeError(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
+        raise InvalidNodeId(f"invalid node ID {node_id!r}: node IDs look like node-0123456789ab")
     return node_id
 
 

@@ -14,7 +14,7 @@ import datetime as dt
 import json
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -36,6 +36,14 @@ class SessionNotFound(Oz0Error):
     pass
 
 
+class SettingsJson(TypedDict):
+    """The cluster's session settings as `cluster info` shows them."""
+
+    session_record_input: bool
+    session_idle_timeout_seconds: int
+    session_max_seconds: int
+
+
 @dataclass(frozen=True)
 class Settings:
     """The cluster's settings for sessions (cluster_settings.session_*)."""
@@ -54,7 +62,7 @@ class Settings:
             return cls()
         return cls(bool(row[0]), float(row[1]), float(row[2]))
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> SettingsJson:
         return {
             "session_record_input": self.record_input,
             "session_idle_timeout_seconds": int(self.idle_timeout),
@@ -77,6 +85,28 @@ def set_settings(conn: Conn, changes: dict[str, Any]) -> dict[str, Any]:
             (value,),
         )
     return {name: {"from": was[name], "to": value} for name, value in changes.items()}
+
+
+class SessionJson(TypedDict):
+    """A session's record as the API answers it (not what it showed)."""
+
+    id: str
+    tenant: str
+    node: str
+    person: str
+    command: list[str]
+    width: int | None
+    height: int | None
+    server: str
+    records_input: bool
+    started_at: str
+    ended_at: str | None
+    live: bool
+    exit_code: int | None
+    why: str | None
+    input_bytes: int
+    output_bytes: int
+    user: str | None
 
 
 @dataclass(frozen=True)
@@ -113,7 +143,7 @@ class Session:
             return SERVER_STOPPED
         return self.why
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SessionJson:
         return {
             "id": self.id,
             "tenant": self.tenant,

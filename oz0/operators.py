@@ -6,7 +6,7 @@ import datetime as dt
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from cryptography import x509
@@ -158,6 +158,20 @@ def current_serials(conn: psycopg.Connection[Any]) -> dict[str, str]:
 # --- the people: list, show, set, remove ------------------------------------------------
 
 
+class OperatorJson(TypedDict):
+    """A person as `operator list` shows one."""
+
+    name: str
+    role: str
+    tenants: list[str]
+    state: str
+    created_at: str
+    certificate_not_after: str | None
+    last_used_at: str | None
+    web_sign_in: bool
+    enroll_expires_at: str | None
+
+
 @dataclass(frozen=True)
 class OperatorInfo:
     """An operator as `operator list` and `operator show` give it; PENDING: added but not
@@ -173,7 +187,7 @@ class OperatorInfo:
     web_sign_in: bool
     enroll_expires_at: dt.datetime | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OperatorJson:
         return {
             "name": self.name,
             "role": str(self.role),

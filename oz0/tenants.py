@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Required, TypedDict
 
 import psycopg
 
@@ -98,14 +98,47 @@ class Settings:
             raise TenantRefused(str(e)) from None
 
 
-_SETTINGS = (
-    "job_retention", "max_queued_jobs", "max_schedules", "min_schedule_interval",
-    "max_join_tokens", "max_file_bytes", "max_files_bytes",
-)  # fmt: skip
+class SettingsBody(TypedDict, total=False):
+    """`PATCH /api/v1/tenants/<name>`'s body (Settings.from_json checks it): durations in
+    seconds or as text ("30d"), caps as numbers; null leaves one as it is."""
+
+    job_retention: int | str | None
+    max_queued_jobs: int | str | None
+    max_schedules: int | str | None
+    min_schedule_interval: int | str | None
+    max_join_tokens: int | str | None
+    max_file_bytes: int | str | None
+    max_files_bytes: int | str | None
+
+
+class NewTenantBody(SettingsBody, total=False):
+    """`POST /api/v1/tenants`'s body."""
+
+    name: Required[str]
+
+
+_SETTINGS = tuple(SettingsBody.__annotations__)
 
 
 def _maybe(check: Any, value: Any) -> int | None:
     return None if value is None else int(check(value))
+
+
+class TenantJson(TypedDict):
+    """A tenant and its caps as the API answers them."""
+
+    name: str
+    namespace: str
+    created_at: str
+    job_retention: str
+    job_retention_seconds: int | None
+    max_queued_jobs: int | None
+    max_schedules: int | None
+    min_schedule_interval: str
+    min_schedule_interval_seconds: int | None
+    max_join_tokens: int | None
+    max_file_bytes: int | None
+    max_files_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -126,7 +159,7 @@ class Tenant:
             self.max_schedules, self.min_schedule_interval, self.max_join_tokens
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TenantJson:
         return {
             "name": self.name,
             "namespace": self.name,

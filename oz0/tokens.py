@@ -15,7 +15,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -77,6 +77,23 @@ class TokenRefused(Oz0Error):
         self.token_id = token_id
 
 
+class TokenJson(TypedDict):
+    """A join token as the API answers it (never its secret)."""
+
+    id: str
+    tenant: str
+    uses: int
+    max_uses: int
+    expires_at: str | None
+    labels: dict[str, str]
+    description: str
+    revoked: bool
+    revoked_at: str | None
+    created_at: str
+    created_by: str
+    lock_labels: bool
+
+
 @dataclass(frozen=True)
 class JoinToken:
     id: str
@@ -104,7 +121,7 @@ class JoinToken:
             return "used_up"
         return "live"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TokenJson:
         return {
             "id": self.id,
             "tenant": self.tenant,
@@ -169,6 +186,19 @@ def _check_max_uses(max_uses: int) -> int:
             f"invalid max uses {max_uses}: use 0 for unlimited or a number up to {MAX_USES_LIMIT}"
         )
     return max_uses
+
+
+class TokenBody(TypedDict, total=False):
+    """`POST /api/v1/tokens`'s body (TokenSpec.from_json checks it)."""
+
+    tenant: Required[str]
+    # How long it lets nodes join: 24h, 7d; 0 for ever.
+    ttl: str
+    # How many joins it allows (0: any number).
+    max_uses: int
+    labels: dict[str, str]
+    description: str
+    lock_labels: bool
 
 
 @dataclass(frozen=True)

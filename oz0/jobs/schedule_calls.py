@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Required, TypedDict
 
 from temporalio.client import (
     Client,
@@ -75,6 +75,19 @@ async def create(client: Client, schedule_id: str, spec: schedules.ScheduleSpec)
         raise
 
 
+class TimingJson(TypedDict, total=False):
+    """A schedule's state in Temporal; only `found` when Temporal has none."""
+
+    found: Required[bool]
+    paused: bool
+    note: str | None
+    next_times: list[str]
+    running: int
+    actions: int
+    skipped_overlap: int
+    missed_catchup: int
+
+
 @dataclass(frozen=True)
 class Timing:
     """What Temporal says of a schedule now."""
@@ -88,7 +101,7 @@ class Timing:
     skipped_overlap: int = 0
     missed_catchup: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TimingJson:
         if not self.found:
             return {"found": False}
         return {

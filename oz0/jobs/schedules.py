@@ -16,14 +16,14 @@ import re
 import secrets
 import zoneinfo
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Required, TypedDict
 
 from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing
 from oz0.errors import Oz0Error
 from oz0.jobs import schedule_owners, store
-from oz0.jobs.spec import JobError, JobSpec
+from oz0.jobs.spec import JobBody, JobError, JobSpec
 
 # As `--overlap` names them (Temporal's ScheduleOverlapPolicy: SKIP, BUFFER_ONE, ALLOW_ALL,
 # CANCEL_OTHER): what a run due while the last one still runs does.
@@ -38,7 +38,22 @@ _SCHEDULE_ID = re.compile(r"^sched-[0-9a-f]{12}$")
 # A cron expression as Temporal reads one: 5 to 7 fields of these characters, or a
 # predefined one (@daily, @every 5m); Temporal checks the rest and says why.
 _CRON = re.compile(r"^(@[a-z]+( [0-9a-z]+)?|[0-9A-Za-z*/,?#L\-]+( [0-9A-Za-z*/,?#L\-]+){4,6})$")
-_FIELDS = {"cron", "every", "timezone", "overlap", "pause_on_failure", "catchup_window", "job"}
+
+
+class ScheduleBody(TypedDict, total=False):
+    """`POST /api/v1/schedules`'s body (ScheduleSpec.from_json checks it): cron or every."""
+
+    job: Required[JobBody]
+    cron: str
+    # Seconds between runs.
+    every: float
+    timezone: str | None
+    overlap: Literal["skip", "buffer-one", "allow", "cancel-other"]
+    pause_on_failure: bool
+    catchup_window: float
+
+
+_FIELDS = ScheduleBody.__required_keys__ | ScheduleBody.__optional_keys__
 
 
 class ScheduleError(Oz0Error):
@@ -172,6 +187,27 @@ def _seconds(value: object, key: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise ScheduleError(f"{key} must be a number of seconds from {low:g} to {high:g}")
     return float(value)
+
+
+class ScheduleJson(TypedDict):
+    """A schedule's row as the API answers it (its state in Temporal is added by the API)."""
+
+    id: str
+    tenant: str
+    cron: str | None
+    every: float | None
+    timezone: str | None
+    overlap: str
+    pause_on_failure: bool
+    catchup_window: float
+    when: str
+    command: list[str]
+    # The job each run starts, as `job run` takes one (env by its names only).
+    job: dict[str, Any]
+    created_by: str
+    created_at: str
+    owner: str
+    paused_reason: str | None
 
 
 @dataclass(frozen=True)

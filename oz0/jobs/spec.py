@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Required, TypedDict
 
 from oz0 import nodes
 from oz0.errors import Oz0Error
@@ -147,11 +147,42 @@ class JobSpec:
         )  # fmt: skip
 
 
-_FIELDS = {
-    "tenant", "command", "selector", "node", "all", "timeout", "retries", "env", "name",
-    "no_move", "queue_timeout", "limits", "secret_env", "on_lost", "lost_after", "batch",
-    "batch_wait", "max_failures", "files",
-}  # fmt: skip
+class FileRef(TypedDict):
+    """A complete file of the tenant's, placed in each attempt's working directory."""
+
+    sha256: str
+    size: int
+    name: str
+
+
+class JobBody(TypedDict, total=False):
+    """`POST /api/v1/jobs`'s body (checked by JobSpec.from_json, which takes these fields
+    and no other): the command and where and how it runs."""
+
+    tenant: str
+    command: Required[list[str]]
+    selector: dict[str, str]
+    node: str
+    all: bool
+    timeout: float | None
+    retries: int
+    env: dict[str, str]
+    name: str | None
+    no_move: bool
+    queue_timeout: float
+    # Resource limits for each attempt (limits.py).
+    limits: dict[str, int | float] | None
+    secret_env: dict[str, str]
+    on_lost: Literal["move", "wait", "fail"]
+    lost_after: float | None
+    # "N" nodes or "P%" of them at once.
+    batch: int | str | None
+    batch_wait: float
+    max_failures: int | str | None
+    files: list[FileRef]
+
+
+_FIELDS = JobBody.__required_keys__ | JobBody.__optional_keys__
 MAX_FILES = 32
 
 

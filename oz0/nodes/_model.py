@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from cryptography.hazmat.primitives import serialization
@@ -27,6 +27,22 @@ def public_key_sha256(key: ec.EllipticCurvePublicKey) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+class NodeJson(TypedDict):
+    """A node as the API answers it."""
+
+    id: str
+    state: str
+    tenant: str
+    labels: dict[str, str]
+    hostname: str
+    connected: bool
+    server: str | None
+    last_seen: str | None
+    joined_at: str
+    token_id: str | None
+    reason: str | None
+
+
 @dataclass(frozen=True)
 class Node:
     id: str
@@ -43,7 +59,7 @@ class Node:
     # Accepted once (it was issued a certificate): only such a node can be purged.
     has_certificate: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NodeJson:
         return {
             "id": self.id,
             "state": self.state,

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from oz0 import audit, listing, pki
 from oz0.nodes._joining import issue_certificate
 from oz0.nodes._model import CONNECTED_PARAMS, SELECT, Node, get, public_key_sha256
-from oz0.nodes._rules import STATES, NodeError, NodeNotFound, check_node_id
+from oz0.nodes._rules import STATES, BadNodeInput, NodeError, NodeNotFound, check_node_id
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,13 @@ MAX_REASON = 500
 def checked_reason(reason: str | None, *, required: bool = False) -> str | None:
     if reason is None or not reason.strip():
         if required:
-            raise NodeError("a reason is required: say why, it goes to the audit log")
+            raise BadNodeInput("a reason is required: say why, it goes to the audit log")
         return None
     reason = reason.strip()
     if len(reason) > MAX_REASON or not reason.isprintable():
-        raise NodeError(f"the reason must be one printable line of at most {MAX_REASON} characters")
+        raise BadNodeInput(
+            f"the reason must be one printable line of at most {MAX_REASON} characters"
+        )
     return reason
 
 

@@ -27,6 +27,7 @@ from oz0.server.api import (
     health,
     jobs,
     nodes,
+    openapi,
     operators,
     schedules,
     session_records,
@@ -87,6 +88,7 @@ API_MODULES = (
     session_records,
     agent_file,
     health,
+    openapi,
     web_routes,
 )
 
@@ -120,7 +122,7 @@ def create_app(state: ManagementState) -> QuartTrio:
 
     @app.errorhandler(CapReached)
     async def cap_reached(error: CapReached) -> Response:
-        answer = jsonify({"error": str(error)})
+        answer = jsonify({"error": api_common.one_line(str(error))})
         answer.status_code = error.status
         if error.retry_after is not None:
             answer.headers["Retry-After"] = str(error.retry_after)
@@ -155,7 +157,8 @@ def create_app(state: ManagementState) -> QuartTrio:
                 state, status, error.name, error.description or ""
             )
             return secure(Response(page, status, mimetype="text/html")), status
-        return jsonify({"error": f"{status} {error.name}: {error.description}"}), status
+        text = api_common.one_line(f"{status} {error.name}: {error.description}")
+        return jsonify({"error": text}), status
 
     @app.before_request
     async def authorize() -> None:

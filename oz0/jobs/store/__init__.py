@@ -48,6 +48,7 @@ from oz0.jobs.store._output import (
     PAGE_BYTES,
     PAGE_CHUNKS,
     Chunk,
+    ChunkJson,
     OutputPage,
     append_output,
     output_page,
@@ -61,6 +62,7 @@ from oz0.jobs.store._records import (
     Attempt,
     Conn,
     Job,
+    JobJson,
     Part,
 )
 from oz0.jobs.store._starting import (
@@ -90,8 +92,10 @@ __all__ = [
     "WAITING",
     "Attempt",
     "Chunk",
+    "ChunkJson",
     "Conn",
     "Job",
+    "JobJson",
     "NodeAttempt",
     "OutputPage",
     "Part",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from oz0.jobs.store._followers import tell_followers
 from oz0.jobs.store._records import Conn
@@ -76,6 +76,17 @@ def append_output(
     return True
 
 
+class ChunkJson(TypedDict):
+    """A chunk of output as the API answers it: its bytes in base64."""
+
+    cursor: int
+    attempt: int
+    node: str
+    stream: str
+    data: str
+    truncated: bool
+
+
 @dataclass(frozen=True)
 class Chunk:
     cursor: int
@@ -85,7 +96,7 @@ class Chunk:
     data: bytes
     truncated: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ChunkJson:
         """As the API and the web UI's job page send it: the bytes in base64."""
         return {
             "cursor": self.cursor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
 
@@ -13,6 +13,79 @@ from oz0.jobs.spec import ENDED_STATES
 from oz0.jobs.spec_text import DEFAULT_ON_LOST
 
 Conn = psycopg.Connection[Any]
+
+
+class AttemptJson(TypedDict):
+    """An attempt as the API answers it (times in ISO 8601)."""
+
+    number: int
+    part: int
+    node: str
+    state: str
+    started_at: str
+    ended_at: str | None
+    exit_code: int | None
+    ended_because: str | None
+    output_bytes: int
+    truncated: bool
+    applied: dict[str, Any] | None
+
+
+class BatchJson(TypedDict):
+    size: str
+    wait: float
+    max_failures: str | None
+
+
+class PartsJson(TypedDict):
+    """How many parts of an --all job are where."""
+
+    total: int
+    waiting: int
+    running: int
+    ended: int
+    not_started: int
+    waiting_nodes: list[str]
+
+
+class JobFileJson(TypedDict):
+    sha256: str
+    size: int
+    name: str
+
+
+class JobJson(TypedDict):
+    """A job as the API answers it (`job show`)."""
+
+    id: str
+    name: str | None
+    tenant: str
+    state: str
+    reason: str | None
+    command: list[str]
+    selector: dict[str, str]
+    node: str | None
+    all: bool
+    retries: int
+    timeout: float | None
+    queue_timeout: float
+    no_move: bool
+    # The names only: values may be secrets.
+    env: list[str]
+    secret_env: list[str]
+    exit_code: int | None
+    created_at: str
+    started_at: str | None
+    ended_at: str | None
+    created_by: str
+    limits: dict[str, int | float]
+    on_lost: str
+    lost_after: float | None
+    batch: BatchJson | None
+    parts: PartsJson | None
+    schedule: str | None
+    files: list[JobFileJson]
+    attempts: list[AttemptJson]
 
 
 @dataclass(frozen=True)
@@ -32,7 +105,7 @@ class Attempt:
     # The node's words on why it failed the attempt (ended_because names what that was).
     ended_detail: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AttemptJson:
         return {
             "number": self.number,
             "part": self.part,
@@ -121,7 +194,7 @@ class Job:
             states[attempt.part] = RUNNING_PART if attempt.state == "running" else ENDED_PART
         return states
 
-    def parts_json(self) -> dict[str, Any] | None:
+    def parts_json(self) -> PartsJson | None:
         """How many parts of an --all job wait, run, have ended or were never started,
         and which nodes wait; None for a job on one node."""
         if not self.all_nodes:
@@ -131,11 +204,14 @@ class Job:
         waiting = [p.node for p in self.parts if states.get(p.part) == WAITING]
         return {
             "total": len(states),
-            **{key: counts[state] for state, key in _PART_KEYS.items()},
+            "waiting": counts[WAITING],
+            "running": counts[RUNNING_PART],
+            "ended": counts[ENDED_PART],
+            "not_started": counts[NOT_STARTED],
             "waiting_nodes": waiting,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JobJson:
         return {
             "id": self.id,
             "name": self.name,
@@ -166,7 +242,7 @@ class Job:
             else {"size": self.batch, "wait": self.batch_wait, "max_failures": self.max_failures},
             "parts": self.parts_json(),
             "schedule": self.schedule_id,
-            "files": self.files,
+            "files": cast(list[JobFileJson], self.files),
             "attempts": [a.to_json() for a in self.attempts],
         }
 

@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 from oz0.agent_file import FILE_NAME, agent_file, missing_advice
 from oz0.agent_file.digest import served_sha256
 from oz0.server.api.common import ApiError, ManagementState
+from oz0.server.api.described import described
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         log.warning("%s; GET /agent/%s answers 404", missing_advice(agent_file()), FILE_NAME)
 
     @app.get(f"/agent/{FILE_NAME}")
+    @described(
+        "The agent file (one executable)", answers={200: "application/octet-stream"},
+        errors={404: "this server has no agent file"},
+    )  # fmt: skip
     async def agent_download() -> Response:
         path = agent_file()
         stat = _stat(path)
@@ -49,6 +54,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return response
 
     @app.get(f"/agent/{FILE_NAME}.sha256")
+    @described(
+        "The agent file's SHA-256, as sha256sum writes it", answers={200: "text/plain"},
+        errors={404: "this server has no agent file"},
+    )  # fmt: skip
     async def agent_sha256() -> Response:
         path = agent_file()
         stat = _stat(path)

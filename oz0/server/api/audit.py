@@ -4,19 +4,37 @@
 from __future__ import annotations
 
 import json
+from typing import TypedDict
 
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from oz0 import audit, listing
 from oz0.server.api.common import ApiError, ManagementState, operator
+from oz0.server.api.described import described
 
 DEFAULT_AUDIT_LIMIT = 100
 MAX_AUDIT_LIMIT = 10_000
 
 
+class AuditQuery(TypedDict, total=False):
+    limit: int
+    cursor: str
+    # Older than this entry (an earlier form of cursor).
+    before: int
+    action: str
+    actor: str
+    target: str
+
+
+class AuditPage(TypedDict):
+    entries: list[audit.EntryJson]
+    next_cursor: str | None
+
+
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/audit")
+    @described("A page of the audit log, newest first", query=AuditQuery, answers={200: AuditPage})
     async def audit_list() -> Response:
         person = await operator(state)
         args = request.args

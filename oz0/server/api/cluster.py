@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from quart import Response, jsonify
@@ -12,20 +12,40 @@ from oz0 import audit, membership, node_labels, node_sessions
 from oz0 import retention_rules as rules
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
 
-SETTINGS = (
-    "audit_retention",
-    "lock_node_labels",
-    "session_record_input",
-    "session_idle_timeout_seconds",
-    "session_max_seconds",
-)
+
+class ClusterSettings(node_sessions.SettingsJson):
+    audit_retention: str
+    audit_retention_seconds: int | None
+    lock_node_labels: bool
+
+
+class ClusterInfo(ClusterSettings):
+    name: str
+    ca_hash: str
+    servers: list[membership.ServerJson]
+
+
+class ClusterChange(TypedDict, total=False):
+    """What `cluster set` changes (at least one)."""
+
+    # Seconds, a duration ("90d") or "keep"; null: keep for ever.
+    audit_retention: int | str | None
+    lock_node_labels: bool
+    session_record_input: bool
+    session_idle_timeout_seconds: int
+    session_max_seconds: int
+
+
+SETTINGS = tuple(ClusterChange.__annotations__)
 # The longest a session's idle timeout or length may be set to: a week.
 MAX_SESSION_SECONDS = 7 * 86400
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/cluster")
+    @described("The cluster: its servers up and its settings", answers={200: ClusterInfo})
     async def cluster_info() -> Response:
         await operator(state)
         servers, settings = await state.db.transaction(
@@ -41,6 +61,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.patch("/api/v1/cluster")
+    @described("Change the cluster's settings", body=ClusterChange, answers={200: ClusterSettings})
     async def cluster_set() -> Response:
         actor = await operator(state)
         body = await json_object()

@@ -70,9 +70,16 @@ class ApiError(Exception):
     """Answered as `{"error": message}` with STATUS; the CLI prints the message."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+        self.message = one_line(message)
+        super().__init__(self.message)
         self.status = status
-        self.message = message
+
+
+def one_line(text: str) -> str:
+    """TEXT with each character that would break its line or drive a terminal (a newline,
+    an escape, another control) written as its escape: an error is one line, and what a
+    caller sent that it names (an ID, a name) is shown, never obeyed."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 async def operator(state: ManagementState) -> access.Person:
@@ -117,6 +124,7 @@ async def authorize(state: ManagementState) -> None:
     (oz0/web/routes.py), with a session for a certificate."""
     if request.routing_exception is not None:
         return  # 404 or 405: answered as such
+    refuse_nul()
     if request.path.startswith(API_PREFIX):
         refuse_cross_site()
     endpoint = request.endpoint or ""
@@ -158,6 +166,24 @@ def refuse_cross_site() -> None:
         _require_json()
 
 
+def refuse_nul() -> None:
+    """PostgreSQL's text holds no NUL character: a path or query with one is bad input
+    (400), not an error of ours when a query meets it."""
+    args = request.args.items(multi=True)
+    if "\x00" in request.path or any("\x00" in k or "\x00" in v for k, v in args):
+        raise ApiError(400, "a NUL character (\\x00) is not allowed in a path or query")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _has_body() -> bool:
     return request.content_length not in (None, 0) or "Transfer-Encoding" in request.headers
 
@@ -175,4 +201,6 @@ async def json_object() -> dict[str, Any]:
     body: Any = await request.get_json(silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _has_nul(body):
+        raise ApiError(400, "a NUL character (\\u0000) is not allowed in the request body")
     return body

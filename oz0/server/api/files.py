@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
@@ -15,13 +15,68 @@ from quart_trio import QuartTrio
 from oz0 import access, file_blobs
 from oz0.node_rules import DEFAULT_TENANT
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
 from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD
 
 T = TypeVar("T")
+_SHA256 = {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+_NOT_FOUND = {404: "the tenant has no such file"}
+
+
+class NewFile(TypedDict):
+    tenant: str
+    sha256: str
+    size: int
+    name: str
+
+
+class Upload(TypedDict):
+    """What to upload: chunks of CHUNK bytes, CHUNKS_PER_UPLOAD at most a request."""
+
+    sha256: str
+    size: int
+    chunk: int
+    missing: list[int]
+    chunks_per_upload: int
+
+
+class Chunks(TypedDict):
+    tenant: str
+    # The first chunk's number.
+    seq: int
+    # The chunks' bytes in base64 (whole chunks, the file's last one shorter).
+    data: str
+
+
+class Stored(TypedDict):
+    complete: bool
+
+
+class InTenant(TypedDict, total=False):
+    tenant: str
+
+
+class FileShown(file_blobs.FileJson):
+    # The newest jobs that push it or place it in their attempts.
+    jobs: list[str]
+
+
+class Deleted(TypedDict):
+    sha256: str
+    tenant: str
+    deleted: bool
+
+
+class Files(TypedDict):
+    files: list[file_blobs.FileJson]
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/files")
+    @described(
+        "Register a file by its SHA-256 and size: the chunks to upload", body=NewFile,
+        answers={200: Upload},
+    )  # fmt: skip
     async def file_add() -> tuple[Response, int]:
         """Register a file by its SHA-256 and size: answered with the chunks to upload."""
         actor = await operator(state)
@@ -43,6 +98,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({**answer, "chunks_per_upload": CHUNKS_PER_UPLOAD}), 200
 
     @app.post("/api/v1/files/<sha256>/chunks")
+    @described(
+        "Upload chunks of a registered file", body=Chunks, answers={200: Stored}, path=_SHA256,
+        errors={**_NOT_FOUND, 422: "the whole file does not have its SHA-256"},
+    )  # fmt: skip
     async def file_chunk(sha256: str) -> Response:
         """Chunks from SEQ on, {"tenant", "seq", "data": base64}: whole rows, at most
         CHUNKS_PER_UPLOAD (the route's body may be UPLOAD_BODY_SIZE, management.py)."""
@@ -64,6 +123,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({"complete": stored})
 
     @app.get("/api/v1/files/<sha256>")
+    @described(
+        "A file of a tenant's", query=InTenant, answers={200: FileShown}, path=_SHA256,
+        errors=_NOT_FOUND,
+    )  # fmt: skip
     async def file_show(sha256: str) -> Response:
         actor = await operator(state)
         tenant = request.args.get("tenant", DEFAULT_TENANT)
@@ -77,6 +140,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify(await _do(state, read))
 
     @app.delete("/api/v1/files/<sha256>")
+    @described(
+        "Delete a tenant's file", query=InTenant, answers={200: Deleted}, path=_SHA256,
+        errors=_NOT_FOUND,
+    )  # fmt: skip
     async def file_delete(sha256: str) -> Response:
         actor = await operator(state)
         tenant = request.args.get("tenant", DEFAULT_TENANT)
@@ -85,6 +152,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({"sha256": sha256, "tenant": tenant, "deleted": True})
 
     @app.get("/api/v1/files")
+    @described("Files of the tenants one reaches", query=InTenant, answers={200: Files})
     async def file_list() -> Response:
         scope = (await operator(state)).scope
         tenant = request.args.get("tenant")

@@ -4,7 +4,7 @@ POST /api/v1/jobs/<id>/cancel."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
@@ -12,14 +12,64 @@ from quart_trio import QuartTrio
 from oz0 import access
 from oz0.jobs import follow, store
 from oz0.jobs.secret_env import SecretKeeper
-from oz0.jobs.spec import JobEnded, JobError, JobNotFound, JobSpec, TooManyQueued, is_job_id
+from oz0.jobs.spec import (
+    JobBody,
+    JobEnded,
+    JobError,
+    JobNotFound,
+    JobSpec,
+    TooManyQueued,
+    is_job_id,
+)
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
 
 T = TypeVar("T")
+JOB_ID = {"type": "string", "pattern": "^job-[0-9a-f]{12}$"}
+_JOB_ID = {"job_id": JOB_ID}
+_NOT_FOUND = {404: "no such job (or another tenant's)"}
+
+
+class JobQuery(TypedDict, total=False):
+    tenant: str
+    state: str
+    # A schedule's runs.
+    schedule: str
+    limit: int
+
+
+class Jobs(TypedDict):
+    jobs: list[store.JobJson]
+
+
+class OutputQuery(TypedDict, total=False):
+    # The cursor of the last chunk seen (0: from the start).
+    after: int
+    limit: int
+    # One attempt's output only.
+    attempt: int
+    # Seconds to wait for news when there is none yet (0: answer at once).
+    wait: int
+    # The job's version the caller was last shown (`version` of an earlier answer).
+    seen: str
+
+
+class OutputPage(TypedDict):
+    chunks: list[store.ChunkJson]
+    cursor: int
+    more: bool
+    ended: bool
+    waited: bool
+    version: str
+    job: store.JobJson
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/jobs")
+    @described(
+        "Run a job", body=JobBody, answers={201: store.JobJson},
+        errors={429: "the tenant has as many jobs queued as its cap allows"},
+    )  # fmt: skip
     async def job_run() -> tuple[Response, int]:
         actor = await operator(state)
         try:
@@ -36,6 +86,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify(job.to_json()), 201
 
     @app.get("/api/v1/jobs")
+    @described("Jobs, newest first", query=JobQuery, answers={200: Jobs})
     async def job_list() -> Response:
         scope = (await operator(state)).scope
         tenant, wanted = request.args.get("tenant"), request.args.get("state")
@@ -50,6 +101,8 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({"jobs": [j.to_json() for j in found]})
 
     @app.get("/api/v1/jobs/<job_id>")
+    @described("A job and its attempts", answers={200: store.JobJson}, path=_JOB_ID,
+               errors=_NOT_FOUND)  # fmt: skip
     async def job_show(job_id: str) -> Response:
         scope = (await operator(state)).scope
         _check_id(job_id)
@@ -57,6 +110,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify(job.to_json())
 
     @app.get("/api/v1/jobs/<job_id>/output")
+    @described(
+        "A page of a job's output after a cursor (waiting for news if asked)",
+        query=OutputQuery, answers={200: OutputPage}, path=_JOB_ID, errors=_NOT_FOUND,
+    )  # fmt: skip
     async def job_output(job_id: str) -> Response:
         scope = (await operator(state)).scope
         _check_id(job_id)
@@ -100,6 +157,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/jobs/<job_id>/cancel")
+    @described(
+        "Cancel a job", answers={200: store.JobJson}, path=_JOB_ID,
+        errors={**_NOT_FOUND, 409: "the job has ended"},
+    )  # fmt: skip
     async def job_cancel(job_id: str) -> Response:
         actor = await operator(state)
         _check_id(job_id)

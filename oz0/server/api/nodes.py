@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import psycopg
 from quart import Response, jsonify, request
@@ -16,10 +16,64 @@ from quart_trio import QuartTrio
 from oz0 import access, listing, nodes, tokens
 from oz0.errors import Oz0Error
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
+
+
+class NodeQuery(TypedDict, total=False):
+    limit: int
+    cursor: str
+    state: str
+    tenant: str
+    # `KEY=VALUE` labels, comma-separated.
+    label: str
+    search: str
+
+
+class NodePage(TypedDict):
+    next_cursor: str | None
+    nodes: list[nodes.NodeJson]
+
+
+class Nodes(TypedDict):
+    nodes: list[nodes.NodeJson]
+
+
+class Reason(TypedDict, total=False):
+    reason: str
+
+
+class Blocking(TypedDict):
+    reason: str
+
+
+class Selection(TypedDict, total=False):
+    """Nodes by their IDs, or by labels (with a tenant, or in every tenant one reaches)."""
+
+    ids: list[str]
+    selector: dict[str, str]
+    tenant: str
+
+
+class BlockSelection(Selection):
+    reason: Required[str]
+
+
+_ONE = {
+    400: "not a node ID, or a reason that is not one printable line",
+    404: "no such node (or another tenant's)",
+    409: "its state forbids the change",
+}
+NODE_ID = {"type": "string", "pattern": "^node-[0-9a-f]{12}$"}
+_NODE_ID = {"node_id": NODE_ID}
+_MANY = {
+    404: "a node is unknown, or the selector matches none",
+    409: "a node's state forbids the change",
+}
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/nodes")
+    @described("A page of nodes, oldest first", query=NodeQuery, answers={200: NodePage})
     async def node_list() -> Response:
         """A page of nodes, oldest first: `limit` rows at most (listing.DEFAULT_LIMIT,
         up to listing.MAX_LIMIT) after `cursor`, with the cursor of the next page."""
@@ -43,11 +97,23 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return Response(body, content_type="application/json")
 
     @app.get("/api/v1/nodes/<node_id>")
+    @described(
+        "A node", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_show(node_id: str) -> Response:
         scope = (await operator(state)).scope
-        return await _change(state, lambda conn: nodes.get(conn, node_id, scope=scope))
+        return await _change(
+            state, lambda conn: nodes.get(conn, nodes.check_node_id(node_id), scope=scope)
+        )
 
     @app.post("/api/v1/nodes/<node_id>/accept")
+    @described(
+        "Accept a node that asked to join",
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
+    )
     async def node_accept(node_id: str) -> Response:
         actor = await operator(state)
         ca = state.cluster.cluster_ca
@@ -56,6 +122,13 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/nodes/<node_id>/reject")
+    @described(
+        "Reject a node that asked to join",
+        body=Reason,
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
+    )
     async def node_reject(node_id: str) -> Response:
         actor = await operator(state)
         reason = (await json_object()).get("reason")
@@ -66,6 +139,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/nodes/block")
+    @described("Block many nodes at once", body=BlockSelection, answers={200: Nodes}, errors=_MANY)
     async def nodes_block() -> Response:
         actor = await operator(state)
         body = await json_object()
@@ -78,6 +152,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/nodes/unblock")
+    @described("Unblock many nodes at once", body=Selection, answers={200: Nodes}, errors=_MANY)
     async def nodes_unblock() -> Response:
         actor = await operator(state)
         selection = _selection(await json_object(), actor, "unblock nodes")
@@ -86,6 +161,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/nodes/<node_id>/block")
+    @described(
+        "Block a node", body=Blocking, answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_block(node_id: str) -> Response:
         actor = await operator(state)
         reason = (await json_object()).get("reason")
@@ -95,12 +174,22 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/unblock")
+    @described(
+        "Unblock a node", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_unblock(node_id: str) -> Response:
         actor = await operator(state)
         change = nodes.NodeChange("unblock", node_id, actor, scope=actor.scope)
         return await _change(state, change, batched=True)
 
     @app.post("/api/v1/nodes/<node_id>/purge")
+    @described(
+        "Purge a node: its agent removes itself",
+        answers={200: nodes.NodeJson},
+        path=_NODE_ID,
+        errors=_ONE,
+    )
     async def node_purge(node_id: str) -> Response:
         actor = await operator(state)
         return await _change(
@@ -108,6 +197,10 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.delete("/api/v1/nodes/<node_id>")
+    @described(
+        "Delete a node's record", answers={200: nodes.NodeJson},
+        path=_NODE_ID, errors=_ONE,
+    )  # fmt: skip
     async def node_delete(node_id: str) -> Response:
         actor = await operator(state)
         return await _change(
@@ -132,6 +225,8 @@ async def _change(
             node = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
+    except nodes.BadNodeInput as e:
+        raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None
     return jsonify(node.to_json())
@@ -174,7 +269,7 @@ async def _change_many(
         changed = await state.db.transaction(change)
     except nodes.NodeNotFound as e:
         raise ApiError(404, str(e)) from None
-    except nodes.TooManyNodes as e:
+    except (nodes.TooManyNodes, nodes.BadNodeInput) as e:
         raise ApiError(400, str(e)) from None
     except nodes.NodeError as e:
         raise ApiError(409, str(e)) from None

@@ -6,7 +6,7 @@ certificate); GET and POST /api/v1/operators, GET, PATCH and DELETE
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, Required, TypedDict, TypeVar
 
 import psycopg
 import trio
@@ -17,12 +17,100 @@ from oz0 import access, enrollment, leaving, operators, passwords, pki, ui_accou
 from oz0.errors import Oz0Error
 from oz0.server.api import schedules
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
 
 T = TypeVar("T")
+_REFUSED = {404: "no such person (or not one of one's tenants)", 409: "a conflict"}
+
+
+class Csr(TypedDict):
+    # A PEM certificate signing request of the person's new key.
+    csr: str
+
+
+class Renewed(TypedDict):
+    certificate: str
+    not_after: str
+
+
+class Pinned(TypedDict):
+    """What `operator enroll` pins (by its hash) before it sends its code."""
+
+    cluster: str
+    ca_certificate: str
+
+
+class Enrolment(TypedDict, total=False):
+    code: Required[str]
+    csr: Required[str]
+    # Absent: no web sign-in.
+    web_password: str | None
+
+
+class Enrolled(TypedDict):
+    name: str
+    role: str
+    tenants: list[str]
+    cluster: str
+    certificate: str
+    not_after: str
+    web_sign_in: bool
+
+
+class Operators(TypedDict):
+    operators: list[operators.OperatorJson]
+
+
+class NewPerson(TypedDict, total=False):
+    name: Required[str]
+    role: Required[Literal["viewer", "operator", "admin"]]
+    tenants: list[str]
+    # How long its one-time code lasts: 24h, 7d.
+    expires: str
+
+
+class Added(TypedDict):
+    name: str
+    role: str
+    tenants: list[str]
+    expires_at: str
+    enroll_command: str
+    # The one-time code, shown this once.
+    code: str
+
+
+class PersonChange(TypedDict, total=False):
+    role: Literal["viewer", "operator", "admin"] | None
+    tenants: list[str] | None
+
+
+class Ended(TypedDict):
+    """What a removal or a change ended of what the person made."""
+
+    schedules_paused: list[str]
+    tokens_revoked: list[str]
+    enrollments_cancelled: list[str]
+    # Those in tenants one does not reach: only counted.
+    ended_elsewhere: int
+    schedules_not_paused_in_temporal: list[str]
+
+
+class Changed(operators.OperatorJson, Ended):
+    pass
+
+
+class Removed(Ended):
+    name: str
+    role: str
+    tenants: list[str]
+    was: str
+    web_account: bool
+    sessions_ended: int
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/operator/renew")
+    @described("Renew one's own certificate", body=Csr, answers={200: Renewed})
     async def operator_renew() -> Response:
         actor = await operator(state)
         body = await json_object()
@@ -57,6 +145,11 @@ def register(app: QuartTrio, state: ManagementState) -> None:
 
     # One endpoint for both methods: the rule table names it once, as public.
     @app.route("/api/v1/operator/enroll", methods=["GET", "POST"])
+    @described("The cluster's CA, to pin before enrolling", answers={200: Pinned}, method="GET")
+    @described(
+        "Trade a one-time code for one's certificate (no identity needed)", body=Enrolment,
+        answers={200: Enrolled}, method="POST",
+    )  # fmt: skip
     async def operator_enroll() -> Response:
         if request.method == "GET":
             # What `operator enroll` pins (by its hash) before it sends its code.
@@ -66,12 +159,17 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return await _enroll(state)
 
     @app.get("/api/v1/operators")
+    @described("People of the cluster (or of one's tenants)", answers={200: Operators})
     async def operator_list() -> Response:
         person = await operator(state)
         rows = await state.db.transaction(lambda conn: operators.list_operators(conn, person))
         return jsonify({"operators": [r.to_json() for r in rows]})
 
     @app.post("/api/v1/operators")
+    @described(
+        "Add a person: a one-time code to enroll with", body=NewPerson, answers={200: Added},
+        errors=_REFUSED,
+    )  # fmt: skip
     async def operator_add() -> Response:
         person = await operator(state)
         body = await json_object()
@@ -92,12 +190,17 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({**added.to_json(), "code": added.code})
 
     @app.get("/api/v1/operators/<name>")
+    @described("A person", answers={200: operators.OperatorJson}, errors=_REFUSED)
     async def operator_show(name: str) -> Response:
         person = await operator(state)
         info = await _answer(state.db.transaction(lambda c: operators.show(c, person, name)))
         return jsonify(info.to_json())
 
     @app.patch("/api/v1/operators/<name>")
+    @described(
+        "Change a person's role or tenants", body=PersonChange, answers={200: Changed},
+        errors=_REFUSED,
+    )  # fmt: skip
     async def operator_set(name: str) -> Response:
         person = await operator(state)
         body = await json_object()
@@ -112,6 +215,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({**info.to_json(), **await _ended(state, person, ended)})
 
     @app.delete("/api/v1/operators/<name>")
+    @described("Remove a person", answers={200: Removed}, errors=_REFUSED)
     async def operator_remove(name: str) -> Response:
         person = await operator(state)
         removed, ended = await _answer(

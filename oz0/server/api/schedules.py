@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import trio
 from quart import Response, jsonify, request
@@ -24,10 +24,19 @@ from oz0 import access, tenant_caps
 from oz0.cap_rules import CapReached, TenantCaps
 from oz0.jobs import schedule_calls, schedule_owners, schedules, store
 from oz0.jobs.role import JobsUnavailable
+from oz0.jobs.schedule_calls import TimingJson
 from oz0.jobs.schedule_owners import Held
-from oz0.jobs.schedules import Schedule, ScheduleError, ScheduleNotFound, ScheduleSpec
+from oz0.jobs.schedules import (
+    Schedule,
+    ScheduleBody,
+    ScheduleError,
+    ScheduleJson,
+    ScheduleNotFound,
+    ScheduleSpec,
+)
 from oz0.jobs.spec import JobError
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
 
 log = logging.getLogger(__name__)
 
@@ -39,37 +48,101 @@ TEMPORAL_UNAVAILABLE = "Temporal cannot be reached from this server now; try aga
 # How long a removal or demotion waits for the pauses of the schedules it paused in
 # Temporal (their rows are paused already: their runs start nothing meanwhile).
 PAUSE_HELD_WITHIN = 5.0
+_SCHEDULE_ID = {"schedule_id": {"type": "string", "pattern": "^sched-[0-9a-f]{12}$"}}
+_REFUSED = {
+    404: "no such schedule (or another tenant's)",
+    409: "paused until an admin takes it over",
+    503: "Temporal cannot be reached from this server now",
+}
+
+
+class Timed(ScheduleJson):
+    """A schedule and its state in Temporal (`temporal` null: Temporal was not reached)."""
+
+    temporal: TimingJson | None
+    paused: bool | None
+    next_times: list[str]
+
+
+class Run(TypedDict):
+    id: str
+    state: str
+    exit_code: int | None
+    reason: str | None
+    created_at: str
+    ended_at: str | None
+
+
+class Shown(Timed):
+    # Its newest runs.
+    runs: list[Run]
+
+
+class Deleted(ScheduleJson):
+    deleted: bool
+
+
+class ScheduleQuery(TypedDict, total=False):
+    tenant: str
+
+
+class Schedules(TypedDict):
+    schedules: list[Timed]
+
+
+class NewOwner(TypedDict):
+    owner: str
+
+
+class GivenAway(Timed):
+    previous_owner: str
+    resumed: bool
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.post("/api/v1/schedules")
+    @described("Make a schedule", body=ScheduleBody, answers={201: Timed}, errors=_REFUSED)
     async def schedule_create() -> tuple[Response, int]:
         made = await create(state, await operator(state), await json_object())
         return jsonify(made), 201
 
     @app.get("/api/v1/schedules")
+    @described("Schedules", query=ScheduleQuery, answers={200: Schedules})
     async def schedule_list() -> Response:
         scope = (await operator(state)).scope
         found = await listing(state, scope, tenant=request.args.get("tenant"))
         return jsonify({"schedules": found})
 
     @app.get("/api/v1/schedules/<schedule_id>")
+    @described(
+        "A schedule and its newest runs", answers={200: Shown}, path=_SCHEDULE_ID,
+        errors=_REFUSED,
+    )  # fmt: skip
     async def schedule_show(schedule_id: str) -> Response:
         return jsonify(await show(state, (await operator(state)).scope, schedule_id))
 
     @app.post("/api/v1/schedules/<schedule_id>/pause")
+    @described("Pause a schedule", answers={200: Timed}, path=_SCHEDULE_ID, errors=_REFUSED)
     async def schedule_pause(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "pause"))
 
     @app.post("/api/v1/schedules/<schedule_id>/unpause")
+    @described("Unpause a schedule", answers={200: Timed}, path=_SCHEDULE_ID, errors=_REFUSED)
     async def schedule_unpause(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "unpause"))
 
     @app.post("/api/v1/schedules/<schedule_id>/trigger")
+    @described(
+        "Start a schedule's run now", answers={200: Timed}, path=_SCHEDULE_ID, errors=_REFUSED
+    )
     async def schedule_trigger(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "trigger"))
 
     @app.patch("/api/v1/schedules/<schedule_id>")
+    @described(
+        "Give a schedule to another person", body=NewOwner, answers={200: GivenAway},
+        path=_SCHEDULE_ID, errors=_REFUSED,
+    )  # fmt: skip
     async def schedule_set(schedule_id: str) -> Response:
         body = await json_object()
         owner = body.get("owner")
@@ -78,6 +151,7 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify(await set_owner(state, await operator(state), schedule_id, owner))
 
     @app.delete("/api/v1/schedules/<schedule_id>")
+    @described("Delete a schedule", answers={200: Deleted}, path=_SCHEDULE_ID, errors=_REFUSED)
     async def schedule_delete(schedule_id: str) -> Response:
         return jsonify(await act(state, await operator(state), schedule_id, "delete"))
 

@@ -9,16 +9,41 @@ table: oz0/access.py).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from oz0 import listing, node_sessions
 from oz0.errors import WrongMasterKey
 from oz0.server.api.common import ApiError, ManagementState, operator
+from oz0.server.api.described import described
+
+_NOT_FOUND = {404: "no such session (or another tenant's)"}
+_SESSION_ID = {"session_id": {"type": "string", "pattern": "^session-[0-9a-f]{12}$"}}
+
+
+class SessionQuery(TypedDict, total=False):
+    limit: int
+    node: str
+    person: str
+    # "true": only sessions going on.
+    live: str
+
+
+class Sessions(TypedDict):
+    sessions: list[node_sessions.SessionJson]
+
+
+class SessionRecording(TypedDict):
+    id: str
+    # asciicast v2: what the session showed (and, where recorded, what was typed).
+    asciicast: str
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/sessions")
+    @described("Sessions on nodes, newest first", query=SessionQuery, answers={200: Sessions})
     async def session_list() -> Response:
         person = await operator(state)
         args = request.args
@@ -37,12 +62,20 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         return jsonify({"sessions": [s.to_json() for s in found]})
 
     @app.get("/api/v1/sessions/<session_id>")
+    @described(
+        "A session's record", answers={200: node_sessions.SessionJson}, path=_SESSION_ID,
+        errors=_NOT_FOUND,
+    )  # fmt: skip
     async def session_show(session_id: str) -> Response:
         person = await operator(state)
         found = await _get(state, session_id, person.scope)
         return jsonify(found.to_json())
 
     @app.get("/api/v1/sessions/<session_id>/recording")
+    @described(
+        "What a session showed (admins only)", answers={200: SessionRecording}, path=_SESSION_ID,
+        errors={**_NOT_FOUND, 503: "this server does not hold the master key"},
+    )  # fmt: skip
     async def session_recording(session_id: str) -> Response:
         person = await operator(state)
         text = await recording_text(state, session_id, person.scope)

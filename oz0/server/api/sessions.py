@@ -35,6 +35,8 @@ from quart_trio import QuartTrio
 from oz0 import access, audit, membership, node_sessions, nodes, pki
 from oz0.server import https
 from oz0.server.api.common import ManagementState, current_person, is_operator_of
+from oz0.server.api.described import described
+from oz0.server.api.nodes import NODE_ID
 from oz0.server.session_recording import Recording
 from oz0.server.session_relay import LineGone, LiveSession, NodeLine
 from oz0_common import attempt_grant
@@ -94,6 +96,13 @@ def session_grant(
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.websocket("/api/v1/nodes/<node_id>/session")
+    @described(
+        "A shell session on a node: a WebSocket (upgrade), then JSON messages",
+        answers={101: None},
+        path={"node_id": NODE_ID},
+        notes="The messages are oz0_common/session_messages.py's; a refusal is one "
+        '`{"type": "error", "message": ...}` message before the close.',
+    )  # fmt: skip
     async def node_session(node_id: str) -> None:
         await websocket.accept()
         try:

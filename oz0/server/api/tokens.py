@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from quart import Response, jsonify
@@ -13,16 +13,34 @@ from oz0.cap_rules import CapReached
 from oz0.errors import Oz0Error
 from oz0.server import join_command
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
+from oz0.server.api.described import described
+
+
+class Tokens(TypedDict):
+    tokens: list[tokens.TokenJson]
+
+
+class NewToken(tokens.TokenJson):
+    """A token just made: its secret, shown this once, and the command that joins a node."""
+
+    token: str
+    join_command: str
+    agent_sha256: str
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
     @app.get("/api/v1/tokens")
+    @described("Join tokens (never their secrets)", answers={200: Tokens})
     async def token_list() -> Response:
         scope = (await operator(state)).scope
         rows = await state.db.transaction(lambda conn: tokens.list_tokens(conn, scope=scope))
         return jsonify({"tokens": [t.to_json() for t in rows]})
 
     @app.post("/api/v1/tokens")
+    @described(
+        "Make a join token", body=tokens.TokenBody, answers={200: NewToken},
+        errors={503: "no server is up to join through"},
+    )  # fmt: skip
     async def token_create() -> Response:
         actor = await operator(state)
         body = await json_object()
@@ -56,6 +74,11 @@ def register(app: QuartTrio, state: ManagementState) -> None:
         )
 
     @app.post("/api/v1/tokens/<token_id>/revoke")
+    @described(
+        "Revoke a join token", answers={200: tokens.TokenJson},
+        path={"token_id": {"type": "string", "pattern": "^tok-[0-9a-f]{12}$"}},
+        errors={404: "no such token (or another tenant's)", 409: "already revoked"},
+    )  # fmt: skip
     async def token_revoke(token_id: str) -> Response:
         actor = await operator(state)
         try:
