@@ -29,6 +29,8 @@ class AttemptJson(TypedDict):
     output_bytes: int
     truncated: bool
     applied: dict[str, Any] | None
+    # The node's words on why it failed the attempt (ended_because names what that was).
+    ended_detail: str | None
 
 
 class BatchJson(TypedDict):
