@@ -49,8 +49,12 @@ class TemporalProbe:
 
     def run(self, until: float) -> None:
         """Ask until every server refused, STOP is set, or the wall clock passes UNTIL (in
-        the calling thread: the soak runs it in one of its own)."""
-        asyncio.run(self._all(until))
+        the calling thread: the soak runs it in one of its own). Never raises: whatever
+        stops it is its `failed`, so a probe's trouble never ends the soak."""
+        try:
+            asyncio.run(self._all(until))
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
 
     async def _all(self, until: float) -> None:
         identity = IdentityDir(self.data_dir)
@@ -85,4 +89,8 @@ class TemporalProbe:
                     self.refused[address] = time.time()
                     return
                 self.unreachable.add(address)  # down, or too slow to answer: a fault's
+            except RuntimeError:
+                # A lazy client's connection made at its first call: a server that is down
+                # (its host killed, or the server) is refused as "Failed client connect".
+                self.unreachable.add(address)
             await asyncio.sleep(PROBE_EVERY)
