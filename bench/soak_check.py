@@ -532,28 +532,53 @@ def _host_exit_explained(records: Records, host: HostExit) -> bool:
     )
 
 
-def rss_growth(records: Records) -> Iterable[Violation]:
+@dataclass(frozen=True)
+class RssChange:
+    """A process's resident memory at the reference minute and at the end (medians of the
+    samples in each window), for one that lived, as the same process, through both."""
+
+    name: str
+    pid: int
+    reference: float
+    before: float
+    after: float
+
+    @property
+    def growth(self) -> float:
+        return self.after / self.before - 1
+
+
+def rss_changes(records: Records) -> list[RssChange]:
+    """Each process's memory from the tenth minute of an hour (a sixth of the run) to the
+    end: the windows a twelfth of the run long."""
     if records.minutes <= 0:
-        return
+        return []
     reference = records.minutes / 6
     window = records.minutes / 12
     series: dict[tuple[str, int], list[Sample]] = defaultdict(list)
     for sample in records.rss:
         series[(sample.name, sample.pid)].append(sample)
+    changes = []
     for (name, pid), samples in series.items():
         if samples[0].minute > reference or samples[-1].minute < records.minutes - window:
             continue  # not alive, the same process, from the reference to the end
         at_ref = [s.rss_mib for s in samples if reference <= s.minute <= reference + window]
         at_end = [s.rss_mib for s in samples if s.minute >= records.minutes - window]
-        if not at_ref or not at_end:
-            continue
-        before, after = statistics.median(at_ref), statistics.median(at_end)
-        if after > before * (1 + RSS_GROWTH):
+        if at_ref and at_end:
+            before, after = statistics.median(at_ref), statistics.median(at_end)
+            changes.append(RssChange(name, pid, reference, before, after))
+    return changes
+
+
+def rss_growth(records: Records) -> Iterable[Violation]:
+    for change in rss_changes(records):
+        if change.growth > RSS_GROWTH:
             yield Violation(
                 "rss_growth",
                 records.minutes,
-                f"{name} (pid {pid}) grew from {before:.1f} MiB (minute {reference:.1f})"
-                f" to {after:.1f} MiB (+{100 * (after / before - 1):.0f} %)",
+                f"{change.name} (pid {change.pid}) grew from {change.before:.1f} MiB (minute"
+                f" {change.reference:.1f}) to {change.after:.1f} MiB"
+                f" (+{100 * change.growth:.0f} %)",
             )
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
 from bench.measure import percentiles
-from bench.soak_check import Records
+from bench.soak_check import Records, rss_changes
 from bench.soak_faults import Fault
 from bench.soak_state import Soak
 
@@ -61,6 +62,7 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
             "recordings_read": sum(s.recorded is not None for s in records.sessions),
         },
         "changes": len(records.changes),
+        "memory": memory(records),
         "bounds": {
             "block_ms": {
                 "during_faults": percentiles([t for t in during if t is not None]),
@@ -84,4 +86,35 @@ def summary(soak: Soak, records: Records, schedule: list[Fault]) -> dict[str, An
         "db_connections_at_peak": soak.connections_at_peak,
         "server_exits": [dataclasses.asdict(e) for e in soak.exits],
         "temporal_host_exits": [dataclasses.asdict(e) for e in soak.host_exits],
+    }
+
+
+def memory(records: Records) -> dict[str, Any]:
+    """Resident memory from the reference minute to the end (soak_check.rss_changes): each
+    server's and Temporal host's, and the agents' growth as a distribution (a leak in all
+    of them, or in a few)."""
+    changes = rss_changes(records)
+    agents = sorted(100 * c.growth for c in changes if c.name.startswith("agent "))
+    return {
+        "servers_and_hosts_mib": {
+            f"{c.name} (pid {c.pid})": [round(c.before, 1), round(c.after, 1)]
+            for c in changes
+            if not c.name.startswith("agent ")
+        },
+        "agents_growth_pct": {
+            "count": len(agents),
+            **(
+                {
+                    "p50": round(statistics.median(agents), 1),
+                    "p90": round(agents[int(0.9 * (len(agents) - 1))], 1),
+                    "max": round(agents[-1], 1),
+                }
+                if agents
+                else {}
+            ),
+            "over_10": sum(g > 10 for g in agents),
+        },
+        "agents_mib_at_end": sorted(
+            round(c.after, 1) for c in changes if c.name.startswith("agent ")
+        )[-3:],
     }

@@ -29,6 +29,7 @@ from bench.soak_check import (
     SessionRecord,
     check,
     read_ledger,
+    rss_changes,
 )
 from bench.soak_ledger import LEDGER_PARENT, ledger
 
@@ -236,6 +237,16 @@ def test_memory_that_grew_past_a_fifth() -> None:
     late = series("server c", 4, [100.0] * 10 + [200.0] * 10, start=4.0)
     found = check(records(rss=flat + grew + warm + late, minutes=6.0))
     assert [(v.kind, v.detail.split(" (")[0]) for v in found] == [("rss_growth", "agent 3")]
+    # The report's memory: every process judged, with its two medians.
+    changes = {
+        c.name: (c.before, c.after)
+        for c in rss_changes(records(rss=flat + grew + warm + late, minutes=6.0))
+    }
+    assert changes == {
+        "server a": (100.0, 100.0),
+        "agent 3": (100.0, 130.0),
+        "server b": (100.0, 100.0),
+    }
 
 
 def test_database_connections_past_their_bound() -> None:
