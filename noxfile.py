@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def build_wheel(session: nox.Session) -> Path:
     # setuptools puts into a wheel whatever an earlier build left in build/, even a file
     # the package no longer has.
     shutil.rmtree("build", ignore_errors=True)
-    tmp = Path(session.create_tmp())
+    # Not session.create_tmp(): it sets TMPDIR for the rest of the session, and pytest's
+    # tests then make their directories outside /tmp (an attempt's own /tmp no longer
+    # hides them; dev PostgreSQL finds no socket directory).
+    tmp = Path(tempfile.mkdtemp(prefix="oz0-wheel-"))
     out, repaired = tmp / "wheel", tmp / "wheel-repaired"
     for directory in (out, repaired):
         shutil.rmtree(directory, ignore_errors=True)
@@ -53,6 +57,7 @@ def build_wheel(session: nox.Session) -> Path:
         earlier.unlink()
     wheel = Path("dist") / built.name
     shutil.copyfile(built, wheel)
+    shutil.rmtree(tmp, ignore_errors=True)
     return wheel.absolute()
 
 

@@ -117,8 +117,8 @@ def test_refusals_and_changes_as_one_by_one(cluster_files: ClusterFiles) -> None
     assert together_wrote == alone_wrote
     # What the one-by-one way says, spelled out for the reader.
     assert [kind for kind, _ in together] == [
-        "blocked", "blocked", "NodeError", "NodeError", "NodeNotFound", "NodeError",
-        "NodeError", "NodeError", "accepted", "NodeError", "NodeError",
+        "blocked", "blocked", "NodeError", "NodeError", "NodeNotFound", "InvalidNodeId",
+        "BadNodeInput", "BadNodeInput", "accepted", "NodeError", "NodeError",
     ]  # fmt: skip
     assert together[1] == ("blocked", "accepted, shut out")
     assert len(together_wrote[1]) == 3  # two blocks and an unblock audited
