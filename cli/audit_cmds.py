@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as jsonlib
+from pathlib import Path
 from typing import Annotated, Any
 
 from cyclopts import App, Parameter
@@ -71,6 +72,7 @@ def follow(
     after: str | None = None,
     keepalive: int = 15,
     give_up_after: float | None = None,
+    cursor_file: Path | None = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -92,16 +94,21 @@ def follow(
     give_up_after
         Exit (1, with the cursor to resume from) once no server has answered for this
         many seconds; else it tries for ever.
+    cursor_file
+        Keep the cursor in this file (0600) as lines come, and start from it when it
+        exists (and no --after is given): a forwarder restarted goes on where it was.
     """
     import os
     import sys
 
-    from cli.audit_follow import Follower
+    from cli.audit_follow import Follower, cursor_saver, read_cursor_file
 
     if not 1 <= keepalive <= 300:
         raise Oz0Error("--keepalive must be 1 to 300 seconds")
     if give_up_after is not None and give_up_after <= 0:
         raise Oz0Error("--give-up-after must be a number of seconds above 0")
+    if after is None and cursor_file is not None:
+        after = read_cursor_file(cursor_file)
     client = ApiClient(select(context))
 
     def show(event: dict[str, Any]) -> None:
@@ -120,6 +127,7 @@ def follow(
         cursor=after,
         keepalive=keepalive,
         give_up_after=give_up_after,
+        save=cursor_saver(cursor_file) if cursor_file is not None else None,
     )
     try:
         follower.run()

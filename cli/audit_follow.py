@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from cli.client import StreamRefused, Unreachable
@@ -63,6 +65,8 @@ class Follower:
     cursor: str | None = None
     keepalive: int = 15
     give_up_after: float | None = None
+    # Called with each new cursor, once what came before it is printed (`--cursor-file`).
+    save: Callable[[str], None] | None = None
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     _turn: int = field(default=0, init=False)
@@ -143,8 +147,10 @@ class Follower:
             if "action" in line:
                 self.show(line)
             cursor = line.get("cursor")
-            if isinstance(cursor, str):
+            if isinstance(cursor, str) and cursor != self.cursor:
                 self.cursor = cursor
+                if self.save is not None:
+                    self.save(cursor)
             if "end" in line:
                 return f"the server ended the stream ({line['end']})"
 
@@ -153,3 +159,37 @@ class Follower:
         if self.cursor is None:
             return "no cursor yet"
         return f"resume with --after {self.cursor}"
+
+
+# A cursor of ours is well under this (base64 of a small JSON object).
+_MAX_CURSOR = 512
+
+
+def read_cursor_file(path: Path) -> str | None:
+    """The cursor `--cursor-file` holds (None: no file yet); Oz0Error if it holds none."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise Oz0Error(f"cannot read the cursor file {path}: {e}") from None
+    if not text or len(text) > _MAX_CURSOR or any(c.isspace() for c in text):
+        raise Oz0Error(f"{path} holds no cursor (remove it to start from now)")
+    return text
+
+
+def cursor_saver(path: Path) -> Callable[[str], None]:
+    """Save each cursor to PATH (mode 0600), replacing it whole: a crash leaves the last
+    one or the one before, never half of one."""
+
+    def save(cursor: str) -> None:
+        part = path.with_name(path.name + ".part")
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(cursor + "\n")
+            part.replace(path)
+        except OSError as e:
+            raise Oz0Error(f"cannot save the cursor to {path}: {e.strerror or e}") from None
+
+    return save

@@ -428,12 +428,39 @@ def test_the_cli_prints_text_lines_by_default(world: World) -> None:
         follow.wait(20)
 
 
+def test_the_cli_resumes_from_its_cursor_file(world: World, tmp_path: Path) -> None:
+    saved = tmp_path / "cursor"
+    args = ("--json", "--kind", "file", "--keepalive", "1", "--cursor-file", str(saved))
+    first = _follow_cli(world, *args)
+    out = _lines_of(first.stdout)
+    try:
+        # Its first line (a keep-alive, from now) is saved: the stream is open.
+        deadline = time.monotonic() + 30
+        while not saved.exists():
+            assert time.monotonic() < deadline and first.poll() is None, "no cursor saved"
+            time.sleep(0.05)
+        assert saved.stat().st_mode & 0o777 == 0o600
+        _write(world, "file.one", ["f1"])
+        assert json.loads(_wait_for(out, 1, OWED_WITHIN)[0])["target"] == "f1"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(20)
+    # Written while no follower runs: the next one starts where the last one was.
+    _write(world, "file.two", ["f2"])
+    second = _follow_cli(world, *args)
+    out = _lines_of(second.stdout)
+    try:
+        assert json.loads(_wait_for(out, 1, OWED_WITHIN)[0])["target"] == "f2"
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(20)
+
+
 def test_the_cli_follows_and_resumes_through_a_server_restart(world: World, served: Served) -> None:
     """Last in the module: it restarts the server."""
-    follow = _follow_cli(world, "--json", "--kind", "cli", "--keepalive", "1")
+    follow = _follow_cli(world, "--json", "--kind", "cli", "--keepalive", "1", "--after", "start")
     out, err = _lines_of(follow.stdout), _lines_of(follow.stderr)
     try:
-        time.sleep(2)  # its stream is open (from now)
         _write(world, "cli.one", ["a", "b"])
         got = [json.loads(line) for line in _wait_for(out, 2, OWED_WITHIN)]
         assert [e["target"] for e in got] == ["a", "b"]
