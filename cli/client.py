@@ -190,6 +190,12 @@ class ApiClient:
         except ssl.SSLError as e:
             conn.close()
             raise Unreachable(f"{server}: TLS refused ({e.reason or e})") from None
+        except http.client.RemoteDisconnected:
+            conn.close()
+            raise Unreachable(
+                f"{server}: closed the connection without answering (is the operator"
+                " certificate from this cluster and still valid?)"
+            ) from None
         except (TimeoutError, OSError, http.client.HTTPException) as e:
             conn.close()
             raise Unreachable(f"{server}: {getattr(e, 'strerror', None) or e}") from None

@@ -285,6 +285,16 @@ def test_each_person_reads_the_rows_the_audit_list_shows_it(world: World) -> Non
         "ada": {"scope:acme"},
         "bo": {"scope:beta"},
     }
+    # Once the root has them all, every row is past the horizon (which only rises), so one
+    # catch-up of each person's from the start gives all it may read.
+    seen: set[str] = set()
+    after, deadline = start, time.monotonic() + OWED_WITHIN
+    while seen != wanted["root"]:
+        assert time.monotonic() < deadline, f"the root read only {seen}"
+        lines = Stream(world.root, after=after, kind="scope", follow="false").lines_until_end()
+        seen |= {line["target"] for line in lines if "action" in line}
+        after = lines[-1]["cursor"]
+        time.sleep(0.1)
     people = {"root": world.root, "vera": world.vera, "ada": world.ada, "bo": world.bo}
     for name, person in people.items():
         listed = person.ok("GET", "/api/v1/audit?action=scope.row&limit=100")["entries"]

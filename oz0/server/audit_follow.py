@@ -51,7 +51,7 @@ MAX_LIFE = 900.0
 # Rows a read takes at most; a full one is followed by the next at once.
 BATCH = 500
 # Notifications in a burst (many commits at once) share one read.
-SETTLE = 0.05
+SETTLE = 0.1
 HELD_FIRST, HELD_MOST = 0.05, 2.0
 UNHEARD_EVERY = 1.0
 RETRY_EVERY = 1.0
