@@ -53,7 +53,7 @@ class Stream:
     """An answer read a line at a time as the server sends it (`ApiClient.open_stream`);
     each read waits at most the read timeout it was opened with (TimeoutError past it)."""
 
-    def __init__(self, conn: http.client.HTTPSConnection, answer: http.client.HTTPResponse):
+    def __init__(self, conn: http.client.HTTPSConnection, answer: http.client.HTTPResponse) -> None:
         self._conn = conn
         self._answer = answer
 

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from cli.client import StreamRefused, Unreachable
 from fixtures import scoped_people
 from fixtures.cluster import REPO, Served
 from fixtures.scoped_people import Person
-from oz0 import audit
+from oz0 import audit, audit_stream
 from oz0.errors import Oz0Error
 
 ADDRESS = "127.0.0.57"
@@ -268,6 +267,35 @@ def test_a_stream_resumed_after_disconnects_under_a_burst_is_exact(world: World)
     for held in ("hold-0", "hold-1", "hold-2"):
         before = burst.committed[: burst.committed.index(held)]
         assert any(ids[t] > ids[held] for t in before), f"nothing overtook {held}"
+
+
+def test_a_row_committed_after_a_higher_one_is_read_once_in_its_place(world: World) -> None:
+    """The pitfall itself, step by step on the database: A writes a row and holds its
+    transaction, B writes a higher id and commits. A reader must not pass A's row: it
+    waits (held), then reads A's and B's in order once A commits."""
+    with (
+        psycopg.connect(world.database, autocommit=True) as a,
+        psycopg.connect(world.database, autocommit=True) as b,
+        psycopg.connect(world.database, autocommit=True) as reader,
+    ):
+        start = audit_stream.now(reader)
+        kinds = ("pitfall",)
+        with a.transaction():
+            audit.record(a, WRITER, "pitfall.row", "a")
+            audit.record(b, WRITER, "pitfall.row", "b")  # committed at once, a higher id
+            while_held = audit_stream.read(reader, start, kinds=kinds)
+            assert while_held.events == [] and while_held.held
+        after = while_held.position
+        got: list[str] = []
+        deadline = time.monotonic() + OWED_WITHIN
+        while len(got) < 2:
+            assert time.monotonic() < deadline, f"read only {got}"
+            batch = audit_stream.read(reader, after, kinds=kinds)
+            got += [e.target for e in batch.events]
+            after = batch.position
+            time.sleep(0.05)
+        assert got == ["a", "b"]
+        assert audit_stream.read(reader, after, kinds=kinds).events == []
 
 
 # --- scope ---------------------------------------------------------------------------------
@@ -524,13 +552,14 @@ def test_the_follower_fails_over_drops_a_cut_line_and_resumes_from_its_cursor() 
     opened: list[tuple[str, str]] = []
     shown: list[str] = []
     said: list[str] = []
-    answers: Iterator[FakeLines | Exception] = iter([
+    planned: list[FakeLines | Exception] = [
         Unreachable("s1: connection refused"),
         FakeLines([b'{"keepalive":true,"cursor":"c0"}\n', _event("x", "c1"), b'{"action":"a']),
         StreamRefused("too many", 429),
         FakeLines([_event("y", "c2"), b'{"end":"this server is stopping","cursor":"c3"}\n']),
         StreamRefused("operator gone", 403),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    answers = iter(planned)
 
     def open_(server: str, path: str, timeout: float) -> FakeLines:
         opened.append((server, path))
