@@ -158,14 +158,15 @@ def now_cursor(person: Person, **query: Any) -> str:
 @dataclass
 class Burst:
     """Writers of audit rows in transactions of one to three rows, committing out of the
-    order of their ids: some held open while others commit, some rolled back."""
+    order of their ids (some held open a while, some rolled back), until a holder has
+    held a row three times while others committed higher ids past it."""
 
     database: str
     writers: int = 6
-    transactions: int = 30
     committed: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
@@ -173,8 +174,6 @@ class Burst:
             threading.Thread(target=self._write, args=(n,), daemon=True)
             for n in range(self.writers)
         ]
-        # One holds its first rows (the lowest ids of the burst) for over a second while
-        # every other writer commits higher ones.
         self.threads.append(threading.Thread(target=self._hold, daemon=True))
         for thread in self.threads:
             thread.start()
@@ -185,19 +184,29 @@ class Burst:
             assert not thread.is_alive()
 
     def _hold(self) -> None:
-        with psycopg.connect(self.database, autocommit=True) as conn:
-            for round_ in range(3):
-                targets = [f"hold-{round_}"]
-                with conn.transaction():
-                    audit.record(conn, WRITER, "burst.write", targets[0], tenants=["acme"])
-                    time.sleep(1.2)
-                self._done(targets, True)
-                time.sleep(0.3)
+        try:
+            with psycopg.connect(self.database, autocommit=True) as conn:
+                for round_ in range(3):
+                    target = f"hold-{round_}"
+                    with conn.transaction():
+                        audit.record(conn, WRITER, "burst.write", target, tenants=["acme"])
+                        # Held while the others commit higher ids past it, and a while more.
+                        passed = len(self.committed) + 10
+                        deadline = time.monotonic() + 20
+                        while len(self.committed) < passed and time.monotonic() < deadline:
+                            time.sleep(0.02)
+                        time.sleep(1.0)
+                    self._done([target], True)
+                    time.sleep(0.2)
+        finally:
+            self.stop.set()
 
     def _write(self, writer: int) -> None:
         draw = random.Random(writer)
         with psycopg.connect(self.database, autocommit=True) as conn:
-            for n in range(self.transactions):
+            n = 0
+            while not self.stop.is_set():
+                n += 1
                 rows = [(f"w{writer}-{n}-{k}", {"n": n}) for k in range(draw.choice((1, 1, 2, 3)))]
                 keep = draw.random() > 0.1
                 with conn.transaction():
@@ -228,7 +237,7 @@ def test_a_stream_resumed_after_disconnects_under_a_burst_is_exact(world: World)
     burst = Burst(world.database)
     burst.start()
     got: list[dict[str, Any]] = []
-    cuts = [30, 100, 200]
+    cuts = [20, 60, 120]
     deadline = time.monotonic() + OWED_WITHIN
     done = False
     while time.monotonic() < deadline:
