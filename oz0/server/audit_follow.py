@@ -19,9 +19,9 @@ following, caught up): the follower connects again from the cursor.
 
 Slots: at most MAX_STREAMS on a server and the server's `--max-event-streams-per-person`
 per person; a stream takes its slot when its first line is asked for and frees it when it
-ends however it ends (a client that left before never held one). The whole answer is
-bounded by MAX_LIFE and a margin (the API's response timeout), so one that stops reading
-cannot hold its slot for longer.
+ends however it ends (a client that left before never held one). A client that stops
+reading is cut once a send waits past the server's send timeout (oz0/server/https.py),
+and the whole answer is bounded by MAX_LIFE and a margin (its response timeout) anyway.
 """
 
 from __future__ import annotations
