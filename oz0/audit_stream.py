@@ -171,8 +171,16 @@ def read(
     first parts; none: every kind), that a person of SCOPE reads (audit.Filters' rule:
     the audit list's)."""
     # Taken first, in a statement of its own: every row below it is complete by then, so
-    # the next statement (a later snapshot) sees each of them.
-    below = horizon(conn)
+    # the next statement (a later snapshot) sees each of them. Rows of ended transactions
+    # at or above it are held behind one still running: whoever waits for news reads again
+    # soon, since no notification comes when that one ends (a row committed after this
+    # statement notifies).
+    row = conn.execute(
+        "SELECT h::text, EXISTS (SELECT 1 FROM audit_log WHERE xid >= h)"
+        " FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS h) AS now"
+    ).fetchone()
+    assert row is not None
+    below, held = int(row[0]), bool(row[1])
     where = audit.Filters().where(scope)
     where = where.also(
         "xid < %(horizon)s::xid8 AND (xid, id) > (%(xid)s::xid8, %(id)s)",
@@ -196,9 +204,5 @@ def read(
         for r in rows
     ]  # fmt: skip
     if len(events) >= limit:
-        return Batch(events, events[-1].position, complete=False, held=False)
-    position = max(after, Position(below, 0))
-    held = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM audit_log WHERE xid >= %s::xid8)", (str(below),)
-    ).fetchone()
-    return Batch(events, position, complete=True, held=bool(held and held[0]))
+        return Batch(events, events[-1].position, complete=False, held=held)
+    return Batch(events, max(after, Position(below, 0)), complete=True, held=held)
