@@ -525,7 +525,7 @@ def test_the_cli_follows_and_resumes_through_a_server_restart(world: World, serv
         _write(world, "cli.one", ["a", "b"])
         got = [json.loads(line) for line in _wait_for(out, 2, OWED_WITHIN)]
         assert [e["target"] for e in got] == ["a", "b"]
-        served.server.stop()
+        served.server.stop(timeout=30)
         # Written while no server is up: the CLI owes them once it is back.
         _write(world, "cli.two", ["c", "d"])
         # Meanwhile, a follower told to give up does, with where to resume.
