@@ -35,7 +35,7 @@ import pytest
 from cli.audit_follow import Follower
 from cli.client import StreamRefused, Unreachable
 from fixtures import scoped_people
-from fixtures.cluster import REPO, Served
+from fixtures.cluster import REPO, ClusterFiles, Served
 from fixtures.scoped_people import Person
 from oz0 import audit, audit_stream
 from oz0.errors import Oz0Error
@@ -51,7 +51,7 @@ OWED_WITHIN = 90.0
 
 @dataclass(frozen=True)
 class World:
-    files: Any
+    files: ClusterFiles
     database: str
     root: Person  # admin, every tenant
     ada: Person  # admin of acme
