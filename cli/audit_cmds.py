@@ -99,6 +99,7 @@ def follow(
         exists (and no --after is given): a forwarder restarted goes on where it was.
     """
     import os
+    import signal
     import sys
 
     from cli.audit_follow import Follower, cursor_saver, read_cursor_file
@@ -129,6 +130,8 @@ def follow(
         give_up_after=give_up_after,
         save=cursor_saver(cursor_file) if cursor_file is not None else None,
     )
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, follower.interrupt)
     try:
         follower.run()
     except KeyboardInterrupt:

@@ -70,6 +70,17 @@ class Follower:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     _turn: int = field(default=0, init=False)
+    # Inside the printing of a line and the saving of its cursor; a stop asked meanwhile.
+    _inside: bool = field(default=False, init=False)
+    _stop_asked: bool = field(default=False, init=False)
+
+    def interrupt(self, signum: int, frame: object) -> None:
+        """SIGINT's and SIGTERM's handler while following: a line being printed has its
+        cursor saved first, so a stop never leaves a printed line to come again."""
+        if self._inside:
+            self._stop_asked = True
+        else:
+            raise KeyboardInterrupt
 
     def path(self) -> str:
         query: list[tuple[str, str]] = [("keepalive", str(self.keepalive))]
@@ -144,13 +155,19 @@ class Follower:
                 return "the server sent a line that is not JSON"
             if not isinstance(line, dict):
                 return "the server sent a line that is not a JSON object"
-            if "action" in line:
-                self.show(line)
-            cursor = line.get("cursor")
-            if isinstance(cursor, str) and cursor != self.cursor:
-                self.cursor = cursor
-                if self.save is not None:
-                    self.save(cursor)
+            self._inside = True
+            try:
+                if "action" in line:
+                    self.show(line)
+                cursor = line.get("cursor")
+                if isinstance(cursor, str) and cursor != self.cursor:
+                    self.cursor = cursor
+                    if self.save is not None:
+                        self.save(cursor)
+            finally:
+                self._inside = False
+            if self._stop_asked:
+                raise KeyboardInterrupt
             if "end" in line:
                 return f"the server ended the stream ({line['end']})"
 

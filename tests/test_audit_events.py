@@ -453,12 +453,29 @@ def _lines_of(pipe: Any) -> queue.Queue[str | None]:
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
-        for line in pipe:
-            lines.put(line)
+        with contextlib.suppress(ValueError, OSError):  # closed by _end
+            for line in pipe:
+                lines.put(line)
         lines.put(None)
 
     threading.Thread(target=read, daemon=True).start()
     return lines
+
+
+def _end(process: subprocess.Popen[str]) -> int:
+    """Interrupt PROCESS as Ctrl-C would; its exit code, its pipes closed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = process.wait(10)
+    time.sleep(0.2)  # the readers see the end of the pipes
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    return code
 
 
 def _wait_for(lines: queue.Queue[str | None], count: int, timeout: float) -> list[str]:
@@ -485,8 +502,7 @@ def test_the_cli_prints_text_lines_by_default(world: World) -> None:
         line = _wait_for(out, 1, OWED_WITHIN)[0]
         assert "server:burst-writer  text.line  node:\\x1b[31mred" in line
     finally:
-        follow.send_signal(signal.SIGINT)
-        follow.wait(20)
+        _end(follow)
 
 
 def test_the_cli_resumes_from_its_cursor_file(world: World, tmp_path: Path) -> None:
@@ -504,8 +520,7 @@ def test_the_cli_resumes_from_its_cursor_file(world: World, tmp_path: Path) -> N
         _write(world, "file.one", ["f1"])
         assert json.loads(_wait_for(out, 1, OWED_WITHIN)[0])["target"] == "f1"
     finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(20)
+        _end(first)
     # Written while no follower runs: the next one starts where the last one was.
     _write(world, "file.two", ["f2"])
     second = _follow_cli(world, *args)
@@ -513,8 +528,7 @@ def test_the_cli_resumes_from_its_cursor_file(world: World, tmp_path: Path) -> N
     try:
         assert json.loads(_wait_for(out, 1, OWED_WITHIN)[0])["target"] == "f2"
     finally:
-        second.send_signal(signal.SIGINT)
-        second.wait(20)
+        _end(second)
 
 
 def test_the_cli_follows_and_resumes_through_a_server_restart(world: World, served: Served) -> None:
@@ -540,15 +554,14 @@ def test_the_cli_follows_and_resumes_through_a_server_restart(world: World, serv
         follow.send_signal(signal.SIGINT)
         assert follow.wait(20) == 130
         said = "".join(iter(lambda: err.get(timeout=5) or "", ""))
+        _end(follow)
         assert "ended the stream (this server is stopping" in said, said
         assert "trying again in" in said, said
         resume = re.search(r"resume with --after (\S+)", said)
         assert resume is not None, said
         assert position(resume.group(1)) >= position(more[-1]["cursor"])
     finally:
-        if follow.poll() is None:
-            follow.kill()
-            follow.wait(10)
+        _end(follow)
 
 
 # --- the follower's own rules, with a fake stream ----------------------------------------
