@@ -37,6 +37,36 @@ class ApiError(Oz0Error):
     pass
 
 
+class StreamRefused(ApiError):
+    """A server answered a stream's request with an error: its one line, and STATUS."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Unreachable(ApiError):
+    """A server could not be reached, or gave no answer (the reason in one line)."""
+
+
+class Stream:
+    """An answer read a line at a time as the server sends it (`ApiClient.open_stream`);
+    each read waits at most the read timeout it was opened with (TimeoutError past it)."""
+
+    def __init__(self, conn: http.client.HTTPSConnection, answer: http.client.HTTPResponse) -> None:
+        self._conn = conn
+        self._answer = answer
+
+    def readline(self, limit: int) -> bytes:
+        """The next line, with its newline; without one: the stream ended (or the line
+        was longer than LIMIT)."""
+        return self._answer.readline(limit)
+
+    def close(self) -> None:
+        self._answer.close()
+        self._conn.close()
+
+
 def expiry_warning(not_after: dt.datetime, now: dt.datetime) -> str | None:
     left = not_after - now
     if left <= dt.timedelta(0):
@@ -140,6 +170,42 @@ class ApiClient:
             self._refresh(server, stale=bool(failures), cluster=cluster)
             return decoded
         raise ApiError("no server of the context answered: " + "; ".join(failures))
+
+    def open_stream(self, server: str, path: str, *, read_timeout: float) -> Stream:
+        """GET PATH of SERVER as a stream (an answer that goes on): StreamRefused when it
+        answers with an error, Unreachable when it cannot be reached or does not answer
+        (each wait bounded: CONNECT_TIMEOUT, then READ_TIMEOUT a read)."""
+        conn = self._new(server)
+        try:
+            conn.connect()
+            conn.sock.settimeout(TIMEOUT)
+            _check_server_role(conn, self.context.cluster)
+            conn.sock.settimeout(read_timeout)
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            if answer.status < 400:
+                self._refresh(server, stale=False, cluster=None)
+                return Stream(conn, answer)
+            data = answer.read(64 * 1024)
+        except ssl.SSLError as e:
+            conn.close()
+            raise Unreachable(f"{server}: TLS refused ({e.reason or e})") from None
+        except http.client.RemoteDisconnected:
+            conn.close()
+            raise Unreachable(
+                f"{server}: closed the connection without answering (is the operator"
+                " certificate from this cluster and still valid?)"
+            ) from None
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise Unreachable(f"{server}: {getattr(e, 'strerror', None) or e}") from None
+        conn.close()
+        try:
+            decoded = json.loads(data)
+        except ValueError:
+            decoded = None
+        message = decoded.get("error") if isinstance(decoded, dict) else None
+        raise StreamRefused(message or f"{server} answered HTTP {answer.status}", answer.status)
 
     def _exchange(
         self,

@@ -23,6 +23,7 @@ from oz0.context import check_address, config_home
 from oz0.errors import Oz0Error
 from oz0.node_rules import MAX_PENDING
 from oz0.server_defaults import (
+    MAX_EVENT_STREAMS_PER_PERSON,
     MAX_LIVE_PAGES_PER_PERSON,
     MAX_WEB_SESSIONS_PER_PERSON,
     PERSON_REQUEST_BURST,
@@ -152,6 +153,7 @@ def start(
     max_pending_nodes: int = MAX_PENDING,
     max_web_sessions_per_person: int = MAX_WEB_SESSIONS_PER_PERSON,
     max_live_pages_per_person: int = MAX_LIVE_PAGES_PER_PERSON,
+    max_event_streams_per_person: int = MAX_EVENT_STREAMS_PER_PERSON,
     person_requests_per_second: float = PERSON_REQUESTS_PER_SECOND,
     person_request_burst: int = PERSON_REQUEST_BURST,
     ui_cert: Path | None = None,
@@ -182,6 +184,9 @@ def start(
     max_live_pages_per_person
         Live pages (web UI event streams) one person may hold on this server, whatever
         their sessions; more are refused, 429 (1 to 200).
+    max_event_streams_per_person
+        Streams of the audit log (`audit follow`, GET /api/v1/events) one person may hold
+        on this server; more are refused, 429 (1 to 200).
     person_requests_per_second
         Requests (API calls, web UI pages and actions) one person may send this server a
         second, after a burst of --person-request-burst; more are refused, 429 with
@@ -209,6 +214,7 @@ def start(
         max_live_pages_per_person,
         person_requests_per_second,
         person_request_burst,
+        max_event_streams_per_person,
     )
     pair = server_start.ui_pair(ui_cert, ui_key)
     if dev:
@@ -245,9 +251,10 @@ def start(
 
 
 def _person_limits(
-    web_sessions: int, live_pages: int, per_second: float, burst: int
+    web_sessions: int, live_pages: int, per_second: float, burst: int, event_streams: int
 ) -> PersonLimits:
     """The flags' caps on one person, each within its bounds (else one line, exit 1)."""
+    from oz0.server.audit_follow import MAX_STREAMS as MAX_EVENT_STREAMS
     from oz0.server.person_limits import PersonLimits
     from oz0.web.live import MAX_STREAMS
 
@@ -256,10 +263,11 @@ def _person_limits(
         ("--max-live-pages-per-person", live_pages, 1, MAX_STREAMS),
         ("--person-requests-per-second", per_second, 0.1, 100_000),
         ("--person-request-burst", burst, 1, 100_000),
+        ("--max-event-streams-per-person", event_streams, 1, MAX_EVENT_STREAMS),
     ):
         if not low <= value <= high:
             raise Oz0Error(f"{flag} must be {low:g} to {high:g}, not {value:g}")
-    return PersonLimits(web_sessions, live_pages, per_second, burst)
+    return PersonLimits(web_sessions, live_pages, per_second, burst, event_streams)
 
 
 def _start_dev(

@@ -178,6 +178,8 @@ RULES: dict[str, Rule] = {
     "session_show": _rule(Right.READ, "read sessions"),
     "session_recording": _rule(Right.ADMINISTER, "read sessions' recordings"),
     "audit_list": _rule(Right.READ, "read the audit log"),
+    # Its rows as they commit (api/events.py), each person's as the list shows them.
+    "events_stream": _rule(Right.READ, "follow the audit log"),
     "job_run": _rule(Right.OPERATE, "run jobs"),
     "job_list": _rule(Right.READ, "list jobs"),
     "job_show": _rule(Right.READ, "read jobs"),

@@ -3,8 +3,8 @@ a server's database pool, its live-update slots or Temporal's schedules from the
 their defaults, bounds and flags, and the one line a request past one is refused with.
 
 Two kinds. A person's, per server (`server start` flags, defaults in oz0/server_defaults.py,
-enforced by oz0/server/person_limits.py): web sessions, live pages, requests a second. A
-tenant's, cluster-wide (`tenant create/set`, columns of `tenants`, enforced by
+enforced by oz0/server/person_limits.py): web sessions, live pages, event streams, requests
+a second. A tenant's, cluster-wide (`tenant create/set`, columns of `tenants`, enforced by
 oz0/tenant_caps.py): schedules, the shortest time between a schedule's runs, live join
 tokens.
 
@@ -143,6 +143,13 @@ def too_many_live_pages(person: str, limit: int) -> CapReached:
     return CapReached(
         f"{person} has {limit} live pages open on this server, the limit per person (server"
         " start --max-live-pages-per-person); close some and reload"
+    )
+
+
+def too_many_event_streams(person: str, limit: int) -> CapReached:
+    return CapReached(
+        f"{person} has {limit} event streams open on this server, the limit per person"
+        " (server start --max-event-streams-per-person); end one first"
     )
 
 

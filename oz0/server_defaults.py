@@ -16,6 +16,9 @@ RECONCILE_EVERY = 1.0
 MAX_WEB_SESSIONS_PER_PERSON = 20
 # A tenth of a server's MAX_STREAMS (oz0/web/live.py): ten people fill it, not one.
 MAX_LIVE_PAGES_PER_PERSON = 20
+# Streams of the audit log (GET /api/v1/events, `audit follow`) one person may hold on one
+# server: a forwarder and a terminal or two, not a leak that fills the server's 200.
+MAX_EVENT_STREAMS_PER_PERSON = 5
 # A token bucket per person and server: REQUEST_BURST at once, refilled at this rate. One
 # request costs about one pooled connection for a few milliseconds, so one person at the
 # rate holds a fraction of the server's 8 (oz0/store/pool.py).

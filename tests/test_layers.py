@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "oz0.access",
             "oz0.audit",
+            "oz0.audit_stream",
             "oz0.cluster",
             "oz0.enrollment",
             "oz0.membership",

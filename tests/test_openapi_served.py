@@ -188,6 +188,7 @@ def _calls(ids: dict[str, str]) -> Iterator[tuple[str, str, str, Any]]:
     yield "root", "GET", f"/api/v1/sessions/{SESSION}", None
     yield "root", "GET", f"/api/v1/sessions/{SESSION}/recording", None
     yield "root", "GET", "/api/v1/audit?limit=5", None
+    yield "viewer", "GET", "/api/v1/events?after=start&follow=false", None
     yield "root", "POST", "/api/v1/jobs", {"tenant": "acme", "command": ["true"]}
     yield "root", "GET", "/api/v1/jobs", None
     yield "root", "GET", f"/api/v1/jobs/{job}", None

@@ -328,6 +328,7 @@ def test_each_cap_is_a_flag_its_help_shows_with_its_default() -> None:
     for args, wanted in (
         (("server", "start", "--help"), {
             "--max-web-sessions-per-person": "20", "--max-live-pages-per-person": "20",
+            "--max-event-streams-per-person": "5",
             "--person-requests-per-second": "50.0", "--person-request-burst": "200",
         }),
         (("tenant", "create", "--help"), {

@@ -1,5 +1,6 @@
 """What one person may hold or ask of this server: web sessions (counted cluster-wide),
-live pages and requests a second (this server's own), from `server start`'s flags.
+live pages, event streams and requests a second (this server's own), from `server
+start`'s flags.
 
 Requests: a token bucket per person (by name: an operator's certificate and its web
 session share one), REQUEST_BURST tokens refilled at REQUESTS_PER_SECOND; every request of
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from oz0 import cap_rules
 from oz0.server_defaults import (
+    MAX_EVENT_STREAMS_PER_PERSON,
     MAX_LIVE_PAGES_PER_PERSON,
     MAX_WEB_SESSIONS_PER_PERSON,
     PERSON_REQUEST_BURST,
@@ -67,6 +69,8 @@ class PersonLimits:
     live_pages: int = MAX_LIVE_PAGES_PER_PERSON
     requests_per_second: float = PERSON_REQUESTS_PER_SECOND
     request_burst: int = PERSON_REQUEST_BURST
+    # Streams of the audit log (oz0/server/audit_follow.py).
+    event_streams: int = MAX_EVENT_STREAMS_PER_PERSON
     buckets: RequestBuckets = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -29,7 +29,10 @@ JOBS = "oz0_jobs"
 # A streamed attempt was placed on a node (oz0/jobs/parts.py); the payload is the node's
 # ID. The edge holding the node's stream sends what waits for it (watch_attempts).
 ATTEMPTS = "oz0_attempts"
-CHANNELS = (NODES, OPERATORS, NODE_LINKS, JOBS, ATTEMPTS)
+# A transaction that wrote audit rows committed (migration 0032); no payload. Followers of
+# the log wait on it (watch_audit).
+AUDIT = "oz0_audit"
+CHANNELS = (NODES, OPERATORS, NODE_LINKS, JOBS, ATTEMPTS, AUDIT)
 RELISTEN_AFTER = 1.0
 
 Subscriber = Callable[[Notification], None]
@@ -121,6 +124,7 @@ class EventHub:
     _node_watches: dict[str, list[NodeWatch]] = field(default_factory=lambda: defaultdict(list))
     _job_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
     _attempt_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
+    _audit_watches: list[JobWatch] = field(default_factory=list)
     on_gap: list[Callable[[], None]] = field(default_factory=list)
     # Whether notifications reach us now: while not, a watch of a job would wait in vain,
     # so a reader that would wait reads again on its own clock instead.
@@ -178,6 +182,21 @@ class EventHub:
                 if not watches:
                     del self._attempt_watches[node_id]
 
+    @contextmanager
+    def watch_audit(self) -> Iterator[JobWatch]:
+        """A watch of the audit log, woken at each commit that wrote rows, after a gap in
+        the notifications and when the LISTEN connection is lost. Watch before reading."""
+        watch = JobWatch()
+        self._audit_watches.append(watch)
+        try:
+            yield watch
+        finally:
+            self._audit_watches.remove(watch)
+
+    def _wake_audit(self) -> None:
+        for watch in self._audit_watches:
+            watch.wake()
+
     def _wake_jobs(self) -> None:
         for watches in self._job_watches.values():
             for watch in watches:
@@ -204,6 +223,8 @@ class EventHub:
         elif notification.channel == ATTEMPTS:
             for watch in self._attempt_watches.get(notification.payload, ()):
                 watch.wake()
+        elif notification.channel == AUDIT:
+            self._wake_audit()
 
     def _gap(self) -> None:
         for callback in self.on_gap:
@@ -216,12 +237,14 @@ class EventHub:
         for attempt_watches in self._attempt_watches.values():
             for attempt_watch in attempt_watches:
                 attempt_watch.wake()
+        self._wake_audit()
 
     def _lost(self) -> None:
-        """The LISTEN connection is gone: the jobs' watchers read now and, until it is back,
-        no longer wait for news (`listening`)."""
+        """The LISTEN connection is gone: the jobs' and the audit log's watchers read now
+        and, until it is back, no longer wait for news (`listening`)."""
         self.listening = False
         self._wake_jobs()
+        self._wake_audit()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; started once every LISTEN is registered."""
