@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import promql_parser
+import psycopg
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from fixtures import metrics, operator_certs
+from fixtures import job_rows, metrics, operator_certs
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import Served
 from fixtures.polling import wait_until
+from oz0.server import cluster_counts
 from tests.conftest import CliRunner, create_token
 
 SERVER = "127.0.0.64"
@@ -35,6 +37,7 @@ EDGE = f"{SERVER}:7443"
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "orchestrator-zero-alerts.yml"
+RULE_TESTS = RULES.with_suffix(".test.yml")
 DASHBOARD = ROOT / "deploy" / "grafana" / "orchestrator-zero.json"
 DOCS = ROOT / "docs" / "monitoring.md"
 
@@ -51,6 +54,10 @@ LABEL_VALUES = re.compile(r"^label_values\((?:(?P<expr>.+),\s*)?(?P<label>\w+)\)
 LEGEND_LABELS = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 TEMPLATE_LABELS = re.compile(r"\$labels\.(\w+)")
 SCRAPE_BOUND = 30.0
+
+# Rows with no server running, for what a scrape reads of them (fixtures/job_rows.py).
+one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
+conn = pytest.fixture(job_rows.conn)
 
 
 # --- what the files ask for --------------------------------------------------------------
@@ -212,18 +219,40 @@ def unknown(queries: list[Query], series: dict[str, set[str]]) -> list[str]:
 # --- the tests ---------------------------------------------------------------------------
 
 
-def test_promtool_accepts_the_rules() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
         message = "promtool is not installed (Debian's prometheus package; .ci/run installs it)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return found
+
+
+def test_promtool_accepts_the_rules() -> None:
     done = subprocess.run(
-        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+        [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(rules())} rules found" in done.stdout, done.stdout
+
+
+def test_each_alert_fires_on_the_series_it_is_for_and_not_before() -> None:
+    tested = {
+        found["name"]
+        for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for check in case["promql_expr_test"]
+        if check["exp_samples"]
+        for found in [re.search(r'alertname="(?P<name>\w+)"', check["expr"])]
+        if found is not None
+    }
+    assert tested == {rule["alert"] for rule in rules()}, "an alert without a unit test"
+    done = subprocess.run(
+        [promtool(), "test", "rules", RULE_TESTS.name],
+        cwd=RULE_TESTS.parent, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout, done.stdout
 
 
 def test_each_alert_says_how_long_how_bad_what_and_where_to_read_on() -> None:
@@ -354,3 +383,27 @@ def test_every_metric_the_dashboard_and_rules_name_is_one_a_server_exports(
     queries = dashboard_queries() + rule_queries()
     assert len(queries) > 40, len(queries)
     assert unknown(queries, series) == []
+
+
+def test_a_scrape_reads_the_servers_up_the_jobs_not_ended_and_how_long_they_wait(
+    conn: psycopg.Connection[Any],
+) -> None:
+    node = job_rows.add_node(conn)
+    waiting = job_rows.new_job(conn, node=node)
+    conn.execute(
+        "UPDATE jobs SET created_at = now() - interval '90 seconds' WHERE id = %s", (waiting.id,)
+    )
+    counted = cluster_counts.count(conn)
+    assert counted.servers_up == 1
+    assert counted.nodes == {("default", "accepted"): 1}
+    assert counted.jobs == {"queued": 1, "running": 0}
+    assert 90 <= counted.oldest_queued < 120 and 90 <= counted.oldest_unstarted < 120
+    # Its workflow started and its first attempt placed: running, nothing waits.
+    conn.execute("UPDATE jobs SET workflow_started = true WHERE id = %s", (waiting.id,))
+    job_rows.place(conn, waiting, 1)
+    counted = cluster_counts.count(conn)
+    assert counted.jobs == {"queued": 0, "running": 1}
+    assert (counted.oldest_queued, counted.oldest_unstarted) == (0, 0)
+    # A server whose heartbeat is older than the 5 s of membership is not up.
+    conn.execute("UPDATE servers SET last_heartbeat = now() - interval '6 seconds'")
+    assert cluster_counts.count(conn).servers_up == 0
