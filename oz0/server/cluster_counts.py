@@ -2,9 +2,10 @@
 the servers up, the jobs not ended and how long the oldest have waited.
 
 Every server reports the same cluster-wide values (a dashboard takes their `max`); each
-reads them at most once every MAX_AGE however often anyone scrapes, in one transaction of
-index-only lookups: `jobs_by_state` for the live jobs, `jobs_unstarted` for those whose
-workflow is still to start (a few rows: the sweeper starts them within a second).
+reads them at most once every MAX_AGE however often anyone scrapes, in one transaction. The
+jobs are read from their indexes, never the ended ones: `jobs_by_state` for those queued or
+running, `jobs_unstarted` for those whose workflow is still to start (a few rows: the
+sweepers start each within a second).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def count(conn: psycopg.Connection[Any]) -> Counted:
         if state == "queued":
             oldest_queued = max(0.0, float(age))
     unstarted = conn.execute(
-        "SELECT extract(epoch FROM now() - min(created_at))::float8 FROM jobs"
+        "SELECT coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) FROM jobs"
         " WHERE NOT workflow_started"
     ).fetchone()
     return Counted(
@@ -67,7 +68,7 @@ def count(conn: psycopg.Connection[Any]) -> Counted:
         servers_up=int(up[0]) if up is not None else 0,
         jobs=jobs,
         oldest_queued=oldest_queued,
-        oldest_unstarted=max(0.0, float(unstarted[0])) if unstarted and unstarted[0] else 0.0,
+        oldest_unstarted=max(0.0, float(unstarted[0])) if unstarted is not None else 0.0,
     )
 
 
