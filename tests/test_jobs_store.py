@@ -795,9 +795,12 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     workflow task did not complete (its server stopped, the task timed out) is run again by
     the next worker, after it had committed. Each step, the real one, run a second time
     right after the first: the same answer, and nothing more in the database."""
+    # What the server's metrics are told of each job's end: once, however often its step runs.
+    ended: list[tuple[str, store.JobTimes]] = []
     steps = JobActivities(
         OneConnection(conn),  # type: ignore[arg-type]
         AttemptSigner(pki.new_ca("steps-twice", "cluster")),
+        on_ended=lambda state, times: ended.append((state, times)),
     )
     a, b = add_node(conn), add_node(conn)
 
@@ -830,6 +833,8 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     twice(lambda: steps.end_attempt(AttemptEnd(one.id, 2, EndReason.EXIT, 0)), one.id)
     twice(lambda: steps.finish(Finish(one.id, "succeeded", 0, None)), one.id)
     assert everything_of(conn, one.id)[0] == ("succeeded", 0, None, False)
+    [(state, times)] = ended
+    assert state == "succeeded" and times.waited is not None and 0 <= times.waited <= times.total
 
     everywhere = new_job(conn, all=True)
     parts = twice(lambda: steps.place_everywhere(everywhere.id, 1), everywhere.id)
@@ -842,6 +847,7 @@ def test_every_step_run_twice_answers_the_same_and_records_once(
     assert (retried.number, retried.node) == (3, parts[0].node)
     twice(lambda: steps.finish(Finish(everywhere.id, "cancelled", None, "x")), everywhere.id)
     assert len(everything_of(conn, everywhere.id)) == 1 + 3
+    assert [state for state, _ in ended] == ["succeeded", "cancelled"]
 
 
 def test_a_job_s_steps_are_local_only_while_every_server_up_runs_them(

@@ -26,7 +26,8 @@ from fixtures.polling import wait_until
 from fixtures.postgres import admin_url
 from oz0 import __version__
 from oz0.server import loop_lag
-from oz0.server.metrics import EXPOSITION_MAX_AGE, NODE_COUNTS_MAX_AGE, NodeCounts, ServerMetrics
+from oz0.server.cluster_counts import MAX_AGE, ClusterCounts
+from oz0.server.metrics import EXPOSITION_MAX_AGE, ServerMetrics
 from oz0.server.readiness import HEARTBEAT_STALE, Readiness
 from oz0.store.pool import open_database
 from tests.conftest import CliRunner
@@ -40,7 +41,7 @@ SERVER_ARGS = ("--reconcile-every", "60")
 EDGE = f"{SERVER}:7443"
 # Labels the server's own metrics may carry without sign-in: none names a node, a token,
 # a server or a tenant.
-OUR_LABELS = {"state", "reason", "version", "le"}
+OUR_LABELS = {"state", "reason", "cap", "version", "le"}
 
 
 def curl(path: str) -> tuple[int, str, str]:
@@ -81,7 +82,9 @@ def test_metrics_need_no_certificate_and_label_nothing_but_states_and_reasons(
         "oz0_event_loop_lag_seconds", "oz0_event_loop_lag_last_seconds",
         "oz0_membership_heartbeat_age_seconds", "oz0_edge_node_rereads",
         "oz0_prune_passes", "oz0_pruned_jobs", "oz0_pruned_attempts", "oz0_pruned_output_rows",
-        "oz0_pruned_audit_rows",
+        "oz0_pruned_audit_rows", "oz0_servers_up", "oz0_jobs", "oz0_jobs_oldest_queued_seconds",
+        "oz0_jobs_oldest_unstarted_seconds", "oz0_job_duration_seconds", "oz0_job_wait_seconds",
+        "oz0_person_caps_hit",
     } <= ours, sorted(ours)  # fmt: skip
     for name in ours:
         for s in families[name].samples:
@@ -308,8 +311,8 @@ async def test_node_counts_are_read_again_only_once_they_are_old(
     main = served.files.url.for_database(served.files.url.names.main)
     node_id = "node-" + secrets.token_hex(6)
     async with open_database(main, min_size=0, max_size=1) as db:
-        counts = NodeCounts(db)
-        first = dict(await counts.fresh())
+        counts = ClusterCounts(db)
+        first = dict((await counts.fresh()).nodes)
         with psycopg.connect(main, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO nodes (id, tenant, state, labels, hostname, public_key_sha256)"
@@ -317,11 +320,11 @@ async def test_node_counts_are_read_again_only_once_they_are_old(
                 (node_id, secrets.token_hex(32)),
             )
             try:
-                assert await counts.fresh() == first
-                autojump_clock.jump(NODE_COUNTS_MAX_AGE - 0.1)
-                assert await counts.fresh() == first
+                assert (await counts.fresh()).nodes == first
+                autojump_clock.jump(MAX_AGE - 0.1)
+                assert (await counts.fresh()).nodes == first
                 autojump_clock.jump(0.1)
-                again = await counts.fresh()
+                again = (await counts.fresh()).nodes
                 assert (
                     again.get(("default", "pending"), 0) == first.get(("default", "pending"), 0) + 1
                 )

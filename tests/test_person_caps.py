@@ -25,8 +25,9 @@ import psycopg
 import pytest
 
 from cli import client
-from fixtures import operator_certs
+from fixtures import metrics, operator_certs
 from fixtures.cluster import Served
+from fixtures.polling import wait_until
 from oz0 import passwords
 from tests.conftest import CliRunner
 
@@ -160,9 +161,21 @@ def one_line_naming(text: str, *flags: str) -> None:
         assert flag in text, text
 
 
+def caps_hit(cap: str) -> float:
+    """This server's `oz0_person_caps_hit_total` for CAP."""
+    return metrics.value(metrics.scrape(SERVER), "oz0_person_caps_hit_total", cap=cap) or 0
+
+
+def counted(cap: str, total: float) -> None:
+    """The refusals past CAP counted in the metrics come to TOTAL (the scrape's text is
+    made at most once a second)."""
+    wait_until(lambda: caps_hit(cap) == total, 5, f"{total:g} refusals past {cap}", step=0.3)
+
+
 def test_a_persons_requests_past_the_rate_are_refused_and_anothers_are_not(
     world: World,
 ) -> None:
+    hit = caps_hit("requests")
     status, _, cookie = world.web.sign_in("alice", WEB_PASSWORD)
     assert status == 303
     answers = [world.alice.call("GET", "/api/v1/cluster") for _ in range(2 * BURST)]
@@ -193,11 +206,14 @@ def test_a_persons_requests_past_the_rate_are_refused_and_anothers_are_not(
     # Waited for, the rate lets the next one through.
     time.sleep(int(refused.headers["Retry-After"]))
     assert world.alice.call("GET", "/api/v1/cluster").status == 200
+    # Each refusal counted: the API's, the last one asked at once, the web UI's page.
+    counted("requests", hit + statuses.count(429) + 2)
 
 
 def test_a_sign_in_past_a_persons_open_sessions_is_refused(world: World) -> None:
     with world.db() as conn:
         conn.execute("DELETE FROM ui_sessions")
+    hit = caps_hit("web_sessions")
     password = world.served.files.ui_password
     cookies = []
     for _ in range(2):
@@ -211,6 +227,7 @@ def test_a_sign_in_past_a_persons_open_sessions_is_refused(world: World) -> None
         " --max-web-sessions-per-person); sign out of one, or wait until one has been idle"
         " 30 minutes" in page
     )
+    counted("web_sessions", hit + 1)
     # Another person signs in meanwhile.
     assert world.web.sign_in("alice", WEB_PASSWORD)[0] == 303
     # One signed out, there is room again.
@@ -226,6 +243,7 @@ def test_a_persons_live_pages_past_the_cap_are_refused_whatever_the_session(
 ) -> None:
     with world.db() as conn:
         conn.execute("DELETE FROM ui_sessions")
+    hit = caps_hit("live_pages")
     password = world.served.files.ui_password
     first, second = (world.web.sign_in("admin", password)[2] for _ in range(2))
     alices = world.web.sign_in("alice", WEB_PASSWORD)[2]
@@ -244,6 +262,7 @@ def test_a_persons_live_pages_past_the_cap_are_refused_whatever_the_session(
             "admin has 2 live pages open on this server, the limit per person (server start"
             " --max-live-pages-per-person); close some and reload"
         )
+        counted("live_pages", hit + 1)
         # Another person's page opens.
         https, answer = world.web.request("GET", "/ui/events?nodes=", alices)
         held.append(https)

@@ -37,11 +37,18 @@ T = TypeVar("T")
 
 class JobActivities:
     def __init__(
-        self, db: Database, signer: AttemptSigner, keeper: secret_env.SecretKeeper | None = None
+        self,
+        db: Database,
+        signer: AttemptSigner,
+        keeper: secret_env.SecretKeeper | None = None,
+        on_ended: Callable[[str, store.JobTimes], None] | None = None,
     ) -> None:
         self.db = db
         self.signer = signer
         self.keeper = keeper
+        # Told of each job this server's worker ended (its state and times), once it is
+        # committed: the server's metrics.
+        self.on_ended = on_ended
 
     async def _run(self, work: Callable[[store.Conn], T]) -> T:
         try:
@@ -183,11 +190,13 @@ class JobActivities:
 
     @activity.defn(name="oz0.jobs.finish")
     async def finish(self, finish: Finish) -> None:
-        await self._run(
+        times = await self._run(
             lambda conn: store.finish(
                 conn, finish.job_id, finish.state, finish.exit_code, finish.reason
             )
         )
+        if times is not None and self.on_ended is not None:
+            self.on_ended(finish.state, times)
 
     def all(self) -> list[Callable[..., Any]]:
         return [

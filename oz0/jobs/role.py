@@ -102,6 +102,7 @@ class JobsRole:
         *,
         ca: pki.CertificateAuthority,
         keeper: secret_env.SecretKeeper | None = None,
+        on_ended: Callable[[str, store.JobTimes], None] | None = None,
     ) -> None:
         self.db = db
         # The cluster CA: it signs each attempt placed (grant.py).
@@ -109,8 +110,8 @@ class JobsRole:
         # Seals jobs' secrets to the nodes their attempts are placed on (activities.py).
         self.keeper = keeper
         # The workflow's steps (the job workers'), and the sweeper's placing of a job's
-        # first attempt as it claims the job.
-        self._activities = JobActivities(db, AttemptSigner(ca), keeper)
+        # first attempt as it claims the job. ON_ENDED: told of each job they end.
+        self._activities = JobActivities(db, AttemptSigner(ca), keeper, on_ended)
         self.hub = hub
         self.frontend = frontend
         self.server_id = server_id

@@ -4,8 +4,9 @@ One registry per server, never prometheus_client's global one, so several server
 tests) in one process keep theirs apart. Roles record events into it as they happen
 (`EdgeMetrics`, the event-loop lag); what is a state rather than an event (streams open,
 the pool, Temporal's host, the heartbeat's age) is read when scraped, by `_ReadAtScrape`,
-so recording it costs nothing between scrapes. Node counts come from PostgreSQL, at
-most once every NODE_COUNTS_MAX_AGE however often anyone scrapes; the text itself is
+so recording it costs nothing between scrapes. The cluster's counts (nodes, servers up,
+jobs not ended: cluster_counts.py) come from PostgreSQL, at most once every
+cluster_counts.MAX_AGE however often anyone scrapes; the text itself is
 made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the Trio thread),
 so a storm of scrapes costs little more than a storm of `/healthz`.
 
@@ -21,9 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
 
-import psycopg
 import trio
 from prometheus_client import (
     CollectorRegistry,
@@ -41,53 +40,22 @@ from prometheus_client.registry import Collector
 
 from oz0 import __version__, nodes
 from oz0.jobs.pruner import Pruned
+from oz0.jobs.spec import ENDED_STATES
+from oz0.jobs.store import JobTimes
+from oz0.server import cluster_counts
+from oz0.server.cluster_counts import LIVE_JOB_STATES, ClusterCounts
 from oz0.server.edge.metrics import EdgeMetrics
-from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal.supervisor import HOST_STATES, Supervisor
 
 log = logging.getLogger(__name__)
 
-NODE_COUNTS_MAX_AGE = 5.0
 EXPOSITION_MAX_AGE = 1.0
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-def count_nodes(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
-    rows = conn.execute("SELECT tenant, state, count(*) FROM nodes GROUP BY tenant, state")
-    return {(str(tenant), str(state)): int(n) for tenant, state, n in rows}
-
-
-class NodeCounts:
-    """Nodes by tenant and state, read again only when the last read is MAX_AGE old.
-
-    Scrapes that arrive together share one read. A read that fails keeps the last
-    counts (their age tells how old) and is not tried again before MAX_AGE either, so a
-    database outage costs one failed read per MAX_AGE, not one per scrape.
-    """
-
-    def __init__(self, db: Database, max_age: float = NODE_COUNTS_MAX_AGE) -> None:
-        self._db = db
-        self._max_age = max_age
-        self._lock = trio.Lock()
-        self._tried_at: float | None = None
-        self.read_at: float | None = None
-        self.counts: dict[tuple[str, str], int] = {}
-        self._outage = Outage("counting nodes for the metrics", log)
-
-    async def fresh(self) -> dict[tuple[str, str], int]:
-        async with self._lock:
-            now = trio.current_time()
-            if self._tried_at is None or now - self._tried_at >= self._max_age:
-                self._tried_at = now
-                try:
-                    self.counts = await self._db.transaction(count_nodes)
-                except DATABASE_ERRORS as e:
-                    self._outage.failed(e)
-                else:
-                    self._outage.worked()
-                    self.read_at = now
-        return self.counts
+# A job's time, from a command of a second to one of hours (timeouts go to days).
+JOB_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0)
+# The caps on one person (oz0/server/person_limits.py) a refusal names.
+PERSON_CAPS = ("requests", "web_sessions", "live_pages")
 
 
 class ServerMetrics:
@@ -102,7 +70,7 @@ class ServerMetrics:
         self._text = b""
         self._text_at: float | None = None
         self.db = db
-        self.node_counts = NodeCounts(db)
+        self.cluster_counts = ClusterCounts(db)
         self.edge = EdgeMetrics(self.registry)
         # Set by the roles as they start; until then the scrape shows nothing of them.
         self.streams_open: Callable[[], int] | None = None
@@ -151,7 +119,48 @@ class ServerMetrics:
                 ("files", "Stored files that nothing names any more"),
             )
         }
+        jobs_ended = Histogram(
+            "oz0_job_duration_seconds",
+            "From a job's creation to its end, by how it ended; counted by the server whose"
+            " job worker ended it.",
+            ["state"],
+            buckets=JOB_BUCKETS,
+            registry=self.registry,
+        )
+        jobs_waited = Histogram(
+            "oz0_job_wait_seconds",
+            "From a job's creation to its first attempt placed, of the jobs that ran, by how"
+            " they ended; observed as the job ends, by the server that ended it.",
+            ["state"],
+            buckets=JOB_BUCKETS,
+            registry=self.registry,
+        )
+        # Children made in advance: every series is there (at 0) before its first event.
+        self._jobs_ended = {state: jobs_ended.labels(state) for state in ENDED_STATES}
+        self._jobs_waited = {state: jobs_waited.labels(state) for state in ENDED_STATES}
+        caps_hit = Counter(
+            "oz0_person_caps_hit",
+            "Requests this server refused as their person was past a cap (server start"
+            " --max-web-sessions-per-person, --max-live-pages-per-person,"
+            " --person-requests-per-second), by cap.",
+            ["cap"],
+            registry=self.registry,
+        )
+        self._caps_hit = {cap: caps_hit.labels(cap) for cap in PERSON_CAPS}
         self.registry.register(_ReadAtScrape(self))
+
+    def job_ended(self, state: str, times: JobTimes) -> None:
+        """A job worker of this server ended a job just now (any thread: the worker's)."""
+        ended = self._jobs_ended.get(state)
+        if ended is None:
+            return
+        ended.observe(times.total)
+        if times.waited is not None:
+            self._jobs_waited[state].observe(times.waited)
+
+    def person_cap_hit(self, cap: str) -> None:
+        """A request was refused just now, its person past CAP (PERSON_CAPS)."""
+        self._caps_hit[cap].inc()
 
     def pruned(self, done: Pruned) -> None:
         """A pruning pass of this server's ended (what it deleted was counted as it went:
@@ -181,7 +190,7 @@ class ServerMetrics:
     async def exposition(self) -> bytes:
         """The text a scrape gets; called in the Trio thread (it reads Trio's state)."""
         if self._text_at is None or trio.current_time() - self._text_at >= EXPOSITION_MAX_AGE:
-            await self.node_counts.fresh()
+            await self.cluster_counts.fresh()
             self._text = generate_latest(self.registry)
             self._text_at = trio.current_time()
         return self._text
@@ -189,7 +198,7 @@ class ServerMetrics:
     def tenant_exposition(self, reaches: Callable[[str], bool]) -> bytes:
         """The node counts by tenant, for the tenants REACHES takes: added to `exposition`
         for an operator's certificate. Made from the counts `exposition` just read."""
-        return generate_latest(_TenantNodes(self.node_counts, reaches))
+        return generate_latest(_TenantNodes(self.cluster_counts, reaches))
 
 
 class _ReadAtScrape(Collector):
@@ -198,7 +207,7 @@ class _ReadAtScrape(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self._metrics
-        yield from self._nodes()
+        yield from self._cluster()
         if m.streams_open is not None:
             yield _gauge(
                 "oz0_edge_streams_open",
@@ -248,18 +257,19 @@ class _ReadAtScrape(Collector):
                 age,
             )
 
-    def _nodes(self) -> Iterable[Metric]:
-        counts = self._metrics.node_counts
+    def _cluster(self) -> Iterable[Metric]:
+        counts = self._metrics.cluster_counts
         if counts.read_at is None:
             return
+        counted = counts.counted
         family = GaugeMetricFamily(
             "oz0_nodes",
             f"Nodes of the cluster by state (all tenants), read at most every"
-            f" {NODE_COUNTS_MAX_AGE:g} s.",
+            f" {cluster_counts.MAX_AGE:g} s.",
             labels=["state"],
         )
         by_state = collections.Counter[str]()
-        for (_, state), n in counts.counts.items():
+        for (_, state), n in counted.nodes.items():
             by_state[state] += n
         # Every state, zeros too, so a series never vanishes.
         for state in nodes.STATES:
@@ -267,20 +277,45 @@ class _ReadAtScrape(Collector):
         yield family
         yield _gauge(
             "oz0_nodes_age_seconds",
-            "How old the counts of oz0_nodes are.",
+            "How old the counts of oz0_nodes (and oz0_servers_up, oz0_jobs) are.",
             trio.current_time() - counts.read_at,
+        )
+        yield _gauge(
+            "oz0_servers_up",
+            "Servers of the cluster up (a membership heartbeat younger than 5 s), as this"
+            " server reads the membership table.",
+            counted.servers_up,
+        )
+        jobs = GaugeMetricFamily(
+            "oz0_jobs",
+            "Jobs of the cluster not ended, by state (all tenants).",
+            labels=["state"],
+        )
+        for state in LIVE_JOB_STATES:
+            jobs.add_metric([state], counted.jobs.get(state, 0))
+        yield jobs
+        yield _gauge(
+            "oz0_jobs_oldest_queued_seconds",
+            "How long the oldest job still queued has been (0: none is).",
+            counted.oldest_queued,
+        )
+        yield _gauge(
+            "oz0_jobs_oldest_unstarted_seconds",
+            "How long the oldest job whose workflow no server has started yet has been (0:"
+            " none); the servers' sweepers start each within a second.",
+            counted.oldest_unstarted,
         )
 
 
 class _TenantNodes(Collector):
     """The node counts by tenant, of the tenants REACHES takes."""
 
-    def __init__(self, counts: NodeCounts, reaches: Callable[[str], bool]) -> None:
+    def __init__(self, counts: ClusterCounts, reaches: Callable[[str], bool]) -> None:
         self._counts = counts
         self._reaches = reaches
 
     def collect(self) -> Iterable[Metric]:
-        counts = self._counts.counts
+        counts = self._counts.counted.nodes
         if self._counts.read_at is None:
             return
         family = GaugeMetricFamily(

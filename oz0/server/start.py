@@ -185,7 +185,7 @@ async def run_server(
         metrics.supervisor = temporal.supervisor
         jobs = JobsRole(
             db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca,
-            keeper=SecretKeeper.of(cluster),
+            keeper=SecretKeeper.of(cluster), on_ended=metrics.job_ended,
         )  # fmt: skip
 
         async def reconnect_jobs() -> None:

@@ -101,9 +101,15 @@ class Feed:
             return "too many live pages are open on this server; reload later"
         if sum(1 for s in self.streams if s.token == token) >= MAX_STREAMS_PER_SESSION:
             return "too many live pages are open in this session; close some and reload"
-        if person and sum(1 for s in self.streams if s.person == person) >= self.per_person:
+        if self.person_full(person):
             return str(cap_rules.too_many_live_pages(person, self.per_person))
         return None
+
+    def person_full(self, person: str) -> bool:
+        """Whether PERSON holds as many streams on this server as a person may."""
+        return bool(person) and sum(1 for s in self.streams if s.person == person) >= (
+            self.per_person
+        )
 
     async def held(
         self, stream: Stream, events: AsyncGenerator[bytes, None]
@@ -268,6 +274,8 @@ def add(web: Blueprint, pages: Pages) -> None:
         token = request.cookies.get(sessions.COOKIE, "")
         full = feed.full_for(token, person.name)
         if full is not None:
+            if feed.person_full(person.name):
+                state.metrics.person_cap_hit("live_pages")
             return full, 503 if len(feed.streams) >= MAX_STREAMS else 429
         stream = Stream(
             _watched(request.args.get("nodes", "")),

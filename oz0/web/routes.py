@@ -8,7 +8,6 @@ oz0.audit, ...), with the actor `ui:<account>`.
 
 from __future__ import annotations
 
-import trio
 from quart import Blueprint, Response, redirect, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.wrappers.response import Response as WerkzeugResponse
@@ -71,7 +70,7 @@ def blueprint(state: ManagementState) -> Blueprint:
             return
         session = await pages.session()
         if request.endpoint not in UNCOUNTED:
-            state.limits.take_request(session.username, trio.current_time())
+            state.take_request(session.username)
         try:
             session.person.check(rule.right, rule.doing)
         except access.Forbidden as e:

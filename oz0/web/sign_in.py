@@ -67,6 +67,7 @@ def add(web: Blueprint, pages: Pages) -> None:
             # Its operator was removed between the password check and now.
             return await refused(sessions.Verdict(False), username)
         except CapReached as e:
+            state.metrics.person_cap_hit("web_sessions")
             # Only ever said after the right password: it tells no stranger anything.
             return await pages.render(
                 "sign_in.html", None, e.status, error=str(e), username=username

@@ -17,12 +17,12 @@ The modules beside this one, each a concern, lowest first:
 - `_node_fate`: what became of a node (`gone_because`), and the running attempts whose
   node was taken away.
 - `_activity_writes`: what the workflow's activities lock and write (an attempt's end, the
-  reason a job waits, the job's end).
+  reason a job waits, the job's end and its times, for the metrics).
 - `_output`: the output nodes send, stored up to its cap and read a bounded page at a time.
 - `_node_answers`: what the edge answers a node about its attempts.
 """
 
-from oz0.jobs.store._activity_writes import end_attempt, finish, locked_job, set_queued
+from oz0.jobs.store._activity_writes import JobTimes, end_attempt, finish, locked_job, set_queued
 from oz0.jobs.store._cancelling import cancel_sent, request_cancel, to_cancel
 from oz0.jobs.store._creating import BATCH_SCHEMA, ScheduledRun, TenantNotFound, create
 from oz0.jobs.store._followers import tell_followers
@@ -96,6 +96,7 @@ __all__ = [
     "Conn",
     "Job",
     "JobJson",
+    "JobTimes",
     "NodeAttempt",
     "OutputPage",
     "Part",

@@ -3,6 +3,8 @@ write: the job's row, an attempt's end, the reason a job waits, and the job's en
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from psycopg.types.json import Jsonb
 
 from oz0.jobs import limits as job_limits
@@ -68,9 +70,22 @@ def set_queued(conn: Conn, job_id: str, reason: str) -> None:
     tell_followers(conn, job_id)  # the reason it waits, for `job run` to say
 
 
-def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None) -> None:
+@dataclass(frozen=True)
+class JobTimes:
+    """A job's times as it ended, in seconds from its creation: to its end, and to its
+    first attempt placed (None: none was)."""
+
+    total: float
+    waited: float | None
+
+
+def finish(
+    conn: Conn, job_id: str, state: str, exit_code: int | None, reason: str | None
+) -> JobTimes | None:
     """The job's end; attempts still shown running end with it (cancelled), parts of a
-    batch still waiting are not started, and its secrets are deleted."""
+    batch still waiting are not started, and its secrets are deleted. Its times if this
+    call ended it; None if it had ended already (a step run again), so that it is
+    counted once."""
     assert state in ENDED_STATES
     conn.execute(
         "UPDATE job_parts SET state = 'not started', because = 'job ' || %s"
@@ -88,10 +103,16 @@ def finish(conn: Conn, job_id: str, state: str, exit_code: int | None, reason: s
         "UPDATE job_attempts SET sent = sent - 'secrets' WHERE job_id = %s AND sent ? 'secrets'",
         (job_id,),
     )
-    conn.execute(
+    ended = conn.execute(
         "UPDATE jobs SET state = %s, exit_code = %s, reason = %s, ended_at = now()"
-        " WHERE id = %s AND ended_at IS NULL",
+        " WHERE id = %s AND ended_at IS NULL"
+        " RETURNING extract(epoch FROM ended_at - created_at)::float8,"
+        " extract(epoch FROM started_at - created_at)::float8",
         (state, exit_code, reason, job_id),
-    )
+    ).fetchone()
     secret_env.forget(conn, job_id)
     tell_followers(conn, job_id)
+    if ended is None:
+        return None
+    total, waited = ended
+    return JobTimes(max(0.0, float(total)), None if waited is None else max(0.0, float(waited)))

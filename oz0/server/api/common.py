@@ -10,6 +10,7 @@ import trio
 from quart import g, request
 
 from oz0 import access, nodes, operators, pki
+from oz0.cap_rules import CapReached
 from oz0.cluster import Cluster
 from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
@@ -51,6 +52,15 @@ class ManagementState:
     limits: PersonLimits = field(default_factory=PersonLimits)
     # The node streams this server's edge holds, for the sessions relayed through them.
     sessions: SessionRelay = field(default_factory=SessionRelay)
+
+    def take_request(self, person: str) -> None:
+        """One request of PERSON's (the API's or the web UI's); CapReached past their rate,
+        counted in the metrics."""
+        try:
+            self.limits.take_request(person, trio.current_time())
+        except CapReached:
+            self.metrics.person_cap_hit("requests")
+            raise
 
     def __post_init__(self) -> None:
         changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)
@@ -135,7 +145,7 @@ async def authorize(state: ManagementState) -> None:
         return
     person = await operator(state)
     # CapReached past the person's rate: answered 429 (management.py).
-    state.limits.take_request(person.name, trio.current_time())
+    state.take_request(person.name)
     try:
         person.check(rule.right, rule.doing)
     except access.Forbidden as e:
