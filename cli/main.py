@@ -66,6 +66,7 @@ app.command(
     "cli.completion_cmds:install_completion",
     name="--install-completion",
     help="Install completion of commands, flags and the cluster's IDs in bash, zsh or fish.",
+    help_format="markdown",
 )
 
 

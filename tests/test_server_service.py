@@ -59,7 +59,7 @@ def _executable(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[list[str], Path, Path, Path]:
+def install_args(tmp_path: Path) -> tuple[list[str], Path, Path, Path]:
     """install-service's arguments, the unit, its environment file and the master key."""
     key = tmp_path / "etc" / "master.key"
     key.parent.mkdir()
@@ -74,9 +74,9 @@ def setup(tmp_path: Path) -> tuple[list[str], Path, Path, Path]:
 
 
 def test_install_service_writes_a_notify_unit_with_no_secret_in_it(
-    cli: CliRunner, setup: tuple[list[str], Path, Path, Path], tmp_path: Path
+    cli: CliRunner, install_args: tuple[list[str], Path, Path, Path], tmp_path: Path
 ) -> None:
-    args, unit, env_file, key = setup
+    args, unit, env_file, key = install_args
     done = cli(*args, "--san", "oz0.example", env={"OZ0_DB": DATABASE_URL})
     assert done.code == 0, done.err
     assert f"wrote {unit}" in done.out and f"wrote {env_file} (mode 0600)" in done.out
@@ -115,9 +115,11 @@ def test_install_service_writes_a_notify_unit_with_no_secret_in_it(
 
 
 def test_install_service_refuses_a_shared_key_or_env_file_and_a_missing_url(
-    cli: CliRunner, setup: tuple[list[str], Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+    cli: CliRunner,
+    install_args: tuple[list[str], Path, Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args, unit, env_file, key = setup
+    args, unit, env_file, key = install_args
     monkeypatch.delenv("OZ0_DB", raising=False)
     missing = cli(*args)
     assert missing.code == 1 and "does not exist and OZ0_DB is not set" in missing.err
@@ -137,9 +139,9 @@ def test_install_service_refuses_a_shared_key_or_env_file_and_a_missing_url(
 
 
 def test_a_user_unit_reads_your_own_key_file(
-    cli: CliRunner, setup: tuple[list[str], Path, Path, Path]
+    cli: CliRunner, install_args: tuple[list[str], Path, Path, Path]
 ) -> None:
-    args, unit, _, key = setup
+    args, unit, _, key = install_args
     user_args = [a for a in args if a != "--system"]
     assert cli(*user_args, "--no-system", env={"OZ0_DB": DATABASE_URL}).code == 0
     lines = unit.read_text().splitlines()
