@@ -78,7 +78,9 @@ def cluster(served: Served) -> Cluster:
     node = next(iter(nodes))
     # Queued for a node that is not connected: it stays, for `job show` to complete.
     job = _made(env, "job", "run", "--detach", "--json", "--node", node, "--", "true")
-    schedule = _made(env, "schedule", "create", "--every", "1h", "--json", "--", "true")
+    # Once a year: no run of it joins the job above in `job show <TAB>`.
+    yearly = ("--cron", "0 3 1 1 *")
+    schedule = _made(env, "schedule", "create", *yearly, "--json", "--", "true")
     return Cluster(env, nodes, job, str(created["id"]), schedule)
 
 
@@ -148,37 +150,71 @@ def test_no_context_or_a_silent_server_gives_nothing_within_the_deadline(
     assert took < completers.DEADLINE + 5, took
 
 
+class Terminal:
+    """A tmux server of the test's own (its socket in the test's directory), one window."""
+
+    def __init__(self, directory: Path) -> None:
+        self.tmux = ["tmux", "-S", str(directory / "tmux.sock"), "-f", "/dev/null"]
+
+    def _run(self, *args: str) -> str:
+        done = subprocess.run(
+            [*self.tmux, *args], capture_output=True, text=True, timeout=30, check=True
+        )
+        return done.stdout
+
+    def start(self, command: list[str]) -> None:
+        self._run("new-session", "-d", "-s", "oz0", "-x", "200", "-y", "50", *command)
+
+    def type(self, text: str) -> None:
+        self._run("send-keys", "-t", "oz0", "-l", text)
+
+    def press(self, *keys: str) -> None:
+        self._run("send-keys", "-t", "oz0", *keys)
+
+    def fresh_line(self) -> None:
+        """An empty command line on a cleared screen: what was shown cannot match again."""
+        self.press("C-u", "C-l")
+        self.wait(r"\A\S.*\s*\Z")
+
+    def screen(self) -> str:
+        return self._run("capture-pane", "-p", "-J", "-t", "oz0")
+
+    def wait(self, pattern: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if re.search(pattern, screen, re.M):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not on the screen in {timeout} s:\n{screen}")
+            time.sleep(0.2)
+
+    def complete_until(self, pattern: str, tabs: int = 3) -> str:
+        """TAB until PATTERN shows: bash's first may only insert the candidates' common
+        prefix, and lists them at the next."""
+        for _ in range(tabs):
+            self.press("Tab")
+            try:
+                return self.wait(pattern, timeout=10)
+            except AssertionError:
+                continue
+        raise AssertionError(f"{pattern!r} never shown:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, timeout=30)
+
+
 @pytest.fixture
-def terminal(tmp_path: Path) -> Iterator[list[str]]:
-    """A tmux server of the test's own (its socket in TMP_PATH); killed after it."""
+def terminal(tmp_path: Path) -> Iterator[Terminal]:
     if shutil.which("tmux") is None:
         pytest.skip("no tmux (apt-get install tmux)")
-    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
-    yield tmux
-    subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
-
-
-def _screen(tmux: list[str]) -> str:
-    done = subprocess.run(
-        [*tmux, "capture-pane", "-p", "-J", "-t", "oz0"],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    return done.stdout
-
-
-def _wait_screen(tmux: list[str], pattern: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        screen = _screen(tmux)
-        if re.search(pattern, screen, re.M):
-            return screen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{pattern!r} not on the screen in {timeout} s:\n{screen}")
-        time.sleep(0.2)
+    opened = Terminal(tmp_path)
+    yield opened
+    opened.close()
 
 
 def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
-    cluster: Cluster, tmp_path: Path, terminal: list[str]
+    cluster: Cluster, tmp_path: Path, terminal: Terminal
 ) -> None:
     home, bin_dir = tmp_path / "home", tmp_path / "bin"
     home.mkdir()
@@ -205,40 +241,34 @@ def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
     assert "bash completion written to" in installed.stdout
     assert PROGRAM in (home / ".bashrc").read_text()
 
-    # A login-less interactive bash that starts from the environment above alone, so it
-    # reads the temporary HOME's ~/.bashrc and nothing of this machine's user.
-    shell = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-i"]
-    subprocess.run(
-        [*terminal, "new-session", "-d", "-s", "oz0", "-x", "200", "-y", "50", *shell],
-        check=True, timeout=30,
-    )  # fmt: skip
-    keys = [*terminal, "send-keys", "-t", "oz0"]
-    subprocess.run([*keys, "-l", "echo ready-$((40 + 2))"], check=True, timeout=30)
-    subprocess.run([*keys, "Enter"], check=True, timeout=30)
-    _wait_screen(terminal, r"^ready-42$")
+    # An interactive bash started from the environment above alone: it reads the
+    # temporary HOME's ~/.bashrc, and nothing of this machine's user.
+    terminal.start(["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-i"])
+    terminal.type("echo ready-$((40 + 2))")
+    terminal.press("Enter")
+    terminal.wait(r"^ready-42\s*$")
 
     # A command: `no` has one completion.
-    subprocess.run([*keys, "-l", f"{PROGRAM} no"], check=True, timeout=30)
-    subprocess.run([*keys, "Tab"], check=True, timeout=30)
-    _wait_screen(terminal, rf"{PROGRAM} node\s*$")
+    terminal.fresh_line()
+    terminal.type(f"{PROGRAM} no")
+    terminal.press("Tab")
+    terminal.wait(rf"{PROGRAM} node\s*$")
 
-    # The cluster's node IDs: TAB until bash lists them all (the first may only insert
-    # their common prefix).
-    subprocess.run([*keys, "C-u"], check=True, timeout=30)
-    subprocess.run([*keys, "-l", f"{PROGRAM} node show "], check=True, timeout=30)
-    listed = rf"(?s){PROGRAM} node show\s.*" + ".*".join(
-        re.escape(n) for n in sorted(cluster.nodes)
+    # The cluster's node IDs.
+    terminal.fresh_line()
+    terminal.type(f"{PROGRAM} node show ")
+    nodes = sorted(cluster.nodes)
+    screen = terminal.complete_until(
+        rf"(?s){PROGRAM} node show\s.*" + ".*".join(re.escape(n) for n in nodes)
     )
-    for _ in range(3):
-        subprocess.run([*keys, "Tab"], check=True, timeout=30)
-        try:
-            screen = _wait_screen(terminal, listed, timeout=10)
-            break
-        except AssertionError:
-            continue
-    else:
-        raise AssertionError(f"node IDs never listed:\n{_screen(terminal)}")
-    assert all(node in screen for node in cluster.nodes)
+    assert all(node in screen for node in nodes)
+
+    # A flag, then the cluster's tenants as its value.
+    terminal.fresh_line()
+    terminal.type(f"{PROGRAM} node list --ten")
+    terminal.press("Tab")
+    terminal.wait(rf"{PROGRAM} node list --tenant\s*$")
+    terminal.complete_until(r"(?s)--tenant\s.*\bacme\s+default\b")
 
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
