@@ -281,7 +281,15 @@ def test_zsh_and_fish_scripts_complete_the_cluster_ids(tmp_path: Path, shell: st
     script = Path(json.loads(done.stdout)["script"])
     assert script.is_relative_to(tmp_path)
     text = script.read_text()
-    assert "__complete" in text  # its callback for the cluster's IDs
+    # `node show`'s argument is completed by the script's callback to `__complete`.
+    if shell == "zsh":
+        assert "'1:NODE_ID:_cyclopts_orchestrator-zero_complete'" in text
+    else:
+        assert any(
+            "_using_command node show;" in line and "(__fish_orchestrator-zero_complete)" in line
+            for line in text.splitlines()
+        )
+    assert f"{PROGRAM} __complete" in text or "$_cyc_cmd __complete" in text
     if shell == "zsh":
         assert str(script.parent) in (tmp_path / ".zshrc").read_text()
     checker = {"zsh": ["zsh", "-n"], "fish": ["fish", "--no-execute"]}[shell]
