@@ -16,8 +16,9 @@ import pytest
 
 from fixtures.cluster import ClusterFiles, ServerProcess, end_all
 from oz0 import pki
+from oz0.errors import MasterKeyError
 from oz0.server import service_unit
-from oz0_common import systemd_notify
+from oz0_common import certs, systemd_notify
 from oz0_common.systemd_notify import Notifier
 from tests.conftest import CliRunner
 
@@ -148,6 +149,36 @@ def test_a_user_unit_reads_your_own_key_file(
     assert any(line.endswith(f"--master-key-file {key} --advertise {ADVERTISE}") for line in lines)
     assert "WantedBy=default.target" in lines
     assert not any(line.startswith(("LoadCredential", "DynamicUser")) for line in lines)
+
+
+def test_the_key_systemd_hands_the_service_is_read_with_its_acl_mask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # systemd writes a credential 0400 and, on tmpfs, lets the service's user read it with
+    # an ACL entry: `stat` then shows the ACL's mask as the group's read bit (0440).
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    key = credentials / service_unit.MASTER_KEY_CREDENTIAL
+    pki.write_master_key(key)
+    if shutil.which("setfacl") is not None:
+        key.chmod(0o400)
+        subprocess.run(["setfacl", "-m", "u:nobody:r", str(key)], check=True, timeout=30)
+    else:
+        key.chmod(0o440)
+    assert key.stat().st_mode & 0o777 == 0o440
+    with pytest.raises(MasterKeyError, match="open to group or others"):
+        pki.read_master_key(key)  # not under systemd
+    monkeypatch.setenv(certs.CREDENTIALS_ENV, str(credentials))
+    assert len(pki.read_master_key(key)) == pki.MASTER_KEY_BYTES
+    # Nothing more: others' bits, or a file outside the service's credentials, are refused.
+    elsewhere = tmp_path / "master.key"
+    elsewhere.write_bytes(key.read_bytes())
+    elsewhere.chmod(0o440)
+    with pytest.raises(MasterKeyError, match="open to group or others"):
+        pki.read_master_key(elsewhere)
+    key.chmod(0o444)
+    with pytest.raises(MasterKeyError, match="open to group or others"):
+        pki.read_master_key(key)
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
