@@ -311,6 +311,8 @@ def install_service(
         raise Oz0Error(f"--binary {program} is not an executable file")
     euid = os.geteuid()
     as_system = euid == 0 if system is None else system
+    if user is not None and not as_system:
+        raise Oz0Error("--user goes with a system unit: a unit of your user's systemd runs as you")
     key_file = master_key_file.expanduser().absolute()
     pki.read_master_key(key_file)  # a master key, 0600, before the unit names it
     pair = server_start.ui_pair(ui_cert, ui_key)  # both or neither, and they match

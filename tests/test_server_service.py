@@ -149,6 +149,8 @@ def test_a_user_unit_reads_your_own_key_file(
     assert any(line.endswith(f"--master-key-file {key} --advertise {ADVERTISE}") for line in lines)
     assert "WantedBy=default.target" in lines
     assert not any(line.startswith(("LoadCredential", "DynamicUser")) for line in lines)
+    refused = cli(*user_args, "--no-system", "--user", "oz0", "--force")
+    assert refused.code == 1 and "--user goes with a system unit" in refused.err
 
 
 def test_the_key_systemd_hands_the_service_is_read_with_its_acl_mask(
