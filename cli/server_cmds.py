@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from oz0.server import start as server_start
     from oz0.server import tls
     from oz0.server.person_limits import PersonLimits
+    from oz0.server.systemd_notify import Notifier
     from oz0.store.dburl import DatabaseUrl
-    from oz0_common.systemd_notify import Notifier
 
 app = App(name="server", help_format="markdown")  # help: cli/main.py
 log = logging.getLogger(__name__)
@@ -199,8 +199,8 @@ def start(
 
     from oz0.server import logs
     from oz0.server import start as server_start
+    from oz0.server.systemd_notify import Notifier
     from oz0.store.dburl import DatabaseUrl
-    from oz0_common.systemd_notify import Notifier
 
     # First: no process this one starts (dev mode's PostgreSQL) may inherit $NOTIFY_SOCKET.
     notifier = Notifier.from_env()

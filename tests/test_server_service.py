@@ -1,7 +1,7 @@
 """The server under systemd: `server install-service` writes a `Type=notify` unit with no
 secret in it (oz0/server/service_unit.py), and a real server tells the socket
 $NOTIFY_SOCKET names READY=1 once its API and edge listen, STOPPING=1 when it drains
-(oz0_common/systemd_notify.py)."""
+(oz0/server/systemd_notify.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 from fixtures.cluster import ClusterFiles, ServerProcess, end_all
 from oz0 import pki
 from oz0.errors import MasterKeyError
-from oz0.server import service_unit
-from oz0_common import certs, systemd_notify
-from oz0_common.systemd_notify import Notifier
+from oz0.server import service_unit, systemd_notify
+from oz0.server.systemd_notify import Notifier
+from oz0_common import certs
 from tests.conftest import CliRunner
 
 ADVERTISE = "127.0.0.58"  # what cluster_files (tests/conftest.py) advertises

@@ -31,6 +31,7 @@ from oz0.server.metrics import ServerMetrics
 from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
 from oz0.server.session_relay import SessionRelay
+from oz0.server.systemd_notify import Notifier
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
@@ -40,7 +41,6 @@ from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
 from oz0.temporal.supervisor import HostSettings
 from oz0_common import commands as process
-from oz0_common.systemd_notify import Notifier
 
 log = logging.getLogger(__name__)
 
