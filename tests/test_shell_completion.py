@@ -100,7 +100,10 @@ def complete(
 def test_each_kind_of_id_completes_from_the_cluster(cluster: Cluster) -> None:
     env = cluster.env
     nodes = sorted(cluster.nodes)
+    began = time.monotonic()
     assert sorted(complete(env, "node", "show", "")[0]) == nodes
+    # What a TAB costs the shell here: an interpreter's start and one request.
+    print(f"__complete node show: {time.monotonic() - began:.2f} s")
     assert sorted(complete(env, "node", "block", nodes[0], "")[0]) == nodes
     assert sorted(complete(env, "job", "run", "--node", "")[0]) == nodes
     # The typed prefix narrows what the cluster is asked for.
@@ -213,9 +216,10 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
     opened.close()
 
 
-def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
-    cluster: Cluster, tmp_path: Path, terminal: Terminal
-) -> None:
+def _user(tmp_path: Path, cluster: Cluster, shell: str) -> tuple[Path, dict[str, str]]:
+    """A user of the cluster with a HOME of their own, the command on their PATH (this
+    checkout's, as a console script runs it) and SHELL's completion installed the way the
+    docs say; their HOME and environment."""
     home, bin_dir = tmp_path / "home", tmp_path / "bin"
     home.mkdir()
     bin_dir.mkdir()
@@ -234,19 +238,33 @@ def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
         "LANG": "C.UTF-8",
     }
     installed = subprocess.run(
-        [str(program), "--install-completion", "--shell", "bash"],
+        [str(program), "--install-completion", "--shell", shell],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
-    assert "bash completion written to" in installed.stdout
-    assert PROGRAM in (home / ".bashrc").read_text()
+    assert f"{shell} completion written to" in installed.stdout
+    return home, env
 
-    # An interactive bash started from the environment above alone: it reads the
-    # temporary HOME's ~/.bashrc, and nothing of this machine's user.
-    terminal.start(["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-i"])
-    terminal.type("echo ready-$((40 + 2))")
+
+def _interactive(terminal: Terminal, env: dict[str, str], shell: str) -> None:
+    """SHELL, interactive, started from ENV alone: it reads the temporary HOME's start-up
+    files and nothing of this machine's user."""
+    terminal.start(["env", "-i", *(f"{k}={v}" for k, v in env.items()), shell, "-i"])
+    terminal.type("echo ready-42")
     terminal.press("Enter")
     terminal.wait(r"^ready-42\s*$")
+
+
+def _all_of(words: list[str]) -> str:
+    return "(?s)" + "".join(f"(?=.*{re.escape(word)})" for word in words)
+
+
+def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
+    cluster: Cluster, tmp_path: Path, terminal: Terminal
+) -> None:
+    home, env = _user(tmp_path, cluster, "bash")
+    assert PROGRAM in (home / ".bashrc").read_text()
+    _interactive(terminal, env, "bash")
 
     # A command: `no` has one completion.
     terminal.fresh_line()
@@ -257,11 +275,7 @@ def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
     # The cluster's node IDs.
     terminal.fresh_line()
     terminal.type(f"{PROGRAM} node show ")
-    nodes = sorted(cluster.nodes)
-    screen = terminal.complete_until(
-        rf"(?s){PROGRAM} node show\s.*" + ".*".join(re.escape(n) for n in nodes)
-    )
-    assert all(node in screen for node in nodes)
+    terminal.complete_until(_all_of(sorted(cluster.nodes)))
 
     # A flag, then the cluster's tenants as its value.
     terminal.fresh_line()
@@ -269,6 +283,24 @@ def test_bash_completes_commands_and_the_clusters_node_ids_in_a_terminal(
     terminal.press("Tab")
     terminal.wait(rf"{PROGRAM} node list --tenant\s*$")
     terminal.complete_until(r"(?s)--tenant\s.*\bacme\s+default\b")
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_complete_the_clusters_node_ids_in_a_terminal(
+    cluster: Cluster, tmp_path: Path, terminal: Terminal, shell: str
+) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell} (apt-get install {shell})")
+    home, env = _user(tmp_path, cluster, shell)
+    if shell == "zsh":
+        # What a .zshrc has after the fpath line --install-completion put at its top.
+        with (home / ".zshrc").open("a") as zshrc:
+            zshrc.write("autoload -Uz compinit && compinit -u\n")
+    _interactive(terminal, env, shell)
+    terminal.fresh_line()
+    terminal.type(f"{PROGRAM} node show ")
+    # Each ID with its host name beside it.
+    terminal.complete_until(_all_of([*cluster.nodes, *cluster.nodes.values()]))
 
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
