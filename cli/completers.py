@@ -33,24 +33,28 @@ Candidates = list[tuple[str, str]]
 
 
 def _ask(context: CompletionContext, path: str, query: dict[str, Any] | None = None) -> Any:
-    """GET PATH as the context's operator, within DEADLINE; None on any failure."""
+    """GET PATH as the context's operator, the request within DEADLINE; None on any failure."""
+    from cli.client import ApiClient
+    from oz0.context import select
+
     typed = context.get("context")
     explicit = typed.raw if typed is not None else None
+    try:
+        # Nothing learned is written back: a completion changes no file.
+        client = ApiClient(select(Path(explicit) if explicit else None), learn_servers=False)
+    except Exception:
+        return None
     answers: list[Any] = []
 
     def fetch() -> None:
-        from cli.client import ApiClient
-        from oz0.context import select
-
         try:
-            # Nothing learned is written back: a completion changes no file.
-            client = ApiClient(select(Path(explicit) if explicit else None), learn_servers=False)
             answers.append(client.get(path, query))
         except Exception:
             return
 
-    # A daemon thread: one that is still waiting at the deadline is left to the process's
-    # exit, which follows at once.
+    # Only the network in a thread (imports done above: none is left half-done at exit). A
+    # daemon thread: one still waiting at the deadline is left to the process's exit,
+    # which follows at once.
     worker = threading.Thread(target=fetch, name="oz0-completion", daemon=True)
     worker.start()
     worker.join(DEADLINE)
