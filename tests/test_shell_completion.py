@@ -71,7 +71,7 @@ async def _join(token: str, hostnames: tuple[str, ...]) -> dict[str, str]:
 def cluster(served: Served) -> Cluster:
     env = {**os.environ, **served.files.cli_env, "PYTHONPATH": str(REPO)}
     assert _oz0(env, "tenant", "create", "acme").returncode == 0
-    secret = _oz0(env, "token", "create", "--tenant", "default", "--json")
+    secret = _oz0(env, "token", "create", "--tenant", "default", "--max-uses", "0", "--json")
     assert secret.returncode == 0, secret.stderr
     created = json.loads(secret.stdout)
     nodes = trio.run(_join, str(created["token"]), ("web-1", "web-2"))
@@ -231,8 +231,8 @@ def _user(tmp_path: Path, cluster: Cluster, shell: str) -> tuple[Path, dict[str,
         "HOME": str(home),
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
         "PYTHONPATH": str(REPO),
+        # No XDG_CONFIG_HOME: fish would look there, not in ~/.config, for completions.
         "OZ0_CONTEXT": cluster.env["OZ0_CONTEXT"],
-        "XDG_CONFIG_HOME": cluster.env["XDG_CONFIG_HOME"],
         "INPUTRC": str(home / ".inputrc"),
         "TERM": "xterm",
         "LANG": "C.UTF-8",
