@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 from cyclopts import Parameter
 
@@ -78,4 +78,4 @@ def _detected() -> Shell:
         found = None
     if found not in SHELLS:
         raise Oz0Error("cannot tell which shell this is: give --shell bash, zsh or fish")
-    return cast(Shell, found)
+    return found
