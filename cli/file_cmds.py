@@ -10,6 +10,7 @@ from typing import Any
 from cyclopts import App
 
 from cli.client import ApiClient
+from cli.completers import NodeOption, TenantName, TenantOption
 from cli.file_results import push_results
 from cli.file_upload import upload
 from cli.job_cmds import DEFAULT_QUEUE_TIMEOUT, job_body
@@ -41,9 +42,9 @@ def push(
     dest: str,
     mode: str = "0644",
     owner: str | None = None,
-    tenant: str = node_rules.DEFAULT_TENANT,
+    tenant: TenantName = node_rules.DEFAULT_TENANT,
     selector: Selectors = None,
-    node: str | None = None,
+    node: NodeOption = None,
     all: Flag = False,
     batch: BatchShare = None,
     detach: Flag = False,
@@ -158,7 +159,9 @@ def _outcome(client: ApiClient, job_id: str) -> dict[str, Any]:
 
 
 @app.command(name="list")
-def list_(*, tenant: str | None = None, json: JsonFlag = False, context: ContextPath = None) -> int:
+def list_(
+    *, tenant: TenantOption = None, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """The files stored for pushes, newest first."""
     found = ApiClient(select(context)).get("/api/v1/files", {"tenant": tenant})["files"]
     if json:
@@ -183,7 +186,7 @@ def show(
     sha256: str,
     /,
     *,
-    tenant: str = node_rules.DEFAULT_TENANT,
+    tenant: TenantName = node_rules.DEFAULT_TENANT,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -213,7 +216,7 @@ def delete(
     sha256: str,
     /,
     *,
-    tenant: str = node_rules.DEFAULT_TENANT,
+    tenant: TenantName = node_rules.DEFAULT_TENANT,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -235,9 +238,9 @@ def pull(
     /,
     *,
     to: Path,
-    tenant: str = node_rules.DEFAULT_TENANT,
+    tenant: TenantName = node_rules.DEFAULT_TENANT,
     selector: Selectors = None,
-    node: str | None = None,
+    node: NodeOption = None,
     all: Flag = False,
     json: JsonFlag = False,
     context: ContextPath = None,

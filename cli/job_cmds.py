@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import TIMEOUT, ApiClient, ApiError
+from cli.completers import JobId, NodeOption, ScheduleOption, TenantName, TenantOption
 from cli.file_results import push_results
 from cli.file_upload import placed_files
 from cli.job_follow import ENDED_STATES, Follower, outcome
@@ -71,9 +72,9 @@ meta = app.meta
 @app.command
 def run(
     *command: str,
-    tenant: str = node_rules.DEFAULT_TENANT,
+    tenant: TenantName = node_rules.DEFAULT_TENANT,
     selector: Selectors = None,
-    node: str | None = None,
+    node: NodeOption = None,
     all: Flag = False,
     batch: BatchShare = None,
     batch_wait: Annotated[
@@ -217,9 +218,9 @@ def run(
 @app.command(name="list")
 def list_(
     *,
-    tenant: str | None = None,
+    tenant: TenantOption = None,
     state: str | None = None,
-    schedule: str | None = None,
+    schedule: ScheduleOption = None,
     limit: int = 50,
     json: JsonFlag = False,
     context: ContextPath = None,
@@ -258,7 +259,7 @@ def list_(
 
 
 @app.command
-def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def show(job_id: JobId, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """One job in detail, with its attempts."""
     path = f"/api/v1/jobs/{check_job_id(job_id)}"
     client = ApiClient(select(context))
@@ -320,7 +321,7 @@ def show(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None)
 
 @app.command
 def logs(
-    job_id: str,
+    job_id: JobId,
     /,
     *,
     attempt: int | None = None,
@@ -354,7 +355,7 @@ def logs(
 
 
 @app.command
-def cancel(job_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def cancel(job_id: JobId, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """Stop a job: its running attempts' processes are killed (SIGTERM, SIGKILL after 3 s)."""
     path = f"/api/v1/jobs/{check_job_id(job_id)}/cancel"
     job = ApiClient(select(context)).post(path, {})

@@ -61,6 +61,13 @@ app.command(
     name="schedule",
     help="Schedules: jobs run on a cron or an interval (Temporal Schedules).",
 )
+# The script is cyclopts's; the live IDs it completes come from cli/completers.py.
+app.command(
+    "cli.completion_cmds:install_completion",
+    name="--install-completion",
+    help="Install completion of commands, flags and the cluster's IDs in bash, zsh or fish.",
+    help_format="markdown",
+)
 
 
 def run(tokens: Sequence[str]) -> int:

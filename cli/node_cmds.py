@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import ApiClient
+from cli.completers import NodeId, TenantOption
 from cli.output import print_fields, print_json
 from cli.paging import PAGE_SIZE, LimitOption, PageSizeOption, check, pages, print_pages
 from cli.params import ContextPath, JsonFlag
@@ -31,7 +32,7 @@ def _connection(node: dict[str, Any]) -> str:
 def list_(
     *,
     state: str | None = None,
-    tenant: str | None = None,
+    tenant: TenantOption = None,
     label: str | None = None,
     search: str | None = None,
     limit: LimitOption = None,
@@ -72,7 +73,7 @@ def list_(
 
 
 @app.command
-def show(node_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def show(node_id: NodeId, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """One node in detail."""
     node = ApiClient(select(context)).get(f"/api/v1/nodes/{node_id}")
     if json:
@@ -95,7 +96,7 @@ def show(node_id: str, /, *, json: JsonFlag = False, context: ContextPath = None
 
 
 @app.command
-def accept(node_id: str, /, *, context: ContextPath = None) -> int:
+def accept(node_id: NodeId, /, *, context: ContextPath = None) -> int:
     """Let a pending node in; it picks its certificate up at once."""
     node = ApiClient(select(context)).post(f"/api/v1/nodes/{node_id}/accept", {})
     print(f"node {node['id']} accepted (tenant {node['tenant']})")
@@ -103,7 +104,7 @@ def accept(node_id: str, /, *, context: ContextPath = None) -> int:
 
 
 @app.command
-def reject(node_id: str, /, *, reason: str | None = None, context: ContextPath = None) -> int:
+def reject(node_id: NodeId, /, *, reason: str | None = None, context: ContextPath = None) -> int:
     """Refuse a pending node; its agent stops with the reason.
 
     Parameters
@@ -146,10 +147,10 @@ def _report(changed: list[dict[str, Any]], done: str, json: bool) -> None:
 
 @app.command
 def block(
-    *node_ids: str,
+    *node_ids: NodeId,
     reason: str,
     selector: SelectorArgs = None,
-    tenant: str | None = None,
+    tenant: TenantOption = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -178,9 +179,9 @@ def block(
 
 @app.command
 def unblock(
-    *node_ids: str,
+    *node_ids: NodeId,
     selector: SelectorArgs = None,
-    tenant: str | None = None,
+    tenant: TenantOption = None,
     json: JsonFlag = False,
     context: ContextPath = None,
 ) -> int:
@@ -204,7 +205,7 @@ def unblock(
 
 
 @app.command
-def delete(node_id: str, /, *, context: ContextPath = None) -> int:
+def delete(node_id: NodeId, /, *, context: ContextPath = None) -> int:
     """Forget a node. Its files stay on its machine; its key may join again as a new node."""
     node = ApiClient(select(context)).request("DELETE", f"/api/v1/nodes/{node_id}")
     print(f"node {node['id']} deleted")
@@ -213,7 +214,7 @@ def delete(node_id: str, /, *, context: ContextPath = None) -> int:
 
 @app.command
 def purge(
-    node_id: str,
+    node_id: NodeId,
     /,
     *,
     yes: Annotated[bool, Parameter(negative=())] = False,
@@ -245,7 +246,7 @@ SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; fi;
 
 @app.command(name="exec")
 def exec_(
-    node_id: str,
+    node_id: NodeId,
     /,
     *command: str,
     interactive: Annotated[bool, Parameter(name=["--interactive", "-i"], negative=())] = False,
@@ -286,7 +287,7 @@ def exec_(
 
 
 @app.command
-def shell(node_id: str, /, *, user: str | None = None, context: ContextPath = None) -> int:
+def shell(node_id: NodeId, /, *, user: str | None = None, context: ContextPath = None) -> int:
     """An interactive shell on a node (as `node exec -i -t NODE -- bash -l`); its exit code.
 
     Parameters

@@ -17,6 +17,7 @@ from cyclopts import App, Parameter
 
 from cli import job_cmds
 from cli.client import ApiClient
+from cli.completers import ScheduleId, TenantOption
 from cli.job_params import duration, usage_error
 from cli.output import print_fields, print_json, print_table, terminal_safe
 from cli.params import ContextPath, Flag, JsonFlag
@@ -177,7 +178,9 @@ def _create(
 
 
 @app.command(name="list")
-def list_(*, tenant: str | None = None, json: JsonFlag = False, context: ContextPath = None) -> int:
+def list_(
+    *, tenant: TenantOption = None, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """The schedules, newest first, with whether each is paused and its next time.
 
     Parameters
@@ -202,7 +205,7 @@ def list_(*, tenant: str | None = None, json: JsonFlag = False, context: Context
 
 
 @app.command
-def show(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def show(schedule_id: ScheduleId, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """One schedule: what it runs, its state, its next five times and its last runs."""
     shown = ApiClient(select(context)).get(f"/api/v1/schedules/{_check_id(schedule_id)}")
     if json:
@@ -252,19 +255,25 @@ def show(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = 
 
 
 @app.command
-def pause(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def pause(
+    schedule_id: ScheduleId, /, *, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """Pause a schedule: no run starts until it is unpaused (a run under way goes on)."""
     return _act(schedule_id, "pause", json, context)
 
 
 @app.command
-def unpause(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def unpause(
+    schedule_id: ScheduleId, /, *, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """Unpause a schedule: it runs at its next time again."""
     return _act(schedule_id, "unpause", json, context)
 
 
 @app.command
-def trigger(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def trigger(
+    schedule_id: ScheduleId, /, *, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """Run a schedule's job now, under its overlap policy (a `skip` schedule whose last run
     still runs starts none)."""
     return _act(schedule_id, "trigger", json, context)
@@ -272,7 +281,7 @@ def trigger(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath
 
 @app.command(name="set")
 def set_(
-    schedule_id: str,
+    schedule_id: ScheduleId,
     /,
     *,
     owner: Annotated[str, Parameter(metavar="NAME")],
@@ -302,7 +311,9 @@ def set_(
 
 
 @app.command
-def delete(schedule_id: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def delete(
+    schedule_id: ScheduleId, /, *, json: JsonFlag = False, context: ContextPath = None
+) -> int:
     """Delete a schedule: no run starts any more; its jobs stay (`job list --schedule ID`)."""
     return _act(schedule_id, "delete", json, context)
 

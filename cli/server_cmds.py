@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from oz0.server import start as server_start
     from oz0.server import tls
     from oz0.server.person_limits import PersonLimits
+    from oz0.server.systemd_notify import Notifier
     from oz0.store.dburl import DatabaseUrl
 
 app = App(name="server", help_format="markdown")  # help: cli/main.py
@@ -203,8 +204,11 @@ def start(
 
     from oz0.server import logs
     from oz0.server import start as server_start
+    from oz0.server.systemd_notify import Notifier
     from oz0.store.dburl import DatabaseUrl
 
+    # First: no process this one starts (dev mode's PostgreSQL) may inherit $NOTIFY_SOCKET.
+    notifier = Notifier.from_env()
     if not 0.1 <= reconcile_every <= 60:
         raise Oz0Error(f"--reconcile-every must be 0.1 to 60 seconds, not {reconcile_every:g}")
     if not 1 <= max_pending_nodes <= 1_000_000:
@@ -229,6 +233,7 @@ def start(
             max_pending_nodes,
             pair,
             limits,
+            notifier,
             verbose=verbose,
         )
     logs.configure(verbose=verbose)
@@ -246,8 +251,125 @@ def start(
         limits=limits,
     )
     cluster = server_start.prepare(options)
-    trio.run(server_start.run_until_signalled, options, cluster, _print_started)
+    trio.run(server_start.run_until_signalled, options, cluster, _print_started, notifier)
     return 0
+
+
+@app.command(name="install-service")
+def install_service(
+    *,
+    advertise: str,
+    master_key_file: Path,
+    san: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (),
+    listen: str | None = None,
+    ui_cert: Path | None = None,
+    ui_key: Path | None = None,
+    env_file: Path | None = None,
+    user: str | None = None,
+    system: bool | None = None,
+    binary: Path | None = None,
+    unit_path: Path | None = None,
+    force: Annotated[bool, Parameter(negative=())] = False,
+    json: JsonFlag = False,
+) -> int:
+    """Write the systemd unit that runs this server (`systemctl enable --now oz0-server`
+    next): `Type=notify`, ready once it serves; no secret in the unit.
+
+    Parameters
+    ----------
+    advertise
+        IP address other servers and nodes reach this server on (as `server start`).
+    master_key_file
+        The cluster's master key file (root's, mode 0600); systemd hands the service a
+        private copy of it, the file itself stays as it is.
+    san
+        Another name nodes use to reach the edge (repeat for several).
+    listen
+        Address to bind (default 0.0.0.0).
+    ui_cert
+        Your organisation's certificate for the web UI (readable by the service).
+    ui_key
+        The key of --ui-cert (mode 0600; handed over as the master key is).
+    env_file
+        The environment file with OZ0_DB, mode 0600 (default
+        /etc/orchestrator-zero/server.env); made from $OZ0_DB if it does not exist.
+    user
+        Run as this account (default: a user systemd makes for the service alone).
+    system
+        A system unit (the default for root) or, with --no-system, one of your user's
+        systemd.
+    binary
+        The `orchestrator-zero` the unit starts (default: this one).
+    unit_path
+        Where to write the unit (default: /etc/systemd/system/oz0-server.service for root,
+        ~/.config/systemd/user/oz0-server.service for others).
+    force
+        Replace an existing unit that differs.
+    """
+    import os
+
+    from oz0 import pki
+    from oz0.server import service_unit as units
+    from oz0.server import start as server_start
+
+    program = _this_program(binary)
+    if not program.is_file() or not os.access(program, os.X_OK):
+        raise Oz0Error(f"--binary {program} is not an executable file")
+    euid = os.geteuid()
+    as_system = euid == 0 if system is None else system
+    if user is not None and not as_system:
+        raise Oz0Error("--user goes with a system unit: a unit of your user's systemd runs as you")
+    key_file = master_key_file.expanduser().absolute()
+    pki.read_master_key(key_file)  # a master key, 0600, before the unit names it
+    pair = server_start.ui_pair(ui_cert, ui_key)  # both or neither, and they match
+    unit = units.ServerUnit(
+        binary=program,
+        advertise=server_start.check_advertise(advertise),
+        master_key_file=key_file,
+        env_file=(env_file or units.DEFAULT_ENV_FILE).expanduser().absolute(),
+        sans=san,
+        listen=listen,
+        ui_cert=ui_cert.expanduser().absolute() if pair and ui_cert else None,
+        ui_key=ui_key.expanduser().absolute() if pair and ui_key else None,
+        user=user,
+    )
+    text = units.unit_text(unit, system=as_system)
+    target = (
+        unit_path.expanduser().absolute()
+        if unit_path is not None
+        else (units.SYSTEM_UNIT if as_system else Path.home() / units.USER_UNIT)
+    )
+    wrote_env = units.install_env_file(unit.env_file, os.environ.get("OZ0_DB", "").strip())
+    units.install(target, text, force=force)
+    scope = "" if as_system else " --user"
+    if json:
+        print_json(
+            {
+                "unit": str(target),
+                "env_file": str(unit.env_file),
+                "env_file_written": wrote_env,
+                "exec_start": units.exec_start(unit, system=as_system),
+                "system": as_system,
+            }
+        )
+        return 0
+    print(f"wrote {target}: runs {units.exec_start(unit, system=as_system)}")
+    if wrote_env:
+        print(f"wrote {unit.env_file} (mode 0600): OZ0_DB from your environment")
+    else:
+        print(f"reads OZ0_DB from {unit.env_file}")
+    print(f"next: systemctl{scope} daemon-reload && systemctl{scope} enable --now oz0-server")
+    return 0
+
+
+def _this_program(binary: Path | None) -> Path:
+    """BINARY, else this `orchestrator-zero` console script (not `python -m cli.main`)."""
+    if binary is not None:
+        return binary.expanduser().absolute()
+    launcher = Path(sys.argv[0])
+    if launcher.name != "orchestrator-zero":
+        raise Oz0Error("this is not the `orchestrator-zero` command itself; give --binary PATH")
+    return launcher.expanduser().absolute()
 
 
 def _person_limits(
@@ -279,6 +401,7 @@ def _start_dev(
     max_pending_nodes: int,
     ui_pair: tls.UiPair | None,
     limits: PersonLimits,
+    notifier: Notifier,
     *,
     verbose: bool,
 ) -> int:
@@ -336,7 +459,7 @@ def _start_dev(
             print(f"export OZ0_CONTEXT={devmode.context_dir(data_dir) / 'context.json'}")
             sys.stdout.flush()
 
-        trio.run(server_start.run_until_signalled, options, cluster, started)
+        trio.run(server_start.run_until_signalled, options, cluster, started, notifier)
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import ApiClient
+from cli.completers import NodeOption
 from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
@@ -37,7 +38,7 @@ def _ended(session: dict[str, Any]) -> str:
 @app.command(name="list")
 def list_(
     *,
-    node: str | None = None,
+    node: NodeOption = None,
     person: str | None = None,
     live: Annotated[bool, Parameter(negative=())] = False,
     limit: int = 100,

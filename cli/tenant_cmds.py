@@ -9,6 +9,7 @@ from urllib.parse import quote
 from cyclopts import App, Parameter, Token
 
 from cli.client import ApiClient
+from cli.completers import TenantName
 from cli.output import print_fields, print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0 import cap_rules
@@ -150,7 +151,7 @@ def create(
 
 @app.command(name="set")
 def set_(
-    name: str,
+    name: TenantName,
     *,
     job_retention: JobRetention = None,
     max_queued_jobs: MaxQueued = None,
@@ -208,7 +209,7 @@ def set_(
 
 
 @app.command
-def show(name: str, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def show(name: TenantName, /, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """Tenant NAME: its namespace, job retention and caps."""
     tenant = ApiClient(select(context)).get(f"/api/v1/tenants/{quote(name)}")
     if json:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from cyclopts import App, Parameter
 
 from cli.client import ApiClient
+from cli.completers import TenantName, TokenId
 from cli.output import print_json, print_table
 from cli.params import ContextPath, JsonFlag
 from oz0.context import select
@@ -30,7 +31,7 @@ LabelArgs = Annotated[
 @app.command
 def create(
     *,
-    tenant: str,
+    tenant: TenantName,
     ttl: str = DEFAULT_TTL,
     max_uses: int = DEFAULT_MAX_USES,
     label: LabelArgs = None,
@@ -126,7 +127,7 @@ def list_(*, json: JsonFlag = False, context: ContextPath = None) -> int:
 
 
 @app.command
-def revoke(token_id: str, *, json: JsonFlag = False, context: ContextPath = None) -> int:
+def revoke(token_id: TokenId, *, json: JsonFlag = False, context: ContextPath = None) -> int:
     """Stop new joins with a token; nodes that already joined with it stay.
 
     Parameters

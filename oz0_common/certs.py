@@ -42,6 +42,10 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# Where systemd puts a service's credentials (`LoadCredential=`: the server's unit).
+CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
+
+
 def read_private(path: Path, what: str, error: type[Oz0Error], max_bytes: int = 1 << 16) -> bytes:
     """Read a secret file, refusing one that group or others may read."""
     try:
@@ -52,13 +56,24 @@ def read_private(path: Path, what: str, error: type[Oz0Error], max_bytes: int = 
         raise error(f"cannot read {what} {path}: {e.strerror}") from None
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & 0o077:
+        if mode & 0o077 and not _systemd_credential(path, mode):
             raise error(
                 f"{what} {path} is open to group or others (mode {mode:04o}); run: chmod 600 {path}"
             )
         return os.read(fd, max_bytes)
     finally:
         os.close(fd)
+
+
+def _systemd_credential(path: Path, mode: int) -> bool:
+    """Whether PATH is one of this service's systemd credentials, which only the service
+    reaches: systemd makes each 0400 and, where the file system has ACLs (tmpfs), lets the
+    service's user read it with an ACL entry, whose mask `stat` shows as the group's read
+    bit. Nothing more than that bit is let through."""
+    directory = os.environ.get(CREDENTIALS_ENV)
+    if not directory or mode & 0o037:
+        return False
+    return Path(path).absolute().parent == Path(directory).absolute()
 
 
 def new_private_key() -> ec.EllipticCurvePrivateKey:

@@ -31,6 +31,7 @@ from oz0.server.metrics import ServerMetrics
 from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
 from oz0.server.session_relay import SessionRelay
+from oz0.server.systemd_notify import Notifier
 from oz0.store import databases, migrations
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
@@ -277,18 +278,30 @@ async def run_server(
 
 
 async def run_until_signalled(
-    options: StartOptions, cluster: Cluster, on_started: Callable[[Running], None]
+    options: StartOptions,
+    cluster: Cluster,
+    on_started: Callable[[Running], None],
+    notifier: Notifier | None = None,
 ) -> None:
     """Run the server until SIGINT or SIGTERM; then drain it (at most SHUTDOWN_GRACE) and
-    stop every role."""
+    stop every role.
+
+    Under systemd (`Type=notify`, `server install-service`), NOTIFIER tells it READY=1 once
+    the management API and the edge listen, and STOPPING=1 when the drain begins."""
     started: list[Running] = []
+    systemd = notifier if notifier is not None else Notifier.from_env()
 
     async def start(root: trio.Nursery) -> None:
         running = await root.start(run_server, options, cluster)
         started.append(running)
         on_started(running)
+        systemd.notify(
+            "READY=1",
+            f"STATUS=serving: management {running.management_url}, edge {running.edge_address}",
+        )
 
     async def drain() -> None:
+        systemd.notify("STOPPING=1", "STATUS=draining")
         for running in started:
             await running.drain()
 
