@@ -127,23 +127,25 @@ class Prefixed:
 
 class Grouped:
     def __init__(self) -> None:
-        # Each attempt's output in the order it came: (stream, bytes) pieces.
-        self._held: dict[int, list[Write]] = {}
+        # Each attempt's output in the order it came: (stream, bytes) pieces, each grown in
+        # place while its stream goes on.
+        self._held: dict[int, list[tuple[str, bytearray]]] = {}
         self._nodes: dict[int, str] = {}
 
     def output(self, attempt: int, node: str, stream: str, data: bytes) -> list[Write]:
         self._nodes[attempt] = node
         pieces = self._held.setdefault(attempt, [])
         if pieces and pieces[-1][0] == stream:
-            pieces[-1] = (stream, pieces[-1][1] + data)
+            pieces[-1][1].extend(data)
         else:
-            pieces.append((stream, data))
+            pieces.append((stream, bytearray(data)))
         return []
 
     def note(self, text: str, attempt: int | None = None) -> list[Write]:
         if attempt is None or attempt not in self._nodes:
             return [_note(text)]
-        self._held.setdefault(attempt, []).append(_note(text))
+        stream, line = _note(text)
+        self._held.setdefault(attempt, []).append((stream, bytearray(line)))
         return []
 
     def ended(self, attempt: int, node: str, how: str) -> list[Write]:
@@ -156,7 +158,7 @@ class Grouped:
             lines = data.split(b"\n")
             if lines[-1] == b"":
                 lines.pop()
-            text = "".join(safe_line(line) + "\n" for line in lines)
+            text = "".join(safe_line(bytes(line)) + "\n" for line in lines)
             writes.append((stream, text.encode()))
         return writes
 

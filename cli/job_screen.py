@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from cli.job_lines import STDERR, STDOUT, Write
 
@@ -22,9 +22,10 @@ LIVE, LINES, OFF = "live", "lines", "off"
 DEFAULT_COLUMNS = 80
 
 
-def is_terminal(stream: object) -> bool:
+def is_terminal(stream: Any) -> bool:
+    """Whether STREAM (sys.stderr, or what a test put there) is a terminal."""
     try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
+        return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
 

@@ -93,7 +93,7 @@ def gated(gates: Path) -> list[str]:
     is done and exits 3 if the test made it fail."""
     g = shlex.quote(str(gates))
     script = (
-        f'while [ ! -e {g}/go-"$OZ0_NODE_ID" ] && [ ! -e {g}/go-all ]; do sleep 0.1; done;'
+        f'while [ ! -e {g}/go-"$OZ0_NODE_ID" ] && [ ! -e {g}/go-all ]; do sleep 0.2; done;'
         f' echo "done $OZ0_NODE_ID"; [ ! -e {g}/fail-"$OZ0_NODE_ID" ] || exit 3'
     )
     return ["sh", "-c", script]
