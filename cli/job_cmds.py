@@ -16,7 +16,8 @@ from cli.client import TIMEOUT, ApiClient, ApiError
 from cli.completers import JobId, NodeOption, ScheduleOption, TenantName, TenantOption
 from cli.file_results import push_results
 from cli.file_upload import placed_files
-from cli.job_follow import ENDED_STATES, Follower, outcome
+from cli.job_follow import ENDED_STATES, Follower, Sink, outcome
+from cli.job_lines import OutputMode
 from cli.job_params import (
     BatchShare,
     Selectors,
@@ -35,6 +36,8 @@ from cli.job_params import (
     size_bytes,
     usage_error,
 )
+from cli.job_recap import recap_json, recap_lines
+from cli.job_view import Shown, View
 from cli.output import print_fields, print_json, print_table, terminal_safe, warn
 from cli.params import ContextPath, Flag, JsonFlag
 from oz0 import node_rules
@@ -112,7 +115,17 @@ def run(
     ] = None,
     file: Annotated[list[str] | None, Parameter(negative=(), metavar="SRC[:NAME]")] = None,
     detach: Flag = False,
-    json: JsonFlag = False,
+    output: Annotated[OutputMode, Parameter(show_default=False)] = "raw",
+    progress: bool | None = None,
+    json: Annotated[
+        bool,
+        Parameter(
+            name="--json",
+            negative=(),
+            help="With --detach: the job as JSON. Else: follow it and print its recap as"
+            " JSON once it ends (its output is not printed: `job logs`).",
+        ),
+    ] = False,
     context: ContextPath = None,
 ) -> int:
     """Run a command on a node of the fleet (put it after --) and follow it.
@@ -120,7 +133,8 @@ def run(
     Without --detach: prints the command's output as it comes (stdout to stdout, stderr to
     stderr) and exits with its exit code; a job that ends another way (lost, cancelled,
     timed out, never placed) prints one line saying why and exits 1. Ctrl-C leaves the job
-    running.
+    running. A job on many nodes (--all) shows, when stderr is a terminal, one live line of
+    where its parts are, and a recap when it ends.
 
     Parameters
     ----------
@@ -187,12 +201,23 @@ def run(
         the cluster, checked by its SHA-256 on the node (docs/files.md).
     detach
         Print the job ID and leave it running.
+    output
+        How the output of its nodes is laid out: raw (as it comes, byte for byte), prefixed
+        (each line behind its node's ID) or grouped (each node's output in one block when
+        its part ends). [default: raw]
+    progress
+        Show the live line of where the parts are (on stderr) and the recap at the end;
+        --no-progress: neither. [default: when stderr is a terminal and the job runs on
+        many nodes (--all)]
     """
     # Every option of the job itself, as `schedule create` takes them too (job_body).
     options = {k: v for k, v in locals().items() if k not in _NOT_THE_JOBS}
-    if json and not detach:
+    if detach and (output != "raw" or progress is not None):
+        flag = "--output" if output != "raw" else "--progress"
+        raise usage_error(f"{flag} does not go with --detach: it is how a followed job shows")
+    if json and not detach and output != "raw":
         raise usage_error(
-            "--json goes with --detach: a followed job prints its command's own output"
+            "--output does not go with --json: a followed job's --json prints its recap only"
         )
     body = job_body(command, options)
     client = ApiClient(select(context))
@@ -212,7 +237,10 @@ def run(
         else:
             print(terminal_safe(job["id"]))
         return 0
-    return _follow(client, job["id"], context, headers="moves", only_attempt=None, run=True)
+    shown = Shown.of(output, progress, json, many=bool(body["all"]))
+    return _follow(
+        client, job["id"], context, headers="moves", only_attempt=None, run=True, shown=shown
+    )
 
 
 @app.command(name="list")
@@ -386,7 +414,13 @@ def output_fetch(
 
 
 def _follower(
-    client: ApiClient, job_id: str, *, headers: str, only_attempt: int | None
+    client: ApiClient,
+    job_id: str,
+    *,
+    headers: str,
+    only_attempt: int | None,
+    sink: Sink | None = None,
+    node_headers: bool = True,
 ) -> Follower:
     return Follower(
         output_fetch(client, job_id, only_attempt),
@@ -394,6 +428,8 @@ def _follower(
         sys.stderr.buffer,
         headers=headers,
         only_attempt=only_attempt,
+        sink=sink,
+        node_headers=node_headers,
     )
 
 
@@ -405,31 +441,66 @@ def _follow(
     headers: str,
     only_attempt: int | None,
     run: bool,
+    shown: Shown | None = None,
 ) -> int:
     """Follow JOB_ID to its end and exit as its command did; Ctrl-C leaves it running."""
     sys.stdout.flush()
-    follower = _follower(client, job_id, headers=headers, only_attempt=only_attempt)
+    view = None if shown is None or shown.plain else shown.view(job_id)
+    follower = _follower(
+        client,
+        job_id,
+        headers=headers,
+        only_attempt=only_attempt,
+        sink=view,
+        # Laid out by node, or not shown: the lines naming each node's attempt say nothing.
+        node_headers=shown is None or (shown.output == "raw" and not shown.json),
+    )
     try:
         job = follower.run(follow=True)
     except KeyboardInterrupt:
+        _stop(view, flush=True)
         _still_running(job_id, context, "interrupted")
         return 130
     except BrokenPipeError:
+        _stop(view, flush=False)
         code = _stdout_closed()
         if run:
             _still_running(job_id, context, "output closed")
         return code
     except ApiError as e:
+        _stop(view, flush=True)
         raise ApiError(
             f"{e}; job {job_id} may still be running: follow it with"
             f" `orchestrator-zero job logs {job_id} --follow{_context_arg(context)}`"
         ) from None
+    except BaseException:
+        _stop(view, flush=False)
+        raise
+    if not _stop(view, flush=True):
+        return _stdout_closed()
     if job.get("state") not in ENDED_STATES:
         raise ApiError(f"the server said job {job_id} ended but it is {job.get('state')}")
     code, line = outcome(job)
+    if shown is not None and shown.json:
+        print_json(recap_json(job))
+    elif shown is not None and shown.recap:
+        for recap_line in recap_lines(job):
+            print(recap_line, file=sys.stderr)
     if line is not None:
         print(line, file=sys.stderr)
     return code
+
+
+def _stop(view: View | None, *, flush: bool) -> bool:
+    """Let out what the view holds (unless FLUSH is false: our stdout is gone) and wipe its
+    live line; false if the reader of our stdout went away meanwhile."""
+    if view is None:
+        return True
+    try:
+        view.stop(flush=flush)
+    except BrokenPipeError:
+        return False
+    return True
 
 
 def _still_running(job_id: str, context: Path | None, why: str) -> None:
@@ -558,7 +629,7 @@ def _time(iso: str | None) -> str:
 
 
 # `job run`'s own parameters that are not the job's: how the command line follows it.
-_NOT_THE_JOBS = frozenset({"command", "detach", "json", "context", "file"})
+_NOT_THE_JOBS = frozenset({"command", "detach", "json", "context", "file", "output", "progress"})
 
 
 def job_body(command: Sequence[str], options: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import binascii
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from cli.output import terminal_safe
 from oz0.errors import Oz0Error
@@ -43,6 +43,17 @@ class BadOutput(Oz0Error):
     pass
 
 
+class Sink(Protocol):
+    """Where a follower's output goes when it is laid out rather than written as it comes
+    (cli/job_view.py: `job run --output`, the live line)."""
+
+    def output(self, attempt: int, node: str, stream: str, data: bytes) -> None: ...
+
+    def note(self, text: str, attempt: int | None = None) -> None: ...
+
+    def page(self, job: dict[str, Any], *, caught_up: bool) -> None: ...
+
+
 @dataclass
 class Follower:
     """Write a job's chunks to OUT and ERR; `run` until caught up, or until the job ends.
@@ -50,7 +61,10 @@ class Follower:
     headers: "moves" (`job run`: nothing before the first attempt's output, a header when
     the attempt changes, naming why the last one ended) or "always" (`job logs`: every
     attempt headed, the first too). `--all` jobs run their attempts side by side, so their
-    headers name only the attempt and its node.
+    headers name only the attempt and its node; none at all with node_headers false (an
+    output laid out by node names each node already).
+
+    sink: where output and our lines go instead of OUT and ERR, and each page's job.
     """
 
     fetch: FetchPage
@@ -61,6 +75,8 @@ class Follower:
     sleep: Callable[[float], None] = time.sleep
     interval: float = POLL_INTERVAL
     wait: int = FOLLOW_WAIT
+    sink: Sink | None = None
+    node_headers: bool = True
     cursor: int = 0
     job: dict[str, Any] = field(default_factory=dict)
     _shown: int | None = None
@@ -82,6 +98,11 @@ class Follower:
                 self._write(chunk)
             if page.get("cursor") is not None:
                 self.cursor = int(page["cursor"])
+            if self.sink is not None:
+                # Caught up with the output stored when the job was read: the page held
+                # all there was (a server older than `more`: an empty page says so).
+                more = page.get("more")
+                self.sink.page(self.job, caught_up=more is False or (more is None and not chunks))
             if chunks:
                 continue  # there may be more right away
             # Caught up: the output of an ended job is complete once a page is empty.
@@ -105,14 +126,18 @@ class Follower:
             raise BadOutput(
                 f"the server sent output of job {self._job_id()} that is not base64"
             ) from None
-        target = self.out if chunk["stream"] == "stdout" else self.err
-        if data:
+        stream = "stdout" if chunk["stream"] == "stdout" else "stderr"
+        if self.sink is not None:
+            self.sink.output(attempt, str(chunk.get("node")), stream, data)
+        elif data:
+            target = self.out if stream == "stdout" else self.err
             target.write(data)
             target.flush()
         if chunk.get("truncated"):
             self._line(
                 f"--- output of attempt {attempt} truncated: it passed the cap of 1 MiB"
-                " per attempt, the rest was dropped"
+                " per attempt, the rest was dropped",
+                attempt,
             )
 
     def _announce_newest(self) -> None:
@@ -141,6 +166,8 @@ class Follower:
         previous, self._shown = self._shown, attempt
         if self.headers == "moves" and previous is None and attempt == 1:
             return
+        if self.job.get("all") and not self.node_headers:
+            return
         line = f"--- attempt {attempt} on {node}"
         if self.job.get("all"):
             pass  # side by side: no attempt ended to make room for this one
@@ -157,7 +184,10 @@ class Follower:
                 return dict(attempt)
         return {}
 
-    def _line(self, text: str) -> None:
+    def _line(self, text: str, attempt: int | None = None) -> None:
+        if self.sink is not None:
+            self.sink.note(text, attempt)
+            return
         self.err.write((terminal_safe(text) + "\n").encode())
         self.err.flush()
 

@@ -109,7 +109,15 @@ def _create_from(tokens: Sequence[str]) -> int:
     own, theirs = _split(tokens[:cut])
     _, bound, _ = app.parse_args(["create", *own], exit_on_error=False, print_error=False)
     mine = {**bound.kwargs}
-    for forbidden in ("--detach", "--secret-env", "--file"):
+    # What only a followed `job run` has (how it shows the job), or what a schedule cannot keep.
+    for forbidden in (
+        "--detach",
+        "--secret-env",
+        "--file",
+        "--output",
+        "--progress",
+        "--no-progress",
+    ):
         if forbidden in theirs or any(t.startswith(forbidden + "=") for t in theirs):
             raise usage_error(f"{forbidden} does not go with a schedule")
     _, job_bound, _ = job_cmds.app.parse_args(

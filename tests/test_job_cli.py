@@ -102,7 +102,10 @@ def test_env_pairs() -> None:
         ["--node", NODE_A, "--all"],
         ["--retries", "-1"],
         ["--retries", "many"],
-        ["--json"],  # without --detach
+        ["--json", "--output", "prefixed"],  # --json prints the recap only
+        ["--detach", "--output", "grouped"],  # how a followed job shows
+        ["--detach", "--progress"],
+        ["--output", "columns"],
     ],
 )
 def test_bad_job_run_options_are_one_line_and_exit_2(cli: CliRunner, args: list[str]) -> None:
