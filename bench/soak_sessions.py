@@ -21,14 +21,18 @@ import trio_websocket
 from bench.soak_check import SessionRecord
 from bench.soak_state import ADDRESSES, Soak
 from bench.soak_workload import SessionPlan
-from cli.session_client import _management_address, _ssl_context
+from cli.session_client import (
+    Elsewhere,
+    SessionError,
+    _management_address,
+    _ssl_context,
+    each_server,
+)
 from oz0.context import MANAGEMENT_PORT
 from oz0_common import certs
 from oz0_common import session_messages as sm
 
 CONNECT_TIMEOUT = 10.0
-# Another server holds the node's stream: connect there, once (as the CLI).
-MAX_HOPS = 2
 SIZE = sm.WindowSize(24, 80)
 # The most sessions read back at the end (GET /api/v1/sessions's limit).
 LISTED = 1000
@@ -60,39 +64,30 @@ async def session(soak: Soak, plan: SessionPlan, rng: random.Random) -> None:
     try:
         with trio.fail_after(plan.bound):
             await converse(soak, seen, command)
-    except Broken as e:
+    except (Broken, SessionError) as e:
         seen.error = str(e)[:200]
     except (OSError, trio.TooSlowError, trio_websocket.HandshakeError) as e:
         seen.error = f"{type(e).__name__}: {e}"[:200]
 
 
 async def converse(soak: Soak, seen: Seen, command: list[str]) -> None:
+    """The session through the servers in turn (a different first one each time), as the
+    CLI goes: the same loop, cli.session_client.each_server."""
     assert soak.context is not None
     tls = _ssl_context(soak.context)
     soak.api_turn += 1
     first = soak.api_turn % len(ADDRESSES)
     servers = [f"{a}:{MANAGEMENT_PORT}" for a in ADDRESSES[first:] + ADDRESSES[:first]]
-    failures: list[str] = []
-    hops = 0
-    while servers:
-        server = servers.pop(0)
-        try:
-            elsewhere = await through(server, tls, soak, seen, command)
-        except OSError as e:
-            failures.append(f"{server}: {e}")
-            continue
-        if elsewhere is None:
-            return
-        hops += 1
-        if hops >= MAX_HOPS:
-            raise Broken(f"sent from server to server ({elsewhere})")
-        servers = [elsewhere]
-    raise Broken("no server answered: " + "; ".join(failures))
+
+    async def step(server: str) -> Elsewhere | None:
+        return await through(server, tls, soak, seen, command)
+
+    await each_server(servers, step)
 
 
 async def through(
     server: str, tls: ssl.SSLContext, soak: Soak, seen: Seen, command: list[str]
-) -> str | None:
+) -> Elsewhere | None:
     """The session through SERVER: None when it ended, or the server holding the node."""
     host, _, port = server.rpartition(":")
     with trio.fail_after(CONNECT_TIMEOUT):
@@ -100,7 +95,7 @@ async def through(
         stream = trio.SSLStream(tcp, tls, server_hostname=certs.API_SERVER_NAME)
         await stream.do_handshake()
     path = f"/api/v1/nodes/{seen.node}/session"
-    answer: str | None = None
+    answer: Elsewhere | None = None
     error: str | None = None
     async with trio.open_nursery() as nursery:
         # Errors kept and raised after the nursery: not wrapped in an exception group.
@@ -125,7 +120,7 @@ async def through(
 
 async def messages(
     ws: trio_websocket.WebSocketConnection, seen: Seen, command: list[str]
-) -> str | None:
+) -> Elsewhere | None:
     mode = sm.Mode(tty=False, stdin=False, user=None)
     await ws.send_message(json.dumps({"type": "open", "command": command, "term": None,
                                       **SIZE.fields(), **mode.fields()}))  # fmt: skip

@@ -15,9 +15,10 @@ import ssl
 import termios
 import tty
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import trio
 import trio_websocket
@@ -38,8 +39,43 @@ EOF_CHARACTER = b"\x04"
 READ_SIZE = 16 * 1024
 
 
+T = TypeVar("T")
+
+
 class SessionError(Oz0Error):
     pass
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """The management API of the server holding the node's stream, as another named it."""
+
+    server: str
+
+
+async def each_server(servers: Sequence[str], step: Callable[[str], Awaitable[T | Elsewhere]]) -> T:
+    """STEP's answer from the first of SERVERS that answers (one that cannot be reached
+    (OSError) is passed over), following a server that names the one holding the node's
+    stream at most MAX_HOPS times. SessionError when none answers."""
+    left = list(servers)
+    failures: list[str] = []
+    hops = 0
+    while left:
+        server = left.pop(0)
+        try:
+            answer = await step(server)
+        except OSError as e:
+            failures.append(f"{server}: {e.strerror or e}")
+            continue
+        if not isinstance(answer, Elsewhere):
+            return answer
+        hops += 1
+        if hops >= MAX_HOPS:
+            raise SessionError(
+                f"the servers sent this session from one to another ({answer.server})"
+            )
+        left = [answer.server]
+    raise SessionError("no server of the context answered: " + "; ".join(failures))
 
 
 def check_user(user: str | None) -> None:
@@ -102,23 +138,11 @@ def _ssl_context(context: Context) -> ssl.SSLContext:
 
 async def _session(context: Context, node_id: str, command: list[str], mode: sm.Mode) -> int:
     tls = _ssl_context(context)
-    servers = list(context.addresses)
-    failures: list[str] = []
-    hops = 0
-    while servers:
-        server = servers.pop(0)
-        try:
-            answer = await _one_server(server, tls, context, node_id, command, mode)
-        except OSError as e:
-            failures.append(f"{server}: {e.strerror or e}")
-            continue
-        if isinstance(answer, int):
-            return answer
-        hops += 1
-        if hops >= MAX_HOPS:
-            raise SessionError(f"the servers sent this session from one to another ({answer})")
-        servers = [answer]
-    raise SessionError("no server of the context answered: " + "; ".join(failures))
+
+    async def step(server: str) -> int | Elsewhere:
+        return await _one_server(server, tls, context, node_id, command, mode)
+
+    return await each_server(context.addresses, step)
 
 
 async def _one_server(
@@ -128,7 +152,7 @@ async def _one_server(
     node_id: str,
     command: list[str],
     mode: sm.Mode,
-) -> int | str:
+) -> int | Elsewhere:
     """The session through SERVER: its exit code, or the server that holds the node."""
     host, _, port = server.rpartition(":")
     host = host.strip("[]")
@@ -169,7 +193,7 @@ async def _through(
     path: str,
     command: list[str],
     mode: sm.Mode,
-) -> int | str:
+) -> int | Elsewhere:
     async with trio.open_nursery() as nursery:
         try:
             ws = await trio_websocket.wrap_client_stream(nursery, stream, host, path)
@@ -195,7 +219,7 @@ async def _converse(
     command: list[str],
     mode: sm.Mode,
     nursery: trio.Nursery,
-) -> int | str:
+) -> int | Elsewhere:
     size = window_size()
     term = os.environ.get("TERM") or None
     await _send(ws, "open", command=command, term=term, **size.fields(), **mode.fields())
@@ -226,10 +250,10 @@ async def _converse(
             raise SessionError(str(message.get("message")))
 
 
-def _management_address(advertise: str) -> str:
+def _management_address(advertise: str) -> Elsewhere:
     """The management API of the server advertised as ADVERTISE."""
     try:
-        return check_address(server_address(advertise))
+        return Elsewhere(check_address(server_address(advertise)))
     except ContextError:
         raise SessionError(f"the server named an invalid address {advertise!r}") from None
 
