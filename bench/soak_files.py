@@ -14,7 +14,8 @@ from typing import Any
 
 import trio
 
-from bench.soak_check import ENDED, PushedFile, PushRecord
+from bench.soak_check import ENDED
+from bench.soak_model import PushedFile, PushRecord
 from bench.soak_state import Soak
 from bench.soak_workload import Content, JobPlan
 from cli.client import ApiError

@@ -19,9 +19,9 @@ from pathlib import Path
 import trio
 
 from bench.runner import log, wait_until
-from bench.soak_check import Exit, FaultSpan
 from bench.soak_faults import CONTROL_PLANE, Fault
 from bench.soak_fleet import Agent
+from bench.soak_model import Exit, FaultSpan
 from bench.soak_netns import CUTS
 from bench.soak_state import ADDRESSES, SERVER_START_TIMEOUT, Soak
 from fixtures.agent import AgentProcess

@@ -16,8 +16,8 @@ import psycopg
 import trio
 
 from bench.runner import log, wait_until
-from bench.soak_check import BlockProbe, Change
 from bench.soak_fleet import Agent
+from bench.soak_model import BlockProbe, Change
 from bench.soak_probe import TemporalProbe
 from bench.soak_state import ADDRESSES, Failed, Soak
 from bench.soak_workload import Action

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from bench.soak_check import AttemptRecord, JobRecord, Records, SessionRecord, read_ledger
+from bench.soak_model import AttemptRecord, JobRecord, Records, SessionRecord, read_ledger
 from bench.soak_state import Soak
 from bench.soak_workload import MARGIN, QUEUE_TIMEOUT
 

@@ -14,8 +14,8 @@ import time
 
 import trio
 
-from bench.soak_check import Change
 from bench.soak_files import follow_push, store_file
+from bench.soak_model import Change
 from bench.soak_operators import operator_action
 from bench.soak_sessions import session
 from bench.soak_state import Soak

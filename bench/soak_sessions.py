@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import trio
 import trio_websocket
 
-from bench.soak_check import SessionRecord
+from bench.soak_model import SessionRecord
 from bench.soak_state import ADDRESSES, Soak
 from bench.soak_workload import SessionPlan
 from cli.session_client import (

@@ -17,17 +17,9 @@ import psycopg
 import trio
 
 from bench.runner import Bench
-from bench.soak_check import (
-    BlockProbe,
-    Change,
-    Exit,
-    FaultSpan,
-    HostExit,
-    PushRecord,
-    Sample,
-)
 from bench.soak_faults import Fault
 from bench.soak_ledger import Ledger
+from bench.soak_model import BlockProbe, Change, Exit, FaultSpan, HostExit, PushRecord, Sample
 from bench.soak_workload import JobPlan
 from cli.client import ApiClient, ApiError
 from fixtures.cluster import ServerProcess

@@ -15,8 +15,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from bench.measure import percentiles
-from bench.soak_check import Records, rss_changes
+from bench.soak_check import rss_changes
 from bench.soak_faults import Fault
+from bench.soak_model import Records
 from bench.soak_state import Soak
 
 

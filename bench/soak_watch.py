@@ -16,7 +16,7 @@ import trio
 
 from bench.measure import rss_mib
 from bench.runner import log
-from bench.soak_check import Exit, HostExit, Sample
+from bench.soak_model import Exit, HostExit, Sample
 from bench.soak_state import APP_NAME, SERVER_START_TIMEOUT, Soak
 from oz0.temporal.host import HOST_ENV
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak_check import (
+from bench.soak_check import check, rss_changes
+from bench.soak_ledger import LEDGER_PARENT, ledger
+from bench.soak_model import (
     AttemptRecord,
     BadLedger,
     BlockProbe,
@@ -27,11 +29,8 @@ from bench.soak_check import (
     Run,
     Sample,
     SessionRecord,
-    check,
     read_ledger,
-    rss_changes,
 )
-from bench.soak_ledger import LEDGER_PARENT, ledger
 
 T0 = 1_800_000_000.0
 HELLO = hashlib.sha256(b"hello\n").hexdigest()
