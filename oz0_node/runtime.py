@@ -13,9 +13,12 @@ stops (a server's restart, a move to another edge).
 
 temporalio is asyncio-only: the Client and the Worker are made and run on the loop of an
 asyncio portal (oz0_common/asyncio_portal.py) that run() owns. Stopping is bounded: the
-worker shuts down (activities get GRACEFUL_SHUTDOWN), and the portal's thread is waited
-for, all within STOP_TIMEOUT; a thread that outlives it is logged
-and left behind as a daemon, never holding up the agent's exit.
+worker is shut down, not cancelled (activities get GRACEFUL_SHUTDOWN), within WORKER_STOP,
+then the portal's thread is waited for, all within STOP_TIMEOUT; a thread that outlives it
+is logged and left behind as a daemon, never holding up the agent's exit. The shutdown
+must run to its end: a worker whose shutdown is cut short never frees what temporalio's
+core holds for it (about half a MiB, measured), and an agent makes a runtime for every
+control stream and every retry on one, so its memory grew with every reconnect.
 """
 
 from __future__ import annotations
@@ -39,7 +42,13 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from oz0_common import __version__, certs
-from oz0_common.asyncio_portal import PortalStuck, asyncio_portal
+from oz0_common.asyncio_portal import (
+    CallCancelled,
+    Portal,
+    PortalClosed,
+    PortalStuck,
+    asyncio_portal,
+)
 from oz0_node import plugins
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir
 from oz0_node.jobs.attempt import AttemptPort, attempt_activity
@@ -60,10 +69,12 @@ GRACEFUL_SHUTDOWN = dt.timedelta(seconds=1)
 # Heartbeats reach Temporal at least this often, so a cancellation reaches an attempt
 # (it comes back in a heartbeat's answer) within about this long.
 HEARTBEAT_THROTTLE = dt.timedelta(seconds=1)
-# The worker's graceful shutdown, then a margin.
-STOP_TIMEOUT = GRACEFUL_SHUTDOWN.total_seconds() + 2.0
-# What the portal has after the attempts ended: the worker's graceful shutdown, a margin.
-PORTAL_STOP = GRACEFUL_SHUTDOWN.total_seconds() + 1.0
+# The worker's graceful shutdown, then a margin for its core to finish.
+WORKER_STOP = GRACEFUL_SHUTDOWN.total_seconds() + 0.5
+# What the portal has after the worker shut down (nothing, unless that shutdown overran
+# WORKER_STOP and the worker is cancelled instead).
+PORTAL_STOP = 1.5
+STOP_TIMEOUT = WORKER_STOP + PORTAL_STOP
 RUNNING_POLL = 0.05
 
 
@@ -159,6 +170,14 @@ class NodeRuntime:
         self._stopping = False
         self._stop_scope: trio.CancelScope | None = None
         self._ended = trio.Event()
+        # The asyncio side's: the worker, once made (read from Trio once the portal ended).
+        self._worker: Worker | None = None
+
+    @property
+    def worker_finished(self) -> bool | None:
+        """Whether its worker's shutdown ran to its end, freeing what temporalio's core
+        held for it (None: it made no worker)."""
+        return None if self._worker is None else self._worker.is_shutdown
 
     @property
     def thread_name(self) -> str:
@@ -200,6 +219,7 @@ class NodeRuntime:
         """Serve until stopped or cancelled (None), or until the worker ends by itself
         (why it did)."""
         reason: str | None = None
+        stopped = False
         # The worker's call is shielded: a stop or a cancellation reaches it only through
         # `serving`, once the nursery is done.
         serving = trio.CancelScope(shield=True)
@@ -226,12 +246,40 @@ class NodeRuntime:
                 try:
                     await trio.sleep_forever()
                 finally:
+                    if reason is None:  # stopped, or cancelled, while its worker runs
+                        stopped = True
+                        await self._shut_down_worker(portal)
                     serving.cancel()
         except PortalStuck:
             pass  # logged, with where it is stuck; the daemon thread never holds up exit
-        return None if serving.cancelled_caught else reason
+        return None if stopped or serving.cancelled_caught else reason
+
+    async def _shut_down_worker(self, portal: Portal) -> None:
+        """Shut its worker down and wait for that to end, within WORKER_STOP; `serve`'s
+        call then returns by itself. Not a cancellation: temporalio's worker frees its
+        core only at the end of its shutdown, which a cancellation cuts short."""
+        with trio.CancelScope(shield=True), trio.move_on_after(WORKER_STOP) as bounded:
+            try:
+                await portal.call(self._shut_down)
+            except (PortalClosed, CallCancelled):
+                pass  # the loop is ending: nothing is left to shut down
+            except Exception:
+                log.exception("node runtime %d: its worker's shutdown failed", self.number)
+        if bounded.cancelled_caught:
+            log.warning(
+                "node runtime %d: its worker did not shut down within %g s; cancelled, it"
+                " leaves behind what temporalio's core holds for it",
+                self.number,
+                WORKER_STOP,
+            )
 
     # --- on the portal's asyncio loop -----------------------------------------------------
+
+    async def _shut_down(self) -> None:
+        worker = self._worker
+        # Once its run() began (as soon as it is set), even while it still validates.
+        if worker is not None and not worker.is_shutdown:
+            await worker.shutdown()
 
     def _activities(self) -> list[Callable[..., Any]]:
         settings = self.settings
@@ -287,6 +335,7 @@ class NodeRuntime:
             with contextlib.suppress(trio.RunFinishedError):  # the agent has ended
                 token.run_sync_soon(running)
 
+        self._worker = worker
         try:
             async with asyncio.TaskGroup() as group:
                 reporter = group.create_task(report_once_running())
