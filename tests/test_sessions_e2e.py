@@ -356,10 +356,23 @@ def test_the_web_ui_lists_sessions_and_replays_one_in_chromium(
     click_to_load(page, row.get_by_role("link", name=session["id"]))
     screen = page.locator("#screen")
     expect(screen).to_contain_text("web-replayed")
+    # Cleared, then played back at the recording's pace: the blank screen may last less
+    # than a poll of Playwright's on a loaded machine, so the page itself notes it.
+    page.evaluate(BLANK_WATCH)
     page.get_by_role("button", name="Replay").click()
-    expect(screen).to_have_text("")  # cleared, then played back at the recording's pace
     expect(screen).to_contain_text("web-replayed", timeout=10_000)
+    assert page.evaluate("window.oz0TestBlanked") is True
     checked_shot(page, shots(tmp_path), "session.png", console)
+
+
+# Notes (window.oz0TestBlanked) whether #screen was ever drawn blank from now on.
+BLANK_WATCH = """() => {
+  const screen = document.getElementById("screen");
+  window.oz0TestBlanked = false;
+  new MutationObserver(() => {
+    if (screen.textContent.trim() === "") { window.oz0TestBlanked = true; }
+  }).observe(screen, { childList: true, subtree: true, characterData: true });
+}"""
 
 
 class Session(subprocess.Popen[str]):
