@@ -248,7 +248,7 @@ def _timeseries(
     items = list(zip([n for n, _ in named], colors, strict=True))
     rows = _legend_rows(items, bw) if p.show_legend else 0
     plot_h = bh - rows * LEGEND_ROW - 22
-    ax = board.axes(bx + 62, by, bw - 70, plot_h)
+    ax = board.axes(bx + 72, by, bw - 80, plot_h)
     _style(ax)
     high = 0.0
     for (_, series), c in zip(named, colors, strict=True):

@@ -10,6 +10,7 @@ import math
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence

@@ -45,6 +45,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ class Workload:
         self.events.append({"at_s": at, "what": what, **details})
         log(f"{at:6.1f} s: {what} {details or ''}")
 
-    def in_thread(self, what: str, work: Any) -> None:
+    def in_thread(self, what: str, work: Callable[[], None]) -> None:
         def run() -> None:
             try:
                 work()
@@ -254,7 +255,7 @@ def start_agents(bench: Bench, count: int) -> tuple[list[AgentProcess], list[str
 def fetch(prometheus: Prometheus, start: float, end: float) -> dict[str, Any]:
     """Every panel's queries answered, as bench.dashboard_draw draws them."""
     board, panels = load()
-    found = {}
+    found: dict[str, list[str]] = {}
     for variable in board["templating"]["list"]:
         if variable["type"] == "query":
             match, label = label_values_query(variable)
