@@ -101,7 +101,7 @@ class Board:
             Rectangle(
                 (x / self.width, 1 - (y + h) / self.height), w / self.width, h / self.height,
                 transform=self.figure.transFigure, facecolor=PANEL, edgecolor=BORDER,
-                linewidth=1,
+                linewidth=1, zorder=-1,  # under the panel's axes (zorder 0)
             )
         )  # fmt: skip
 
@@ -309,7 +309,7 @@ def _stat(
             spark.set_ylim(0, max(finite) * 1.25 or 1)
         spark.set_xlim(min(ts, default=0), max(ts, default=1))
         board.text(cx + cw / 2, cy + ch * 0.12, name, 15, ha="center", color=TEXT)
-        size = min(ch * 0.35, 1.6 * cw / max(3, len(text)))
+        size = min(ch * 0.3, 1.2 * cw / max(3, len(text)))
         board.text(cx + cw / 2, cy + ch * 0.42, text, size, ha="center", va="center", color=c,
                    weight="bold")  # fmt: skip
 
