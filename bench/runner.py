@@ -54,6 +54,7 @@ SCENARIOS = (
     "api_cost",
     "api_fuzz",
     "block_burst",
+    "dashboard_picture",
     "database_restart",
     "edge_load",
     "fanout_scale",
