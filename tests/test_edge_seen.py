@@ -94,3 +94,65 @@ async def test_what_is_pending_at_shutdown_is_written(
     assert db.conn.statements == [
         ("UPDATE NULL", (["node-a"], "server-1")),
     ]
+
+
+class SlowDatabase(RecordingDatabase):
+    """Each round of the tracker writes SLOW seconds after it began (a busy database);
+    `connect` records a new stream's node connected at once, as nodes.control_connect
+    does (a statement of one row)."""
+
+    SLOW = 0.1
+
+    async def transaction(self, work: Callable[[Any], object]) -> None:
+        self.times.append(trio.current_time())
+        await trio.sleep(self.SLOW)
+        work(self.conn)
+
+    async def connect(self, node_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.conn.execute("CONNECT", (node_id,))
+
+
+async def test_a_node_connecting_again_is_not_written_gone_after_its_new_stream_is_recorded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its stream ended, it connected again here while the flush writing it gone was under
+    way: the flush's write lands first, so the node is shown connected (a renewal's new
+    stream, tests/test_node_renewal.py, read `connected: false` once)."""
+    db = SlowDatabase()
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        tracker.left("node-a")
+        # The flush begins at LEFT_SETTLE and writes SLOW later; the new stream comes between.
+        await trio.sleep(LEFT_SETTLE + SlowDatabase.SLOW / 2)
+        async with tracker.connecting("node-a"):
+            await db.connect("node-a")
+            tracker.alive("node-a")
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert [s for s in db.conn.statements if s[0] != "UPDATE"] == [
+        ("UPDATE NULL", (["node-a"], "server-1")),
+        ("CONNECT", ("node-a",)),
+    ]
+
+
+async def test_a_flush_leaves_a_node_connecting_out_and_writes_it_gone_once_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    db = SlowDatabase()
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        tracker.left("node-a")
+        tracker.left("node-b")
+        async with tracker.connecting("node-a"):
+            # The flush comes while node-a's new stream is being recorded: only node-b.
+            await trio.sleep(LEFT_SETTLE + 2 * SlowDatabase.SLOW)
+            assert db.conn.statements == [("UPDATE NULL", (["node-b"], "server-1"))]
+            # Refused (blocked meanwhile, say): never said alive.
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    # Written gone soon after, as any stream's end (not at the next heartbeat).
+    assert db.conn.statements[1] == ("UPDATE NULL", (["node-a"], "server-1"))
+    assert db.times[1] < 1.0

@@ -77,17 +77,22 @@ async def serve_control(edge: Edge, ws: Wire, peer_der: bytes | None, challenge:
         return
     # The reconcile loop covers this stream after a LISTEN gap (see StreamReconciler).
     with edge.hub.watch_node(node_id, wake_on_gap=False) as changed:
-        node = await edge.transaction(
-            lambda conn: nodes.control_connect(conn, node_id, key, edge.server_id)
-        )
-        state = node.state if node is not None else None
+        # Recorded connected, and alive, before any write of its last stream here as gone
+        # that was not under way yet (SeenTracker): `node show` says connected from the
+        # welcome on.
+        async with edge.seen.connecting(node_id):
+            node = await edge.transaction(
+                lambda conn: nodes.control_connect(conn, node_id, key, edge.server_id)
+            )
+            state = node.state if node is not None else None
+            if state == "accepted":
+                edge.seen.alive(node_id)
         if state == "purging":
             await purge(edge, ws, node_id, key, challenge, partial(next_answer, edge, ws, node_id))
             return
         if node is None or state != "accepted":
             await refuse(ws, node_id, state)
             return
-        edge.seen.alive(node_id)
         edge.streams.opened(node_id)
         beat: Beat | None = None
         line: NodeLine | None = None

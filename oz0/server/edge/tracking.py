@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import trio
@@ -22,7 +24,15 @@ LEFT_SETTLE = 0.25
 @dataclass
 class SeenTracker:
     """Batches what streams tell about their nodes into one transaction per heartbeat
-    interval: who was heard from (alive here) and whose stream ended (gone from here)."""
+    interval: who was heard from (alive here) and whose stream ended (gone from here).
+
+    A node whose stream ended may connect again here at once (a renewed certificate, a
+    move): its new stream records it connected (`nodes.control_connect`) inside
+    `connecting`, and a write of it as gone must not land after that record. So a flush
+    leaves out the nodes connecting meanwhile (their new stream says alive, or, refused,
+    they stay gone for the next flush), and a node that begins connecting while a flush's
+    write is under way waits for that write first.
+    """
 
     db: Database
     server_id: str
@@ -30,11 +40,29 @@ class SeenTracker:
     gone: set[str] = field(default_factory=set)
     outage: Outage = field(default_factory=lambda: Outage("recording streamed nodes seen", log))
 
+    # Nodes whose new stream is recording them connected here, how many streams each.
+    connecting_now: collections.Counter[str] = field(default_factory=collections.Counter)
+    _someone_left: trio.Event = field(default_factory=trio.Event)
+    # Set when the flush under way has written (None: none is under way).
+    _written: trio.Event | None = None
+
     def alive(self, node_id: str) -> None:
         self.pending.add(node_id)
         self.gone.discard(node_id)
 
-    _someone_left: trio.Event = field(default_factory=trio.Event)
+    @contextlib.asynccontextmanager
+    async def connecting(self, node_id: str) -> AsyncIterator[None]:
+        """Around a new stream's record of NODE_ID as connected here, and its `alive` when
+        accepted: no write of the node as gone lands after that record (class docstring)."""
+        self.connecting_now[node_id] += 1
+        try:
+            if self._written is not None:
+                await self._written.wait()
+            yield
+        finally:
+            self.connecting_now[node_id] -= 1
+            if self.connecting_now[node_id] <= 0:
+                del self.connecting_now[node_id]
 
     def left(self, node_id: str) -> None:
         # A heartbeat heard just before the stream ended must not mark it connected again.
@@ -43,11 +71,15 @@ class SeenTracker:
         self._someone_left.set()
 
     async def flush(self) -> None:
-        if not self.pending and not self.gone:
+        held = {n for n in self.gone if n in self.connecting_now}
+        if held:
+            # Refused, they are still gone: written soon, as any stream's end.
+            self._someone_left.set()
+        if not self.pending and not self.gone - held:
             return
         seen, self.pending = sorted(self.pending), set()
-        gone, self.gone = sorted(self.gone), set()
-
+        gone, self.gone = sorted(self.gone - held), held
+        written = self._written = trio.Event()
         try:
             await self.db.transaction(
                 lambda conn: nodes.streams_recorded(conn, seen, gone, self.server_id)
@@ -59,6 +91,9 @@ class SeenTracker:
             self.pending |= set(seen) - self.gone
             self.gone |= set(gone) - self.pending
             return
+        finally:
+            self._written = None
+            written.set()
         self.outage.worked()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
