@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oz0_common.files import write_private
+from oz0_common.unit_files import install as install
 from oz0_node.errors import AgentError
 
 UNIT_NAME = "oz0-node.service"
@@ -65,21 +65,3 @@ Delegate=yes
 [Install]
 WantedBy={target}
 """
-
-
-def install(unit_path: Path, text: str, *, force: bool) -> None:
-    """Write TEXT to UNIT_PATH; an existing different unit only with FORCE."""
-    try:
-        current = unit_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        current = None
-    except OSError as e:
-        raise AgentError(f"cannot read {unit_path}: {e.strerror or e}") from None
-    if current is not None and current != text and not force:
-        raise AgentError(f"{unit_path} exists and differs; give --force to replace it")
-    try:
-        unit_path.parent.mkdir(parents=True, exist_ok=True)
-        write_private(unit_path, text.encode())
-        unit_path.chmod(0o644)  # systemd reads it; it holds no secret
-    except OSError as e:
-        raise AgentError(f"cannot write {unit_path}: {e.strerror or e}") from None

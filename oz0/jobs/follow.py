@@ -19,6 +19,7 @@ import trio
 
 from oz0.jobs.store import Job, OutputPage
 from oz0.store.events import EventHub
+from oz0_common.waits import first_of
 
 # The longest wait a request may ask for: a client's read deadline must outlast it, and a
 # request in flight holds its connection (not a database one) that long.
@@ -72,19 +73,7 @@ async def read_or_wait(
             if trio.current_time() >= deadline or stopping.is_set() or not hub.listening:
                 break
             with trio.move_on_at(deadline):
-                await _first_of(watch.wait, stopping.wait)
+                await first_of(watch.wait, stopping.wait)
             page = await read()
     # Cut short by the stop, or by a lost LISTEN connection: not the wait asked for.
     return Answer(page, waited=hub.listening and not stopping.is_set())
-
-
-async def _first_of(*waits: Callable[[], Awaitable[None]]) -> None:
-    """Until the first of WAITS returns."""
-    async with trio.open_nursery() as nursery:
-
-        async def one(wait: Callable[[], Awaitable[None]]) -> None:
-            await wait()
-            nursery.cancel_scope.cancel()
-
-        for wait in waits:
-            nursery.start_soon(one, wait)

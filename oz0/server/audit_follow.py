@@ -27,7 +27,7 @@ and the whole answer is bounded by MAX_LIFE and a margin (its response timeout) 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +41,7 @@ from oz0.store.events import OPERATORS, EventHub, JobWatch
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.store.pool import Database
+from oz0_common.waits import first_of
 
 MAX_STREAMS = 200
 KEEPALIVE_DEFAULT = 15
@@ -207,7 +208,7 @@ async def lines(
             if watch is not None:
                 waits.append(watch.wait)
             with trio.move_on_at(wake_at):
-                await _first_of(*waits)
+                await first_of(*waits)
             await trio.sleep(SETTLE)
 
 
@@ -233,15 +234,3 @@ async def _why_end(
         if current is None or (current.role, current.tenants) != (was.role, was.tenants):
             return "your certificate, role or tenants changed; connect again"
     return None
-
-
-async def _first_of(*waits: Callable[[], Awaitable[None]]) -> None:
-    """Until the first of WAITS returns."""
-    async with trio.open_nursery() as nursery:
-
-        async def one(wait: Callable[[], Awaitable[None]]) -> None:
-            await wait()
-            nursery.cancel_scope.cancel()
-
-        for wait in waits:
-            nursery.start_soon(one, wait)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from oz0.errors import Oz0Error
 from oz0_common.files import write_private
+from oz0_common.unit_files import install as install
 
 UNIT_NAME = "oz0-server.service"
 SYSTEM_UNIT = Path("/etc/systemd/system") / UNIT_NAME
@@ -208,21 +209,3 @@ def install_env_file(path: Path, database_url: str | None) -> bool:
     except OSError as e:
         raise Oz0Error(f"cannot write {path}: {e.strerror or e}") from None
     return True
-
-
-def install(unit_path: Path, text: str, *, force: bool) -> None:
-    """Write TEXT to UNIT_PATH; an existing different unit only with FORCE."""
-    try:
-        current = unit_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        current = None
-    except OSError as e:
-        raise Oz0Error(f"cannot read {unit_path}: {e.strerror or e}") from None
-    if current is not None and current != text and not force:
-        raise Oz0Error(f"{unit_path} exists and differs; give --force to replace it")
-    try:
-        unit_path.parent.mkdir(parents=True, exist_ok=True)
-        write_private(unit_path, text.encode())
-        unit_path.chmod(0o644)  # systemd reads it; it holds no secret
-    except OSError as e:
-        raise Oz0Error(f"cannot write {unit_path}: {e.strerror or e}") from None
