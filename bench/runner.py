@@ -46,6 +46,7 @@ from fixtures.postgres import fresh_database_url
 from fixtures.private_postgres import PrivatePostgres, private_postgres
 from oz0 import audit, tokens
 from oz0.store.dburl import DatabaseUrl
+from oz0_common.addresses import EDGE_PORT
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 
 # Every scenario, by the name `python -m bench NAME` takes.
@@ -230,7 +231,7 @@ class Bench:
     @property
     def edges(self) -> list[str]:
         """The servers' edges, HOST:PORT, in the order of the servers."""
-        return [f"{address}:7443" for address in self.servers]
+        return [f"{address}:{EDGE_PORT}" for address in self.servers]
 
 
 @dataclass(frozen=True)

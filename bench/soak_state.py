@@ -24,13 +24,14 @@ from bench.soak_workload import JobPlan
 from cli.client import ApiClient, ApiError
 from fixtures.cluster import ServerProcess
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0_common.addresses import EDGE_PORT
 
 if TYPE_CHECKING:
     from bench.soak_fleet import Fleet
     from bench.soak_sessions import Seen
 
 ADDRESSES = ("127.0.0.44", "127.0.0.45", "127.0.0.46")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 POSTGRES_PORT = 5444
 # The network namespaces of the agents cut off (README: .47-.50 are the soak's).
 NAMESPACES = (47, 48, 49, 50)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oz0.errors import Oz0Error
+from oz0_common.addresses import MANAGEMENT_PORT as MANAGEMENT_PORT
 from oz0_common.files import write_private
 
 CONTEXT_FILE = "context.json"
@@ -28,7 +29,6 @@ CA_FILE = "ca.crt"
 CERT_FILE = "operator.crt"
 KEY_FILE = "operator.key"
 ENV_VAR = "OZ0_CONTEXT"
-MANAGEMENT_PORT = 8443
 
 
 class ContextError(Oz0Error):

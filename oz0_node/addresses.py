@@ -6,9 +6,8 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
+from oz0_common.addresses import EDGE_PORT, host_port
 from oz0_node.errors import AgentError
-
-EDGE_PORT = 7443
 
 _HOSTNAME = re.compile(
     r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*"
@@ -32,10 +31,6 @@ def split(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def normalise(address: str) -> str:
     """ADDRESS as HOST:PORT; a bare host gets the edge's port."""
     address = address.strip()
@@ -43,7 +38,7 @@ def normalise(address: str) -> str:
     if bare_ipv6 or ":" not in address:
         address = f"{address}:{EDGE_PORT}"
     host, port = split(address)
-    return join(host, port)
+    return host_port(host, port)
 
 
 def parse_cli(values: Iterable[str]) -> list[str]:

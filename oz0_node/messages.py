@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from oz0_common.addresses import host_port
 from oz0_node import addresses
 from oz0_node.errors import ProtocolViolation
 
@@ -140,12 +141,12 @@ class Welcome:
 
 
 def _address(message: Message, key: str, source: str) -> str | None:
-    """An optional HOST:PORT field, in the form addresses.join spells it."""
+    """An optional HOST:PORT field, in the form oz0_common.addresses.host_port spells it."""
     value = optional_text(message, key, source)
     if value is None:
         return None
     try:
-        return addresses.join(*addresses.split(value))
+        return host_port(*addresses.split(value))
     except ValueError as e:
         raise ProtocolViolation(
             f"edge {source}: {kind(message)} has a malformed {key}: {e}"

@@ -21,6 +21,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
+from oz0_common.addresses import host_port
 from oz0_node import addresses, messages
 from oz0_node.errors import EdgeSilent, EdgeUnavailable, one_error
 from oz0_node.messages import Message
@@ -136,7 +137,7 @@ async def open_edge(
                     ws = await wrap_client_stream(
                         nursery,
                         cast(trio.SSLStream[trio.SocketStream], stream),
-                        addresses.join(host, port),
+                        host_port(host, port),
                         path,
                         receive_buffer_size=RECEIVE_SIZE,
                     )

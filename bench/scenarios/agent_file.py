@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.runner import Bench, Scenario
 from fixtures.cluster import REPO, cli_command
+from oz0_common.addresses import EDGE_PORT
 
 SERVER = "127.0.0.212"
 CONNECT_BOUND = 120.0
@@ -190,7 +191,7 @@ def _pending_rss(program: list[str], root: Path, args: Any) -> float:
     machine = root / "pending"
     (machine / "home").mkdir(parents=True)
     data = machine / "node"
-    join = ["--edge", f"{SERVER}:7443", "--ca-hash", args.ca_hash, "--data-dir", str(data)]
+    join = ["--edge", f"{SERVER}:{EDGE_PORT}", "--ca-hash", args.ca_hash, "--data-dir", str(data)]
     with (machine / "agent.log").open("ab") as out:
         process = subprocess.Popen(
             [*_bare(machine), *program, "start", *join],
@@ -235,7 +236,7 @@ def measure(bench: Bench) -> None:
         timeout=60,
     )
     token = json.loads(created.stdout)["token"]
-    join = ["--edge", f"{SERVER}:7443", "--ca-hash", files.ca_hash]
+    join = ["--edge", f"{SERVER}:{EDGE_PORT}", "--ca-hash", files.ca_hash]
     venv = [sys.executable, "-m", "oz0_node.main"]
     report["runs"] = [
         _measure("file", [str(agent_file)], {}, root, join, token, args),

@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.runner import Bench, Scenario, log
 from fixtures import api_fuzz, scoped_people
+from oz0_common.addresses import MANAGEMENT_PORT
 
 ADDRESS = "127.0.0.56"
 
@@ -43,7 +44,7 @@ def measure(bench: Bench) -> None:
     bench.phase[0] = "fuzzing"
     started = time.monotonic()
     findings = api_fuzz.fuzz(
-        document, f"https://{ADDRESS}:8443", people,
+        document, f"https://{ADDRESS}:{MANAGEMENT_PORT}", people,
         files.url.for_database(files.url.names.main), examples=args.examples, seed=args.seed,
     )  # fmt: skip
     out["seconds"] = round(time.monotonic() - started, 1)

@@ -44,9 +44,10 @@ from bench.operator import Api, Call, Change, all_done, block_seen, split_summar
 from bench.runner import Bench, Scenario, wait_until
 from fixtures.edge_client import SimNode, lost_and_failed
 from oz0.context import MANAGEMENT_PORT
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.220", "127.0.0.221", "127.0.0.222")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 API_SERVER = f"{ADDRESSES[0]}:{MANAGEMENT_PORT}"
 TARGET_P99 = 0.2  # issue 13: request to refused, 50 concurrent blocks
 DOCUMENTED = 2.0  # docs/manage-nodes.md

@@ -67,6 +67,7 @@ from fixtures.agent import AgentProcess, connected, stop_all
 from fixtures.cluster import ServerProcess, kill_all
 from oz0 import audit, tokens
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.229", "127.0.0.230", "127.0.0.231")
 PROMETHEUS = "127.0.0.232:9090"
@@ -182,7 +183,7 @@ class Workload:
                 description="dashboard picture: one use", actor=audit.Actor("operator", "bench"),
             )  # fmt: skip
         base = self.bench.root / "agents"
-        edges = [f"{a}:7443" for a in ADDRESSES]
+        edges = [f"{a}:{EDGE_PORT}" for a in ADDRESSES]
         late = [
             AgentProcess.joining(base / name, edges, files.ca_hash, token=token).start()
             for name in ("one-use", "one-use-again")
@@ -229,7 +230,7 @@ def start_agents(bench: Bench, count: int) -> tuple[list[AgentProcess], list[str
     files = bench.files
     token = create_token(files, "dashboard picture")
     (bench.root / "agents").mkdir(exist_ok=True)
-    edges = [f"{a}:7443" for a in ADDRESSES]
+    edges = [f"{a}:{EDGE_PORT}" for a in ADDRESSES]
     agents = [
         AgentProcess.joining(
             bench.root / "agents" / f"node-{i}",
@@ -316,7 +317,7 @@ def run(bench: Bench) -> None:
     context = Context.load(bench.files.context_path)
     prometheus = Prometheus(PROMETHEUS, bench.root / "prometheus")
     bench.cleanups.callback(prometheus.stop)
-    targets = [f"{a}:8443" for a in ADDRESSES]
+    targets = [f"{a}:{MANAGEMENT_PORT}" for a in ADDRESSES]
     prometheus.start(targets, context.ca_path, SCRAPE_S)
     start = time.time()
     build = prometheus.api("status/buildinfo")

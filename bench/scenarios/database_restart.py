@@ -58,9 +58,10 @@ from fixtures.cluster import ClusterFiles
 from fixtures.edge_client import Fleet, SimNode, lost_and_failed
 from fixtures.private_postgres import PrivatePostgres
 from oz0.context import MANAGEMENT_PORT
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.103", "127.0.0.104", "127.0.0.105")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 API_SERVER = f"{ADDRESSES[0]}:{MANAGEMENT_PORT}"
 POSTGRES_PORT = 5441
 

@@ -62,9 +62,10 @@ from fixtures import metrics
 from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import context as oz0_context
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.226", "127.0.0.227", "127.0.0.228")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 API = ADDRESSES[0]
 KILLED = ADDRESSES[2]
 # The nodes' own addresses: 250 per /24 of 127.4.0.0/16.

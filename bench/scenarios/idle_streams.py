@@ -27,9 +27,10 @@ from bench.measure import CpuWindow, database_view, rss_mib, sample_membership
 from bench.runner import Bench, Scenario, create_token, log
 from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import context
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESS = "127.0.0.223"
-EDGE = f"{ADDRESS}:7443"
+EDGE = f"{ADDRESS}:{EDGE_PORT}"
 # All streams up within this, or the run says so and measures what is up.
 RAMP_TIMEOUT = 600.0
 RAMP_STALLED = 60.0

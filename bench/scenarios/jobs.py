@@ -90,9 +90,10 @@ from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.jobs.workflow import NODE_ACTIVITY
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.197", "127.0.0.198", "127.0.0.199")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 API_SERVERS = [f"{address}:{MANAGEMENT_PORT}" for address in ADDRESSES]
 TEMPORAL = f"{ADDRESSES[0]}:7233"
 

@@ -73,9 +73,10 @@ from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles
 from fixtures.edge_client import Fleet, SimNode, lost_and_failed
 from oz0.context import MANAGEMENT_PORT
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESSES = ("127.0.0.51", "127.0.0.52", "127.0.0.53")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 # Every block, unblock and purge goes through this server's management API.
 API_ADDRESS = ADDRESSES[0]
 API_SERVER = f"{API_ADDRESS}:{MANAGEMENT_PORT}"

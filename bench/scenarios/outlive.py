@@ -96,10 +96,11 @@ from oz0.context import MANAGEMENT_PORT, Context
 from oz0.membership import UP_WINDOW
 from oz0.nodes import HEARTBEAT
 from oz0.server.edge.attempts import BEAT_MAX
+from oz0_common.addresses import EDGE_PORT
 from oz0_node.jobs.manager import ALIVE_EVERY
 
 ADDRESSES = ("127.0.0.244", "127.0.0.245", "127.0.0.246")
-EDGES = [f"{address}:7443" for address in ADDRESSES]
+EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 KILLED, DRAINED, SURVIVOR = ADDRESSES
 API = f"{SURVIVOR}:{MANAGEMENT_PORT}"
 TEMPORAL = f"{SURVIVOR}:7233"

@@ -92,6 +92,7 @@ from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, ServerProcess
 from oz0 import __version__
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0_common.addresses import EDGE_PORT
 
 MASTER = "127.0.0.184"
 SERVER_ADDRESSES = ("127.0.0.185", "127.0.0.186", "127.0.0.187")
@@ -458,7 +459,7 @@ class SideBySide:
 
     def grow(self, nodes: int) -> dict[str, Any]:
         """Both fleets to NODES: agents and minions started side by side."""
-        edges = [f"{address}:7443" for address in self.servers]
+        edges = [f"{address}:{EDGE_PORT}" for address in self.servers]
         base = self.root / "agents"
         base.mkdir(exist_ok=True)
         began = time.monotonic()

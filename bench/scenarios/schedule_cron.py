@@ -61,9 +61,10 @@ from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.jobs.scheduled import START_RUN
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESS = "127.0.0.253"
-EDGE = f"{ADDRESS}:7443"
+EDGE = f"{ADDRESS}:{EDGE_PORT}"
 API_SERVER = f"{ADDRESS}:{MANAGEMENT_PORT}"
 TEMPORAL = f"{ADDRESS}:7233"
 TENANT = "default"  # its namespace has the same name

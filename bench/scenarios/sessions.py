@@ -40,6 +40,7 @@ from oz0.server.session_recording import Recording
 from oz0.store.pool import open_database
 from oz0_common import certs
 from oz0_common import session_messages as sm
+from oz0_common.addresses import EDGE_PORT
 
 SERVER = "127.0.0.26"
 # The writer on the node: RATE bytes a second of printable text, in 16 pieces a second.
@@ -189,7 +190,7 @@ async def _recording_alone(bench: Bench, pieces: int, received: int, wall: float
 async def measure(bench: Bench) -> None:
     token = create_token(bench.files, "bench sessions")
     agent = AgentProcess.joining(
-        bench.root / "node", [f"{SERVER}:7443"], bench.files.ca_hash, token=token
+        bench.root / "node", [f"{SERVER}:{EDGE_PORT}"], bench.files.ca_hash, token=token
     ).start()
     bench.cleanups.callback(stop_all, [agent])
     status = await trio.to_thread.run_sync(

@@ -35,9 +35,10 @@ from bench.runner import Bench, Scenario, create_token, failure_text, log
 from fixtures import edge_client, strangers
 from fixtures.cluster import ClusterFiles, ServerProcess
 from fixtures.edge_client import HEARTBEAT, NodeKeys
+from oz0_common.addresses import EDGE_PORT
 
 ADDRESS = "127.0.0.84"
-EDGE = f"{ADDRESS}:7443"
+EDGE = f"{ADDRESS}:{EDGE_PORT}"
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Tally:
 async def stranger(source: str, ctx: ssl.SSLContext, tally: Tally, stop: trio.Event) -> None:
     while not stop.is_set():
         try:
-            stream = await strangers.open_tls(ADDRESS, 7443, source, ctx)
+            stream = await strangers.open_tls(ADDRESS, EDGE_PORT, source, ctx)
         except (trio.BrokenResourceError, OSError):
             tally.refused_at_once += 1
             await trio.sleep(0.05)  # a real flood would not wait; this spares the CPU

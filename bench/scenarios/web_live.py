@@ -33,6 +33,7 @@ from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.web_events import EventStream, signed_in
 from oz0.context import Context
+from oz0_common.addresses import EDGE_PORT
 
 CHANGED, WATCHING = "127.0.0.208", "127.0.0.209"
 EVENT_BOUND = 10.0
@@ -67,7 +68,7 @@ def measure(bench: Bench) -> None:
         for i in range(args.nodes):
             agents.append(
                 AgentProcess.joining(
-                    root / f"node-{i}", [f"{CHANGED}:7443"], files.ca_hash, token=token
+                    root / f"node-{i}", [f"{CHANGED}:{EDGE_PORT}"], files.ca_hash, token=token
                 ).start()
             )
         ids = [

@@ -27,8 +27,8 @@ from oz0.agent_file.digest import served_sha256
 from oz0.errors import Oz0Error
 from oz0.server.edge.directory import edge_address
 from oz0.store.pool import Database
+from oz0_common.addresses import MANAGEMENT_PORT, host_port
 
-MANAGEMENT_PORT = 8443
 # Per server: a server that is up answers at once, a slow network gets its 24 MB through.
 CONNECT_TIMEOUT = 5
 DOWNLOAD_TIMEOUT = 300
@@ -45,12 +45,8 @@ class JoinCommand:
     agent_sha256: str | None
 
 
-def _host(advertise: str) -> str:
-    return f"[{advertise}]" if ":" in advertise else advertise
-
-
 def download_url(advertise: str) -> str:
-    return f"https://{_host(advertise)}:{MANAGEMENT_PORT}/agent/{FILE_NAME}"
+    return f"https://{host_port(advertise, MANAGEMENT_PORT)}/agent/{FILE_NAME}"
 
 
 def render(token: str, ca_hash: str, servers: Sequence[str], agent_sha256: str | None) -> str:

@@ -44,10 +44,10 @@ from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.web import routes as web_routes
 from oz0.web.headers import secure
+from oz0_common.addresses import MANAGEMENT_PORT
 
 log = logging.getLogger(__name__)
 
-MANAGEMENT_PORT = 8443
 # The CLI resumes its last session on a new connection (cli/client.py): one ticket does.
 TLS_TICKETS = 1
 MAX_BODY_SIZE = 64 * 1024

@@ -41,6 +41,7 @@ from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
 from oz0.temporal.supervisor import HostSettings
 from oz0_common import commands as process
+from oz0_common.addresses import EDGE_PORT, MANAGEMENT_PORT, url_host
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ async def run_server(
         cluster, server_id, sans=(options.advertise, *options.sans), ui_pair=options.ui_pair
     )
     host = options.listen_host
-    advertised = _url_host(options.advertise)
+    advertised = url_host(options.advertise)
     conninfo = options.url.for_database(options.url.names.main)
     settings = HostSettings(
         stores=TemporalStores(options.url, options.visibility_sqlite),
@@ -270,8 +271,8 @@ async def run_server(
             Running(
                 server_id=server_id,
                 cluster=cluster,
-                management_url=f"https://{advertised}:{management.MANAGEMENT_PORT}",
-                edge_address=f"{advertised}:{edge.EDGE_PORT}",
+                management_url=f"https://{advertised}:{MANAGEMENT_PORT}",
+                edge_address=f"{advertised}:{EDGE_PORT}",
                 drain=drain,
             )
         )
@@ -314,7 +315,3 @@ def _raise_open_file_limit() -> None:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         log.debug("open file limit raised from %d to %d", soft, hard)
-
-
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address

@@ -20,6 +20,7 @@ from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
+from oz0_common.addresses import host_port
 from oz0_common.asyncio_portal import Portal, asyncio_portal
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class Temporal:
     def frontend(self) -> namespaces.FrontendAccess:
         """This server's own frontend, reached with its current (renewed) certificate."""
         return namespaces.FrontendAccess(
-            address=f"{_url_host(self.advertise)}:{FRONTEND_PORT}",
+            address=host_port(self.advertise, FRONTEND_PORT),
             ca_pem=self.certs.cluster.ca_pem,
             cert_pem=self.certs.cert_pem,
             key_pem=self.certs.key_pem,
@@ -168,7 +169,3 @@ async def run(
         if registered:
             log.info("registered namespaces %s", ", ".join(registered))
         task_status.started(temporal)
-
-
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address

@@ -21,6 +21,7 @@ from oz0 import ui_sessions as sessions
 from oz0.jobs import store as jobs
 from oz0.web import paging
 from oz0.web.pages import NOTICES, Page, Pages, text_arg
+from oz0_common.addresses import EDGE_PORT, host_port
 
 # The newest audit entries and job attempts a node's page shows.
 HISTORY = 50
@@ -76,7 +77,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             facts: dict[str, Any] = {
                 "tenant_names": [t.name for t in tenants.list_tenants(conn, scope=scope)],
-                "edges": [f"{s.advertise}:7443" for s in membership.servers_up(conn)],
+                "edges": [host_port(s.advertise, EDGE_PORT) for s in membership.servers_up(conn)],
                 "fleet": [],
                 "total": 0,
                 "error": None,

@@ -14,22 +14,21 @@ from oz0 import membership
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal.host import FRONTEND_PORT
+from oz0_common.addresses import EDGE_PORT as EDGE_PORT
+from oz0_common.addresses import host_port
 
 log = logging.getLogger(__name__)
 
-EDGE_PORT = 7443
 DIRECTORY_EVERY = 2.0
 
 
 def edge_address(advertise: str) -> str:
-    host = f"[{advertise}]" if ":" in advertise else advertise
-    return f"{host}:{EDGE_PORT}"
+    return host_port(advertise, EDGE_PORT)
 
 
 def frontend_address(advertise: str) -> str:
     """This server's Temporal frontend as nodes reach it: same host as its edge."""
-    host = f"[{advertise}]" if ":" in advertise else advertise
-    return f"{host}:{FRONTEND_PORT}"
+    return host_port(advertise, FRONTEND_PORT)
 
 
 def next_edges(current: list[str], up: set[str], lingering: set[str], own: str | None) -> list[str]:
