@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 
+from oz0 import label_rules
 from oz0.errors import Oz0Error
+from oz0.label_rules import LABEL_KEY as LABEL_KEY
 
 DEFAULT_TENANT = "default"
 NODE_ID = re.compile(r"^node-[0-9a-f]{12}$")
-LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABELS = 64
 # Nodes waiting for an operator, cluster-wide: tokenless joins beyond it are refused.
 MAX_PENDING = 1000
@@ -52,11 +53,7 @@ def check_node_id(node_id: str) -> str:
 def check_labels(labels: object) -> dict[str, str]:
     if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
         raise NodeError(f"labels must be an object of at most {MAX_LABELS} KEY: VALUE pairs")
-    for key, value in labels.items():
-        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
-            raise NodeError(f"invalid label key {key!r}")
-        if not isinstance(value, str) or len(value) > 253 or not value.isprintable():
-            raise NodeError(f"invalid value for label {key}")
+    label_rules.check_labels(labels, NodeError)
     return dict(labels)
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from oz0 import label_rules
 from oz0.errors import Oz0Error
+from oz0.label_rules import LABEL_KEY as LABEL_KEY
+from oz0.label_rules import MAX_LABEL_VALUE as MAX_LABEL_VALUE
 
 TOKEN_ID = re.compile(r"^tok-[0-9a-f]{12}$")
-LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
-MAX_LABEL_VALUE = 253
 # What a token gets when its creator does not say.
 DEFAULT_TTL = "24h"
 DEFAULT_MAX_USES = 1
@@ -33,14 +34,5 @@ def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
-    for key, value in labels.items():
-        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
-            raise Oz0Error(
-                f"invalid label key {key!r}: use 1 to 63 lowercase letters, digits, '.', '_', "
-                "'/' or '-', starting and ending with a letter or digit"
-            )
-        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE or not value.isprintable():
-            raise Oz0Error(
-                f"invalid value for label {key}: use at most {MAX_LABEL_VALUE} printable characters"
-            )
+    label_rules.check_labels(labels)
     return labels

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             # What the command line checks and shows without loading the server.
             "oz0.node_rules",
             "oz0.token_rules",
+            "oz0.label_rules",
             "oz0.retention_rules",
             "oz0.cap_rules",
             "oz0.server_defaults",
