@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import audit, listing, membership, pki
 from oz0.errors import Oz0Error
+from oz0.json_values import iso
 
 Conn = psycopg.Connection[Any]
 
@@ -155,7 +156,7 @@ class Session:
             "server": self.server,
             "records_input": self.records_input,
             "started_at": self.started_at.isoformat(),
-            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "ended_at": iso(self.ended_at),
             "live": self.live,
             "exit_code": self.exit_code,
             "why": self.ending,

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import access, audit, pki
 from oz0.errors import Oz0Error
+from oz0.json_values import iso
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
@@ -194,15 +195,11 @@ class OperatorInfo:
             "tenants": list(self.tenants),
             "state": "pending" if self.pending else "enrolled",
             "created_at": self.created_at.isoformat(),
-            "certificate_not_after": _iso(self.cert_not_after),
-            "last_used_at": _iso(self.last_used_at),
+            "certificate_not_after": iso(self.cert_not_after),
+            "last_used_at": iso(self.last_used_at),
             "web_sign_in": self.web_sign_in,
-            "enroll_expires_at": _iso(self.enroll_expires_at),
+            "enroll_expires_at": iso(self.enroll_expires_at),
         }
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 # Operators, then the open enrollments of names that are no operator yet.

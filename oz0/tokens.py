@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from oz0 import access, audit, listing, node_labels, tenants
 from oz0.errors import Oz0Error
+from oz0.json_values import iso
 
 # The rules the command line checks too live in a light module of their own; callers keep
 # using them from here.
@@ -127,19 +128,15 @@ class JoinToken:
             "tenant": self.tenant,
             "uses": self.uses,
             "max_uses": self.max_uses,
-            "expires_at": _iso(self.expires_at),
+            "expires_at": iso(self.expires_at),
             "labels": dict(self.labels),
             "description": self.description,
             "revoked": self.revoked,
-            "revoked_at": _iso(self.revoked_at),
+            "revoked_at": iso(self.revoked_at),
             "created_at": self.created_at.isoformat(),
             "created_by": self.created_by,
             "lock_labels": self.lock_labels,
         }
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def _token(row: tuple[Any, ...]) -> JoinToken:
@@ -314,7 +311,7 @@ def create(
         {
             "tenant": token.tenant,
             "max_uses": token.max_uses,
-            "expires_at": _iso(token.expires_at),
+            "expires_at": iso(token.expires_at),
             "labels": token.labels,
             "description": token.description,
             # Only when locked: a row without it, of any release, is of an unlocked token.

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0 import listing
+from oz0.json_values import iso
 from oz0.membership import UP_WINDOW
 from oz0.nodes._rules import NodeNotFound
 
@@ -68,7 +69,7 @@ class Node:
             "hostname": self.hostname,
             "connected": self.connected,
             "server": self.server if self.connected else None,
-            "last_seen": self.last_seen.isoformat() if self.last_seen else None,
+            "last_seen": iso(self.last_seen),
             "joined_at": self.joined_at.isoformat(),
             "token_id": self.token_id,
             "reason": self.reason,

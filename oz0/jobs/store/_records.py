@@ -11,6 +11,7 @@ import psycopg
 
 from oz0.jobs.spec import ENDED_STATES
 from oz0.jobs.spec_text import DEFAULT_ON_LOST
+from oz0.json_values import iso
 
 Conn = psycopg.Connection[Any]
 
@@ -114,7 +115,7 @@ class Attempt:
             "node": self.node,
             "state": self.state,
             "started_at": self.started_at.isoformat(),
-            "ended_at": _iso(self.ended_at),
+            "ended_at": iso(self.ended_at),
             "exit_code": self.exit_code,
             "ended_because": self.ended_because,
             "output_bytes": self.output_bytes,
@@ -233,8 +234,8 @@ class Job:
             "secret_env": sorted(self.secret_env),
             "exit_code": self.exit_code,
             "created_at": self.created_at.isoformat(),
-            "started_at": _iso(self.started_at),
-            "ended_at": _iso(self.ended_at),
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
             "created_by": self.created_by,
             "limits": self.limits,
             "on_lost": self.on_lost,
@@ -252,7 +253,3 @@ class Job:
 _PART_KEYS = {
     WAITING: "waiting", RUNNING_PART: "running", ENDED_PART: "ended", NOT_STARTED: "not_started",
 }  # fmt: skip
-
-
-def _iso(at: dt.datetime | None) -> str | None:
-    return at.isoformat() if at else None

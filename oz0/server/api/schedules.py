@@ -35,6 +35,7 @@ from oz0.jobs.schedules import (
     ScheduleSpec,
 )
 from oz0.jobs.spec import JobError
+from oz0.json_values import iso
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 from oz0.server.api.described import described
 
@@ -339,7 +340,7 @@ def _run_json(job: store.Job) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "reason": job.reason,
         "created_at": job.created_at.isoformat(),
-        "ended_at": job.ended_at.isoformat() if job.ended_at else None,
+        "ended_at": iso(job.ended_at),
     }
 
 
