@@ -25,6 +25,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.service import ConnectConfig, RPCError, RPCStatusCode, ServiceClient, TLSConfig
 
 from oz0.temporal.host import FRONTEND_PORT
+from oz0_common.temporal_tls import tls_from_files
 from oz0_node.identity import IdentityDir
 
 PROBE_EVERY = 0.05
@@ -59,11 +60,7 @@ class TemporalProbe:
     async def _all(self, until: float) -> None:
         identity = IdentityDir(self.data_dir)
         try:
-            tls = TLSConfig(
-                server_root_ca_cert=identity.ca_path.read_bytes(),
-                client_cert=identity.cert_path.read_bytes(),
-                client_private_key=identity.key_path.read_bytes(),
-            )
+            tls = tls_from_files(identity.ca_path, identity.cert_path, identity.key_path)
         except OSError as e:
             self.failed = f"cannot read the node's identity: {e}"
             return

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import trio
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from oz0_common import __version__, certs
@@ -49,6 +48,7 @@ from oz0_common.asyncio_portal import (
     PortalStuck,
     asyncio_portal,
 )
+from oz0_common.temporal_tls import tls_from_files
 from oz0_node import plugins
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir
 from oz0_node.jobs.attempt import AttemptPort, attempt_activity
@@ -297,11 +297,7 @@ class NodeRuntime:
 
     async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
         settings, identity = self.settings, self.settings.identity
-        tls = TLSConfig(
-            server_root_ca_cert=identity.ca_path.read_bytes(),
-            client_cert=identity.cert_path.read_bytes(),
-            client_private_key=identity.key_path.read_bytes(),
-        )
+        tls = tls_from_files(identity.ca_path, identity.cert_path, identity.key_path)
         client = await asyncio.wait_for(
             Client.connect(
                 settings.temporal,

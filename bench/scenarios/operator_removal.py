@@ -54,13 +54,14 @@ from typing import Any
 
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+from temporalio.service import RPCError, RPCStatusCode
 
 from bench.measure import Meter, percentiles, servers_up
 from bench.runner import UP_TIMEOUT, Bench, Scenario, log
 from cli import enroll
 from cli.client import ApiClient, ApiError
 from oz0.context import MANAGEMENT_PORT, Context
+from oz0_common.temporal_tls import tls_from_files
 
 ADDRESSES = ("127.0.0.241", "127.0.0.242", "127.0.0.243")
 API_SERVER = f"{ADDRESSES[0]}:{MANAGEMENT_PORT}"
@@ -221,11 +222,7 @@ REFUSED_CODES = (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED)
 
 async def poll_temporal(probe: Probe, context: Context, stop: threading.Event) -> None:
     """The person's Temporal client on one server, reading its namespace until refused."""
-    tls = TLSConfig(
-        server_root_ca_cert=context.ca_path.read_bytes(),
-        client_cert=context.cert_path.read_bytes(),
-        client_private_key=context.key_path.read_bytes(),
-    )
+    tls = tls_from_files(context.ca_path, context.cert_path, context.key_path)
     target = f"{probe.server}:{TEMPORAL_PORT}"
     client: Client | None = None
     request = DescribeNamespaceRequest(namespace=NAMESPACE)
