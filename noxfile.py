@@ -15,7 +15,6 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PACKAGES = ["oz0", "oz0_node", "cli"]
 # What oz0/temporal/host/build.sh and bench/loadgen/build.sh build with: `go vet` and
 # `go test` given the same find every package Temporal is made of in Go's build cache,
 # rather than compiling all of it a second time (cgo on, paths kept: other cache keys).

@@ -54,11 +54,6 @@ class Cluster:
     def ca_pem(self) -> bytes:
         return pki.cert_to_pem(self.cluster_ca.cert)
 
-    @property
-    def ca_fingerprint(self) -> str:
-        """The CA certificate's SHA-256 as browsers and `openssl x509 -fingerprint` show it."""
-        return _fingerprint(self.cluster_ca.cert)
-
     @cached_property
     def ui_ca_pem(self) -> bytes:
         """The UI CA's certificate: what `/ca.pem` serves for browsers to trust."""

@@ -147,15 +147,6 @@ def person_of(conn: psycopg.Connection[Any], identity: pki.Identity) -> access.P
     return access.person("operator", identity.name, row[0], row[1])
 
 
-def current_serials(conn: psycopg.Connection[Any]) -> dict[str, str]:
-    """Each operator's current certificate serial (decimal), by the rule of `is_current`:
-    what Temporal's host makes admin."""
-    rows = conn.execute(
-        "SELECT name, cert_serial FROM operators WHERE cert_not_after > now()"
-    ).fetchall()
-    return {str(name): str(int(serial)) for name, serial in rows}
-
-
 # --- the people: list, show, set, remove ------------------------------------------------
 
 

@@ -8,7 +8,6 @@ import dataclasses
 
 from temporalio.converter import DataConverter
 
-from oz0.jobs import spec
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow import AttemptEnd, Outcome, PartEnd
 
@@ -25,7 +24,6 @@ def test_the_reasons_are_the_strings_stored_and_every_one_spec_knows() -> None:
     assert all(
         EndReason(s) == s and str(EndReason(s)) == s and f"{EndReason(s)}" == s for s in STORED
     )
-    assert spec.ENDED_BECAUSE == STORED
 
 
 def test_a_reason_moves_its_attempt_when_it_names_what_became_of_the_node() -> None:

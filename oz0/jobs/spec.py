@@ -10,7 +10,6 @@ from typing import Any, Literal, Required, TypedDict
 from oz0 import nodes
 from oz0.errors import Oz0Error
 from oz0.jobs import limits as job_limits
-from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec_text import (
     DEFAULT_ON_LOST,
     MAX_BATCH_WAIT,
@@ -23,8 +22,6 @@ from oz0_common import attempt_messages, file_push
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
-# Every reason an attempt can have ended with (job_attempts.ended_because).
-ENDED_BECAUSE = tuple(EndReason)
 MAX_ARGS = 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV = 64
