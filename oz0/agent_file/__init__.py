@@ -1,5 +1,11 @@
 """The agent as one file (`oz0-node`): built by build.py, started by bootstrap.py, served
-by every server (oz0.server.api.agent_file)."""
+by every server (oz0.server.api.agent_file).
+
+Its modules:
+
+- `digest.py`: the served agent file's SHA-256, computed once per version of the file: the
+  download's `.sha256` and every join command (oz0.server.join_command) give the same one.
+"""
 
 from __future__ import annotations
 

@@ -33,4 +33,24 @@ Above this layer (tests/test_layers.py): the management API's `/api/v1/jobs` rou
 side of the output nodes send over their control streams is `oz0/server/edge/job_output.py`.
 
 The node's side (the attempt activity and its process) is in `oz0_node/jobs/`.
+
+Also here:
+
+- `follow.py`: a long poll of a job's output: read a page, and when it is empty and the job
+  goes on, wait for the job's next notification (store.tell_followers) and read once more.
+- `grant.py`: attempt grants: what the server that places an attempt signs so that its node
+  runs it (oz0_common/attempt_grant.py has the format; docs/node-protocol.md, "Signed
+  attempts").
+- `heard.py`: the job workflow's check of its attempts that no node has been heard of yet
+  (workflow.JobInput.watch_heard): an attempt Temporal counted started but dropped on the
+  way to its node.
+- `inputs.py`: what a job's workflow is started with (workflow.JobInput), from its row: the
+  sweeper (role.JobsRole) and a schedule's run (schedule_steps.py) start jobs the same way.
+- `pruner.py`: deleting what the cluster keeps no longer: each tenant's finished jobs
+  (succeeded, failed, lost, cancelled; never queued or running) whose end is older than its
+  job retention, with their attempts.
+- `schedule_owners.py`: whose name a schedule's runs start jobs in, and the pause that waits
+  for an admin.
+- `spec_text.py`: a job's spec as an operator types it (`job run`'s options, the web UI's
+  run form): durations and KEY=VALUE pairs.
 """

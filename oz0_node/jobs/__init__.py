@@ -16,6 +16,30 @@ The protocol is in docs/node-protocol.md, "Jobs".
 The names below are imported when first used, not with the package: the per-attempt
 supervisor imports oz0_node.jobs.supervisor, and its start-up must not pay for temporalio
 and trio (attempt.py, manager.py), some 0.4 s.
+
+Its modules:
+
+- `attempt_uids.py`: each attempt a UID of its own (as systemd's `DynamicUser=`, Nomad's
+  dynamic workload users), for an agent running as root without `--job-user`
+  (docs/manage-nodes.md, "What a job can reach").
+- `file_push.py`: a file push's part, run by the agent itself (docs/files.md; the order's
+  format is oz0_common/file_push.py).
+- `intake.py`: attempts the edge sends over the control stream (`attempt`,
+  docs/node-protocol.md, "Attempts over the stream"): checked, handed to the attempt
+  manager, answered.
+- `private_tmp.py`: an attempt's own /tmp and /var/tmp, as systemd's `PrivateTmp=`: the
+  command starts in a mount namespace of its own (unshare CLONE_NEWNS).
+- `session_client.py`: the agent's handle on its sessions' supervisors (session_process.py;
+  the messages: session_handover.py).
+- `session_handover.py`: what the agent and a session's supervisor exchange, defined once
+  for both sides (the agent's, session_client.py; the supervisor's process,
+  session_process.py).
+- `session_process.py`: a session's supervisor (docs/sessions.md): the process that sets a
+  session up, starts its command and ends it, so that the agent, which runs threads
+  (Temporal's worker, the websocket's).
+- `uid_sweep.py`: what is left of a UID on the machine, found and removed: its processes (by
+  /proc), its System V IPC objects (/proc/sysvipc) and its files in the machine's shared
+  writable places (/tmp, /var/tmp).
 """
 
 from __future__ import annotations
