@@ -7,6 +7,7 @@ product's source (lazy ones and those only for type checkers too) without runnin
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from fixtures.syntax_trees import parsed
@@ -179,3 +180,19 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     assert rank is not None
     targets = [t for _, t in imports_of(upward, "oz0.store.upward")]
     assert [t for t in targets if (layer_of(t) or 0) > rank] == ["oz0.server.start"]
+
+
+def test_the_architecture_page_lists_the_layers_of_this_table() -> None:
+    """docs/architecture.md's table of layers says what LAYERS says: the same layers, in
+    order, each with the same modules (backticked in its last column)."""
+    rows = [
+        line.split("|")[1:-1]
+        for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
+        if line.startswith("| ") and line.count("|") == 4
+    ]
+    documented = [
+        (cells[0].strip(), set(re.findall(r"`([A-Za-z0-9_.]+)`", cells[2])))
+        for cells in rows
+        if cells[0].strip() in NAMES
+    ]
+    assert documented == [(name, set(prefixes)) for name, prefixes in LAYERS]
