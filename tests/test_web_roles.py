@@ -253,3 +253,36 @@ def test_the_admin_sees_delete_purge_and_create_tenant(
     assert actions_on(page, "/tenants")["posts"] == ["/tenants"]
     assert page.get_by_role("button", name="Create tenant").is_visible()
     assert audited(world.files, "ui.login")[-1] == ("ui:ada", "ui:ada")
+
+
+# How far the page is wider than the window (px), and what is cut: a box whose content is
+# wider than it and hidden. What is wider than the window must scroll inside its own box
+# (a table of nodes or jobs, inside its card), never the page, and nothing may be cut.
+OVERFLOW = """() => {
+  const page = document.documentElement;
+  const cut = [...document.querySelectorAll("main *")].filter((e) =>
+    e.scrollWidth > e.clientWidth + 1 && ["hidden", "clip"].includes(getComputedStyle(e).overflowX)
+  ).map((e) => e.tagName + "." + e.className);
+  return { page: page.scrollWidth - page.clientWidth, cut: cut };
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_every_page_fits_the_window_for_a_viewer_and_an_admin(
+    world: World, browser: Any, tmp_path: Path, width: int
+) -> None:
+    pages = ["/overview", "/nodes", f"/nodes/{world.node}", "/jobs", f"/jobs/{world.job}",
+             "/tokens", "/schedules", "/sessions", "/audit", "/account"]  # fmt: skip
+    wider: dict[str, Any] = {}
+    for name, extra in (("vera", []), ("ada", ["/tenants", "/servers"])):
+        page = signed_in(browser, world, name)
+        page.set_viewport_size({"width": width, "height": 800})
+        for path in pages + extra:
+            page.goto(f"{BASE}{path}")
+            found = page.evaluate(OVERFLOW)
+            if found["page"] > 0 or found["cut"]:
+                wider[f"{name} {path}"] = found
+                page.screenshot(path=str(shots(tmp_path) / f"wide-{name}-{width}.png"))
+        page.context.close()
+    assert not wider, f"wider than {width} px: {wider}"
