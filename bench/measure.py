@@ -170,7 +170,7 @@ class Meter:
 
 def database_view(files: ClusterFiles) -> dict[str, Any]:
     """What the database says: nodes, nodes `node list` shows connected, server backends."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE state = 'accepted'),"
             " count(*) FILTER (WHERE server IS NOT NULL AND last_seen > now() - %s),"
@@ -194,7 +194,7 @@ def database_view(files: ClusterFiles) -> dict[str, Any]:
 
 def membership_age(files: ClusterFiles) -> float:
     """Seconds since the server's last membership heartbeat; past 5 s it counts as down."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         row = conn.execute(
             "SELECT extract(epoch FROM now() - max(last_heartbeat))::float FROM servers"
         ).fetchone()
@@ -209,7 +209,7 @@ async def sample_membership(files: ClusterFiles, ages: list[float], stop: trio.E
 
 def servers_up(files: ClusterFiles) -> dict[str, float]:
     """Seconds since each server's last membership heartbeat, by its address."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT advertise, extract(epoch FROM now() - last_heartbeat)::float FROM servers"
         ).fetchall()
@@ -226,7 +226,7 @@ async def sample_server_ages(files: ClusterFiles, ages: dict[str, list[float]]) 
 
 def nodes_in_db(files: ClusterFiles, node_ids: list[str]) -> dict[str, tuple[str, str | None]]:
     """State and server of each of NODE_IDS still in the database."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT id, state, server FROM nodes WHERE id = ANY(%s)", (node_ids,)
         ).fetchall()
@@ -234,7 +234,7 @@ def nodes_in_db(files: ClusterFiles, node_ids: list[str]) -> dict[str, tuple[str
 
 
 def audit_counts(files: ClusterFiles) -> dict[str, int]:
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT action, count(*) FROM audit_log WHERE action LIKE 'node.%%' GROUP BY action"
         ).fetchall()

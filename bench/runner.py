@@ -158,7 +158,7 @@ async def _watch_server(server: ServerProcess, phase: list[str]) -> None:
 def create_token(files: ClusterFiles, description: str) -> str:
     """A join token for tenant default, unlimited uses, no expiry, made as an operator."""
     with (
-        psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn,
+        psycopg.connect(files.main_db, autocommit=True) as conn,
         conn.transaction(),
     ):
         _, token = tokens.create(

@@ -39,7 +39,7 @@ def test_no_request_breaks_the_rules(served: Served, people: dict[str, Person]) 
     files = served.files
     findings = api_fuzz.fuzz(
         document, f"https://{ADDRESS}:8443", people,
-        files.url.for_database(files.url.names.main), examples=EXAMPLES,
+        files.main_db, examples=EXAMPLES,
     )  # fmt: skip
     assert findings.requests > 0
     assert not findings.examples, f"{len(findings.examples)} broken:\n{findings.report()}"

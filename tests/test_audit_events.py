@@ -74,7 +74,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
             ("cap", "operator", []),
         ]
     }  # fmt: skip
-    database = files.url.for_database(files.url.names.main)
+    database = files.main_db
     return World(files, database, root, made["ada"], made["vera"], made["bo"], made["cap"])
 
 

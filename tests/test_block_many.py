@@ -150,7 +150,7 @@ def test_bad_many_block_requests_are_one_line_each_and_change_nothing(
     start_server: StartServer,
 ) -> None:
     start_server(cluster_files, SERVER)
-    url = cluster_files.url.for_database(cluster_files.url.names.main)
+    url = cluster_files.main_db
     cap, id_cap = nodes.MAX_PER_REQUEST, nodes.MAX_IDS_PER_REQUEST
     # More nodes than one request may change, all with one label (rows as joins leave them).
     with psycopg.connect(url, autocommit=True) as conn:

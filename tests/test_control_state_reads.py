@@ -19,10 +19,6 @@ from oz0.server.edge.common import state_reads
 from oz0.store.pool import open_database
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def seed(url: str, count: int) -> list[tuple[str, ec.EllipticCurvePublicKey]]:
     """COUNT accepted nodes, every third blocked: their IDs and keys."""
     made = []
@@ -46,7 +42,7 @@ def seed(url: str, count: int) -> list[tuple[str, ec.EllipticCurvePublicKey]]:
 
 
 def test_many_read_in_one_statement_as_each_alone(cluster_files: ClusterFiles) -> None:
-    url = main_db(cluster_files)
+    url = cluster_files.main_db
     made = seed(url, 9)
     stranger = ec.generate_private_key(ec.SECP256R1()).public_key()
     reads = [
@@ -70,7 +66,7 @@ def test_many_read_in_one_statement_as_each_alone(cluster_files: ClusterFiles) -
 async def test_streams_that_wake_together_share_one_read(
     cluster_files: ClusterFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = main_db(cluster_files)
+    url = cluster_files.main_db
     made = seed(url, 40)
     async with open_database(url, min_size=1, max_size=2) as db:
         transactions = 0

@@ -165,7 +165,7 @@ def _cert_for(
 
     from oz0 import cluster as cluster_mod
 
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         ca = cluster_mod.load(conn, pki.read_master_key(files.master_key)).cluster_ca
     if cluster is not None:
         ca = _NamingCA(ca.cert, ca.key, cluster)
@@ -466,7 +466,7 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
     # And the edge still serves the nodes it knows, and records how many attempts one
     # says it runs at once (placement's bound); what is not 1 to 256 it ignores.
     def max_jobs() -> int:
-        with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as c:
+        with psycopg.connect(cluster_files.main_db) as c:
             row = c.execute("SELECT max_jobs FROM nodes WHERE id = %s", (known.node_id,)).fetchone()
         assert row is not None
         return int(row[0])

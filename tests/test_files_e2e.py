@@ -254,7 +254,7 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
     extra = 2 * READS_PER_STREAM
-    locked = psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main))
+    locked = psycopg.connect(cluster_files.main_db)
     answers: list[dict[str, Any]] = []
     burst, enough = trio.Event(), trio.Event()
     # The agent's own window and the rogue's extra pieces, all asked at once: all but the

@@ -190,7 +190,7 @@ def new_job(files: ClusterFiles, node_id: str, command: list[str]) -> store.Job:
     """A job row as `job run` makes it, marked started: no server starts its workflow (the
     test does, on its own queue)."""
     spec = JobSpec(tenant="default", command=command, node=node_id)
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         job = store.create(conn, spec, audit.Actor("operator", "admin"))
         store.started(conn, job.id)
     return job

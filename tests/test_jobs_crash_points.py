@@ -71,7 +71,7 @@ def use_only(files: ClusterFiles, address: str) -> None:
 
 
 def db(files: ClusterFiles) -> psycopg.Connection[Any]:
-    return psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True)
+    return psycopg.connect(files.main_db, autocommit=True)
 
 
 def takes_stream(files: ClusterFiles, node: str) -> bool:

@@ -472,7 +472,7 @@ def as_an_older_agent(files: ClusterFiles, node: str) -> None:
     as long as this stream lasts (the next one says it again)."""
 
     def said() -> bool:
-        with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+        with psycopg.connect(files.main_db) as conn:
             return bool(
                 conn.execute(
                     "UPDATE nodes SET attempts_by_stream = false"
@@ -504,7 +504,7 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "oz0.job.attempt"
     ]
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         rows = conn.execute(
             "SELECT sent FROM job_attempts WHERE job_id = %s AND streamed ORDER BY number",
             (job_id,),
@@ -637,7 +637,7 @@ async def attempt_history(files: ClusterFiles, job_id: str) -> tuple[list[bytes]
 
 def attempts_sent(files: ClusterFiles, job_id: str, having: str) -> list[dict[str, Any]]:
     """The messages sent over the stream for JOB_ID's attempts, those that hold HAVING."""
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         rows = conn.execute(
             "SELECT sent FROM job_attempts WHERE job_id = %s AND sent ? %s ORDER BY number",
             (job_id, having),
@@ -672,7 +672,7 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     assert run.code == 0, run.err
     job_id = run.json()["id"]
     assert run.json()["secret_env"] == ["DB_PASSWORD"]
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         kept = conn.execute(
             "SELECT name, sealed FROM job_secrets WHERE job_id = %s", (job_id,)
         ).fetchall()
@@ -766,7 +766,7 @@ async def put_on_queue(files: ClusterFiles, node_id: str, raws: list[dict[str, A
 
 
 def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         return cluster.load(conn, pki.read_master_key(files.master_key)).cluster_ca
 
 
@@ -836,7 +836,7 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
 async def test_a_node_flooding_refusals_gets_a_few_rows_and_one_summary_per_interval(
     cluster_files: ClusterFiles, mock_clock: trio.testing.MockClock
 ) -> None:
-    database_url = cluster_files.url.for_database(cluster_files.url.names.main)
+    database_url = cluster_files.main_db
 
     def rows() -> list[tuple[str, str, dict[str, Any], list[str]]]:
         with psycopg.connect(database_url) as conn:

@@ -157,7 +157,7 @@ def test_a_node_cannot_see_or_touch_another_tenants_jobs(
         ],
     )
     assert [(a["stored"], a["reason"]) for a in acks] == [(False, "ended"), (False, "ended")]
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         kept = conn.execute(
             "SELECT count(*) FROM job_output WHERE position('from acme' in"
             " convert_from(data, 'UTF8')) > 0"

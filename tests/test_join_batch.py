@@ -33,13 +33,9 @@ ADDRESS = "127.0.0.224"
 EDGE = f"{ADDRESS}:7443"
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 @pytest.fixture
 def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(main_db(cluster_files), autocommit=True) as c:
+    with psycopg.connect(cluster_files.main_db, autocommit=True) as c:
         yield c
 
 
@@ -237,7 +233,7 @@ def test_batches_racing_on_many_connections_admit_exactly_max_uses(
 
     def write() -> None:
         batch = [request(string) for _ in range(each)]
-        with psycopg.connect(main_db(cluster_files)) as own:
+        with psycopg.connect(cluster_files.main_db) as own:
             start.wait(timeout=30)
             outcomes = join_many(own, ca, batch)
         with lock:
@@ -261,7 +257,7 @@ async def test_joins_that_arrive_together_are_one_transaction(
     transactions: list[int] = []
     first_held = trio.Event()
     release = trio.Event()
-    async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+    async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
 
         async def transaction(work: Callable[[Conn], Any]) -> Any:
             transactions.append(0)
@@ -294,7 +290,7 @@ async def test_an_outage_fails_every_join_of_its_batch_and_the_next_batch_joins(
 ) -> None:
     _, string = new_token(conn, max_uses=0)
     down = True
-    async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
+    async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
 
         async def transaction(work: Callable[[Conn], Any]) -> Any:
             # The fault, injected: the edge's transaction in an outage.

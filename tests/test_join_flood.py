@@ -45,7 +45,7 @@ async def pinned() -> NodeKeys:
 
 
 def refused_rows(cluster_files: ClusterFiles) -> list[audit.Entry]:
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         return audit.entries(conn, action="node.join.refused", limit=1000)
 
 
@@ -78,7 +78,7 @@ def test_max_pending_nodes_out_of_range_is_one_line_and_starts_nothing(
         process.communicate(timeout=30)
         raise AssertionError(f"--max-pending-nodes {value} was taken: the server ran") from None
     assert (process.returncode, err, out) == (code, error + "\n", "")
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
 
 
@@ -153,7 +153,7 @@ async def test_pending_nodes_are_capped_and_refused_joins_audited_at_a_bounded_r
 
 @pytest.fixture
 def database_url(cluster_files: ClusterFiles) -> Iterator[str]:
-    yield cluster_files.url.for_database(cluster_files.url.names.main)
+    yield cluster_files.main_db
 
 
 async def test_refusals_over_the_budget_become_one_summary_row_per_interval(

@@ -159,7 +159,7 @@ def test_no_lock_is_turned_on_while_a_server_of_an_earlier_release_is_up(
 ) -> None:
     files = served.files
     older = "server-0000000000ee"
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO servers (id, advertise, version, schema_version)"
             " VALUES (%s, '127.0.0.1', 'older', %s)",

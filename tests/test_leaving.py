@@ -100,7 +100,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
 

@@ -30,7 +30,7 @@ def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFil
 
 @pytest.fixture
 def conn(one_cluster: ClusterFiles) -> Iterator[Conn]:
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with psycopg.connect(main, autocommit=True) as c:
         yield c
 

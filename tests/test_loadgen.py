@@ -39,7 +39,7 @@ def binary() -> Path:
 
 
 def connect(files: ClusterFiles) -> psycopg.Connection[Any]:
-    return psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True)
+    return psycopg.connect(files.main_db, autocommit=True)
 
 
 def create_token(files: ClusterFiles) -> str:

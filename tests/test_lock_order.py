@@ -28,7 +28,7 @@ def node_id(i: int) -> str:
 def test_an_edge_s_rounds_and_batches_of_blocks_do_not_deadlock(
     cluster_files: ClusterFiles,
 ) -> None:
-    url = cluster_files.url.for_database(cluster_files.url.names.main)
+    url = cluster_files.main_db
     ids = [node_id(i) for i in range(1, NODES + 1)]
     stored = random.Random(5).sample(ids, len(ids))  # a scan meets them out of ID order
     with psycopg.connect(url) as conn:

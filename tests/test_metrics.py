@@ -97,7 +97,7 @@ def test_tenant_names_are_shown_only_to_an_operator_certificate_and_only_its_ten
 ) -> None:
     files = served.files
     assert cli("tenant", "create", "acme", env=files.cli_env).code == 0
-    main = files.url.for_database(files.url.names.main)
+    main = files.main_db
     # A pending node in acme and one in default.
     node_ids = {tenant: "node-" + secrets.token_hex(6) for tenant in ("acme", "default")}
     with psycopg.connect(main, autocommit=True) as conn:
@@ -308,7 +308,7 @@ async def test_readiness_names_each_thing_that_is_not_ready() -> None:
 async def test_node_counts_are_read_again_only_once_they_are_old(
     served: Served, autojump_clock: trio.testing.MockClock
 ) -> None:
-    main = served.files.url.for_database(served.files.url.names.main)
+    main = served.files.main_db
     node_id = "node-" + secrets.token_hex(6)
     async with open_database(main, min_size=0, max_size=1) as db:
         counts = ClusterCounts(db)
@@ -350,7 +350,7 @@ async def test_the_event_loop_lag_is_how_late_a_sleeper_wakes(
 async def test_scrapes_within_a_second_get_the_same_text(
     served: Served, autojump_clock: trio.testing.MockClock
 ) -> None:
-    main = served.files.url.for_database(served.files.url.names.main)
+    main = served.files.main_db
     async with open_database(main, min_size=0, max_size=1) as db:
         recorded = ServerMetrics(db)
         first = await recorded.exposition()

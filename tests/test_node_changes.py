@@ -21,10 +21,6 @@ BOB = audit.Actor("operator", "bob")
 STATES = ("pending", "accepted", "blocked", "rejected")
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def node_id(i: int) -> str:
     return f"node-{i:012x}"
 
@@ -110,9 +106,7 @@ def test_refusals_and_changes_as_one_by_one(cluster_files: ClusterFiles) -> None
         nodes.NodeChange("unblock", node_id(6), ADA),
         nodes.NodeChange("unblock", node_id(5), ADA),
     ]
-    alone, together, alone_wrote, together_wrote = both_ways(
-        main_db(cluster_files), states, changes
-    )
+    alone, together, alone_wrote, together_wrote = both_ways(cluster_files.main_db, states, changes)
     assert together == alone
     assert together_wrote == alone_wrote
     # What the one-by-one way says, spelled out for the reader.
@@ -128,7 +122,7 @@ def test_random_batches_end_as_one_by_one(cluster_files: ClusterFiles) -> None:
     """A node named once per batch: its answer is its state after its own change (a node
     named twice answers both with its state at the end, and is left out here)."""
     rng = random.Random(13)
-    url = main_db(cluster_files)
+    url = cluster_files.main_db
     for round_ in range(6):
         ids = [node_id(1000 * round_ + i) for i in range(40)]
         states = {nid: rng.choice(STATES) for nid in ids}
@@ -147,7 +141,7 @@ def test_random_batches_end_as_one_by_one(cluster_files: ClusterFiles) -> None:
 def test_a_node_blocked_and_unblocked_in_one_batch_ends_unblocked(
     cluster_files: ClusterFiles,
 ) -> None:
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         seed(conn, {node_id(1): "accepted"})
         results = nodes.write_changes(
             conn,
@@ -171,7 +165,7 @@ def test_a_node_blocked_and_unblocked_in_one_batch_ends_unblocked(
 @pytest.mark.parametrize("count", [1, 50])
 def test_each_blocked_node_is_notified_once(cluster_files: ClusterFiles, count: int) -> None:
     """The edges learn of each change from `oz0_nodes` (migration 0006's trigger)."""
-    url = main_db(cluster_files)
+    url = cluster_files.main_db
     ids = [node_id(i) for i in range(1, count + 1)]
     with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url) as conn:
         seed(conn, dict.fromkeys(ids, "accepted"))
@@ -192,7 +186,7 @@ def test_each_blocked_node_is_notified_once(cluster_files: ClusterFiles, count: 
 def test_a_key_and_a_deletion_are_news_with_the_revision_they_end(
     cluster_files: ClusterFiles,
 ) -> None:
-    url = main_db(cluster_files)
+    url = cluster_files.main_db
     nid = node_id(7)
     with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url) as conn:
         seed(conn, {nid: "pending"})

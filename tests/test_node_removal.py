@@ -162,7 +162,7 @@ async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
 
         def block_silently() -> None:
             # As if the NOTIFY never arrived: triggers off for this one write.
-            with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as c:
+            with psycopg.connect(cluster_files.main_db) as c:
                 c.execute("SET session_replication_role = replica")
                 c.execute("UPDATE nodes SET state = 'blocked' WHERE id = %s", (keys.node_id,))
 
@@ -296,7 +296,7 @@ async def test_a_blocked_node_is_shown_gone_before_it_answers_our_close_frame(
     ctx = edge_client.verified_context(keys.ca_pem, keys)
     stream = await strangers.open_tls(host, int(port), "127.0.0.1", ctx)
     deaf = strangers.DeafWebsocket(stream, host, "/control")
-    main = cluster_files.url.for_database(cluster_files.url.names.main)
+    main = cluster_files.main_db
 
     def server_of_node() -> str | None:
         with psycopg.connect(main) as conn:

@@ -134,7 +134,7 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
 
 @pytest.fixture
 def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    url = cluster_files.url.for_database(cluster_files.url.names.main)
+    url = cluster_files.main_db
     with psycopg.connect(url, autocommit=True) as c:
         yield c
 

@@ -99,7 +99,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
         30, "a schedule made in tenant acme",
     )  # fmt: skip
     code = root.ok("POST", "/api/v1/operators", {"name": "enid", "role": "viewer"})["code"]
-    url = files.url.for_database(files.url.names.main)
+    url = files.main_db
     with psycopg.connect(url) as conn:
         node_sessions.create(
             conn, SESSION, tenant="acme", node_id=joined[0], person="root", command=["true"],

@@ -48,12 +48,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
         yield cluster
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(main_db(files), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
 
@@ -321,7 +317,7 @@ def test_a_viewer_reads_and_is_refused_a_job_run_and_the_people_in_one_line(
 def test_a_renewal_never_brings_back_an_operator_removed_meanwhile(files: ClusterFiles) -> None:
     # The API authorizes from a cache (a second at most): a renewal authorized just before
     # a removal must not re-create the operator, as a new cluster-wide admin at that.
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         cluster = cluster_mod.load(conn, pki.read_master_key(files.master_key))
         key = pki.new_private_key()
         ghost = access.person("operator", "ghost", "viewer", ["default"])

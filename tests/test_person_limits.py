@@ -98,7 +98,7 @@ def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFil
 
 @pytest.fixture
 def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with psycopg.connect(main, autocommit=True) as c:
         for table in ("ui_sessions", "join_tokens", "schedules"):
             c.execute(f"DELETE FROM {table}")

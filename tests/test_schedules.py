@@ -168,7 +168,7 @@ def web(
 
 def web_account(files: ClusterFiles, name: str) -> tuple[str, str]:
     """A web UI account for operator NAME, signed in: its cookie and CSRF token."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO ui_accounts (username, password_hash) VALUES (%s, %s)",
             (name, passwords.hash_password(WEB_PASSWORD)),

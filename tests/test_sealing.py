@@ -17,7 +17,7 @@ from oz0.server import start as server_start
 
 
 def _main(files: ClusterFiles) -> psycopg.Connection[Any]:
-    return psycopg.connect(files.url.for_database(files.url.names.main))
+    return psycopg.connect(files.main_db)
 
 
 def _seal_v1(master_key: bytes, plaintext: bytes, cluster_name: str) -> bytes:

@@ -33,7 +33,7 @@ def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:
 
 
 def load_cluster(files: ClusterFiles) -> cluster.Cluster:
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         return cluster.load(conn, pki.read_master_key(files.master_key))
 
 
@@ -116,7 +116,7 @@ def test_wrong_master_key_ends_start_and_writes_nothing(
         server.start(timeout=30)
     assert server.wait(5) != 0
     assert server.stderr().strip().splitlines() == ["error: master key does not match cluster test"]
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (4,)
 
@@ -337,7 +337,7 @@ def test_a_certificate_close_to_expiry_warns_but_works(
     start_server(cluster_files, "127.0.0.11")
     ca = load_cluster(cluster_files).cluster_ca
     key = pki.new_private_key()
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         cert = operators.issue_certificate(
             conn, ca, "admin", key.public_key(), actor=Actor("server", "test"),
             action="operator.issue", now=pki.utcnow() - dt.timedelta(days=80),
@@ -432,7 +432,7 @@ def test_an_address_already_in_use_is_one_line(
         result.err.splitlines()[-1]
         == "error: cannot listen on 127.0.0.14:8443: Address already in use"
     )
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         assert conn.execute("SELECT count(*) FROM servers").fetchone() == (0,)
 
 

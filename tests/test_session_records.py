@@ -111,7 +111,7 @@ def test_servers_that_look_at_once_end_a_session_once_and_none_waits(
 ) -> None:
     stop_server(conn, DEAD, dt.timedelta(seconds=10))
     orphan = open_session(conn, DEAD)
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with psycopg.connect(main) as first, psycopg.connect(main, autocommit=True) as other:
         # The first has ended it and not yet committed; the second, looking meanwhile,
         # leaves it to the first (else it would wait on the first's lock here).
@@ -130,7 +130,7 @@ def test_a_session_whose_row_a_frozen_server_holds_is_left_to_the_next_look(
     its session's row: the look ends the others, and that one once it is let go."""
     stop_server(conn, DEAD, dt.timedelta(seconds=10))
     held, free = open_session(conn, DEAD), open_session(conn, DEAD)
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with psycopg.connect(main) as frozen:
         node_sessions.add_chunk(frozen, held, 7, b"sealed", 0, 10)
         conn.execute("SET lock_timeout = '2s'")

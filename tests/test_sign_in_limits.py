@@ -40,7 +40,7 @@ def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFil
 @pytest.fixture
 def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
     """The admin account with password PASSWORD, and no failed sign-ins counted."""
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with psycopg.connect(main, autocommit=True) as c:
         c.execute(
             "UPDATE ui_accounts SET password_hash = %s WHERE username = 'admin'",
@@ -52,7 +52,7 @@ def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.fixture
 async def db(one_cluster: ClusterFiles) -> AsyncIterator[Database]:
-    async with open_database(one_cluster.url.for_database(one_cluster.url.names.main)) as pool:
+    async with open_database(one_cluster.main_db) as pool:
         yield pool
 
 

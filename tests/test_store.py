@@ -16,10 +16,6 @@ from oz0.store.pool import open_database
 from tests.conftest import CliRunner
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def start_args(files: ClusterFiles) -> list[str]:
     return [
         "server", "start", "--master-key-file", str(files.master_key), "--advertise", "127.0.0.11",
@@ -36,7 +32,7 @@ def test_start_refuses_a_database_whose_oldest_server_schema_is_newer_than_it_kn
     cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str]
 ) -> None:
     known = migrations.code_version()
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         # What a release of schema 99 leaves after a contract migration 95.
         conn.execute(
             "INSERT INTO oz0_schema (version, name, oldest_server) VALUES (99, 'future', 95)"
@@ -56,7 +52,7 @@ def test_a_server_runs_beside_a_newer_database_whose_oldest_server_schema_it_mee
     cluster_files: ClusterFiles,
 ) -> None:
     known = migrations.code_version()
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         conn.execute(
             "INSERT INTO oz0_schema (version, name, oldest_server) VALUES (%s, 'future', %s)",
             (known + 2, known),
@@ -82,7 +78,7 @@ def test_start_refuses_a_database_older_than_this_release_migrates_from(
         f"(schema {len(real) + 1}); upgrade it with an earlier release first, then with "
         "this one\n"
     )
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         assert migrations.database_version(conn) == len(real)
 
 
@@ -93,7 +89,7 @@ def test_expand_migrations_apply_beside_older_servers_and_contract_ones_wait_for
     now = len(real)
     expand, contract = _future(now + 1), _future(now + 2, contract=True)
     monkeypatch.setattr(migrations, "load", lambda: [*real, expand, contract])
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         # What uses the database without migrating it (`server operator issue`) needs the
         # expand steps applied first.
         with pytest.raises(SchemaMismatch, match=f"database schema {now} is older than"):
@@ -119,7 +115,7 @@ def test_a_contract_step_and_an_older_server_registering_meanwhile_cannot_cross(
     real = migrations.load()
     now = len(real)
     contract = _future(now + 1, contract=True)
-    with psycopg.connect(main_db(cluster_files)) as older:
+    with psycopg.connect(cluster_files.main_db) as older:
         # A server of this schema registers (its start checked the schema a moment ago)...
         migrations.admit(older, now)
         older.execute(
@@ -133,7 +129,7 @@ def test_a_contract_step_and_an_older_server_registering_meanwhile_cannot_cross(
         newer: list[migrations.Plan] = []
 
         def start_newer() -> None:
-            with psycopg.connect(main_db(cluster_files)) as conn:
+            with psycopg.connect(cluster_files.main_db) as conn:
                 newer.append(migrations.apply(conn, membership.live_schemas))
 
         thread = threading.Thread(target=start_newer)
@@ -146,10 +142,10 @@ def test_a_contract_step_and_an_older_server_registering_meanwhile_cannot_cross(
 
     # The other order: the step applied while no older server was up, and then one of them
     # registers (its start having checked before the step): refused.
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         conn.execute("DELETE FROM servers WHERE id = 'older'")
         assert migrations.apply(conn, membership.live_schemas) == migrations.Plan([contract])
-    with psycopg.connect(main_db(cluster_files)) as conn, pytest.raises(SchemaMismatch) as no:
+    with psycopg.connect(cluster_files.main_db) as conn, pytest.raises(SchemaMismatch) as no:
         migrations.admit(conn, now)
     assert str(no.value) == (
         f"database schema {now + 1} needs servers of schema {now + 1} or newer; "
@@ -169,7 +165,7 @@ def test_init_upgrade_applies_a_newer_release_s_migrations(
     upgraded = cli("server", "init", "--upgrade", "--json", env=cluster_env)
     assert upgraded.code == 0, upgraded.err
     assert upgraded.json() == {"applied": [future.version]}
-    with psycopg.connect(main_db(cluster_files)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         assert migrations.database_version(conn) == future.version
         table = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (future.name,)).fetchone()
         assert table == (True,)
@@ -227,8 +223,8 @@ async def test_listen_delivers_notifications(cluster_files: ClusterFiles) -> Non
 
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            await nursery.start(listen, main_db(cluster_files), ["oz0_test"], on_notify)
-            async with open_database(main_db(cluster_files)) as db:
+            await nursery.start(listen, cluster_files.main_db, ["oz0_test"], on_notify)
+            async with open_database(cluster_files.main_db) as db:
                 await db.transaction(lambda c: c.execute("NOTIFY oz0_test, 'one'"))
                 await db.transaction(lambda c: c.execute("SELECT pg_notify('oz0_test', 'two')"))
             await arrived.wait()
@@ -239,8 +235,8 @@ async def test_listen_delivers_notifications(cluster_files: ClusterFiles) -> Non
 async def test_a_lost_listen_connection_fails_loudly(cluster_files: ClusterFiles) -> None:
     with trio.fail_after(20), pytest.RaisesGroup(ListenConnectionLost, flatten_subgroups=True):
         async with trio.open_nursery() as nursery:
-            await nursery.start(listen, main_db(cluster_files), ["oz0_test"], lambda n: None)
-            async with open_database(main_db(cluster_files)) as db:
+            await nursery.start(listen, cluster_files.main_db, ["oz0_test"], lambda n: None)
+            async with open_database(cluster_files.main_db) as db:
                 await db.transaction(
                     lambda c: c.execute(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

@@ -73,12 +73,8 @@ def refused(answer: subprocess.CompletedProcess[str]) -> bool:
     return not works(answer)
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def sql(files: ClusterFiles, statement: str, *params: object) -> None:
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         conn.execute(statement, params)
 
 
@@ -250,8 +246,8 @@ async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(
     monkeypatch.setattr(operator_access, "RECONCILE_EVERY", 60.0)
     host = RecordingHost()
     with trio.fail_after(20):
-        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
-            hub = EventHub(main_db(cluster_files))
+        async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
+            hub = EventHub(cluster_files.main_db)
             sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
             await nursery.start(hub.run_forever)
             first = await sync.full_table()

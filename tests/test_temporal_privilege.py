@@ -570,7 +570,7 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
     # A namespace we registered is ours again: a create retried after its tenant row was
     # never written goes through.
     assert cli("tenant", "create", "acme", env=cluster_env).code == 0
-    with psycopg.connect(cluster_files.url.for_database(cluster_files.url.names.main)) as conn:
+    with psycopg.connect(cluster_files.main_db) as conn:
         conn.execute("DELETE FROM audit_log WHERE target = 'tenant:acme'")
         conn.execute("DELETE FROM tenants WHERE name = 'acme'")
     again = cli("tenant", "create", "acme", env=cluster_env)
@@ -594,12 +594,8 @@ class FlakyDatabase(Database):
         return await self.db.transaction(work)
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 def set_serial(files: ClusterFiles, serial: int) -> None:
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         conn.execute("UPDATE operators SET cert_serial = %s WHERE name = 'admin'", (serial,))
 
 
@@ -610,8 +606,8 @@ async def test_a_renewal_reaches_the_host_by_notification(
     monkeypatch.setattr(operator_access, "RECONCILE_EVERY", 60.0)
     host = RecordingHost()
     with trio.fail_after(20):
-        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
-            hub = EventHub(main_db(cluster_files))
+        async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
+            hub = EventHub(cluster_files.main_db)
             sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
             await nursery.start(hub.run_forever)
             first = await sync.full_table()
@@ -630,9 +626,9 @@ async def test_operator_sync_survives_a_database_outage(
     caplog.set_level(logging.INFO, logger=operator_access.__name__)
     host = RecordingHost()
     with trio.fail_after(30):
-        async with open_database(main_db(cluster_files)) as real:
+        async with open_database(cluster_files.main_db) as real:
             db = FlakyDatabase(real, failures=3)
-            sync = OperatorAccessSync(db, EventHub(main_db(cluster_files)), cast(Supervisor, host))
+            sync = OperatorAccessSync(db, EventHub(cluster_files.main_db), cast(Supervisor, host))
             for _ in range(3):
                 assert await sync.sync_once() is False
             assert host.pushed == []
@@ -651,7 +647,7 @@ async def test_operator_sync_survives_a_database_outage(
 
 
 def write_node(files: ClusterFiles, sql: str, *params: object) -> None:
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         conn.execute(sql, params)
 
 
@@ -673,8 +669,8 @@ async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_
     )
     host = RecordingHost("authz", "nodes")
     with trio.fail_after(20):
-        async with open_database(main_db(cluster_files)) as db, trio.open_nursery() as nursery:
-            hub = EventHub(main_db(cluster_files))
+        async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
+            hub = EventHub(cluster_files.main_db)
             sync = NodeAccessSync(db, hub, cast(Supervisor, host))
             await nursery.start(hub.run_forever)
             first = await sync.full_table()

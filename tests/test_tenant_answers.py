@@ -60,7 +60,7 @@ def _session_of(served: Served, tenant: str, node: str) -> str:
     """A session of TENANT on NODE, ended, as its server writes one (no agent here runs
     one: what is asked is the lookup, not the session)."""
     session_id = "session-0000000000bb"
-    url = served.files.url.for_database(served.files.url.names.main)
+    url = served.files.main_db
     with psycopg.connect(url) as conn:
         node_sessions.create(
             conn, session_id, tenant=tenant, node_id=node, person="root", command=["true"],

@@ -85,7 +85,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 def tenants_of_rows(files: ClusterFiles, ids: list[int]) -> dict[int, list[str]]:
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         rows = conn.execute("SELECT id, tenants FROM audit_log WHERE id = ANY(%s)", (ids,))
         return {int(r[0]): list(r[1]) for r in rows}
 

@@ -26,14 +26,10 @@ TOKEN_STRING = re.compile(r"^(tok-[0-9a-f]{12})\.([A-Za-z0-9_-]{43})$")
 UNKNOWN_ID = "tok-000000000000"
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 @pytest.fixture
 def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
     """Autocommit: each call below runs in a transaction of its own, as the server's do."""
-    with psycopg.connect(main_db(cluster_files), autocommit=True) as c:
+    with psycopg.connect(cluster_files.main_db, autocommit=True) as c:
         yield c
 
 
@@ -378,7 +374,7 @@ def test_concurrent_joins_never_use_a_token_more_than_max_uses(
     outcomes: list[str] = []
 
     def join() -> None:
-        with psycopg.connect(main_db(cluster_files)) as own:
+        with psycopg.connect(cluster_files.main_db) as own:
             start.wait(timeout=30)
             try:
                 with own.transaction():
@@ -462,7 +458,7 @@ def test_cli_creates_lists_and_revokes_tokens(
     assert (forever["expires_at"], forever["max_uses"]) == (None, 0)
 
     # The strings work: a node's join counts a use.
-    with psycopg.connect(main_db(cluster_files)) as conn, conn.transaction():
+    with psycopg.connect(cluster_files.main_db) as conn, conn.transaction():
         assert tokens.consume(conn, data["token"]).uses == 1
         assert tokens.consume(conn, plain).uses == 1
 

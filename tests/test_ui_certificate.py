@@ -66,7 +66,7 @@ def served_ui_ca(address: str) -> bytes:
 
 
 def loaded(files: ClusterFiles) -> cluster.Cluster:
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         return cluster.load(conn, pki.read_master_key(files.master_key))
 
 

@@ -43,7 +43,7 @@ def cluster(served: Served) -> tuple[ClusterFiles, str]:
 @pytest.fixture
 def conn(cluster: tuple[ClusterFiles, str]) -> Iterator[psycopg.Connection[Any]]:
     files, _ = cluster
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+    with psycopg.connect(files.main_db, autocommit=True) as c:
         yield c
 
 

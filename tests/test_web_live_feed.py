@@ -140,7 +140,7 @@ def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFil
 
 
 def test_the_connection_notifies_and_heartbeats_do_not(one_cluster: ClusterFiles) -> None:
-    main = one_cluster.url.for_database(one_cluster.url.names.main)
+    main = one_cluster.main_db
     with (
         psycopg.connect(main, autocommit=True) as listener,
         psycopg.connect(main, autocommit=True) as conn,

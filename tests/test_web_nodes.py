@@ -44,7 +44,7 @@ def files(served: Served) -> ClusterFiles:
 @pytest.fixture
 def conn(files: ClusterFiles) -> Iterator[Conn]:
     """The cluster's database, with no nodes left from an earlier test."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+    with psycopg.connect(files.main_db, autocommit=True) as c:
         c.execute("DELETE FROM job_attempts")
         c.execute("DELETE FROM jobs")
         c.execute("DELETE FROM nodes")

@@ -22,7 +22,7 @@ UP, DOWN = "server-up", "server-down"
 def conn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection[Any]]:
     with fresh_database_url() as url:
         files: ClusterFiles = initialise(tmp_path_factory.mktemp("overview"), url)
-        with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+        with psycopg.connect(files.main_db, autocommit=True) as c:
             yield c
 
 

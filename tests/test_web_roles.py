@@ -43,10 +43,6 @@ class World:
     token: str
 
 
-def main_db(files: ClusterFiles) -> str:
-    return files.url.for_database(files.url.names.main)
-
-
 @pytest.fixture(scope="module")
 def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     files = served.files
@@ -68,7 +64,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
         "ada": person(files, root, "ada", "admin"),
     }
     node, job = "node-" + secrets.token_hex(6), new_job_id()
-    with psycopg.connect(main_db(files), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO nodes (id, tenant, state, public_key_sha256, certificate, joined_at)"
             " VALUES (%s, 'acme', 'accepted', %s, 'issued', now())",
@@ -134,7 +130,7 @@ def forged(page: Any, path: str, **fields: str) -> int:
 
 
 def audited(files: ClusterFiles, action: str) -> list[tuple[str, str]]:
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         rows = conn.execute(
             "SELECT actor_kind || ':' || actor, target FROM audit_log WHERE action = %s"
             " ORDER BY id",
@@ -144,7 +140,7 @@ def audited(files: ClusterFiles, action: str) -> list[tuple[str, str]]:
 
 
 def node_state(files: ClusterFiles, node: str) -> str:
-    with psycopg.connect(main_db(files)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         row = conn.execute("SELECT state FROM nodes WHERE id = %s", (node,)).fetchone()
     assert row is not None
     return str(row[0])
@@ -197,7 +193,7 @@ def test_a_viewer_of_acme_sees_no_action_and_its_forged_posts_are_refused(
     assert node_state(world.files, world.node) == "accepted"
     assert audited(world.files, "node.block") == blocks
     assert audited(world.files, "job.cancel") == cancels
-    with psycopg.connect(main_db(world.files)) as conn:
+    with psycopg.connect(world.files.main_db) as conn:
         live_tokens = conn.execute("SELECT count(*) FROM join_tokens WHERE revoked_at IS NULL")
         assert live_tokens.fetchone() == (1,)
 

@@ -36,7 +36,7 @@ NOT_A_NODE = "node-000000000000"
 @pytest.fixture
 def conn(served: Served) -> Iterator[psycopg.Connection[Any]]:
     files = served.files
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+    with psycopg.connect(files.main_db, autocommit=True) as c:
         yield c
 
 

@@ -51,7 +51,7 @@ def ui(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]
 
 def audit(ui: Ui, target: str) -> list[tuple[str, str, str, str]]:
     """(actor kind, actor, action, details as JSON text) of TARGET's audit rows."""
-    url = ui.files.url.for_database(ui.files.url.names.main)
+    url = ui.files.main_db
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT actor_kind, actor, action, details::text FROM audit_log"
@@ -62,7 +62,7 @@ def audit(ui: Ui, target: str) -> list[tuple[str, str, str, str]]:
 
 
 def all_audit_text(ui: Ui) -> str:
-    url = ui.files.url.for_database(ui.files.url.names.main)
+    url = ui.files.main_db
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT target, details::text FROM audit_log").fetchall()
     return "\n".join(f"{r[0]} {r[1]}" for r in rows)

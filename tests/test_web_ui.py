@@ -38,7 +38,7 @@ def cluster_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterF
 @pytest.fixture(autouse=True)
 def no_sessions_or_failures(cluster_files: ClusterFiles) -> None:
     """Each test starts signed out everywhere, with no failed sign-ins counted."""
-    main = cluster_files.url.for_database(cluster_files.url.names.main)
+    main = cluster_files.main_db
     with psycopg.connect(main, autocommit=True) as conn:
         conn.execute("DELETE FROM ui_sessions")
         conn.execute("DELETE FROM ui_sign_in_failures")
@@ -50,7 +50,7 @@ def landed(page: Any, files: ClusterFiles) -> str:
     refused, with the username it was given (a key lost on the way shows there)."""
     alert = page.locator("[role=alert]")
     said = alert.first.inner_text() if alert.count() else ""
-    with psycopg.connect(files.url.for_database(files.url.names.main)) as conn:
+    with psycopg.connect(files.main_db) as conn:
         refused = conn.execute(
             "SELECT target FROM audit_log WHERE action = 'ui.login.failed' ORDER BY id"
         ).fetchall()

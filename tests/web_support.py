@@ -99,7 +99,7 @@ def person(
     )  # fmt: skip
     assert issued.returncode == 0, issued.stderr
     password = f"{name}-password-{secrets.token_hex(4)}"
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c:
+    with psycopg.connect(files.main_db, autocommit=True) as c:
         c.execute(
             "UPDATE operators SET role = %s, tenants = %s WHERE name = %s",
             (role, list(tenants), name),

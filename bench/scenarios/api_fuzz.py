@@ -45,7 +45,7 @@ def measure(bench: Bench) -> None:
     started = time.monotonic()
     findings = api_fuzz.fuzz(
         document, f"https://{ADDRESS}:{MANAGEMENT_PORT}", people,
-        files.url.for_database(files.url.names.main), examples=args.examples, seed=args.seed,
+        files.main_db, examples=args.examples, seed=args.seed,
     )  # fmt: skip
     out["seconds"] = round(time.monotonic() - started, 1)
     out["requests"] = findings.requests

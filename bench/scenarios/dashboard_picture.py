@@ -175,7 +175,7 @@ class Workload:
         """A one-use token, used by one agent, then tried by another: refused."""
         files = self.bench.files
         with (
-            psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as c,
+            psycopg.connect(files.main_db, autocommit=True) as c,
             c.transaction(),
         ):
             _, token = tokens.create(

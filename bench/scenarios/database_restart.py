@@ -82,9 +82,7 @@ PROBLEM_LINES = 12
 
 
 def database_now(files: ClusterFiles) -> dt.datetime:
-    with psycopg.connect(
-        files.url.for_database(files.url.names.main), autocommit=True, connect_timeout=5
-    ) as conn:
+    with psycopg.connect(files.main_db, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute("SELECT now()").fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
@@ -92,9 +90,7 @@ def database_now(files: ClusterFiles) -> dt.datetime:
 
 def heard_from_since(files: ClusterFiles, node_ids: list[str], since: dt.datetime) -> int:
     """How many of NODE_IDS a server recorded as connected and heard from after SINCE."""
-    with psycopg.connect(
-        files.url.for_database(files.url.names.main), autocommit=True, connect_timeout=5
-    ) as conn:
+    with psycopg.connect(files.main_db, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute(
             "SELECT count(*) FROM nodes WHERE id = ANY(%s) AND server IS NOT NULL"
             " AND last_seen > %s",

@@ -222,7 +222,7 @@ async def read_stats(held: loadgen.Held, fleet: Fleet) -> None:
 
 def connected_by_stream(files: ClusterFiles) -> int:
     """Nodes connected now whose latest stream said it takes attempts over it."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
             " AND last_seen > now() - interval '15 seconds' AND attempts_by_stream"
@@ -277,7 +277,7 @@ async def run(bench: Bench) -> None:
 def measure(bench: Bench, client: ApiClient, fleet: Fleet, nodes: int) -> None:
     """Idle, then the warm-up and counted jobs one after another (blocking: in a thread)."""
     args, out = bench.args, bench.out
-    url = bench.files.url.for_database(bench.files.url.names.main)
+    url = bench.files.main_db
     with psycopg.connect(url, autocommit=True) as conn:
         poller = Poller(conn)
         plane = ControlPlane(bench, {poller.backend})

@@ -503,7 +503,7 @@ class Row:
 
 def read_rows(files: ClusterFiles, ids: list[str]) -> dict[str, Row]:
     """Each of IDS's job row and its first attempt's, by job ID (a job not found is not in)."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT j.id, extract(epoch FROM j.created_at)::float,"
             " extract(epoch FROM j.ended_at)::float, j.state,"
@@ -607,7 +607,7 @@ def path_pieces(jobs: list[tuple[Dispatch, Row]], histories: dict[str, History])
 
 def backend_states(files: ClusterFiles) -> Counter[str]:
     """This cluster's PostgreSQL backends by database, state and wait event, now."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT datname, state, coalesce(wait_event_type || ':' || wait_event, '-')"
             " FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
@@ -645,7 +645,7 @@ def sampling_backends(files: ClusterFiles, into: dict[str, Any]) -> Iterator[Non
 def cluster_backends(files: ClusterFiles) -> list[int]:
     """The PostgreSQL backends of this cluster's databases (the servers' and the hosts')."""
     names = list(files.url.names.all())
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
             (names,),
@@ -1076,7 +1076,7 @@ def follow_output(client: ApiClient) -> list[float]:
 
 
 def job_rows(files: ClusterFiles, ids: list[str]) -> list[tuple[str, float, float | None]]:
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT id, extract(epoch FROM created_at)::float,"
             " extract(epoch FROM ended_at)::float FROM jobs WHERE id = ANY(%s)",
@@ -1097,7 +1097,7 @@ def rows_once_ended(
 
 
 def job_states(files: ClusterFiles, ids: list[str]) -> Iterator[str]:
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute("SELECT state FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall()
     return (str(r[0]) for r in rows)
 

@@ -197,7 +197,7 @@ def stdout_of(client: ApiClient, job_id: str) -> tuple[dict[str, Any], dict[int,
 
 def printed(files: ClusterFiles, job_ids: list[str]) -> dict[str, float]:
     """Of JOB_IDS, those whose attempt 1 has stored output: when it was first stored."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT job_id, extract(epoch FROM min(at))::float FROM job_output"
             " WHERE job_id = ANY(%s) AND attempt = 1 GROUP BY job_id",
@@ -207,7 +207,7 @@ def printed(files: ClusterFiles, job_ids: list[str]) -> dict[str, float]:
 
 
 def ended(files: ClusterFiles, job_ids: list[str]) -> int:
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND ended_at IS NOT NULL", (job_ids,)
         ).fetchone()
@@ -216,7 +216,7 @@ def ended(files: ClusterFiles, job_ids: list[str]) -> int:
 
 def server_ids(files: ClusterFiles) -> dict[str, str]:
     """Each server's ID (what an agent's status names), by its address."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         rows = conn.execute("SELECT advertise, id FROM servers").fetchall()
     return {str(r[0]): str(r[1]) for r in rows}
 
@@ -401,7 +401,7 @@ async def through_fault(
     through any server that is up but STRUCK (the server the fault took); any other's,
     Temporal's record of its activity."""
     found = Recovery()
-    rows = Rows(files.url.for_database(files.url.names.main))
+    rows = Rows(files.main_db)
     try:
         jobs = [j for w in watched for j in w.jobs]
         found.streamed = await rows.paths(jobs)

@@ -712,7 +712,7 @@ class SideBySide:
     def check_ours(self, since: dt.datetime, nodes: int) -> dict[str, Any]:
         """Our jobs since SINCE, from the rows: each succeeded, each --all job with one
         successful attempt on every node."""
-        url = self.files.url.for_database(self.files.url.names.main)
+        url = self.files.main_db
         with psycopg.connect(url, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT j.all_nodes, j.state, count(a.*) FILTER (WHERE a.exit_code = 0), j.id"

@@ -134,7 +134,7 @@ def next_minute(after: float) -> float:
 
 def runs_of(files: ClusterFiles, schedule_ids: list[str]) -> list[Run]:
     """Every job these schedules' runs made, with each part's printed start."""
-    with psycopg.connect(files.url.for_database(files.url.names.main), autocommit=True) as conn:
+    with psycopg.connect(files.main_db, autocommit=True) as conn:
         jobs = conn.execute(
             "SELECT id, schedule_id, run_key, extract(epoch FROM created_at)::float,"
             " extract(epoch FROM ended_at)::float, state"

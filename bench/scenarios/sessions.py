@@ -136,7 +136,7 @@ async def _recording_alone(bench: Bench, pieces: int, received: int, wall: float
     """RECEIVED bytes in PIECES over WALL seconds through a Recording of this process, into
     as many chunks as the server wrote for its session; the CPU that takes here and in the
     one database backend it writes with, in percent of a core."""
-    url = bench.files.url.for_database(bench.files.url.names.main)
+    url = bench.files.main_db
     real = _newest_session(url)
     chunks = max(int(real["chunks"]), 1)
     piece = (b"x" * 63 + b"\n") * max(received // max(pieces, 1) // 64, 1)
