@@ -252,12 +252,14 @@ def test_the_admin_sees_delete_purge_and_create_tenant(
 
 
 # How far the page is wider than the window (px), and what is cut: a box whose content is
-# wider than it and hidden. What is wider than the window must scroll inside its own box
-# (a table of nodes or jobs, inside its card), never the page, and nothing may be cut.
+# wider than it and hidden (not text for screen readers only, clipped to 1 px on purpose).
+# What is wider than the window must scroll inside its own box (a table of nodes or jobs,
+# inside its card), never the page, and nothing may be cut.
 OVERFLOW = """() => {
   const page = document.documentElement;
   const cut = [...document.querySelectorAll("main *")].filter((e) =>
-    e.scrollWidth > e.clientWidth + 1 && ["hidden", "clip"].includes(getComputedStyle(e).overflowX)
+    e.clientWidth > 1 && e.scrollWidth > e.clientWidth + 1 &&
+    ["hidden", "clip"].includes(getComputedStyle(e).overflowX)
   ).map((e) => e.tagName + "." + e.className);
   return { page: page.scrollWidth - page.clientWidth, cut: cut };
 }"""
