@@ -82,6 +82,11 @@ class World:
         }
 
 
+def running(status: dict[str, Any]) -> bool:
+    """An agent's status.json says: joined, its runtime running (it takes jobs)."""
+    return status.get("runtime") == "running"
+
+
 def schedule_of(root: Person, tenant: str) -> str:
     """A schedule of TENANT's that never runs while the tests do: its ID."""
     body = {"job": {"tenant": tenant, "command": ["true"]}, "cron": NEVER}
@@ -112,9 +117,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         # While the agents start.
         duo = scoped_people.make(files, here, ADDRESS, "duo", "operator", PAIR)
         nodes = {
-            tenant: str(
-                agent.wait_status(lambda s: s.get("runtime") == "running", RUNNING_BOUND)["node_id"]
-            )
+            tenant: str(agent.wait_reported(running, RUNNING_BOUND)["node_id"])
             for tenant, agent in agents.items()
         }
         jobs = {
