@@ -105,9 +105,12 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.15")
+    """ruff, then vulture: dead code fails (pyproject's [tool.vulture]; what is kept on
+    purpose is in vulture_allow.py)."""
+    session.install("ruff>=0.15", "vulture>=2.16")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("vulture")
 
 
 @nox.session
