@@ -38,6 +38,8 @@ def test_nesting_too_deep_for_the_parser_is_refused_not_raised() -> None:
 def test_each_reader_refuses_too_deep_a_message_in_its_own_words() -> None:
     with pytest.raises(ValueError, match="nested this deeply"):
         edge_common.decode(DEEP)
+    with pytest.raises(ValueError, match="must be JSON objects"):
+        edge_common.decode("[1]")
     with pytest.raises(ProtocolViolation, match="not a protocol message"):
         messages.decode(DEEP, "edge-a:7443")
     assert session_handover.decode(DEEP.encode()) == {}
