@@ -34,8 +34,8 @@ def build_wheel(session: nox.Session) -> Path:
     # the package no longer has.
     shutil.rmtree("build", ignore_errors=True)
     # Not session.create_tmp(): it sets TMPDIR for the rest of the session, and pytest's
-    # tests then make their directories outside /tmp (an attempt's own /tmp no longer
-    # hides them; dev PostgreSQL finds no socket directory).
+    # tests then make their directories outside /tmp (where an attempt's own /tmp does not
+    # hide them; dev PostgreSQL finds no socket directory).
     tmp = Path(tempfile.mkdtemp(prefix="oz0-wheel-"))
     out, repaired = tmp / "wheel", tmp / "wheel-repaired"
     for directory in (out, repaired):
@@ -105,9 +105,12 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.15")
+    """ruff, then vulture: dead code fails (pyproject's [tool.vulture]; what is kept on
+    purpose is in vulture_allow.py)."""
+    session.install("ruff>=0.15", "vulture>=2.16")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("vulture")
 
 
 @nox.session

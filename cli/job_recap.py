@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
 from cli.output import terminal_safe
@@ -34,17 +34,9 @@ MAX_LISTED = 50
 
 @dataclass(frozen=True)
 class PartView:
-    """One part as its last attempt leaves it (attempt None: it has none yet)."""
+    """One part as its last attempt leaves it (attempt None: it has none yet). In `--json`,
+    an object of these fields in this order (asdict)."""
 
-    part: int
-    node: str | None
-    outcome: str
-    exit_code: int | None
-    reason: str | None
-    attempts: int
-
-
-class PartJson(TypedDict):
     part: int
     node: str | None
     outcome: str
@@ -64,7 +56,7 @@ class RecapJson(TypedDict):
     nodes: int
     outcomes: dict[str, int]
     exit_codes: dict[str, int]
-    parts: list[PartJson]
+    parts: list[dict[str, Any]]  # each a PartView's fields
 
 
 def attempt_outcome(attempt: dict[str, Any]) -> str:
@@ -184,7 +176,10 @@ def seconds_of(job: dict[str, Any]) -> float | None:
 
 
 def recap_json(job: dict[str, Any]) -> RecapJson:
-    views = parts_of(job)
+    return _recap(job, parts_of(job))
+
+
+def _recap(job: dict[str, Any], views: list[PartView]) -> RecapJson:
     counts = tally(job, views)
     codes = Counter(v.exit_code for v in views if v.exit_code is not None)
     return {
@@ -196,12 +191,8 @@ def recap_json(job: dict[str, Any]) -> RecapJson:
         "nodes": counts.total,
         "outcomes": {o: counts[o] for o in OUTCOMES},
         "exit_codes": {str(code): n for code, n in sorted(codes.items())},
-        "parts": [
-            {"part": v.part, "node": v.node, "outcome": v.outcome, "exit_code": v.exit_code,
-             "reason": v.reason, "attempts": v.attempts}
-            for v in views
-        ],
-    }  # fmt: skip
+        "parts": [asdict(v) for v in views],
+    }
 
 
 # The order the recap lists parts that did not end well in: the worst news first.
@@ -217,7 +208,8 @@ def recap_lines(job: dict[str, Any]) -> list[str]:
       node-00000000000a  failed  exit code 3
       node-00000000000c  lost    node lost
     """
-    recap = recap_json(job)
+    views = parts_of(job)
+    recap = _recap(job, views)
     took = "" if recap["seconds"] is None else f" in {recap['seconds']:g} s"
     nodes = recap["nodes"]
     lines = [f"RECAP {recap['job']}: {recap['state']}{took} on {nodes} node{_s(nodes)}"]
@@ -229,12 +221,12 @@ def recap_lines(job: dict[str, Any]) -> list[str]:
             "  exit codes: " + "  ".join(f"{c}={n}" for c, n in recap["exit_codes"].items())
         )
     bad = sorted(
-        (p for p in recap["parts"] if p["outcome"] in _LISTED),
-        key=lambda p: (_LISTED.index(p["outcome"]), str(p["node"])),
+        (v for v in views if v.outcome in _LISTED),
+        key=lambda v: (_LISTED.index(v.outcome), str(v.node)),
     )
-    width = max((len(p["outcome"]) for p in bad), default=0)
-    for p in bad[:MAX_LISTED]:
-        lines.append(f"  {p['node']}  {p['outcome']:<{width}}  {p['reason'] or ''}".rstrip())
+    width = max((len(v.outcome) for v in bad), default=0)
+    for v in bad[:MAX_LISTED]:
+        lines.append(f"  {v.node}  {v.outcome:<{width}}  {v.reason or ''}".rstrip())
     if len(bad) > MAX_LISTED:
         lines.append(
             f"  ... and {len(bad) - MAX_LISTED} more: orchestrator-zero job show {recap['job']}"

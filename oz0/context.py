@@ -22,6 +22,7 @@ from pathlib import Path
 
 from oz0.errors import Oz0Error
 from oz0_common.addresses import MANAGEMENT_PORT as MANAGEMENT_PORT
+from oz0_common.addresses import host_port
 from oz0_common.files import write_private
 
 CONTEXT_FILE = "context.json"
@@ -42,10 +43,11 @@ def config_home() -> Path:
 
 def server_address(advertise: str) -> str:
     """HOST:PORT of a management API, from an address with or without a port."""
-    if advertise.startswith("[") or advertise.count(":") > 1:
-        host = advertise if advertise.startswith("[") else f"[{advertise}]"
-        return host if "]:" in host else f"{host}:{MANAGEMENT_PORT}"
-    return advertise if ":" in advertise else f"{advertise}:{MANAGEMENT_PORT}"
+    if advertise.startswith("["):
+        return advertise if "]:" in advertise else f"{advertise}:{MANAGEMENT_PORT}"
+    if advertise.count(":") == 1:
+        return advertise
+    return host_port(advertise, MANAGEMENT_PORT)  # a host, or an IPv6 address unbracketed
 
 
 _HOST_NAME = re.compile(

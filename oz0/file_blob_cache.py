@@ -37,9 +37,8 @@ class BlobCache:
         self._bytes = 0
         self._loading: dict[Span, threading.Event] = {}
         self._lock = threading.Lock()
-        # Spans read from the database, and found here (for tests and metrics).
+        # Spans read from the database (for tests).
         self.reads = 0
-        self.hits = 0
 
     @property
     def kept_bytes(self) -> int:
@@ -66,7 +65,6 @@ class BlobCache:
             block = self._kept.get(key)
             if block is not None:
                 self._kept.move_to_end(key)
-                self.hits += 1
                 return block
             loading = self._loading.get(key)
             if loading is None:
@@ -80,7 +78,6 @@ class BlobCache:
                 block = self._kept.get(key)
                 if block is not None:
                     self._kept.move_to_end(key)
-                    self.hits += 1
                     return block
             # The other read failed or is slow: read it here, without keeping it.
             return self._read(read, span, rows)

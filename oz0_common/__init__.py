@@ -27,6 +27,8 @@ Its modules:
   (docs/files.md).
 - `files.py`: files holding secrets: written whole or not at all, 0600 from their first
   byte.
+- `json_object.py`: a JSON object another process sent (node, edge, supervisor), read the
+  one way every message of ours is, nesting too deep for the parser refused, not raised.
 - `purge_format.py`: the purge command's format, which the server signs and the node checks
   (docs/node-protocol.md, "Purge"): a canonical JSON object, signed with the cluster CA's
   key (ECDSA P-256, SHA-256).
@@ -38,9 +40,9 @@ Its modules:
 - `strict_modes.py`: strict modes, as sshd's StrictModes: what a node runs of its own accord
   (a plugin, a tool, the unpacked Python) is owned by the agent's user or root and writable
   by nobody else.
-- `temporal_tls.py`: a Temporal client's mutual TLS from the files of an identity (a node's
-  data directory, an operator's context): the cluster CA, then the certificate and key it
-  presents.
+- `temporal_tls.py`: a Temporal client's mutual TLS (the cluster CA, then the certificate
+  and key it presents), from PEM in memory or the files of an identity (a node's data
+  directory, an operator's context).
 - `unit_files.py`: installing a systemd unit file (`oz0-node install-service`, `server
   install-service`).
 - `waits.py`: waiting on Trio for the first of several things (the job follower's news or a

@@ -12,8 +12,8 @@ Over the node's control stream the agent asks its edge for the blob a piece at a
 "most", as an older agent asks, at most SERVED), "size"} or, when the edge will not serve
 it, the same with "error" (a line) and no data; "unavailable" (the database away, or the
 stream's reads at their cap, READS_PER_STREAM) is asked again. The agent keeps up to
-WINDOW pieces asked at once, each of PIECE bytes: a piece's round trip no longer paces
-the push, and what one push holds in memory, on each side, stays bounded (WINDOW x PIECE).
+WINDOW pieces asked at once, each of PIECE bytes: a piece's round trip does not pace the
+push, and what one push holds in memory, on each side, stays bounded (WINDOW x PIECE).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from oz0_common import strict_modes
 
 log = logging.getLogger(__name__)
 
-PYTHON_DIR = "python"
 PLUGINS_DIR = "plugins"
 TOOLS_DIR = "tools"
 LOGS_DIR = "logs"

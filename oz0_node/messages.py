@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from oz0_common import json_object
 from oz0_common.addresses import host_port
 from oz0_node import addresses
 from oz0_node.errors import ProtocolViolation
@@ -19,10 +20,10 @@ Message = dict[str, object]
 
 def decode(raw: str | bytes, source: str) -> Message:
     try:
-        message = json.loads(raw)
-    except ValueError:
-        message = None
-    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        message = json_object.parse(raw)
+    except json_object.NotAnObject:
+        message = {}
+    if not isinstance(message.get("type"), str):
         raise ProtocolViolation(f"edge {source} sent something that is not a protocol message")
     return message
 

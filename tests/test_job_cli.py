@@ -785,7 +785,7 @@ def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
         "attempt 2: not reported",
         "attempt 3: running: the node says what it applied when the attempt ends",
     ]
-    # No limits and nodes that said nothing (older agents): shown as before limits existed.
+    # No limits and nodes that said nothing (older agents): `limits: none`, nothing per attempt.
     before = cli("job", "show", JOB)
     assert before.code == 0, before
     [limits] = [line for line in before.out.splitlines() if line.startswith("limits:")]

@@ -141,6 +141,11 @@ def test_the_recap_as_data() -> None:
         "part": 1, "node": B, "outcome": "failed", "exit_code": 3, "reason": "exit code 3",
         "attempts": 1,
     }  # fmt: skip
+    # Scripts see the text, keys in this order (docs/run-jobs.md): not only the same dict.
+    assert json.dumps(recap["parts"][1]) == (
+        f'{{"part": 1, "node": "{B}", "outcome": "failed", "exit_code": 3,'
+        ' "reason": "exit code 3", "attempts": 1}'
+    )
     assert recap["parts"][3]["reason"] == "node lost: no server heard from it for 15 s"
 
 

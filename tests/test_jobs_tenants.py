@@ -27,13 +27,14 @@ from temporalio.api.workflowservice.v1 import (
     SignalWorkflowExecutionRequest,
 )
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+from temporalio.service import RPCError, RPCStatusCode
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles
 from fixtures.temporal import run_async
 from oz0 import pki
+from oz0_common.temporal_tls import tls_from_pems
 from tests.conftest import CliRunner, create_token
 from tests.test_jobs_e2e import StartServer, started_pid, wait_job
 
@@ -83,11 +84,7 @@ async def refused(call: Callable[[], Awaitable[Any]]) -> bool:
 
 
 async def temporal_refusals(keys: edge_client.NodeKeys, job_id: str, other: str) -> dict[str, bool]:
-    tls = TLSConfig(
-        server_root_ca_cert=keys.ca_pem,
-        client_cert=keys.cert_pem,
-        client_private_key=pki.key_to_pem(keys.key),
-    )
+    tls = tls_from_pems(keys.ca_pem, keys.cert_pem, pki.key_to_pem(keys.key))
     client = await Client.connect(FRONTEND, namespace="acme", tls=tls)
     service = client.workflow_service
     job = WorkflowExecution(workflow_id=job_id)

@@ -120,8 +120,8 @@ def test_an_attempt_its_node_cannot_record_ends_saying_so_not_that_its_node_was_
     request: pytest.FixtureRequest,
 ) -> None:
     """bench.soak's disk_full: the node's data directory full, the node fails the attempt
-    (RecordUnwritable) and it moves; `job show` said `node lost` (the node was there all
-    along). Now the attempt ends `node could not record the attempt`, with the node's
+    (RecordUnwritable) and it moves; the attempt ends `node could not record the attempt`
+    (not `node lost`: the node was there all along), with the node's
     words (which file, why) as its detail, in the text and --json. --no-move: the job
     ends at that first end, its reason saying the same."""
     if os.geteuid() != 0:

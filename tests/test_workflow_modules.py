@@ -1,6 +1,6 @@
 """The job workers' sandbox passes our workflow modules through (oz0/jobs/role.py,
-WORKFLOW_RUNNER): the modules they import are the real ones, so the sandbox no longer
-refuses a call of theirs that would make a replay differ. This reads their source instead:
+WORKFLOW_RUNNER): the modules they import are the real ones, so the sandbox does not
+refuse a call of theirs that would make a replay differ. This reads their source instead:
 they import only temporalio, the standard library's deterministic parts and each other, and
 call nothing of the clock, randomness or the environment directly (the workflow's own
 `workflow.now()`, `workflow.sleep()`, `workflow.random()` are the way)."""

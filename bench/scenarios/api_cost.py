@@ -51,6 +51,7 @@ from bench.runner import Bench, Scenario, log
 from cli import client as client_module
 from cli.client import ApiClient
 from oz0.context import Context
+from oz0_common.addresses import MANAGEMENT_PORT
 
 ADDRESS = "127.0.0.220"
 MODES = ("fresh", "resume", "keep", "curl", "go", "go-keep")
@@ -64,7 +65,7 @@ def curl_round(
 ) -> list[tuple[float, float]]:
     """One `curl --parallel` requesting ACTION for every node of IDS at once; each request's
     (TLS handshake done, answer complete) in seconds from its start."""
-    urls = [f"https://{address}:8443/api/v1/nodes/{i}/{action}" for i in ids]
+    urls = [f"https://{address}:{MANAGEMENT_PORT}/api/v1/nodes/{i}/{action}" for i in ids]
     body = BODY if action == "block" else {}
     fields = curl.parallel_posts(
         context, urls, body, "%{time_appconnect} %{time_total}", max_time=60, fail=True
@@ -104,7 +105,7 @@ def go_round(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One `oz0-loadgen posts` (KEEP: `--keep`) requesting ACTION for every node of IDS at
     once: each request's line and the generator's summary; any failed request raises."""
-    urls = [f"https://{address}:8443/api/v1/nodes/{i}/{action}" for i in ids]
+    urls = [f"https://{address}:{MANAGEMENT_PORT}/api/v1/nodes/{i}/{action}" for i in ids]
     body = BODY if action == "block" else {}
     answers, summary = loadgen.posts(
         context.ca_path, context.cert_path, context.key_path, urls, body, timeout=60, keep=keep

@@ -219,7 +219,7 @@ class Workload:
         done = subprocess.run(
             ["curl", "-sk", "--max-time", "60", *admin.curl_args, "--create-dirs",
              "-o", f"{answers}/#1", "--write-out", "%{http_code}\n",
-             f"https://{RESTARTED}:8443/api/v1/jobs/not-a-job-[1-{BURST}]"],
+             f"https://{RESTARTED}:{MANAGEMENT_PORT}/api/v1/jobs/not-a-job-[1-{BURST}]"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         codes = done.stdout.split()

@@ -33,7 +33,7 @@ from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.web_events import EventStream, signed_in
 from oz0.context import Context
-from oz0_common.addresses import EDGE_PORT
+from oz0_common.addresses import EDGE_PORT, MANAGEMENT_PORT
 
 CHANGED, WATCHING = "127.0.0.208", "127.0.0.209"
 EVENT_BOUND = 10.0
@@ -78,7 +78,7 @@ def measure(bench: Bench) -> None:
         log(f"{len(ids)} agents connected")
         signed_in(WATCHING, files.ui_password, root / "jar")
         stream = EventStream(
-            f"https://{WATCHING}:8443/ui/events?nodes={','.join(ids)}", root / "jar",
+            f"https://{WATCHING}:{MANAGEMENT_PORT}/ui/events?nodes={','.join(ids)}", root / "jar",
             lifetime=3600,
         )  # fmt: skip
         connected: set[str] = set()

@@ -24,9 +24,9 @@ class EndReason(enum.StrEnum):
     # Its node would not run it (the grant placement signed did not hold there): the job
     # fails, neither retried nor moved.
     REFUSED = "refused"
-    # What became of its node (oz0/jobs/store.py `gone_because`): blocked, purged, deleted,
-    # or lost (silent for the job's lost-after, or its runtime stopped, or it never took
-    # the attempt).
+    # What became of its node (oz0/jobs/store/_node_fate.py `gone_because`): blocked,
+    # purged, deleted, or lost (silent for the job's lost-after, or its runtime stopped, or
+    # it never took the attempt).
     NODE_BLOCKED = "node blocked"
     NODE_PURGED = "node purged"
     NODE_DELETED = "node deleted"

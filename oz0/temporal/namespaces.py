@@ -23,6 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from oz0.errors import Oz0Error
 from oz0_common.asyncio_portal import Portal
+from oz0_common.temporal_tls import tls_from_pems
 
 T = TypeVar("T")
 
@@ -66,11 +67,7 @@ class FrontendAccess:
     key_pem: bytes
 
     def tls(self) -> TLSConfig:
-        return TLSConfig(
-            server_root_ca_cert=self.ca_pem,
-            client_cert=self.cert_pem,
-            client_private_key=self.key_pem,
-        )
+        return tls_from_pems(self.ca_pem, self.cert_pem, self.key_pem)
 
 
 async def ensure(

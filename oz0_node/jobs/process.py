@@ -14,7 +14,8 @@ import contextlib
 import logging
 import os
 import signal
-from pathlib import Path
+
+from oz0_node.jobs import procfs
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,10 @@ GONE_POLL = 0.05
 # the kernel cannot be killed at all; the attempt does not wait for it forever).
 REAP_TIMEOUT = 2.0
 
-PROC = Path("/proc")
-
 
 def members(pgid: int) -> list[int]:
     """The PIDs in process group PGID that are not zombies."""
-    if not PROC.is_dir():
+    if not procfs.PROC.is_dir():
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -39,19 +38,7 @@ def members(pgid: int) -> list[int]:
         except PermissionError:
             pass  # a member that changed its user: still there
         return [pgid]
-    found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_bytes()
-        except OSError:
-            continue  # it ended while we looked
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != b"Z":
-            found.append(int(entry.name))
-    return found
+    return [s.pid for s in procfs.all_stats() if s.pgrp == pgid and not s.zombie]
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

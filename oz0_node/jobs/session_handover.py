@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oz0_common import json_object
 from oz0_node.jobs.isolation import Isolation
 
 SESSIONS_DIR = "sessions"
@@ -114,7 +115,6 @@ def encode(**fields: Any) -> bytes:
 def decode(data: bytes) -> dict[str, Any]:
     """A message of the other side; {} when it is not one (logged by the caller)."""
     try:
-        message = json.loads(data)
-    except ValueError:
+        return json_object.parse(data)
+    except json_object.NotAnObject:
         return {}
-    return message if isinstance(message, dict) else {}

@@ -13,8 +13,8 @@ from oz0.jobs.workflow._values import JobInput, Placed
 # While no node can take the job: look again after 1 s, doubling up to QUEUED_POLL_MAX;
 # once it has waited QUEUED_PATIENT, after a tenth of its wait so far, up to
 # QUEUED_POLL_LONGEST (reached at 5 minutes), so that thousands of queued jobs do not ask
-# the database every 5 s (`queued_pause`). Workflows that began waiting before this backoff
-# (no QUEUED_BACKOFF marker in their history) keep the 5 s their history was made with.
+# the database every 5 s (`queued_pause`). A workflow whose history has no QUEUED_BACKOFF
+# marker (begun by a release without this backoff) keeps the 5 s its history was made with.
 QUEUED_POLL_FIRST, QUEUED_POLL_MAX = 1.0, 5.0
 QUEUED_PATIENT, QUEUED_POLL_LONGEST, QUEUED_SHARE = 60.0, 30.0, 0.1
 QUEUED_BACKOFF = "oz0-queued-backoff"

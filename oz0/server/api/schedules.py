@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # The runs `schedule show` lists, newest first.
 SHOWN_RUNS = 10
-ACTIONS = ("pause", "unpause", "trigger")
 TEMPORAL_UNAVAILABLE = "Temporal cannot be reached from this server now; try again shortly"
 # How long a removal or demotion waits for the pauses of the schedules it paused in
 # Temporal (their rows are paused already: their runs start nothing meanwhile).

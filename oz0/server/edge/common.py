@@ -30,6 +30,7 @@ from oz0.store.events import EventHub
 from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Conn, Database
 from oz0.temporal.namespaces import InNamespace
+from oz0_common import json_object
 
 if TYPE_CHECKING:
     pass
@@ -169,15 +170,11 @@ async def send(ws: Wire, kind: str, **fields: Any) -> None:
 def decode(raw: str | bytes) -> dict[str, Any]:
     """One message as a JSON object, or ValueError saying why it is not one."""
     try:
-        message = json.loads(raw)
-    except ValueError:
-        message = None
-    except RecursionError:
-        # json's parser gives up around depth 1000; ours answers instead of failing.
+        return json_object.parse(raw)
+    except json_object.TooDeep:
         raise ValueError("messages must not be nested this deeply") from None
-    if not isinstance(message, dict):
-        raise ValueError("messages must be JSON objects")
-    return message
+    except json_object.NotAnObject:
+        raise ValueError("messages must be JSON objects") from None
 
 
 async def receive_first(ws: Wire) -> dict[str, Any]:

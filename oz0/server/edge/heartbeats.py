@@ -3,8 +3,8 @@
 After `welcome` the edge sends each node a heartbeat every interval, an `edges` message
 instead when the servers that are up changed, and ends a stream that heard nothing from
 its node for three intervals. A task per stream sleeping between heartbeats, and a timer
-around each read, cost every stream a timer and a cancelled sleep per interval: at 10,000
-streams on the one Trio thread that was a large share of the server's time. Here one task
+around each read, would cost every stream a timer and a cancelled sleep per interval: at
+10,000 streams, a large share of the one Trio thread's time. Here one task
 looks at every stream each TICK, sends the heartbeats that are due straight into their
 sockets (wire.py: no await while a socket takes them) and cancels the streams that went
 silent; reads have no timer of their own. Only a stream whose socket is full is handed to

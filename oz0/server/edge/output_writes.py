@@ -4,8 +4,8 @@ nodes' attempts, in one transaction (store.batches.Batches), acked once committe
 
 An `--all` job's parts all write their chunks under the job's own lock (store.append_output:
 one job's chunks commit in the order of their IDs, so a follower's cursor never passes one
-still to commit). One transaction a chunk made a hundred parts take turns, a commit each;
-a batch takes the lock once for all of the job's chunks it holds.
+still to commit). One transaction a chunk would make a hundred parts take turns, a commit
+each; a batch takes the lock once for all of the job's chunks it holds.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """One edge connection on its own socket: TLS through memory BIOs, websocket frames by wsproto.
 
-The edge used to run trio.SSLStream under trio-websocket. At thousands of control streams
-their layers cost each message some 300 µs of the one Trio thread (a reader task and a
-memory channel per connection, a lock and several checkpoints per send, an SSLStream retry
-loop per read and per write), and the streams' own heartbeats saturated the server. Here a
-message in is one wait for the socket, one read, one decryption and one parse, in the task
-that asked for it; a message out is one encryption and one write, with no await at all
-while the socket takes it, so the heartbeat scheduler sends thousands a second without a
-task switch each. Only what does not fit in the socket's buffer waits, in `drain`.
+Not trio.SSLStream under trio-websocket: at thousands of control streams their layers cost
+each message some 300 µs of the one Trio thread (a reader task and a memory channel per
+connection, a lock and several checkpoints per send, an SSLStream retry loop per read and
+per write), and the streams' own heartbeats saturate the server. Here a message in is one
+wait for the socket, one read, one decryption and one parse, in the task that asked for it;
+a message out is one encryption and one write, with no await at all while the socket takes
+it, so the heartbeat scheduler sends thousands a second without a task switch each. Only
+what does not fit in the socket's buffer waits, in `drain`.
 
 Server frames are never masked and no extension is negotiated, so frames out are built
 here; what the peer sends (masked frames, fragments, pings, close) is wsproto's to parse.
