@@ -9,7 +9,8 @@
   the thread starts on entry and is joined on exit. Nothing else runs that loop.
 - `call` schedules an async function on the loop and waits for it from Trio without
   blocking Trio (the asyncio side's completion wakes the Trio task through its token). A
-  Trio cancellation cancels the asyncio task; an exception raised on the asyncio side is
+  Trio cancellation cancels the asyncio task and waits for it to end, within STOP_WITHIN
+  (an awaiting `finally` is not cut short); an exception raised on the asyncio side is
   raised to the Trio caller; an asyncio task cancelled from its own side is
   `CallCancelled`. `run` is `call` for long-running work: its failure is also logged, with
   its traceback, under the name given.
@@ -29,7 +30,6 @@ agent: it imports trio and the standard library only.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import sys
@@ -61,36 +61,57 @@ class PortalStuck(Exception):
 class Portal:
     """Calls into one asyncio loop running in a thread of its own; see the module."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, stop_within: float = STOP_WITHIN) -> None:
         self.name = name
+        self.stop_within = stop_within
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run `await FN(*ARGS)` on the loop; its result, or its exception, here."""
+        """Run `await FN(*ARGS)` on the loop; its result, or its exception, here. Cancelled
+        here, the asyncio task is cancelled and waited for (its `finally` runs to its end)
+        within STOP_WITHIN, so nothing of the call runs on once it has returned."""
         loop = self._loop
         if loop is None:
             raise PortalClosed(f"{self.name}: its event loop is not running")
         token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
+        ended = trio.Event()
+        started: list[asyncio.Task[T]] = []
 
         def wake(_: object) -> None:
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(done.set)
+                token.run_sync_soon(ended.set)
+
+        def start() -> None:  # on the loop
+            task = loop.create_task(_call(fn, args))
+            started.append(task)
+            # Whenever the task ends: even cancelled before its first step, when no code
+            # of it (no `finally`) runs.
+            task.add_done_callback(wake)
+
+        def cancel() -> None:  # on the loop, after start (call_soon_threadsafe keeps order)
+            started[0].cancel()
 
         try:
-            future = asyncio.run_coroutine_threadsafe(_call(fn, args), loop)
+            loop.call_soon_threadsafe(start)
         except RuntimeError:  # the loop is closed
             raise PortalClosed(f"{self.name}: its event loop has stopped") from None
-        future.add_done_callback(wake)
         try:
-            await done.wait()
+            await ended.wait()
         finally:
-            # Cancelled here (or failed in Trio): the asyncio task is cancelled too.
-            future.cancel()
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            raise CallCancelled(f"{self.name}: the call was cancelled on its loop") from None
+            if not ended.is_set():
+                # Cancelled here (or failed in Trio): the asyncio task is cancelled too, and
+                # waited for, as anyio's portal and trio.to_thread wait for theirs.
+                with contextlib.suppress(RuntimeError):  # the loop closed: its tasks ended
+                    loop.call_soon_threadsafe(cancel)
+                with trio.CancelScope(shield=True), trio.move_on_after(self.stop_within):
+                    await ended.wait()
+        task = started[0]
+        if task.cancelled():
+            raise CallCancelled(f"{self.name}: the call was cancelled on its loop")
+        error = task.exception()
+        if error is not None:
+            raise error
+        return task.result()
 
     async def run(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`call` for long-running work WHAT: a failure is logged with its traceback,
@@ -123,7 +144,7 @@ async def _logging_failure(what: str, fn: Callable[..., Awaitable[T]], *args: An
 @contextlib.asynccontextmanager
 async def asyncio_portal(name: str, *, stop_within: float = STOP_WITHIN) -> AsyncIterator[Portal]:
     """A thread named NAME running an asyncio loop for this block; see the module."""
-    portal = Portal(name)
+    portal = Portal(name, stop_within)
     ready = threading.Event()
     thread = threading.Thread(target=_thread_main, args=(portal, ready), name=name, daemon=True)
     thread.start()

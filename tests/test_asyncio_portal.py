@@ -165,3 +165,48 @@ async def test_a_block_left_with_an_error_keeps_it_even_if_the_thread_is_stuck(
     portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
     await trio.to_thread.run_sync(thread.join, BOUND)
     assert not thread.is_alive()
+
+
+async def test_a_cancelled_call_returns_once_its_asyncio_side_has_ended() -> None:
+    """An asyncio side that awaits in its `finally` (a worker shutting down) runs that to
+    its end before the cancelled call returns, and is cancelled once only: the portal's
+    exit finds nothing left to cancel again."""
+    started, finished = threading.Event(), threading.Event()
+    cancellations = 0
+
+    async def shuts_down_slowly() -> None:
+        nonlocal cancellations
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancellations += 1
+            raise
+        finally:
+            try:
+                await asyncio.sleep(0.3)  # its shutdown
+            except asyncio.CancelledError:
+                cancellations += 1
+                raise
+            finished.set()
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            with trio.move_on_after(0.2) as scope:
+                await portal.call(shuts_down_slowly)
+            assert scope.cancelled_caught and started.is_set()
+            assert finished.is_set(), "the call returned before its asyncio side ended"
+    assert cancellations == 1
+
+
+async def test_a_call_cancelled_before_its_task_ran_returns_at_once() -> None:
+    async def never_started() -> None:
+        await asyncio.sleep(3600)
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal", stop_within=5.0) as portal:
+            began = trio.current_time()
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await portal.call(never_started)
+            assert trio.current_time() - began < 1.0
