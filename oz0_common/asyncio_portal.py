@@ -130,6 +130,8 @@ class Portal:
 
 
 async def _call(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    # Every call's coroutine on the loop: tests/test_jobs_reconnect.py delays it here, as a
+    # busy loop would, to inject its fault.
     return await fn(*args)
 
 
