@@ -6,8 +6,9 @@ Its modules:
 
 - `addresses.py`: the cluster's well-known ports, and a host as written in an address or a
   URL.
-- `asyncio_portal.py`: the one bridge from Trio to asyncio (temporalio is asyncio-only),
-  after anyio's `from_thread.start_blocking_portal`.
+- `asyncio_portal.py`: the one bridge between Trio and asyncio (temporalio is
+  asyncio-only), both ways: into an asyncio loop after anyio's `start_blocking_portal`,
+  back into the Trio run after `trio.from_thread`.
 - `attempt_grant.py`: the attempt grant's format, which the server that places an attempt
   signs and the node checks before it runs anything (docs/node-protocol.md, "Signed
   attempts").

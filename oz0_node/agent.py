@@ -9,12 +9,11 @@ and returns `Purged` (from then on it writes nothing, so nothing recreates the d
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -22,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from oz0_common import certs
 from oz0_common import commands as process
+from oz0_common.asyncio_portal import TrioPortal
 from oz0_node import control, join, purge, renewal
 from oz0_node.errors import AgentError
 from oz0_node.identity import DEFAULT_MAX_JOBS, IdentityDir, NodeRecord
@@ -152,7 +152,7 @@ async def run(
             # Read now: an unreadable one is said at the start (log, status.json), and its
             # repair is said as soon as an attempt finds it (from either thread).
             node.run_record = manager.run_record(options.data_dir)
-            node.run_record.on_change = _in_trio(node.publish)
+            node.run_record.on_change = partial(TrioPortal("oz0-agent").call_soon, node.publish)
             if node.run_record.unusable is not None:
                 node.publish()
             runtimes = Runtimes(
@@ -173,18 +173,6 @@ async def run(
         if failed is not None:
             raise failed
         return purged
-
-
-def _in_trio(fn: Callable[[], None]) -> Callable[[], None]:
-    """FN, called in this Trio run's thread whichever thread calls it (none once the run
-    has ended)."""
-    token = trio.lowlevel.current_trio_token()
-
-    def soon() -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(fn)
-
-    return soon
 
 
 def prepare_jobs(options: StartOptions, identity: IdentityDir, node_id: str | None) -> Isolation:

@@ -229,11 +229,7 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
         temporal=welcome.temporal,
         identity=node.identity,
         cluster=node.record.cluster,
-        attempts=(
-            AttemptPort(runtimes.manager, trio.lowlevel.current_trio_token())
-            if runtimes.manager is not None
-            else None
-        ),
+        attempts=(AttemptPort(runtimes.manager) if runtimes.manager is not None else None),
         record=(
             runtimes.manager.run_record(node.identity.data_dir)
             if runtimes.manager is not None

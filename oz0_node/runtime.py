@@ -24,7 +24,6 @@ control stream and every retry on one, so its memory grew with every reconnect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import itertools
 import logging
@@ -46,6 +45,7 @@ from oz0_common.asyncio_portal import (
     Portal,
     PortalClosed,
     PortalStuck,
+    TrioPortal,
     asyncio_portal,
 )
 from oz0_common.temporal_tls import tls_from_files
@@ -184,7 +184,8 @@ class NodeRuntime:
         return f"oz0-runtime-{self.settings.node_id}"
 
     async def run(self, running: Callable[[], None]) -> None:
-        token = trio.lowlevel.current_trio_token()
+        # How the worker's side (the portal's loop) reports back: RUNNING is Trio's.
+        to_trio = TrioPortal(self.thread_name)
 
         def report_running() -> None:
             if not self._stopping:  # a report that arrives after the stop is stale
@@ -194,7 +195,7 @@ class NodeRuntime:
         try:
             if self._stopping:  # stopped before it began
                 return
-            reason = await self._serve_on_portal(token, report_running)
+            reason = await self._serve_on_portal(to_trio, report_running)
         finally:
             self._ended.set()
         if reason is not None and not self._stopping:
@@ -214,7 +215,7 @@ class NodeRuntime:
                 await self._ended.wait()
 
     async def _serve_on_portal(
-        self, token: trio.lowlevel.TrioToken, running: Callable[[], None]
+        self, to_trio: TrioPortal, running: Callable[[], None]
     ) -> str | None:
         """Serve until stopped or cancelled (None), or until the worker ends by itself
         (why it did)."""
@@ -236,7 +237,7 @@ class NodeRuntime:
                     nonlocal reason
                     with serving:
                         try:
-                            await portal.call(self._serve, token, running)
+                            await portal.call(self._serve, to_trio, running)
                             reason = "its worker ended"
                         except Exception as e:  # whatever it is, run() reports it
                             reason = f"{type(e).__name__}: {e}"
@@ -295,7 +296,7 @@ class NodeRuntime:
             )
         return activities
 
-    async def _serve(self, token: trio.lowlevel.TrioToken, running: Callable[[], None]) -> None:
+    async def _serve(self, to_trio: TrioPortal, running: Callable[[], None]) -> None:
         settings, identity = self.settings, self.settings.identity
         tls = tls_from_files(identity.ca_path, identity.cert_path, identity.key_path)
         client = await asyncio.wait_for(
@@ -328,8 +329,7 @@ class NodeRuntime:
                 settings.namespace,
                 settings.task_queue,
             )
-            with contextlib.suppress(trio.RunFinishedError):  # the agent has ended
-                token.run_sync_soon(running)
+            to_trio.call_soon(running)  # nothing once the agent has ended
 
         self._worker = worker
         try:

@@ -1,21 +1,41 @@
-"""The asyncio portal (oz0_common/asyncio_portal.py) on its own: calls, cancellation both
-ways, an exception crossing, a failure logged, and a loop that will not stop reported.
-No sockets: real threads and real asyncio loops only."""
+"""The bridge between Trio and asyncio (oz0_common/asyncio_portal.py) on its own, both
+ways: calls, cancellation from either side (a cancelled call returns once the other side
+has ended), an exception crossing, deadlines, a failure logged, and a loop that will not
+stop reported. No sockets: real threads, real asyncio loops and this test's Trio run."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
-from oz0_common.asyncio_portal import CallCancelled, PortalClosed, PortalStuck, asyncio_portal
+from fixtures.syntax_trees import parsed
+from oz0_common.asyncio_portal import (
+    CallCancelled,
+    PortalClosed,
+    PortalStuck,
+    TrioPortal,
+    asyncio_portal,
+)
 
 BOUND = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+# What crosses between a Trio run and an asyncio loop by hand.
+CROSSINGS = {
+    "run_sync_soon",
+    "TrioToken",
+    "current_trio_token",
+    "from_thread",
+    "run_coroutine_threadsafe",
+    "call_soon_threadsafe",
+}
 
 
 class Boom(Exception):
@@ -66,8 +86,7 @@ async def test_a_trio_cancellation_cancels_the_asyncio_task() -> None:
             with trio.move_on_after(0.2) as scope:
                 await portal.call(forever)
             assert scope.cancelled_caught and started.is_set()
-            await trio.to_thread.run_sync(cancelled.wait, BOUND)
-            assert cancelled.is_set()
+            assert cancelled.is_set(), "the call returned before its asyncio task was cancelled"
 
 
 async def test_an_asyncio_side_cancellation_is_call_cancelled_in_trio() -> None:
@@ -165,3 +184,238 @@ async def test_a_block_left_with_an_error_keeps_it_even_if_the_thread_is_stuck(
     portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
     await trio.to_thread.run_sync(thread.join, BOUND)
     assert not thread.is_alive()
+
+
+async def test_a_cancelled_call_returns_once_its_asyncio_side_has_ended() -> None:
+    """An asyncio side that awaits in its `finally` (a worker shutting down) runs that to
+    its end before the cancelled call returns, and is cancelled once only: the portal's
+    exit finds nothing left to cancel again."""
+    started, finished = threading.Event(), threading.Event()
+    cancellations = 0
+
+    async def shuts_down_slowly() -> None:
+        nonlocal cancellations
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancellations += 1
+            raise
+        finally:
+            try:
+                await asyncio.sleep(0.3)  # its shutdown
+            except asyncio.CancelledError:
+                cancellations += 1
+                raise
+            finished.set()
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            with trio.move_on_after(0.2) as scope:
+                await portal.call(shuts_down_slowly)
+            assert scope.cancelled_caught and started.is_set()
+            assert finished.is_set(), "the call returned before its asyncio side ended"
+    assert cancellations == 1
+
+
+async def test_a_call_cancelled_before_its_task_ran_returns_at_once() -> None:
+    async def never_started() -> None:
+        await asyncio.sleep(3600)
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal", stop_within=5.0) as portal:
+            began = trio.current_time()
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await portal.call(never_started)
+            assert trio.current_time() - began < 1.0
+
+
+# --- asyncio to Trio ---------------------------------------------------------------------
+
+
+async def test_a_call_from_asyncio_runs_in_the_trio_run_and_its_loop_runs_on() -> None:
+    """From a coroutine on the portal's loop into this test's Trio run and back: the value
+    comes back, the Trio side ran in Trio's thread, and the loop was not blocked."""
+    to_trio = TrioPortal("oz0-test-to-trio")
+    trio_thread = threading.current_thread()
+
+    async def in_trio(x: int) -> tuple[int, bool]:
+        trio.lowlevel.current_task()  # raises outside Trio
+        await trio.sleep(0.2)
+        return x * 2, threading.current_thread() is trio_thread
+
+    def in_trio_sync(x: int) -> tuple[int, bool]:
+        trio.lowlevel.current_task()
+        return x + 1, threading.current_thread() is trio_thread
+
+    async def on_the_loop() -> tuple[tuple[int, bool], tuple[int, bool], int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.get_running_loop().create_task(tick())
+        try:
+            value = await to_trio.call(in_trio, 21, within=BOUND)
+            plain = await to_trio.call_sync(in_trio_sync, 41, within=BOUND)
+        finally:
+            ticker.cancel()
+        return value, plain, ticks
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            value, plain, ticks = await portal.call(on_the_loop)
+    assert value == (42, True) and plain == (42, True)
+    assert ticks >= 5, "the loop stood still while Trio ran the call"
+
+
+async def test_an_exception_in_trio_is_raised_to_the_asyncio_caller() -> None:
+    to_trio = TrioPortal("oz0-test-to-trio")
+
+    async def fails() -> None:
+        await trio.lowlevel.checkpoint()
+        raise Boom("from Trio")
+
+    def fails_sync() -> None:
+        raise Boom("from Trio, plainly")
+
+    async def on_the_loop() -> list[str]:
+        caught = []
+        try:
+            await to_trio.call(fails, within=BOUND)
+        except Boom as e:
+            caught.append(str(e))
+        try:
+            await to_trio.call_sync(fails_sync, within=BOUND)
+        except Boom as e:
+            caught.append(str(e))
+        return caught
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            assert await portal.call(on_the_loop) == ["from Trio", "from Trio, plainly"]
+
+
+async def test_a_cancelled_call_into_trio_returns_once_its_trio_side_has_ended() -> None:
+    """Cancelled on the asyncio side, the Trio task is cancelled, and its `finally` (which
+    awaits, shielded, as a Trio cleanup does) runs to its end before the cancellation goes
+    on: within the portal's bound, not after it."""
+    to_trio = TrioPortal("oz0-test-to-trio", stop_within=5.0)
+    started, finished = trio.Event(), threading.Event()
+    cancellations = 0
+
+    async def shuts_down_slowly() -> None:
+        nonlocal cancellations
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancellations += 1
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.3)  # its shutdown
+            finished.set()
+
+    async def on_the_loop() -> tuple[bool, float]:
+        call = asyncio.get_running_loop().create_task(to_trio.call(shuts_down_slowly, within=BOUND))
+        await asyncio.sleep(0.2)
+        began = time.monotonic()
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        return finished.is_set(), time.monotonic() - began
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            ended, took = await portal.call(on_the_loop)
+    assert started.is_set()
+    assert ended, "the cancelled call returned before its Trio side ended"
+    assert 0.3 <= took < 5.0
+    assert cancellations == 1
+
+
+async def test_a_call_into_trio_past_its_deadline_is_cancelled_there_and_times_out() -> None:
+    to_trio = TrioPortal("oz0-test-to-trio")
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.set()
+            raise
+
+    async def on_the_loop() -> float:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"did not end within 0\.5 s"):
+            await to_trio.call(forever, within=0.5)
+        return time.monotonic() - began
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            took = await portal.call(on_the_loop)
+    assert cancelled.is_set()
+    assert 0.5 <= took < 3.0
+
+
+def test_a_call_into_a_trio_run_that_has_ended_is_portal_closed() -> None:
+    async def made_in_trio() -> TrioPortal:
+        return TrioPortal("oz0-test-to-trio")
+
+    to_trio = trio.run(made_in_trio)
+
+    async def on_a_loop() -> None:
+        with pytest.raises(PortalClosed, match="its Trio run has ended"):
+            await to_trio.call(trio.sleep, 0, within=BOUND)
+        with pytest.raises(PortalClosed):
+            await to_trio.call_sync(len, "", within=BOUND)
+
+    asyncio.run(on_a_loop())
+    to_trio.call_soon(print, "never")  # nothing, and no error
+
+
+async def test_call_soon_runs_in_trio_and_a_failure_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    to_trio = TrioPortal("oz0-test-to-trio")
+    ran = trio.Event()
+
+    def fails() -> None:
+        raise Boom("in a callback")
+
+    def runs() -> None:
+        trio.lowlevel.current_task()
+        ran.set()
+
+    with trio.fail_after(BOUND):
+        async with asyncio_portal("oz0-test-portal") as portal:
+            portal.call_soon(to_trio.call_soon, fails)
+            portal.call_soon(to_trio.call_soon, runs)
+            await ran.wait()
+    [record] = [r for r in caplog.records if "failed in Trio" in r.getMessage()]
+    assert record.exc_info is not None and record.exc_info[0] is Boom
+
+
+def test_the_two_loops_meet_only_in_the_portal() -> None:
+    """docs/architecture.md, "Trio and asyncio": nothing of the product but the portal
+    crosses between the two loops by hand."""
+    found = []
+    for package in ("oz0", "oz0_node", "oz0_common", "cli"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "oz0_common" / "asyncio_portal.py":
+                continue
+            for node in ast.walk(parsed(path)):
+                if isinstance(node, ast.Attribute):
+                    name, line = node.attr, node.lineno
+                elif isinstance(node, ast.Name):
+                    name, line = node.id, node.lineno
+                else:
+                    continue
+                if name in CROSSINGS:
+                    found.append(f"{path.relative_to(ROOT)}:{line} {name}")
+    assert not found, "crossings outside the portal:\n" + "\n".join(found)

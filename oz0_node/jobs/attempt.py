@@ -48,6 +48,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from oz0_common import certs, sealed_env
+from oz0_common.asyncio_portal import set_result_soon
 from oz0_common.attempt_heartbeat import HEARD
 from oz0_common.attempt_messages import DEFAULT_LOST_AFTER, JOB_ID
 from oz0_common.file_push import PUSH
@@ -311,8 +312,7 @@ async def run_held(
     answered: asyncio.Future[Message] = loop.create_future()
 
     def answer(fields: Message) -> None:
-        with contextlib.suppress(RuntimeError):  # the runtime's loop is gone: nobody waits
-            loop.call_soon_threadsafe(_settle, answered, fields)
+        set_result_soon(answered, fields)  # nothing if the runtime's loop is gone
 
     spec = await hand_over(
         raw, node_id=node_id, port=port, grants=grants, open_secrets=open_secrets,
@@ -336,11 +336,6 @@ async def run_held(
             await asyncio.wait_for(asyncio.shield(answered), CANCEL_WITHIN)
         raise
     return returned(fields)
-
-
-def _settle(answered: asyncio.Future[Message], fields: Message) -> None:
-    if not answered.done():
-        answered.set_result(fields)
 
 
 async def _beating(answered: asyncio.Future[Message], heartbeat: Callable[[], None]) -> Message:
