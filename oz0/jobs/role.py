@@ -114,17 +114,17 @@ class JobsRole:
             )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.hub.subscribe(NODES, self._node_changed)
-        self.hub.on_gap.append(self.kick)
-        async with asyncio_portal("oz0-jobs", stop_within=STOP_WITHIN) as portal:
-            self._portal = portal
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._worker, portal)
-                    task_status.started()
-                    await self._sweep_forever()
-            finally:
-                self._portal = None
+        # A node's change, or a gap in the news (what changed is unknown): sweep now.
+        with self.hub.subscription(NODES, notified=self._node_changed, on_gap=self.kick):
+            async with asyncio_portal("oz0-jobs", stop_within=STOP_WITHIN) as portal:
+                self._portal = portal
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._worker, portal)
+                        task_status.started()
+                        await self._sweep_forever()
+                finally:
+                    self._portal = None
 
     async def _worker(self, portal: Portal) -> None:
         try:

@@ -19,7 +19,13 @@ from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
+from oz0.temporal.supervisor import (
+    HostFailed,
+    HostSettings,
+    HostTables,
+    HostUnavailable,
+    Supervisor,
+)
 from oz0_common.addresses import host_port
 from oz0_common.asyncio_portal import Portal, asyncio_portal
 
@@ -131,17 +137,9 @@ async def run(
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     recorder = StateRecorder(db, server_id)
-    sync = NodeAccessSync(db, hub)
-    operator_sync = OperatorAccessSync(db, hub)
-    supervisor = Supervisor(
-        settings,
-        tls=certs.temporal_tls,
-        nodes=sync.full_table,
-        operators=operator_sync.full_table,
-        on_state=recorder.record,
-    )
-    sync.supervisor = supervisor
-    operator_sync.supervisor = supervisor
+    supervisor = Supervisor(settings, tls=certs.temporal_tls, on_state=recorder.record)
+    sync = NodeAccessSync(db, hub, supervisor)
+    operator_sync = OperatorAccessSync(db, hub, supervisor)
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
@@ -159,13 +157,17 @@ async def run(
             )
 
     certs.on_renew.append(push_renewed_certificates)
-    async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
-        nursery.start_soon(recorder.retry_forever)
-        await nursery.start(supervisor.run)
-        await nursery.start(sync.run)
-        await nursery.start(operator_sync.run)
-        temporal = Temporal(supervisor, certs, settings.advertise, portal)
-        registered = await temporal.ensure_namespaces(await db.transaction(tenant_retentions))
-        if registered:
-            log.info("registered namespaces %s", ", ".join(registered))
-        task_status.started(temporal)
+    # The syncs hear the hub from before the host's first start (its tables) to the role's end.
+    with sync.subscribed(), operator_sync.subscribed():
+        async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
+            nursery.start_soon(recorder.retry_forever)
+            tables = HostTables(nodes=sync.full_table, operators=operator_sync.full_table)
+            await nursery.start(supervisor.run, tables)
+            await nursery.start(sync.run)
+            await nursery.start(operator_sync.run)
+            temporal = Temporal(supervisor, certs, settings.advertise, portal)
+            retentions = await db.transaction(tenant_retentions)
+            registered = await temporal.ensure_namespaces(retentions)
+            if registered:
+                log.info("registered namespaces %s", ", ".join(registered))
+            task_status.started(temporal)
