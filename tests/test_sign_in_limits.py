@@ -60,7 +60,9 @@ async def check(
     db: Database, password: str, source: str, username: str = "admin", threads: int = 2
 ) -> sessions.Verdict:
     limiter = trio.CapacityLimiter(threads)
-    return await sessions.check_password(db, limiter, username, password, source, NAMES)
+    return await sessions.check_password(
+        db, limiter, username, password, source, NAMES, sessions.FailurePruning()
+    )
 
 
 def age_failures(conn: psycopg.Connection[Any], by: dt.timedelta) -> None:
@@ -181,11 +183,11 @@ async def test_the_password_is_checked_outside_any_transaction_on_a_small_limite
 ) -> None:
     sessions.warm_up()
     seen = counting_scrypt(monkeypatch, hold=0.2, db=db)
-    limiter = trio.CapacityLimiter(2)
+    limiter, pruning = trio.CapacityLimiter(2), sessions.FailurePruning()
     sources = [f"203.0.113.{n}" for n in range(6)]
 
     async def one(source: str) -> None:
-        await sessions.check_password(db, limiter, "admin", PASSWORD, source, NAMES)
+        await sessions.check_password(db, limiter, "admin", PASSWORD, source, NAMES, pruning)
 
     # One at a time: no pooled connection is held while the password is hashed.
     for source in sources[:2]:
