@@ -195,8 +195,12 @@ async def run_server(
         async def reconnect_jobs() -> None:
             jobs.renewed()
 
-        certs.on_renew.append(reconnect_jobs)
-        await nursery.start(jobs.run)
+        async def run_jobs(*, task_status: trio.TaskStatus[None]) -> None:
+            # The jobs role's client reconnects with each renewed certificate while it runs.
+            with certs.told_of_renewals(reconnect_jobs):
+                await jobs.run(task_status=task_status)
+
+        await nursery.start(run_jobs)
         await nursery.start(partial(pruner.run, db, metrics.pruned, deleted=metrics.deleted))
         await nursery.start(session_sweeper.run, db, server_id)
         relay = SessionRelay()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,7 +40,10 @@ class Certificates(Protocol):
     cluster: Cluster
     cert_pem: bytes
     key_pem: bytes
-    on_renew: list[Callable[[], Awaitable[None]]]
+
+    def told_of_renewals(
+        self, hook: Callable[[], Awaitable[None]]
+    ) -> AbstractContextManager[None]: ...
 
     def temporal_tls(self) -> dict[str, str]: ...
 
@@ -156,9 +160,12 @@ async def run(
                 "renewed certificates not pushed to Temporal (its next start reads them): %s", e
             )
 
-    certs.on_renew.append(push_renewed_certificates)
     # The syncs hear the hub from before the host's first start (its tables) to the role's end.
-    with sync.subscribed(), operator_sync.subscribed():
+    with (
+        certs.told_of_renewals(push_renewed_certificates),
+        sync.subscribed(),
+        operator_sync.subscribed(),
+    ):
         async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
             nursery.start_soon(recorder.retry_forever)
             tables = HostTables(nodes=sync.full_table, operators=operator_sync.full_table)
