@@ -48,7 +48,7 @@ def test_a_subscription_hears_its_channels_and_gaps_only_while_its_block_runs() 
     hub._dispatch(Notification(NODES, "after"))
     hub._gap()
     assert heard == ["a", "b", "gap"]
-    assert hub.subscriptions == ()
+    assert not hub.subscriptions
 
 
 def test_a_subscription_to_channels_names_who_hears_them() -> None:
@@ -91,7 +91,7 @@ async def test_a_subscription_ends_with_its_task_however_the_task_ends(
                 nursery.cancel_scope.cancel()
     hub._dispatch(Notification(OPERATORS, "after"))
     assert heard == ["while"]
-    assert hub.subscriptions == ()
+    assert not hub.subscriptions
 
 
 # The roles that hear the hub, each run until cancelled: none holds its subscription after.
@@ -162,4 +162,4 @@ async def test_each_role_holds_its_subscriptions_while_it_runs_and_none_after(
         await nursery.start(role(hub))
         assert len(hub.subscriptions) == held
         nursery.cancel_scope.cancel()
-    assert hub.subscriptions == ()
+    assert not hub.subscriptions
