@@ -30,6 +30,7 @@ import hmac
 import ipaddress
 import math
 import secrets
+import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -230,14 +231,36 @@ def begin_attempt(
     return Attempt(account, key, row[0] if row else None, int(failure[0]))
 
 
-_last_prune = 0.0
+class FailurePruning:
+    """When this server last deleted the failures too old to count, so that it does so at
+    most every PRUNE_EVERY: one per server (its web UI's), asked from the worker threads
+    that settle sign-ins, several at once."""
+
+    def __init__(self, every: float = PRUNE_EVERY) -> None:
+        self._every = every
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        """Whether to delete them now; if so, the next time is PRUNE_EVERY from now."""
+        with self._lock:
+            now = time.monotonic()
+            if self._last is not None and now - self._last <= self._every:
+                return False
+            self._last = now
+            return True
 
 
-def end_attempt(conn: psycopg.Connection[Any], attempt: Attempt, right: bool, source: str) -> None:
+def end_attempt(
+    conn: psycopg.Connection[Any],
+    attempt: Attempt,
+    right: bool,
+    source: str,
+    pruning: FailurePruning,
+) -> None:
     """The right password: the failure written in advance goes. A wrong one: it stays,
     and is audited `ui.login.failed` under the attempt's account (never the typed name);
-    now and then, failures too old to count are deleted."""
-    global _last_prune
+    now and then (PRUNING), failures too old to count are deleted."""
     if right:
         conn.execute("DELETE FROM ui_sign_in_failures WHERE id = %s", (attempt.failure_id,))
         return
@@ -245,8 +268,7 @@ def end_attempt(conn: psycopg.Connection[Any], attempt: Attempt, right: bool, so
     audit.record(
         conn, audit.Actor("ui", account), "ui.login.failed", f"ui:{account}", {"source": source}
     )
-    if time.monotonic() - _last_prune > PRUNE_EVERY:
-        _last_prune = time.monotonic()
+    if pruning.due():
         conn.execute("DELETE FROM ui_sign_in_failures WHERE at < now() - %s", (FAILURE_WINDOW,))
 
 
@@ -262,9 +284,11 @@ async def check_password(
     password: str,
     source: str,
     names: Names,
+    pruning: FailurePruning,
 ) -> Verdict:
     """Whether PASSWORD is USERNAME's; refused unchecked while the limit says wait. A name
-    with no account costs what a wrong password does, and is counted as one (NAMES).
+    with no account costs what a wrong password does, and is counted as one (NAMES); old
+    failures are deleted now and then (PRUNING).
 
     Three steps: the attempt let through (a transaction), scrypt in a thread of LIMITER
     (no connection held meanwhile), the attempt settled (a transaction)."""
@@ -275,7 +299,7 @@ async def check_password(
     stored = attempt.stored if attempt.stored is not None else _dummy_hash()
     verified = await trio.to_thread.run_sync(passwords.verify, password, stored, limiter=limiter)
     right = verified and attempt.stored is not None
-    await db.transaction(lambda conn: end_attempt(conn, attempt, right, source))
+    await db.transaction(lambda conn: end_attempt(conn, attempt, right, source, pruning))
     return Verdict(right)
 
 

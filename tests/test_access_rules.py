@@ -12,15 +12,17 @@ import pytest
 from oz0 import access
 from oz0.access import Right, Role
 from oz0.server.api.common import ManagementState
+from oz0.server.audit_follow import Followers
 from oz0.server.management import create_app
 from oz0.server.person_limits import PersonLimits
+from oz0.web.live import Feed
 
 
 def registered_endpoints() -> dict[str, tuple[str, set[str]]]:
     """Every endpoint the management app serves, with its path and methods."""
     state = SimpleNamespace(
         db=None, cluster=SimpleNamespace(cluster_ca=None), hub=None, server_id="s",
-        limits=PersonLimits(),
+        limits=PersonLimits(), followers=Followers(), live_pages=Feed(),
     )  # fmt: skip
     app = create_app(cast(ManagementState, state))
     return {

@@ -48,3 +48,26 @@ async def test_certificates_are_renewed_daily_in_the_live_tls_context(
         assert trio.current_time() - began == RENEW_EVERY + 1
         nursery.cancel_scope.cancel()
     assert renewed.public_key() != first.public_key()
+
+
+async def test_a_renewal_hook_is_called_while_its_holder_runs_and_never_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    certs = ServerCertificates(in_memory_cluster(), "server-1", sans=("127.0.0.11",))
+    told: list[float] = []
+
+    async def hook() -> None:
+        told.append(trio.current_time())
+
+    async def holder(*, task_status: trio.TaskStatus[None]) -> None:
+        with certs.told_of_renewals(hook):
+            task_status.started()
+            await trio.sleep(RENEW_EVERY + 1)  # one renewal, then it ends
+
+    async with trio.open_nursery() as nursery:
+        began = trio.current_time()
+        await nursery.start(holder)
+        nursery.start_soon(certs.renew_forever)
+        await trio.sleep(3 * RENEW_EVERY + 1)
+        nursery.cancel_scope.cancel()
+    assert told == [began + RENEW_EVERY]

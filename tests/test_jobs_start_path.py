@@ -27,10 +27,11 @@ from temporalio.client import Client
 from fixtures.jobs_role import role_cluster
 from fixtures.temporal import Credentials, run_async
 from oz0 import audit, pki
-from oz0.jobs import inputs, store
+from oz0.jobs import inputs, store, worker_loop
 from oz0.jobs import role as role_module
 from oz0.jobs.role import SWEEP_EVERY, SWEEP_GAP, JobsRole
 from oz0.jobs.spec import JobSpec
+from oz0.jobs.worker_loop import WorkerLoop
 from oz0.jobs.workflow import Placed
 from oz0.store.events import EventHub
 from oz0.store.outage import Outage
@@ -136,12 +137,12 @@ async def test_a_burst_of_jobs_is_started_several_at_a_time(
     creds, conninfo = cluster
     at_once, slow, count = 3, 1.0, 7
     monkeypatch.setattr(role_module, "START_AT_ONCE", at_once)
-    real_start = JobsRole._start
+    real_start = WorkerLoop.start
     running: list[int] = [0]
     most: list[int] = [0]
 
     async def slow_start(
-        self: JobsRole, job: store.Job, runs: inputs.Everywhere, first: Placed | None = None
+        self: WorkerLoop, job: store.Job, runs: inputs.Everywhere, first: Placed | None = None
     ) -> None:
         running[0] += 1  # on the role's one asyncio loop: no lock needed
         most[0] = max(most[0], running[0])
@@ -151,7 +152,7 @@ async def test_a_burst_of_jobs_is_started_several_at_a_time(
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(JobsRole, "_start", slow_start)
+    monkeypatch.setattr(WorkerLoop, "start", slow_start)
     # Made before the role runs: its first sweep once connected claims them all at once.
     jobs = await trio.to_thread.run_sync(_new_jobs, conninfo, count)
     with trio.fail_after(BOUND):
@@ -191,13 +192,13 @@ async def test_a_job_starts_when_no_worker_here_can_take_it_eagerly(
     anyway, and its first task waits for a worker, which takes it once it comes."""
     creds, conninfo = cluster
     hidden = trio.Event()  # set: the worker may see LATE
-    real_tenants = role_module._tenants
+    real_tenants = worker_loop._tenants
 
     def tenants(conn: store.Conn) -> list[str]:
         return [t for t in real_tenants(conn) if t != LATE or hidden.is_set()]
 
-    monkeypatch.setattr(role_module, "_tenants", tenants)
-    monkeypatch.setattr(role_module, "TENANTS_EVERY", 0.2)
+    monkeypatch.setattr(worker_loop, "_tenants", tenants)
+    monkeypatch.setattr(worker_loop, "TENANTS_EVERY", 0.2)
     with trio.fail_after(BOUND):
         async with open_database(conninfo) as db, trio.open_nursery() as nursery:
             role = _role(conninfo, db, creds, "server-not-eager-test")

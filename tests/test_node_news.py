@@ -46,26 +46,26 @@ def test_news_counts_only_when_newer_than_the_read_and_for_the_key_of_the_stream
 async def test_a_watch_hears_every_notification_between_its_waits_latest_news_first() -> None:
     hub = EventHub("")
     heard: list[str] = []
-    hub.subscribe(NODES, lambda n: heard.append(n.payload))
-    with hub.watch_node(NODE, wake_on_gap=False) as watch:
-        hub._dispatch(news("blocked", 5))
-        hub._dispatch(news("accepted", 6))
-        assert await watch.wait() == NodeNews(NODE, "accepted", KEY, 6)
-        # Still watched after a wait: nothing said between two waits is lost.
-        hub._dispatch(news("purging", 7))
-        assert await watch.wait() == NodeNews(NODE, "purging", KEY, 7)
-        # A wake without news (the reconcile found the node changed) leaves only a read
-        # to tell the state, whichever came first.
-        hub._dispatch(news("blocked", 8))
-        hub.wake(NODE)
-        assert await watch.wait() is None
-        hub.wake(NODE)
-        hub._dispatch(news("blocked", 9))
-        assert await watch.wait() is None
-        with trio.move_on_after(0.01) as waited:
-            await watch.wait()
-        assert waited.cancelled_caught, "no wake since the last wait"
-    hub._dispatch(news("blocked", 10))  # unwatched: nobody left to wake
+    with hub.subscription(NODES, notified=lambda n: heard.append(n.payload)):
+        with hub.watch_node(NODE, wake_on_gap=False) as watch:
+            hub._dispatch(news("blocked", 5))
+            hub._dispatch(news("accepted", 6))
+            assert await watch.wait() == NodeNews(NODE, "accepted", KEY, 6)
+            # Still watched after a wait: nothing said between two waits is lost.
+            hub._dispatch(news("purging", 7))
+            assert await watch.wait() == NodeNews(NODE, "purging", KEY, 7)
+            # A wake without news (the reconcile found the node changed) leaves only a read
+            # to tell the state, whichever came first.
+            hub._dispatch(news("blocked", 8))
+            hub.wake(NODE)
+            assert await watch.wait() is None
+            hub.wake(NODE)
+            hub._dispatch(news("blocked", 9))
+            assert await watch.wait() is None
+            with trio.move_on_after(0.01) as waited:
+                await watch.wait()
+            assert waited.cancelled_caught, "no wake since the last wait"
+        hub._dispatch(news("blocked", 10))  # unwatched: nobody left to wake
     assert heard == [NODE] * 6  # subscribers hear the node's ID
 
 

@@ -12,14 +12,16 @@ from quart_trio import QuartTrio
 
 from oz0.server.api import openapi
 from oz0.server.api.common import ManagementState
+from oz0.server.audit_follow import Followers
 from oz0.server.management import create_app
 from oz0.server.person_limits import PersonLimits
+from oz0.web.live import Feed
 
 
 def _app() -> QuartTrio:
     state = SimpleNamespace(
         db=None, cluster=SimpleNamespace(cluster_ca=None), hub=None, server_id="s",
-        limits=PersonLimits(),
+        limits=PersonLimits(), followers=Followers(), live_pages=Feed(),
     )  # fmt: skip
     return create_app(cast(ManagementState, state))
 

@@ -8,9 +8,10 @@ import datetime as dt
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 import trio
 
 from cli.client import ApiClient, ApiError
@@ -36,17 +37,20 @@ def identity(name: str = "alice", serial: int = 7, days: float = 30) -> pki.Iden
 ALICE = access.person("operator", "alice", "viewer", ["acme"])
 
 
-def attached() -> tuple[OperatorCache, EventHub]:
+@pytest.fixture
+def attached() -> Iterator[tuple[OperatorCache, EventHub]]:
+    """A cache that hears a hub for the test's length (the hub itself listens to nothing)."""
     hub = EventHub("unused")
     cache = OperatorCache()
-    cache.attach(hub)
-    return cache, hub
+    with cache.subscribed(hub):
+        yield cache, hub
 
 
 async def test_a_certificate_found_current_is_taken_again_for_hold_for_seconds_only(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, _ = attached()
+    cache, _ = attached
     alice = identity()
     assert not cache.current(alice)
     cache.remember(alice, cache.version("alice"), ALICE)
@@ -63,8 +67,9 @@ async def test_a_certificate_found_current_is_taken_again_for_hold_for_seconds_o
 
 async def test_an_operator_notification_or_a_listen_gap_forgets_at_once(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, hub = attached()
+    cache, hub = attached
     alice, bob = identity(), identity(name="bob", serial=9)
     for who in (alice, bob):
         cache.remember(who, cache.version(who.name), ALICE)
@@ -79,8 +84,9 @@ async def test_an_operator_notification_or_a_listen_gap_forgets_at_once(
 
 async def test_a_read_that_began_before_a_change_is_not_kept(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, hub = attached()
+    cache, hub = attached
     alice = identity()
     version = cache.version("alice")  # the database read starts ...
     hub._dispatch(Notification(OPERATORS, "alice"))  # ... the renewal commits meanwhile
@@ -96,8 +102,9 @@ async def test_a_read_that_began_before_a_change_is_not_kept(
 
 async def test_an_expired_certificate_is_never_taken_from_the_cache(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, _ = attached()
+    cache, _ = attached
     expiring = identity(days=-1 / 86400)
     cache.remember(expiring, cache.version("alice"), ALICE)
     assert not cache.current(expiring)
@@ -139,8 +146,9 @@ async def confirm_all(cache: OperatorCache, who: pki.Identity, read: Reads, n: i
 
 async def test_requests_that_arrive_together_share_one_read(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, _ = attached()
+    cache, _ = attached
     alice = identity()
     read = Reads([True])
     assert await confirm_all(cache, alice, read, 50) == [ALICE] * 50
@@ -157,8 +165,9 @@ async def test_requests_that_arrive_together_share_one_read(
 
 async def test_a_read_crossed_by_a_change_is_not_shared(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, hub = attached()
+    cache, hub = attached
     alice = identity()
     read = Reads([True, False, False], delay=1.0)
     outcomes: list[bool] = []
@@ -179,8 +188,9 @@ async def test_a_read_crossed_by_a_change_is_not_shared(
 
 async def test_a_failed_read_fails_its_caller_only(
     autojump_clock: trio.testing.MockClock,
+    attached: tuple[OperatorCache, EventHub],
 ) -> None:
-    cache, _ = attached()
+    cache, _ = attached
     alice = identity()
     read = Reads([OSError("database down"), True, True])
     outcomes = await confirm_all(cache, alice, read, 3)

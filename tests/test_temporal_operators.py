@@ -249,34 +249,35 @@ async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
             sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
-            await nursery.start(hub.run_forever)
-            first = await sync.full_table()
-            serial = first["admin"]["serial"]
-            # `server init`'s admin: cluster-wide.
-            assert first == {"admin": {"serial": serial, "role": "admin", "tenants": []}}
-            await nursery.start(sync.run)
-            for pushes, (role, tenants) in enumerate(
-                (("viewer", []), ("viewer", ["beta", "acme"])), start=1
-            ):
-                await trio.to_thread.run_sync(
-                    partial(
-                        sql,
-                        cluster_files,
-                        "UPDATE operators SET role = %s, tenants = %s WHERE name = 'admin'",
-                        role,
-                        tenants,
+            with sync.subscribed():
+                await nursery.start(hub.run_forever)
+                first = await sync.full_table()
+                serial = first["admin"]["serial"]
+                # `server init`'s admin: cluster-wide.
+                assert first == {"admin": {"serial": serial, "role": "admin", "tenants": []}}
+                await nursery.start(sync.run)
+                for pushes, (role, tenants) in enumerate(
+                    (("viewer", []), ("viewer", ["beta", "acme"])), start=1
+                ):
+                    await trio.to_thread.run_sync(
+                        partial(
+                            sql,
+                            cluster_files,
+                            "UPDATE operators SET role = %s, tenants = %s WHERE name = 'admin'",
+                            role,
+                            tenants,
+                        )
                     )
+                    with trio.fail_after(BOUND):
+                        await host.pushed_at_least(pushes)
+                await trio.to_thread.run_sync(
+                    lambda: sql(cluster_files, "DELETE FROM operators WHERE name = 'admin'")
                 )
                 with trio.fail_after(BOUND):
-                    await host.pushed_at_least(pushes)
-            await trio.to_thread.run_sync(
-                lambda: sql(cluster_files, "DELETE FROM operators WHERE name = 'admin'")
-            )
-            with trio.fail_after(BOUND):
-                await host.pushed_at_least(3)
-            assert host.pushed == [
-                {"admin": {"serial": serial, "role": "viewer", "tenants": []}},
-                {"admin": {"serial": serial, "role": "viewer", "tenants": ["acme", "beta"]}},
-                {},
-            ]
-            nursery.cancel_scope.cancel()
+                    await host.pushed_at_least(3)
+                assert host.pushed == [
+                    {"admin": {"serial": serial, "role": "viewer", "tenants": []}},
+                    {"admin": {"serial": serial, "role": "viewer", "tenants": ["acme", "beta"]}},
+                    {},
+                ]
+                nursery.cancel_scope.cancel()

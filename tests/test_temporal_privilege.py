@@ -609,15 +609,18 @@ async def test_a_renewal_reaches_the_host_by_notification(
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
             sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
-            await nursery.start(hub.run_forever)
-            first = await sync.full_table()
-            assert list(first) == ["admin"]
-            await nursery.start(sync.run)
-            await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
-            with trio.fail_after(RENEWAL_BOUND):
-                await host.pushed_at_least(1)
-            assert host.pushed == [{"admin": {"serial": "4242", "role": "admin", "tenants": []}}]
-            nursery.cancel_scope.cancel()
+            with sync.subscribed():
+                await nursery.start(hub.run_forever)
+                first = await sync.full_table()
+                assert list(first) == ["admin"]
+                await nursery.start(sync.run)
+                await trio.to_thread.run_sync(set_serial, cluster_files, 4242)
+                with trio.fail_after(RENEWAL_BOUND):
+                    await host.pushed_at_least(1)
+                assert host.pushed == [
+                    {"admin": {"serial": "4242", "role": "admin", "tenants": []}}
+                ]
+                nursery.cancel_scope.cancel()
 
 
 async def test_operator_sync_survives_a_database_outage(
@@ -672,47 +675,48 @@ async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
             sync = NodeAccessSync(db, hub, cast(Supervisor, host))
-            await nursery.start(hub.run_forever)
-            first = await sync.full_table()
-            key = credentials_key(creds)
-            # The key of the certificate the row holds; none for a node never issued one.
-            assert first == {
-                accepted: {"tenant": "default", "state": "accepted", "keySha256": key},
-                pending: {"tenant": "default", "state": "pending"},
-            }
-            await nursery.start(sync.run)
-
-            # The edge's frequent writes are no news.
-            await trio.to_thread.run_sync(
-                lambda: write_node(
-                    cluster_files,
-                    "UPDATE nodes SET last_seen = now(), server = 's1' WHERE id = %s",
-                    accepted,
-                )
-            )
-            # A renewal: a new key and certificate in the row, as the edge stores them.
-            renewed = issue(cluster_files, pki.Role.NODE, accepted)
-            await trio.to_thread.run_sync(
-                lambda: write_node(
-                    cluster_files,
-                    "UPDATE nodes SET public_key_sha256 = %s, certificate = %s WHERE id = %s",
-                    credentials_key(renewed),
-                    renewed.cert_pem.decode(),
-                    accepted,
-                )
-            )
-            with trio.fail_after(RENEWAL_BOUND):
-                await host.pushed_at_least(1)
-            assert host.pushed == [
-                {
-                    accepted: {
-                        "tenant": "default",
-                        "state": "accepted",
-                        "keySha256": credentials_key(renewed),
-                    }
+            with sync.subscribed():
+                await nursery.start(hub.run_forever)
+                first = await sync.full_table()
+                key = credentials_key(creds)
+                # The key of the certificate the row holds; none for a node never issued one.
+                assert first == {
+                    accepted: {"tenant": "default", "state": "accepted", "keySha256": key},
+                    pending: {"tenant": "default", "state": "pending"},
                 }
-            ]
-            nursery.cancel_scope.cancel()
+                await nursery.start(sync.run)
+
+                # The edge's frequent writes are no news.
+                await trio.to_thread.run_sync(
+                    lambda: write_node(
+                        cluster_files,
+                        "UPDATE nodes SET last_seen = now(), server = 's1' WHERE id = %s",
+                        accepted,
+                    )
+                )
+                # A renewal: a new key and certificate in the row, as the edge stores them.
+                renewed = issue(cluster_files, pki.Role.NODE, accepted)
+                await trio.to_thread.run_sync(
+                    lambda: write_node(
+                        cluster_files,
+                        "UPDATE nodes SET public_key_sha256 = %s, certificate = %s WHERE id = %s",
+                        credentials_key(renewed),
+                        renewed.cert_pem.decode(),
+                        accepted,
+                    )
+                )
+                with trio.fail_after(RENEWAL_BOUND):
+                    await host.pushed_at_least(1)
+                assert host.pushed == [
+                    {
+                        accepted: {
+                            "tenant": "default",
+                            "state": "accepted",
+                            "keySha256": credentials_key(renewed),
+                        }
+                    }
+                ]
+                nursery.cancel_scope.cancel()
 
 
 def credentials_key(creds: Credentials) -> str:

@@ -23,33 +23,40 @@ SERVER = "server-live-feed"
 VIEWER = (access.Role.VIEWER, frozenset[str]())
 
 
-def feed_with(*streams: Stream) -> tuple[EventHub, Feed]:
+@pytest.fixture
+def heard() -> Iterator[tuple[EventHub, Feed]]:
+    """A feed that hears a hub for the test's length (the hub itself listens to nothing)."""
     hub, feed = EventHub("unused: nothing here listens"), Feed()
-    feed.attach(hub)
-    feed.streams.update(streams)
-    return hub, feed
+    with feed.subscribed(hub):
+        yield hub, feed
 
 
 @pytest.mark.parametrize("channel", [NODES, NODE_LINKS])
-def test_a_notification_wakes_the_streams_watching_that_node(channel: str) -> None:
+def test_a_notification_wakes_the_streams_watching_that_node(
+    channel: str, heard: tuple[EventHub, Feed]
+) -> None:
     a = nodes.new_node_id()
     watching, elsewhere = (
         Stream(frozenset({a}), False, "t1", VIEWER),
         Stream(frozenset(), False, "t2", VIEWER),
     )
-    hub, _ = feed_with(watching, elsewhere)
+    hub, feed = heard
+    feed.streams.update((watching, elsewhere))
     hub._dispatch(Notification(channel, a))
     assert watching.woken.is_set() and not watching.others_changed
     assert not elsewhere.woken.is_set()
 
 
-def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
+def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all(
+    heard: tuple[EventHub, Feed],
+) -> None:
     shown, other = nodes.new_node_id(), nodes.new_node_id()
     a_list, a_page = (
         Stream(frozenset({shown}), True, "t1", VIEWER),
         Stream(frozenset({shown}), False, "t2", VIEWER),
     )
-    hub, _ = feed_with(a_list, a_page)
+    hub, feed = heard
+    feed.streams.update((a_list, a_page))
     hub._dispatch(Notification(OPERATORS, other))
     assert not a_list.woken.is_set()  # not about nodes
     hub._dispatch(Notification(NODES, other))
@@ -59,13 +66,16 @@ def test_a_list_hears_of_nodes_it_does_not_show_and_a_gap_wakes_all() -> None:
     assert a_page.woken.is_set()
 
 
-def test_a_list_of_some_tenants_is_woken_only_by_nodes_not_known_to_be_anothers() -> None:
+def test_a_list_of_some_tenants_is_woken_only_by_nodes_not_known_to_be_anothers(
+    heard: tuple[EventHub, Feed],
+) -> None:
     acme_viewer = (access.Role.VIEWER, frozenset({"acme"}))
     scoped, everyone = (
         Stream(frozenset(), True, "t1", acme_viewer),
         Stream(frozenset(), True, "t2", VIEWER),
     )
-    hub, feed = feed_with(scoped, everyone)
+    hub, feed = heard
+    feed.streams.update((scoped, everyone))
     theirs, unknown = nodes.new_node_id(), nodes.new_node_id()
     feed.changed.tenant_of[theirs] = "beta"
     hub._dispatch(Notification(NODES, theirs))

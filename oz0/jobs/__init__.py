@@ -24,9 +24,10 @@
   run's job, made once; `schedule_calls.py`: their Temporal Schedules, in the tenant's
   namespace; `scheduled.py`: the workflow each run starts (it makes the job and runs the
   job's workflow as its child); `schedule_steps.py`: its database step.
-- `role.py`: the job role every server runs: its Temporal worker (one per tenant namespace)
-  and the sweeper that starts workflows, sends cancellations and tells workflows of nodes
-  taken away.
+- `role.py`: the job role every server runs, on Trio: the sweeper that starts workflows,
+  sends cancellations and tells workflows of nodes taken away, and the portal to
+  `worker_loop.py`: its Temporal client and workers (one per tenant namespace), on the
+  portal's asyncio loop.
 
 Above this layer (tests/test_layers.py): the management API's `/api/v1/jobs` routes are
 `oz0/server/api/jobs.py` (schedules': `oz0/server/api/schedules.py`), and the edge's

@@ -37,7 +37,7 @@ import trio
 
 from oz0 import access, audit_stream, cap_rules, operators, pki
 from oz0.server_defaults import MAX_EVENT_STREAMS_PER_PERSON
-from oz0.store.events import OPERATORS, EventHub, JobWatch
+from oz0.store.events import OPERATORS, EventHub, JobWatch, Subscription
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.store.pool import Database
@@ -103,9 +103,11 @@ class Followers:
             self.streams.discard(follower)
             await lines.aclose()
 
-    def attach(self, hub: EventHub) -> None:
-        hub.subscribe(OPERATORS, self._person_changed)
-        hub.on_gap.append(self._recheck_all)
+    def subscribed(self, hub: EventHub) -> AbstractContextManager[Subscription]:
+        """HUB's news of people heard (their streams read them again) while the block runs."""
+        return hub.subscription(
+            OPERATORS, notified=self._person_changed, on_gap=self._recheck_all
+        )  # fmt: skip
 
     def _person_changed(self, notification: Notification) -> None:
         for follower in self.streams:

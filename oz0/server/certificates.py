@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -43,8 +44,9 @@ class ServerCertificates:
     ui_names: tuple[str, ...] = ()
     contexts: list[ssl.SSLContext] = field(default_factory=list)
     ui_contexts: list[ssl.SSLContext] = field(default_factory=list)
-    # Called after each renewal, for holders of the PEMs outside this process's TLS contexts.
-    on_renew: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Called after each renewal, for holders of the PEMs outside this process's TLS contexts
+    # (told_of_renewals).
+    _on_renew: list[Callable[[], Awaitable[None]]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         if self.ui_pair is not None:
@@ -148,6 +150,15 @@ class ServerCertificates:
             self.ui_contexts.append(ui)
         return tls.by_server_name(ui, api)
 
+    @contextmanager
+    def told_of_renewals(self, hook: Callable[[], Awaitable[None]]) -> Iterator[None]:
+        """HOOK awaited after each renewal until the block ends, however it ends."""
+        self._on_renew.append(hook)
+        try:
+            yield
+        finally:
+            self._on_renew.remove(hook)
+
     def temporal_tls(self) -> dict[str, str]:
         """The PEMs the Temporal host needs, in its configuration's shape."""
         return {
@@ -164,5 +175,5 @@ class ServerCertificates:
             await trio.sleep(every)
             self.issue()
             log.info("renewed this server's certificates")
-            for hook in self.on_renew:
+            for hook in list(self._on_renew):
                 await hook()

@@ -181,23 +181,22 @@ async def run(
 ) -> None:
     """Serve the API until cancelled; started with what drains it (`drain`)."""
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(state.node_changes.serve)
-        served = await nursery.start(
-            partial(
-                serve_https,
-                create_app(state),
-                tls_context,
-                host,
-                port,
-                on_refused=state.metrics.management_over_limit.inc,
+    with state.subscribed():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.node_changes.serve)
+            served = await nursery.start(
+                partial(
+                    serve_https,
+                    create_app(state),
+                    tls_context,
+                    host,
+                    port,
+                    on_refused=state.metrics.management_over_limit.inc,
+                )
             )
-        )
-        if state.hub is not None:
-            cutter = OperatorConnections(state, served)
-            cutter.attach(state.hub)
-            nursery.start_soon(cutter.run)
-        task_status.started(served)
+            if state.hub is not None:
+                await nursery.start(OperatorConnections(state, served, state.hub).run)
+            task_status.started(served)
 
 
 class OperatorConnections:
@@ -210,16 +209,13 @@ class OperatorConnections:
     (notifications may be lost) checks every operator connection.
     """
 
-    def __init__(self, state: ManagementState, served: Served) -> None:
+    def __init__(self, state: ManagementState, served: Served, hub: EventHub) -> None:
         self._state = state
         self._served = served
+        self._hub = hub
         self._names: set[str] = set()
         self._everyone = False
         self._woken = trio.Event()
-
-    def attach(self, hub: EventHub) -> None:
-        hub.subscribe(OPERATORS, self._notified)
-        hub.on_gap.append(self._gap)
 
     def _notified(self, notification: Notification) -> None:
         self._names.add(notification.payload)
@@ -229,22 +225,24 @@ class OperatorConnections:
         self._everyone = True
         self._woken.set()
 
-    async def run(self) -> None:
-        while True:
-            await self._woken.wait()
-            self._woken = trio.Event()
-            names, self._names = self._names, set()
-            everyone, self._everyone = self._everyone, False
-            try:
-                await self._check(names, everyone)
-            except DATABASE_ERRORS as e:
-                # Their next request is refused all the same (the cache forgot them); the
-                # connections are checked again shortly.
-                log.warning("could not check open operator connections: %s", e)
-                self._names |= names
-                self._everyone |= everyone
-                await trio.sleep(CHECK_AGAIN_AFTER)
-                self._woken.set()
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self._hub.subscription(OPERATORS, notified=self._notified, on_gap=self._gap):
+            task_status.started()
+            while True:
+                await self._woken.wait()
+                self._woken = trio.Event()
+                names, self._names = self._names, set()
+                everyone, self._everyone = self._everyone, False
+                try:
+                    await self._check(names, everyone)
+                except DATABASE_ERRORS as e:
+                    # Their next request is refused all the same (the cache forgot them); the
+                    # connections are checked again shortly.
+                    log.warning("could not check open operator connections: %s", e)
+                    self._names |= names
+                    self._everyone |= everyone
+                    await trio.sleep(CHECK_AGAIN_AFTER)
+                    self._woken.set()
 
     async def _check(self, names: set[str], everyone: bool) -> None:
         by_identity: dict[pki.Identity, list[bytes]] = {}

@@ -3,12 +3,13 @@
 One registry per server, never prometheus_client's global one, so several servers (or
 tests) in one process keep theirs apart. Roles record events into it as they happen
 (`EdgeMetrics`, the event-loop lag); what is a state rather than an event (streams open,
-the pool, Temporal's host, the heartbeat's age) is read when scraped, by `_ReadAtScrape`,
-so recording it costs nothing between scrapes. The cluster's counts (nodes, servers up,
-jobs not ended: cluster_counts.py) come from PostgreSQL, at most once every
-cluster_counts.MAX_AGE however often anyone scrapes; the text itself is
-made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the Trio thread),
-so a storm of scrapes costs little more than a storm of `/healthz`.
+the pool, Temporal's host, the heartbeat's age) is read when scraped, by `_ReadAtScrape`
+(and, for roles that start after the registry, `TemporalHost` and `EdgeStreams`, each
+registered once its role runs), so recording it costs nothing between scrapes. The
+cluster's counts (nodes, servers up, jobs not ended: cluster_counts.py) come from
+PostgreSQL, at most once every cluster_counts.MAX_AGE however often anyone scrapes; the
+text itself is made at most once every EXPOSITION_MAX_AGE (it takes milliseconds of the
+Trio thread), so a storm of scrapes costs little more than a storm of `/healthz`.
 
 No label holds an ID (of a node, a token, a server): only states and reasons, a few
 values each. The endpoint needs no sign-in, so it names no tenant either (who the cluster
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 
 import trio
 from prometheus_client import (
@@ -72,9 +73,6 @@ class ServerMetrics:
         self.db = db
         self.cluster_counts = ClusterCounts(db)
         self.edge = EdgeMetrics(self.registry)
-        # Set by the roles as they start; until then the scrape shows nothing of them.
-        self.streams_open: Callable[[], int] | None = None
-        self.supervisor: Supervisor | None = None
         self._last_beat: float | None = None
 
         ProcessCollector(registry=self.registry)
@@ -184,9 +182,6 @@ class ServerMetrics:
         """Seconds since this server's membership row was last written; None before."""
         return None if self._last_beat is None else trio.current_time() - self._last_beat
 
-    def temporal_state(self) -> str:
-        return self.supervisor.state if self.supervisor is not None else "starting"
-
     async def exposition(self) -> bytes:
         """The text a scrape gets; called in the Trio thread (it reads Trio's state)."""
         if self._text_at is None or trio.current_time() - self._text_at >= EXPOSITION_MAX_AGE:
@@ -208,26 +203,6 @@ class _ReadAtScrape(Collector):
     def collect(self) -> Iterable[Metric]:
         m = self._metrics
         yield from self._cluster()
-        if m.streams_open is not None:
-            yield _gauge(
-                "oz0_edge_streams_open",
-                "Control streams of nodes open on this server.",
-                m.streams_open(),
-            )
-        if m.supervisor is not None:
-            state = GaugeMetricFamily(
-                "oz0_temporal_host_state",
-                "1 for the state this server's Temporal host is in, 0 for the others.",
-                labels=["state"],
-            )
-            for name in HOST_STATES:
-                state.add_metric([name], 1.0 if m.supervisor.state == name else 0.0)
-            yield state
-            yield CounterMetricFamily(
-                "oz0_temporal_host_restarts",
-                "Times this server's Temporal host stopped after serving and was started again.",
-                value=m.supervisor.restarts,
-            )
         use = m.db.use()
         yield _gauge("oz0_db_pool_in_use", "Pooled database connections in use.", use.in_use)
         yield _gauge("oz0_db_pool_size", "Database connections the pool holds.", use.size)
@@ -304,6 +279,44 @@ class _ReadAtScrape(Collector):
             "How long the oldest job whose workflow no server has started yet has been (0:"
             " none); the servers' sweepers start each within a second.",
             counted.oldest_unstarted,
+        )
+
+
+class TemporalHost(Collector):
+    """The state of this server's Temporal host, read from SUPERVISOR at each scrape:
+    registered once the temporal role runs (start.py), so it always has one."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "oz0_temporal_host_state",
+            "1 for the state this server's Temporal host is in, 0 for the others.",
+            labels=["state"],
+        )
+        for name in HOST_STATES:
+            state.add_metric([name], 1.0 if self._supervisor.state == name else 0.0)
+        yield state
+        yield CounterMetricFamily(
+            "oz0_temporal_host_restarts",
+            "Times this server's Temporal host stopped after serving and was started again.",
+            value=self._supervisor.restarts,
+        )
+
+
+class EdgeStreams(Collector):
+    """The control streams open on this server's edge (STREAMS: its reconciler, which
+    counts them), read at each scrape: registered once the edge runs (start.py)."""
+
+    def __init__(self, streams: Sized) -> None:
+        self._streams = streams
+
+    def collect(self) -> Iterable[Metric]:
+        yield _gauge(
+            "oz0_edge_streams_open",
+            "Control streams of nodes open on this server.",
+            len(self._streams),
         )
 
 

@@ -25,9 +25,10 @@ from oz0.jobs.role import JobsRole
 from oz0.jobs.secret_env import SecretKeeper
 from oz0.server import edge, gc_tuning, loop_lag, management, session_sweeper, tls
 from oz0.server.api.common import ManagementState
+from oz0.server.audit_follow import Followers
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.tracking import RECONCILE_EVERY
-from oz0.server.metrics import ServerMetrics
+from oz0.server.metrics import EdgeStreams, ServerMetrics, TemporalHost
 from oz0.server.person_limits import PersonLimits
 from oz0.server.readiness import Readiness
 from oz0.server.session_relay import SessionRelay
@@ -40,6 +41,7 @@ from oz0.temporal import host as temporal_host
 from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
 from oz0.temporal.supervisor import HostSettings
+from oz0.web.live import Feed
 from oz0_common import commands as process
 from oz0_common.addresses import EDGE_PORT, MANAGEMENT_PORT, url_host
 
@@ -184,7 +186,7 @@ async def run_server(
         hub = EventHub(conninfo)
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
-        metrics.supervisor = temporal.supervisor
+        metrics.registry.register(TemporalHost(temporal.supervisor))
         jobs = JobsRole(
             db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca,
             keeper=SecretKeeper.of(cluster), on_ended=metrics.job_ended,
@@ -193,8 +195,12 @@ async def run_server(
         async def reconnect_jobs() -> None:
             jobs.renewed()
 
-        certs.on_renew.append(reconnect_jobs)
-        await nursery.start(jobs.run)
+        async def run_jobs(*, task_status: trio.TaskStatus[None]) -> None:
+            # The jobs role's client reconnects with each renewed certificate while it runs.
+            with certs.told_of_renewals(reconnect_jobs):
+                await jobs.run(task_status=task_status)
+
+        await nursery.start(run_jobs)
         await nursery.start(partial(pruner.run, db, metrics.pruned, deleted=metrics.deleted))
         await nursery.start(session_sweeper.run, db, server_id)
         relay = SessionRelay()
@@ -204,12 +210,14 @@ async def run_server(
             server_id=server_id,
             temporal=temporal,
             metrics=metrics,
-            readiness=Readiness(db, metrics.heartbeat_age, metrics.temporal_state),
+            readiness=Readiness(db, metrics.heartbeat_age, lambda: temporal.supervisor.state),
             kick_jobs=jobs.kick,
             in_namespace=jobs.in_namespace,
             hub=hub,
             limits=options.limits,
             sessions=relay,
+            followers=Followers(per_person=options.limits.event_streams),
+            live_pages=Feed(per_person=options.limits.live_pages),
         )
         management_tls = certs.management_context(tickets=management.TLS_TICKETS)
         served = await nursery.start(management.run, state, management_tls, host)
@@ -230,7 +238,7 @@ async def run_server(
                 sessions=relay,
             )
         )
-        metrics.streams_open = lambda: len(streaming.streams)
+        metrics.registry.register(EdgeStreams(streaming.streams))
         nursery.start_soon(certs.renew_forever)
         gc_tuning.tune_after_start_up()
 

@@ -2,6 +2,9 @@
 
 A lost connection is logged (once per outage) and reopened with backoff; once it listens
 again, subscribers are told to reconcile, since notifications sent meanwhile are gone.
+
+Whoever hears it holds a subscription (`EventHub.subscription`) or a watch for as long as a
+block of its own runs: a task that ends, however it ends, is heard from no more.
 """
 
 from __future__ import annotations
@@ -101,6 +104,16 @@ class NodeWatch:
         return news
 
 
+@dataclass(frozen=True, eq=False)
+class Subscription:
+    """Who hears CHANNELS (NOTIFIED, with each notification) and gaps in them (ON_GAP),
+    while its block runs (`EventHub.subscription`)."""
+
+    channels: frozenset[str]
+    notified: Subscriber | None
+    on_gap: Callable[[], None] | None
+
+
 class JobWatch:
     """Woken at each notification about one job, a LISTEN gap, or a lost LISTEN
     connection: whoever waits then reads the job; until unwatched."""
@@ -120,18 +133,39 @@ class JobWatch:
 @dataclass
 class EventHub:
     conninfo: str
-    _subscribers: dict[str, list[Subscriber]] = field(default_factory=lambda: defaultdict(list))
+    _subscriptions: list[Subscription] = field(default_factory=list)
     _node_watches: dict[str, list[NodeWatch]] = field(default_factory=lambda: defaultdict(list))
     _job_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
     _attempt_watches: dict[str, list[JobWatch]] = field(default_factory=lambda: defaultdict(list))
     _audit_watches: list[JobWatch] = field(default_factory=list)
-    on_gap: list[Callable[[], None]] = field(default_factory=list)
     # Whether notifications reach us now: while not, a watch of a job would wait in vain,
     # so a reader that would wait reads again on its own clock instead.
     listening: bool = False
 
-    def subscribe(self, channel: str, subscriber: Subscriber) -> None:
-        self._subscribers[channel].append(subscriber)
+    @contextmanager
+    def subscription(
+        self,
+        *channels: str,
+        notified: Subscriber | None = None,
+        on_gap: Callable[[], None] | None = None,
+    ) -> Iterator[Subscription]:
+        """NOTIFIED called (in the Trio thread) with each notification on CHANNELS, and
+        ON_GAP after each gap in them (notifications were lost: reconcile), until the block
+        ends, however it ends. Subscribe before reading, so a change between the read and
+        the notification is heard."""
+        if channels and notified is None:
+            raise ValueError("a subscription to channels needs a subscriber to notify")
+        subscription = Subscription(frozenset(channels), notified, on_gap)
+        self._subscriptions.append(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions.remove(subscription)
+
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        """Those held now, oldest first."""
+        return tuple(self._subscriptions)
 
     @contextmanager
     def watch_node(self, node_id: str, *, wake_on_gap: bool = True) -> Iterator[NodeWatch]:
@@ -213,8 +247,9 @@ class EventHub:
             # Subscribers hear of the node by its ID; its watchers also get the news.
             node_id, news = NodeNews.parse(notification.payload)
             notification = Notification(NODES, node_id)
-        for subscriber in self._subscribers.get(notification.channel, ()):
-            subscriber(notification)
+        for subscription in self.subscriptions:
+            if subscription.notified is not None and notification.channel in subscription.channels:
+                subscription.notified(notification)
         if notification.channel == NODES:
             self.wake(notification.payload, news)
         elif notification.channel == JOBS:
@@ -227,8 +262,9 @@ class EventHub:
             self._wake_audit()
 
     def _gap(self) -> None:
-        for callback in self.on_gap:
-            callback()
+        for subscription in self.subscriptions:
+            if subscription.on_gap is not None:
+                subscription.on_gap()
         for watches in self._node_watches.values():
             for watch in watches:
                 if watch.wake_on_gap:

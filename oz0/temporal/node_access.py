@@ -15,6 +15,8 @@ that was never issued a certificate (pending) has no key in its entry.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -71,7 +73,7 @@ def read_changed(conn: psycopg.Connection[Any], since: int, ids: set[str]) -> tu
 class NodeAccessSync:
     db: Database
     hub: EventHub
-    supervisor: Supervisor | None = None
+    supervisor: Supervisor
     revision: int = 0
     _pending_ids: set[str] = field(default_factory=set)
     _wake: trio.Event = field(default_factory=trio.Event)
@@ -80,9 +82,12 @@ class NodeAccessSync:
         default_factory=lambda: Outage("syncing Temporal's node table from the database", log)
     )
 
-    def __post_init__(self) -> None:
-        self.hub.subscribe(NODES, self._notified)
-        self.hub.on_gap.append(self._gap)
+    @contextmanager
+    def subscribed(self) -> Iterator[None]:
+        """The hub's news of nodes heard while the block runs (the role's, from before the
+        host starts: a change the host's first table missed is pushed)."""
+        with self.hub.subscription(NODES, notified=self._notified, on_gap=self._gap):
+            yield
 
     def _gap(self) -> None:
         self._replace_now = True
@@ -148,8 +153,6 @@ class NodeAccessSync:
         return False
 
     async def _push(self, nodes: NodeTable, *, replace: bool) -> bool:
-        if self.supervisor is None:
-            return False
         try:
             await self.supervisor.command("authz", nodes=nodes, replace=replace)
         except (HostUnavailable, HostFailed) as e:

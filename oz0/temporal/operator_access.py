@@ -12,6 +12,8 @@ notifications and expiry. Only a table that differs from what the host has is pu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -37,15 +39,18 @@ OperatorTable = dict[str, dict[str, Any]]
 class OperatorAccessSync:
     db: Database
     hub: EventHub
-    supervisor: Supervisor | None = None
+    supervisor: Supervisor
     # What the host holds, as far as we know; None until the first push or host start.
     pushed: OperatorTable | None = None
     _wake: trio.Event = field(default_factory=trio.Event)
     outage: Outage = field(default_factory=lambda: Outage("reading operators' grants", log))
 
-    def __post_init__(self) -> None:
-        self.hub.subscribe(OPERATORS, self._notified)
-        self.hub.on_gap.append(self._notified_gap)
+    @contextmanager
+    def subscribed(self) -> Iterator[None]:
+        """The hub's news of operators heard while the block runs (the role's, from before
+        the host starts, as the node table's)."""
+        with self.hub.subscription(OPERATORS, notified=self._notified, on_gap=self._notified_gap):
+            yield
 
     def _notified(self, _notification: Notification) -> None:
         self._wake.set()
@@ -82,8 +87,6 @@ class OperatorAccessSync:
         self.outage.worked()
         if table == self.pushed:
             return True
-        if self.supervisor is None:
-            return False
         try:
             await self.supervisor.command("operators", operators=table)
         except (HostUnavailable, HostFailed) as e:

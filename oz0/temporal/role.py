@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,7 +20,13 @@ from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import HostFailed, HostSettings, HostUnavailable, Supervisor
+from oz0.temporal.supervisor import (
+    HostFailed,
+    HostSettings,
+    HostTables,
+    HostUnavailable,
+    Supervisor,
+)
 from oz0_common.addresses import host_port
 from oz0_common.asyncio_portal import Portal, asyncio_portal
 
@@ -33,7 +40,10 @@ class Certificates(Protocol):
     cluster: Cluster
     cert_pem: bytes
     key_pem: bytes
-    on_renew: list[Callable[[], Awaitable[None]]]
+
+    def told_of_renewals(
+        self, hook: Callable[[], Awaitable[None]]
+    ) -> AbstractContextManager[None]: ...
 
     def temporal_tls(self) -> dict[str, str]: ...
 
@@ -131,17 +141,9 @@ async def run(
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     recorder = StateRecorder(db, server_id)
-    sync = NodeAccessSync(db, hub)
-    operator_sync = OperatorAccessSync(db, hub)
-    supervisor = Supervisor(
-        settings,
-        tls=certs.temporal_tls,
-        nodes=sync.full_table,
-        operators=operator_sync.full_table,
-        on_state=recorder.record,
-    )
-    sync.supervisor = supervisor
-    operator_sync.supervisor = supervisor
+    supervisor = Supervisor(settings, tls=certs.temporal_tls, on_state=recorder.record)
+    sync = NodeAccessSync(db, hub, supervisor)
+    operator_sync = OperatorAccessSync(db, hub, supervisor)
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
@@ -158,14 +160,21 @@ async def run(
                 "renewed certificates not pushed to Temporal (its next start reads them): %s", e
             )
 
-    certs.on_renew.append(push_renewed_certificates)
-    async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
-        nursery.start_soon(recorder.retry_forever)
-        await nursery.start(supervisor.run)
-        await nursery.start(sync.run)
-        await nursery.start(operator_sync.run)
-        temporal = Temporal(supervisor, certs, settings.advertise, portal)
-        registered = await temporal.ensure_namespaces(await db.transaction(tenant_retentions))
-        if registered:
-            log.info("registered namespaces %s", ", ".join(registered))
-        task_status.started(temporal)
+    # The syncs hear the hub from before the host's first start (its tables) to the role's end.
+    with (
+        certs.told_of_renewals(push_renewed_certificates),
+        sync.subscribed(),
+        operator_sync.subscribed(),
+    ):
+        async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
+            nursery.start_soon(recorder.retry_forever)
+            tables = HostTables(nodes=sync.full_table, operators=operator_sync.full_table)
+            await nursery.start(supervisor.run, tables)
+            await nursery.start(sync.run)
+            await nursery.start(operator_sync.run)
+            temporal = Temporal(supervisor, certs, settings.advertise, portal)
+            retentions = await db.transaction(tenant_retentions)
+            registered = await temporal.ensure_namespaces(retentions)
+            if registered:
+                log.info("registered namespaces %s", ", ".join(registered))
+            task_status.started(temporal)

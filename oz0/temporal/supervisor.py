@@ -154,6 +154,18 @@ class _Host:
 
 
 StateListener = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class HostTables:
+    """What a (re)starting host is given whole, each read afresh at every start: the node
+    table (NodeAccessSync.full_table) and the operators' grants (OperatorAccessSync's)."""
+
+    nodes: Callable[[], Awaitable[dict[str, dict[str, str]]]]
+    # operator name -> its current certificate's serial, role and tenants (what it may read)
+    operators: Callable[[], Awaitable[dict[str, dict[str, Any]]]]
+
+
 # What `Supervisor.state` can be.
 HOST_STATES = ("starting", "serving", "restarting")
 
@@ -164,9 +176,6 @@ class Supervisor:
 
     settings: HostSettings
     tls: Callable[[], dict[str, str]]
-    nodes: Callable[[], Awaitable[dict[str, dict[str, str]]]]
-    # operator name -> its current certificate's serial, role and tenants (what it may read)
-    operators: Callable[[], Awaitable[dict[str, dict[str, Any]]]]
     on_state: StateListener
     state: str = "starting"
     served: bool = False
@@ -190,15 +199,18 @@ class Supervisor:
         await self.on_state(state)
 
     async def run(
-        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+        self,
+        tables: HostTables,
+        *,
+        task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Start the host and keep it running. The first start must succeed: a failure then
-        is a configuration problem and ends the server with its reason."""
+        """Start the host with TABLES and keep it running. The first start must succeed: a
+        failure then is a configuration problem and ends the server with its reason."""
         backoff = BACKOFF_FIRST
         while True:
             began = trio.current_time()
             try:
-                await self._run_once(task_status)
+                await self._run_once(tables, task_status)
                 reason = "exited"
             except HostFailed as e:
                 if not self.served:
@@ -212,8 +224,8 @@ class Supervisor:
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    async def _run_once(self, task_status: trio.TaskStatus[Supervisor]) -> None:
-        config = self.settings.config(self.tls(), await self.nodes(), await self.operators())
+    async def _run_once(self, tables: HostTables, task_status: trio.TaskStatus[Supervisor]) -> None:
+        config = self.settings.config(self.tls(), await tables.nodes(), await tables.operators())
         process = await trio.lowlevel.open_process(
             [str(host_binary()), "serve"],
             stdin=subprocess.PIPE,

@@ -3,16 +3,20 @@ sign-in is, so a wrong one counts toward the same rate limit)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
 import trio
 from quart import Blueprint, request
 
 from oz0 import passwords, ui_accounts
 from oz0 import ui_sessions as sessions
-from oz0.web import pages as pages_mod
 from oz0.web.pages import Page, Pages
 
-pages_mod.NOTICES["account.password_changed"] = (
-    "Password changed. Your other sessions have been signed out."
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
+    {"account.password_changed": "Password changed. Your other sessions have been signed out."}
 )
 
 
@@ -52,7 +56,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         token = request.cookies.get(sessions.COOKIE)
         username = current.username
         verdict = await sessions.check_password(
-            state.db, pages.hashing, username, given, where, pages.names
+            state.db, pages.hashing, username, given, where, pages.names, pages.pruning
         )
         if verdict.limited:
             return await account_page(

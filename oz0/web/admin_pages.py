@@ -3,16 +3,20 @@ server's row, up or down by membership's heartbeat window)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from quart import Blueprint
 
 from oz0 import membership, nodes, tenants
 from oz0.ui_sessions import Session
-from oz0.web import pages as pages_mod
 from oz0.web.pages import Page, Pages
 
-pages_mod.NOTICES["tenant.created"] = "Tenant created, with its Temporal namespace."
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
+    {"tenant.created": "Tenant created, with its Temporal namespace."}
+)
 
 
 def add(web: Blueprint, pages: Pages) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from quart import Blueprint, Response, jsonify, request
 from werkzeug.datastructures import MultiDict
@@ -45,7 +47,7 @@ from oz0.jobs.spec_text import (
 from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
-from oz0.web.pages import NOTICES, Page, Pages, Refused, text_arg
+from oz0.web.pages import Page, Pages, Refused, text_arg
 
 # A job page shows at most this much output, in at most this many chunks (a node may have
 # sent many tiny ones); the rest is for `orchestrator-zero job logs`.
@@ -61,8 +63,13 @@ SECRET_FIELDS = 3
 # As the `m.when` macro shows a time.
 _WHEN = "%Y-%m-%d %H:%M:%S"
 
-NOTICES["job.started"] = "Job created; it runs on a matching node as soon as one is free."
-NOTICES["job.cancel"] = "Cancel requested: the job's processes are being stopped."
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "job.started": "Job created; it runs on a matching node as soon as one is free.",
+        "job.cancel": "Cancel requested: the job's processes are being stopped.",
+    }
+)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncGenerator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from quart import Blueprint, Response, request
 from oz0 import access, cap_rules, listing, nodes
 from oz0 import ui_sessions as sessions
 from oz0.server_defaults import MAX_LIVE_PAGES_PER_PERSON
-from oz0.store.events import NODE_LINKS, NODES, EventHub
+from oz0.store.events import NODE_LINKS, NODES, EventHub, Subscription
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS
 from oz0.store.pool import Database
@@ -151,10 +152,9 @@ class Feed:
                     stream.changed = True
                     stream.woken.set()
 
-    def attach(self, hub: EventHub) -> None:
-        hub.subscribe(NODES, self._changed)
-        hub.subscribe(NODE_LINKS, self._changed)
-        hub.on_gap.append(self._wake_all)
+    def subscribed(self, hub: EventHub) -> AbstractContextManager[Subscription]:
+        """HUB's news of nodes heard (the streams watching them woken) while the block runs."""
+        return hub.subscription(NODES, NODE_LINKS, notified=self._changed, on_gap=self._wake_all)
 
     def _changed(self, notification: Notification) -> None:
         node_id, noted = notification.payload, False
@@ -200,9 +200,7 @@ def _watched(text: str) -> frozenset[str]:
 
 def add(web: Blueprint, pages: Pages) -> None:
     state = pages.state
-    feed = Feed(per_person=state.limits.live_pages)
-    if state.hub is not None:
-        feed.attach(state.hub)
+    feed = state.live_pages
 
     def read(
         conn: psycopg.Connection[Any], ids: list[str], scope: listing.Scope

@@ -8,8 +8,9 @@ which actions a node offers is `nodes.actions`, the rule those functions check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
 from urllib.parse import urlencode
 
 import psycopg
@@ -20,7 +21,7 @@ from oz0 import access, audit, membership, nodes, tenants
 from oz0 import ui_sessions as sessions
 from oz0.jobs import store as jobs
 from oz0.web import paging
-from oz0.web.pages import NOTICES, Page, Pages, text_arg
+from oz0.web.pages import Page, Pages, text_arg
 from oz0_common.addresses import EDGE_PORT, host_port
 
 # The newest audit entries and job attempts a node's page shows.
@@ -29,7 +30,8 @@ HISTORY = 50
 # reads every row it counts, and a page of a large fleet must stay cheap.
 COUNT_UP_TO = 10_000
 
-NOTICES.update(
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
     {
         "node.accepted": "Node accepted: its agent picks up its certificate and starts work.",
         "node.rejected": "Node rejected: the agent stops, saying so.",

@@ -1,5 +1,6 @@
 """What every page module of the web UI shares: the signed-in session, guarded form posts,
-rendering with the layout's facts, and the notice shown after an action.
+rendering with the layout's facts, and the notice shown after an action (each page module
+names its own; routes.py composes them).
 
 A page module is `add(web, pages)`: it registers its routes on the blueprint `web` and
 uses `pages` (a Pages) for everything below, so no module has its own copy of the checks.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,10 +25,6 @@ from oz0 import ui_sessions as sessions
 from oz0.server.api.common import ManagementState
 
 Page = Response | WerkzeugResponse | str | tuple[str, int]
-
-# What `?done=KEY` shows after an action redirected back: a fixed text per key, so a link
-# cannot make a page say what it likes. Page modules add their own keys at import.
-NOTICES: dict[str, str] = {}
 
 # What a page open in a tab asks by itself (live updates, a running job's polls): not
 # activity, so they do not start a session's idle clock again.
@@ -48,12 +46,30 @@ class Refused(Exception):
         self.why = why
 
 
+def compose_notices(*tables: Mapping[str, str]) -> Mapping[str, str]:
+    """What `?done=KEY` may show after an action redirected back, from each page module's
+    TABLES: a fixed text per key, so a link cannot make a page say what it likes. A key
+    two modules give is a mistake, found as the web UI is built."""
+    notices: dict[str, str] = {}
+    for table in tables:
+        twice = notices.keys() & table.keys()
+        if twice:
+            raise ValueError(f"notices given by two page modules: {sorted(twice)}")
+        notices.update(table)
+    return MappingProxyType(notices)
+
+
 @dataclass(frozen=True)
 class Pages:
     state: ManagementState
+    # compose_notices' table.
+    notices: Mapping[str, str]
     hashing: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(HASHING_THREADS)
     )
+
+    # When this server's sign-ins last deleted failures too old to count.
+    pruning: sessions.FailurePruning = field(default_factory=sessions.FailurePruning)
 
     @cached_property
     def names(self) -> sessions.Names:
@@ -108,7 +124,7 @@ class Pages:
     async def render(
         self, template: str, session: sessions.Session | None, status: int = 200, **facts: Any
     ) -> tuple[str, int]:
-        notice = NOTICES.get(request.args.get("done", ""))
+        notice = self.notices.get(request.args.get("done", ""))
         person = session.person if session is not None else None
         page = await render_template(
             template,
@@ -128,10 +144,9 @@ class Pages:
         """The 404 page: WHAT (e.g. "node n-1a2b") is not known to the cluster."""
         return await self.render("missing.html", session, 404, what=what)
 
-    @staticmethod
-    def done(location: str, notice: str) -> WerkzeugResponse:
+    def done(self, location: str, notice: str) -> WerkzeugResponse:
         """Back to LOCATION after an action (303: the browser GETs it), saying NOTICE."""
-        assert notice in NOTICES, notice
+        assert notice in self.notices, notice
         joiner = "&" if "?" in location else "?"
         return redirect(f"{location}{joiner}done={notice}", 303)
 

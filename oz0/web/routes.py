@@ -30,7 +30,7 @@ from oz0.web import (
     token_pages,
 )
 from oz0.web.headers import secure
-from oz0.web.pages import NotSignedIn, Pages, Refused
+from oz0.web.pages import NotSignedIn, Pages, Refused, compose_notices
 
 # Requests a person's rate does not count: a live page's stream, held open for minutes
 # under a cap of its own (live.py).
@@ -50,6 +50,15 @@ PAGE_MODULES = (
     admin_pages,
     account,
 )
+# What `?done=KEY` may show: the notices of the page modules whose actions redirect back.
+NOTICES = compose_notices(
+    node_pages.NOTICES,
+    token_pages.NOTICES,
+    job_pages.NOTICES,
+    schedule_pages.NOTICES,
+    admin_pages.NOTICES,
+    account.NOTICES,
+)
 
 
 def blueprint(state: ManagementState) -> Blueprint:
@@ -57,7 +66,7 @@ def blueprint(state: ManagementState) -> Blueprint:
         "web", __name__, template_folder="templates", static_folder="static",
         static_url_path="/ui/static",
     )  # fmt: skip
-    pages = Pages(state)
+    pages = Pages(state, NOTICES)
 
     @web.before_request
     async def authorize() -> None:

@@ -11,7 +11,9 @@ session, audited as `ui:<account>`; its refusal is shown on the page in one line
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from quart import Blueprint
 from werkzeug.datastructures import MultiDict
@@ -25,13 +27,18 @@ from oz0.server.api import schedules as api
 from oz0.server.api.common import ApiError
 from oz0.ui_sessions import Session
 from oz0.web.job_pages import body_from_form, command_text, short
-from oz0.web.pages import NOTICES, Page, Pages
+from oz0.web.pages import Page, Pages
 
-NOTICES["schedule.created"] = "Schedule created: Temporal runs it from its next time."
-NOTICES["schedule.pause"] = "Schedule paused: no run starts until it is unpaused."
-NOTICES["schedule.unpause"] = "Schedule unpaused: it runs at its next time."
-NOTICES["schedule.trigger"] = "Triggered: a run starts now, unless its overlap policy skips it."
-NOTICES["schedule.delete"] = "Schedule deleted; its jobs stay."
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "schedule.created": "Schedule created: Temporal runs it from its next time.",
+        "schedule.pause": "Schedule paused: no run starts until it is unpaused.",
+        "schedule.unpause": "Schedule unpaused: it runs at its next time.",
+        "schedule.trigger": "Triggered: a run starts now, unless its overlap policy skips it.",
+        "schedule.delete": "Schedule deleted; its jobs stay.",
+    }
+)
 
 
 def schedule_body(form: MultiDict[str, str]) -> dict[str, Any]:

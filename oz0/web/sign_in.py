@@ -54,7 +54,7 @@ def add(web: Blueprint, pages: Pages) -> None:
         username, password = form.get("username", ""), form.get("password", "")
         where = pages.source()
         verdict = await sessions.check_password(
-            state.db, pages.hashing, username, password, where, pages.names
+            state.db, pages.hashing, username, password, where, pages.names, pages.pruning
         )
         if not verdict.ok:
             return await refused(verdict, username)

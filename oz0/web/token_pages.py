@@ -8,7 +8,9 @@ TokenSpec checked by the same TokenSpec.from_json, with the actor `ui:<account>`
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from quart import Blueprint
 from werkzeug.datastructures import MultiDict
@@ -20,7 +22,7 @@ from oz0.server import join_command
 from oz0.ui_sessions import Session
 from oz0.web import paging
 from oz0.web.form_fields import form_lines, whole_number
-from oz0.web.pages import NOTICES, Page, Pages, Refused
+from oz0.web.pages import Page, Pages, Refused
 
 # What the list and the confirm page call a token's state.
 STATE_NAMES: dict[tokens.TokenState, str] = {
@@ -30,7 +32,10 @@ STATE_NAMES: dict[tokens.TokenState, str] = {
     "revoked": "revoked",
 }
 
-NOTICES["token.revoked"] = "Token revoked. Nodes that joined with it stay."
+# What `?done=KEY` shows after this module's actions (composed into the pages' table: routes.py).
+NOTICES: Final[Mapping[str, str]] = MappingProxyType(
+    {"token.revoked": "Token revoked. Nodes that joined with it stay."}
+)
 
 
 def spec_from_form(form: MultiDict[str, str]) -> tokens.TokenSpec:

@@ -32,6 +32,7 @@ SCAN_EVERY = 0.2
 # How long removing a cgroup waits for the kernel to let its last processes go.
 RMDIR_WAIT = 2.0
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 class Tracking(Protocol):
@@ -282,14 +283,23 @@ def enable_controllers(subtree: Path) -> None:
                 log.info("cannot enable %s for attempts in %s: %s", controller, subtree, e)
 
 
-_subreaper = False
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper now: the kernel's word, the one place
+    that holds it (become_subreaper and stop_being_subreaper change it there)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return flag.value != 0
 
 
 def become_subreaper() -> bool:
     """Make this process a child subreaper (Linux 3.4+): orphans of its descendants come to
     it rather than to init. Whether it is one."""
-    global _subreaper
-    if _subreaper:
+    if is_subreaper():
         return True
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -298,15 +308,12 @@ def become_subreaper() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    _subreaper = True
     return True
 
 
 def stop_being_subreaper() -> None:
     """Undo become_subreaper: for a process (a test runner) that forced the subreaper
     tracking for a while and must not adopt its other tests' orphans from then on."""
-    global _subreaper
-    if _subreaper:
+    if is_subreaper():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        _subreaper = False

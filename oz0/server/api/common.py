@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import g, request
@@ -14,6 +15,7 @@ from oz0.cap_rules import CapReached
 from oz0.cluster import Cluster
 from oz0.server import https
 from oz0.server.api.operator_cache import OperatorCache
+from oz0.server.audit_follow import Followers
 from oz0.server.https import peer_cert_der
 from oz0.server.metrics import ServerMetrics
 from oz0.server.person_limits import PersonLimits
@@ -24,6 +26,11 @@ from oz0.store.events import EventHub
 from oz0.store.pool import Database
 from oz0.temporal.namespaces import InNamespace
 from oz0.temporal.role import Temporal
+
+if TYPE_CHECKING:
+    # The web UI's module imports this one (its pages read the state): named for the
+    # checker only; the server's composition root (start.py) makes the feed.
+    from oz0.web.live import Feed
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class ManagementState:
     limits: PersonLimits = field(default_factory=PersonLimits)
     # The node streams this server's edge holds, for the sessions relayed through them.
     sessions: SessionRelay = field(default_factory=SessionRelay)
+    # The audit log's streams (GET /api/v1/events) and the web UI's live pages open here,
+    # with what one person may hold of them (`limits`).
+    followers: Followers = field(kw_only=True)
+    live_pages: Feed = field(kw_only=True)
 
     def take_request(self, person: str) -> None:
         """One request of PERSON's (the API's or the web UI's); CapReached past their rate,
@@ -65,8 +76,17 @@ class ManagementState:
     def __post_init__(self) -> None:
         changes = Batches(self.db, (nodes.NodeError,), together=nodes.write_changes)
         object.__setattr__(self, "node_changes", changes)
-        if self.hub is not None:
-            self.operator_cache.attach(self.hub)
+
+    @contextmanager
+    def subscribed(self) -> Iterator[None]:
+        """What the API holds that hears the hub (the operator cache, the audit log's and
+        the live pages' streams) subscribed while the block runs: the API's serving."""
+        with ExitStack() as held:
+            if self.hub is not None:
+                held.enter_context(self.operator_cache.subscribed(self.hub))
+                held.enter_context(self.followers.subscribed(self.hub))
+                held.enter_context(self.live_pages.subscribed(self.hub))
+            yield
 
 
 API_PREFIX = "/api/"

@@ -44,9 +44,7 @@ NOTES = (
 
 
 def register(app: QuartTrio, state: ManagementState) -> None:
-    followers = audit_follow.Followers(per_person=state.limits.event_streams)
-    if state.hub is not None:
-        followers.attach(state.hub)
+    followers = state.followers
 
     @app.get("/api/v1/events")
     @described(

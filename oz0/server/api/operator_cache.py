@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import trio
 
 from oz0 import access, pki
-from oz0.store.events import OPERATORS, EventHub
+from oz0.store.events import OPERATORS, EventHub, Subscription
 from oz0.store.listen import Notification
 
 HOLD_FOR = 1.0
@@ -53,9 +54,9 @@ class OperatorCache:
     _all_changes: int = 0
     _reading: dict[Key, _Read] = field(default_factory=dict)
 
-    def attach(self, hub: EventHub) -> None:
-        hub.subscribe(OPERATORS, self._notified)
-        hub.on_gap.append(self.forget_all)
+    def subscribed(self, hub: EventHub) -> AbstractContextManager[Subscription]:
+        """HUB's news of operators heard (what changed forgotten) while the block runs."""
+        return hub.subscription(OPERATORS, notified=self._notified, on_gap=self.forget_all)
 
     def _notified(self, notification: Notification) -> None:
         self.forget(notification.payload)

@@ -23,7 +23,6 @@ from temporalio.service import RPCError
 from oz0 import access, tenant_caps
 from oz0.cap_rules import CapReached, TenantCaps
 from oz0.jobs import schedule_calls, schedule_owners, schedules, store
-from oz0.jobs.role import JobsUnavailable
 from oz0.jobs.schedule_calls import TimingJson
 from oz0.jobs.schedule_owners import Held
 from oz0.jobs.schedules import (
@@ -35,6 +34,7 @@ from oz0.jobs.schedules import (
     ScheduleSpec,
 )
 from oz0.jobs.spec import JobError
+from oz0.jobs.worker_loop import JobsUnavailable
 from oz0.json_values import iso
 from oz0.server.api.common import ApiError, ManagementState, json_object, operator
 from oz0.server.api.described import described

@@ -21,6 +21,8 @@ Also here:
 
 - `attempts.py`: the edge's side of attempts that outlive their node's control stream (issue
   30).
+- `attempt_calls.py`: the Temporal calls of attempts.py (heartbeat, complete, fail, report
+  cancelled), made on the jobs role's asyncio loop.
 - `common.py`: what every part of the edge shares: its state and how messages are sent and
   read.
 - `deliveries.py`: the streamed attempts (oz0/jobs/parts.py) of one control stream's node:

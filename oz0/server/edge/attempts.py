@@ -4,7 +4,8 @@ A node hands each attempt to a supervisor of its own and completes the attempt's
 activity asynchronously; from then on it reports on the attempt over whatever control
 stream it has, to whichever server, and that server's edge talks to Temporal for it, by
 activity ID (namespace: the node's tenant; workflow: the job; activity: `attempt-N`),
-with the server's own Temporal connection (the jobs role's, JobsRole.in_namespace). The
+with the server's own Temporal connection (the jobs role's, JobsRole.in_namespace: the
+calls themselves, which run on its asyncio loop, are attempt_calls.py's). The
 node's own Temporal connection could not: the Temporal host admits a node's heartbeat or
 completion only for a task token that host handed it. Instead the edge checks, in the
 database, that the attempt is placed on this very node (docs/node-protocol.md):
@@ -40,27 +41,23 @@ attempt_alive is dropped (the node sends one every second) and an attempt_done a
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
-from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle, Client
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from oz0 import nodes
 from oz0.jobs import parts, store
-from oz0.jobs.role import JobsUnavailable
+from oz0.jobs.worker_loop import JobsUnavailable
+from oz0.server.edge.attempt_calls import AttemptRef, heartbeats, settling
 from oz0.server.edge.common import DatabaseUnavailable, Edge, send
 from oz0.server.edge.deliveries import Deliveries
 from oz0.server.edge.wire import Closed, Wire
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
-from oz0_common.attempt_heartbeat import HEARD
 from oz0_common.attempt_messages import (
     ALIVE,
     BY_STREAM,
@@ -69,7 +66,6 @@ from oz0_common.attempt_messages import (
     STOP,
     AttemptDone,
     BadAttemptMessage,
-    parse_ref,
 )
 from oz0_common.attempt_messages import MAX_JOBS as MAX_JOBS_MESSAGE
 
@@ -94,26 +90,6 @@ MAX_JOBS = 256
 CALL_TIMEOUT = 5.0
 DONE_IN_FLIGHT = 8
 _UNAVAILABLE = (JobsUnavailable, TimeoutError, RPCError)
-
-
-@dataclass(frozen=True)
-class AttemptRef:
-    job: str
-    number: int
-
-    @property
-    def activity_id(self) -> str:
-        return f"attempt-{self.number}"
-
-    @classmethod
-    def parse(cls, entry: object) -> AttemptRef:
-        if not isinstance(entry, dict):
-            raise BadAttemptMessage("an attempt is an object with job and attempt")
-        return cls(*parse_ref(entry))
-
-    @classmethod
-    def of(cls, done: AttemptDone) -> AttemptRef:
-        return cls(done.job, done.number)
 
 
 class NodeAttempts:
@@ -226,7 +202,11 @@ class NodeAttempts:
                 call = self._take_call(True)
                 if call is None:  # counted; the next attempt_alive comes a second later
                     self._edge.metrics.attempt_alive_dropped()
-            beats = await self._call(heartbeats(due)) if due and call is not None else None
+            beats = (
+                await self._call(heartbeats(due, CALL_TIMEOUT))
+                if due and call is not None
+                else None
+            )
             if beats is not None:
                 for ref, beat in zip(due, beats, strict=True):
                     if beat in ("running", "cancelled"):
@@ -278,7 +258,7 @@ class NodeAttempts:
         try:
             if not await self._running([ref], [], cached=False):
                 return "ended"
-            answer = await self._call(settling(done))
+            answer = await self._call(settling(done, CALL_TIMEOUT))
             return None if answer == "stored" else answer or "unavailable"
         finally:
             self._edge.attempt_calls.release_on_behalf_of(call)
@@ -372,59 +352,6 @@ def _max_jobs(message: dict[str, Any]) -> int:
     if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_JOBS:
         raise BadAttemptMessage(f"max_jobs is a whole number from 1 to {MAX_JOBS}")
     return count
-
-
-# --- on the jobs role's asyncio loop (JobsRole.in_namespace) ------------------------------
-
-
-def _handle(client: Client, ref: AttemptRef) -> AsyncActivityHandle:
-    return client.get_async_activity_handle(
-        workflow_id=ref.job, run_id=None, activity_id=ref.activity_id
-    )
-
-
-def heartbeats(refs: list[AttemptRef]) -> Callable[[Client], Awaitable[list[str]]]:
-    """For each of REFS: "running", "cancelled" (its job was cancelled), "ended" (Temporal
-    has no such activity: timed out, or the workflow moved on or ended) or "unavailable"."""
-
-    async def beat(client: Client, ref: AttemptRef) -> str:
-        try:
-            await _handle(client, ref).heartbeat(
-                HEARD, rpc_timeout=dt.timedelta(seconds=CALL_TIMEOUT)
-            )
-        except AsyncActivityCancelledError as e:
-            return "cancelled" if e.details is None or e.details.cancel_requested else "running"
-        except RPCError as e:
-            return "ended" if e.status == RPCStatusCode.NOT_FOUND else "unavailable"
-        return "running"
-
-    async def make(client: Client) -> list[str]:
-        return list(await asyncio.gather(*(beat(client, r) for r in refs)))
-
-    return make
-
-
-def settling(done: AttemptDone) -> Callable[[Client], Awaitable[str]]:
-    """DONE given to Temporal: "stored", "ended" (it has no such activity) or
-    "unavailable"."""
-
-    async def make(client: Client) -> str:
-        ref = AttemptRef.of(done)
-        handle, timeout = _handle(client, ref), dt.timedelta(seconds=CALL_TIMEOUT)
-        try:
-            if done.result is not None:
-                await handle.complete(done.result.to_wire(), rpc_timeout=timeout)
-            elif done.failure is not None:
-                failure = done.failure
-                error = ApplicationError(failure.message, type=failure.type, non_retryable=True)
-                await handle.fail(error, rpc_timeout=timeout)
-            else:
-                await handle.report_cancellation(rpc_timeout=timeout)
-        except RPCError as e:
-            return "ended" if e.status == RPCStatusCode.NOT_FOUND else "unavailable"
-        return "stored"
-
-    return make
 
 
 def _take(limiter: trio.CapacityLimiter, room_here: bool) -> object | None:

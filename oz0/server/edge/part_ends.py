@@ -28,7 +28,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from oz0.jobs import parts
-from oz0.jobs.role import JobsUnavailable
+from oz0.jobs.worker_loop import JobsUnavailable
 from oz0.jobs.workflow import PARTS_ENDED, PartEnd
 from oz0.store.batches import Batches
 from oz0.store.outage import DATABASE_ERRORS, Outage

@@ -130,10 +130,6 @@ class StreamReconciler:
     _now: trio.Event = field(default_factory=trio.Event)
     _closed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
-    def __post_init__(self) -> None:
-        # Notifications were lost while the LISTEN connection was down: check at once.
-        self.hub.on_gap.append(self.check_soon)
-
     def check_soon(self) -> None:
         self._now.set()
 
@@ -168,16 +164,18 @@ class StreamReconciler:
             self.hub.wake(node_id)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        wait = self.every
-        while True:
-            with trio.move_on_after(wait):
-                await self._now.wait()
-            self._now = trio.Event()
-            try:
-                await self.check()
-            except DATABASE_ERRORS as e:
-                wait = max(self.every, self.outage.failed(e))
-                continue
-            self.outage.worked()
+        # Notifications were lost while the LISTEN connection was down: check at once.
+        with self.hub.subscription(on_gap=self.check_soon):
+            task_status.started()
             wait = self.every
+            while True:
+                with trio.move_on_after(wait):
+                    await self._now.wait()
+                self._now = trio.Event()
+                try:
+                    await self.check()
+                except DATABASE_ERRORS as e:
+                    wait = max(self.every, self.outage.failed(e))
+                    continue
+                self.outage.worked()
+                wait = self.every
