@@ -31,6 +31,8 @@ Its modules:
 - `person_limits.py`: what one person may hold or ask of this server: web sessions (counted
   cluster-wide), live pages, event streams and requests a second (this server's own), from
   `server start`'s flags.
+- `ports_free.py`: whether the management and edge ports can be had, asked before the
+  server starts anything.
 - `readiness.py`: whether this server should be sent work (`GET /readyz`): its database
   answers, its membership row is fresh and its Temporal host serves.
 - `service_unit.py`: `orchestrator-zero server install-service`: the systemd unit that runs

@@ -23,7 +23,7 @@ from oz0.errors import Oz0Error
 from oz0.jobs import pruner
 from oz0.jobs.role import JobsRole
 from oz0.jobs.secret_env import SecretKeeper
-from oz0.server import edge, gc_tuning, loop_lag, management, session_sweeper, tls
+from oz0.server import edge, gc_tuning, loop_lag, management, ports_free, session_sweeper, tls
 from oz0.server.api.common import ManagementState
 from oz0.server.audit_follow import Followers
 from oz0.server.certificates import ServerCertificates
@@ -114,6 +114,7 @@ def ui_pair(cert: Path | None, key: Path | None) -> tls.UiPair | None:
 def prepare(options: StartOptions) -> Cluster:
     """Read the master key and unseal the cluster; raise before anything is written."""
     check_advertise(options.advertise)
+    ports_free.check(options.listen_host, (MANAGEMENT_PORT, EDGE_PORT))
     host_binary()
     _raise_open_file_limit()
     master_key = pki.read_master_key(options.master_key_file)
