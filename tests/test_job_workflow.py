@@ -346,7 +346,7 @@ class Job:
 
 
 @contextlib.asynccontextmanager
-async def running(
+async def workflow_running(
     creds: Credentials, fleet: Fleet, job: JobInput, *, patched: bool = False
 ) -> AsyncIterator[Job]:
     """JOB's workflow with FLEET's steps and nodes, each on a worker of its own.
@@ -413,7 +413,7 @@ def test_exit_0_succeeds(operator: Credentials) -> None:
     job = job_input(command=["sh", "-c", "exit 0"], env={"K": "V"}, timeout=30.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         [attempt] = fleet.attempts
         assert attempt.node == fleet.node("a")
@@ -449,7 +449,7 @@ def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
     job = job_input(limits=limits, retries=1)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert [(a.number, a.payload["limits"]) for a in fleet.attempts] == [
             (1, limits),
@@ -470,7 +470,7 @@ def test_a_failing_command_is_retried_elsewhere_first_then_fails_with_its_exit_c
     job = job_input(retries=2)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         a, b = fleet.node("a"), fleet.node("b")
         # Three attempts; each placement is told the nodes already tried (placed last).
@@ -502,7 +502,7 @@ def test_an_attempt_its_node_refuses_fails_the_job_at_once_neither_retried_nor_m
     job = job_input(retries=3)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         a = fleet.node("a")
         assert fleet.ran("a") == [1] and fleet.ran("b") == []
@@ -520,7 +520,7 @@ def test_all_nodes_a_refused_part_is_not_retried_and_the_job_says_which_node_ref
     job = job_input(all_nodes=True, retries=2)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         b = fleet.node("b")
         assert fleet.ran("b") == [2] and fleet.places_on == []
@@ -542,7 +542,7 @@ def test_a_command_timing_out_fails_the_job(operator: Credentials) -> None:
     job = job_input(timeout=5.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.TIMEOUT, None)]
         assert fleet.finished == [Finish(job.job_id, "failed", None, "timed out after 5 s")]
@@ -556,7 +556,7 @@ def test_a_removed_node_s_attempt_moves_without_using_up_retries(operator: Crede
     job = job_input(retries=0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             first = await fleet.started(1)
             await j.remove(1, "node blocked")
             assert await j.result() == "succeeded"
@@ -580,7 +580,7 @@ def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Crede
     job = job_input(no_move=True, retries=3)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             first = await fleet.started(1)
             await j.remove(1, "node purged")
             assert await j.result() == "lost"
@@ -601,7 +601,7 @@ def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch
     job = job_input(retries=5)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job, patched=True) as j:
+        async with workflow_running(operator, fleet, job, patched=True) as j:
             # Take every attempt's node away as it starts, a few more times than the cap.
             for number in range(1, 6):
                 ended = asyncio.ensure_future(j.result())
@@ -638,7 +638,7 @@ def test_a_job_whose_nodes_keep_going_away_ends_lost_after_20_moves(
     job = job_input(retries=0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             ended = asyncio.ensure_future(j.handle.result())
             # 21 rounds of three steps each: more than JOB_BOUND on a loaded machine. A
             # 22nd attempt fails the test at once rather than at the bound.
@@ -664,7 +664,7 @@ def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
     job = job_input(retries=0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
         # No reason from the workflow: the store derives it from what became of the node;
@@ -687,7 +687,7 @@ def test_a_lost_node_s_attempt_is_moved_once_its_lost_after_passes_with_move_or_
     job = job_input(retries=0, on_lost=on_lost, lost_after=1.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
         assert fleet.ends == [
@@ -709,7 +709,7 @@ def test_a_first_attempt_placed_before_the_workflow_is_handed_out_without_a_step
     job = job_input(retries=1, first=first)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
             history = await j.handle.fetch_history()
         assert fleet.attempts[0].payload["grant"] == grant_of(1, node)
@@ -740,7 +740,7 @@ def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lo
     job = job_input(retries=0, on_lost="fail", lost_after=1.0, all_nodes=all_nodes)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         # The same attempt, its same input, on the same node: one attempt ended once.
         again = [a for a in fleet.attempts if a.node == fleet.node("a")]
@@ -762,7 +762,7 @@ def test_an_attempt_no_node_heard_of_is_given_again_within_seconds_not_after_its
     job = job_input(retries=0, on_lost="fail", lost_after=120.0, all_nodes=all_nodes)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
             history = await j.handle.fetch_history()
         assert fleet.ran("a") == [1, 1]
@@ -792,7 +792,7 @@ def test_a_heard_attempt_is_not_failed_and_a_short_job_costs_one_timer(
 
     async def scenario() -> None:
         fleet = Fleet({"a": beats_then_exits})
-        async with running(operator, fleet, job_input()) as j:
+        async with workflow_running(operator, fleet, job_input()) as j:
             await asyncio.sleep(wf.HEARD_AFTER + 3)
             release.set()
             assert await j.result() == "succeeded"
@@ -800,7 +800,7 @@ def test_a_heard_attempt_is_not_failed_and_a_short_job_costs_one_timer(
         assert fleet.ran("a") == [1]
         assert kinds(long).count("timer_started_event_attributes") == 1
         fleet = Fleet({"a": exits(0)})
-        async with running(operator, fleet, job_input()) as j:
+        async with workflow_running(operator, fleet, job_input()) as j:
             assert await j.result() == "succeeded"
             short = await j.handle.fetch_history()
         assert kinds(short).count("timer_started_event_attributes") == 1
@@ -823,7 +823,7 @@ def test_an_attempt_never_heard_of_three_times_is_lost_as_before(operator: Crede
     job = job_input(retries=0, on_lost="fail", lost_after=1.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "lost"
         assert fleet.ran("a") == [1, 1, 1] and fleet.ran("b") == []
 
@@ -838,7 +838,7 @@ def test_on_lost_fail_ends_the_job_lost_when_its_node_is_lost_and_runs_it_nowher
     job = job_input(retries=3, on_lost="fail", lost_after=1.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "lost"
         assert fleet.ran("a") == [1] and fleet.ran("b") == []
         assert fleet.ends == [AttemptEnd(job.job_id, 1, None, None)]
@@ -860,7 +860,7 @@ def test_on_lost_fail_does_not_run_again_what_a_stopping_node_killed(
     job = job_input(on_lost="fail")
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "lost"
         assert fleet.ran("b") == []
         assert fleet.finished[0].reason == (
@@ -876,7 +876,7 @@ def test_on_lost_fail_still_moves_an_attempt_off_a_blocked_node(operator: Creden
     job = job_input(on_lost="fail", lost_after=60.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await fleet.started(1)
             await j.remove(1, "node blocked")
             assert await j.result() == "succeeded"
@@ -896,7 +896,7 @@ def test_each_attempt_is_activity_attempt_n_lost_after_its_job_s_lost_after(
     job = job_input(retries=1, on_lost=on_lost, lost_after=lost_after)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert [a.activity_id for a in fleet.attempts] == ["attempt-1", "attempt-2"]
         timeout = dt.timedelta(seconds=seconds)
@@ -934,7 +934,9 @@ def test_the_steps_are_local_activities_and_a_history_of_activity_steps_replays(
 
     async def one_job(local_steps: bool) -> Any:
         fleet = Fleet({"a": [exits(1), exits(0)]})
-        async with running(operator, fleet, job_input(retries=1, local_steps=local_steps)) as j:
+        async with workflow_running(
+            operator, fleet, job_input(retries=1, local_steps=local_steps)
+        ) as j:
             assert await j.result() == "succeeded"
             return await j.handle.fetch_history()
 
@@ -965,7 +967,7 @@ def test_a_late_result_from_a_node_the_job_moved_away_from_is_ignored(
     fleet.behaviours[fleet.node("b")] = b_waits_for_the_late_answer
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await fleet.started(1)
             await j.remove(1, "node purged")
             await fleet.started(2)
@@ -992,7 +994,7 @@ def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
     job = job_input(queue_timeout=1.5)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         assert len(fleet.places) >= 2 and all(n == 1 for n, _, _ in fleet.places)
         assert fleet.attempts == [] and fleet.ends == []
@@ -1014,7 +1016,7 @@ def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> Non
     job = job_input(queue_timeout=30.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         assert [n for n, _, _ in fleet.places] == [1, 1] and fleet.ran("a") == [1]
 
@@ -1054,7 +1056,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
     job = job_input(queue_timeout=30.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job, patched=True) as j:
+        async with workflow_running(operator, fleet, job, patched=True) as j:
             assert await j.result() == "succeeded"
             history = await j.handle.fetch_history()
         timers = [
@@ -1095,7 +1097,7 @@ def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> 
     job = job_input(retries=3)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             first = await fleet.started(1)
             await j.handle.cancel()
             assert await j.result() == "cancelled"
@@ -1113,7 +1115,7 @@ def test_cancelling_a_queued_job(operator: Credentials) -> None:
     job = job_input(queue_timeout=600.0)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await asyncio_until(
                 lambda: len(fleet.places) >= 1, SEEN_BOUND, "a placement", step=0.05
             )
@@ -1131,7 +1133,7 @@ def test_cancelling_a_job_while_it_is_being_placed(operator: Credentials) -> Non
     job = job_input()
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await asyncio.wait_for(fleet.place_entered.wait(), SEEN_BOUND)
             await j.handle.cancel()
             try:
@@ -1151,7 +1153,7 @@ def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
     job = job_input()
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await asyncio_until(
                 lambda: fleet.finish_tries >= 1,
                 SEEN_BOUND,
@@ -1177,7 +1179,7 @@ def test_a_job_cancelled_in_the_database_ends_at_its_next_placement(
     job = job_input()
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "cancelled"
         assert fleet.attempts == []
         assert fleet.finished == [Finish(job.job_id, "cancelled", None, "cancelled by an operator")]
@@ -1207,7 +1209,7 @@ def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stay
     job = job_input(all_nodes=True, retries=1)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await asyncio_until(all_started, SEEN_BOUND, "every node's part started", step=0.05)
             await j.remove(2, "node blocked")
             assert await j.result() == "lost"
@@ -1236,7 +1238,7 @@ def test_all_nodes_a_failed_part_fails_the_job_with_its_exit_code(
     job = job_input(all_nodes=True, retries=1)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         b = fleet.node("b")
         assert fleet.ran("a") == [1] and fleet.ran("b") == [2, 3]
@@ -1259,7 +1261,7 @@ def test_an_all_nodes_job_cancelled_while_its_end_is_recorded_keeps_its_verdict(
     job = job_input(all_nodes=True)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await asyncio_until(
                 lambda: fleet.finish_tries >= 1,
                 SEEN_BOUND,
@@ -1279,7 +1281,7 @@ def test_cancelling_an_all_nodes_job_cancels_every_part(operator: Credentials) -
     job = job_input(all_nodes=True)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             await fleet.started(1)
             await fleet.started(2)
             await j.handle.cancel()
@@ -1309,7 +1311,7 @@ def test_each_attempt_carries_only_the_secrets_sealed_for_it_and_its_node(
     job = job_input(env={"K": "V"}, no_move=False)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         a, b = fleet.node("a"), fleet.node("b")
         assert [x.payload["secrets"] for x in fleet.attempts] == [f"sealed:1@{a}", f"sealed:2@{b}"]
@@ -1341,7 +1343,7 @@ def test_an_attempt_its_node_could_not_record_moves_saying_so(
     job = job_input(unrecorded=knows)
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "succeeded"
         because = EndReason.NODE_COULD_NOT_RECORD if knows else None
         assert fleet.ends[0] == AttemptEnd(job.job_id, 1, because, None, detail=said)
@@ -1358,7 +1360,7 @@ def test_a_server_that_cannot_hand_the_secrets_over_fails_the_job_saying_why(
     job = job_input()
 
     async def scenario() -> None:
-        async with running(operator, fleet, job) as j:
+        async with workflow_running(operator, fleet, job) as j:
             assert await j.result() == "failed"
         assert fleet.attempts == [] and len(fleet.places) == 1
         assert fleet.finished == [

@@ -20,7 +20,7 @@ import trio
 
 from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
-from fixtures.job_rows import ADMIN, OneConnection, add_node, main_url, new_job, place
+from fixtures.job_rows import ADMIN, OneConnection, add_node, new_job, place
 from oz0 import audit, nodes, pki, tenants
 from oz0.jobs import inputs, placement, pruner, secret_env, store
 from oz0.jobs.activities import JobActivities
@@ -34,8 +34,7 @@ from oz0.web import job_pages
 from oz0_common import certs, sealed_env
 
 T = TypeVar("T")
-one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
-conn = pytest.fixture(job_rows.conn)
+CLEAN = job_rows.CLEAN
 
 
 @pytest.mark.parametrize(
@@ -287,7 +286,7 @@ def test_a_follower_reading_while_many_parts_write_at_once_misses_no_chunk(
     def write(number: int, node: str) -> None:
         jitter = random.Random(number)
         try:
-            with psycopg.connect(main_url(one_cluster), autocommit=True) as mine:
+            with psycopg.connect(one_cluster.main_db, autocommit=True) as mine:
                 start.wait(timeout=10)
                 for seq in range(chunks):
                     with mine.transaction():
@@ -304,7 +303,7 @@ def test_a_follower_reading_while_many_parts_write_at_once_misses_no_chunk(
     for t in writers:
         t.start()
     followed: list[int] = []
-    with psycopg.connect(main_url(one_cluster), autocommit=True) as reader:
+    with psycopg.connect(one_cluster.main_db, autocommit=True) as reader:
         start.wait(timeout=10)
         cursor = 0
         while any(t.is_alive() for t in writers) or not writing.is_set():
@@ -577,7 +576,7 @@ def prune(
     one_cluster: ClusterFiles, deleted: Callable[[pruner.Pruned], None] = lambda _: None
 ) -> pruner.Pruned:
     async def one_pass() -> pruner.Pruned:
-        async with open_database(main_url(one_cluster), min_size=1, max_size=2) as db:
+        async with open_database(one_cluster.main_db, min_size=1, max_size=2) as db:
             return await pruner.prune(db, pause=0, deleted=deleted)
 
     return trio.run(one_pass)
@@ -712,7 +711,7 @@ def test_jobs_run_at_once_cannot_pass_the_queued_cap_together(
     outcomes: list[str] = []
 
     def run_one() -> None:
-        with psycopg.connect(main_url(one_cluster), autocommit=True) as mine:
+        with psycopg.connect(one_cluster.main_db, autocommit=True) as mine:
             spec = JobSpec.from_json({"command": ["true"]})
             start.wait(timeout=10)
             try:

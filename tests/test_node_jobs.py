@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import datetime as dt
 import itertools
@@ -28,7 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from fixtures.attempt_grants import signed
+from fixtures.attempt_processes import all_gone, forked_by_launcher, gone, isolation_for, own_uid
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from fixtures.node_attempts import (
     ATTEMPT_BOUND,
@@ -65,11 +65,9 @@ from oz0_node.jobs import attempt_files, supervisor_client
 from oz0_node.jobs import manager as manager_module
 from oz0_node.jobs.attempt import ACTIVITY, attempt_activity, given_again, hand_over
 from oz0_node.jobs.attempt_files import OUTPUT_CAP, SupervisedSpec
-from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from oz0_node.jobs.edge_link import OUTPUT_ACK, EdgeLink, LinkDown
 from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunRecord
 from oz0_node.jobs.isolation import RECORD_FILE, STANDARD_PATH, WORKDIR_PREFIX, Isolation
-from oz0_node.jobs.launcher import BOOT as LAUNCHER_BOOT
 from oz0_node.jobs.manager import MESSAGE_DATA, NODE_FAULT, AttemptManager
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.procfs import read_stat
@@ -147,45 +145,6 @@ def run_attempt(
 def workdirs(attempt: int = 1) -> list[Path]:
     """The working directories of JOB's ATTEMPT left in the system's temporary directory."""
     return list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{JOB}-{attempt}-*"))
-
-
-def forked_by_launcher(pid: int) -> bool:
-    """Whether PID is a fork of a supervisor launcher (its command line), not a fresh
-    `python -c supervisor_client.BOOT`."""
-    return LAUNCHER_BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-def own_uid(applied: object) -> int:
-    """The UID an attempt ran as, from what it applied (`uid N (its own)`), in the range."""
-    assert isinstance(applied, Mapping), applied
-    found = re.fullmatch(r"uid (\d+) \(its own\)", str(applied["user"]))
-    assert found is not None, applied
-    assert int(found[1]) in DEFAULT_RANGE
-    return int(found[1])
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (this machine's PID 1 may not reap orphans)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-@pytest.fixture
-def pids() -> Iterator[list[int]]:
-    """PIDs a test's commands printed: whatever a failing test left is killed."""
-    found: list[int] = []
-    yield found
-    for pid in found:
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(pid, signal.SIGKILL)
 
 
 def printed_pids(edge: FakeEdge, into: list[int]) -> list[int]:
@@ -1317,23 +1276,6 @@ def test_the_runtime_offers_the_job_activity_only_with_an_attempt_manager(tmp_pa
 TRACKINGS = [CGROUP_V2, SUBREAPER]
 
 
-def isolation_for(data_dir: Path, tracking: str) -> Isolation:
-    """This machine's isolation, tracking as TRACKING. cgroup v2 can be used here (its
-    hierarchy at /sys/fs/cgroup/unified, writable by root): the test says so if it is not."""
-    isolation = Isolation.detect(data_dir, tracking=tracking)
-    assert isolation.tracking == tracking, f"this machine gives {isolation.tracking}"
-    return isolation
-
-
-def all_gone(numbers: list[int], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not all(gone(pid) for pid in numbers):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 # Left behind three ways: a new session, a double fork, nohup in a grandchild.
 LEAVE_BEHIND = (
     "setsid sleep 600 & echo $!; (sleep 600 & echo $!); "
@@ -1359,7 +1301,7 @@ def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
     }
     left = printed_pids(edge, pids)
     assert len(left) == 3
-    assert all_gone(left, 5.0), f"{tracking}: still running after the attempt ended"
+    all_gone(left, 5.0, f"{tracking}: still running after the attempt ended")
     assert not list(Path("/sys/fs/cgroup/unified").glob(f"oz0-node-{NODE_ID}/{JOB}-*"))
 
 
