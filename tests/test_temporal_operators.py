@@ -77,7 +77,7 @@ def sql(files: ClusterFiles, statement: str, *params: object) -> None:
         conn.execute(statement, params)
 
 
-def operator(
+def issued_person(
     cli: CliRunner, files: ClusterFiles, where: Path, name: str, role: str, tenants: list[str]
 ) -> Path:
     """A person NAME with ROLE in TENANTS, its context directory at WHERE/NAME: made as
@@ -157,7 +157,7 @@ def test_an_operator_reads_only_in_its_tenants_namespaces_and_acts_nowhere(
     server = as_server(files, tmp_path)
     start_target(server, "acme", "acme-target")
     start_target(server, "default", "default-target")
-    alice = operator(cli, files, tmp_path, "alice", "operator", ["acme"])
+    alice = issued_person(cli, files, tmp_path, "alice", "operator", ["acme"])
     # Made a cluster-wide admin, then an operator of acme: that reaches the host too.
     seconds_until(
         lambda: refused(temporal("workflow", "list", "--namespace", "default", creds=alice)),
@@ -211,7 +211,7 @@ def test_a_removed_operator_or_one_moved_to_other_tenants_is_refused_within_2_s(
 ) -> None:
     files = served.files
     tenant(cli, files, "beta")
-    bob = operator(cli, files, tmp_path, "bob", "viewer", ["beta"])
+    bob = issued_person(cli, files, tmp_path, "bob", "viewer", ["beta"])
 
     def lists(namespace: str) -> bool:
         return works(temporal("workflow", "list", "--namespace", namespace, creds=bob))
