@@ -14,14 +14,13 @@ import pytest
 
 from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
-from fixtures.job_rows import ADMIN, add_node, new_job, place
+from fixtures.job_rows import ADMIN, add_node, ended_ago, new_job, place, prune
 from oz0 import file_blobs, tenants
 from oz0.file_blob_cache import BlobCache
 from oz0.jobs import store
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec import JobError, JobSpec
 from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD, SERVED_MOST, PushOrder
-from tests.test_jobs_store import ended_ago, prune
 
 CLEAN = (
     *job_rows.CLEAN,
