@@ -64,8 +64,6 @@ EVERY = "1s"
 NEVER = "0 0 1 1 *"
 # Generous for a loaded 2-core machine.
 RUN_BOUND = 30.0
-# How long a paused schedule is watched for a run that should not come: several intervals.
-QUIET = 4.0
 LABEL = "role=leaving"
 
 
@@ -212,6 +210,18 @@ def enrolled_refused(server: str, code: str, says: str) -> Callable[[], bool]:
     return check
 
 
+def settled(server: str, where: Path, schedule_id: str) -> None:
+    """Wait until SERVER's API shows the schedule paused in Temporal with none of its runs
+    running: a run that was in flight has made its job (or was refused one) by then, and
+    no run starts after. Watching for a while would only show none started meanwhile."""
+
+    def check() -> bool:
+        temporal = shown(server, where, schedule_id)["temporal"] or {}
+        return temporal.get("paused") is True and temporal.get("running") == 0
+
+    wait_until(check, RUN_BOUND, f"{schedule_id} paused, none of its runs running")
+
+
 def schedule_paused(server: str, where: Path, schedule_id: str, reason: str) -> Callable[[], bool]:
     """Whether SERVER's API shows the schedule paused for REASON, in its row and Temporal."""
 
@@ -288,7 +298,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
 
     # Its runs start nothing from the commit on: none made after it, none for a while.
     at = audited_at(files, "operator.remove", "operator:alice")
-    time.sleep(QUIET)
+    settled(A, files.context_dir, running)
     assert jobs_after(cli, admin, running, at) == [], "a run started a job after alice left"
     assert "bob" not in {p["name"] for p in ok(cli("operator", "list", "--json", env=admin)).json()}
 
@@ -396,7 +406,7 @@ def test_re_scoping_and_demoting_a_person_end_only_what_they_may_no_longer_do(
     reason = "its creator carol may no longer run jobs (now a viewer)"
     for server in SERVERS:
         assert schedule_paused(server, files.context_dir, running, reason)()
-    time.sleep(QUIET)
+    settled(A, files.context_dir, running)
     assert jobs_after(cli, admin, running, at) == [], "a run started a job after carol's demotion"
     rows = with_it(files, "operator.set", "operator:carol",
                    "action, details->>'because', details->>'reason'")  # fmt: skip
@@ -447,8 +457,8 @@ def test_a_run_checks_its_owner_and_starts_nothing_for_one_removed_or_demoted_be
             RUN_BOUND,
             f"{one} paused by its run",
         )
-    time.sleep(QUIET)
     for one, reason in reasons.items():
+        settled(A, files.context_dir, one)
         assert jobs_after(cli, admin, one, changed) == [], f"{one} ran after its owner went"
         rows = sql(
             files, "SELECT actor_kind, actor, details FROM audit_log WHERE action ="

@@ -64,7 +64,9 @@ def test_output_made_while_no_stream_is_up_is_kept_and_sent_in_order_when_one_is
         async with node_manager(tmp_path, edge, attached=False) as manager:
             script = "for i in 1 2 3; do echo out $i; echo err $i >&2; sleep 0.1; done"
             await hand(manager, spec("sh", "-c", script))
-            await trio.sleep(1.5)  # it has ended meanwhile, with no stream to tell
+            # Ended (its supervisor wrote its status), with no stream to tell.
+            status = attempt_files.attempts_root(tmp_path) / f"{JOB}-1" / attempt_files.STATUS_FILE
+            await until(status.exists)
             assert edge.sent == [] and edge.done == []
             manager.link.attach(edge)
             await until(lambda: not len(manager))

@@ -392,7 +392,17 @@ def test_buffer_one_allow_cancel_other_and_pause_on_failure(cli: CliRunner, shar
     # buffer-one: one run started once the first had ended, the third trigger skipped.
     wait_until(lambda: len(jobs_of(cli, env, buffered)) == 2, RUN_BOUND, "buffer-one's two runs")
     wait_until(lambda: ended(jobs_of(cli, env, buffered)), RUN_BOUND, "buffer-one's two ends")
-    time.sleep(2)  # a third run, were one started, has made its job by now
+
+    # Temporal has taken its two actions, counted the third trigger skipped and runs none
+    # now: no third run is to come (no need to watch a while for one).
+    def resolved() -> bool:
+        temporal = show(buffered)["temporal"]
+        return bool(
+            temporal["actions"] == 2 and temporal["skipped_overlap"] >= 1
+            and temporal["running"] == 0
+        )  # fmt: skip
+
+    wait_until(resolved, RUN_BOUND, "buffer-one's triggers resolved: two runs, one skipped")
     runs = jobs_of(cli, env, buffered)
     assert len(runs) == 2 and overlapping(files, runs) == []
     assert {j["state"] for j in runs} == {"succeeded"}
