@@ -67,7 +67,7 @@ def joined_node(
     joined_ago: float = 0.0,
 ) -> str:
     """A node row as a join leaves it (accepted ones with a certificate), not connected."""
-    return job_rows.joined_node(
+    return job_rows.add_node(
         conn, state=state, tenant=tenant, hostname=hostname, labels=labels, connected=False,
         joined_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=joined_ago),
         certificate=None if state == "pending" else "issued",

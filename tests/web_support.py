@@ -57,7 +57,7 @@ def signed_in(
     *,
     username: str = "admin",
     console: list[str] | None = None,
-    **options: object,
+    **options: Any,
 ) -> Any:
     """A page of a new context (OPTIONS), signed in as USERNAME at ADDRESS's web UI; each
     of its console messages appended to CONSOLE if given: a script or style the CSP
@@ -72,7 +72,7 @@ def signed_in(
 
 
 def signed_in_watched(
-    browser: object, address: str, password: str, console: list[str], **options: object
+    browser: object, address: str, password: str, console: list[str], **options: Any
 ) -> object:
     """`signed_in` as the UI's admin, its console messages appended to CONSOLE."""
     return signed_in(browser, address, password, console=console, **options)
