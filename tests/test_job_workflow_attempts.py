@@ -24,6 +24,7 @@ from fixtures.job_workflow_fakes import (
     grant_of,
     hangs,
     job_input,
+    operator,
     result_of,
     stops,
     workflow_running,
@@ -33,6 +34,8 @@ from fixtures.temporal import Credentials, run_async
 from oz0.jobs import workflow as wf
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow import AttemptEnd, Finish, _once
+
+__all__ = ["operator"]  # the fixture, used by name
 
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 

@@ -30,6 +30,7 @@ from fixtures.job_workflow_fakes import (
     hangs,
     job_input,
     never_heard,
+    operator,
     result_of,
     stops,
     workflow_running,
@@ -39,6 +40,8 @@ from oz0.jobs import workflow as wf
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow import AttemptEnd, Finish, JobWorkflow, Placed
 from oz0_common.attempt_heartbeat import HEARD
+
+__all__ = ["operator"]  # the fixture, used by name
 
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 

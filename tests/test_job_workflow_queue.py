@@ -31,6 +31,7 @@ from fixtures.job_workflow_fakes import (
     grant_of,
     hangs,
     job_input,
+    operator,
     result_of,
     workflow_running,
 )
@@ -40,6 +41,8 @@ from oz0.jobs import workflow as wf
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.workflow import AttemptEnd, Finish, JobWorkflow, _placing
 from oz0_common.attempt_heartbeat import HEARD
+
+__all__ = ["operator"]  # the fixture, used by name
 
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 
