@@ -40,6 +40,32 @@ __all__ = ["operator"]  # the fixture, used by name
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 
 
+# --- one command ------------------------------------------------------------------------
+
+
+def test_exit_0_succeeds(operator: Credentials) -> None:
+    fleet = Fleet({"a": exits(0)})
+    job = job_input(command=["sh", "-c", "exit 0"], env={"K": "V"}, timeout=30.0)
+
+    async def scenario() -> None:
+        async with workflow_running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        [attempt] = fleet.attempts
+        assert attempt.node == fleet.node("a")
+        assert attempt.payload == {
+            "job_id": job.job_id,
+            "attempt": 1,
+            "command": ["sh", "-c", "exit 0"],
+            "env": {"K": "V"},
+            "timeout": 30.0,
+            "grant": grant_of(1, fleet.node("a")),
+        }
+        assert fleet.ends == [AttemptEnd(job.job_id, 1, EndReason.EXIT, 0)]
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run_async(scenario)
+
+
 def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
     operator: Credentials,
 ) -> None:
@@ -261,27 +287,5 @@ def test_a_job_whose_nodes_keep_going_away_ends_lost_after_20_moves(
         assert fleet.finished == [
             Finish(job.job_id, "lost", None, "moved 20 times; last: node blocked")
         ]
-
-    run_async(scenario)
-
-
-def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
-    operator: Credentials,
-) -> None:
-    fleet = Fleet({"a": stops, "b": exits(0)})
-    fleet.gone = "node purged"
-    job = job_input(retries=0)
-
-    async def scenario() -> None:
-        async with workflow_running(operator, fleet, job) as j:
-            assert await j.result() == "succeeded"
-        assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
-        # No reason from the workflow: the store derives it from what became of the node;
-        # the node's words kept beside it.
-        assert fleet.ends == [
-            AttemptEnd(job.job_id, 1, None, None, detail="the node's runtime is stopping"),
-            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
-        ]
-        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
 
     run_async(scenario)

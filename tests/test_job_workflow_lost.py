@@ -20,7 +20,6 @@ from temporalio.worker import Replayer
 
 from fixtures.job_workflow_fakes import (
     SERVER,
-    WHY_QUEUED,
     Attempt,
     Behaviour,
     Fleet,
@@ -60,6 +59,28 @@ def answers_late(release: asyncio.Event, code: int) -> Behaviour:
         return result_of(code)
 
     return behaviour
+
+
+def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": stops, "b": exits(0)})
+    fleet.gone = "node purged"
+    job = job_input(retries=0)
+
+    async def scenario() -> None:
+        async with workflow_running(operator, fleet, job) as j:
+            assert await j.result() == "succeeded"
+        assert fleet.ran("a") == [1] and fleet.ran("b") == [2]
+        # No reason from the workflow: the store derives it from what became of the node;
+        # the node's words kept beside it.
+        assert fleet.ends == [
+            AttemptEnd(job.job_id, 1, None, None, detail="the node's runtime is stopping"),
+            AttemptEnd(job.job_id, 2, EndReason.EXIT, 0),
+        ]
+        assert fleet.finished == [Finish(job.job_id, "succeeded", 0, None)]
+
+    run_async(scenario)
 
 
 @pytest.mark.parametrize("on_lost", ["move", "wait"])
@@ -363,32 +384,5 @@ def test_a_late_result_from_a_node_the_job_moved_away_from_is_ignored(
             AttemptEnd(job.job_id, 2, EndReason.EXIT, 4),
         ]
         assert fleet.finished == [Finish(job.job_id, "failed", 4, "exited with 4")]
-
-    run_async(scenario)
-
-
-# --- queued, cancelled ------------------------------------------------------------------
-
-
-def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
-    operator: Credentials,
-) -> None:
-    fleet = Fleet({"a": exits(0)})
-    fleet.queued_for = 1000
-    job = job_input(queue_timeout=1.5)
-
-    async def scenario() -> None:
-        async with workflow_running(operator, fleet, job) as j:
-            assert await j.result() == "failed"
-        assert len(fleet.places) >= 2 and all(n == 1 for n, _, _ in fleet.places)
-        assert fleet.attempts == [] and fleet.ends == []
-        assert fleet.finished == [
-            Finish(
-                job.job_id,
-                "failed",
-                None,
-                f"no node took the job within its queue timeout of 1.5 s: {WHY_QUEUED}",
-            )
-        ]
 
     run_async(scenario)

@@ -23,6 +23,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from fixtures.job_workflow_fakes import (
     SEEN_BOUND,
     SERVER,
+    WHY_QUEUED,
     Attempt,
     Behaviour,
     Fleet,
@@ -60,6 +61,33 @@ def together(barrier: Callable[[], bool], code: int) -> Behaviour:
         return result_of(code)
 
     return behaviour
+
+
+# --- queued, cancelled ------------------------------------------------------------------
+
+
+def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
+    operator: Credentials,
+) -> None:
+    fleet = Fleet({"a": exits(0)})
+    fleet.queued_for = 1000
+    job = job_input(queue_timeout=1.5)
+
+    async def scenario() -> None:
+        async with workflow_running(operator, fleet, job) as j:
+            assert await j.result() == "failed"
+        assert len(fleet.places) >= 2 and all(n == 1 for n, _, _ in fleet.places)
+        assert fleet.attempts == [] and fleet.ends == []
+        assert fleet.finished == [
+            Finish(
+                job.job_id,
+                "failed",
+                None,
+                f"no node took the job within its queue timeout of 1.5 s: {WHY_QUEUED}",
+            )
+        ]
+
+    run_async(scenario)
 
 
 def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> None:
