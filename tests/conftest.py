@@ -23,7 +23,6 @@ from fixtures.cluster import (
     Served,
     ServerProcess,
     end_all,
-    initialise,
     serving,
 )
 from fixtures.cluster_copies import ClusterTemplate
@@ -202,13 +201,17 @@ def cluster_files(
 
 @pytest.fixture(scope="module")
 def one_cluster(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    cluster_template: ClusterTemplate,
 ) -> Iterator[ClusterFiles]:
-    """One cluster for the whole module in a database of its own, no server running (an
-    init per test would cost a second each)."""
+    """One cluster for the whole module in databases of its own, no server running: a copy
+    of this process's one `server init` (fixtures/cluster_copies.py), its context naming the
+    module's `ADVERTISE` if it has one."""
     name = request.module.__name__.rpartition(".")[2]
+    advertise = getattr(request.module, "ADVERTISE", DEFAULT_ADVERTISE)
     with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp(name), url)
+        yield cluster_template.copy(tmp_path_factory.mktemp(name), url, advertise=advertise)
 
 
 @pytest.fixture
