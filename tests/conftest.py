@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from cli.main import run
@@ -196,6 +200,37 @@ def cluster_files(
 
 
 @pytest.fixture(scope="module")
+def one_cluster(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    cluster_template: ClusterTemplate,
+) -> Iterator[ClusterFiles]:
+    """One cluster for the whole module in databases of its own, no server running: a copy
+    of this process's one `server init` (fixtures/cluster_copies.py), its context naming the
+    module's `ADVERTISE` if it has one."""
+    name = request.module.__name__.rpartition(".")[2]
+    advertise = getattr(request.module, "ADVERTISE", DEFAULT_ADVERTISE)
+    with fresh_database_url() as url:
+        yield cluster_template.copy(tmp_path_factory.mktemp(name), url, advertise=advertise)
+
+
+@pytest.fixture
+def conn(request: pytest.FixtureRequest) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection (each statement a transaction of its own, as the servers'
+    are) to the cluster's own database, after the module's `CLEAN` statements (its clean
+    start; fixtures/job_rows.py has the jobs' one). The cluster is the module's
+    `one_cluster`, unless its `CONN_CLUSTER` names the fixture that gives another:
+    "cluster_files" (the test's own) or "served" (the module's server's)."""
+    module = request.module
+    found = request.getfixturevalue(getattr(module, "CONN_CLUSTER", "one_cluster"))
+    files: ClusterFiles = found.files if isinstance(found, Served) else found
+    with psycopg.connect(files.main_db, autocommit=True) as c:
+        for statement in getattr(module, "CLEAN", ()):
+            c.execute(statement)
+        yield c
+
+
+@pytest.fixture(scope="module")
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
@@ -253,6 +288,18 @@ def agents() -> Iterator[list[AgentProcess]]:
     started: list[AgentProcess] = []
     yield started
     stop_all(started)
+
+
+@pytest.fixture
+def pids() -> Iterator[list[int]]:
+    """PIDs a test's commands printed (append them): whatever a failing test left is
+    killed after it, its process group too."""
+    found: list[int] = []
+    yield found
+    for pid in found:
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

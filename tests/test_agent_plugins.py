@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from fixtures.cluster import alive
 from oz0_node import layout, plugins
 
 # Real processes on a loaded machine: generous.
@@ -169,14 +170,6 @@ def test_only_executable_files_are_plugins(tmp_path: Path) -> None:
     assert plugins.discover(tmp_path) == [first, wanted, tmp_path / "plugins" / "link"]
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
-
-
 def read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
@@ -218,7 +211,7 @@ async def test_real_plugins_get_their_environment_log_their_output_and_end_with_
     assert "got TERM" in text
     pids = [int(line.split()[1]) for line in text.splitlines() if line.startswith(("pid", "child"))]
     assert len(pids) == 2
-    assert not any(pid_alive(pid) for pid in pids), text
+    assert not any(alive(pid) for pid in pids), text
     assert log_path.stat().st_mode & 0o777 == 0o600
 
 
@@ -236,7 +229,7 @@ async def test_a_real_plugin_that_ignores_sigterm_is_killed_after_the_grace(
         nursery.cancel_scope.cancel()
     took = time.monotonic() - began
     pid = int(started.split()[1])
-    assert not pid_alive(pid)
+    assert not alive(pid)
     assert 1.0 <= took < 5.0, f"stopped after {took:.2f} s"
 
 
@@ -258,9 +251,9 @@ async def test_what_a_real_plugin_leaves_behind_is_killed_after_the_grace(
         await nursery.start(plugins.run_all, settings(data_dir))
         started = await wait_for(log_path, "child ")
         child = int(started.split()[1])
-        assert pid_alive(child)
+        assert alive(child)
         nursery.cancel_scope.cancel()
-    assert not pid_alive(child)
+    assert not alive(child)
 
 
 async def test_a_real_plugin_that_exits_is_started_again(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ import trio.testing
 
 from fixtures.fake_edges import (
     FakeNet,
-    LongestWait,
     fake_net,
     join_and_stop,
     read_json,
+    run_agent,
 )
 from oz0 import pki
 from oz0_node import agent, runtime
@@ -73,16 +73,6 @@ class FakeRuntime:
         pass
 
 
-async def run_agent(net: FakeNet, data: Path, runtimes: FakeRuntimes) -> object:
-    with trio.fail_after(1000):
-        return await agent.run(
-            agent.StartOptions(data_dir=data),
-            open_stream=net.open_stream,
-            rng=LongestWait(),
-            runtime_factory=runtimes.factory,
-        )
-
-
 def reported_runtime(data: Path) -> object:
     return read_json(data / "status.json")["runtime"]
 
@@ -95,7 +85,7 @@ async def test_the_runtime_starts_on_welcome_and_stops_whenever_the_stream_ends(
     net.cluster.temporal = TEMPORAL
     runtimes = FakeRuntimes(data)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_agent, net, data, runtimes)
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data), runtimes.factory)
         welcome = await net.cluster.wait_for("welcome")
         await trio.testing.wait_all_tasks_blocked()
         ((at, settings),) = runtimes.started
@@ -147,7 +137,7 @@ async def test_a_welcome_without_temporal_runs_no_runtime_and_warns_once(
     caplog.clear()
     runtimes = FakeRuntimes(data)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_agent, net, data, runtimes)
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data), runtimes.factory)
         await net.cluster.wait_for("welcome")
         await trio.sleep(60)
         nursery.cancel_scope.cancel()
@@ -169,7 +159,7 @@ async def test_a_runtime_that_fails_is_retried_on_the_same_stream_with_growing_w
     net.cluster.temporal = TEMPORAL
     runtimes = FakeRuntimes(data, failures=3)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_agent, net, data, runtimes)
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data), runtimes.factory)
         welcome = await net.cluster.wait_for("welcome")
         await trio.sleep(30)
         nursery.cancel_scope.cancel()
@@ -192,7 +182,7 @@ async def test_a_purge_stops_the_runtime_before_the_files_go(
     net.cluster.temporal = TEMPORAL
     runtimes = FakeRuntimes(data)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_agent, net, data, runtimes)
+        nursery.start_soon(run_agent, net, agent.StartOptions(data_dir=data), runtimes.factory)
         await net.cluster.wait_for("welcome")
         await trio.sleep(10)
         net.cluster.set_state(node_id, "purging")

@@ -119,7 +119,7 @@ PROBE = textwrap.dedent("""\
 """)
 
 
-def join_one(cli: CliRunner, files: ClusterFiles, tmp_path: Path) -> AgentProcess:
+def joined_agent(cli: CliRunner, files: ClusterFiles, tmp_path: Path) -> AgentProcess:
     token = cli("token", "create", "--tenant", "default", "--json", env=files.cli_env)
     assert token.code == 0, token.err
     agent = AgentProcess.joining(
@@ -138,7 +138,7 @@ def test_two_jobs_at_once_on_one_node_cannot_reach_each_other_and_leave_nothing(
 ) -> None:
     start_server(cluster_files, SERVER)
     env = cluster_files.cli_env
-    agents.append(join_one(cli, cluster_files, tmp_path))
+    agents.append(joined_agent(cli, cluster_files, tmp_path))
     first = cli(
         "job", "run", "--secret-env", "A_SECRET", "--detach", "--json", "--",
         "sh", "-c", 'echo "$$ $(id -u) $PWD"; exec sleep 600',

@@ -30,7 +30,7 @@ def live_connections() -> tuple[int, int]:
     )
 
 
-def get(client_ctx: ssl.SSLContext) -> int:
+def hello_status(client_ctx: ssl.SSLContext) -> int:
     connection = http.client.HTTPSConnection(ADDRESS, PORT, context=client_ctx, timeout=10)
     try:
         connection.request("GET", "/hello")
@@ -61,7 +61,7 @@ async def test_a_finished_connection_is_freed_without_the_garbage_collector() ->
                 await nursery.start(serve_https, app, server_ctx, ADDRESS, PORT)
                 servers, streams = live_connections()
                 for _ in range(5):
-                    assert await trio.to_thread.run_sync(get, client_ctx) == 200
+                    assert await trio.to_thread.run_sync(hello_status, client_ctx) == 200
                 # The server's side of the last one ends just after the client's; the
                 # listener's loop holds the last stream it accepted until the next.
                 left = (servers, streams + 1)

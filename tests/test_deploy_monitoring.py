@@ -56,8 +56,7 @@ TEMPLATE_LABELS = re.compile(r"\$labels\.(\w+)")
 SCRAPE_BOUND = 30.0
 
 # Rows with no server running, for what a scrape reads of them (fixtures/job_rows.py).
-one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
-conn = pytest.fixture(job_rows.conn)
+CLEAN = job_rows.CLEAN
 
 
 # --- what the files ask for --------------------------------------------------------------

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -33,20 +34,28 @@ class RecordingDatabase:
         work(self.conn)
 
 
+@asynccontextmanager
+async def tracking(db: RecordingDatabase) -> AsyncIterator[SeenTracker]:
+    """DB's tracker running for the block in a nursery of its own, cancelled at its end as
+    a server's stop cancels it."""
+    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.run)
+        yield tracker
+        nursery.cancel_scope.cancel()
+
+
 async def test_heartbeats_alone_are_written_once_per_heartbeat_interval(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     db = RecordingDatabase()
-    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(tracker.run)
+    async with tracking(db) as tracker:
         tracker.alive("node-a")
         await trio.sleep(1)
         tracker.alive("node-b")
         await trio.sleep(5)
         tracker.alive("node-a")
         await trio.sleep(5)
-        nursery.cancel_scope.cancel()
     assert db.times == [5.0, 10.0]
     assert db.conn.statements == [
         ("UPDATE", ("server-1", ["node-a", "node-b"])),
@@ -58,9 +67,7 @@ async def test_an_ended_stream_is_written_soon_and_not_marked_seen_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     db = RecordingDatabase()
-    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(tracker.run)
+    async with tracking(db) as tracker:
         tracker.alive("node-a")
         tracker.alive("node-b")
         tracker.left("node-b")  # heard from, then its stream ended
@@ -70,7 +77,6 @@ async def test_an_ended_stream_is_written_soon_and_not_marked_seen_again(
         # Not at the next heartbeat (5 s): the web UI shows a disconnection within 2 s.
         assert db.times == [LEFT_SETTLE]
         await trio.sleep(10)
-        nursery.cancel_scope.cancel()
     # Nothing new after the first batch: no further writes, not even at shutdown.
     assert db.times == [LEFT_SETTLE]
     assert db.conn.statements == [
@@ -85,12 +91,9 @@ async def test_what_is_pending_at_shutdown_is_written(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     db = RecordingDatabase()
-    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(tracker.run)
+    async with tracking(db) as tracker:
         await trio.sleep(1)
         tracker.left("node-a")
-        nursery.cancel_scope.cancel()
     assert db.conn.statements == [
         ("UPDATE NULL", (["node-a"], "server-1")),
     ]
@@ -120,9 +123,7 @@ async def test_a_node_connecting_again_is_not_written_gone_after_its_new_stream_
     way: the flush's write lands first, so the node is shown connected (a renewal's new
     stream, tests/test_node_renewal.py, read `connected: false` once)."""
     db = SlowDatabase()
-    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(tracker.run)
+    async with tracking(db) as tracker:
         tracker.left("node-a")
         # The flush begins at LEFT_SETTLE and writes SLOW later; the new stream comes between.
         await trio.sleep(LEFT_SETTLE + SlowDatabase.SLOW / 2)
@@ -130,7 +131,6 @@ async def test_a_node_connecting_again_is_not_written_gone_after_its_new_stream_
             await db.connect("node-a")
             tracker.alive("node-a")
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
     assert [s for s in db.conn.statements if s[0] != "UPDATE"] == [
         ("UPDATE NULL", (["node-a"], "server-1")),
         ("CONNECT", ("node-a",)),
@@ -141,9 +141,7 @@ async def test_a_flush_leaves_a_node_connecting_out_and_writes_it_gone_once_refu
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     db = SlowDatabase()
-    tracker = SeenTracker(db, "server-1")  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(tracker.run)
+    async with tracking(db) as tracker:
         tracker.left("node-a")
         tracker.left("node-b")
         async with tracker.connecting("node-a"):
@@ -152,7 +150,6 @@ async def test_a_flush_leaves_a_node_connecting_out_and_writes_it_gone_once_refu
             assert db.conn.statements == [("UPDATE NULL", (["node-b"], "server-1"))]
             # Refused (blocked meanwhile, say): never said alive.
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
     # Written gone soon after, as any stream's end (not at the next heartbeat).
     assert db.conn.statements[1] == ("UPDATE NULL", (["node-a"], "server-1"))
     assert db.times[1] < 1.0

@@ -41,7 +41,7 @@ async def server_wire(tcp: trio.SocketStream, context: ssl.SSLContext) -> Wire:
 
 
 @asynccontextmanager
-async def connected(
+async def accepted_wire(
     path: str = "/control",
 ) -> AsyncIterator[tuple[Wire, WebSocketConnection, trio.Nursery]]:
     """A Wire accepted at PATH, the client's websocket, and a nursery for the test."""
@@ -76,7 +76,7 @@ async def connected(
 
 async def test_messages_go_both_ways_whole_and_in_order() -> None:
     big = "x" * (LIMIT - 10)
-    async with connected() as (wire, client, _):
+    async with accepted_wire() as (wire, client, _):
         for text in ['{"type":"heartbeat"}', big, "é" * 300]:
             await client.send_message(text)
         await client.send_message(b"\x00\x01 bytes")
@@ -91,7 +91,7 @@ async def test_messages_go_both_ways_whole_and_in_order() -> None:
 
 
 async def test_a_message_over_the_limit_closes_with_1009() -> None:
-    async with connected() as (wire, client, _):
+    async with accepted_wire() as (wire, client, _):
         await client.send_message("y" * (LIMIT + 1))
         with pytest.raises(Closed) as closed:
             await wire.get_message()
@@ -102,7 +102,7 @@ async def test_a_message_over_the_limit_closes_with_1009() -> None:
 
 
 async def test_the_peers_close_ends_reads_after_what_came_before_it() -> None:
-    async with connected() as (wire, client, nursery):
+    async with accepted_wire() as (wire, client, nursery):
         await client.send_message("last words")
         nursery.start_soon(client.aclose, 4000, "bye")
         assert await wire.get_message() == "last words"
@@ -114,7 +114,7 @@ async def test_the_peers_close_ends_reads_after_what_came_before_it() -> None:
 
 
 async def test_our_close_reaches_the_peer_with_its_code_while_another_task_reads() -> None:
-    async with connected() as (wire, client, nursery):
+    async with accepted_wire() as (wire, client, nursery):
         read: list[BaseException] = []
 
         async def reader() -> None:
@@ -135,7 +135,7 @@ async def test_our_close_reaches_the_peer_with_its_code_while_another_task_reads
 
 
 async def test_pings_are_answered() -> None:
-    async with connected() as (wire, client, nursery):
+    async with accepted_wire() as (wire, client, nursery):
         nursery.start_soon(wire.get_message)
         with trio.fail_after(5):
             await client.ping(b"are you there")
@@ -145,7 +145,7 @@ async def test_another_path_gets_404() -> None:
     with pytest.RaisesGroup(
         pytest.RaisesExc(ConnectionRejected, check=lambda e: e.status_code == 404)
     ):
-        async with connected("/elsewhere"):
+        async with accepted_wire("/elsewhere"):
             pass
 
 
@@ -171,7 +171,7 @@ async def test_what_is_not_an_upgrade_gets_400_and_ends() -> None:
 
 
 async def test_a_peer_that_does_not_read_fills_the_socket_then_drain_waits_until_aborted() -> None:
-    async with connected() as (wire, _client, nursery):
+    async with accepted_wire() as (wire, _client, nursery):
         frame = text_frame("z" * 60_000)
         sends = 0
         while wire.send_frame_now(frame):
@@ -242,7 +242,7 @@ async def test_a_handshake_in_threads_leaves_no_cycle_for_the_garbage_collector(
 
 async def test_the_end_kept_by_a_wire_is_never_raised_itself() -> None:
     # Raised, it would carry a traceback through the Wire's own frames: a cycle.
-    async with connected() as (wire, client, nursery):
+    async with accepted_wire() as (wire, client, nursery):
         nursery.start_soon(client.aclose, 4000, "bye")
         for _ in range(2):
             with pytest.raises(Closed) as raised:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,24 +14,19 @@ import pytest
 
 from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
-from fixtures.job_rows import ADMIN, add_node, new_job, place
+from fixtures.job_rows import ADMIN, add_node, ended_ago, new_job, place, prune
 from oz0 import file_blobs, tenants
 from oz0.file_blob_cache import BlobCache
 from oz0.jobs import store
 from oz0.jobs.end_reasons import EndReason
 from oz0.jobs.spec import JobError, JobSpec
 from oz0_common.file_push import CHUNK, CHUNKS_PER_UPLOAD, SERVED_MOST, PushOrder
-from tests.test_jobs_store import ended_ago, prune
 
-one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    for c in job_rows.conn(one_cluster):
-        c.execute("TRUNCATE file_blobs CASCADE")
-        c.execute("UPDATE tenants SET max_file_bytes = DEFAULT, max_files_bytes = DEFAULT")
-        yield c
+CLEAN = (
+    *job_rows.CLEAN,
+    "TRUNCATE file_blobs CASCADE",
+    "UPDATE tenants SET max_file_bytes = DEFAULT, max_files_bytes = DEFAULT",
+)
 
 
 def upload(conn: psycopg.Connection[Any], content: bytes, tenant: str = "default") -> str:

@@ -123,7 +123,9 @@ def test_curl_and_the_cli_declare_json_and_are_served(served: Served, cli: CliRu
 # --- admission ----------------------------------------------------------------------------
 
 
-async def hold(source: str, ctx: ssl.SSLContext, n: int) -> list[trio.SSLStream[trio.SocketStream]]:
+async def held_connections(
+    source: str, ctx: ssl.SSLContext, n: int
+) -> list[trio.SSLStream[trio.SocketStream]]:
     """N connections from SOURCE, each once one request on it is answered (a connection
     authenticates by a request its certificate is trusted for)."""
     held = []
@@ -177,10 +179,10 @@ async def test_a_replaced_or_removed_operator_certificate_frees_no_unauthenticat
     held: list[trio.SSLStream[trio.SocketStream]] = []
     try:
         # The current certificate: past the cap, its connections are still served.
-        held += await hold(CURRENT_FROM, carol.ssl_context(), MAX_PER_ADDRESS + 6)
+        held += await held_connections(CURRENT_FROM, carol.ssl_context(), MAX_PER_ADDRESS + 6)
         assert not await closed_at_once(CURRENT_FROM, carol.ssl_context())
         # The replaced one holds a stranger's place: the cap closes the next at once.
-        held += await hold(REPLACED_FROM, replaced.ssl_context(), MAX_PER_ADDRESS)
+        held += await held_connections(REPLACED_FROM, replaced.ssl_context(), MAX_PER_ADDRESS)
         assert await closed_at_once(REPLACED_FROM, replaced.ssl_context())
         for stream in held:
             await trio.aclose_forcefully(stream)
@@ -189,7 +191,7 @@ async def test_a_replaced_or_removed_operator_certificate_frees_no_unauthenticat
         # removal (a connection opened before that is cut when it hears of it).
         operator_certs.remove(files, "carol")
         await refused_from_now(CURRENT_FROM, carol.ssl_context())
-        held += await hold(REMOVED_FROM, carol.ssl_context(), MAX_PER_ADDRESS)
+        held += await held_connections(REMOVED_FROM, carol.ssl_context(), MAX_PER_ADDRESS)
         assert await closed_at_once(REMOVED_FROM, carol.ssl_context())
     finally:
         for stream in held:

@@ -304,7 +304,7 @@ def job_object(
     }  # fmt: skip
 
 
-def attempt(
+def attempt_row(
     number: int, node: str, *, ended_because: str | None = None, exit_code: int | None = None
 ) -> dict[str, Any]:
     return {
@@ -363,9 +363,9 @@ def follow(
 
 
 def test_output_is_written_byte_for_byte_until_the_job_ends() -> None:
-    running = job_object(attempts=[attempt(1, NODE_A)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
     done = job_object(
-        state="succeeded", exit_code=0, attempts=[attempt(1, NODE_A, ended_because="exit")]
+        state="succeeded", exit_code=0, attempts=[attempt_row(1, NODE_A, ended_because="exit")]
     )
     binary = bytes(range(256)) + b"\x1b[2J not utf-8: \xff\xfe"
     job, out, err, fetch, slept = follow(
@@ -388,9 +388,9 @@ def test_output_is_written_byte_for_byte_until_the_job_ends() -> None:
 
 
 def test_a_told_follower_asks_the_server_to_wait_and_never_sleeps_after_a_wait() -> None:
-    running = job_object(attempts=[attempt(1, NODE_A)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
     done = job_object(
-        state="succeeded", exit_code=0, attempts=[attempt(1, NODE_A, ended_because="exit")]
+        state="succeeded", exit_code=0, attempts=[attempt_row(1, NODE_A, ended_because="exit")]
     )
     job, out, _, fetch, slept = follow(
         [
@@ -411,7 +411,7 @@ def test_a_told_follower_asks_the_server_to_wait_and_never_sleeps_after_a_wait()
 def test_a_server_that_did_not_wait_is_asked_again_after_the_poll_interval() -> None:
     # A stopping server answers a long poll at once without waiting: the follower sleeps
     # rather than ask it again and again.
-    running = job_object(attempts=[attempt(1, NODE_A)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
     done = job_object(state="succeeded", exit_code=0)
     _, _, _, fetch, slept = follow(
         [
@@ -436,11 +436,11 @@ def test_the_command_exit_code_is_the_exit_code() -> None:
     ("state", "reason", "attempts", "shown"),
     [
         ("lost", "node blocked and the job may not move (--no-move)", [], "lost: node blocked"),
-        ("cancelled", None, [attempt(1, NODE_A, ended_because="cancelled")],
+        ("cancelled", None, [attempt_row(1, NODE_A, ended_because="cancelled")],
          "cancelled: cancelled"),
         ("failed", "no accepted node of tenant default matches role=gpu after 10m", [],
          "failed: no accepted node of tenant default matches role=gpu"),
-        ("failed", None, [attempt(1, NODE_A, ended_because="timeout")], "failed: timeout"),
+        ("failed", None, [attempt_row(1, NODE_A, ended_because="timeout")], "failed: timeout"),
         ("failed", None, [], "failed: no reason given"),
     ],
 )  # fmt: skip
@@ -459,13 +459,13 @@ def test_a_hostile_reason_is_escaped() -> None:
 
 
 def test_a_move_is_headed_on_stderr_with_why_the_last_attempt_ended() -> None:
-    first = attempt(1, NODE_A)
-    blocked = attempt(1, NODE_A, ended_because="node blocked")
-    second = attempt(2, NODE_B)
+    first = attempt_row(1, NODE_A)
+    blocked = attempt_row(1, NODE_A, ended_because="node blocked")
+    second = attempt_row(2, NODE_B)
     done = job_object(
         state="succeeded",
         exit_code=0,
-        attempts=[blocked, attempt(2, NODE_B, ended_because="exit", exit_code=0)],
+        attempts=[blocked, attempt_row(2, NODE_B, ended_because="exit", exit_code=0)],
     )
     _, out, err, _, _ = follow(
         [
@@ -482,13 +482,13 @@ def test_a_move_is_headed_on_stderr_with_why_the_last_attempt_ended() -> None:
 
 
 def test_a_new_attempt_is_named_before_it_prints_anything() -> None:
-    failed = attempt(1, NODE_A, ended_because="exit", exit_code=3)
-    moved = job_object(attempts=[failed, attempt(2, NODE_B)])
+    failed = attempt_row(1, NODE_A, ended_because="exit", exit_code=3)
+    moved = job_object(attempts=[failed, attempt_row(2, NODE_B)])
     done = job_object(state="failed", exit_code=3, attempts=[failed, dict(failed, number=2)])
     _, out, err, _, _ = follow(
         [
             page([], job_object()),  # queued: no attempt yet
-            page([], job_object(attempts=[attempt(1, NODE_A)])),
+            page([], job_object(attempts=[attempt_row(1, NODE_A)])),
             page([], moved),
             page([], moved),  # named once
             page([], done),
@@ -516,8 +516,8 @@ def test_logs_head_every_attempt_and_mark_truncation() -> None:
         state="succeeded",
         exit_code=0,
         attempts=[
-            attempt(1, NODE_A, ended_because="node lost"),
-            attempt(2, NODE_B, ended_because="exit", exit_code=0),
+            attempt_row(1, NODE_A, ended_because="node lost"),
+            attempt_row(2, NODE_B, ended_because="exit", exit_code=0),
         ],
     )
     _, out, err, _, slept = follow(
@@ -543,7 +543,7 @@ def test_logs_head_every_attempt_and_mark_truncation() -> None:
 
 
 def test_logs_without_follow_stop_once_caught_up() -> None:
-    running = job_object(attempts=[attempt(1, NODE_A)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
     _, out, err, _, slept = follow(
         [page([chunk(1, b"so far\n")], running), page([], running, after=1)],
         headers="always",
@@ -555,7 +555,7 @@ def test_logs_without_follow_stop_once_caught_up() -> None:
 
 
 def test_logs_without_follow_never_ask_the_server_to_wait() -> None:
-    running = job_object(attempts=[attempt(1, NODE_A)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
     _, _, _, fetch, _ = follow(
         [
             page([chunk(1, b"so far\n")], running, version="v1", waited=False),
@@ -567,7 +567,7 @@ def test_logs_without_follow_never_ask_the_server_to_wait() -> None:
 
 
 def test_attempts_of_an_all_job_are_headed_by_node_only() -> None:
-    attempts = [attempt(1, NODE_A), attempt(2, NODE_B)]
+    attempts = [attempt_row(1, NODE_A), attempt_row(2, NODE_B)]
     done = job_object(state="succeeded", exit_code=0, all_nodes=True, attempts=attempts)
     _, out, err, _, _ = follow(
         [
@@ -600,7 +600,7 @@ def test_a_hostile_node_name_in_a_header_is_escaped() -> None:
 def test_job_run_prints_the_output_and_exits_with_the_command_exit_code(
     cli: CliRunner, api: RecordingApi
 ) -> None:
-    done = job_object(state="failed", exit_code=7, attempts=[attempt(1, NODE_A, exit_code=7)])
+    done = job_object(state="failed", exit_code=7, attempts=[attempt_row(1, NODE_A, exit_code=7)])
     api.pages = [page([chunk(1, b"out\n"), chunk(2, b"err\n", stream="stderr")], done),
                  page([], done, after=2)]  # fmt: skip
     result = cli("job", "run", "--", "sh", "-c", "echo out; echo err >&2; exit 7")
@@ -664,7 +664,7 @@ def test_a_follow_that_loses_the_servers_says_the_job_may_still_run(
 
 
 def test_job_logs_follow_exits_as_job_run_does(cli: CliRunner, api: RecordingApi) -> None:
-    done = job_object(state="failed", exit_code=4, attempts=[attempt(1, NODE_A, exit_code=4)])
+    done = job_object(state="failed", exit_code=4, attempts=[attempt_row(1, NODE_A, exit_code=4)])
     api.pages = [page([chunk(1, b"x\n")], done), page([], done, after=1)]
     result = cli("job", "logs", JOB, "--follow", "--attempt", "1")
     assert result.code == 4
@@ -676,8 +676,10 @@ def test_job_logs_follow_exits_as_job_run_does(cli: CliRunner, api: RecordingApi
 def test_job_run_long_polls_with_a_read_deadline_past_the_wait(
     cli: CliRunner, api: RecordingApi
 ) -> None:
-    running = job_object(attempts=[attempt(1, NODE_A)])
-    done = job_object(state="succeeded", exit_code=0, attempts=[attempt(1, NODE_A, exit_code=0)])
+    running = job_object(attempts=[attempt_row(1, NODE_A)])
+    done = job_object(
+        state="succeeded", exit_code=0, attempts=[attempt_row(1, NODE_A, exit_code=0)]
+    )
     api.pages = [
         page([], running, version="v1", waited=False),
         page([chunk(1, b"x\n")], done, version="v2", waited=True),
@@ -700,7 +702,7 @@ def test_job_run_long_polls_with_a_read_deadline_past_the_wait(
 
 def test_list_and_show_escape_what_the_server_sends(cli: CliRunner, api: RecordingApi) -> None:
     hostile = job_object(
-        state="lost", reason="r\x1b[2J", attempts=[attempt(1, "node-\x1b]0;x\x07")]
+        state="lost", reason="r\x1b[2J", attempts=[attempt_row(1, "node-\x1b]0;x\x07")]
     )
     hostile["command"] = ["echo", "\x1b[31mred", "x" * 80]
     api.pages = [{"jobs": [hostile]}, hostile]
@@ -766,13 +768,16 @@ def test_show_says_the_limits_asked_and_what_each_attempt_s_node_applied(
     job = job_object(
         state="running",
         attempts=[
-            {**attempt(1, NODE_A, ended_because="exit", exit_code=1), "applied": applied},
-            {**attempt(2, NODE_B, ended_because="node blocked"), "applied": None},  # older agent
-            attempt(3, NODE_A),
+            {**attempt_row(1, NODE_A, ended_because="exit", exit_code=1), "applied": applied},
+            {
+                **attempt_row(2, NODE_B, ended_because="node blocked"),
+                "applied": None,
+            },  # older agent
+            attempt_row(3, NODE_A),
         ],
     )
     job["limits"] = {"memory": 512 << 20, "cpu": 0.5, "max_open_files": 1024}
-    plain = job_object(state="succeeded", attempts=[attempt(1, NODE_A, ended_because="exit")])
+    plain = job_object(state="succeeded", attempts=[attempt_row(1, NODE_A, ended_because="exit")])
     api.pages = [job, plain]
     shown = cli("job", "show", JOB)
     assert shown.code == 0, shown

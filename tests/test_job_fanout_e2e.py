@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from cli.job_recap import seconds_of
-from fixtures.agent import AgentProcess, connected, stop_all
+from fixtures.agent import AgentProcess, joined_fleet, ready
 from fixtures.cluster import REPO, ClusterFiles, Served, cli_command
 from fixtures.tmux_pane import Pane, have_tmux
 from tests.test_jobs_e2e import api, wait_job
@@ -52,27 +52,11 @@ class Fleet:
         return sorted(n["id"] for n in found["nodes"])
 
 
-def ready(status: dict[str, Any]) -> bool:
-    return connected(status) and status.get("runtime") == "running"
-
-
 @pytest.fixture(scope="module")
 def fleet(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    files = served.files
     root = tmp_path_factory.mktemp("fanout-agents")
-    token = api(files).post(
-        "/api/v1/tokens", {"tenant": "default", "ttl": "1h", "max_uses": 0, "labels": {}}
-    )["token"]
-    agents: list[AgentProcess] = []
-    try:
-        for i in range(AGENTS):
-            agents.append(AgentProcess.joining(root / f"n{i}", [EDGE], files.ca_hash, token=token))
-            agents[-1].start()
-        for agent in agents:  # status.json: cheaper than 20 `oz0-node status` runs
-            agent.wait_reported(ready, timeout=120)
-        yield Fleet(files, agents)
-    finally:
-        stop_all(agents)
+    with joined_fleet(served.files, EDGE, root, [{}] * AGENTS) as agents:
+        yield Fleet(served.files, agents)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ JOB = "job-0123456789ab"
 A, B, C, D = (f"node-00000000000{x}" for x in "abcd")
 
 
-def attempt(
+def attempt_row(
     number: int, node: str, *, part: int | None = None, because: str | None = None,
     code: int | None = None, detail: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
@@ -53,7 +53,7 @@ def parts(total: int, *, waiting: int = 0, not_started: int = 0) -> dict[str, An
 
 
 def ok(number: int, node: str) -> dict[str, Any]:
-    return attempt(number, node, because="exit", code=0)
+    return attempt_row(number, node, because="exit", code=0)
 
 
 # --- the live line --------------------------------------------------------------------------
@@ -61,8 +61,8 @@ def ok(number: int, node: str) -> dict[str, Any]:
 
 def test_the_live_line_counts_parts_by_where_they_are() -> None:
     running = job(
-        [ok(1, A), attempt(2, B, because="exit", code=3), attempt(3, C),
-         attempt(4, D, because="timeout", code=137)],
+        [ok(1, A), attempt_row(2, B, because="exit", code=3), attempt_row(3, C),
+         attempt_row(4, D, because="timeout", code=137)],
         parts=parts(6, waiting=2),
     )  # fmt: skip
     assert progress_line(JOB, tally(running)) == (
@@ -70,7 +70,7 @@ def test_the_live_line_counts_parts_by_where_they_are() -> None:
     )
     # Lost and not started only when there are some.
     later = job(
-        [ok(1, A), attempt(2, B, because="node blocked"), ok(3, C)],
+        [ok(1, A), attempt_row(2, B, because="node blocked"), ok(3, C)],
         parts=parts(5, not_started=2),
     )
     assert progress_line(JOB, tally(later)) == (
@@ -81,7 +81,7 @@ def test_the_live_line_counts_parts_by_where_they_are() -> None:
 def test_a_part_is_where_its_last_attempt_is() -> None:
     # Part 0 failed, was retried (attempt 3 on the same node) and now runs again.
     retried = job(
-        [attempt(1, A, because="exit", code=1), ok(2, B), attempt(3, A, part=0)],
+        [attempt_row(1, A, because="exit", code=1), ok(2, B), attempt_row(3, A, part=0)],
         parts=parts(2),
     )
     assert progress_line(JOB, tally(retried)) == (
@@ -93,7 +93,7 @@ def test_a_job_on_one_node_is_one_part_waiting_until_placed() -> None:
     queued = job([], state="queued", all_nodes=False)
     assert progress_line(JOB, tally(queued)) == f"{JOB}: 0 ok, 0 failed, 0 running, 1 waiting of 1"
     moved = job(
-        [attempt(1, A, part=0, because="node lost"), attempt(2, B, part=0)], all_nodes=False
+        [attempt_row(1, A, part=0, because="node lost"), attempt_row(2, B, part=0)], all_nodes=False
     )
     assert progress_line(JOB, tally(moved)) == f"{JOB}: 0 ok, 0 failed, 1 running, 0 waiting of 1"
     assert progress_line(JOB, tally(job([], state="queued", parts=parts(0)))) == (
@@ -106,10 +106,10 @@ def test_a_job_on_one_node_is_one_part_waiting_until_placed() -> None:
 
 def finished() -> dict[str, Any]:
     return job(
-        [ok(1, A), attempt(2, B, because="exit", code=3), ok(3, C),
-         attempt(4, D, because="node lost", detail="no server heard from it for 15 s"),
-         attempt(5, "node-00000000000e", because="exit", code=1), ok(6, "node-00000000000f"),
-         attempt(7, "node-000000000010", because="timeout", code=143)],
+        [ok(1, A), attempt_row(2, B, because="exit", code=3), ok(3, C),
+         attempt_row(4, D, because="node lost", detail="no server heard from it for 15 s"),
+         attempt_row(5, "node-00000000000e", because="exit", code=1), ok(6, "node-00000000000f"),
+         attempt_row(7, "node-000000000010", because="timeout", code=143)],
         state="failed", exit_code=3, parts=parts(8, not_started=1),
         reason="4 of 8 nodes failed",
     )  # fmt: skip
@@ -150,8 +150,8 @@ def test_the_recap_as_data() -> None:
 
 
 def test_the_recap_lists_at_most_so_many_parts_and_escapes_what_nodes_said() -> None:
-    many = [attempt(n, f"node-{n:012x}", because="exit", code=2) for n in range(1, 80)]
-    many[0] = attempt(1, "node-\x1b[2J", because="node lost", detail="gone\x07")
+    many = [attempt_row(n, f"node-{n:012x}", because="exit", code=2) for n in range(1, 80)]
+    many[0] = attempt_row(1, "node-\x1b[2J", because="node lost", detail="gone\x07")
     lines = recap_lines(job(many, state="failed", exit_code=2, parts=parts(79)))
     listed = [line for line in lines if line.startswith("  node-")]
     assert len(listed) == MAX_LISTED
@@ -324,8 +324,8 @@ def recorded(pages: list[dict[str, Any]]) -> Any:
 
 
 def test_a_block_waits_for_a_page_that_caught_up_with_its_end() -> None:
-    both_running = job([attempt(1, A), attempt(2, B)], parts=parts(2))
-    a_ended = job([ok(1, A), attempt(2, B)], parts=parts(2))
+    both_running = job([attempt_row(1, A), attempt_row(2, B)], parts=parts(2))
+    a_ended = job([ok(1, A), attempt_row(2, B)], parts=parts(2))
     done = job([ok(1, A), ok(2, B)], state="succeeded", exit_code=0, parts=parts(2))
     s = screen(LINES, out_on_terminal=False)
     view = View(JOB, Grouped(), s)
@@ -365,9 +365,9 @@ class Api:
 
 
 def run_all(cli: CliRunner, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
-    running = job([attempt(1, A), attempt(2, B)], parts=parts(3, waiting=1))
+    running = job([attempt_row(1, A), attempt_row(2, B)], parts=parts(3, waiting=1))
     done = job(
-        [ok(1, A), attempt(2, B, because="exit", code=4), ok(3, C)],
+        [ok(1, A), attempt_row(2, B, because="exit", code=4), ok(3, C)],
         state="failed", exit_code=4, parts=parts(3),
     )  # fmt: skip
     pages = [

@@ -40,7 +40,7 @@ TOLD_BOUND = 1.0
 READ_DEADLINE = WAIT + 15.0
 
 
-def long_poll(client: ApiClient, job_id: str, after: int, seen: str | None) -> dict[str, Any]:
+def output_told(client: ApiClient, job_id: str, after: int, seen: str | None) -> dict[str, Any]:
     page: dict[str, Any] = client.get(
         f"/api/v1/jobs/{job_id}/output",
         {"after": after, "wait": WAIT, "seen": seen},
@@ -92,7 +92,7 @@ def test_followers_are_told_of_output_and_of_the_end_as_they_happen(
     assert first["chunks"] == [] and first["waited"] is False and first["version"]
 
     asked = time.monotonic()
-    told = long_poll(client, job_id, first["cursor"], first["version"])
+    told = output_told(client, job_id, first["cursor"], first["version"])
     waited = time.monotonic() - asked
     assert told["waited"] is True
     assert [base64.b64decode(c["data"]) for c in told["chunks"]] == [b"a\n"], told
@@ -103,7 +103,7 @@ def test_followers_are_told_of_output_and_of_the_end_as_they_happen(
 
     version = told["version"]
     while True:  # an attempt's changes may wake it before the end: each a new version
-        told = long_poll(client, job_id, told["cursor"], version)
+        told = output_told(client, job_id, told["cursor"], version)
         assert told["waited"] is True
         if told["ended"]:
             break
@@ -116,7 +116,7 @@ def test_followers_are_told_of_output_and_of_the_end_as_they_happen(
 
     # An ended job's long poll is answered at once, whatever version it names.
     asked = time.monotonic()
-    again = long_poll(client, job_id, told["cursor"], "0123456789abcdef")
+    again = output_told(client, job_id, told["cursor"], "0123456789abcdef")
     assert time.monotonic() - asked < TOLD_BOUND
     assert again["ended"] and again["chunks"] == []
 
@@ -146,7 +146,7 @@ def test_a_long_poll_in_flight_when_the_server_drains_is_answered_at_once(
     first = client.get(f"/api/v1/jobs/{job_id}/output")
     answers: list[dict[str, Any]] = []
     poll = threading.Thread(
-        target=lambda: answers.append(long_poll(client, job_id, 0, first["version"]))
+        target=lambda: answers.append(output_told(client, job_id, 0, first["version"]))
     )
     poll.start()
     time.sleep(1.0)  # the long poll is in flight, waiting (it would for WAIT s)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 Snapshot = dict[str, tuple[int, int, int, bytes | None]]
 
 
-def snapshot(top: Path) -> Snapshot:
+def owned_entries(top: Path) -> Snapshot:
     """Every entry under TOP (TOP too) with its mode, owner, group and content (a file's,
     a link's target), links never followed."""
     found: Snapshot = {}
@@ -153,7 +153,7 @@ def test_a_link_swapped_in_during_the_removal_changes_nothing_outside(
     when: str, as_user: str, temp_root: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     top = job_tree(temp_root)
-    before = snapshot(outside)
+    before = owned_entries(outside)
     swap_ino = (top / "swap").stat().st_ino
     faults: dict[str, tuple[str, Callable[[Any, Any], bool], Path]] = {
         WHEN[0]: ("open", lambda p, fd: p == "swap" and fd is not None, top / "swap"),
@@ -174,7 +174,7 @@ def test_a_link_swapped_in_during_the_removal_changes_nothing_outside(
     remove_tree(top, as_user=user)
     monkeypatch.undo()
     assert swapper.fired_as() == [user.uid if user is not None else 0], "swapped during it"
-    assert snapshot(outside) == before, "something outside the job's directory changed"
+    assert owned_entries(outside) == before, "something outside the job's directory changed"
     assert not top.exists() and not top.is_symlink(), "the link itself is removed"
     if swapped == top:
         # Moved aside by the job: out of the removal's reach (the sweep of the job user's
@@ -212,7 +212,7 @@ def test_a_job_swapping_links_in_a_loop_while_its_directory_is_removed_changes_n
     assert JOB_USER is not None
     if not Path(SYSTEM_PYTHON).exists():
         pytest.skip(f"no {SYSTEM_PYTHON} for the job user to race with")
-    before = snapshot(outside)
+    before = owned_entries(outside)
     user = AS[as_user]
     swapped = 0
     for i in range(20):
@@ -236,7 +236,7 @@ def test_a_job_swapping_links_in_a_loop_while_its_directory_is_removed_changes_n
             stop.unlink()
         swapped += int(out)
         remove_tree(top)  # what it swapped in after the removal was done
-        assert snapshot(outside) == before, "something outside the job's directory changed"
+        assert owned_entries(outside) == before, "something outside the job's directory changed"
     assert swapped > 20, "the racer swapped links in while the directories were removed"
     assert not list(temp_root.iterdir())
 
@@ -274,7 +274,7 @@ def test_a_job_users_removal_changes_the_mode_only_of_its_own_directories(
     (top / "locked" / "out").symlink_to(outside)
     os.lchown(top / "locked" / "out", JOB_USER.uid, JOB_USER.gid)
     (top / "locked").chmod(0)
-    before = snapshot(outside)
+    before = owned_entries(outside)
     pid = os.fork()
     if pid == 0:  # the job user's pass alone, not root's after it
         code = 1
@@ -288,4 +288,4 @@ def test_a_job_users_removal_changes_the_mode_only_of_its_own_directories(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not top.exists()
-    assert snapshot(outside) == before
+    assert owned_entries(outside) == before

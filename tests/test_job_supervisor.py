@@ -7,22 +7,22 @@ binds no address."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
-import re
 import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fixtures.attempt_processes import all_gone, forked_by_launcher, gone, isolation_for, own_uid
+from fixtures.polling import wait_until
 from oz0_common.attempt_messages import AttemptResult, EndedBecause
 from oz0_node.jobs import attempt_files, procfs, uid_sweep
 from oz0_node.jobs import launcher as launcher_module
@@ -37,7 +37,7 @@ from oz0_node.jobs.attempt_files import (
     attempts_root,
 )
 from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE, UidClaims
-from oz0_node.jobs.isolation import Isolation, Limits
+from oz0_node.jobs.isolation import Limits
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
 from oz0_node.jobs.supervisor_client import Supervised, find_all, launch, stop_all
@@ -55,22 +55,6 @@ LEAVE_BEHIND = (
     "sh -c 'nohup sleep 600 >/dev/null 2>&1 & echo $!'"
 )
 PR_GET_CHILD_SUBREAPER = 37
-
-
-def own_uid(applied: object) -> int:
-    """The UID an attempt ran as, from what it applied (`uid N (its own)`), in the range."""
-    assert isinstance(applied, Mapping), applied
-    found = re.fullmatch(r"uid (\d+) \(its own\)", str(applied["user"]))
-    assert found is not None, applied
-    assert int(found[1]) in DEFAULT_RANGE
-    return int(found[1])
-
-
-def isolation_for(data_dir: Path, tracking: str) -> Isolation:
-    """This machine's isolation for supervised attempts, tracking as TRACKING."""
-    isolation = Isolation.detect(data_dir, tracking=tracking, supervised=True)
-    assert isolation.tracking == tracking, f"this machine gives {isolation.tracking}"
-    return isolation
 
 
 def spec_of(
@@ -92,22 +76,9 @@ def spec_of(
 
 
 def wait_status(supervised: Supervised, within: float = ENDS_WITHIN) -> AttemptResult:
-    deadline = time.monotonic() + within
-    while (status := supervised.status()) is None:
-        assert time.monotonic() < deadline, f"{supervised.dir.name}: no status in {within} s"
-        time.sleep(0.05)
-    assert wait_until(lambda: not supervised.alive(), 5.0), "it runs on after its status"
+    status = wait_until(supervised.status, within, f"{supervised.dir.name}: a status", step=0.05)
+    wait_until(lambda: not supervised.alive(), 5.0, "it runs on after its status", step=0.05)
     return status.result
-
-
-def wait_until(check: object, within: float) -> bool:
-    assert callable(check)
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def all_output(supervised: Supervised) -> list[OutputRecord]:
@@ -121,18 +92,11 @@ def text(supervised: Supervised, stream: str = "stdout") -> str:
 
 def output_lines(supervised: Supervised, count: int, within: float = 10.0) -> list[str]:
     """The first COUNT lines of its stdout, once they are there."""
-    assert wait_until(lambda: len(text(supervised).splitlines()) >= count, within), text(supervised)
+    wait_until(
+        lambda: len(text(supervised).splitlines()) >= count, within, f"{count} lines",
+        step=0.05, detail=lambda: text(supervised),
+    )  # fmt: skip
     return text(supervised).splitlines()[:count]
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (this machine's PID 1 may not reap orphans)."""
-    stat = procfs.read_stat(pid)
-    return stat is None or stat.zombie
-
-
-def all_gone(numbers: list[int], within: float = 5.0) -> bool:
-    return wait_until(lambda: all(gone(pid) for pid in numbers), within)
 
 
 def no_cgroup_left() -> bool:
@@ -141,22 +105,6 @@ def no_cgroup_left() -> bool:
 
 def supervisor_pid(supervised: Supervised) -> int:
     return int(json.loads((supervised.dir / PID_FILE).read_text())["pid"])
-
-
-def forked_by_launcher(pid: int) -> bool:
-    """Whether PID is a fork of a supervisor launcher (its command line), not a fresh
-    `python -c supervisor.BOOT`."""
-    return launcher_module.BOOT.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-@pytest.fixture
-def pids() -> Iterator[list[int]]:
-    """PIDs a test's commands printed: whatever a failing test left is killed."""
-    found: list[int] = []
-    yield found
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -175,7 +123,9 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
     script = "echo one; sleep 0.2; echo two >&2; sleep 0.2; echo three; ulimit -n; exit 3"
     limits = Limits(memory=256 << 20, max_open_files=64)
     supervised = launch(
-        data_dir, spec_of("sh", "-c", script, limits=limits), isolation_for(data_dir, CGROUP_V2)
+        data_dir,
+        spec_of("sh", "-c", script, limits=limits),
+        isolation_for(data_dir, CGROUP_V2, supervised=True),
     )
     assert supervised.dir == attempts_root(data_dir) / f"{JOB}-1"
     assert (supervised.job_id, supervised.attempt) == (JOB, 1)
@@ -231,7 +181,9 @@ def test_both_streams_in_their_order_and_the_exit_status_come_out_of_the_attempt
 
 
 def test_a_command_that_cannot_start_has_a_status_and_a_line_on_stderr(data_dir: Path) -> None:
-    supervised = launch(data_dir, spec_of("/no/such/program"), isolation_for(data_dir, CGROUP_V2))
+    supervised = launch(
+        data_dir, spec_of("/no/such/program"), isolation_for(data_dir, CGROUP_V2, supervised=True)
+    )
     status = wait_status(supervised)
     assert status.exit_code == 127 and status.ended_because == "exit"
     assert text(supervised, "stderr").startswith("oz0-node: cannot run '/no/such/program'")
@@ -242,7 +194,9 @@ def test_output_past_the_cap_is_marked_once_then_dropped_and_the_command_does_no
     data_dir: Path,
 ) -> None:
     command = f"head -c {3 * OUTPUT_CAP} /dev/zero; echo done >&2"
-    supervised = launch(data_dir, spec_of("sh", "-c", command), isolation_for(data_dir, CGROUP_V2))
+    supervised = launch(
+        data_dir, spec_of("sh", "-c", command), isolation_for(data_dir, CGROUP_V2, supervised=True)
+    )
     status = wait_status(supervised)
     assert status.exit_code == 0, text(supervised, "stderr")
     assert status.output_bytes == OUTPUT_CAP and status.truncated is True
@@ -365,7 +319,8 @@ def test_the_agents_death_does_not_touch_the_command_which_ends_and_leaves_its_s
     assert not gone(command), "the agent's death ended the command"
     assert supervised.alive() and supervised.status() is None
     # The launcher goes with its agent (a new agent starts its own), the attempt stays.
-    assert not launcher or wait_until(lambda: gone(launcher), 5.0), "the launcher outlived it"
+    if launcher:
+        wait_until(lambda: gone(launcher), 5.0, "the launcher outlived it", step=0.05)
     # A new agent (another process) finds it.
     found = subprocess.run(
         [sys.executable, "-c",
@@ -401,7 +356,9 @@ def test_stop_sends_sigterm_then_kills_after_the_grace_and_leaves_nothing(
     data_dir: Path, pids: list[int]
 ) -> None:
     supervised = launch(
-        data_dir, spec_of("sh", "-c", IGNORES_TERM), isolation_for(data_dir, CGROUP_V2)
+        data_dir,
+        spec_of("sh", "-c", IGNORES_TERM),
+        isolation_for(data_dir, CGROUP_V2, supervised=True),
     )
     shell, workdir = output_lines(supervised, 1)[0].split()
     pids.append(int(shell))
@@ -427,7 +384,11 @@ def test_stop_works_for_a_supervisor_launched_from_a_thread_that_blocks_sigterm(
     def launch_blocked() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
         launched.append(
-            launch(data_dir, spec_of("sleep", "600"), isolation_for(data_dir, CGROUP_V2))
+            launch(
+                data_dir,
+                spec_of("sleep", "600"),
+                isolation_for(data_dir, CGROUP_V2, supervised=True),
+            )
         )
 
     thread = threading.Thread(target=launch_blocked)
@@ -441,7 +402,9 @@ def test_stop_works_for_a_supervisor_launched_from_a_thread_that_blocks_sigterm(
 
 def test_a_timeout_ends_the_command_and_says_so(data_dir: Path) -> None:
     supervised = launch(
-        data_dir, spec_of("sleep", "600", timeout=0.5), isolation_for(data_dir, CGROUP_V2)
+        data_dir,
+        spec_of("sleep", "600", timeout=0.5),
+        isolation_for(data_dir, CGROUP_V2, supervised=True),
     )
     status = wait_status(supervised)
     assert status.ended_because == "timeout"
@@ -453,7 +416,9 @@ def test_what_a_command_left_double_forked_or_setsid_ends_with_its_attempt(
     tracking: str, data_dir: Path, pids: list[int]
 ) -> None:
     supervised = launch(
-        data_dir, spec_of("sh", "-c", LEAVE_BEHIND), isolation_for(data_dir, tracking)
+        data_dir,
+        spec_of("sh", "-c", LEAVE_BEHIND),
+        isolation_for(data_dir, tracking, supervised=True),
     )
     status = wait_status(supervised)
     assert status.exit_code == 0, text(supervised, "stderr")
@@ -486,7 +451,9 @@ def test_what_escaped_subreaper_tracking_is_ended_by_the_sweep_of_its_own_uid(
     loaded machine makes likely, so it could not show the sweep."""
     go = Path(f"/dev/shm/oz0-test-escape-{os.getpid()}")
     waits = f"id -u; while [ ! -e {go} ]; do sleep 0.05; done"
-    supervised = launch(data_dir, spec_of("sh", "-c", waits), isolation_for(data_dir, SUBREAPER))
+    supervised = launch(
+        data_dir, spec_of("sh", "-c", waits), isolation_for(data_dir, SUBREAPER, supervised=True)
+    )
     try:
         (uid,) = [int(n) for n in output_lines(supervised, 1)]
         escaped = subprocess.Popen(
@@ -519,7 +486,7 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
     supervised = launch(
         data_dir,
         spec_of("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD $(id -u); sleep 600"),
-        isolation_for(data_dir, tracking),
+        isolation_for(data_dir, tracking, supervised=True),
     )
     *left, shell_and_dir = output_lines(supervised, 4)
     shell, workdir, uid = shell_and_dir.split()
@@ -529,11 +496,11 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
     pids.extend(numbers)
     time.sleep(2 * SCAN_EVERY + 0.2)  # a subreaper records what it found at its last look
     os.kill(supervisor_pid(supervised), signal.SIGKILL)
-    assert wait_until(lambda: not supervised.alive(), 5.0)
+    wait_until(lambda: not supervised.alive(), 5.0, "the supervisor ends", step=0.05)
     assert supervised.status() is None
     assert not any(gone(pid) for pid in numbers), "its death ended them"
     supervised.end_leftovers()
-    assert all_gone(numbers), f"{tracking}: what it left still runs"
+    all_gone(numbers, 5.0, f"{tracking}: what it left still runs")
     assert not Path(workdir).exists() and no_cgroup_left()
     assert not (supervised.dir / TRACKING_FILE).exists()
 
@@ -547,7 +514,7 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
         UidClaims().reclaim(int(uid), uid_sweep.sweep)  # None while another holds it
         return not claim.exists()
 
-    assert wait_until(given_up, 10.0), "its UID's claim was kept"
+    wait_until(given_up, 10.0, "its UID's claim was kept", step=0.05)
     assert all(p.zombie for p in uid_sweep.processes(lambda u: u == int(uid)))
     supervised.remove()
     assert find_all(data_dir) == []
@@ -573,19 +540,25 @@ def test_end_leftovers_never_touches_a_process_that_reused_a_recorded_pid(
 
 def test_stop_all_leaves_no_directory_process_or_cgroup(data_dir: Path, pids: list[int]) -> None:
     running = [
-        launch(data_dir, spec_of("sh", "-c", IGNORES_TERM, attempt=n), isolation_for(data_dir, t))
+        launch(
+            data_dir,
+            spec_of("sh", "-c", IGNORES_TERM, attempt=n),
+            isolation_for(data_dir, t, supervised=True),
+        )
         for n, t in ((1, CGROUP_V2), (2, SUBREAPER), (3, CGROUP_V2))
     ]
-    ended = launch(data_dir, spec_of("true", attempt=4), isolation_for(data_dir, CGROUP_V2))
+    ended = launch(
+        data_dir, spec_of("true", attempt=4), isolation_for(data_dir, CGROUP_V2, supervised=True)
+    )
     wait_status(ended)
     numbers = [int(output_lines(s, 1)[0].split()[0]) for s in running]
     pids.extend(numbers)
     killed = running[2]
     time.sleep(2 * SCAN_EVERY + 0.2)
     os.kill(supervisor_pid(killed), signal.SIGKILL)
-    assert wait_until(lambda: not killed.alive(), 5.0)
+    wait_until(lambda: not killed.alive(), 5.0, "the killed supervisor ends", step=0.05)
     assert stop_all(data_dir, KILL_GRACE + 5.0) == 4
-    assert all_gone(numbers, 1.0)
+    all_gone(numbers, 1.0, "what it left ends")
     assert list(attempts_root(data_dir).iterdir()) == []
     assert no_cgroup_left()
     assert not list(Path("/tmp").glob(f"oz0-job-{JOB}-*"))
@@ -609,13 +582,13 @@ def launcher() -> Iterator[Launcher]:
 def test_launches_go_on_when_the_launcher_dies_and_a_new_one_takes_over(
     launcher: Launcher, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    isolation = isolation_for(data_dir, CGROUP_V2)
+    isolation = isolation_for(data_dir, CGROUP_V2, supervised=True)
     first = launch(data_dir, spec_of("sh", "-c", RUNS_ON, attempt=1), isolation, launcher)
     assert output_lines(first, 1) == ["ran"] and forked_by_launcher(supervisor_pid(first))
     dead = launcher.pid
     assert dead is not None
     os.kill(dead, signal.SIGKILL)
-    assert wait_until(lambda: gone(dead), 5.0)
+    wait_until(lambda: gone(dead), 5.0, "the dead one gone", step=0.05)
     # Within RESTART_AFTER of its start: a fresh interpreter, as without a launcher.
     second = launch(data_dir, spec_of("sh", "-c", RUNS_ON, attempt=2), isolation, launcher)
     assert output_lines(second, 1) == ["ran"] and not forked_by_launcher(supervisor_pid(second))
@@ -635,10 +608,14 @@ def test_a_launcher_that_does_not_fork_in_time_is_replaced_and_the_attempt_runs_
     assert stuck is not None
     os.kill(stuck, signal.SIGSTOP)  # takes the descriptors (its socket's buffer), forks nothing
     supervised = launch(
-        data_dir, spec_of("sh", "-c", RUNS_ON), isolation_for(data_dir, CGROUP_V2), launcher
+        data_dir,
+        spec_of("sh", "-c", RUNS_ON),
+        isolation_for(data_dir, CGROUP_V2, supervised=True),
+        launcher,
     )
     assert not forked_by_launcher(supervisor_pid(supervised))
-    assert launcher.pid is None and wait_until(lambda: gone(stuck), 5.0), "not replaced"
+    assert launcher.pid is None, "not replaced"
+    wait_until(lambda: gone(stuck), 5.0, "the stuck launcher gone", step=0.05)
     time.sleep(0.5)
     assert text(supervised) == "ran\n", "run once"
 
@@ -653,7 +630,7 @@ def test_a_first_process_forked_after_launch_gave_up_starts_nothing(
     logs = os.open(directory / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     attempt_r, attempt_w = os.pipe2(os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    isolation = isolation_for(data_dir, CGROUP_V2)
+    isolation = isolation_for(data_dir, CGROUP_V2, supervised=True)
     handover = attempt_files.handover(spec_of("sh", "-c", RUNS_ON), isolation, directory, lock)
     if gave_up == "ready pipe closed":
         os.close(ready_r)

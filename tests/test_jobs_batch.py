@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 from werkzeug.datastructures import MultiDict
 
-from fixtures.agent import AgentProcess, stop_all
+from fixtures.agent import joined_fleet
 from fixtures.cluster import ClusterFiles, Served
 from fixtures.temporal import run_async, server_credentials
 from fixtures.web_events import curl, signed_in
@@ -33,7 +33,7 @@ from oz0.jobs.spec_text import describe_batch, parse_batch, parse_batch_wait, pa
 from oz0.jobs.workflow import JobWorkflow, share_of
 from oz0.web import job_pages
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import api, wait_job
+from tests.test_jobs_e2e import wait_job
 
 SERVER = "127.0.0.249"
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
@@ -169,28 +169,13 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Five agents of the module's server: three labelled group=x, two group=y."""
-    files = served.files
-    root = tmp_path_factory.mktemp("batch-agents")
-    token = api(files).post(
-        "/api/v1/tokens", {"tenant": "default", "ttl": "1h", "max_uses": 0, "labels": {}}
-    )["token"]
-    agents: list[AgentProcess] = []
     groups = ["x", "x", "x", "y", "y"]
-    try:
-        for i, group in enumerate(groups):
-            agent = AgentProcess.joining(
-                root / f"node-{i}", [EDGE], files.ca_hash, token=token, labels={"group": group}
-            )
-            agents.append(agent.start())
-        ids = [
-            a.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
-            for a in agents
-        ]
+    root = tmp_path_factory.mktemp("batch-agents")
+    with joined_fleet(served.files, EDGE, root, [{"group": g} for g in groups]) as agents:
+        ids = [a.reported()["node_id"] for a in agents]
         of = {group: sorted(n for n, g in zip(ids, groups, strict=True) if g == group)
               for group in "xy"}  # fmt: skip
-        yield Fleet(files, sorted(ids), of["x"], of["y"])
-    finally:
-        stop_all(agents)
+        yield Fleet(served.files, sorted(ids), of["x"], of["y"])
 
 
 @dataclass(frozen=True)

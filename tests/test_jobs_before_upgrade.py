@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from fixtures.agent import AgentProcess
+from fixtures.attempt_processes import all_gone
 from fixtures.cluster import ClusterFiles, Served
 from fixtures.temporal import server_credentials
 from oz0 import audit
@@ -43,7 +44,6 @@ from oz0.jobs import workflow as wf
 from oz0.jobs.spec import JobSpec
 from oz0.jobs.workflow import JobInput, JobWorkflow, _attempts
 from oz0_node.jobs import attempt_files
-from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner, create_token
 from tests.test_jobs_e2e import output_of, wait_job
 
@@ -186,7 +186,7 @@ def join_agent(cli: CliRunner, served: Served, data_dir: Path) -> tuple[AgentPro
     return agent, str(status["node_id"])
 
 
-def new_job(files: ClusterFiles, node_id: str, command: list[str]) -> store.Job:
+def started_job(files: ClusterFiles, node_id: str, command: list[str]) -> store.Job:
     """A job row as `job run` makes it, marked started: no server starts its workflow (the
     test does, on its own queue)."""
     spec = JobSpec(tenant="default", command=command, node=node_id)
@@ -214,17 +214,6 @@ def printed_pid(files: ClusterFiles, job_id: str, within: float = 30.0) -> int:
             return int(text.split("\n")[0].split()[1])
         time.sleep(0.1)
     raise AssertionError(f"{job_id} printed no pid")
-
-
-def pid_gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while True:
-        stat = read_stat(pid)
-        if stat is None or stat.zombie:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 # --- what Temporal kept -------------------------------------------------------------------
@@ -291,7 +280,7 @@ def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_re
     # 1. It runs past the old heartbeat timeout: the node's heartbeats keep it; its
     # output is stored in order; the workflow gets its result from the node itself.
     lines = "".join(f"line {i}\n" for i in range(1, LINES + 1))
-    ok = new_job(
+    ok = started_job(
         files, node, ["sh", "-c", f"for i in $(seq {LINES}); do echo line $i; sleep 1; done"]
     )
     old_workflows.start(ok)
@@ -315,7 +304,7 @@ def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_re
     assert f"job {ok.id} attempt 1: handed to its supervisor (held" in agent.log()
 
     # 2. A failing command: the workflow sees its exit code, the job fails with it.
-    failing = new_job(files, node, ["sh", "-c", "echo failing; exit 3"])
+    failing = started_job(files, node, ["sh", "-c", "echo failing; exit 3"])
     old_workflows.start(failing)
     done = ended(files, failing.id)
     assert (done["state"], done["exit_code"]) == ("failed", 3), done
@@ -328,12 +317,12 @@ def test_an_attempt_scheduled_before_the_upgrade_is_held_open_and_returns_its_re
 
     # 3. Cancelled: the activity's cancellation reaches the node through its heartbeat and
     # ends the command.
-    long = new_job(files, node, ["sh", "-c", "echo pid $$; exec sleep 600"])
+    long = started_job(files, node, ["sh", "-c", "echo pid $$; exec sleep 600"])
     old_workflows.start(long)
     pid = printed_pid(files, long.id)
     cancelled = cli("job", "cancel", long.id, env=files.cli_env)
     assert cancelled.code == 0, cancelled.err
-    assert pid_gone(pid, GONE_BOUND), "the cancelled attempt's command runs on"
+    all_gone([pid], GONE_BOUND, "the cancelled attempt's command runs on")
     done = ended(files, long.id)
     assert done["state"] == "cancelled", done
     assert [a["ended_because"] for a in done["attempts"]] == ["cancelled"]
@@ -358,7 +347,7 @@ def test_a_held_attempt_is_ended_by_the_next_agent_and_the_job_moves_on(
     files = served.files
     agent, node = join_agent(cli, served, tmp_path / "node")
     agents.append(agent)
-    job = new_job(
+    job = started_job(
         files,
         node,
         ["sh", "-c", 'echo pid $$; [ "$OZ0_ATTEMPT" = 1 ] && exec sleep 600; echo again'],
@@ -371,7 +360,7 @@ def test_a_held_attempt_is_ended_by_the_next_agent_and_the_job_moves_on(
     restarted = AgentProcess.resuming(agent.data_dir).start()
     agents.append(restarted)
     # Nobody can complete its activity any more: the new agent ends it rather than relay it.
-    assert pid_gone(pid, GONE_BOUND), "the next agent left the held attempt running"
+    all_gone([pid], GONE_BOUND, "the next agent left the held attempt running")
     attempt_dir = attempt_files.attempts_root(agent.data_dir) / f"{job.id}-1"
     deadline = time.monotonic() + GONE_BOUND
     while attempt_dir.exists():

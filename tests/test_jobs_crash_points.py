@@ -28,9 +28,11 @@ import psycopg
 import pytest
 
 from fixtures.agent import AgentProcess
+from fixtures.attempt_processes import all_gone
 from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.polling import wait_until
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import output_of, pid_gone, started_pid, wait_for, wait_job
+from tests.test_jobs_e2e import output_of, started_pid, wait_job
 
 StartServer = Callable[..., ServerProcess]
 A, B = "127.0.0.42", "127.0.0.43"
@@ -60,7 +62,7 @@ def two_servers(
     node = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
     assert agent.status()["server"] is not None
     use_only(files, B)
-    wait_for(lambda: takes_stream(files, node), 20, "the node says it takes the stream")
+    wait_until(lambda: takes_stream(files, node), 20, "the node says it takes the stream", step=0.1)
     return servers, str(node), agent
 
 
@@ -117,7 +119,9 @@ def test_a_part_written_but_not_sent_when_its_nodes_server_dies_is_sent_by_the_n
     servers[A].process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
         job_id = detached(cli, files, "sh", "-c", "echo ran")
-        wait_for(lambda: streamed_rows(files, job_id) == [(1, "running")], 20, "part written")
+        wait_until(
+            lambda: streamed_rows(files, job_id) == [(1, "running")], 20, "part written", step=0.1
+        )
         time.sleep(1.0)
         assert output_of(files, job_id) == [], "nothing ran while its server was frozen"
     finally:
@@ -140,7 +144,9 @@ def test_a_part_sent_but_not_answered_when_its_server_dies_runs_once(
     agent.process.send_signal(signal.SIGSTOP)
     try:
         job_id = detached(cli, files, "sh", "-c", "echo pid $$")
-        wait_for(lambda: streamed_rows(files, job_id) == [(1, "running")], 20, "part written")
+        wait_until(
+            lambda: streamed_rows(files, job_id) == [(1, "running")], 20, "part written", step=0.1
+        )
         time.sleep(1.0)  # A's edge sent it; the frozen agent has not answered
         servers[A].stop(signal.SIGKILL)
     finally:
@@ -161,7 +167,7 @@ def test_an_agent_killed_once_it_answered_started_leaves_the_command_to_the_next
     files = cluster_files
     _servers, node, agent = two_servers(cli, files, start_server, tmp_path, agents)
     job_id = detached(cli, files, "sh", "-c", "sleep 2; echo pid $$")
-    wait_for(lambda: f"job {job_id} attempt 1: handed" in agent.log(), 30, "started")
+    wait_until(lambda: f"job {job_id} attempt 1: handed" in agent.log(), 30, "started", step=0.1)
     assert agent.process is not None
     agent.process.send_signal(signal.SIGKILL)
     agent.process.wait(10)
@@ -189,7 +195,7 @@ def test_an_end_its_server_never_wrote_is_reported_again_to_the_next(
     pid = started_pid(files, job_id, 1)
     servers[A].process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
-        assert pid_gone(pid, 20), "the command ended"
+        all_gone([pid], 20, "the command ended")
         time.sleep(1.5)  # its end went to the frozen server
         assert streamed_rows(files, job_id) == [(1, "running")], "the end is not written yet"
     finally:

@@ -43,7 +43,9 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.attempt_grants import signed
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.attempt_processes import all_gone
+from fixtures.cluster import ClusterFiles, ServerProcess, alive
+from fixtures.polling import wait_until
 from fixtures.temporal import Credentials, connect, run_async, server_credentials
 from oz0 import cluster, pki
 from oz0.context import Context
@@ -52,7 +54,6 @@ from oz0.store.pool import open_database
 from oz0_node.identity import IdentityDir
 from oz0_node.jobs import attempt_files
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
-from oz0_node.jobs.procfs import read_stat
 from tests.conftest import CliRunner
 
 StartServer = Callable[..., ServerProcess]
@@ -119,19 +120,6 @@ def wait_job(
 def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
     page = api(files).get(f"/api/v1/jobs/{job_id}/output")
     return [(c["attempt"], c["stream"], base64.b64decode(c["data"])) for c in page["chunks"]]
-
-
-def pid_gone(pid: int, within: float) -> bool:
-    """PID ends within WITHIN seconds (its zombie counts as ended: an orphan's may wait
-    for a PID 1 that does not reap)."""
-    deadline = time.monotonic() + within
-    while True:
-        stat = read_stat(pid)
-        if stat is None or stat.zombie:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 def started_pids(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> list[int]:
@@ -203,7 +191,8 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     with pytest.raises(KeyError):
         pwd.getpwuid(int(uid))
     assert "No such file" in isolated.err and "PRIVATE KEY" not in isolated.out
-    assert len(left) == 2 and all(pid_gone(int(pid), 5.0) for pid in left)
+    assert len(left) == 2, left
+    all_gone([int(pid) for pid in left], 5.0, "what the attempt left ends")
     print(f"isolated job's leftovers gone {time.monotonic() - ended_at:.2f} s after it ended")
     jobs = agents[0].status()["jobs"]
     assert jobs["job_user"] == "own uids 61184-65519"
@@ -261,7 +250,7 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     pid = started_pid(files, job_id, 1)
     cancelled = cli("job", "cancel", job_id, env=env)
     assert cancelled.code == 0, cancelled.err
-    assert pid_gone(pid, GONE_BOUND), "the cancelled job's process still runs"
+    all_gone([pid], GONE_BOUND, "the cancelled job's process still runs")
     ended = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 10)
     assert ended["state"] == "cancelled"
     assert ended["attempts"][0]["ended_because"] == "cancelled"
@@ -349,12 +338,12 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
                 time.sleep(0.1)
             status = json.loads((attempt_dir / attempt_files.STATUS_FILE).read_text())
             assert (status["ended_because"], status["exit_code"]) == ("exit", 0), status
-            assert pid_gone(left, GONE_BOUND), "what the attempt left outlived it"
+            all_gone([left], GONE_BOUND, "what the attempt left outlived it")
         took[action] = moved(files, job_id, bound)
         if action != "kill":
             # A blocked or purged node ends its attempts: block and purge leave nothing.
-            assert pid_gone(pid, GONE_BOUND), f"{action}: the first attempt's process runs on"
-            assert pid_gone(left, GONE_BOUND), f"{action}: what the attempt left runs on"
+            all_gone([pid], GONE_BOUND, f"{action}: the first attempt's process runs on")
+            all_gone([left], GONE_BOUND, f"{action}: what the attempt left runs on")
         else:
             # No server heard of the node for the job's lost-after: the job moved. A new
             # agent re-attaches the attempt and, told it moved, reports nothing and forgets it.
@@ -445,9 +434,13 @@ def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
         return str(run.json()["id"])
 
     holding = detached("--", "sleep", "60")
-    wait_for(lambda: f"job {holding} attempt 1: handed" in agent.log(), 30, "first job runs")
+    wait_until(
+        lambda: f"job {holding} attempt 1: handed" in agent.log(), 30, "first job runs", step=0.1
+    )
     waiting = detached("--all", "--", "echo", "waited")
-    wait_for(lambda: run_async(lambda: pending_started(files, waiting)), 30, "second in slot")
+    wait_until(
+        lambda: run_async(lambda: pending_started(files, waiting)), 30, "second in slot", step=0.1
+    )
     dropped = detached("--all", "--lost-after", "120s", "--", "echo", "given again")
     assert run_async(lambda: take_a_task(agent.data_dir, node, 30)) == (dropped, "attempt-1")
     assert cli("job", "cancel", holding, env=env).code == 0
@@ -481,14 +474,7 @@ def as_an_older_agent(files: ClusterFiles, node: str) -> None:
                 ).fetchone()
             )
 
-    wait_for(said, 20, f"node {node} says it takes attempts over its stream")
-
-
-def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {within} s"
-        time.sleep(0.1)
+    wait_until(said, 20, f"node {node} says it takes attempts over its stream", step=0.1)
 
 
 async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list[dict[str, Any]]:
@@ -510,11 +496,6 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
             (job_id,),
         ).fetchall()
     return scheduled + [r[0] for r in rows]
-
-
-def pid_alive(pid: int) -> bool:
-    stat = read_stat(pid)
-    return stat is not None and not stat.zombie
 
 
 @pytest.mark.slow
@@ -564,20 +545,20 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     killed_at = time.monotonic()
     first.wait_status(lambda st: st.get("connected") is True, timeout=30)
     print(f"server SIGKILLed: node back on a stream {time.monotonic() - killed_at:.2f} s later")
-    assert pid_alive(pid), "the server's death ended the command"
+    assert alive(pid), "the server's death ended the command"
     servers[SERVER] = start_server(files, SERVER)
 
     # 2. SIGTERM of the other: it drains, the node moves back; the command runs on.
     servers[SECOND].stop(signal.SIGTERM)
     first.wait_status(lambda st: st.get("connected") is True, timeout=30)
-    assert pid_alive(pid), "the server's drain ended the command"
+    assert alive(pid), "the server's drain ended the command"
 
     # 3. kill -9 of the agent, and a new one: it finds the command and carries on.
     assert first.process is not None
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(10)
     time.sleep(1)
-    assert pid_alive(pid), "the agent's death ended the command"
+    assert alive(pid), "the agent's death ended the command"
     restarted = AgentProcess.resuming(first.data_dir).start()
     agents.append(restarted)
     restarted.wait_status(lambda st: st.get("connected") is True, timeout=30)
@@ -589,9 +570,9 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     assert lost["state"] == "lost", lost
     assert len(lost["attempts"]) == 1
     assert time.monotonic() - frozen_at >= 5
-    assert pid_alive(fragile_pid), "a frozen agent's command runs on"
+    assert alive(fragile_pid), "a frozen agent's command runs on"
     second.process.send_signal(signal.SIGCONT)
-    assert pid_gone(fragile_pid, 30), "the node that came back did not end its copy"
+    all_gone([fragile_pid], 30, "the node that came back did not end its copy")
 
     done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 90)
     assert done["state"] == "succeeded", done
@@ -680,7 +661,9 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     assert secret.encode() not in bytes(kept[0][1])
 
     # Sent over the node's stream (no activity): what its row holds while it runs.
-    wait_for(lambda: bool(attempts_sent(files, job_id, "secrets")), 20, "the attempt sent")
+    wait_until(
+        lambda: bool(attempts_sent(files, job_id, "secrets")), 20, "the attempt sent", step=0.1
+    )
     [sent_while_running] = attempts_sent(files, job_id, "secrets")
 
     done = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 30)

@@ -16,7 +16,7 @@ import pytest
 
 from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
-from fixtures.job_rows import OneConnection, add_node, main_url, new_job, place
+from fixtures.job_rows import OneConnection, add_node, new_job, place
 from oz0 import nodes, pki
 from oz0.jobs import inputs, parts, placement, store
 from oz0.jobs.activities import JobActivities
@@ -26,8 +26,7 @@ from oz0.jobs.role import claim_for_start
 from oz0.jobs.workflow import LOST, STOPPED, PartEnd
 from oz0_common.attempt_messages import AttemptResult, Failure
 
-one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
-conn = pytest.fixture(job_rows.conn)
+CLEAN = job_rows.CLEAN
 CA = pki.new_ca("parts", "cluster")
 
 
@@ -303,9 +302,9 @@ def test_jobs_of_one_tenant_place_side_by_side_while_one_placing_is_open(
     another node meanwhile, within a lock timeout far shorter than the open transaction."""
     a, b = add_node(conn), add_node(conn)
     first, second = new_job(conn), new_job(conn)
-    with psycopg.connect(main_url(one_cluster)) as holder:
+    with psycopg.connect(one_cluster.main_db) as holder:
         held = placement.place(holder, first.id, 1, 0, [])  # its transaction left open
-        with psycopg.connect(main_url(one_cluster)) as other:
+        with psycopg.connect(one_cluster.main_db) as other:
             other.execute("SET lock_timeout = '1s'")
             began = time.monotonic()
             beside = placement.place(other, second.id, 1, 0, [])
@@ -332,7 +331,7 @@ def test_many_jobs_of_two_tenants_placed_at_once_keep_every_node_within_its_max_
 
     def place_one(job_id: str) -> None:
         try:
-            with psycopg.connect(main_url(one_cluster)) as mine:
+            with psycopg.connect(one_cluster.main_db) as mine:
                 start.wait(timeout=10)
                 placed.append(placement.place(mine, job_id, 1, 0, []).node)
                 mine.commit()

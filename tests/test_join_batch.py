@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -33,10 +33,7 @@ ADDRESS = "127.0.0.224"
 EDGE = f"{ADDRESS}:7443"
 
 
-@pytest.fixture
-def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(cluster_files.main_db, autocommit=True) as c:
-        yield c
+CONN_CLUSTER = "cluster_files"
 
 
 @pytest.fixture

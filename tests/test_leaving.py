@@ -36,20 +36,21 @@ from cli.client import ApiClient, ApiError
 from fixtures import edge_client, web_events
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, cluster_of
+from fixtures.polling import wait_until
 from fixtures.web_events import curl
 from oz0 import pki
 from oz0.context import Context
 from tests.conftest import CliResult, CliRunner, create_token
 from tests.test_people import (
+    PASSWORD,
     add,
     client_at,
     code_of,
+    enrolled_person,
     env_of,
-    person,
-    signed_in,
     within_bound_on_every_server,
 )
-from tests.test_schedules import jobs_of, wait_for
+from tests.test_schedules import jobs_of
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +64,6 @@ EVERY = "1s"
 NEVER = "0 0 1 1 *"
 # Generous for a loaded 2-core machine.
 RUN_BOUND = 30.0
-# How long a paused schedule is watched for a run that should not come: several intervals.
-QUIET = 4.0
 LABEL = "role=leaving"
 
 
@@ -168,7 +167,7 @@ def with_it(files: ClusterFiles, action: str, target: str, what: str) -> list[tu
 def web_token(server: str, name: str, jar: Path, *, ttl: str, max_uses: str) -> tuple[str, str]:
     """Person NAME signed in on SERVER's web UI (its cookie in JAR) posts the Create token
     form for tenant default: the answer's status and page."""
-    assert signed_in(server, name, jar)
+    assert web_events.sign_in_works(server, name, PASSWORD, jar)
     base = f"https://{server}:8443"
     page = curl("-b", str(jar), f"{base}/tokens/new").stdout
     found = re.search(r'name="csrf" value="([^"]+)"', page)
@@ -211,6 +210,18 @@ def enrolled_refused(server: str, code: str, says: str) -> Callable[[], bool]:
     return check
 
 
+def settled(server: str, where: Path, schedule_id: str) -> None:
+    """Wait until SERVER's API shows the schedule paused in Temporal with none of its runs
+    running: a run that was in flight has made its job (or was refused one) by then, and
+    no run starts after. Watching for a while would only show none started meanwhile."""
+
+    def check() -> bool:
+        temporal = shown(server, where, schedule_id)["temporal"] or {}
+        return temporal.get("paused") is True and temporal.get("running") == 0
+
+    wait_until(check, RUN_BOUND, f"{schedule_id} paused, none of its runs running")
+
+
 def schedule_paused(server: str, where: Path, schedule_id: str, reason: str) -> Callable[[], bool]:
     """Whether SERVER's API shows the schedule paused for REASON, in its row and Temporal."""
 
@@ -246,7 +257,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     cli: CliRunner, cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     files, admin = cluster.files, cluster.admin
-    alice_dir = person(cli, admin, tmp_path, "alice", "--role", "admin", web=True)
+    alice_dir = enrolled_person(cli, admin, tmp_path, "alice", "--role", "admin", web=True)
     alice = env_of(alice_dir)
     running = every_second(cli, alice)
     token_id, secret = token(cli, alice, "--tenant", "default", "--ttl", "1h", "--max-uses", "5")
@@ -256,7 +267,9 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     on_web = sorted(set(re.findall(r"tok-[0-9a-f]{12}", page)))
     assert len(on_web) == 1, on_web
     bob = code_of(add(cli, alice, "bob", "--role", "admin"))
-    wait_for("two runs in alice's name", lambda: len(jobs_of(cli, admin, running)) >= 2, RUN_BOUND)
+    wait_until(
+        lambda: len(jobs_of(cli, admin, running)) >= 2, RUN_BOUND, "two runs in alice's name"
+    )
     assert {j["created_by"] for j in jobs_of(cli, admin, running)} == {"operator:alice"}
 
     began = time.monotonic()
@@ -285,7 +298,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
 
     # Its runs start nothing from the commit on: none made after it, none for a while.
     at = audited_at(files, "operator.remove", "operator:alice")
-    time.sleep(QUIET)
+    settled(A, files.context_dir, running)
     assert jobs_after(cli, admin, running, at) == [], "a run started a job after alice left"
     assert "bob" not in {p["name"] for p in ok(cli("operator", "list", "--json", env=admin)).json()}
 
@@ -323,7 +336,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
     assert f"/schedules/{running}/trigger" not in page
 
     # Taken over: an admin only, for a person who may run it; then it runs in their name.
-    olga = env_of(person(cli, admin, tmp_path, "olga", "--role", "operator"))
+    olga = env_of(enrolled_person(cli, admin, tmp_path, "olga", "--role", "operator"))
     assert one_line(cli("schedule", "set", running, "--owner", "olga", env=olga)) == (
         "error: operator olga (operator) may not change schedules' owners"
     )
@@ -335,7 +348,7 @@ def test_removing_a_person_pauses_their_schedule_revokes_their_token_and_cancels
         taken
     )
     resumed = audited_at(files, "schedule.owner", f"schedule:{running}")
-    wait_for("a run in olga's name", lambda: jobs_after(cli, admin, running, resumed), RUN_BOUND)
+    wait_until(lambda: jobs_after(cli, admin, running, resumed), RUN_BOUND, "a run in olga's name")
     assert {j["created_by"] for j in jobs_after(cli, admin, running, resumed)} == {"operator:olga"}
     now = shown(A, files.context_dir, running)
     assert (now["owner"], now["paused"], now["paused_reason"]) == ("operator:olga", False, None)
@@ -350,7 +363,7 @@ def test_re_scoping_and_demoting_a_person_end_only_what_they_may_no_longer_do(
     if "acme" not in {t["name"] for t in ok(cli("tenant", "list", "--json", env=admin)).json()}:
         ok(cli("tenant", "create", "acme", env=admin))
     carol = env_of(
-        person(cli, admin, tmp_path, "carol", "--role", "admin", "--tenant", "default",
+        enrolled_person(cli, admin, tmp_path, "carol", "--role", "admin", "--tenant", "default",
                "--tenant", "acme")
     )  # fmt: skip
     in_acme = schedule(cli, carol, "--cron", NEVER, "--tenant", "acme", "--", "true")
@@ -382,7 +395,7 @@ def test_re_scoping_and_demoting_a_person_end_only_what_they_may_no_longer_do(
     ), demoted
     states = {t["id"]: t["revoked"] for t in ok(cli("token", "list", "--json", env=admin)).json()}
     assert (states[forever], states[plain], states[acme_token]) == (True, False, True)
-    wait_for("a run as an operator", lambda: len(jobs_of(cli, admin, running)) >= 1, RUN_BOUND)
+    wait_until(lambda: len(jobs_of(cli, admin, running)) >= 1, RUN_BOUND, "a run as an operator")
 
     # Demoted to viewer: its schedule pauses and its last token goes.
     viewer = ok(cli("operator", "set", "carol", "--role", "viewer", "--json", env=admin)).json()
@@ -393,7 +406,7 @@ def test_re_scoping_and_demoting_a_person_end_only_what_they_may_no_longer_do(
     reason = "its creator carol may no longer run jobs (now a viewer)"
     for server in SERVERS:
         assert schedule_paused(server, files.context_dir, running, reason)()
-    time.sleep(QUIET)
+    settled(A, files.context_dir, running)
     assert jobs_after(cli, admin, running, at) == [], "a run started a job after carol's demotion"
     rows = with_it(files, "operator.set", "operator:carol",
                    "action, details->>'because', details->>'reason'")  # fmt: skip
@@ -410,7 +423,7 @@ def test_re_scoping_and_demoting_a_person_end_only_what_they_may_no_longer_do(
     assert (done["owner"], done["previous_owner"], done["resumed"]) == (
         "operator:admin", "operator:carol", True,
     )  # fmt: skip
-    wait_for("a run in admin's name", lambda: jobs_after(cli, admin, running, at), RUN_BOUND)
+    wait_until(lambda: jobs_after(cli, admin, running, at), RUN_BOUND, "a run in admin's name")
     # The acme one too, to an admin of acme.
     other = ok(cli("schedule", "set", in_acme, "--owner", "admin", "--json", env=admin)).json()
     assert other["resumed"] is True
@@ -425,11 +438,11 @@ def test_a_run_checks_its_owner_and_starts_nothing_for_one_removed_or_demoted_be
     release, an edit of the table): the next run of their schedule finds it, starts no job,
     and pauses the schedule with the reason, audited as done by the schedule itself."""
     files, admin = cluster.files, cluster.admin
-    frank = env_of(person(cli, admin, tmp_path, "frank", "--role", "operator"))
-    gina = env_of(person(cli, admin, tmp_path, "gina", "--role", "operator"))
+    frank = env_of(enrolled_person(cli, admin, tmp_path, "frank", "--role", "operator"))
+    gina = env_of(enrolled_person(cli, admin, tmp_path, "gina", "--role", "operator"))
     franks, ginas = every_second(cli, frank), every_second(cli, gina)
     for one in (franks, ginas):
-        wait_for(f"{one}'s first run", functools.partial(jobs_of, cli, admin, one), RUN_BOUND)
+        wait_until(functools.partial(jobs_of, cli, admin, one), RUN_BOUND, f"{one}'s first run")
 
     sql(files, "DELETE FROM operators WHERE name = 'frank'")
     sql(files, "UPDATE operators SET role = 'viewer' WHERE name = 'gina'")
@@ -439,10 +452,13 @@ def test_a_run_checks_its_owner_and_starts_nothing_for_one_removed_or_demoted_be
         ginas: "its creator gina may no longer run jobs (now a viewer)",
     }
     for one, reason in reasons.items():
-        wait_for(f"{one} paused by its run",
-                 schedule_paused(A, files.context_dir, one, reason), RUN_BOUND)  # fmt: skip
-    time.sleep(QUIET)
+        wait_until(
+            schedule_paused(A, files.context_dir, one, reason),
+            RUN_BOUND,
+            f"{one} paused by its run",
+        )
     for one, reason in reasons.items():
+        settled(A, files.context_dir, one)
         assert jobs_after(cli, admin, one, changed) == [], f"{one} ran after its owner went"
         rows = sql(
             files, "SELECT actor_kind, actor, details FROM audit_log WHERE action ="
@@ -457,8 +473,9 @@ def test_a_token_that_never_expires_or_takes_any_number_of_nodes_is_an_admin_s(
     cli: CliRunner, cluster: Cluster, tmp_path: Path
 ) -> None:
     admin = cluster.admin
-    hank_dir = person(cli, admin, tmp_path, "hank", "--role", "operator", "--tenant", "default",
-                      web=True)  # fmt: skip
+    hank_dir = enrolled_person(
+        cli, admin, tmp_path, "hank", "--role", "operator", "--tenant", "default", web=True
+    )
     hank = env_of(hank_dir)
     refusal = (
         "error: operator hank (operator of default) may not create join tokens that never"

@@ -6,33 +6,18 @@ own, recorded as they run, then planned as a generic plan with sequential scans 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
 from oz0 import nodes
 from oz0.jobs import store
 
 Conn = psycopg.Connection[Any]
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("listing-indexes"), url)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[Conn]:
-    main = one_cluster.main_db
-    with psycopg.connect(main, autocommit=True) as c:
-        yield c
 
 
 class Recording:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import secrets
 import ssl
 import urllib.parse
-from collections.abc import Iterator
 from typing import Any, TypedDict
 
 import psycopg
@@ -18,6 +16,7 @@ from psycopg.types.json import Jsonb
 from cli import client
 from cli.client import ApiClient
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.job_rows import add_node
 from oz0 import audit, listing, nodes, tenants
 from oz0.context import Context
 from tests.conftest import CliRunner
@@ -40,11 +39,8 @@ def cluster(served: Served) -> ClusterFiles:
     return served.files
 
 
-@pytest.fixture
-def conn(cluster: ClusterFiles) -> Iterator[Conn]:
-    with psycopg.connect(cluster.url.conninfo, autocommit=True) as c:
-        c.execute("DELETE FROM nodes")
-        yield c
+CONN_CLUSTER = "served"
+CLEAN = ("DELETE FROM nodes",)
 
 
 @pytest.fixture
@@ -52,20 +48,7 @@ def api(cluster: ClusterFiles) -> ApiClient:
     return ApiClient(Context.load(cluster.context_path))
 
 
-def add_node(
-    conn: Conn, joined_at: dt.datetime, *, state: str = "accepted", tenant: str = "default",
-    labels: dict[str, str] | None = None, hostname: str = "",
-) -> str:  # fmt: skip
-    node_id = "node-" + secrets.token_hex(6)
-    conn.execute(
-        "INSERT INTO nodes (id, tenant, state, labels, hostname, public_key_sha256, joined_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (node_id, tenant, state, Jsonb(labels or {}), hostname, secrets.token_hex(32), joined_at),
-    )
-    return node_id
-
-
-def get(files: ClusterFiles, path: str, query: dict[str, str]) -> tuple[int, Any]:
+def api_get(files: ClusterFiles, path: str, query: dict[str, str]) -> tuple[int, Any]:
     """One GET with the operator's certificate: the status and the decoded answer."""
     ctx = Context.load(files.context_path)
     tls = ssl.create_default_context(cafile=str(ctx.ca_path))
@@ -126,7 +109,8 @@ def test_pages_list_every_node_once_with_nodes_joining_between_pages(
     for i in range(90):
         add_node(
             conn,
-            base + dt.timedelta(seconds=i // 3),
+            joined_at=base + dt.timedelta(seconds=i // 3),
+            connected=False,
             hostname=f"{'Web' if i % 2 else 'db'}-{i:03d}",
             **kinds[i % 5],
         )
@@ -145,9 +129,19 @@ def test_pages_list_every_node_once_with_nodes_joining_between_pages(
         # second, and one after all the rest (both listed, once).
         at = dt.datetime.fromisoformat(listed[-1]["joined_at"])
         kind = kinds[page_number % 5]
-        add_node(conn, at - dt.timedelta(seconds=1), hostname=f"web-early-{page_number}", **kind)
+        add_node(
+            conn,
+            joined_at=at - dt.timedelta(seconds=1),
+            connected=False,
+            hostname=f"web-early-{page_number}",
+            **kind,
+        )
         later = base + dt.timedelta(hours=1, seconds=page_number)
-        late.append(add_node(conn, later, hostname=f"web-late-{page_number}", **kind))
+        late.append(
+            add_node(
+                conn, joined_at=later, connected=False, hostname=f"web-late-{page_number}", **kind
+            )
+        )
     else:
         pytest.fail("the pages never ended")
     ids = [n["id"] for n in listed]
@@ -167,9 +161,9 @@ def test_pages_list_every_node_once_with_nodes_joining_between_pages(
 def test_a_malformed_cursor_and_a_limit_out_of_bounds_are_refused(
     cluster: ClusterFiles, conn: Conn
 ) -> None:
-    add_node(conn, dt.datetime.now(dt.UTC))
+    add_node(conn, joined_at=dt.datetime.now(dt.UTC), connected=False)
     good = listing.encode({"joined_at": "2026-01-01T00:00:00+00:00", "id": "node-000000000000"})
-    assert get(cluster, "/api/v1/nodes", {"cursor": good})[0] == 200
+    assert api_get(cluster, "/api/v1/nodes", {"cursor": good})[0] == 200
     malformed = "error: malformed cursor: pass the next_cursor of the previous page unchanged"
     for bad in (
         "junk!", "", good[:-3], listing.encode({"id": "node-000000000000"}),
@@ -177,18 +171,18 @@ def test_a_malformed_cursor_and_a_limit_out_of_bounds_are_refused(
         listing.encode({"joined_at": "2026-01-01T00:00:00", "id": "node-000000000000"}),
         listing.encode({"joined_at": 5, "id": "node-000000000000"}), "A" * 600,
     ):  # fmt: skip
-        status, answer = get(cluster, "/api/v1/nodes", {"cursor": bad})
+        status, answer = api_get(cluster, "/api/v1/nodes", {"cursor": bad})
         assert (status, f"error: {answer['error']}") == (400, malformed), bad
     for limit in ("0", "1001", "-1", "ten", "1.5"):
-        status, answer = get(cluster, "/api/v1/nodes", {"limit": limit})
+        status, answer = api_get(cluster, "/api/v1/nodes", {"limit": limit})
         assert (status, answer) == (400, {"error": "limit must be a whole number from 1 to 1000"})
-    assert len(get(cluster, "/api/v1/nodes", {"limit": "1000"})[1]["nodes"]) == 1
+    assert len(api_get(cluster, "/api/v1/nodes", {"limit": "1000"})[1]["nodes"]) == 1
     # Audit: the same cursor rules, its own limits.
-    status, answer = get(cluster, "/api/v1/audit", {"cursor": good})
+    status, answer = api_get(cluster, "/api/v1/audit", {"cursor": good})
     assert (status, answer["error"]) == (400, malformed.removeprefix("error: "))
-    status, answer = get(cluster, "/api/v1/audit", {"limit": "10001"})
+    status, answer = api_get(cluster, "/api/v1/audit", {"limit": "10001"})
     assert (status, answer) == (400, {"error": "limit must be a whole number from 1 to 10000"})
-    status, answer = get(
+    status, answer = api_get(
         cluster, "/api/v1/audit", {"cursor": audit.cursor_after(_entry(1)), "before": "5"}
     )
     assert (status, answer) == (400, {"error": "give cursor or before, not both"})
@@ -226,7 +220,10 @@ def test_the_cli_follows_pages_and_limit_counts_every_row(
     cluster: ClusterFiles, conn: Conn, cli: CliRunner
 ) -> None:
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    ids = [add_node(conn, base + dt.timedelta(seconds=i), hostname=f"h{i}") for i in range(11)]
+    ids = [
+        add_node(conn, joined_at=base + dt.timedelta(seconds=i), connected=False, hostname=f"h{i}")
+        for i in range(11)
+    ]
     env = cluster.cli_env
 
     def json_of(*args: str) -> Any:
@@ -295,7 +292,12 @@ def test_the_cli_follows_pages_and_limit_counts_every_row(
 def test_the_web_ui_count_stops_where_it_is_told(conn: Conn) -> None:
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     for i in range(12):
-        add_node(conn, base + dt.timedelta(seconds=i), state="pending" if i % 2 else "accepted")
+        add_node(
+            conn,
+            joined_at=base + dt.timedelta(seconds=i),
+            connected=False,
+            state="pending" if i % 2 else "accepted",
+        )
     assert nodes.count_nodes(conn) == 12
     assert nodes.count_nodes(conn, most=5) == 5
     assert nodes.count_nodes(conn, nodes.NodeFilter(state="pending"), most=100) == 6
@@ -306,9 +308,25 @@ def test_the_api_page_written_by_postgresql_is_what_to_json_gives(conn: Conn) ->
     assert server is not None
     whole = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
     made = [
-        add_node(conn, whole, labels={"zone": "b", "os": "linux", "arch": "x86_64"}),
-        add_node(conn, whole + dt.timedelta(microseconds=1), state="blocked", hostname="h-1"),
-        add_node(conn, whole + dt.timedelta(seconds=1, microseconds=470_000), state="pending"),
+        add_node(
+            conn,
+            joined_at=whole,
+            connected=False,
+            labels={"zone": "b", "os": "linux", "arch": "x86_64"},
+        ),
+        add_node(
+            conn,
+            joined_at=whole + dt.timedelta(microseconds=1),
+            connected=False,
+            state="blocked",
+            hostname="h-1",
+        ),
+        add_node(
+            conn,
+            joined_at=whole + dt.timedelta(seconds=1, microseconds=470_000),
+            connected=False,
+            state="pending",
+        ),
     ]
     conn.execute(
         "UPDATE nodes SET server = %s, last_seen = now(), reason = %s WHERE id = %s",

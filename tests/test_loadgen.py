@@ -38,12 +38,12 @@ def binary() -> Path:
     return loadgen.build()
 
 
-def connect(files: ClusterFiles) -> psycopg.Connection[Any]:
+def main_db_conn(files: ClusterFiles) -> psycopg.Connection[Any]:
     return psycopg.connect(files.main_db, autocommit=True)
 
 
-def create_token(files: ClusterFiles) -> str:
-    with connect(files) as conn, conn.transaction():
+def token_in_db(files: ClusterFiles) -> str:
+    with main_db_conn(files) as conn, conn.transaction():
         _, token = tokens.create(
             conn,
             tenant="default",
@@ -58,7 +58,7 @@ def create_token(files: ClusterFiles) -> str:
 
 def connected_nodes(files: ClusterFiles) -> set[str]:
     """The nodes `node list` shows connected: a server recorded and seen lately."""
-    with connect(files) as conn:
+    with main_db_conn(files) as conn:
         rows = conn.execute(
             "SELECT id FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
             " AND last_seen > now() - interval '15 seconds'"
@@ -69,7 +69,7 @@ def connected_nodes(files: ClusterFiles) -> set[str]:
 def nodes_taking_attempts(files: ClusterFiles, max_jobs: int) -> set[str]:
     """The connected nodes whose latest stream said it takes attempts (`max_jobs` with
     `attempts: "stream"`), MAX_JOBS at once: placement sends them their parts over it."""
-    with connect(files) as conn:
+    with main_db_conn(files) as conn:
         rows = conn.execute(
             "SELECT id FROM nodes WHERE state = 'accepted' AND server IS NOT NULL"
             " AND last_seen > now() - interval '15 seconds' AND attempts_by_stream"
@@ -85,7 +85,7 @@ async def test_generator_joins_holds_and_sees_a_block(
     start_server(cluster_files, SERVER)
     ca_file = cluster_files.context_dir / context.CA_FILE
     out = tmp_path / "nodes"
-    token = create_token(cluster_files)
+    token = token_in_db(cluster_files)
 
     # An edge whose certificate another CA issued is not one to join through.
     foreign = tmp_path / "foreign-ca.pem"
@@ -103,7 +103,7 @@ async def test_generator_joins_holds_and_sees_a_block(
     nodes_file = out / "nodes.jsonl"
     assert stat.S_IMODE(nodes_file.stat().st_mode) == 0o600
     assert token not in nodes_file.read_text()
-    with connect(cluster_files) as conn:
+    with main_db_conn(cluster_files) as conn:
         rows = conn.execute("SELECT id, state, labels, hostname FROM nodes").fetchall()
     ids = {str(r[0]) for r in rows}
     assert len(ids) == NODES
@@ -142,7 +142,7 @@ async def test_generator_joins_holds_and_sees_a_block(
         # Blocked through the data layer: the edge refuses the node's stream, the
         # generator says so and keeps asking, as the agent does.
         victim = sorted(ids)[0]
-        with connect(cluster_files) as conn, conn.transaction():
+        with main_db_conn(cluster_files) as conn, conn.transaction():
             nodes.block(conn, victim, audit.Actor("operator", "test"), "test_loadgen")
         refusals: list[dict[str, Any]] = []
         stats: dict[str, Any] = {}
@@ -221,11 +221,9 @@ async def test_generated_nodes_run_every_part_of_a_job_on_all_of_them(
     start_server(cluster_files, SERVER)
     ca_file = cluster_files.context_dir / context.CA_FILE
     out = tmp_path / "nodes"
-    joined = await loadgen.join(
-        EDGE, ca_file, create_token(cluster_files), out, nodes=RUNNING_NODES
-    )
+    joined = await loadgen.join(EDGE, ca_file, token_in_db(cluster_files), out, nodes=RUNNING_NODES)
     assert joined["joined"] == RUNNING_NODES, joined
-    with connect(cluster_files) as conn:
+    with main_db_conn(cluster_files) as conn:
         ids = {str(r[0]) for r in conn.execute("SELECT id FROM nodes").fetchall()}
     env = cluster_files.cli_env
     stats: dict[str, Any] = {}

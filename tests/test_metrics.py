@@ -44,14 +44,6 @@ EDGE = f"{SERVER}:7443"
 OUR_LABELS = {"state", "reason", "cap", "version", "le"}
 
 
-def curl(path: str) -> tuple[int, str, str]:
-    return metrics.get(SERVER, path)
-
-
-def scrape() -> metrics.Samples:
-    return metrics.scrape(SERVER)
-
-
 sample = metrics.value
 
 
@@ -69,7 +61,7 @@ def token(cli: CliRunner, env: dict[str, str]) -> dict[str, Any]:
 def test_metrics_need_no_certificate_and_label_nothing_but_states_and_reasons(
     served: Served,
 ) -> None:
-    code, _, body = curl("/metrics")
+    code, _, body = metrics.get(SERVER, "/metrics")
     assert code == 200, body
     families = {f.name: f for f in text_string_to_metric_families(body)}
     ours = {name for name in families if name.startswith("oz0_")}
@@ -122,10 +114,12 @@ def test_tenant_names_are_shown_only_to_an_operator_certificate_and_only_its_ten
         as_viewer = scrape_as(viewer)
         assert tenant_nodes(as_viewer, "acme") == 1
         assert tenant_nodes(as_viewer, "default") is None, "default is not the viewer's"
-        code, _, body = curl("/metrics")
+        code, _, body = metrics.get(SERVER, "/metrics")
         assert code == 200 and "acme" not in body and 'tenant="' not in body, body
         assert "oz0_tenant_nodes" not in body
-        assert (sample(scrape(), "oz0_nodes", state="pending") or 0) >= 2, "counted, unnamed"
+        assert (sample(metrics.scrape(SERVER), "oz0_nodes", state="pending") or 0) >= 2, (
+            "counted, unnamed"
+        )
         # A certificate that is not current any more is a stranger's.
         operator_certs.remove(files, "acme-viewer")
         code, _, body = metrics.get(SERVER, "/metrics", *viewer.curl_args)
@@ -149,7 +143,11 @@ def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
     served: Served,
 ) -> None:
     samples = wait_until(
-        lambda: (s := scrape()) and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0 and s,
+        lambda: (
+            (s := metrics.scrape(SERVER))
+            and (sample(s, "oz0_event_loop_lag_seconds_count") or 0) > 0
+            and s
+        ),
         SCRAPE_BOUND,
         "a scrape with the event loop's lag measured",
         step=0.3,
@@ -169,9 +167,9 @@ def test_the_scrape_shows_the_pool_temporal_the_heartbeat_and_the_event_loop(
 
 
 def test_healthz_and_readyz_answer_without_a_certificate(served: Served) -> None:
-    code, content_type, body = curl("/healthz")
+    code, content_type, body = metrics.get(SERVER, "/healthz")
     assert (code, json.loads(body)) == (200, {"status": "serving"})
-    code, content_type, body = curl("/readyz")
+    code, content_type, body = metrics.get(SERVER, "/readyz")
     assert (code, json.loads(body)) == (200, {"ready": True}), body
     assert content_type == "application/json"
 
@@ -181,7 +179,7 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
 ) -> None:
     files = served.files
     env = files.cli_env
-    before = scrape()
+    before = metrics.scrape(SERVER)
 
     def joins(s: dict[Any, float]) -> float:
         return sample(s, "oz0_edge_joins_total", state="accepted") or 0
@@ -205,21 +203,23 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
     agents.append(agent)
     node_id = agent.wait_status(connected, timeout=30)["node_id"]
     joined = wait_until(
-        lambda: (s := scrape()) and nodes(s, "accepted") > nodes(before, "accepted") and s,
+        lambda: (
+            (s := metrics.scrape(SERVER)) and nodes(s, "accepted") > nodes(before, "accepted") and s
+        ),
         SCRAPE_BOUND,
         "a scrape counting one more accepted node",
         step=0.3,
     )
     assert joins(joined) == joins(before) + 1
     assert streams(joined) == streams(before) + 1
-    _, _, body = curl("/metrics")
+    _, _, body = metrics.get(SERVER, "/metrics")
     assert node_id not in body and created["id"] not in body
     assert created["token"] not in body
 
     blocked = cli("node", "block", node_id, "--reason", "metrics", env=env)
     assert blocked.code == 0, blocked.err
     after = wait_until(
-        lambda: (s := scrape()) and closed(s) == closed(before) + 1
+        lambda: (s := metrics.scrape(SERVER)) and closed(s) == closed(before) + 1
         and streams(s) == streams(before) and s,
         SCRAPE_BOUND, "a scrape with the blocked node's stream closed", step=0.3,
     )  # fmt: skip
@@ -228,7 +228,7 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
     # The notification said the node is blocked now (migration 0013): no read back.
     assert rereads(after) == rereads(before)
     assert wait_until(
-        lambda: nodes(scrape(), "blocked") == nodes(before, "blocked") + 1,
+        lambda: nodes(metrics.scrape(SERVER), "blocked") == nodes(before, "blocked") + 1,
         SCRAPE_BOUND,
         "a scrape counting one more blocked node",
         step=0.3,
@@ -237,7 +237,7 @@ def test_a_join_and_a_block_move_joins_streams_nodes_and_the_close_latency(
 
 def test_a_join_with_a_bad_token_counts_one_refusal_and_no_join(served: Served) -> None:
     def counted() -> tuple[float, float]:
-        samples = scrape()
+        samples = metrics.scrape(SERVER)
         joins = sum(v for (name, _), v in samples.items() if name == "oz0_edge_joins_total")
         refused = sample(samples, "oz0_edge_join_refusals_total", reason="unknown") or 0
         return refused, joins
@@ -263,20 +263,32 @@ def test_a_killed_temporal_host_counts_a_restart_and_the_server_is_unready_meanw
     (host,) = served.server.children()
     os.kill(host, signal.SIGKILL)
     _, _, body = wait_until(
-        lambda: (a := curl("/readyz"))[0] == 503 and a, 10, "/readyz answering 503", step=0.3
+        lambda: (a := metrics.get(SERVER, "/readyz"))[0] == 503 and a,
+        10,
+        "/readyz answering 503",
+        step=0.3,
     )
     assert json.loads(body) == {"ready": False, "reasons": ["Temporal is restarting"]}
     samples = wait_until(
-        lambda: (s := scrape()) and sample(s, "oz0_temporal_host_restarts_total") == 1 and s,
+        lambda: (
+            (s := metrics.scrape(SERVER))
+            and sample(s, "oz0_temporal_host_restarts_total") == 1
+            and s
+        ),
         5,
         "a scrape counting the Temporal host's restart",
         step=0.3,
     )
     assert sample(samples, "oz0_temporal_host_state", state="restarting") == 1
-    assert curl("/healthz")[0] == 200
-    wait_until(lambda: curl("/readyz")[0] == 200, 60, "/readyz answering 200 again", step=0.3)
+    assert metrics.get(SERVER, "/healthz")[0] == 200
+    wait_until(
+        lambda: metrics.get(SERVER, "/readyz")[0] == 200,
+        60,
+        "/readyz answering 200 again",
+        step=0.3,
+    )
     assert wait_until(
-        lambda: sample(scrape(), "oz0_temporal_host_state", state="serving") == 1,
+        lambda: sample(metrics.scrape(SERVER), "oz0_temporal_host_state", state="serving") == 1,
         5,
         "a scrape with the Temporal host serving",
         step=0.3,

@@ -20,7 +20,7 @@ def job(**fields: object) -> None:
     JobSpec.from_json({"tenant": "default", "command": ["true"], **fields})
 
 
-def attempt(job_id: str) -> None:
+def parsed_attempt(job_id: str) -> None:
     AttemptSpec.parse({"job_id": job_id, "attempt": 1, "command": ["true"]})
 
 
@@ -35,7 +35,7 @@ CHECKS: dict[str, tuple[Callable[[str], object], str]] = {
     "job selector key": (lambda key: job(selector={key: "web"}), "role"),
     "job environment variable name": (lambda name: job(env={name: "1"}), "LEVEL"),
     "job node": (lambda node: job(node=node), "node-0123456789ab"),
-    "attempt's job ID (on the node)": (attempt, "job-0123456789ab"),
+    "attempt's job ID (on the node)": (parsed_attempt, "job-0123456789ab"),
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, alive
 from fixtures.polling import wait_until
 from fixtures.snapshots import snapshot
 from tests.conftest import CliRunner
@@ -136,7 +136,7 @@ def node_processes(data_dir: Path) -> list[int]:
     return found
 
 
-def running(status: dict[str, Any]) -> bool:
+def connected_and_running(status: dict[str, Any]) -> bool:
     return status.get("connected") is True and status.get("runtime") == "running"
 
 
@@ -161,14 +161,6 @@ def pids_of(run: str) -> list[int]:
     return [int(pid), int(child)]
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != b"Z"
-
-
 @pytest.mark.slow
 def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     cli: CliRunner,
@@ -185,7 +177,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     agent = machine.start(
         "--edge", EDGE, "--ca-hash", cluster_files.ca_hash, OZ0_JOIN_TOKEN=created.json()["token"]
     )
-    node_id = machine.wait_reported(running)["node_id"]
+    node_id = machine.wait_reported(connected_and_running)["node_id"]
     plugin = machine.data_dir / "plugins" / "probe"
     plugin.parent.mkdir()
     plugin.write_text(PLUGIN)
@@ -196,7 +188,7 @@ def test_plugins_follow_the_runtime_and_a_purge_leaves_the_machine_as_it_was(
     machine.wait_reported(lambda s: s.get("state") == "blocked")
     assert plugin_runs(machine) == []
     assert cli("node", "unblock", node_id, env=cluster_env).code == 0
-    machine.wait_reported(running)
+    machine.wait_reported(connected_and_running)
     wait_plugin_runs(machine, 1, "the plugin started")
     first = pids_of(plugin_runs(machine)[0])
     assert all(alive(pid) for pid in first)

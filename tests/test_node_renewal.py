@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +132,7 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
 # --- the edge's transaction ------------------------------------------------------------
 
 
-@pytest.fixture
-def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    url = cluster_files.main_db
-    with psycopg.connect(url, autocommit=True) as c:
-        yield c
+CONN_CLUSTER = "cluster_files"
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 
 from cli.client import ApiClient, ApiError
 from fixtures.cluster import REPO, ClusterFiles, cli_command, cluster_of
-from fixtures.web_events import curl
+from fixtures.web_events import curl, sign_in_works
 from oz0 import access, enrollment, operators, pki
 from oz0 import cluster as cluster_mod
 from oz0.context import Context
@@ -106,7 +106,7 @@ def password_file(tmp_path: Path, password: str = PASSWORD) -> Path:
     return path
 
 
-def person(
+def enrolled_person(
     cli: CliRunner, admin: dict[str, str], tmp_path: Path, name: str, *args: str, web: bool = False
 ) -> Path:
     """NAME added with ARGS and enrolled: its context directory."""
@@ -229,7 +229,7 @@ def test_enroll_takes_its_secrets_only_from_private_files_or_the_environment_and
     assert done.code == 0, "a refused password does not use the code up: " + done.err
     assert done.out.splitlines()[-1] == f"export OZ0_CONTEXT={tmp_path / 'alice' / 'context.json'}"
     assert sql(files, "SELECT username FROM ui_accounts WHERE username = 'alice'") == [("alice",)]
-    assert signed_in(A, "alice", tmp_path / "jar")
+    assert sign_in_works(A, "alice", PASSWORD, tmp_path / "jar")
 
 
 def on_a_terminal(args: list[str], env: dict[str, str], answers: list[str]) -> tuple[int, str]:
@@ -290,7 +290,7 @@ def test_enroll_asks_the_web_password_twice_on_a_terminal(
     code, said = on_a_terminal(args, env, [PASSWORD, PASSWORD])
     assert code == 0, said
     assert "Web UI password" in said and PASSWORD not in said, "typed, not shown"
-    assert signed_in(C, "alice", tmp_path / "jar")
+    assert sign_in_works(C, "alice", PASSWORD, tmp_path / "jar")
 
 
 # --- what a role allows -------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_enroll_asks_the_web_password_twice_on_a_terminal(
 def test_a_viewer_reads_and_is_refused_a_job_run_and_the_people_in_one_line(
     cli: CliRunner, admin: dict[str, str], tmp_path: Path
 ) -> None:
-    alice = env_of(person(cli, admin, tmp_path, "alice", "--role", "viewer"))
+    alice = env_of(enrolled_person(cli, admin, tmp_path, "alice", "--role", "viewer"))
     assert ok(cli("node", "list", env=alice)).code == 0
     assert ok(cli("job", "list", env=alice)).code == 0
     run = cli("job", "run", "--", "true", env=alice)
@@ -333,7 +333,7 @@ def test_a_renewal_never_brings_back_an_operator_removed_meanwhile(files: Cluste
 def test_list_and_show_give_role_tenants_certificate_last_use_and_web_sign_in(
     cli: CliRunner, admin: dict[str, str], tmp_path: Path
 ) -> None:
-    alice = person(cli, admin, tmp_path, "alice", "--role", "operator", web=True)
+    alice = enrolled_person(cli, admin, tmp_path, "alice", "--role", "operator", web=True)
     ok(cli("node", "list", env=env_of(alice)))  # used once
     add(cli, admin, "bob", "--role", "viewer", "--tenant", "default")
     people = {p["name"]: p for p in ok(cli("operator", "list", "--json", env=admin)).json()}
@@ -384,7 +384,9 @@ def test_an_admin_of_some_tenants_manages_only_the_people_of_its_tenants(
 ) -> None:
     if "acme" not in {t["name"] for t in ok(cli("tenant", "list", "--json", env=admin)).json()}:
         ok(cli("tenant", "create", "acme", env=admin))
-    bob = env_of(person(cli, admin, tmp_path, "bob", "--role", "admin", "--tenant", "acme"))
+    bob = env_of(
+        enrolled_person(cli, admin, tmp_path, "bob", "--role", "admin", "--tenant", "acme")
+    )
     wider = cli("operator", "add", "carol", "--role", "viewer", env=bob)
     assert first_line(wider) == (
         "error: operator bob (admin of acme) may not add operators of every tenant"
@@ -440,7 +442,7 @@ def test_two_admins_removing_each_other_at_once_leave_one(
     cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
 ) -> None:
     for round in range(3):
-        root = person(cli, admin, tmp_path / f"round-{round}", "root", "--role", "admin")
+        root = enrolled_person(cli, admin, tmp_path / f"round-{round}", "root", "--role", "admin")
         callers = {"admin": client_at(files.context_dir, B), "root": client_at(root, C)}
         with ThreadPoolExecutor(2) as pool:
             futures = [
@@ -494,7 +496,7 @@ def api_refuses(client: ApiClient, path: str, refusal: str) -> Callable[[], bool
 def test_a_new_role_holds_on_every_server_within_two_seconds(
     cli: CliRunner, admin: dict[str, str], tmp_path: Path
 ) -> None:
-    alice = person(cli, admin, tmp_path, "alice", "--role", "viewer")
+    alice = enrolled_person(cli, admin, tmp_path, "alice", "--role", "viewer")
     clients = {s: client_at(alice, s) for s in SERVERS}
     output = "/api/v1/jobs/job-000000000000/output"
     for client in clients.values():  # each server holds her as a viewer
@@ -507,15 +509,6 @@ def test_a_new_role_holds_on_every_server_within_two_seconds(
     took = within_bound_on_every_server({s: reads_output(c) for s, c in clients.items()})
     print(f"the new role held after {took}")
     assert max(took.values()) < BOUND, took
-
-
-def signed_in(server: str, name: str, jar: Path, password: str = PASSWORD) -> bool:
-    """Sign NAME in on SERVER's web UI (its cookie kept in JAR); whether it worked."""
-    base = f"https://{server}:8443"
-    answer = curl("-c", str(jar), "-o", "/dev/null", "-w", "%{http_code}", "-H",
-                  f"Origin: {base}", "--data-urlencode", f"username={name}",
-                  "--data-urlencode", f"password={password}", f"{base}/sign-in")  # fmt: skip
-    return answer.stdout == "303"
 
 
 def web_session_gone(server: str, jar: Path) -> Callable[[], bool]:
@@ -547,11 +540,11 @@ def temporal_refuses(server: str, where: Path) -> Callable[[], bool]:
 def test_a_removed_person_is_refused_by_api_web_ui_and_temporal_on_every_server_within_two_seconds(
     cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
 ) -> None:
-    carol = person(cli, admin, tmp_path, "carol", "--role", "admin", web=True)
+    carol = enrolled_person(cli, admin, tmp_path, "carol", "--role", "admin", web=True)
     clients = {s: client_at(carol, s) for s in SERVERS}
     jars = {s: tmp_path / f"jar-{s}" for s in SERVERS}
     for server in SERVERS:
-        assert signed_in(server, "carol", jars[server]), server
+        assert sign_in_works(server, "carol", PASSWORD, jars[server]), server
         assert not web_session_gone(server, jars[server])()
         listed = temporal_workflows(server, carol)
         assert listed.returncode == 0, listed.stderr
@@ -573,7 +566,9 @@ def test_a_removed_person_is_refused_by_api_web_ui_and_temporal_on_every_server_
         "enrolled", True, 3,
     )  # fmt: skip
     assert sql(files, "SELECT count(*) FROM ui_sessions WHERE username = 'carol'") == [(0,)]
-    assert not signed_in(A, "carol", tmp_path / "jar-again"), "its web account is gone"
+    assert not sign_in_works(A, "carol", PASSWORD, tmp_path / "jar-again"), (
+        "its web account is gone"
+    )
 
 
 # --- the audit log ------------------------------------------------------------------------
@@ -583,8 +578,10 @@ def test_every_change_is_audited_in_the_person_s_name_and_audit_list_finds_both_
     cli: CliRunner, files: ClusterFiles, admin: dict[str, str], tmp_path: Path
 ) -> None:
     first = sql(files, "SELECT max(id) FROM audit_log")[0][0]
-    person(cli, admin, tmp_path, "alice", "--role", "viewer", "--tenant", "default", web=True)
-    assert signed_in(B, "alice", tmp_path / "jar")
+    enrolled_person(
+        cli, admin, tmp_path, "alice", "--role", "viewer", "--tenant", "default", web=True
+    )
+    assert sign_in_works(B, "alice", PASSWORD, tmp_path / "jar")
     ok(cli("operator", "set", "alice", "--role", "operator", env=admin))
     rows = sql(
         files, "SELECT actor_kind || ':' || actor, action, tenants FROM audit_log"

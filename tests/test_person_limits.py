@@ -9,15 +9,13 @@ same through a real server.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
 from oz0 import access, audit, cap_rules, tenant_caps, tenants, tokens
 from oz0 import ui_sessions as sessions
 from oz0.server.person_limits import PersonLimits, RequestBuckets
@@ -90,24 +88,14 @@ async def test_one_person_holds_at_most_their_live_pages_whatever_their_sessions
     assert feed.full_for("s9", "vic") is None
 
 
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("person-limits"), url)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    main = one_cluster.main_db
-    with psycopg.connect(main, autocommit=True) as c:
-        for table in ("ui_sessions", "join_tokens", "schedules"):
-            c.execute(f"DELETE FROM {table}")
-        c.execute("DELETE FROM tenants WHERE name <> 'default'")
-        c.execute(
-            "UPDATE tenants SET max_schedules = DEFAULT, min_schedule_interval_s = DEFAULT,"
-            " max_join_tokens = DEFAULT"
-        )
-        yield c
+CLEAN = (
+    "DELETE FROM ui_sessions",
+    "DELETE FROM join_tokens",
+    "DELETE FROM schedules",
+    "DELETE FROM tenants WHERE name <> 'default'",
+    "UPDATE tenants SET max_schedules = DEFAULT, min_schedule_interval_s = DEFAULT,"
+    " max_join_tokens = DEFAULT",
+)
 
 
 def test_a_sign_in_past_a_persons_open_sessions_is_refused(

@@ -36,6 +36,7 @@ import pytest
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, kill_all
+from fixtures.polling import wait_until
 from fixtures.postgres import fresh_database_url
 from oz0 import membership
 from oz0.context import Context
@@ -135,13 +136,6 @@ def wait_ended(client: ApiClient, job: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.2)
         job = client.get(f"/api/v1/jobs/{job['id']}")
     return job
-
-
-def wait_until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + JOB_BOUND
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {JOB_BOUND} s"
-        time.sleep(0.2)
 
 
 def attempts_streamed(main: str, job_id: str) -> list[bool]:
@@ -278,7 +272,11 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
                     "command": ["sh", "-c", "sleep 4; echo across"],
                 },
             )
-            wait_until(lambda: attempts_streamed(main, across["id"]) == [streamed_before], "placed")
+            wait_until(
+                lambda: attempts_streamed(main, across["id"]) == [streamed_before],
+                JOB_BOUND,
+                "placed",
+            )
             old.stop()
             started.remove(old)
             done = wait_ended(client, across)
@@ -286,7 +284,9 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
             # Every server up at this release: jobs stream their parts, to every agent
             # that takes them so; the previous release's agents get activities still (those
             # of a release that streamed, the stream).
-            wait_until(lambda: live_schemas(main) == [code], "only this release's server up")
+            wait_until(
+                lambda: live_schemas(main) == [code], JOB_BOUND, "only this release's server up"
+            )
             job = run_job(client, on_old, "an old agent, every server new")
             assert (job["state"], job["exit_code"]) == ("succeeded", 0), why(job, started)
             assert attempts_streamed(main, job["id"]) == [streamed_before]
@@ -294,7 +294,11 @@ def test_a_server_of_the_previous_release_serves_nodes_and_jobs_beside_one_that_
             upgraded.stop(end_attempts=False)
             agents[1] = AgentProcess.resuming(upgraded.data_dir).start()  # this release's
             agents[1].wait_status(lambda s: s.get("runtime") == "running", timeout=60)
-            wait_until(lambda: takes_stream(main, on_new), "the new agent says it takes the stream")
+            wait_until(
+                lambda: takes_stream(main, on_new),
+                JOB_BOUND,
+                "the new agent says it takes the stream",
+            )
             job = run_job(client, on_new, "a new agent, every server new")
             assert (job["state"], job["exit_code"]) == ("succeeded", 0), why(job, started)
             assert attempts_streamed(main, job["id"]) == [True]

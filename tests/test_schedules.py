@@ -25,7 +25,7 @@ import signal
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from cli import client
 from fixtures import operator_certs
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.polling import wait_until
 from oz0 import passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
@@ -101,17 +102,6 @@ def jobs_of(cli: CliRunner, env: dict[str, str], schedule_id: str) -> list[dict[
     assert listed.code == 0, listed.err
     jobs: list[dict[str, Any]] = listed.json()
     return jobs
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(step)
 
 
 def create(cli: CliRunner, env: dict[str, str], *args: str) -> str:
@@ -195,8 +185,8 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     now = create(cli, env, "--cron", NEVER, "--selector", "role=web", "--env", "WHO=cron",
                  "--", "sh", "-c", 'echo "hello from $WHO on $OZ0_NODE_ID"')  # fmt: skip
     assert cli("schedule", "trigger", now, env=env).code == 0
-    [job] = wait_for("the triggered run's job", lambda: jobs_of(cli, env, now), RUN_BOUND)
-    wait_for("the job's end", lambda: ended(jobs_of(cli, env, now)), RUN_BOUND)
+    [job] = wait_until(lambda: jobs_of(cli, env, now), RUN_BOUND, "the triggered run's job")
+    wait_until(lambda: ended(jobs_of(cli, env, now)), RUN_BOUND, "the job's end")
     [done] = jobs_of(cli, env, now)
     assert done["state"] == "succeeded", done
     assert done["schedule"] == now and done["created_by"].startswith("operator:")
@@ -215,11 +205,11 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     # skip: a run due while the last one runs starts nothing.
     long = create(cli, env, "--cron", NEVER, "--overlap", "skip", "--", "sleep", "6")
     assert cli("schedule", "trigger", long, env=env).code == 0
-    wait_for("the long run's job", lambda: jobs_of(cli, env, long), RUN_BOUND)
+    wait_until(lambda: jobs_of(cli, env, long), RUN_BOUND, "the long run's job")
     time.sleep(1)
     assert cli("schedule", "trigger", long, env=env).code == 0
     assert cli("schedule", "trigger", long, env=env).code == 0
-    wait_for("the long run's end", lambda: ended(jobs_of(cli, env, long)), RUN_BOUND)
+    wait_until(lambda: ended(jobs_of(cli, env, long)), RUN_BOUND, "the long run's end")
     assert len(jobs_of(cli, env, long)) == 1
 
     def temporal_of(schedule_id: str) -> dict[str, Any]:
@@ -229,10 +219,10 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     assert skipped["skipped_overlap"] >= 1, skipped
     # Nothing runs once Temporal says so too: the run's workflow closes a moment after its
     # job ends (on a loaded machine, long enough for a trigger to be skipped as an overlap).
-    wait_for("the run's workflow to close", lambda: temporal_of(long)["running"] == 0, RUN_BOUND)
+    wait_until(lambda: temporal_of(long)["running"] == 0, RUN_BOUND, "the run's workflow to close")
     assert cli("schedule", "trigger", long, env=env).code == 0  # nothing runs now: it starts
-    wait_for("a second run", lambda: len(jobs_of(cli, env, long)) == 2, RUN_BOUND)
-    wait_for("the second run's end", lambda: ended(jobs_of(cli, env, long)), RUN_BOUND)
+    wait_until(lambda: len(jobs_of(cli, env, long)) == 2, RUN_BOUND, "a second run")
+    wait_until(lambda: ended(jobs_of(cli, env, long)), RUN_BOUND, "the second run's end")
     assert overlapping(files, jobs_of(cli, env, long)) == []
 
     # Pause stops runs and unpause resumes them; a deleted schedule runs no more. One paused
@@ -240,7 +230,7 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     often = create(cli, env, "--every", "1s", "--", "true")
     doomed = create(cli, env, "--every", "1s", "--", "true")
     for one in (often, doomed):
-        wait_for("two runs", lambda: len(jobs_of(cli, env, one)) >= 2, RUN_BOUND)  # noqa: B023
+        wait_until(lambda: len(jobs_of(cli, env, one)) >= 2, RUN_BOUND, "two runs")  # noqa: B023
     assert cli("schedule", "pause", often, env=env).code == 0
     assert cli("schedule", "delete", doomed, env=env).code == 0
     paused = cli("schedule", "show", often, "--json", env=env).json()
@@ -248,25 +238,31 @@ def test_trigger_skip_pause_scope_and_bad_specs(
     assert "paused" in cli("schedule", "list", env=env).out
     assert cli("schedule", "show", doomed, env=env).code != 0
     # A run that was starting as it paused has made its job once Temporal says nothing runs.
-    wait_for("the paused one's last run to close", lambda: temporal_of(often)["running"] == 0,
-             RUN_BOUND)  # fmt: skip
+    wait_until(
+        lambda: temporal_of(often)["running"] == 0, RUN_BOUND, "the paused one's last run to close"
+    )
     before = len(jobs_of(cli, env, often))
     # The deleted one, which Temporal no longer knows: once a run of a schedule made after
     # the delete has made its job and the deleted one's jobs have all ended.
     witness = create(cli, env, "--every", "1s", "--", "true")
-    wait_for("a run made after the delete, and the deleted one's jobs ended",
-             lambda: jobs_of(cli, env, witness) and ended(jobs_of(cli, env, doomed)),
-             RUN_BOUND)  # fmt: skip
+    wait_until(
+        lambda: jobs_of(cli, env, witness) and ended(jobs_of(cli, env, doomed)),
+        RUN_BOUND,
+        "a run made after the delete, and the deleted one's jobs ended",
+    )
     gone = len(jobs_of(cli, env, doomed))
     # Then three of their due times go by, seen by three more runs of the witness, of the same
     # interval: on a loaded machine a fixed wait could go by with Temporal starting nothing.
-    wait_for("three more runs of a live schedule", lambda: len(jobs_of(cli, env, witness)) >= 4,
-             RUN_BOUND)  # fmt: skip
+    wait_until(
+        lambda: len(jobs_of(cli, env, witness)) >= 4,
+        RUN_BOUND,
+        "three more runs of a live schedule",
+    )
     assert cli("schedule", "delete", witness, env=env).code == 0
     assert len(jobs_of(cli, env, often)) == before, "a paused schedule ran"
     assert len(jobs_of(cli, env, doomed)) == gone, "a deleted schedule ran"
     assert cli("schedule", "unpause", often, env=env).code == 0
-    wait_for("runs after unpause", lambda: len(jobs_of(cli, env, often)) >= before + 2, RUN_BOUND)
+    wait_until(lambda: len(jobs_of(cli, env, often)) >= before + 2, RUN_BOUND, "runs after unpause")
     assert cli("schedule", "delete", often, env=env).code == 0
 
     # Another tenant's operator sees none of it, and cannot touch it.
@@ -341,7 +337,7 @@ def test_buffer_one_allow_cancel_other_and_pause_on_failure(cli: CliRunner, shar
         trigger(schedule_id)
     triggered = time.time()
     for one in (buffered, allowed, cancelling):
-        wait_for(f"{one}'s first run running", functools.partial(running, one), RUN_BOUND)
+        wait_until(functools.partial(running, one), RUN_BOUND, f"{one}'s first run running")
     # The next runs come while the first ones run, and in a later second: Temporal names a
     # schedule's run by its second, and a second run in the same second is the same run.
     time.sleep(max(0.0, math.floor(triggered) + 1.1 - time.time()))
@@ -353,43 +349,60 @@ def test_buffer_one_allow_cancel_other_and_pause_on_failure(cli: CliRunner, shar
 
     # --pause-on-failure: the failed run paused its schedule, and `schedule show` says so
     # and why; the same failure leaves a schedule without it active.
-    [failed] = wait_for("the failing run's end", lambda: ended(jobs_of(cli, env, failing))
-                        and jobs_of(cli, env, failing), RUN_BOUND)  # fmt: skip
+    [failed] = wait_until(
+        lambda: ended(jobs_of(cli, env, failing)) and jobs_of(cli, env, failing),
+        RUN_BOUND,
+        "the failing run's end",
+    )
     assert failed["state"] == "failed" and failed["exit_code"] == 3, failed
-    wait_for("the schedule paused", lambda: show(failing)["paused"], RUN_BOUND)
+    wait_until(lambda: show(failing)["paused"], RUN_BOUND, "the schedule paused")
     shown = cli("schedule", "show", failing, env=env).out
     assert re.search(r"state:\s+paused\n", shown), shown
     assert re.search(r"note:\s+paused due to workflow failure: .* failed\n", shown), shown
     assert "next times: none" in shown, shown
-    wait_for("the other's run observed ended",
-             lambda: ended(jobs_of(cli, env, failing_on))
-             and show(failing_on)["temporal"]["running"] == 0, RUN_BOUND)  # fmt: skip
+    wait_until(
+        lambda: (
+            ended(jobs_of(cli, env, failing_on)) and show(failing_on)["temporal"]["running"] == 0
+        ),
+        RUN_BOUND,
+        "the other's run observed ended",
+    )
     assert show(failing_on)["paused"] is False
 
     # cancel-other: the running job is cancelled, and the new run's job starts.
     def state_of(job_id: str) -> str:
         return str(cli("job", "show", job_id, "--json", env=env).json()["state"])
 
-    wait_for("the first job cancelled", lambda: state_of(first["id"]) == "cancelled", RUN_BOUND)
-    second = wait_for(
-        "the next run's job running",
+    wait_until(lambda: state_of(first["id"]) == "cancelled", RUN_BOUND, "the first job cancelled")
+    second = wait_until(
         lambda: [j for j in running(cancelling) if j["id"] != first["id"]],
         RUN_BOUND,
+        "the next run's job running",
     )
     assert len(jobs_of(cli, env, cancelling)) == 2
     assert cli("schedule", "delete", cancelling, env=env).code == 0
     assert cli("job", "cancel", second[0]["id"], env=env).code == 0
 
     # allow: the second run ran beside the first.
-    wait_for("allow's two runs", lambda: len(jobs_of(cli, env, allowed)) == 2, RUN_BOUND)
-    wait_for("allow's two ends", lambda: ended(jobs_of(cli, env, allowed)), RUN_BOUND)
+    wait_until(lambda: len(jobs_of(cli, env, allowed)) == 2, RUN_BOUND, "allow's two runs")
+    wait_until(lambda: ended(jobs_of(cli, env, allowed)), RUN_BOUND, "allow's two ends")
     assert overlapping(files, jobs_of(cli, env, allowed)) != []
     assert {j["state"] for j in jobs_of(cli, env, allowed)} == {"succeeded"}
 
     # buffer-one: one run started once the first had ended, the third trigger skipped.
-    wait_for("buffer-one's two runs", lambda: len(jobs_of(cli, env, buffered)) == 2, RUN_BOUND)
-    wait_for("buffer-one's two ends", lambda: ended(jobs_of(cli, env, buffered)), RUN_BOUND)
-    time.sleep(2)  # a third run, were one started, has made its job by now
+    wait_until(lambda: len(jobs_of(cli, env, buffered)) == 2, RUN_BOUND, "buffer-one's two runs")
+    wait_until(lambda: ended(jobs_of(cli, env, buffered)), RUN_BOUND, "buffer-one's two ends")
+
+    # Temporal has taken its two actions, counted the third trigger skipped and runs none
+    # now: no third run is to come (no need to watch a while for one).
+    def resolved() -> bool:
+        temporal = show(buffered)["temporal"]
+        return bool(
+            temporal["actions"] == 2 and temporal["skipped_overlap"] >= 1
+            and temporal["running"] == 0
+        )  # fmt: skip
+
+    wait_until(resolved, RUN_BOUND, "buffer-one's triggers resolved: two runs, one skipped")
     runs = jobs_of(cli, env, buffered)
     assert len(runs) == 2 and overlapping(files, runs) == []
     assert {j["state"] for j in runs} == {"succeeded"}
@@ -407,13 +420,13 @@ def test_a_cron_of_every_minute_starts_a_job_just_after_the_minute(
     its minute went by while the tests above ran): its first run made its job just after
     the minute."""
     env, every_minute = shared.env, shared.every_minute
-    [job, *_] = wait_for(
-        "a run", lambda: jobs_of(cli, env, every_minute)[::-1], 60 + CRON_BOUND, 0.1
+    [job, *_] = wait_until(
+        lambda: jobs_of(cli, env, every_minute)[::-1], 60 + CRON_BOUND, "a run", step=0.1
     )
     created = dt.datetime.fromisoformat(job["created_at"])
     late = created - created.replace(second=0, microsecond=0)
     assert late.total_seconds() < CRON_BOUND, job
-    wait_for("its end", lambda: ended(jobs_of(cli, env, every_minute)[-1:]), RUN_BOUND)
+    wait_until(lambda: ended(jobs_of(cli, env, every_minute)[-1:]), RUN_BOUND, "its end")
     assert jobs_of(cli, env, every_minute)[-1]["state"] == "succeeded"
     assert cli("schedule", "delete", every_minute, env=env).code == 0
     print(f"the minute's run made its job {late.total_seconds():.3f} s after the minute")
@@ -439,21 +452,16 @@ def test_a_killed_server_does_not_stop_a_schedule_nor_a_cluster_down_its_catchup
     often = create(cli, env, "--every", "2s", "--catchup-window", "10m", "--", "true")
     # A window narrower than the outage: what it missed before the window is not started.
     narrow = create(cli, env, "--every", "2s", "--catchup-window", "10s", "--", "true")
-    wait_for("a first run", lambda: jobs_of(cli, env, often), RUN_BOUND)
+    wait_until(lambda: jobs_of(cli, env, often), RUN_BOUND, "a first run")
 
     servers[FIRST].stop(signal.SIGKILL)
     killed = dt.datetime.now(dt.UTC)
     began = time.monotonic()
-    wait_for(
-        "two runs made after the kill",
-        lambda: sum(
+    wait_until(lambda: sum(
             dt.datetime.fromisoformat(j["created_at"]) > killed
             and j["state"] == "succeeded"
             for j in jobs_of(cli, env, often)
-        ) >= 2,
-        90,
-        0.5,
-    )  # fmt: skip
+        ) >= 2, 90, "two runs made after the kill", step=0.5)  # fmt: skip
     took = time.monotonic() - began
     print(f"two runs succeeded {took:.1f} s after a server was killed")
 
@@ -469,7 +477,7 @@ def test_a_killed_server_does_not_stop_a_schedule_nor_a_cluster_down_its_catchup
     # Its next time, due during the outage, fires as Temporal comes back: each time more
     # than 10 s old is counted missed, not started.
     least = (OUTAGE - 10) // 2 - 1
-    wait_for("runs missed past the window", lambda: missed(narrow) >= least, RUN_BOUND, 0.5)
+    wait_until(lambda: missed(narrow) >= least, RUN_BOUND, "runs missed past the window", step=0.5)
     assert missed(often) == 0
     shown = cli("schedule", "show", narrow, env=env)
     assert re.search(r"missed \(catch-up window\):\s+[1-9]", shown.out), shown.out

@@ -16,8 +16,9 @@ import pytest
 from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from fixtures.polling import seconds_until, wait_until
+from fixtures.rogue_edge import load_cluster
 from fixtures.tls import assert_refused_at_tls
-from oz0 import cluster, operators, pki
+from oz0 import operators, pki
 from oz0.audit import Actor
 from oz0.context import Context
 from oz0_common.certs import API_SERVER_NAME
@@ -30,11 +31,6 @@ def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:
     result = cli("cluster", "info", "--json", env=env)
     assert result.code == 0, result.err
     return sorted(s["advertise"] for s in result.json()["servers"])
-
-
-def load_cluster(files: ClusterFiles) -> cluster.Cluster:
-    with psycopg.connect(files.main_db) as conn:
-        return cluster.load(conn, pki.read_master_key(files.master_key))
 
 
 def context_holding(

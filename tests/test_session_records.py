@@ -6,28 +6,19 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import pytest
 
 from fixtures import job_rows
 from fixtures.cluster import ClusterFiles
 from oz0 import audit, node_sessions
 from oz0.store import migrations
 
-one_cluster = pytest.fixture(scope="module")(job_rows.one_cluster)
+CLEAN = (*job_rows.CLEAN, "TRUNCATE sessions CASCADE")
 SWEEPER = audit.Actor("server", "server-sweeper000")
 DEAD = "server-dead00000000"
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    for c in job_rows.conn(one_cluster):
-        c.execute("TRUNCATE sessions CASCADE")
-        yield c
 
 
 def open_session(conn: psycopg.Connection[Any], server: str, output_bytes: int = 0) -> str:

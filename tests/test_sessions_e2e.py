@@ -62,7 +62,7 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def running(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def session_agent(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """One agent joined to the module's server, running, allowing sessions as
     SESSION_USER."""
     env = served.files.cli_env
@@ -85,9 +85,9 @@ def running(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def node(running: Running) -> str:
+def node(session_agent: Running) -> str:
     """The module's agent's node ID."""
-    return str(running.agent.status()["node_id"])
+    return str(session_agent.agent.status()["node_id"])
 
 
 def wait_connected(env: dict[str, str], node: str, timeout: float = 60) -> None:
@@ -274,7 +274,7 @@ def none_left(uid: int, within: float = 10.0) -> None:
 
 
 def test_a_session_runs_under_the_launcher_and_leaves_nothing_behind(
-    served: Served, node: str, running: Running
+    served: Served, node: str, session_agent: Running
 ) -> None:
     """Its command's parent is a supervisor the agent's launcher forked, not the agent (no
     fork of the agent's threads); what it left running, even in a session of its own, is
@@ -287,14 +287,14 @@ def test_a_session_runs_under_the_launcher_and_leaves_nothing_behind(
     assert done.returncode == 0, done.stderr
     first, cmdline = done.stdout.splitlines()
     uid, parent = (int(word.partition("-")[2]) for word in first.split())
-    assert running.agent.process is not None and parent != running.agent.process.pid
+    assert session_agent.agent.process is not None and parent != session_agent.agent.process.pid
     assert "from oz0_node.jobs.launcher import main" in cmdline, cmdline
     assert uid in range(DEFAULT_RANGE.first, DEFAULT_RANGE.last + 1)
     none_left(uid)
 
 
 def test_a_session_ends_with_its_agent_and_an_offline_node_is_said_in_one_line(
-    served: Served, node: str, running: Running
+    served: Served, node: str, session_agent: Running
 ) -> None:
     """The agent killed (-9): its sessions' CLIs get one line each, a session's processes
     are ended by its supervisor, its UID's too; the node offline is one line; a new agent
@@ -304,7 +304,7 @@ def test_a_session_ends_with_its_agent_and_an_offline_node_is_said_in_one_line(
     session, orphaned = started_session(env, node, script), started_session(env, node, script)
     uid = int(session.started.split("-")[1])
     orphaned_uid, orphaned_supervisor = map(int, orphaned.started.split("-")[1:])
-    agent = running.agent
+    agent = session_agent.agent
     assert agent.process is not None
     agent.process.kill()
     os.kill(orphaned_supervisor, signal.SIGKILL)
@@ -316,8 +316,8 @@ def test_a_session_ends_with_its_agent_and_an_offline_node_is_said_in_one_line(
     assert uid_processes(orphaned_uid), "no supervisor is left to end it"
     offline = run_cli(env, "node", "exec", node, "--", "true")
     assert (offline.returncode, offline.stderr) == (1, f"error: node {node} is not connected\n")
-    running.agent = AgentProcess.resuming(agent.data_dir, "--session-users", SESSION_USER)
-    running.agent.start()
+    session_agent.agent = AgentProcess.resuming(agent.data_dir, "--session-users", SESSION_USER)
+    session_agent.agent.start()
     wait_connected(env, node)
     none_left(orphaned_uid)
     assert not list((agent.data_dir / "sessions").iterdir())

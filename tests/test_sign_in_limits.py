@@ -11,15 +11,15 @@ import datetime as dt
 import hashlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 import trio
+from psycopg import sql
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles
 from oz0 import audit, passwords, ui_accounts
 from oz0 import ui_sessions as sessions
 from oz0.store.pool import Database, open_database
@@ -31,23 +31,13 @@ NAMES = sessions.Names.of("test", b"a master key of the test's own")
 SLACK = 3
 
 
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("sign-in-limits"), url)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    """The admin account with password PASSWORD, and no failed sign-ins counted."""
-    main = one_cluster.main_db
-    with psycopg.connect(main, autocommit=True) as c:
-        c.execute(
-            "UPDATE ui_accounts SET password_hash = %s WHERE username = 'admin'",
-            (passwords.hash_password(PASSWORD),),
-        )
-        c.execute("DELETE FROM ui_sign_in_failures")
-        yield c
+# Each test: the admin account with password PASSWORD, and no failed sign-ins counted.
+CLEAN = (
+    sql.SQL("UPDATE ui_accounts SET password_hash = {} WHERE username = 'admin'").format(
+        passwords.hash_password(PASSWORD)
+    ),
+    "DELETE FROM ui_sign_in_failures",
+)
 
 
 @pytest.fixture

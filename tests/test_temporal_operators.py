@@ -11,8 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -22,6 +20,7 @@ import pytest
 import trio
 
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.polling import seconds_until
 from fixtures.temporal import RecordingHost, server_credentials
 from oz0 import context
 from oz0.store.events import EventHub
@@ -78,7 +77,7 @@ def sql(files: ClusterFiles, statement: str, *params: object) -> None:
         conn.execute(statement, params)
 
 
-def operator(
+def issued_person(
     cli: CliRunner, files: ClusterFiles, where: Path, name: str, role: str, tenants: list[str]
 ) -> Path:
     """A person NAME with ROLE in TENANTS, its context directory at WHERE/NAME: made as
@@ -110,14 +109,6 @@ def tenant(cli: CliRunner, files: ClusterFiles, name: str) -> None:
     assert made.code == 0 or "already exists" in made.err, made.err
 
 
-def seconds_until(done: Callable[[], bool], limit: float, what: str) -> float:
-    began = time.monotonic()
-    while not done():
-        assert time.monotonic() - began < limit, f"not within {limit} s: {what}"
-        time.sleep(0.05)
-    return time.monotonic() - began
-
-
 def start_target(server: Path, namespace: str, workflow_id: str) -> None:
     """A workflow no worker runs (it stays running), started as a server; the namespace a
     tenant create just registered is usable once the frontend's cache has it."""
@@ -128,6 +119,7 @@ def start_target(server: Path, namespace: str, workflow_id: str) -> None:
         ).returncode == 0,
         60,
         f"a workflow started in {namespace}",
+        step=0.05,
     )  # fmt: skip
 
 
@@ -165,12 +157,13 @@ def test_an_operator_reads_only_in_its_tenants_namespaces_and_acts_nowhere(
     server = as_server(files, tmp_path)
     start_target(server, "acme", "acme-target")
     start_target(server, "default", "default-target")
-    alice = operator(cli, files, tmp_path, "alice", "operator", ["acme"])
+    alice = issued_person(cli, files, tmp_path, "alice", "operator", ["acme"])
     # Made a cluster-wide admin, then an operator of acme: that reaches the host too.
     seconds_until(
         lambda: refused(temporal("workflow", "list", "--namespace", "default", creds=alice)),
         BOUND + 3,
         "alice refused in default",
+        step=0.05,
     )
 
     listed = temporal("workflow", "list", "--namespace", "acme", creds=alice)
@@ -218,19 +211,23 @@ def test_a_removed_operator_or_one_moved_to_other_tenants_is_refused_within_2_s(
 ) -> None:
     files = served.files
     tenant(cli, files, "beta")
-    bob = operator(cli, files, tmp_path, "bob", "viewer", ["beta"])
+    bob = issued_person(cli, files, tmp_path, "bob", "viewer", ["beta"])
 
     def lists(namespace: str) -> bool:
         return works(temporal("workflow", "list", "--namespace", namespace, creds=bob))
 
-    seconds_until(lambda: lists("beta") and not lists("default"), BOUND + 3, "bob in beta only")
+    seconds_until(
+        lambda: lists("beta") and not lists("default"), BOUND + 3, "bob in beta only", step=0.05
+    )
 
     sql(files, "UPDATE operators SET tenants = %s WHERE name = 'bob'", ["default"])
-    moved = seconds_until(lambda: not lists("beta"), BOUND + 3, "bob refused in beta")
+    moved = seconds_until(lambda: not lists("beta"), BOUND + 3, "bob refused in beta", step=0.05)
     assert lists("default")
 
     sql(files, "DELETE FROM operators WHERE name = 'bob'")
-    removed = seconds_until(lambda: not lists("default"), BOUND + 3, "removed bob refused")
+    removed = seconds_until(
+        lambda: not lists("default"), BOUND + 3, "removed bob refused", step=0.05
+    )
     print(f"on Temporal: moved refused in {moved:.2f} s, removed in {removed:.2f} s")
     assert moved < BOUND
     assert removed < BOUND

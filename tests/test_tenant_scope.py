@@ -28,11 +28,12 @@ import trio
 
 from cli import client
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, Served, cli_command
+from fixtures.cluster import ClusterFiles, Served
 from fixtures.polling import wait_until
-from oz0 import listing, passwords
+from oz0 import listing
 from oz0.context import Context
 from tests.conftest import CliRunner
+from tests.web_support import person
 
 ADDRESS = "127.0.0.120"
 ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)
@@ -77,29 +78,12 @@ def ok(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
     return answer
 
 
-def person(
+def operator_env(
     files: ClusterFiles, root: Path, name: str, role: str, tenants: list[str]
 ) -> dict[str, str]:
-    """An operator made by `server operator issue` (a cluster-wide admin), then given ROLE
-    and TENANTS, with a web UI account of the same name: its CLI environment."""
-    directory = root / name
-    subprocess.run(
-        cli_command(
-            "server", "operator", "issue", name, "--master-key-file", str(files.master_key),
-            "--operator-dir", str(directory), "--advertise", ADDRESS,
-        ),
-        env={**files.cli_env, "PATH": "/usr/bin:/bin"}, check=True, capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    with psycopg.connect(files.url.conninfo) as conn:
-        conn.execute(
-            "UPDATE operators SET role = %s, tenants = %s WHERE name = %s", (role, tenants, name)
-        )
-        conn.execute(
-            "INSERT INTO ui_accounts (username, password_hash) VALUES (%s, %s)",
-            (name, passwords.hash_password(WEB_PASSWORD)),
-        )
-    return {**files.cli_env, "OZ0_CONTEXT": str(directory / "context.json")}
+    """Operator NAME with ROLE in TENANTS and a web account (`person`): its CLI environment."""
+    person(files, root, name, role, tenants, password=WEB_PASSWORD)
+    return {**files.cli_env, "OZ0_CONTEXT": str(root / name / "context.json")}
 
 
 async def join_nodes(files: ClusterFiles, token: str | None, tenant: str, count: int) -> list[str]:
@@ -134,8 +118,8 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     [pending] = trio.run(join_nodes, files, None, "default", 1)
     root = tmp_path_factory.mktemp("people")
     return World(
-        files, admin, person(files, root, "carol", "viewer", ["acme"]),
-        person(files, root, "bob", "operator", ["acme"]), found, pending, tokens, jobs,
+        files, admin, operator_env(files, root, "carol", "viewer", ["acme"]),
+        operator_env(files, root, "bob", "operator", ["acme"]), found, pending, tokens, jobs,
     )  # fmt: skip
 
 
@@ -342,7 +326,7 @@ def test_an_acme_operator_changes_only_acmes_nodes(cli: CliRunner, world: World)
 @pytest.fixture(scope="module")
 def carol_web(world: World) -> str:
     """A session cookie of carol's web UI account, signed in as a browser does."""
-    return sign_in(world.files, "carol", WEB_PASSWORD)
+    return session_cookie(world.files, "carol", WEB_PASSWORD)
 
 
 def pruned_jobs(world: World) -> float:
@@ -367,7 +351,7 @@ def _https(files: ClusterFiles) -> http.client.HTTPSConnection:
     return client.connection(ADDRESS, 8443, tls, timeout=10)
 
 
-def sign_in(files: ClusterFiles, name: str, password: str) -> str:
+def session_cookie(files: ClusterFiles, name: str, password: str) -> str:
     https = _https(files)
     try:
         https.request(
@@ -429,7 +413,7 @@ def web_post(files: ClusterFiles, cookie: str, path: str, form: dict[str, str]) 
 
 
 def test_a_scoped_persons_web_block_reaches_only_its_tenants_nodes(world: World) -> None:
-    bob = sign_in(world.files, "bob", WEB_PASSWORD)
+    bob = session_cookie(world.files, "bob", WEB_PASSWORD)
     mine, theirs = world.nodes["acme"][1], world.nodes["default"][1]
     found = re.search(r'name="csrf" value="([^"]+)"', page(world.files, bob, f"/nodes/{mine}"))
     assert found is not None
@@ -450,7 +434,9 @@ def test_a_scoped_persons_web_overview_counts_only_its_tenants(
     shown = page(world.files, carol_web, "/overview")
     assert "tenant=acme" in shown
     assert "tenant=default" not in shown
-    admin = page(world.files, sign_in(world.files, "admin", world.files.ui_password), "/overview")
+    admin = page(
+        world.files, session_cookie(world.files, "admin", world.files.ui_password), "/overview"
+    )
     assert "tenant=default" in admin
 
 
@@ -579,7 +565,7 @@ def test_a_job_past_its_tenants_queued_cap_is_refused_by_the_cli_the_api_and_the
     queued = ok(world.admin, "GET", "/api/v1/jobs?tenant=acme&state=queued")["jobs"]
     ok(world.admin, "PATCH", "/api/v1/tenants/acme", {"max_queued_jobs": len(queued)})
     try:
-        bob = sign_in(world.files, "bob", WEB_PASSWORD)
+        bob = session_cookie(world.files, "bob", WEB_PASSWORD)
         found = re.search(r'name="csrf" value="([^"]+)"', page(world.files, bob, "/jobs/new"))
         assert found is not None
         form = {"csrf": found.group(1), "tenant": "acme", "command": "true"}

@@ -7,7 +7,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import psycopg
@@ -26,11 +26,7 @@ TOKEN_STRING = re.compile(r"^(tok-[0-9a-f]{12})\.([A-Za-z0-9_-]{43})$")
 UNKNOWN_ID = "tok-000000000000"
 
 
-@pytest.fixture
-def conn(cluster_files: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    """Autocommit: each call below runs in a transaction of its own, as the server's do."""
-    with psycopg.connect(cluster_files.main_db, autocommit=True) as c:
-        yield c
+CONN_CLUSTER = "cluster_files"
 
 
 def new_token(

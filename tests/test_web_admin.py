@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,11 @@ import psycopg
 import pytest
 
 from fixtures.cluster import ClusterFiles, Served, cli_command
+from fixtures.job_rows import add_node
 from oz0 import audit, passwords, ui_accounts
 from oz0 import ui_sessions as sessions
 from oz0.context import Context
-from tests.web_support import browser, click_to_load, curl, shots, sign_in
+from tests.web_support import browser, click_to_load, curl, shots, sign_in, signed_in
 
 __all__ = ["browser"]  # the fixture, used by name
 
@@ -40,11 +40,7 @@ def cluster(served: Served) -> tuple[ClusterFiles, str]:
     return served.files, up.split()[1]
 
 
-@pytest.fixture
-def conn(cluster: tuple[ClusterFiles, str]) -> Iterator[psycopg.Connection[Any]]:
-    files, _ = cluster
-    with psycopg.connect(files.main_db, autocommit=True) as c:
-        yield c
+CONN_CLUSTER = "served"
 
 
 @pytest.fixture
@@ -65,13 +61,6 @@ def new_page(browser: Any) -> Any:
     return context.new_page()
 
 
-def signed_in(browser: Any, password: str) -> Any:
-    page = new_page(browser)
-    sign_in(page, ADDRESS, password)
-    page.wait_for_url(f"{BASE}/overview")
-    return page
-
-
 def run_cli(files: ClusterFiles, *args: str) -> Any:
     """`orchestrator-zero ARGS --json` as the cluster's admin, in a process of its own."""
     done = subprocess.run(
@@ -79,13 +68,6 @@ def run_cli(files: ClusterFiles, *args: str) -> Any:
         text=True, timeout=60, check=True,
     )  # fmt: skip
     return json.loads(done.stdout)
-
-
-def add_node(conn: psycopg.Connection[Any], tenant: str, state: str) -> None:
-    conn.execute(
-        "INSERT INTO nodes (id, tenant, state, public_key_sha256) VALUES (%s, %s, %s, %s)",
-        ("node-" + secrets.token_hex(6), tenant, state, secrets.token_hex(32)),
-    )
 
 
 def shown_ids(page: Any) -> list[int]:
@@ -114,7 +96,7 @@ def test_audit_filters_and_keyset_pages(
                 audit.record(conn, bob, "test.cancel", f"job:j-{i}", {"was": {"n": i}})
             else:
                 audit.record(conn, alice, "test.other", "tenant:blue")
-    page = signed_in(browser, admin)
+    page = signed_in(browser, ADDRESS, admin)
     page.goto(f"{BASE}/audit")
     assert page.get_by_role("heading", name="Audit log").is_visible()
     page.screenshot(path=str(shots(tmp_path) / "audit.png"), full_page=True)
@@ -209,7 +191,7 @@ def test_create_tenant_and_a_bad_name_refused(
     tmp_path: Path,
 ) -> None:
     files, _ = cluster
-    page = signed_in(browser, admin)
+    page = signed_in(browser, ADDRESS, admin)
     page.goto(f"{BASE}/tenants")
     page.get_by_label("Name").fill("blue-team")
     page.get_by_role("button", name="Create tenant").click()
@@ -222,7 +204,7 @@ def test_create_tenant_and_a_bad_name_refused(
 
     # Its nodes by state, each count linking to the Nodes page filtered so.
     for state in ("accepted", "accepted", "pending", "blocked"):
-        add_node(conn, "blue-team", state)
+        add_node(conn, tenant="blue-team", state=state, connected=False)
     page.goto(f"{BASE}/tenants")
     counts = page.locator("tr[data-tenant='blue-team'] a.count")
     assert counts.all_inner_texts() == ["pending 1", "accepted 2", "blocked 1"]
@@ -266,7 +248,7 @@ def test_servers_page_lists_every_server_up_or_down(
         " now() - interval '1 minute', 'serving')"
         " ON CONFLICT (id) DO NOTHING"
     )
-    page = signed_in(browser, admin)
+    page = signed_in(browser, ADDRESS, admin)
     page.goto(f"{BASE}/servers")
     ours = page.locator(f"tr[data-server='{server_id}']")
     ours.locator("[data-field=up]").wait_for()
@@ -308,8 +290,8 @@ def failures(conn: psycopg.Connection[Any]) -> int:
 def test_change_password(
     conn: psycopg.Connection[Any], admin: str, browser: Any, tmp_path: Path
 ) -> None:
-    page = signed_in(browser, admin)
-    other = signed_in(browser, admin)  # another session of the account
+    page = signed_in(browser, ADDRESS, admin)
+    other = signed_in(browser, ADDRESS, admin)  # another session of the account
 
     assert change(page, "not the password", "a-new-password-2").status == 400
     assert page.get_by_role("alert").inner_text() == "The current password is wrong."
@@ -340,7 +322,7 @@ def test_change_password(
     old = new_page(browser)
     sign_in(old, ADDRESS, admin)
     assert old.get_by_role("alert").inner_text() == "Wrong username or password."
-    signed_in(browser, "a-new-password-2")
+    signed_in(browser, ADDRESS, "a-new-password-2")
     page.goto(f"{BASE}/account")
     assert page.locator("dl.fields dd").nth(2).inner_text() == "2 open, on every server"
 
@@ -373,8 +355,8 @@ def test_server_ui_password_resets_a_lost_one(
     tmp_path: Path,
 ) -> None:
     files, _ = cluster
-    page = signed_in(browser, admin)
-    second = signed_in(browser, admin)
+    page = signed_in(browser, ADDRESS, admin)
+    second = signed_in(browser, ADDRESS, admin)
     done = reset(files, "admin")
     assert done.returncode == 0, done.stderr
     printed = re.fullmatch(r"web UI account admin: new password (\S+)  \(shown only now\)",
@@ -391,7 +373,7 @@ def test_server_ui_password_resets_a_lost_one(
     old = new_page(browser)
     sign_in(old, ADDRESS, admin)
     assert old.get_by_role("alert").inner_text() == "Wrong username or password."
-    signed_in(browser, new)
+    signed_in(browser, ADDRESS, new)
 
     # An unknown account: one line, exit 1, nothing changed.
     stored = conn.execute("SELECT username, password_hash FROM ui_accounts").fetchall()

@@ -5,13 +5,12 @@ notifies `oz0_node_links` while the edge's heartbeat writes do not."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
+from fixtures.cluster import ClusterFiles
 from oz0 import access, nodes
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
@@ -141,12 +140,6 @@ async def test_a_session_holds_at_most_its_share_of_the_streams() -> None:
     for held in opened:
         await held.aclose()
     assert feed.full_for("mine") is None
-
-
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("live-feed"), url)
 
 
 def test_the_connection_notifies_and_heartbeats_do_not(one_cluster: ClusterFiles) -> None:

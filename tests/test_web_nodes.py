@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from fixtures import job_rows
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, Served
 from oz0 import audit, tenants
@@ -41,14 +42,9 @@ def files(served: Served) -> ClusterFiles:
     return served.files
 
 
-@pytest.fixture
-def conn(files: ClusterFiles) -> Iterator[Conn]:
-    """The cluster's database, with no nodes left from an earlier test."""
-    with psycopg.connect(files.main_db, autocommit=True) as c:
-        c.execute("DELETE FROM job_attempts")
-        c.execute("DELETE FROM jobs")
-        c.execute("DELETE FROM nodes")
-        yield c
+CONN_CLUSTER = "served"
+# No nodes (nor their jobs) left from an earlier test.
+CLEAN = ("DELETE FROM job_attempts", "DELETE FROM jobs", "DELETE FROM nodes")
 
 
 @pytest.fixture
@@ -61,7 +57,7 @@ def page(files: ClusterFiles, browser: Any) -> Iterator[Any]:
     context.close()
 
 
-def add_node(
+def joined_node(
     conn: Conn,
     *,
     state: str = "accepted",
@@ -71,16 +67,11 @@ def add_node(
     joined_ago: float = 0.0,
 ) -> str:
     """A node row as a join leaves it (accepted ones with a certificate), not connected."""
-    node_id = "node-" + secrets.token_hex(6)
-    conn.execute(
-        "INSERT INTO nodes (id, tenant, state, labels, hostname, public_key_sha256,"
-        " certificate, joined_at) VALUES (%s, %s, %s, %s, %s, %s, %s, now() - %s)",
-        (
-            node_id, tenant, state, Jsonb(labels or {}), hostname, secrets.token_hex(32),
-            None if state == "pending" else "issued", dt.timedelta(seconds=joined_ago),
-        ),
+    return job_rows.add_node(
+        conn, state=state, tenant=tenant, hostname=hostname, labels=labels, connected=False,
+        joined_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=joined_ago),
+        certificate=None if state == "pending" else "issued",
     )  # fmt: skip
-    return node_id
 
 
 def state_of(conn: Conn, node_id: str) -> str | None:
@@ -211,8 +202,8 @@ def test_delete_asks_first_and_the_server_checks_the_typed_id_of_a_purge(
     files: ClusterFiles, conn: Conn, page: Any, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    doomed = add_node(conn, hostname="old-box")
-    kept = add_node(conn, hostname="kept-box", labels={"role": "db"})
+    doomed = joined_node(conn, hostname="old-box")
+    kept = joined_node(conn, hostname="kept-box", labels={"role": "db"})
 
     page.goto(f"{BASE}/nodes/{doomed}")
     page.get_by_role("button", name="Delete").click()
@@ -264,7 +255,10 @@ def test_without_javascript_delete_and_purge_ask_on_pages_of_their_own(
     files: ClusterFiles, conn: Conn, browser: Any, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    purged, deleted = add_node(conn, hostname="purge-me"), add_node(conn, hostname="delete-me")
+    purged, deleted = (
+        joined_node(conn, hostname="purge-me"),
+        joined_node(conn, hostname="delete-me"),
+    )
     context = browser.new_context(ignore_https_errors=True, java_script_enabled=False)
     page = context.new_page()
     sign_in(page, SERVER, files.ui_password)
@@ -321,10 +315,10 @@ def test_the_list_filters_searches_and_pages_in_the_url(
     for i in range(60):  # oldest first, as listed
         state = "blocked" if i % 12 == 5 else "accepted"
         labels = {"role": "web" if i % 2 == 0 else "db", "zone": f"z{i % 3}"}
-        web.append(add_node(conn, state=state, hostname=f"web-{i:02d}", labels=labels,
+        web.append(joined_node(conn, state=state, hostname=f"web-{i:02d}", labels=labels,
                             joined_ago=1000 - i))  # fmt: skip
     acme = [
-        add_node(conn, state="pending", tenant="acme", hostname=f"acme-{i}", joined_ago=10 - i)
+        joined_node(conn, state="pending", tenant="acme", hostname=f"acme-{i}", joined_ago=10 - i)
         for i in range(4)
     ]
     total = len(web) + len(acme)
@@ -393,7 +387,9 @@ def test_the_list_filters_searches_and_pages_in_the_url(
 def test_the_node_page_shows_every_field_and_the_jobs_that_ran_there(
     files: ClusterFiles, conn: Conn, page: Any, tmp_path: Path
 ) -> None:
-    node_id = add_node(conn, state="blocked", hostname="db-7", labels={"role": "db", "os": "linux"})
+    node_id = joined_node(
+        conn, state="blocked", hostname="db-7", labels={"role": "db", "os": "linux"}
+    )
     conn.execute("UPDATE nodes SET reason = 'disk failing' WHERE id = %s", (node_id,))
     job_id = "job-" + secrets.token_hex(6)
     # A job that ran there, finished: no workflow to start (workflow_started).
@@ -423,7 +419,7 @@ def test_the_node_page_shows_every_field_and_the_jobs_that_ran_there(
     page.screenshot(path=str(shots(tmp_path) / "node-with-jobs.png"), full_page=True)
 
     # Blocked while pending: never accepted, so no control stream to purge it through.
-    never = add_node(conn, state="pending")
+    never = joined_node(conn, state="pending")
     conn.execute("UPDATE nodes SET state = 'blocked', reason = 'x' WHERE id = %s", (never,))
     page.goto(f"{BASE}/nodes/{never}")
     assert offered(page) == {"Unblock", "Delete"}
@@ -431,7 +427,7 @@ def test_the_node_page_shows_every_field_and_the_jobs_that_ran_there(
     assert "cannot be purged now" in page.inner_text("main")
     assert page.goto(f"{BASE}/nodes/node-000000000000").status == 404
 
-    stranger = add_node(conn, state="pending", hostname="stranger")
+    stranger = joined_node(conn, state="pending", hostname="stranger")
     page.goto(f"{BASE}/nodes/{stranger}")
     page.get_by_label("Reason for rejecting (optional)").fill("not one of ours")
     page.get_by_role("button", name="Reject").click()

@@ -4,26 +4,14 @@ many are connected (through a server that is up, heard from lately)."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
 from oz0 import nodes
 from oz0.web.overview import fleet_counts
 
 UP, DOWN = "server-up", "server-down"
-
-
-@pytest.fixture
-def conn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection[Any]]:
-    with fresh_database_url() as url:
-        files: ClusterFiles = initialise(tmp_path_factory.mktemp("overview"), url)
-        with psycopg.connect(files.main_db, autocommit=True) as c:
-            yield c
 
 
 def add(conn: psycopg.Connection[Any], tenant: str, state: str, server: str | None) -> None:

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from fixtures.cluster import ClusterFiles, Served, cli_command
 from oz0.jobs import store
 from oz0.jobs.spec import new_job_id
-from tests.web_support import browser, person, shots
+from tests.web_support import browser, person, shots, signed_in
 
 __all__ = ["browser"]  # the fixture, used by name
 
@@ -84,18 +84,6 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(files, people, node, job, json.loads(made.stdout)["id"])
 
 
-def signed_in(browser: Any, world: World, name: str) -> Any:
-    context = browser.new_context(ignore_https_errors=True)
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    page.goto(f"{BASE}/")
-    page.get_by_label("Username").fill(name)
-    page.get_by_label("Password").fill(world.passwords[name])
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(f"{BASE}/overview")
-    return page
-
-
 def actions_on(page: Any, path: str) -> dict[str, list[str]]:
     """What PATH offers to change things: its post forms' actions (sign-out aside), and its
     links to the forms that make or ask before changing."""
@@ -150,7 +138,7 @@ def node_state(files: ClusterFiles, node: str) -> str:
 def test_a_viewer_of_acme_sees_no_action_and_its_forged_posts_are_refused(
     world: World, browser: Any, tmp_path: Path
 ) -> None:
-    page = signed_in(browser, world, "vera")
+    page = signed_in(browser, ADDRESS, world.passwords["vera"], username="vera")
     where = shots(tmp_path)
     nothing: dict[str, list[str]] = {"posts": [], "asks": [], "new": []}
     for name, path in [
@@ -202,7 +190,7 @@ def test_a_viewer_of_acme_sees_no_action_and_its_forged_posts_are_refused(
 def test_an_operator_of_acme_sees_run_block_and_tokens_but_not_delete_purge_or_tenants(
     world: World, browser: Any, tmp_path: Path
 ) -> None:
-    page = signed_in(browser, world, "otto")
+    page = signed_in(browser, ADDRESS, world.passwords["otto"], username="otto")
     where = shots(tmp_path)
     node = actions_on(page, f"/nodes/{world.node}")
     page.screenshot(path=str(where / "operator-node.png"), full_page=True)
@@ -238,7 +226,7 @@ def test_an_operator_of_acme_sees_run_block_and_tokens_but_not_delete_purge_or_t
 def test_the_admin_sees_delete_purge_and_create_tenant(
     world: World, browser: Any, tmp_path: Path
 ) -> None:
-    page = signed_in(browser, world, "ada")
+    page = signed_in(browser, ADDRESS, world.passwords["ada"], username="ada")
     node = actions_on(page, f"/nodes/{world.node}")
     page.screenshot(path=str(shots(tmp_path) / "admin-node.png"), full_page=True)
     assert node["posts"] == sorted(
@@ -274,7 +262,7 @@ def test_every_page_fits_the_window_for_a_viewer_and_an_admin(
              "/tokens", "/schedules", "/sessions", "/audit", "/account"]  # fmt: skip
     wider: dict[str, Any] = {}
     for name, extra in (("vera", []), ("ada", ["/tenants", "/servers"])):
-        page = signed_in(browser, world, name)
+        page = signed_in(browser, ADDRESS, world.passwords[name], username=name)
         page.set_viewport_size({"width": width, "height": 800})
         for path in pages + extra:
             page.goto(f"{BASE}{path}")

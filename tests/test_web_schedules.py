@@ -25,7 +25,7 @@ import pytest
 from fixtures.cluster import Served, cli_command
 from fixtures.polling import wait_until
 from fixtures.ui_agent import Ui, ui_with_agent
-from tests.web_support import browser, checked_shot, click_to_load, shots, signed_in_watched
+from tests.web_support import browser, checked_shot, click_to_load, shots, signed_in
 
 __all__ = ["browser"]  # the fixture, imported for the test below
 
@@ -51,17 +51,15 @@ def click(page: Page, name: str) -> None:
     click_to_load(page, page.get_by_role("button", name=name, exact=True))
 
 
-def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
+def ui_page(browser: Any, ui: Ui, **options: Any) -> Page:
+    """A page signed in as the UI's admin, its console messages kept for `checked_shot`."""
     options.setdefault("viewport", {"width": 1280, "height": 900})
-    return signed_in_watched(browser, SERVER, ui.files.ui_password, _console, **options)
+    page: Page = signed_in(browser, SERVER, ui.files.ui_password, console=_console, **options)
+    return page
 
 
-# Every console message of the file's pages (`shot` checks none is a CSP refusal).
+# Every console message of the file's pages (`checked_shot` checks none is a CSP refusal).
 _console: list[str] = []
-
-
-def shot(page: Page, where: Path, name: str) -> None:
-    checked_shot(page, where, name, _console)
 
 
 def shown(ui: Ui, schedule_id: str) -> dict[str, Any]:
@@ -81,7 +79,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     browser: Any, ui: Ui, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    page = signed_in(browser, ui)
+    page = ui_page(browser, ui)
     click_to_load(page, page.get_by_role("link", name="Schedules"))
     assert page.url == f"{BASE}/schedules"
     assert page.get_by_text("No schedules yet.").is_visible()
@@ -95,7 +93,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     alert = page.get_by_role("alert")
     assert re.fullmatch(r"Every: invalid duration 'soon'.*", alert.inner_text()), alert.inner_text()
     assert form.get_by_label("Command", exact=True).input_value() == "echo from the page"
-    shot(page, where, "schedules-bad-every.png")
+    checked_shot(page, where, "schedules-bad-every.png", _console)
     form.get_by_label("Every", exact=True).fill("90m")
     click(page, "Create schedule")
     [often] = ui.api.get("/api/v1/schedules")["schedules"]
@@ -107,7 +105,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     said = page.get_by_role("alert").inner_text()
     assert "61 * * * *" in said and "Minute" in said, said
     assert len(said.splitlines()) == 1, said
-    shot(page, where, "schedules-bad-cron.png")
+    checked_shot(page, where, "schedules-bad-cron.png", _console)
     assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
 
     # A catch-up window `--catchup-window` would refuse: not a duration, or under 10s.
@@ -123,7 +121,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
         assert form.get_by_label("Catch-up window", exact=True).input_value() == typed
         assert form.get_by_label("Cron expression", exact=True).input_value() == "0 3 * * *"
         assert len(ui.api.get("/api/v1/schedules")["schedules"]) == 1
-    shot(page, where, "schedules-bad-catchup.png")
+    checked_shot(page, where, "schedules-bad-catchup.png", _console)
 
     # A good one: listed with its next time, in the list and in the API alike; its
     # catch-up window the one typed, as `schedule show` reports it.
@@ -143,7 +141,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     assert shown(ui, made["id"])["catchup_window"] == 9000.0
     # Left blank: the CLI's default, 1m.
     assert shown(ui, often["id"])["catchup_window"] == 60.0
-    shot(page, where, "schedules-made.png")
+    checked_shot(page, where, "schedules-made.png", _console)
 
     # Pause: no next time, who paused it, and Unpause offered in its place.
     click(page, f"Pause {made['id']}")
@@ -152,7 +150,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     assert re.fullmatch(r"paused\s+paused by \S+:admin", cells[5]) and "—" in cells[6], cells
     assert page.get_by_role("button", name=f"Unpause {made['id']}").is_visible()
     assert ui.api.get(f"/api/v1/schedules/{made['id']}")["paused"] is True
-    shot(page, where, "schedules-paused.png")
+    checked_shot(page, where, "schedules-paused.png", _console)
 
     # Run now (paused or not): its job runs on the agent.
     click(page, f"Run now {made['id']}")
@@ -173,7 +171,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     delete.click()
     dialog = page.get_by_role("dialog")
     assert made["id"] in dialog.inner_text() and dialog.is_visible()
-    shot(page, where, "schedules-delete-dialog.png")
+    checked_shot(page, where, "schedules-delete-dialog.png", _console)
     dialog.get_by_role("button", name="Cancel").click()
     assert not dialog.is_visible()
     delete.click()
@@ -193,7 +191,7 @@ def test_list_create_pause_run_now_and_delete_on_the_page(
     click_to_load(page, dialog.get_by_role("button", name="Delete", exact=True))
     assert page.get_by_text("No schedules yet.").is_visible()
     assert ui.api.get(f"/api/v1/jobs/{job['id']}")["state"] == "succeeded"
-    shot(page, where, "schedules-deleted.png")
+    checked_shot(page, where, "schedules-deleted.png", _console)
     page.context.close()
 
 
@@ -206,12 +204,12 @@ def test_delete_without_javascript_asks_on_a_page_of_its_own(
         "/api/v1/schedules",
         {"every": 3600, "job": {"tenant": "default", "command": ["true"]}},
     )  # fmt: skip
-    page = signed_in(browser, ui, java_script_enabled=False)
+    page = ui_page(browser, ui, java_script_enabled=False)
     page.goto(f"{BASE}/schedules")
     click_to_load(page, page.get_by_role("button", name=f"Delete {made['id']}…", exact=True))
     assert page.url.startswith(f"{BASE}/schedules/{made['id']}/delete")
     assert page.get_by_role("heading", name=f"Delete schedule {made['id']}?").is_visible()
-    shot(page, where, "schedule-delete-confirm.png")
+    checked_shot(page, where, "schedule-delete-confirm.png", _console)
     # Cancel: back to the list, nothing deleted.
     click_to_load(page, page.get_by_role("link", name="Cancel"))
     assert page.url == f"{BASE}/schedules"

@@ -12,7 +12,7 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from fixtures.cluster import ClusterFiles, Served
-from fixtures.web_events import EventStream, curl
+from fixtures.web_events import EventStream, curl, signed_in
 from oz0 import ui_sessions as sessions
 from oz0.web import live
 from tests.web_support import person
@@ -33,31 +33,13 @@ ENDS_WITHIN = 3.5
 NOT_A_NODE = "node-000000000000"
 
 
-@pytest.fixture
-def conn(served: Served) -> Iterator[psycopg.Connection[Any]]:
-    files = served.files
-    with psycopg.connect(files.main_db, autocommit=True) as c:
-        yield c
+CONN_CLUSTER = "served"
 
 
 def new_person(files: ClusterFiles, root: Path) -> tuple[str, str]:
     """A new viewer with a web account: its name and password."""
     name = "p" + secrets.token_hex(4)
     return name, person(files, root, name, "viewer")
-
-
-def signed_in(name: str, password: str, jar: Path) -> str:
-    """Sign NAME in with a cookie jar; the session's token (the cookie's value)."""
-    answer = curl("-c", str(jar), "-o", "/dev/null", "-w", "%{http_code}", "-H",
-                  f"Origin: {BASE}", "-d", f"username={name}&password={password}",
-                  f"{BASE}/sign-in")  # fmt: skip
-    assert answer.stdout == "303", answer.stdout
-    [token] = [
-        line.split("\t")[6]
-        for line in jar.read_text().splitlines()
-        if f"\t{sessions.COOKIE}\t" in line
-    ]
-    return token
 
 
 def last_seen_ago(conn: psycopg.Connection[Any], token: str) -> dt.timedelta:
@@ -85,7 +67,7 @@ def test_live_updates_and_polls_do_not_keep_a_session_from_going_idle(
 ) -> None:  # fmt: skip
     name, password = new_person(served.files, tmp_path)
     jar = tmp_path / "jar"
-    token = signed_in(name, password, jar)
+    token = signed_in(ADDRESS, password, username=name, jar=jar)
     ago = dt.timedelta(minutes=20)
     conn.execute(
         "UPDATE ui_sessions SET last_seen = now() - %s WHERE token_sha256 = %s",
@@ -122,14 +104,14 @@ def test_a_live_stream_ends_within_about_2_s_of_its_session(
     name, password = new_person(served.files, tmp_path)
 
     # Signed out (on this server or another: the same row goes).
-    token = signed_in(name, password, tmp_path / "a")
+    token = signed_in(ADDRESS, password, username=name, jar=tmp_path / "a")
     stream = opened(tmp_path / "a", streams)
     took = ended_within(stream, lambda: sessions.end(conn, token))
     print(f"signed out -> stream ended: {took:.3f} s")
     assert took < ENDS_WITHIN
 
     # Expired (idle for longer than IDLE).
-    token = signed_in(name, password, tmp_path / "b")
+    token = signed_in(ADDRESS, password, username=name, jar=tmp_path / "b")
     stream = opened(tmp_path / "b", streams)
 
     def expire() -> None:
@@ -143,7 +125,7 @@ def test_a_live_stream_ends_within_about_2_s_of_its_session(
     assert took < ENDS_WITHIN
 
     # Its person removed: every one of its streams ends.
-    signed_in(name, password, tmp_path / "c")
+    signed_in(ADDRESS, password, username=name, jar=tmp_path / "c")
     both = [opened(tmp_path / "c", streams), opened(tmp_path / "c", streams)]
     started = time.monotonic()
     conn.execute("DELETE FROM operators WHERE name = %s", (name,))
@@ -161,7 +143,7 @@ def test_a_live_stream_asks_its_page_to_reload_within_about_2_s_of_a_new_role_or
     # The page was made for the person's rights then: buttons a viewer lacks, nodes of
     # tenants it no longer has. The stream ends with "reload" (live.js reloads the page).
     name, password = new_person(served.files, tmp_path)
-    signed_in(name, password, tmp_path / "jar")
+    signed_in(ADDRESS, password, username=name, jar=tmp_path / "jar")
     for change in (
         "UPDATE operators SET role = 'operator' WHERE name = %s",
         "UPDATE operators SET tenants = '{default}' WHERE name = %s",
@@ -208,14 +190,14 @@ def test_a_session_holds_a_few_streams_and_none_once_their_clients_have_gone(
 ) -> None:  # fmt: skip
     name, password = new_person(served.files, tmp_path)
     jar = tmp_path / "jar"
-    signed_in(name, password, jar)
+    signed_in(ADDRESS, password, username=name, jar=jar)
     held = [opened(jar, streams) for _ in range(live.MAX_STREAMS_PER_SESSION)]
     refused = curl("-b", str(jar), "-o", "/dev/null", "-w", "%{http_code}",
                    f"{BASE}/ui/events?nodes={NOT_A_NODE}")  # fmt: skip
     assert refused.stdout == "429"
     # Another session of the same person is not held up by this one's.
     other = tmp_path / "other"
-    signed_in(name, password, other)
+    signed_in(ADDRESS, password, username=name, jar=other)
     opened(other, streams)
     for stream in held:
         stream.close()

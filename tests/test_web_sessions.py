@@ -5,14 +5,10 @@ which is all the product reads; no server runs here."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 
-from fixtures.cluster import ClusterFiles, initialise
-from fixtures.postgres import fresh_database_url
 from oz0 import ui_sessions as sessions
 
 SOURCE = "192.0.2.1"
@@ -22,18 +18,7 @@ IDLE = dt.timedelta(minutes=30)
 ABSOLUTE = dt.timedelta(hours=12)
 
 
-@pytest.fixture(scope="module")
-def one_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
-    with fresh_database_url() as url:
-        yield initialise(tmp_path_factory.mktemp("web-sessions"), url)
-
-
-@pytest.fixture
-def conn(one_cluster: ClusterFiles) -> Iterator[psycopg.Connection[Any]]:
-    main = one_cluster.main_db
-    with psycopg.connect(main, autocommit=True) as c:
-        c.execute("DELETE FROM ui_sessions")
-        yield c
+CLEAN = ("DELETE FROM ui_sessions",)
 
 
 def started(conn: psycopg.Connection[Any]) -> str:

@@ -27,7 +27,7 @@ from fixtures.polling import wait_until
 from fixtures.ui_agent import Ui, ui_with_agent
 from oz0 import tokens
 from oz0.server import join_command
-from tests.web_support import browser, checked_shot, click_to_load, curl, shots, signed_in_watched
+from tests.web_support import browser, checked_shot, click_to_load, curl, shots, signed_in
 
 __all__ = ["browser"]  # the fixture, imported for the tests below
 
@@ -68,16 +68,14 @@ def all_audit_text(ui: Ui) -> str:
     return "\n".join(f"{r[0]} {r[1]}" for r in rows)
 
 
-def signed_in(browser: Any, ui: Ui, **options: Any) -> Page:
-    return signed_in_watched(browser, SERVER, ui.files.ui_password, _console, **options)
+def ui_page(browser: Any, ui: Ui, **options: Any) -> Page:
+    """A page signed in as the UI's admin, its console messages kept for `checked_shot`."""
+    page: Page = signed_in(browser, SERVER, ui.files.ui_password, console=_console, **options)
+    return page
 
 
-# Every console message of the file's pages (`shot` checks none is a CSP refusal).
+# Every console message of the file's pages (`checked_shot` checks none is a CSP refusal).
 _console: list[str] = []
-
-
-def shot(page: Page, where: Path, name: str) -> None:
-    checked_shot(page, where, name, _console)
 
 
 def ended(ui: Ui, job_id: str) -> bool:
@@ -96,7 +94,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     ui: Ui, browser: Any, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    page = signed_in(browser, ui, permissions=["clipboard-read", "clipboard-write"])
+    page = ui_page(browser, ui, permissions=["clipboard-read", "clipboard-write"])
     page.get_by_role("link", name="Tokens").click()
     page.wait_for_url(f"{BASE}/tokens")
     page.get_by_role("link", name="Create token").click()
@@ -107,7 +105,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     page.get_by_label("Valid for").fill("2h")
     page.get_by_label("Labels").fill("team=data\nzone=eu-1\n")
     page.get_by_label("Description").fill("racks in Frankfurt")
-    shot(page, where, "token-create-form.png")
+    checked_shot(page, where, "token-create-form.png", _console)
     page.get_by_role("button", name="Create token").click()
 
     heading = page.get_by_role("heading", name=re.compile(r"^Token tok-[0-9a-f]{12} created$"))
@@ -126,7 +124,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     copy = page.get_by_role("button", name="Copy join command")
     copy.click()
     assert page.evaluate("navigator.clipboard.readText()") == join
-    shot(page, where, "token-created.png")
+    checked_shot(page, where, "token-created.png", _console)
 
     # Never again: not in the list, nor after a reload, nor in the audit log.
     page.get_by_role("link", name="Back to the tokens").click()
@@ -155,7 +153,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     page.reload()
     assert token_row(page, token_id).get_by_text("used up", exact=True).is_visible()
     assert token_row(page, token_id).get_by_role("button").count() == 0  # only live ones
-    shot(page, where, "tokens.png")
+    checked_shot(page, where, "tokens.png", _console)
 
     # Revoke asks first, in a dialog; Cancel there changes nothing.
     token_id = ui.api.post("/api/v1/tokens", {"tenant": TEAM, "description": "spare"})["id"]
@@ -163,7 +161,7 @@ def test_a_token_is_shown_once_joins_an_agent_and_is_revoked(
     token_row(page, token_id).get_by_role("button", name="Revoke…").click()
     dialog = page.get_by_role("dialog")
     assert token_id in dialog.inner_text()
-    shot(page, where, "token-revoke-dialog.png")
+    checked_shot(page, where, "token-revoke-dialog.png", _console)
     dialog.get_by_role("button", name="Cancel").click()
     assert not dialog.is_visible()
     assert not _revoked(ui, token_id)
@@ -186,11 +184,11 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
 ) -> None:
     where = shots(tmp_path)
     token_id = ui.api.post("/api/v1/tokens", {"tenant": TEAM})["id"]
-    page = signed_in(browser, ui, java_script_enabled=False)
+    page = ui_page(browser, ui, java_script_enabled=False)
     page.goto(f"{BASE}/tokens")
     token_row(page, token_id).get_by_role("button", name="Revoke…").click()
     page.wait_for_url(re.compile(rf"{re.escape(f'{BASE}/tokens/{token_id}/revoke')}\??$"))
-    shot(page, where, "token-revoke-confirm.png")
+    checked_shot(page, where, "token-revoke-confirm.png", _console)
     assert not _revoked(ui, token_id)
     page.get_by_role("button", name="Revoke").click()
     page.wait_for_url(f"{BASE}/tokens?done=token.revoked")
@@ -215,7 +213,7 @@ def test_revoke_without_javascript_asks_on_a_page_and_bad_input_creates_nothing(
         assert page.get_by_label(field).input_value() == value  # the form keeps it
         assert page.get_by_label("Description").input_value() == "kept on error"
         if value == "1x":
-            shot(page, where, "token-create-error.png")
+            checked_shot(page, where, "token-create-error.png", _console)
     assert len(ui.api.get("/api/v1/tokens")["tokens"]) == before
     assert "kept on error" not in all_audit_text(ui)
 
@@ -252,9 +250,9 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     ui: Ui, browser: Any, tmp_path: Path
 ) -> None:
     where = shots(tmp_path)
-    page = signed_in(browser, ui)
+    page = ui_page(browser, ui)
     page.goto(f"{BASE}/jobs/new")
-    shot(page, where, "job-run-form.png")
+    checked_shot(page, where, "job-run-form.png", _console)
     job_id = run_from_form(
         page,
         "sh -c 'echo hello; sleep 1; echo oops >&2; printf \"caf\\303\\251 \\377\\n\"; exit 3'",
@@ -276,7 +274,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert page.get_by_role("button", name="Cancel job").count() == 0
     # What the attempt's node applied (limits), once it has ended, also in place.
     assert page.locator("[data-field=applied] li").inner_text().startswith("attempt 1: ")
-    shot(page, where, "job-ended-live.png")
+    checked_shot(page, where, "job-ended-live.png", _console)
 
     # The page as the server renders it says the same, with the attempt and its node.
     page.reload()
@@ -298,7 +296,7 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
     assert "GREETING" in page.inner_text("main") and "kept-out-of-pages" not in page.content()
     assert "DB_PASSWORD" in page.inner_text("main") and "secret-out-of-pages" not in page.content()
     assert ui.api.get(f"/api/v1/jobs/{job_id}")["secret_env"] == ["DB_PASSWORD"]
-    shot(page, where, "job-ended.png")
+    checked_shot(page, where, "job-ended.png", _console)
     [run] = audit(ui, f"job:{job_id}")
     assert run[:3] == ("ui", "admin", "job.run")
     assert json.loads(run[3])["command"][0] == "sh"
@@ -307,15 +305,15 @@ def test_a_job_run_from_the_form_shows_exit_code_and_output_live(
 @pytest.mark.slow
 def test_cancel_from_the_job_page_stops_the_process(ui: Ui, browser: Any, tmp_path: Path) -> None:
     where = shots(tmp_path)
-    page = signed_in(browser, ui)
+    page = ui_page(browser, ui)
     job_id = run_from_form(page, "sh -c 'echo pid $$; exec sleep 60'")
     pid_line = page.locator(".attempt-output pre").get_by_text(re.compile(r"pid \d+"))
     pid_line.wait_for(timeout=60_000)
     pid = int(pid_line.inner_text().split()[1])
     assert job_state(page) == "running"
-    shot(page, where, "job-running.png")
+    checked_shot(page, where, "job-running.png", _console)
     # Another page on the job, without JavaScript: its Cancel button stays once it ends.
-    stale = signed_in(browser, ui, java_script_enabled=False)
+    stale = ui_page(browser, ui, java_script_enabled=False)
     stale.goto(f"{BASE}/jobs/{job_id}")
     assert stale.get_by_role("link", name="Refresh").is_visible()
 
@@ -344,7 +342,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) -> None:
     where = shots(tmp_path)
-    page = signed_in(browser, ui)
+    page = ui_page(browser, ui)
     before = len(ui.api.get("/api/v1/jobs")["jobs"])
     for fields, error in [
         ({"Command": ""}, "Command: give the program to run and its arguments"),
@@ -378,7 +376,7 @@ def test_a_bad_run_form_creates_nothing(ui: Ui, browser: Any, tmp_path: Path) ->
         # A secret's value is asked for again, never sent back in the page.
         assert "never-sent-back" not in page.content()
         if not fields["Command"]:
-            shot(page, where, "job-run-form-error.png")
+            checked_shot(page, where, "job-run-form-error.png", _console)
     assert len(ui.api.get("/api/v1/jobs")["jobs"]) == before
 
 
@@ -397,7 +395,7 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
     try:
         for job_id in done.values():
             wait_until(partial(ended, ui, job_id), 60, f"{job_id} ended")
-        page = signed_in(browser, ui)
+        page = ui_page(browser, ui)
         page.get_by_role("link", name="Jobs").click()
         page.get_by_label("State").select_option("failed")
         page.get_by_role("button", name="Filter").click()
@@ -407,12 +405,12 @@ def test_the_job_list_filters_by_state_and_tenant_and_pages(
         page.goto(f"{BASE}/jobs?state=succeeded")
         ids = page.locator("table.jobs tbody a.mono").all_inner_texts()
         assert done[0] in ids and done[1] not in ids
-        shot(page, where, "jobs-filtered.png")
+        checked_shot(page, where, "jobs-filtered.png", _console)
 
         page.goto(f"{BASE}/jobs?tenant={IDLE}")
         first = page.locator("table.jobs tbody tr").count()
         assert first == 50
-        shot(page, where, "jobs.png")
+        checked_shot(page, where, "jobs.png", _console)
         page.get_by_role("link", name="Next →").click()
         page.wait_for_url(f"{BASE}/jobs?tenant={IDLE}&page=2")
         rows = page.locator("table.jobs tbody tr")

@@ -9,6 +9,7 @@ import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,7 +24,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 __all__ = [
     "CHROMIUM", "browser", "checked_shot", "click_to_load", "curl", "person", "shots",
-    "sign_in", "signed_in_watched",
+    "sign_in", "signed_in", "signed_in_watched",
 ]  # fmt: skip
 
 
@@ -42,25 +43,39 @@ def shots(tmp_path: Path) -> Path:
     return where
 
 
-def sign_in(page: object, address: str, password: str) -> None:
+def sign_in(page: object, address: str, password: str, username: str = "admin") -> None:
     page.goto(f"https://{address}:8443/")  # type: ignore[attr-defined]
-    page.get_by_label("Username").fill("admin")  # type: ignore[attr-defined]
+    page.get_by_label("Username").fill(username)  # type: ignore[attr-defined]
     page.get_by_label("Password").fill(password)  # type: ignore[attr-defined]
     page.get_by_role("button", name="Sign in").click()  # type: ignore[attr-defined]
 
 
-def signed_in_watched(
-    browser: object, address: str, password: str, console: list[str], **options: object
-) -> object:
-    """A page of a new context (OPTIONS), signed in as the UI's admin at ADDRESS, each of
-    its console messages appended to CONSOLE: a script or style the CSP refused says so
-    there (`checked_shot`)."""
+def signed_in(
+    browser: object,
+    address: str,
+    password: str,
+    *,
+    username: str = "admin",
+    console: list[str] | None = None,
+    **options: Any,
+) -> Any:
+    """A page of a new context (OPTIONS), signed in as USERNAME at ADDRESS's web UI; each
+    of its console messages appended to CONSOLE if given: a script or style the CSP
+    refused says so there (`checked_shot`)."""
     context = browser.new_context(ignore_https_errors=True, **options)  # type: ignore[attr-defined]
     page = context.new_page()
-    page.on("console", lambda m: console.append(m.text))
-    sign_in(page, address, password)
+    if console is not None:
+        page.on("console", lambda m: console.append(m.text))
+    sign_in(page, address, password, username)
     page.wait_for_url(f"https://{address}:8443/overview")
     return page
+
+
+def signed_in_watched(
+    browser: object, address: str, password: str, console: list[str], **options: Any
+) -> object:
+    """`signed_in` as the UI's admin, its console messages appended to CONSOLE."""
+    return signed_in(browser, address, password, console=console, **options)
 
 
 def checked_shot(page: object, where: Path, name: str, console: list[str]) -> None:
@@ -83,12 +98,17 @@ def click_to_load(page: object, target: object) -> None:
 
 
 def person(
-    files: ClusterFiles, root: Path, name: str, role: str, tenants: Sequence[str] = ()
+    files: ClusterFiles,
+    root: Path,
+    name: str,
+    role: str,
+    tenants: Sequence[str] = (),
+    password: str | None = None,
 ) -> str:
     """Operator NAME with ROLE in TENANTS (none: every tenant) and a web account of its
     name, made as a test makes a person before `operator add` exists: `server operator
     issue` with the master key (its context in ROOT/NAME), then its role and tenants, and
-    a web account. Its web password."""
+    a web account with PASSWORD (default: a new one). Its web password."""
     advertise = Context.load(files.context_path).servers[0].rsplit(":", 1)[0]
     issued = subprocess.run(
         cli_command("server", "operator", "issue", name, "--master-key-file",
@@ -98,7 +118,7 @@ def person(
         timeout=60, check=False,
     )  # fmt: skip
     assert issued.returncode == 0, issued.stderr
-    password = f"{name}-password-{secrets.token_hex(4)}"
+    password = password or f"{name}-password-{secrets.token_hex(4)}"
     with psycopg.connect(files.main_db, autocommit=True) as c:
         c.execute(
             "UPDATE operators SET role = %s, tenants = %s WHERE name = %s",
