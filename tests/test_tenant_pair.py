@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from fixtures import scoped_people
-from fixtures.agent import AgentProcess, stop_all
+from fixtures.agent import AgentProcess, ready, stop_all
 from fixtures.cluster import ClusterFiles, Served
 from fixtures.polling import wait_until
 from fixtures.scoped_people import Person
@@ -82,11 +82,6 @@ class World:
         }
 
 
-def running(status: dict[str, Any]) -> bool:
-    """An agent's status.json says: joined, its runtime running (it takes jobs)."""
-    return status.get("runtime") == "running"
-
-
 def schedule_of(root: Person, tenant: str) -> str:
     """A schedule of TENANT's that never runs while the tests do: its ID."""
     body = {"job": {"tenant": tenant, "command": ["true"]}, "cron": NEVER}
@@ -117,7 +112,7 @@ def world(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         # While the agents start.
         duo = scoped_people.make(files, here, ADDRESS, "duo", "operator", PAIR)
         nodes = {
-            tenant: str(agent.wait_reported(running, RUNNING_BOUND)["node_id"])
+            tenant: str(agent.wait_reported(ready, RUNNING_BOUND)["node_id"])
             for tenant, agent in agents.items()
         }
         jobs = {

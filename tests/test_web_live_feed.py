@@ -5,7 +5,7 @@ notifies `oz0_node_links` while the edge's heartbeat writes do not."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 
 import psycopg
 import pytest
