@@ -5,7 +5,7 @@ of their own (`Database.transaction_in_thread`); each is one transaction and may
 twice with the same result, and nothing more written: a retry after a lost answer, or, as
 local activities (JobInput.local_steps), one whose workflow task never completed (its
 server stopped), run again by the worker that takes the task next
-(tests/test_jobs_store.py runs each twice).
+(tests/test_jobs_store_steps.py runs each twice).
 
 Each attempt placed comes back with its grant (grant.py), signed here, by the server that
 placed it, in the placement's transaction: the node runs only an attempt the cluster

@@ -50,10 +50,10 @@ T = TypeVar("T")
 # package oz0/jobs/workflow/, end_reasons.py and scheduled.py import only temporalio, the
 # standard library and each other, and keep nothing in module globals:
 # tests/test_workflow_modules.py), so one import serves all. The price: the modules they
-# import are the real ones, so a call of theirs such as datetime.now() is no longer refused
+# import are the real ones, so a call of theirs such as datetime.now() is not refused
 # by the sandbox (its guard on the standard library's own modules used through ours); the
 # workflows use workflow.now(), workflow.sleep() and workflow.random() only
-# (tests/test_job_workflow.py replays their histories).
+# (tests/test_job_workflow_lost.py replays their histories).
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("oz0")
 )
