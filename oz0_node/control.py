@@ -36,7 +36,7 @@ from oz0_node.jobs.attempt import node_secrets
 from oz0_node.jobs.edge_link import EdgeLink
 from oz0_node.jobs.grants import GrantCheck
 from oz0_node.jobs.intake import Intake
-from oz0_node.jobs.manager import AttemptPort
+from oz0_node.jobs.manager_port import ManagerPort
 from oz0_node.messages import Hello, Refusal, Welcome, expect, kind
 from oz0_node.node import Node
 from oz0_node.reconnect import Reconnect
@@ -229,7 +229,7 @@ async def _keep_runtime(node: Node, welcome: Welcome, address: str, runtimes: Ru
         temporal=welcome.temporal,
         identity=node.identity,
         cluster=node.record.cluster,
-        attempts=(AttemptPort(runtimes.manager) if runtimes.manager is not None else None),
+        attempts=(ManagerPort(runtimes.manager) if runtimes.manager is not None else None),
         record=(
             runtimes.manager.run_record(node.identity.data_dir)
             if runtimes.manager is not None

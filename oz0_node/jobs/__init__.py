@@ -27,6 +27,8 @@ Its modules:
 - `intake.py`: attempts the edge sends over the control stream (`attempt`,
   docs/node-protocol.md, "Attempts over the stream"): checked, handed to the attempt
   manager, answered.
+- `manager_port.py`: the attempt manager as the runtime's asyncio thread reaches it, through
+  the agent's portal (the manager itself runs in Trio).
 - `private_tmp.py`: an attempt's own /tmp and /var/tmp, as systemd's `PrivateTmp=`: the
   command starts in a mount namespace of its own (unshare CLONE_NEWNS).
 - `session_client.py`: the agent's handle on its sessions' supervisors (session_process.py;

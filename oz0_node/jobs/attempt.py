@@ -203,7 +203,7 @@ def _bad(why: str) -> ApplicationError:
 
 
 class AttemptPort(Protocol):
-    """The agent's attempt manager as this activity reaches it (manager.AttemptPort)."""
+    """The agent's attempt manager as this activity reaches it (manager_port.ManagerPort)."""
 
     async def start(
         self,
