@@ -1,11 +1,12 @@
-"""Whether this server's own listening ports can be had, asked before it starts anything.
+"""Whether this server's own listening ports can be had, asked before its roles start.
 
-A server binds its management API and its edge only once its database, membership and
+A server binds its management API and its edge only once its database pool, membership and
 Temporal host are up: seconds on an idle machine, more on a loaded one. A port another
-process holds was then told only after all of that (and undone again). `check` binds each
-port as the listeners will (SO_REUSEADDR, every address HOST resolves to) and lets it go at
-once, so `server start` answers in a moment and before it writes anything. The listeners'
-own bind still says the same thing if the port is taken in between (oz0/server/tls.py).
+process held was then told only after all of that had started and stopped again. `check`
+binds each port as the listeners will (SO_REUSEADDR, every address HOST resolves to) and
+lets it go at once, so `server start` answers in a moment. It is asked after the master
+key and the database's schema are checked (`prepare`), whose refusals come first. The
+listeners' own bind still says the same if the port is taken in between (oz0/server/tls.py).
 """
 
 from __future__ import annotations

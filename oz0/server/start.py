@@ -114,7 +114,6 @@ def ui_pair(cert: Path | None, key: Path | None) -> tls.UiPair | None:
 def prepare(options: StartOptions) -> Cluster:
     """Read the master key and unseal the cluster; raise before anything is written."""
     check_advertise(options.advertise)
-    ports_free.check(options.listen_host, (MANAGEMENT_PORT, EDGE_PORT))
     host_binary()
     _raise_open_file_limit()
     master_key = pki.read_master_key(options.master_key_file)
@@ -155,6 +154,9 @@ async def run_server(
     *,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    # Before the database, membership and Temporal host start: said in a moment, not after
+    # all of them have started and stopped again.
+    ports_free.check(options.listen_host, (MANAGEMENT_PORT, EDGE_PORT))
     server_id = "server-" + secrets.token_hex(6)
     certs = ServerCertificates(
         cluster, server_id, sans=(options.advertise, *options.sans), ui_pair=options.ui_pair
