@@ -56,7 +56,7 @@ asyncio to Trio (`TrioPortal`, made in the Trio run it calls into; it owns no th
 
 Used by the server's job worker (oz0/jobs/role.py), the server's namespace calls
 (oz0/temporal/), and the node: its runtime (oz0_node/runtime.py), the attempt manager as
-the runtime's activities reach it (oz0_node/jobs/manager.py `AttemptPort`), the held
+the runtime's activities reach it (oz0_node/jobs/manager_port.py), the held
 attempts' answers (oz0_node/jobs/attempt.py) and the run record's news (oz0_node/agent.py).
 This module is part of the agent: it imports trio and the standard library only.
 """
