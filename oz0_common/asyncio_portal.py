@@ -139,6 +139,12 @@ class Portal:
                     loop.call_soon_threadsafe(cancel)
                 with trio.CancelScope(shield=True), trio.move_on_after(self.stop_within):
                     await ended.wait()
+                if not ended.is_set():
+                    # Whatever holds a stop this long is named (a server's SIGTERM, say).
+                    log.warning(
+                        "%s: %r had not ended %g s after its cancel; left to the loop",
+                        self.name, fn, self.stop_within,
+                    )  # fmt: skip
         task = started[0]
         if task.cancelled():
             raise CallCancelled(f"{self.name}: the call was cancelled on its loop")

@@ -163,6 +163,28 @@ async def test_a_task_that_will_not_stop_is_reported_within_the_bound(
     assert not thread.is_alive()
 
 
+async def test_a_cancelled_call_whose_task_will_not_end_is_named_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # the bug this names
+                await asyncio.sleep(0.05)
+
+    async with asyncio_portal("oz0-test-named", stop_within=0.3) as portal:
+        began = time.monotonic()
+        with trio.move_on_after(0.2):
+            await portal.call(stubborn)
+        assert time.monotonic() - began < 2.0
+        assert any(
+            "oz0-test-named:" in m and "stubborn" in m and "had not ended 0.3 s" in m
+            for m in caplog.messages
+        ), caplog.messages
+        release.set()
+
+
 async def test_a_block_left_with_an_error_keeps_it_even_if_the_thread_is_stuck(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
