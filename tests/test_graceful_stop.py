@@ -153,6 +153,8 @@ def test_a_request_that_never_ends_is_cut_at_the_grace_and_the_server_stops(
     assert "0 request(s) and 0 node stream(s) ended, 1 request(s) and 0 stream(s) cut" in (
         server.stderr()
     )
+    # The log names what held the stop: the management API alone.
+    assert "the drain was cut after 4 s; still draining: management\n" in server.stderr()
     request.communicate(timeout=30)
     assert request.returncode != 0
 

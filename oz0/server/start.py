@@ -258,11 +258,28 @@ async def run_server(
                 SHUTDOWN_GRACE,
             )
             began = trio.current_time()
+            # What has not finished draining when the grace ends: named in the log, so
+            # that a slow stop says what held it.
+            unfinished: set[str] = set()
+
+            async def part(name: str, drain_part: Callable[[], Awaitable[None]]) -> None:
+                unfinished.add(name)
+                await drain_part()
+                unfinished.discard(name)
+
             with trio.move_on_after(SHUTDOWN_GRACE):
                 async with trio.open_nursery() as draining:
-                    draining.start_soon(management.drain, state, served)
-                    draining.start_soon(edge.drain, streaming)
-                    draining.start_soon(jobs.drain)
+                    draining.start_soon(
+                        part, "management", partial(management.drain, state, served)
+                    )
+                    draining.start_soon(part, "edge", partial(edge.drain, streaming))
+                    draining.start_soon(part, "job workers", jobs.drain)
+            if unfinished:
+                log.warning(
+                    "the drain was cut after %g s; still draining: %s",
+                    SHUTDOWN_GRACE,
+                    ", ".join(sorted(unfinished)),
+                )
             cut_requests, cut_streams = served.requests, len(streaming.streams)
             if cut_requests:
                 # A request whose thread waits on the database (a lock held elsewhere)
