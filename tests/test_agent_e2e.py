@@ -51,6 +51,11 @@ def test_an_agent_joins_with_a_token_and_connects(
     agents.append(agent)
     status = agent.wait_status(connected, timeout=30)
     assert set(status) >= {"node_id", "cluster", "state", "connected", "server"}
+    # The command itself, as a process, says what the fixture's in-process read said.
+    said = agent.command_status()
+    assert {k: said[k] for k in ("node_id", "state", "connected", "server", "running")} == {
+        k: status[k] for k in ("node_id", "state", "connected", "server", "running")
+    }
     assert status["cluster"] == "test"
     identity = tmp_path / "node" / "identity"
     assert (identity / "node.key").stat().st_mode & 0o777 == 0o600
