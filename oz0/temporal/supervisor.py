@@ -281,6 +281,7 @@ async def _stop(host: _Host) -> None:
     process = host.process
     async with trio.open_nursery() as nursery:
         nursery.start_soon(host.read_log)
+        began = trio.current_time()
         if process.stdin is not None:
             await trio.aclose_forcefully(process.stdin)
         with trio.move_on_after(STOP_GRACE):
@@ -291,5 +292,8 @@ async def _stop(host: _Host) -> None:
             )
             process.kill()
             await process.wait()
+        elif process.returncode == 0:
+            # A server's stop waits for this: its share is in the log.
+            log.info("Temporal host %d stopped in %.2f s", process.pid, trio.current_time() - began)
         # Its stderr ends with it; the deadline is for a descendant that kept it open.
         nursery.cancel_scope.deadline = trio.current_time() + LOG_DRAIN
