@@ -134,7 +134,8 @@ def test_the_node_runtime_works_while_accepted_stops_on_block_and_returns_on_unb
     again = run_async(lambda: describe_node(harness, node_id, UNBLOCK_BOUND + 5))
     working_again = time.monotonic() - began
     assert again is not None and again["node_id"] == node_id, agent.log()
-    assert agent.status()["runtime"] == "running"
+    # The agent writes its report just after the runtime is back: read within moments.
+    agent.wait_status(lambda s: s.get("runtime") == "running", timeout=5)
     assert agent.running() and agent.log().count("node runtime working on") == 2
 
     # SIGTERM while the worker holds a long poll: the runtime's stop is bounded.
