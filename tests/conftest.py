@@ -6,8 +6,7 @@ import os
 import re
 import signal
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,16 @@ import pytest
 from cli.main import run
 from fixtures import one_thread
 from fixtures.agent import AgentProcess, stop_all
+
+# Re-exported: test modules import them from here.
+from fixtures.cli_runner import CliResult as CliResult
+from fixtures.cli_runner import CliRunner as CliRunner
 from fixtures.cluster import (
     DEFAULT_ADVERTISE,
     ClusterFiles,
     Served,
     ServerProcess,
+    StartServer,
     end_all,
     serving,
 )
@@ -33,19 +37,6 @@ from fixtures.web_events import EventStream
 from oz0.store.dburl import DatabaseUrl
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.tracking import stop_being_subreaper
-
-
-@dataclass(frozen=True)
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-CliRunner = Callable[..., CliResult]
 
 
 def create_token(cli: CliRunner, env: dict[str, str], *extra: str, tenant: str = "default") -> str:
@@ -268,7 +259,7 @@ def cluster_env(cluster_files: ClusterFiles) -> dict[str, str]:
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def start_server(tmp_path: Path) -> Iterator[StartServer]:
     started: list[ServerProcess] = []
 
     def start(files: ClusterFiles, address: str, *extra: str) -> ServerProcess:
