@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.cluster import REPO, ClusterFiles, StartServer
 from oz0.context import Context
 from oz0_node.jobs import uid_sweep
 from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE
@@ -38,7 +37,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (agents giving UIDs)"),
 ]
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.65"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 SECRET = "s3cr3t-of-job-a-41d7"

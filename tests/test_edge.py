@@ -15,7 +15,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.polling import trio_until
 from fixtures.tls import as_our_client, assert_refused_at_tls
@@ -27,7 +27,6 @@ from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.wire import Wire
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
 
 

@@ -44,7 +44,7 @@ from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.attempt_grants import signed
 from fixtures.attempt_processes import all_gone
-from fixtures.cluster import ClusterFiles, ServerProcess, alive
+from fixtures.cluster import ClusterFiles, StartServer, alive
 from fixtures.polling import wait_until
 from fixtures.temporal import Credentials, connect, run_async, server_credentials
 from oz0 import cluster, pki
@@ -56,7 +56,6 @@ from oz0_node.jobs import attempt_files
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.191", "127.0.0.192"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

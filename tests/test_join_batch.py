@@ -18,7 +18,7 @@ import trio.testing
 from cryptography.hazmat.primitives import serialization
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from oz0 import audit, cluster, joins, nodes, pki, tokens
 from oz0.context import Context
@@ -26,7 +26,7 @@ from oz0.server.edge.common import DatabaseUnavailable
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.store.pool import Conn, open_database
 from tests.conftest import CliRunner
-from tests.test_edge import StartServer, cli_async
+from tests.test_edge import cli_async
 
 ADMIN = audit.Actor("operator", "admin")
 ADDRESS = "127.0.0.224"

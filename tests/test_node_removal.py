@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,13 +13,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from fixtures import edge_client, strangers
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from oz0 import pki
 from tests.conftest import CliRunner
 from tests.test_edge import EDGE_A, cli_async, pinned_keys
-
-StartServer = Callable[..., ServerProcess]
 
 
 async def accepted_node(cli: CliRunner, files: ClusterFiles, env: dict[str, str]) -> NodeKeys:

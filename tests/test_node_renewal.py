@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from fixtures.polling import trio_until
@@ -39,7 +39,7 @@ from oz0_node import main as node_main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from tests.conftest import CliRunner
-from tests.test_edge import StartServer, cli_async
+from tests.test_edge import cli_async
 
 SERVER = "127.0.0.92"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises

@@ -36,12 +36,12 @@ import pytest
 from cli import client
 from fixtures import operator_certs
 from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import ClusterFiles, Served
+from fixtures.cluster import ClusterFiles, Served, StartServer
 from fixtures.polling import wait_until
 from oz0 import passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import StartServer, api, join_agents
+from tests.test_jobs_e2e import api, join_agents
 
 SERVER = "127.0.0.251"
 ADVERTISE = SERVER  # the module's server (`served`, tests/conftest.py)

@@ -2,14 +2,13 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 
 import pytest
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
+from fixtures.cluster import ClusterFiles, StartServer, alive, wait_gone
 from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
@@ -26,7 +25,6 @@ from fixtures.temporal import (
 from oz0 import pki
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 A, B = "127.0.0.11:7233", "127.0.0.12:7233"
 
 

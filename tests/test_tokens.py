@@ -7,19 +7,17 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from oz0 import audit, tokens
 from oz0.context import Context
 from oz0.errors import Oz0Error
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 ADMIN = audit.Actor("operator", "admin")
 ADDRESS = "127.0.0.15"
 TOKEN_STRING = re.compile(r"^(tok-[0-9a-f]{12})\.([A-Za-z0-9_-]{43})$")

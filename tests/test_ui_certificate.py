@@ -16,7 +16,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from playwright import sync_api as playwright
 
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.tls import assert_refused_at_tls, served_certificate
 from fixtures.web_events import curl
 from oz0 import cluster, pki
@@ -42,7 +42,6 @@ from tests.web_support import CHROMIUM
 ADVERTISE = "127.0.0.160"
 ROGUE = "127.0.0.161"
 UI_NAME = "ui.uicert.example"
-StartServer = Callable[..., ServerProcess]
 
 
 def browser_handshake(address: str, ca_pem: bytes, server_name: str | None = None) -> bytes:
