@@ -30,6 +30,7 @@ import trio
 from cli.client import ApiClient
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
+from fixtures.cli_runner import cli_async
 from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.tls import as_our_client
 from oz0.context import Context
@@ -44,7 +45,6 @@ from oz0_common.file_push import (
     WINDOW,
 )
 from tests.conftest import CliRunner, create_token
-from tests.test_edge import cli_async
 
 SERVER = "127.0.0.22"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises

@@ -34,6 +34,36 @@ ALLOWED: dict[tuple[str, str], str] = {
         "overrides conftest's per-test cluster with the module's cluster of two servers, so"
         " that conftest's fixtures built on cluster_files (cluster_env) use that one"
     ),
+    # fixtures/job_calls.py's api is a cluster's operator ApiClient; these are other things.
+    ("test_http_surfaces.py", "api"): (
+        "its api is one request by curl with a chosen operator's certificate, answering the"
+        " status and the JSON"
+    ),
+    ("test_job_cli.py", "api"): (
+        "its api fixture is a recording fake the CLI's job commands talk to, no cluster"
+    ),
+    ("test_listings.py", "api"): (
+        "its api fixture is the client of the module's served cluster, which the fixture"
+        " `cluster` gives; the shared api takes the files as an argument"
+    ),
+    ("test_tenant_answers.py", "api"): (
+        "its api builds a probe (a request of the JSON API to try as each person), sends nothing"
+    ),
+    ("test_tenant_scope.py", "api"): (
+        "its api is one request with an environment's operator certificate, answering the"
+        " status and the decoded answer"
+    ),
+    # fixtures/cli_runner.py's ok is a CLI result that succeeded.
+    ("test_job_fanout_view.py", "ok"): (
+        "its ok is an attempt row that ended with exit code 0, for the fan-out view"
+    ),
+    ("test_tenant_scope.py", "ok"): (
+        "its ok is a request of the JSON API that succeeded (its decoded answer), not a CLI result"
+    ),
+    # fixtures/enrolled_people.py's add is `operator add`.
+    ("test_web_overview.py", "add"): (
+        "its add inserts a node row of a tenant and state, for the overview's counts"
+    ),
 }
 
 

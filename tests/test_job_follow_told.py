@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from cli.client import ApiClient, ApiError
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, join_agents
 from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.job_calls import api, wait_job
 from oz0.server.start import SHUTDOWN_GRACE
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import api, join_agents, wait_job
 
 SERVER = "127.0.0.248"
 ADVERTISE = SERVER  # the suite's cluster_files (tests/conftest.py)

@@ -29,9 +29,9 @@ import pytest
 from fixtures.agent import AgentProcess
 from fixtures.attempt_processes import all_gone
 from fixtures.cluster import ClusterFiles, ServerProcess, StartServer
+from fixtures.job_calls import output_of, started_pid, wait_job
 from fixtures.polling import wait_until
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import output_of, started_pid, wait_job
 
 A, B = "127.0.0.42", "127.0.0.43"
 ADVERTISE = A

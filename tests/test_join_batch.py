@@ -18,6 +18,7 @@ import trio.testing
 from cryptography.hazmat.primitives import serialization
 
 from fixtures import edge_client
+from fixtures.cli_runner import cli_async
 from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from oz0 import audit, cluster, joins, nodes, pki, tokens
@@ -26,7 +27,6 @@ from oz0.server.edge.common import DatabaseUnavailable
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.store.pool import Conn, open_database
 from tests.conftest import CliRunner
-from tests.test_edge import cli_async
 
 ADMIN = audit.Actor("operator", "admin")
 ADDRESS = "127.0.0.224"

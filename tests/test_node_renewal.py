@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
+from fixtures.cli_runner import cli_async
 from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
@@ -39,7 +40,6 @@ from oz0_node import main as node_main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from tests.conftest import CliRunner
-from tests.test_edge import cli_async
 
 SERVER = "127.0.0.92"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
