@@ -34,6 +34,7 @@ from fixtures.cluster_copies import cluster_template as cluster_template_of
 from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
+from oz0 import cluster, pki
 from oz0.store.dburl import DatabaseUrl
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.tracking import stop_being_subreaper
@@ -251,6 +252,12 @@ def cli(
         return CliResult(code, out, err)
 
     return invoke
+
+
+@pytest.fixture
+def ca(conn: psycopg.Connection[Any], cluster_files: ClusterFiles) -> pki.CertificateAuthority:
+    """The test cluster's CA, unsealed with the test's copy of the master key."""
+    return cluster.load(conn, pki.read_master_key(cluster_files.master_key)).cluster_ca
 
 
 @pytest.fixture

@@ -67,6 +67,18 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("test_tenant_scope.py", "ok"): (
         "its ok is a request of the JSON API that succeeded (its decoded answer), not a CLI result"
     ),
+    # fixtures/cluster_db.py's uses and sql read the cluster's database directly.
+    ("test_label_lock.py", "uses"): (
+        "its uses reads a token's uses through the JSON API as a person, not the database"
+    ),
+    ("test_temporal_operators.py", "sql"): (
+        "its sql runs one statement in a transaction that commits, answering nothing; the"
+        " shared one runs in autocommit and answers the rows"
+    ),
+    # fixtures/cluster.py's run_cli answers the finished process.
+    ("test_web_admin.py", "run_cli"): (
+        "its run_cli runs as the cluster's admin with check=True and answers the decoded JSON"
+    ),
     # fixtures/enrolled_people.py's add is `operator add`.
     ("test_web_overview.py", "add"): (
         "its add inserts a node row of a tenant and state, for the overview's counts"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import trio
 from cryptography.hazmat.primitives import serialization
@@ -37,6 +36,7 @@ from fixtures import edge_client, web_events
 from fixtures.agent import AgentProcess, stop_all
 from fixtures.cli_runner import ok
 from fixtures.cluster import ClusterFiles, cluster_of
+from fixtures.cluster_db import sql
 from fixtures.enrolled_people import (
     PASSWORD,
     add,
@@ -97,12 +97,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield Cluster(files, str(status["node_id"]))
         finally:
             stop_all([agent])
-
-
-def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(files.main_db, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 def one_line(result: CliResult) -> str:

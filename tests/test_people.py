@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +26,7 @@ import pytest
 from cli.client import ApiClient, ApiError
 from fixtures.cli_runner import ok
 from fixtures.cluster import REPO, ClusterFiles, cli_command, cluster_of
+from fixtures.cluster_db import sql
 from fixtures.enrolled_people import (
     PASSWORD,
     add,
@@ -55,12 +55,6 @@ BOUND = 2.0
 def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
     with cluster_of(tmp_path_factory.mktemp("people"), SERVERS) as cluster:
         yield cluster
-
-
-def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(files.main_db, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture(autouse=True)

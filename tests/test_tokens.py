@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster_db import uses
 from oz0 import audit, tokens
 from oz0.context import Context
 from oz0.errors import Oz0Error
@@ -57,12 +58,6 @@ def refusal(conn: psycopg.Connection[Any], token_string: str) -> tokens.TokenRef
     with pytest.raises(tokens.TokenRefused) as caught, conn.transaction():
         tokens.consume(conn, token_string)
     return caught.value
-
-
-def uses(conn: psycopg.Connection[Any], token_id: str) -> int:
-    row = conn.execute("SELECT uses FROM join_tokens WHERE id = %s", (token_id,)).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def audit_rows(conn: psycopg.Connection[Any], action: str) -> list[tuple[Any, ...]]:
