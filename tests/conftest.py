@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
 
 from cli.main import run
 from fixtures import one_thread
@@ -31,6 +32,7 @@ from fixtures.cluster import (
 )
 from fixtures.cluster_copies import ClusterTemplate
 from fixtures.cluster_copies import cluster_template as cluster_template_of
+from fixtures.fake_edges import FakeNet, fake_net
 from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
@@ -278,6 +280,12 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
 
     yield start
     end_all(started)
+
+
+@pytest.fixture
+async def net(nursery: trio.Nursery) -> FakeNet:
+    """Fake edges a and b, for an agent's tests (a module with other edges overrides it)."""
+    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 @pytest.fixture

@@ -41,6 +41,15 @@ ALLOWED: dict[tuple[str, str], str] = {
         "overrides conftest's per-test cluster with the module's cluster of two servers, so"
         " that conftest's fixtures built on cluster_files (cluster_env) use that one"
     ),
+    # conftest's net is fake edges a and b; these modules' agents talk to others.
+    ("test_agent_purge.py", "net"): "overrides conftest's net with one fake edge, its EDGE",
+    ("test_agent_runtime.py", "net"): "overrides conftest's net with fake edge a alone",
+    ("test_node_attempt_link.py", "net"): (
+        "overrides conftest's net with fake edge a alone and a fake Temporal address there"
+    ),
+    ("test_node_renewal.py", "net"): (
+        "overrides conftest's net with fake edge a alone, its certificates valid ten minutes"
+    ),
     # fixtures/job_calls.py's api is a cluster's operator ApiClient; these are other things.
     ("test_http_surfaces.py", "api"): (
         "its api is one request by curl with a chosen operator's certificate, answering the"
