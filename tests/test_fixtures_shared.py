@@ -182,9 +182,11 @@ def _test_modules_imported(tree: ast.Module) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            modules = [node.module]
-            if node.module == "tests":  # from tests import test_x
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+            # `from .test_x import` is, from a module of tests/, `from tests.test_x import`.
+            relative = ".".join(["tests", *([node.module] if node.module else [])])
+            modules = [relative if node.level == 1 else node.module or ""]
+            if modules == ["tests"]:  # from tests import test_x, or from . import test_x
                 modules = [f"tests.{alias.name}" for alias in node.names]
         else:
             continue
@@ -314,6 +316,8 @@ def test_constants_classes_and_imports_of_the_support_are_a_module_s_own(tmp_pat
         "import tests.test_jobs_e2e\n",
         "import tests.test_jobs_e2e as jobs\n",
         "from tests import test_jobs_e2e\n",
+        "from .test_jobs_e2e import wait_job\n",
+        "from . import test_jobs_e2e\n",
         # Inside a function, as a late import to dodge a cycle would be.
         "def helper():\n    from tests.test_jobs_e2e import wait_job\n",
     ],
