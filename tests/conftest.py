@@ -6,46 +6,40 @@ import os
 import re
 import signal
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import trio
 
 from cli.main import run
 from fixtures import one_thread
 from fixtures.agent import AgentProcess, stop_all
+
+# Re-exported: test modules import them from here.
+from fixtures.cli_runner import CliResult as CliResult
+from fixtures.cli_runner import CliRunner as CliRunner
 from fixtures.cluster import (
     DEFAULT_ADVERTISE,
     ClusterFiles,
     Served,
     ServerProcess,
+    StartServer,
     end_all,
     serving,
 )
 from fixtures.cluster_copies import ClusterTemplate
 from fixtures.cluster_copies import cluster_template as cluster_template_of
+from fixtures.fake_edges import FakeNet, fake_net
 from fixtures.job_user import ensure_job_user
 from fixtures.postgres import fresh_database_url
 from fixtures.web_events import EventStream
+from oz0 import cluster, pki
 from oz0.store.dburl import DatabaseUrl
 from oz0_node.jobs.job_user import DEFAULT_JOB_USER
 from oz0_node.jobs.tracking import stop_being_subreaper
-
-
-@dataclass(frozen=True)
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-CliRunner = Callable[..., CliResult]
 
 
 def create_token(cli: CliRunner, env: dict[str, str], *extra: str, tenant: str = "default") -> str:
@@ -263,12 +257,18 @@ def cli(
 
 
 @pytest.fixture
+def ca(conn: psycopg.Connection[Any], cluster_files: ClusterFiles) -> pki.CertificateAuthority:
+    """The test cluster's CA, unsealed with the test's copy of the master key."""
+    return cluster.load(conn, pki.read_master_key(cluster_files.master_key)).cluster_ca
+
+
+@pytest.fixture
 def cluster_env(cluster_files: ClusterFiles) -> dict[str, str]:
     return cluster_files.cli_env
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def start_server(tmp_path: Path) -> Iterator[StartServer]:
     started: list[ServerProcess] = []
 
     def start(files: ClusterFiles, address: str, *extra: str) -> ServerProcess:
@@ -280,6 +280,12 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 
     yield start
     end_all(started)
+
+
+@pytest.fixture
+async def net(nursery: trio.Nursery) -> FakeNet:
+    """Fake edges a and b, for an agent's tests (a module with other edges overrides it)."""
+    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 @pytest.fixture

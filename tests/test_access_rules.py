@@ -4,31 +4,11 @@ No server runs here: the app is built and walked, the rules are checked as data.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import cast
-
 import pytest
 
+from fixtures.app_routes import registered_endpoints
 from oz0 import access
 from oz0.access import Right, Role
-from oz0.server.api.common import ManagementState
-from oz0.server.audit_follow import Followers
-from oz0.server.management import create_app
-from oz0.server.person_limits import PersonLimits
-from oz0.web.live import Feed
-
-
-def registered_endpoints() -> dict[str, tuple[str, set[str]]]:
-    """Every endpoint the management app serves, with its path and methods."""
-    state = SimpleNamespace(
-        db=None, cluster=SimpleNamespace(cluster_ca=None), hub=None, server_id="s",
-        limits=PersonLimits(), followers=Followers(), live_pages=Feed(),
-    )  # fmt: skip
-    app = create_app(cast(ManagementState, state))
-    return {
-        rule.endpoint: (rule.rule, set(rule.methods or ()) - {"HEAD", "OPTIONS"})
-        for rule in app.url_map.iter_rules()
-    }
 
 
 def test_every_route_has_a_rule_and_every_rule_a_route() -> None:

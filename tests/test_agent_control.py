@@ -14,18 +14,12 @@ import trio.testing
 from fixtures.fake_edges import (
     EdgeSession,
     FakeNet,
-    fake_net,
     join_and_stop,
     read_json,
     run_agent,
 )
 from oz0_node import agent
 from oz0_node.errors import AgentError
-
-
-@pytest.fixture
-async def net(nursery: trio.Nursery) -> FakeNet:
-    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 def _heartbeats_from_node(net: FakeNet) -> list[float]:

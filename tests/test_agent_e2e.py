@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fixtures.agent import AgentProcess, connected
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from tests.conftest import CliRunner, create_token
 
-StartServer = Callable[..., ServerProcess]
 EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
 
 

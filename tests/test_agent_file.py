@@ -15,19 +15,18 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.cluster import REPO, ClusterFiles, StartServer
 from fixtures.snapshots import snapshot
 from oz0.server import join_command
 from tests.conftest import CliRunner
 
 pytestmark = pytest.mark.slow
 
-StartServer = Callable[..., ServerProcess]
 SERVER, BARE_SERVER = "127.0.0.211", "127.0.0.212"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 STOCK_PYTHON = "/usr/bin/python3"

@@ -15,18 +15,12 @@ from fixtures.fake_edges import (
     FakeCluster,
     FakeNet,
     LongestWait,
-    fake_net,
     options,
     read_json,
 )
 from oz0 import pki
 from oz0_node import agent
 from oz0_node.errors import AgentError
-
-
-@pytest.fixture
-async def net(nursery: trio.Nursery) -> FakeNet:
-    return fake_net(nursery, "edge-a:7443", "edge-b:7443")
 
 
 def _start(nursery: trio.Nursery, net: FakeNet, opts: agent.StartOptions) -> None:

@@ -22,14 +22,14 @@ import trio
 
 from fixtures import edge_client, rogue_edge
 from fixtures.agent import AgentProcess, connected
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.edge_client import pinned_keys
 from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
 from tests.conftest import CliRunner, create_token
-from tests.test_edge import cli_async, pinned_keys
 
-StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.16", "127.0.0.17"
 ADVERTISE = SERVER_A  # what cluster_files (tests/conftest.py) advertises
 EDGE_A = f"{SERVER_A}:7443"

@@ -13,7 +13,6 @@ import datetime as dt
 import signal
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,11 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.temporal import Credentials, run_async, server_credentials
 from oz0_node import runtime
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.61"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE, TEMPORAL = f"{SERVER}:7443", f"{SERVER}:7233"

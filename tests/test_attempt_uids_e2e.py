@@ -17,16 +17,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cli.client import ApiClient
 from fixtures.agent import AgentProcess
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess
-from oz0.context import Context
+from fixtures.cluster import REPO, ClusterFiles, StartServer
+from fixtures.job_calls import api
 from oz0_node.jobs import uid_sweep
 from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE
 from tests.conftest import CliRunner
@@ -38,16 +36,11 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (agents giving UIDs)"),
 ]
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.65"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 SECRET = "s3cr3t-of-job-a-41d7"
 # Where the machine's daemons keep what `crontab` and `at` were given.
 SPOOLS = (Path("/var/spool/cron/crontabs"), Path("/var/spool/cron/atjobs"))
-
-
-def api(files: ClusterFiles) -> ApiClient:
-    return ApiClient(Context.load(files.context_path))
 
 
 def first_line(files: ClusterFiles, job_id: str, timeout: float = 60) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import trio
@@ -15,10 +14,13 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.edge_client import next_non_heartbeat
 from fixtures.polling import seconds_until
 from fixtures.temporal import (
     Credentials,
+    access,
     connect,
     long_poll,
     node_credentials,
@@ -26,11 +28,7 @@ from fixtures.temporal import (
     run_async,
 )
 from tests.conftest import CliRunner
-from tests.test_edge import cli_async
-from tests.test_node_removal import next_non_heartbeat
-from tests.test_temporal import access
 
-StartServer = Callable[..., ServerProcess]
 EDGE_C, TEMPORAL_C = "127.0.0.13:7443", "127.0.0.13:7233"
 # The product promises two seconds; a block usually lands in tens of milliseconds
 # (bench/node_removal.py measures it). Asserting the promise itself, not the usual.

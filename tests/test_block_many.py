@@ -4,7 +4,6 @@ CLI against a real server on 127.0.0.220 with real agents."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,11 @@ from psycopg.types.json import Jsonb
 
 from cli.client import ApiClient, ApiError
 from fixtures.agent import AgentProcess, blocked, connected
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from oz0 import nodes
 from oz0.context import Context
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.220"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

@@ -6,20 +6,11 @@ import trio
 import trio.testing
 from cryptography import x509
 
+from fixtures.memory_cluster import in_memory_cluster
 from fixtures.tls import served_certificate
 from oz0 import pki
-from oz0.cluster import Cluster
 from oz0.server.certificates import RENEW_EVERY, ServerCertificates
 from oz0_common.certs import API_SERVER_NAME
-
-
-def in_memory_cluster() -> Cluster:
-    return Cluster(
-        name="c",
-        history_shards=4,
-        cluster_ca=pki.new_ca("c", "cluster"),
-        internode_ca=pki.new_ca("c", "internode"),
-    )
 
 
 async def test_certificates_are_renewed_daily_in_the_live_tls_context(

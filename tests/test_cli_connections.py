@@ -7,18 +7,16 @@ import dataclasses
 import datetime as dt
 import ssl
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cli import client as client_module
 from cli.client import ApiClient
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from oz0.context import Context
 from oz0_common.certs import API_SERVER_NAME
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.222"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 

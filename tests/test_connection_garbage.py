@@ -13,9 +13,9 @@ import trio
 from hypercorn.trio.tcp_server import TCPServer
 from quart_trio import QuartTrio
 
+from fixtures.memory_cluster import in_memory_cluster
 from oz0.server.certificates import ServerCertificates
 from oz0.server.https import serve_https
-from tests.test_certificates import in_memory_cluster
 
 ADDRESS = "127.0.0.229"
 PORT = 8443

@@ -15,8 +15,9 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.edge_client import NodeKeys
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.edge_client import NodeKeys, pinned_keys
 from fixtures.polling import trio_until
 from fixtures.tls import as_our_client, assert_refused_at_tls
 from oz0 import pki
@@ -27,21 +28,7 @@ from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.wire import Wire
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
-
-
-async def cli_async(cli: CliRunner, *args: str, env: dict[str, str]) -> Any:
-    """Run the CLI without blocking the Trio loop (pickups are held open meanwhile)."""
-    return await trio.to_thread.run_sync(lambda: cli(*args, env=env))
-
-
-async def pinned_keys(files: ClusterFiles, edge: str = EDGE_A) -> NodeKeys:
-    keys = NodeKeys.new()
-    ca_pem, advertised_hash = await edge_client.fetch_ca(edge)
-    assert advertised_hash == files.ca_hash == pki.ca_hash(pki.cert_from_pem(ca_pem))
-    keys.ca_pem = ca_pem
-    return keys
 
 
 async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept(
@@ -51,7 +38,7 @@ async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept
     start_server: StartServer,
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     answer = await edge_client.join(EDGE_A, keys, labels={"os": "linux"}, hostname="laptop-7")
     assert answer["type"] == "joined" and answer["state"] == "pending"
     assert answer["certificate"] is None and answer["tenant"] == "default"
@@ -131,7 +118,7 @@ async def test_a_rejected_node_is_told_and_refused(
     start_server: StartServer,
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     await edge_client.join(EDGE_A, keys)
     rejected = await cli_async(
         cli, "node", "reject", keys.node_id, "--reason", "unknown laptop", env=cluster_env
@@ -209,7 +196,7 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
     )
     assert created.code == 0, created.err
     token = created.json()["token"]
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     # A label the token sets with another value: refused, the token's use kept.
     refused = await edge_client.join(EDGE_A, keys, token=token, labels={"team": "ops"})
     assert refused == {
@@ -252,7 +239,7 @@ async def test_node_list_by_tenant_returns_exactly_that_tenants_nodes(
             cli, "token", "create", "--tenant", tenant, "--max-uses", "0", "--json", env=cluster_env
         )
         for _ in range(count):
-            keys = await pinned_keys(cluster_files)
+            keys = await pinned_keys(cluster_files, EDGE_A)
             answer = await edge_client.join(EDGE_A, keys, token=token.json()["token"])
             assert answer.get("tenant") == tenant, answer
             joined[tenant].append(keys.node_id)
@@ -335,7 +322,7 @@ async def test_one_key_joining_many_times_at_once_is_one_node_using_its_token_on
     created = await cli_async(
         cli, "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=cluster_env
     )
-    key = await pinned_keys(cluster_files)
+    key = await pinned_keys(cluster_files, EDGE_A)
     answers: list[dict[str, Any]] = []
 
     async def one() -> None:
@@ -393,7 +380,7 @@ async def test_revoked_and_unknown_tokens_are_refused_and_audited(
         await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
     ).json()
     assert (await cli_async(cli, "token", "revoke", created["id"], env=cluster_env)).code == 0
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     revoked = await edge_client.join(EDGE_A, keys, token=created["token"])
     assert revoked == {"type": "error", "code": "token_refused", "message": "join token revoked"}
     unknown = await edge_client.join(EDGE_A, keys, token="tok-000000000000.nope")
@@ -414,7 +401,7 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
     start_server: StartServer,
 ) -> None:
     start_server(cluster_files, "127.0.0.11")
-    known = await pinned_keys(cluster_files)
+    known = await pinned_keys(cluster_files, EDGE_A)
     token = await cli_async(
         cli, "token", "create", "--tenant", "default", "--json", env=cluster_env
     )
@@ -422,7 +409,7 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
         "accepted"
     )
 
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     keys.node_id = "node-00000000abcd"
     keys.cert_pem = _cert_for(cluster_files, keys)
     async with edge_client.control(EDGE_A, keys) as (_, first):
@@ -495,7 +482,7 @@ async def test_a_connected_node_learns_a_server_that_comes_up(
     created = (
         await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
     ).json()
-    keys = await pinned_keys(cluster_files)
+    keys = await pinned_keys(cluster_files, EDGE_A)
     await edge_client.join(EDGE_A, keys, token=created["token"])
     async with edge_client.control(EDGE_A, keys) as (ws, welcome):
         assert welcome["edges"] == [EDGE_A]

@@ -19,9 +19,9 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
+from fixtures.memory_cluster import in_memory_cluster
 from oz0.server.certificates import ServerCertificates
 from oz0.server.edge.wire import Closed, Wire, text_frame, tls_handshake
-from tests.test_certificates import in_memory_cluster
 
 PATHS = frozenset({"/control"})
 LIMIT = 64 * 1024

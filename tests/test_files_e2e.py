@@ -30,7 +30,8 @@ import trio
 from cli.client import ApiClient
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.tls import as_our_client
 from oz0.context import Context
 from oz0.server.management import UPLOAD_BODY_SIZE
@@ -44,9 +45,7 @@ from oz0_common.file_push import (
     WINDOW,
 )
 from tests.conftest import CliRunner, create_token
-from tests.test_edge import cli_async
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.22"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

@@ -9,20 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cli.client import ApiClient
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, initialise
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, StartServer, cli_command, initialise
 from oz0 import pki
 from oz0.context import Context
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 FIRST, SECOND = "127.0.0.215", "127.0.0.216"
-StartServer = Callable[..., ServerProcess]
 
 
 def dev_server(data_dir: Path, workdir: Path, *extra: str) -> ServerProcess:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,12 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from cli import client
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, StartServer, initialise
 from fixtures.edge_client import NodeKeys
 from oz0.server.edge.common import MAX_MESSAGE_SIZE
 from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.83"
 EDGE = f"{SERVER}:7443"
 MAX_PENDING = 5

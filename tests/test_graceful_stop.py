@@ -21,14 +21,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from fixtures.agent import AgentProcess, connected
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, StartServer, cli_command
+from fixtures.job_calls import output_of, wait_job
 from fixtures.polling import wait_until
 from fixtures.temporal import run_async, server_credentials
 from oz0.server.start import SHUTDOWN_GRACE
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import output_of, wait_job
 
-StartServer = Callable[..., ServerProcess]
 SERVER_A, SERVER_B = "127.0.0.237", "127.0.0.238"
 ADVERTISE = SERVER_A  # the suite's cluster_files (tests/conftest.py)
 EDGE_A, EDGE_B = f"{SERVER_A}:7443", f"{SERVER_B}:7443"

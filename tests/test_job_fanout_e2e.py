@@ -26,8 +26,8 @@ import pytest
 from cli.job_recap import seconds_of
 from fixtures.agent import AgentProcess, joined_fleet, ready
 from fixtures.cluster import REPO, ClusterFiles, Served, cli_command
+from fixtures.job_calls import api, wait_job
 from fixtures.tmux_pane import Pane, have_tmux
-from tests.test_jobs_e2e import api, wait_job
 
 SERVER = "127.0.0.59"
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)

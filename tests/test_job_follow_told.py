@@ -15,20 +15,18 @@ import datetime as dt
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli.client import ApiClient, ApiError
-from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.agent import AgentProcess, join_agents
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.job_calls import api, wait_job
 from oz0.server.start import SHUTDOWN_GRACE
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import api, join_agents, wait_job
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.248"
 ADVERTISE = SERVER  # the suite's cluster_files (tests/conftest.py)
 EDGE = f"{SERVER}:7443"

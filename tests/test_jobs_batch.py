@@ -26,6 +26,7 @@ from werkzeug.datastructures import MultiDict
 
 from fixtures.agent import joined_fleet
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.job_calls import wait_job
 from fixtures.temporal import run_async, server_credentials
 from fixtures.web_events import curl, signed_in
 from oz0.jobs.spec import JobError, JobSpec
@@ -33,7 +34,6 @@ from oz0.jobs.spec_text import describe_batch, parse_batch, parse_batch_wait, pa
 from oz0.jobs.workflow import JobWorkflow, share_of
 from oz0.web import job_pages
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import wait_job
 
 SERVER = "127.0.0.249"
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)

@@ -37,6 +37,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from fixtures.agent import AgentProcess
 from fixtures.attempt_processes import all_gone
 from fixtures.cluster import ClusterFiles, Served
+from fixtures.job_calls import output_of, wait_job
 from fixtures.temporal import server_credentials
 from oz0 import audit
 from oz0.jobs import store
@@ -45,7 +46,6 @@ from oz0.jobs.spec import JobSpec
 from oz0.jobs.workflow import JobInput, JobWorkflow, _attempts
 from oz0_node.jobs import attempt_files
 from tests.conftest import CliRunner, create_token
-from tests.test_jobs_e2e import output_of, wait_job
 
 SERVER = "127.0.0.247"
 ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)

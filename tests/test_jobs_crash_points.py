@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,11 @@ import pytest
 
 from fixtures.agent import AgentProcess
 from fixtures.attempt_processes import all_gone
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, ServerProcess, StartServer
+from fixtures.job_calls import output_of, started_pid, wait_job
 from fixtures.polling import wait_until
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import output_of, started_pid, wait_job
 
-StartServer = Callable[..., ServerProcess]
 A, B = "127.0.0.42", "127.0.0.43"
 ADVERTISE = A
 # Generous bounds for a loaded 2-core machine; deadlines, never measurements.

@@ -23,7 +23,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +40,14 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from cli.client import ApiClient
-from fixtures.agent import AgentProcess
+from fixtures.agent import AgentProcess, join_agents
 from fixtures.attempt_grants import signed
 from fixtures.attempt_processes import all_gone
-from fixtures.cluster import ClusterFiles, ServerProcess, alive
+from fixtures.cluster import ClusterFiles, StartServer, alive
+from fixtures.job_calls import output_of, started_pid, started_pids, wait_job
 from fixtures.polling import wait_until
 from fixtures.temporal import Credentials, connect, run_async, server_credentials
 from oz0 import cluster, pki
-from oz0.context import Context
 from oz0.server.edge.attempt_refusals import MAX_REASON, AttemptRefusals
 from oz0.store.pool import open_database
 from oz0_node.identity import IdentityDir
@@ -56,7 +55,6 @@ from oz0_node.jobs import attempt_files
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER, SECOND = "127.0.0.191", "127.0.0.192"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"
@@ -64,78 +62,6 @@ EDGE = f"{SERVER}:7443"
 MOVE_BOUND = 10.0
 SILENCE_BOUND = 40.0  # heartbeat timeout (10 s) + the node's stream and a new placement
 GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
-
-
-def join_agents(
-    cli: CliRunner,
-    files: ClusterFiles,
-    tmp_path: Path,
-    agents: list[AgentProcess],
-    labels: list[dict[str, str]],
-    edges: list[str] | None = None,
-    max_jobs: int | None = None,
-) -> list[str]:
-    """Agents joined with a token (accepted at once), each with its labels (and
-    `--max-jobs` if given); their IDs."""
-    created = cli(
-        "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=files.cli_env
-    )
-    assert created.code == 0, created.err
-    started = []
-    for i, node_labels in enumerate(labels):
-        agent = AgentProcess.joining(
-            tmp_path / f"node-{len(agents)}-{i}",
-            edges or [EDGE],
-            files.ca_hash,
-            token=created.json()["token"],
-            labels=node_labels,
-            max_jobs=max_jobs,
-        ).start()
-        agents.append(agent)
-        started.append(agent)
-    return [
-        a.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
-        for a in started
-    ]
-
-
-def api(files: ClusterFiles) -> ApiClient:
-    return ApiClient(Context.load(files.context_path))
-
-
-def wait_job(
-    files: ClusterFiles, job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float
-) -> dict[str, Any]:
-    client = api(files)
-    deadline = time.monotonic() + timeout
-    while True:
-        job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}")
-        if done(job):
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job}")
-        time.sleep(0.1)
-
-
-def output_of(files: ClusterFiles, job_id: str) -> list[tuple[int, str, bytes]]:
-    page = api(files).get(f"/api/v1/jobs/{job_id}/output")
-    return [(c["attempt"], c["stream"], base64.b64decode(c["data"])) for c in page["chunks"]]
-
-
-def started_pids(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> list[int]:
-    """The PIDs the job's command printed first (`pid N [M...]`), once the attempt said them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for number, _, data in output_of(files, job_id):
-            if number == attempt and data.startswith(b"pid "):
-                return [int(word) for word in data.split(b"\n")[0].split()[1:]]
-        time.sleep(0.05)
-    raise AssertionError(f"attempt {attempt} of {job_id} printed no pid")
-
-
-def started_pid(files: ClusterFiles, job_id: str, attempt: int, timeout: float = 30) -> int:
-    """The first PID the job's command printed (`pid N`)."""
-    return started_pids(files, job_id, attempt, timeout)[0]
 
 
 @pytest.fixture
@@ -149,7 +75,7 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
     files, env = one_server, one_server.cli_env
-    web, db = join_agents(cli, files, tmp_path, agents, [{"role": "web"}, {"role": "db"}])
+    web, db = join_agents(cli, files, tmp_path, agents, [{"role": "web"}, {"role": "db"}], [EDGE])
 
     ran = cli(
         "job", "run", "--selector", "role=web", "--env", "GREETING=hello", "--",
@@ -266,7 +192,7 @@ def test_a_node_started_with_max_jobs_6_runs_6_attempts_at_once(
     overlaps every other's), not four then two: the agent takes six, and the cluster,
     told so on the node's stream, places six there."""
     files, env = one_server, one_server.cli_env
-    [node] = join_agents(cli, files, tmp_path, agents, [{}], max_jobs=6)
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE], max_jobs=6)
     assert agents[0].status()["jobs"]["max_jobs"] == 6
     length = 6.0
     ids = []
@@ -304,7 +230,7 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
     files, env = one_server, one_server.cli_env
-    ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}])
+    ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}], [EDGE])
     by_id = dict(zip(ids, agents, strict=True))
     # It leaves a setsid'd process behind: it must end with the attempt, however it ends.
     command = [
@@ -424,7 +350,7 @@ def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
     and drops it, while the node's one worker slot is held (--max-jobs 1: one job runs, the
     next waits for it in the slot)."""
     files, env = one_server, one_server.cli_env
-    [node] = join_agents(cli, files, tmp_path, agents, [{}], max_jobs=1)
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE], max_jobs=1)
     agent = agents[-1]
     as_an_older_agent(files, node)  # its attempts are activities on its own queue
 
@@ -518,7 +444,7 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     context = json.loads(files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
-    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}])
+    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}], [EDGE])
     first, second = agents[-2:]
     lines = 30
     run = cli(
@@ -636,7 +562,7 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
 ) -> None:
     files, env = cluster_files, cluster_files.cli_env
     server = start_server(files, SERVER)
-    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE])
     secret = "s3cret-" + secrets.token_hex(16)
     forms = (secret.encode(), secret.encode().hex().encode(), base64.b64encode(secret.encode()))
 
@@ -762,7 +688,7 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
     request: pytest.FixtureRequest,
 ) -> None:
     files, env = one_server, one_server.cli_env
-    [node] = join_agents(cli, files, tmp_path, agents, [{}])
+    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE])
     ca = cluster_ca(files)
     # The markers where a job may touch them: not the test's own directory (private), nor
     # /tmp (each attempt's own); root's, as the sweep removes what an attempt's UID owns. A

@@ -31,12 +31,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.job_calls import started_pid, wait_job
 from fixtures.temporal import run_async
 from oz0 import pki
 from oz0_common.temporal_tls import tls_from_pems
 from tests.conftest import CliRunner, create_token
-from tests.test_jobs_e2e import StartServer, started_pid, wait_job
 
 SERVER = "127.0.0.193"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises

@@ -18,15 +18,16 @@ import trio.testing
 from cryptography.hazmat.primitives import serialization
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster_db import uses
 from fixtures.edge_client import NodeKeys
-from oz0 import audit, cluster, joins, nodes, pki, tokens
+from oz0 import audit, joins, nodes, pki, tokens
 from oz0.context import Context
 from oz0.server.edge.common import DatabaseUnavailable
 from oz0.server.edge.join_batch import JoinBatcher
 from oz0.store.pool import Conn, open_database
 from tests.conftest import CliRunner
-from tests.test_edge import StartServer, cli_async
 
 ADMIN = audit.Actor("operator", "admin")
 ADDRESS = "127.0.0.224"
@@ -34,11 +35,6 @@ EDGE = f"{ADDRESS}:7443"
 
 
 CONN_CLUSTER = "cluster_files"
-
-
-@pytest.fixture
-def ca(conn: psycopg.Connection[Any], cluster_files: ClusterFiles) -> pki.CertificateAuthority:
-    return cluster.load(conn, pki.read_master_key(cluster_files.master_key)).cluster_ca
 
 
 def new_token(
@@ -65,12 +61,6 @@ def join_many(
 ) -> list[joins.Outcome]:
     with conn.transaction():
         return joins.join_many(conn, ca, batch)
-
-
-def uses(conn: psycopg.Connection[Any], token_id: str) -> int:
-    row = conn.execute("SELECT uses FROM join_tokens WHERE id = %s", (token_id,)).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def audited_joins(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:

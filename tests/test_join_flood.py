@@ -16,15 +16,13 @@ import trio
 import trio.testing
 
 from fixtures import edge_client
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command
-from fixtures.edge_client import NodeKeys
+from fixtures.cluster import REPO, ClusterFiles, StartServer, cli_command
+from fixtures.edge_client import NodeKeys, next_non_heartbeat, verified_command
 from oz0 import audit
 from oz0.server.edge.join_refusals import JoinRefusals
 from oz0.store.pool import open_database
 from tests.conftest import CliRunner
-from tests.test_node_removal import next_non_heartbeat, verified_command
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.82"
 ADVERTISE = SERVER  # the suite's cluster_files (tests/conftest.py)
 EDGE = f"{SERVER}:7443"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import trio
 from cryptography.hazmat.primitives import serialization
@@ -35,13 +34,10 @@ from cryptography.hazmat.primitives import serialization
 from cli.client import ApiClient, ApiError
 from fixtures import edge_client, web_events
 from fixtures.agent import AgentProcess, stop_all
+from fixtures.cli_runner import ok
 from fixtures.cluster import ClusterFiles, cluster_of
-from fixtures.polling import wait_until
-from fixtures.web_events import curl
-from oz0 import pki
-from oz0.context import Context
-from tests.conftest import CliResult, CliRunner, create_token
-from tests.test_people import (
+from fixtures.cluster_db import sql
+from fixtures.enrolled_people import (
     PASSWORD,
     add,
     client_at,
@@ -50,7 +46,12 @@ from tests.test_people import (
     env_of,
     within_bound_on_every_server,
 )
-from tests.test_schedules import jobs_of
+from fixtures.job_calls import jobs_of
+from fixtures.polling import wait_until
+from fixtures.web_events import curl
+from oz0 import pki
+from oz0.context import Context
+from tests.conftest import CliResult, CliRunner, create_token
 
 pytestmark = pytest.mark.slow
 
@@ -96,17 +97,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield Cluster(files, str(status["node_id"]))
         finally:
             stop_all([agent])
-
-
-def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(files.main_db, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
-
-
-def ok(result: CliResult) -> CliResult:
-    assert result.code == 0, result.err
-    return result
 
 
 def one_line(result: CliResult) -> str:

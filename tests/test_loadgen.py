@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,11 @@ import pytest
 import trio
 
 from bench import loadgen
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.polling import trio_until
 from oz0 import audit, context, nodes, pki, tokens
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.223"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

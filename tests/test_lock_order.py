@@ -14,15 +14,12 @@ import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles
+from fixtures.cluster_db import node_id
 from oz0 import audit, nodes
 
 NODES = 300
 SECONDS = 4.0
 ADA = audit.Actor("operator", "ada")
-
-
-def node_id(i: int) -> str:
-    return f"node-{i:012x}"
 
 
 def test_an_edge_s_rounds_and_batches_of_blocks_do_not_deadlock(

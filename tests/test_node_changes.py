@@ -13,16 +13,13 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from fixtures.cluster import ClusterFiles
+from fixtures.cluster_db import node_id
 from oz0 import audit, nodes
 from oz0.store.events import NodeNews
 
 ADA = audit.Actor("operator", "ada")
 BOB = audit.Actor("operator", "bob")
 STATES = ("pending", "accepted", "blocked", "rejected")
-
-
-def node_id(i: int) -> str:
-    return f"node-{i:012x}"
 
 
 def seed(conn: psycopg.Connection[Any], states: dict[str, str]) -> None:

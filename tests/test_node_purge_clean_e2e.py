@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, alive
+from fixtures.cluster import REPO, ClusterFiles, StartServer, alive
 from fixtures.polling import wait_until
 from fixtures.snapshots import snapshot
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.213"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import trio
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from fixtures import edge_client, strangers
-from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.edge_client import NodeKeys
-from oz0 import pki
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.edge_client import NodeKeys, next_non_heartbeat, pinned_keys, verified_command
 from tests.conftest import CliRunner
-from tests.test_edge import EDGE_A, cli_async, pinned_keys
 
-StartServer = Callable[..., ServerProcess]
+# The default cluster's edge (tests/conftest.py's cluster_files).
+EDGE_A = "127.0.0.11:7443"
 
 
 async def accepted_node(cli: CliRunner, files: ClusterFiles, env: dict[str, str]) -> NodeKeys:
     token = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
-    keys = await pinned_keys(files)
+    keys = await pinned_keys(files, EDGE_A)
     joined = await edge_client.join(EDGE_A, keys, token=token.json()["token"])
     assert joined["state"] == "accepted"
     return keys
@@ -37,30 +33,12 @@ async def audit_of(cli: CliRunner, node_id: str, env: dict[str, str]) -> list[di
     return rows
 
 
-async def next_non_heartbeat(ws: WebSocketConnection) -> dict[str, Any]:
-    while True:
-        message = await edge_client.receive(ws)
-        if message["type"] != "heartbeat":
-            return message
-
-
 async def closed(ws: WebSocketConnection) -> bool:
     try:
         await next_non_heartbeat(ws)
     except ConnectionClosed:
         return True
     return False
-
-
-def verified_command(message: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:
-    """The purge command's payload, once its signature verifies with the cluster CA."""
-    assert message["type"] == "purge"
-    data = base64.b64decode(message["command"])
-    ca_key = pki.cert_from_pem(ca_pem).public_key()
-    assert isinstance(ca_key, ec.EllipticCurvePublicKey)
-    ca_key.verify(base64.b64decode(message["signature"]), data, ec.ECDSA(hashes.SHA256()))
-    payload: dict[str, Any] = json.loads(data)
-    return payload
 
 
 async def test_a_block_notifies_the_stream_to_end_and_unblock_lets_the_node_back(
@@ -129,7 +107,7 @@ async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
     assert [r["action"] for r in await audit_of(cli, node, cluster_env)] == ["node.join"]
 
     # Blocked while pending: it never had a certificate, so no stream to purge it through.
-    pending = await pinned_keys(cluster_files)
+    pending = await pinned_keys(cluster_files, EDGE_A)
     assert (await edge_client.join(EDGE_A, pending))["state"] == "pending"
     blocked = await cli_async(
         cli, "node", "block", pending.node_id, "--reason", "x", env=cluster_env

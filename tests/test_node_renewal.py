@@ -28,18 +28,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fixtures import edge_client
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.fake_edges import FakeCluster, FakeNet, LongestWait, join_and_stop
 from fixtures.polling import trio_until
-from oz0 import audit, cluster, nodes, pki
+from oz0 import audit, nodes, pki
 from oz0.server.edge import renew as edge_renew
 from oz0_node import agent, status
 from oz0_node import main as node_main
 from oz0_node.errors import AgentError
 from oz0_node.identity import IdentityDir, NodeRecord
 from tests.conftest import CliRunner
-from tests.test_edge import StartServer, cli_async
 
 SERVER = "127.0.0.92"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
@@ -133,11 +133,6 @@ def test_oz0_node_status_prints_the_certificate_and_what_to_do_once_expired(
 
 
 CONN_CLUSTER = "cluster_files"
-
-
-@pytest.fixture
-def ca(conn: psycopg.Connection[Any], cluster_files: ClusterFiles) -> pki.CertificateAuthority:
-    return cluster.load(conn, pki.read_master_key(cluster_files.master_key)).cluster_ca
 
 
 def _csr(key: ec.EllipticCurvePrivateKey) -> str:

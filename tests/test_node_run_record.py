@@ -12,14 +12,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fixtures.agent import AgentProcess
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess
+from fixtures.cluster import REPO, ClusterFiles, StartServer
 from fixtures.polling import wait_until
 from tests.conftest import CliRunner
 
@@ -30,9 +30,7 @@ NONE_RUN = "no attempt runs here until it is repaired"
 
 
 @pytest.fixture
-def one_server(
-    cluster_files: ClusterFiles, start_server: Callable[..., ServerProcess]
-) -> Iterator[ClusterFiles]:
+def one_server(cluster_files: ClusterFiles, start_server: StartServer) -> Iterator[ClusterFiles]:
     start_server(cluster_files, SERVER)
     yield cluster_files
 

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from cli.output import print_table, terminal_safe
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.edge_client import pinned_keys
 from oz0 import node_strings
 from tests.conftest import CliRunner
-from tests.test_edge import StartServer, cli_async, pinned_keys
 
 SERVER = "127.0.0.91"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises

@@ -8,14 +8,14 @@ import datetime as dt
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
 from cli.client import ApiClient, ApiError
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
 from oz0 import access, pki
 from oz0.context import Context
 from oz0.server.api.operator_cache import HOLD_FOR, OperatorCache
@@ -23,7 +23,6 @@ from oz0.store.events import NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.221"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 

@@ -6,7 +6,6 @@ real CLI, curl for the web UI and the real `temporal` CLI for Temporal."""
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import pty
@@ -20,17 +19,28 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from cli.client import ApiClient, ApiError
+from fixtures.cli_runner import ok
 from fixtures.cluster import REPO, ClusterFiles, cli_command, cluster_of
+from fixtures.cluster_db import sql
+from fixtures.enrolled_people import (
+    PASSWORD,
+    add,
+    client_at,
+    code_of,
+    enroll,
+    enrolled_person,
+    env_of,
+    password_file,
+    within_bound_on_every_server,
+)
 from fixtures.web_events import curl, sign_in_works
 from oz0 import access, enrollment, operators, pki
 from oz0 import cluster as cluster_mod
-from oz0.context import Context
 from tests.conftest import CliResult, CliRunner
 
 pytestmark = pytest.mark.slow
@@ -39,19 +49,12 @@ A, B, C = "127.0.0.110", "127.0.0.111", "127.0.0.112"
 SERVERS = (A, B, C)
 # The product's promise: a change or removal holds on every server within this.
 BOUND = 2.0
-PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFiles]:
     with cluster_of(tmp_path_factory.mktemp("people"), SERVERS) as cluster:
         yield cluster
-
-
-def sql(files: ClusterFiles, query: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(files.main_db, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture(autouse=True)
@@ -67,63 +70,6 @@ def only_admin(files: ClusterFiles) -> None:
 @pytest.fixture
 def admin(files: ClusterFiles) -> dict[str, str]:
     return files.cli_env
-
-
-def ok(result: CliResult) -> CliResult:
-    assert result.code == 0, result.err
-    return result
-
-
-def add(cli: CliRunner, env: dict[str, str], name: str, *args: str) -> dict[str, Any]:
-    added: dict[str, Any] = ok(cli("operator", "add", name, *args, "--json", env=env)).json()
-    return added
-
-
-def code_of(added: dict[str, Any]) -> str:
-    first = shlex.split(added["enroll_command"])[0]
-    variable, _, code = first.partition("=")
-    assert variable == "OZ0_ENROLL_CODE"
-    return code
-
-
-def enroll(
-    cli: CliRunner, added: dict[str, Any], where: Path, *extra: str, code: str | None = None
-) -> CliResult:
-    """The command `operator add` printed, run as printed (its code in the environment),
-    writing the context to WHERE."""
-    words = shlex.split(added["enroll_command"])
-    assert words[1:3] == ["orchestrator-zero", "operator"], words
-    return cli(
-        *words[2:], "--operator-dir", str(where), *extra,
-        env={"OZ0_ENROLL_CODE": code or code_of(added)},
-    )  # fmt: skip
-
-
-def password_file(tmp_path: Path, password: str = PASSWORD) -> Path:
-    path = tmp_path / "web-password"
-    path.write_text(password + "\n")
-    path.chmod(0o600)
-    return path
-
-
-def enrolled_person(
-    cli: CliRunner, admin: dict[str, str], tmp_path: Path, name: str, *args: str, web: bool = False
-) -> Path:
-    """NAME added with ARGS and enrolled: its context directory."""
-    where = tmp_path / name
-    password = ("--web-password-file", str(password_file(tmp_path))) if web else ("--no-web",)
-    ok(enroll(cli, add(cli, admin, name, *args), where, *password))
-    return where
-
-
-def env_of(where: Path) -> dict[str, str]:
-    return {"OZ0_CONTEXT": str(where / "context.json")}
-
-
-def client_at(where: Path, server: str) -> ApiClient:
-    """An API client of the context in WHERE that talks to SERVER only."""
-    context = dataclasses.replace(Context.load(where), servers=(f"{server}:8443",), learned=())
-    return ApiClient(context, learn_servers=False)
 
 
 def first_line(result: CliResult) -> str:
@@ -462,24 +408,6 @@ def test_two_admins_removing_each_other_at_once_leave_one(
 
 
 # --- every server within two seconds ------------------------------------------------------
-
-
-def within_bound_on_every_server(
-    checks: dict[str, Callable[[], bool]], timeout: float = BOUND + 8
-) -> dict[str, float]:
-    """For each named check, run side by side, how many seconds after now it first held."""
-    began = time.monotonic()
-
-    def until(check: Callable[[], bool]) -> float:
-        while not check():
-            if time.monotonic() - began > timeout:
-                return float("inf")
-            time.sleep(0.05)
-        return time.monotonic() - began
-
-    with ThreadPoolExecutor(len(checks)) as pool:
-        futures = {name: pool.submit(until, check) for name, check in checks.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 def api_refuses(client: ApiClient, path: str, refusal: str) -> Callable[[], bool]:

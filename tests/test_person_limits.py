@@ -9,13 +9,13 @@ same through a real server.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from fixtures.web_events import events
 from oz0 import access, audit, cap_rules, tenant_caps, tenants, tokens
 from oz0 import ui_sessions as sessions
 from oz0.server.person_limits import PersonLimits, RequestBuckets
@@ -61,11 +61,6 @@ def test_a_refused_request_names_the_cap_its_limit_and_its_flags() -> None:
         " again in 1 s"
     )
     assert "\n" not in str(e)
-
-
-async def events() -> AsyncGenerator[bytes, None]:
-    while True:
-        yield b": an event\n\n"
 
 
 async def test_one_person_holds_at_most_their_live_pages_whatever_their_sessions() -> None:

@@ -35,13 +35,13 @@ import pytest
 
 from cli import client
 from fixtures import operator_certs
-from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import ClusterFiles, Served
+from fixtures.agent import AgentProcess, join_agents, stop_all
+from fixtures.cluster import ClusterFiles, Served, StartServer
+from fixtures.job_calls import api, jobs_of
 from fixtures.polling import wait_until
 from oz0 import passwords
 from oz0.context import Context
 from tests.conftest import CliRunner
-from tests.test_jobs_e2e import StartServer, api, join_agents
 
 SERVER = "127.0.0.251"
 ADVERTISE = SERVER  # the module's server (`served`, tests/conftest.py)
@@ -95,13 +95,6 @@ def shared(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Shared(files, str(node), str(made["id"]))
     finally:
         stop_all([agent])
-
-
-def jobs_of(cli: CliRunner, env: dict[str, str], schedule_id: str) -> list[dict[str, Any]]:
-    listed = cli("job", "list", "--schedule", schedule_id, "--json", env=env)
-    assert listed.code == 0, listed.err
-    jobs: list[dict[str, Any]] = listed.json()
-    return jobs
 
 
 def create(cli: CliRunner, env: dict[str, str], *args: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, ServerProcess, cli_command
+from fixtures.cluster import ClusterFiles, ServerProcess, StartServer, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from fixtures.polling import seconds_until, wait_until
 from fixtures.rogue_edge import load_cluster
@@ -23,8 +23,6 @@ from oz0.audit import Actor
 from oz0.context import Context
 from oz0_common.certs import API_SERVER_NAME
 from tests.conftest import CliRunner
-
-StartServer = Callable[..., ServerProcess]
 
 
 def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:

@@ -14,7 +14,7 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import trio
 
 from fixtures import edge_client, private_postgres
 from fixtures.agent import AgentProcess
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cluster import ClusterFiles, StartServer, initialise
 from fixtures.polling import seconds_until, wait_until
 from oz0.store.dburl import DatabaseUrl
 from oz0.store.pool import open_database
@@ -78,7 +78,7 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
     cli: CliRunner,
     outage_cluster: tuple[ClusterFiles, dict[str, str]],
     own_postgres: private_postgres.PrivatePostgres,
-    start_server: Callable[..., ServerProcess],
+    start_server: StartServer,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
@@ -202,7 +202,7 @@ def test_servers_outlive_a_database_restart_and_terminated_connections(
 def test_a_killed_servers_nodes_move_to_the_survivor_and_it_leaves_cluster_info(
     cli: CliRunner,
     pg_url: DatabaseUrl,
-    start_server: Callable[..., ServerProcess],
+    start_server: StartServer,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:

@@ -24,7 +24,7 @@ from playwright.sync_api import expect
 
 from fixtures import operator_certs
 from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import REPO, Served, cli_command
+from fixtures.cluster import REPO, Served, cli_command, run_cli
 from oz0.context import CONTEXT_FILE
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from tests.web_support import browser, checked_shot, click_to_load, shots, signed_in_watched
@@ -38,16 +38,6 @@ __all__ = ["browser"]  # the fixture, used by name
 ADVERTISE = "127.0.0.25"
 # The block's bound (the product documents'), and what starting the CLI adds to its end.
 BLOCK_BOUND = 2.0
-
-
-def run_cli(files_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_command(*args),
-        env={**os.environ, **files_env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 # The account sessions may run as on the module's node (--session-users), and one not listed.

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, servers_of
+from fixtures.cluster import REPO, ClusterFiles, ServerProcess, cli_command, run_cli, servers_of
 from oz0.context import Context
 
 pytestmark = [
@@ -30,16 +30,6 @@ pytestmark = [
 ]
 
 HOLDER, OTHER = "127.0.0.26", "127.0.0.27"
-
-
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_command(*args),
-        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import expect
 
 from fixtures.agent import AgentProcess, stop_all
-from fixtures.cluster import REPO, Served, ServerProcess, cli_command, end_all
+from fixtures.cluster import REPO, Served, ServerProcess, cli_command, end_all, run_cli
 from tests.web_support import browser, checked_shot, click_to_load, person, shots
 from tests.web_support import signed_in_watched as signed_in
 
@@ -51,16 +51,6 @@ SHOWN = ["world", "Xbc", "", "    end"]
 # its last heartbeat, by the server started again here; generous, as end-to-end bounds are
 # (a loaded machine has lagged past 15 s).
 ENDED_BOUND = 30.0
-
-
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_command(*args),
-        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture(scope="module")

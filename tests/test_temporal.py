@@ -2,19 +2,18 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 
 import pytest
-from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
-from fixtures.cluster import ClusterFiles, ServerProcess, alive, wait_gone
+from fixtures.cluster import ClusterFiles, StartServer, alive, wait_gone
 from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
+    access,
     connect,
     delete_node,
+    describe_namespace,
     issue,
     new_node_id,
     operator_credentials,
@@ -26,7 +25,6 @@ from fixtures.temporal import (
 from oz0 import pki
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 A, B = "127.0.0.11:7233", "127.0.0.12:7233"
 
 
@@ -36,31 +34,6 @@ def count_workflows(address: str, namespace: str, creds: Credentials) -> int:
         return (await client.count_workflows()).count
 
     return run_async(work)
-
-
-def describe_namespace(address: str, namespace: str, creds: Credentials) -> str:
-    """What a node's worker asks first (one of the few calls a node may make)."""
-
-    async def work() -> str:
-        client: Client = await connect(address, namespace, creds)
-        answer = await client.workflow_service.describe_namespace(
-            DescribeNamespaceRequest(namespace=namespace)
-        )
-        return str(answer.namespace_info.name)
-
-    return run_async(work)
-
-
-def access(address: str, namespace: str, creds: Credentials) -> str:
-    """allowed or denied. A call the host cut short because its node lost access is denied
-    too: whatever the cut interrupted in Temporal (its namespace lookup's SQL, a context)
-    must not reach the node as UNAVAILABLE, which a worker would retry."""
-    try:
-        describe_namespace(address, namespace, creds)
-    except RPCError as e:
-        assert e.status == RPCStatusCode.PERMISSION_DENIED, e
-        return "denied"
-    return "allowed"
 
 
 def refused(address: str, namespace: str, creds: Credentials) -> bool:

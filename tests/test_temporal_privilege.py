@@ -45,12 +45,14 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from trio_websocket import WebSocketConnection
 
 from fixtures import edge_client
-from fixtures.cluster import ClusterFiles, ServerProcess, initialise
+from fixtures.cli_runner import cli_async
+from fixtures.cluster import ClusterFiles, ServerProcess, StartServer, initialise
 from fixtures.edge_client import NodeKeys
 from fixtures.polling import trio_until, wait_until
 from fixtures.temporal import (
     Credentials,
     RecordingHost,
+    access,
     connect,
     issue,
     long_poll,
@@ -69,10 +71,7 @@ from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
 from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
-from tests.test_edge import cli_async
-from tests.test_temporal import access
 
-StartServer = Callable[..., ServerProcess]
 T = TypeVar("T")
 SERVER = "127.0.0.71"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises

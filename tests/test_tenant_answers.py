@@ -22,13 +22,13 @@ import trio
 import trio_websocket
 
 from fixtures import edge_client, scoped_people
+from fixtures.app_routes import registered_endpoints
 from fixtures.cluster import Served
 from fixtures.polling import wait_until
 from fixtures.scoped_people import Person
 from oz0 import node_sessions
 from oz0.context import Context
 from oz0_common import certs
-from tests.test_access_rules import registered_endpoints
 
 ADDRESS = "127.0.0.94"
 ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)

@@ -7,19 +7,18 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster_db import uses
 from oz0 import audit, tokens
 from oz0.context import Context
 from oz0.errors import Oz0Error
 from tests.conftest import CliRunner
 
-StartServer = Callable[..., ServerProcess]
 ADMIN = audit.Actor("operator", "admin")
 ADDRESS = "127.0.0.15"
 TOKEN_STRING = re.compile(r"^(tok-[0-9a-f]{12})\.([A-Za-z0-9_-]{43})$")
@@ -59,12 +58,6 @@ def refusal(conn: psycopg.Connection[Any], token_string: str) -> tokens.TokenRef
     with pytest.raises(tokens.TokenRefused) as caught, conn.transaction():
         tokens.consume(conn, token_string)
     return caught.value
-
-
-def uses(conn: psycopg.Connection[Any], token_id: str) -> int:
-    row = conn.execute("SELECT uses FROM join_tokens WHERE id = %s", (token_id,)).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def audit_rows(conn: psycopg.Connection[Any], action: str) -> list[tuple[Any, ...]]:

@@ -16,11 +16,10 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import pytest
 import trio
 import trio.testing
@@ -30,7 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from playwright import sync_api as playwright
 
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.rogue_edge import load_cluster
 from fixtures.tls import assert_refused_at_tls, served_certificate
 from fixtures.web_events import curl
 from oz0 import cluster, pki
@@ -42,7 +42,6 @@ from tests.web_support import CHROMIUM
 ADVERTISE = "127.0.0.160"
 ROGUE = "127.0.0.161"
 UI_NAME = "ui.uicert.example"
-StartServer = Callable[..., ServerProcess]
 
 
 def browser_handshake(address: str, ca_pem: bytes, server_name: str | None = None) -> bytes:
@@ -63,11 +62,6 @@ def served_ui_ca(address: str) -> bytes:
     answer = curl("-o", "-", "-w", "", f"https://{address}:8443/ca.pem")
     assert answer.returncode == 0 and "BEGIN CERTIFICATE" in answer.stdout, answer.stderr
     return answer.stdout.encode()
-
-
-def loaded(files: ClusterFiles) -> cluster.Cluster:
-    with psycopg.connect(files.main_db) as conn:
-        return cluster.load(conn, pki.read_master_key(files.master_key))
 
 
 def s_client(*args: str) -> subprocess.CompletedProcess[str]:
@@ -103,7 +97,7 @@ def test_a_browser_gets_the_ui_chain_whose_ca_is_constrained_to_the_cluster_name
     assert constraints.value.excluded_subtrees is None
     assert ui_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     # The UI CA is the cluster's own (sealed in its row), not the cluster CA.
-    held = loaded(cluster_files)
+    held = load_cluster(cluster_files)
     assert held.ui_ca is not None and held.ui_ca.cert == ui_ca
     assert ui_ca != held.cluster_ca.cert
 
@@ -142,7 +136,7 @@ def test_the_ui_ca_is_good_for_no_other_name_and_signs_no_operator_the_api_takes
     cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
     start_server(cluster_files, ADVERTISE)
-    held = loaded(cluster_files)
+    held = load_cluster(cluster_files)
     assert held.ui_ca is not None
     ca_file = write(tmp_path / "ui-ca.pem", held.ui_ca_pem)
     key = pki.new_private_key()
@@ -266,7 +260,7 @@ def test_chromium_trusting_only_the_ui_ca_opens_the_sign_in_page_and_refuses_oth
     cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
 ) -> None:
     start_server(cluster_files, ADVERTISE, "--san", UI_NAME)
-    held = loaded(cluster_files)
+    held = load_cluster(cluster_files)
     assert held.ui_ca is not None
     key = pki.new_private_key()
 

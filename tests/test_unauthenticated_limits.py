@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,12 @@ from trio_websocket import ConnectionClosed
 
 from fixtures import edge_client, metrics, strangers
 from fixtures.agent import AgentProcess, connected
-from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.cluster import ClusterFiles, ServerProcess, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.tls import as_our_client
 from oz0.server.admission import MAX_PER_ADDRESS
 from tests.conftest import CliRunner, create_token
 
-StartServer = Callable[..., ServerProcess]
 SERVER = "127.0.0.81"
 ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
 EDGE = f"{SERVER}:7443"

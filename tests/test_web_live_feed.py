@@ -5,12 +5,13 @@ notifies `oz0_node_links` while the edge's heartbeat writes do not."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from fixtures.cluster import ClusterFiles
+from fixtures.web_events import events
 from oz0 import access, nodes
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
@@ -102,11 +103,6 @@ def test_the_window_of_changed_nodes_gives_each_list_what_came_since_it_looked()
     assert changed.outside(later[0], {"acme"}) is False  # not known: perhaps acme's
     changed.tenant_of[later[0]] = "acme"
     assert not changed.outside(later[0], {"acme"}) and changed.outside(later[0], {"beta"})
-
-
-async def events() -> AsyncGenerator[bytes, None]:
-    while True:
-        yield b": an event\n\n"
 
 
 async def test_a_stream_holds_its_slot_only_from_its_first_event_to_its_end() -> None:
