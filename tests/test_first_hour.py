@@ -66,7 +66,7 @@ def test_a_dev_start_prints_what_matters_and_logs_the_rest(tmp_path: Path) -> No
     assert all(line.startswith('{"level":') for line in temporal.splitlines())
     server = (logs / "server.log").read_text()
     assert " INFO pgserver: " in server
-    assert " INFO oz0.temporal.supervisor: Temporal serving on " in server
+    assert " INFO oz0.temporal.host_keeper: Temporal serving on " in server
     assert " INFO oz0_common.commands: received SIGTERM, stopping" in server
     for log in (logs / "temporal.log", logs / "server.log"):
         assert log.stat().st_mode & 0o777 == 0o600

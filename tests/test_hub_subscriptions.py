@@ -21,9 +21,9 @@ from oz0.server.https import Served
 from oz0.server.management import OperatorConnections
 from oz0.store.events import NODE_LINKS, NODES, OPERATORS, EventHub
 from oz0.store.listen import Notification
+from oz0.temporal.host_keeper import HostKeeper
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import Supervisor
 from oz0.web.live import Feed
 
 
@@ -119,7 +119,7 @@ def _blocking(subscribed: Callable[[], Any]) -> Callable[..., Awaitable[None]]:
 
 
 def _temporal_syncs(hub: EventHub) -> Callable[..., Awaitable[None]]:
-    host = cast(Supervisor, NONE)
+    host = cast(HostKeeper, NONE)
     nodes, operators = NodeAccessSync(NONE, hub, host), OperatorAccessSync(NONE, hub, host)
 
     @contextmanager

@@ -19,9 +19,9 @@ from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.store.events import EventHub
 from oz0.store.outage import MAX_RETRY, Outage, until_it_works
 from oz0.store.pool import Database
+from oz0.temporal.host_keeper import HostKeeper
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.role import StateRecorder
-from oz0.temporal.supervisor import Supervisor
 
 
 class FlakyDatabase:
@@ -158,7 +158,7 @@ async def test_node_access_sync_outlives_an_outage(
     fake = FlakyDatabase(lambda: ({}, 0))
     hub = EventHub("unused")
     # Never asked: the database is away, and then has no change to push.
-    sync = NodeAccessSync(as_db(fake), hub, cast(Supervisor, object()))
+    sync = NodeAccessSync(as_db(fake), hub, cast(HostKeeper, object()))
     fake.down = True
     async with trio.open_nursery() as nursery:
         await nursery.start(sync.run)

@@ -26,8 +26,8 @@ from oz0 import context
 from oz0.store.events import EventHub
 from oz0.store.pool import open_database
 from oz0.temporal import operator_access
+from oz0.temporal.host_keeper import HostKeeper
 from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 
 ADVERTISE = "127.0.0.140"
@@ -245,7 +245,7 @@ async def test_a_change_of_role_or_tenants_reaches_the_host_by_notification(
     with trio.fail_after(20):
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
-            sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
+            sync = OperatorAccessSync(db, hub, cast(HostKeeper, host))
             with sync.subscribed():
                 await nursery.start(hub.run_forever)
                 first = await sync.full_table()

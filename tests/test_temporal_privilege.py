@@ -67,9 +67,9 @@ from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
 from oz0.store.pool import Database, open_database
 from oz0.temporal import node_access, operator_access
+from oz0.temporal.host_keeper import HostKeeper
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import Supervisor
 from tests.conftest import CliRunner
 
 T = TypeVar("T")
@@ -502,7 +502,7 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
             assert (ended["type"], ended["code"]) == ("refused", "unknown"), ended
             nursery.cancel_scope.cancel()
     # Why, in the server's log: the host's refusal is logged by the host and passed on by
-    # the server's loop reading its stderr (oz0/temporal/supervisor.py read_log), which may
+    # the server's loop reading its stderr (oz0/temporal/host_keeper.py read_log), which may
     # come a moment after the refusal itself on a loaded machine.
     await trio_until(
         lambda: "node certificate is not the node's current one" in server.stderr(),
@@ -614,7 +614,7 @@ async def test_a_renewal_reaches_the_host_by_notification(
     with trio.fail_after(20):
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
-            sync = OperatorAccessSync(db, hub, cast(Supervisor, host))
+            sync = OperatorAccessSync(db, hub, cast(HostKeeper, host))
             with sync.subscribed():
                 await nursery.start(hub.run_forever)
                 first = await sync.full_table()
@@ -637,7 +637,7 @@ async def test_operator_sync_survives_a_database_outage(
     with trio.fail_after(30):
         async with open_database(cluster_files.main_db) as real:
             db = FlakyDatabase(real, failures=3)
-            sync = OperatorAccessSync(db, EventHub(cluster_files.main_db), cast(Supervisor, host))
+            sync = OperatorAccessSync(db, EventHub(cluster_files.main_db), cast(HostKeeper, host))
             for _ in range(3):
                 assert await sync.sync_once() is False
             assert host.pushed == []
@@ -680,7 +680,7 @@ async def test_a_node_key_change_reaches_the_host_by_notification_and_last_seen_
     with trio.fail_after(20):
         async with open_database(cluster_files.main_db) as db, trio.open_nursery() as nursery:
             hub = EventHub(cluster_files.main_db)
-            sync = NodeAccessSync(db, hub, cast(Supervisor, host))
+            sync = NodeAccessSync(db, hub, cast(HostKeeper, host))
             with sync.subscribed():
                 await nursery.start(hub.run_forever)
                 first = await sync.full_table()

@@ -47,7 +47,7 @@ from oz0.server import cluster_counts
 from oz0.server.cluster_counts import LIVE_JOB_STATES, ClusterCounts
 from oz0.server.edge.metrics import EdgeMetrics
 from oz0.store.pool import Database
-from oz0.temporal.supervisor import HOST_STATES, Supervisor
+from oz0.temporal.host_keeper import HOST_STATES, HostKeeper
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +286,8 @@ class TemporalHost(Collector):
     """The state of this server's Temporal host, read from SUPERVISOR at each scrape:
     registered once the temporal role runs (start.py), so it always has one."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._supervisor = supervisor
+    def __init__(self, keeper: HostKeeper) -> None:
+        self._keeper = keeper
 
     def collect(self) -> Iterable[Metric]:
         state = GaugeMetricFamily(
@@ -296,12 +296,12 @@ class TemporalHost(Collector):
             labels=["state"],
         )
         for name in HOST_STATES:
-            state.add_metric([name], 1.0 if self._supervisor.state == name else 0.0)
+            state.add_metric([name], 1.0 if self._keeper.state == name else 0.0)
         yield state
         yield CounterMetricFamily(
             "oz0_temporal_host_restarts",
             "Times this server's Temporal host stopped after serving and was started again.",
-            value=self._supervisor.restarts,
+            value=self._keeper.restarts,
         )
 
 

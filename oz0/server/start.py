@@ -40,7 +40,7 @@ from oz0.store.pool import open_database
 from oz0.temporal import host as temporal_host
 from oz0.temporal import role as temporal_role
 from oz0.temporal.host import TemporalStores, host_binary
-from oz0.temporal.supervisor import HostSettings
+from oz0.temporal.host_keeper import HostSettings
 from oz0.web.live import Feed
 from oz0_common import commands as process
 from oz0_common.addresses import EDGE_PORT, MANAGEMENT_PORT, url_host
@@ -189,7 +189,7 @@ async def run_server(
         hub = EventHub(conninfo)
         await nursery.start(hub.run_forever)
         temporal = await nursery.start(temporal_role.run, db, hub, settings, certs, server_id)
-        metrics.registry.register(TemporalHost(temporal.supervisor))
+        metrics.registry.register(TemporalHost(temporal.keeper))
         jobs = JobsRole(
             db, hub, lambda: temporal.frontend, server_id, ca=cluster.cluster_ca,
             keeper=SecretKeeper.of(cluster), on_ended=metrics.job_ended,
@@ -213,7 +213,7 @@ async def run_server(
             server_id=server_id,
             temporal=temporal,
             metrics=metrics,
-            readiness=Readiness(db, metrics.heartbeat_age, lambda: temporal.supervisor.state),
+            readiness=Readiness(db, metrics.heartbeat_age, lambda: temporal.keeper.state),
             kick_jobs=jobs.kick,
             in_namespace=jobs.in_namespace,
             hub=hub,

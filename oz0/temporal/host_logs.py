@@ -1,6 +1,6 @@
 """How the Temporal host's log lines become ours.
 
-The Temporal host writes Temporal's own JSON log lines on its stderr; the supervisor hands
+The Temporal host writes Temporal's own JSON log lines on its stderr; the host keeper hands
 each one to `host_line`, which logs it on TEMPORAL_LOGGER at Temporal's level (where those
 lines go is the server's logging set-up, oz0.server.logs).
 """

@@ -28,7 +28,7 @@ from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
+from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def read_changed(conn: psycopg.Connection[Any], since: int, ids: set[str]) -> tu
 class NodeAccessSync:
     db: Database
     hub: EventHub
-    supervisor: Supervisor
+    keeper: HostKeeper
     revision: int = 0
     _pending_ids: set[str] = field(default_factory=set)
     _wake: trio.Event = field(default_factory=trio.Event)
@@ -154,7 +154,7 @@ class NodeAccessSync:
 
     async def _push(self, nodes: NodeTable, *, replace: bool) -> bool:
         try:
-            await self.supervisor.command("authz", nodes=nodes, replace=replace)
+            await self.keeper.command("authz", nodes=nodes, replace=replace)
         except (HostUnavailable, HostFailed) as e:
             # The next host start reads the whole table anyway.
             log.debug("node table not pushed: %s", e)

@@ -25,7 +25,7 @@ from oz0.store.events import OPERATORS, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.supervisor import HostFailed, HostUnavailable, Supervisor
+from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ OperatorTable = dict[str, dict[str, Any]]
 class OperatorAccessSync:
     db: Database
     hub: EventHub
-    supervisor: Supervisor
+    keeper: HostKeeper
     # What the host holds, as far as we know; None until the first push or host start.
     pushed: OperatorTable | None = None
     _wake: trio.Event = field(default_factory=trio.Event)
@@ -88,7 +88,7 @@ class OperatorAccessSync:
         if table == self.pushed:
             return True
         try:
-            await self.supervisor.command("operators", operators=table)
+            await self.keeper.command("operators", operators=table)
         except (HostUnavailable, HostFailed) as e:
             # The next host start reads the whole table anyway.
             log.debug("operators' grants not pushed: %s", e)

@@ -1,4 +1,4 @@
-"""The temporal role as the server runs it: supervisor, node table sync, namespaces."""
+"""The temporal role as the server runs it: the host kept running, node table sync, namespaces."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ from oz0.store.outage import DATABASE_ERRORS, Outage
 from oz0.store.pool import Database
 from oz0.temporal import namespaces
 from oz0.temporal.host import FRONTEND_PORT
-from oz0.temporal.node_access import NodeAccessSync
-from oz0.temporal.operator_access import OperatorAccessSync
-from oz0.temporal.supervisor import (
+from oz0.temporal.host_keeper import (
     HostFailed,
+    HostKeeper,
     HostSettings,
     HostTables,
     HostUnavailable,
-    Supervisor,
 )
+from oz0.temporal.node_access import NodeAccessSync
+from oz0.temporal.operator_access import OperatorAccessSync
 from oz0_common.addresses import host_port
 from oz0_common.asyncio_portal import Portal, asyncio_portal
 
@@ -50,9 +50,9 @@ class Certificates(Protocol):
 
 @dataclass(frozen=True)
 class Temporal:
-    """What other roles use: the supervisor (commands to the host) and the frontend."""
+    """What other roles use: the keeper of the host (commands to it) and the frontend."""
 
-    supervisor: Supervisor
+    keeper: HostKeeper
     certs: Certificates
     advertise: str
     # Where the namespace calls run (temporalio is asyncio-only).
@@ -141,14 +141,14 @@ async def run(
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     recorder = StateRecorder(db, server_id)
-    supervisor = Supervisor(settings, tls=certs.temporal_tls, on_state=recorder.record)
-    sync = NodeAccessSync(db, hub, supervisor)
-    operator_sync = OperatorAccessSync(db, hub, supervisor)
+    keeper = HostKeeper(settings, tls=certs.temporal_tls, on_state=recorder.record)
+    sync = NodeAccessSync(db, hub, keeper)
+    operator_sync = OperatorAccessSync(db, hub, keeper)
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
         try:
-            await supervisor.command(
+            await keeper.command(
                 "tls",
                 frontendCert=tls["frontendCert"],
                 frontendKey=tls["frontendKey"],
@@ -169,10 +169,10 @@ async def run(
         async with asyncio_portal("oz0-temporal-calls") as portal, trio.open_nursery() as nursery:
             nursery.start_soon(recorder.retry_forever)
             tables = HostTables(nodes=sync.full_table, operators=operator_sync.full_table)
-            await nursery.start(supervisor.run, tables)
+            await nursery.start(keeper.run, tables)
             await nursery.start(sync.run)
             await nursery.start(operator_sync.run)
-            temporal = Temporal(supervisor, certs, settings.advertise, portal)
+            temporal = Temporal(keeper, certs, settings.advertise, portal)
             retentions = await db.transaction(tenant_retentions)
             registered = await temporal.ensure_namespaces(retentions)
             if registered:

@@ -1,7 +1,7 @@
-"""The temporal role: run the host as a child, restart it when it dies, talk to it.
+"""The temporal role's host keeper: run the host as a child, restart it when it dies, talk to it.
 
 The host reads its configuration and PEMs on stdin and answers each later command with
-an acknowledgement on stdout, so a caller of `Supervisor.command` knows the change is in
+an acknowledgement on stdout, so a caller of `HostKeeper.command` knows the change is in
 force. Closing its stdin stops it; so does our death, since the kernel then closes it.
 """
 
@@ -166,12 +166,12 @@ class HostTables:
     operators: Callable[[], Awaitable[dict[str, dict[str, Any]]]]
 
 
-# What `Supervisor.state` can be.
+# What `HostKeeper.state` can be.
 HOST_STATES = ("starting", "serving", "restarting")
 
 
 @dataclass
-class Supervisor:
+class HostKeeper:
     """Keeps one host serving; others call `command` to change what it enforces."""
 
     settings: HostSettings
@@ -202,7 +202,7 @@ class Supervisor:
         self,
         tables: HostTables,
         *,
-        task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[HostKeeper] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Start the host with TABLES and keep it running. The first start must succeed: a
         failure then is a configuration problem and ends the server with its reason."""
@@ -224,7 +224,7 @@ class Supervisor:
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    async def _run_once(self, tables: HostTables, task_status: trio.TaskStatus[Supervisor]) -> None:
+    async def _run_once(self, tables: HostTables, task_status: trio.TaskStatus[HostKeeper]) -> None:
         config = self.settings.config(self.tls(), await tables.nodes(), await tables.operators())
         process = await trio.lowlevel.open_process(
             [str(host_binary()), "serve"],
