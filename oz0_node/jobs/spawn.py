@@ -269,22 +269,6 @@ class _Clone3:
                 os.close(fd)
 
 
-# Signals whose disposition a process may set (all but SIGKILL and SIGSTOP).
-_RESETTABLE = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
-# Those the interpreter ignores on purpose; Popen's child and the clone3 child restore them.
-_INTERPRETER_IGNORES = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
-
-
-def unignore_inherited() -> None:
-    """Give every signal this process inherited ignored its default again (a shell's `&`
-    ignores SIGINT and SIGQUIT, nohup SIGHUP): an ignored signal survives fork and exec, so
-    each command started from here would begin ignoring it. For the supervisor, whose
-    commands may start through Popen, which restores only what the interpreter ignores."""
-    for sig in _RESETTABLE:
-        if sig not in _INTERPRETER_IGNORES and signal.getsignal(sig) == signal.SIG_IGN:
-            signal.signal(sig, signal.SIG_DFL)
-
-
 def _child(
     fail: int,
     stdio: tuple[int, int, int],
@@ -303,12 +287,9 @@ def _child(
         for fd, number in zip(stdio, (0, 1, 2), strict=True):
             os.dup2(fd, number)
         os.chdir(workdir)
-        # Every signal as the default, none blocked: an ignored one survives exec, and the
-        # agent may have been started ignoring some (the interpreter ignores SIGPIPE and
-        # SIGXFSZ; a shell's `&` ignores SIGINT and SIGQUIT, nohup SIGHUP).
-        for sig in _RESETTABLE:
+        # What the interpreter ignores, the command gets as the default (as Popen does).
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setsid()
         if tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
