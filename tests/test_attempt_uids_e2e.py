@@ -129,6 +129,9 @@ def test_two_jobs_at_once_on_one_node_cannot_reach_each_other_and_leave_nothing(
     tmp_path: Path,
     agents: list[AgentProcess],
 ) -> None:
+    # Without them the probe's tries fail for another reason ("not found") and prove nothing.
+    missing = [tool for tool in ("crontab", "at") if shutil.which(tool) is None]
+    assert not missing, f"{', '.join(missing)} missing: install Debian's cron and at (.ci/run does)"
     start_server(cluster_files, SERVER)
     env = cluster_files.cli_env
     agents.append(joined_agent(cli, cluster_files, tmp_path))

@@ -31,8 +31,11 @@ ADDRESS = "127.0.0.54"
 # `nox -s tests` builds the wheel before pytest starts and names it here (noxfile.py).
 WHEEL_ENV = "OZ0_WHEEL"
 STOCK_PYTHON = "/usr/bin/python3"
-# What a machine without Go has on its PATH (Go lives in /usr/local/go/bin here and in CI).
-BARE_PATH = "/usr/bin:/bin"
+# What a machine without Go has on its PATH (Go lives in /usr/local/go/bin here and in CI):
+# the system's directories of root's PATH (/etc/login.defs), /usr/local left out. With sbin:
+# embedded PostgreSQL's first start as root runs `useradd` (a user of its own), which
+# /usr/bin:/bin could not find where no earlier run had made that user.
+BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 CARRIED = ("oz0/temporal/host/bin/oz0-temporal-host", "oz0/agent_file/bin/oz0-node")
 
 
