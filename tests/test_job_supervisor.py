@@ -36,7 +36,7 @@ from oz0_node.jobs.attempt_files import (
     SupervisedSpec,
     attempts_root,
 )
-from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE, UidClaims
+from oz0_node.jobs.attempt_uids import CLAIMS_DIR, DEFAULT_RANGE, UidClaims, UidRange
 from oz0_node.jobs.isolation import Limits
 from oz0_node.jobs.launcher import Launcher
 from oz0_node.jobs.process import KILL_GRACE
@@ -483,14 +483,19 @@ def test_what_escaped_subreaper_tracking_is_ended_by_the_sweep_of_its_own_uid(
 def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
     tracking: str, data_dir: Path, pids: list[int]
 ) -> None:
+    # Claims of its own, on UIDs no agent uses: once the supervisor is dead its claim is
+    # stale, and an agent starting meanwhile (another file's, side by side) sweeps the
+    # machine's stale claims, which would end its leftovers before the test looked.
+    isolation = isolation_for(data_dir, tracking, supervised=True)
+    isolation.uids = claims = UidClaims(UidRange(60900, 60999), data_dir / "uid-claims")
     supervised = launch(
         data_dir,
         spec_of("sh", "-c", f"{LEAVE_BEHIND}; echo $$ $PWD $(id -u); sleep 600"),
-        isolation_for(data_dir, tracking, supervised=True),
+        isolation,
     )
     *left, shell_and_dir = output_lines(supervised, 4)
     shell, workdir, uid = shell_and_dir.split()
-    claim = CLAIMS_DIR / uid
+    claim = claims.path(int(uid))
     assert claim.is_file(), "its own UID is claimed while it runs"
     numbers = [int(n) for n in left] + [int(shell)]
     pids.extend(numbers)
@@ -504,17 +509,9 @@ def test_a_killed_supervisors_leftovers_are_ended_and_its_directory_emptied(
     assert not Path(workdir).exists() and no_cgroup_left()
     assert not (supervised.dir / TRACKING_FILE).exists()
 
-    # Its UID (recorded in tracking.json) swept and given up: nothing of it is left. By
-    # this or by another agent of the machine: every agent sweeps the stale claims it finds
-    # when it starts (the other files' agents, side by side), and ours found that one's
-    # sweep holding the claim. Asked again until whoever holds it is done.
-    def given_up() -> bool:
-        if not claim.exists():
-            return True
-        UidClaims().reclaim(int(uid), uid_sweep.sweep)  # None while another holds it
-        return not claim.exists()
-
-    wait_until(given_up, 10.0, "its UID's claim was kept", step=0.05)
+    # Its UID (recorded in tracking.json) swept and given up: nothing of it is left.
+    assert not claim.exists() or claims.reclaim(int(uid), uid_sweep.sweep) is not None
+    assert not claim.exists(), "its UID's claim was kept"
     assert all(p.zombie for p in uid_sweep.processes(lambda u: u == int(uid)))
     supervised.remove()
     assert find_all(data_dir) == []
