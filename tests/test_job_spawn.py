@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -108,6 +109,36 @@ def test_the_command_is_born_in_its_cgroup_as_the_job_user_in_a_session_of_its_o
     assert fds.split() == ["0", "1", "2", "3"], "its three, and the one ls opened"
     assert ignored.split() == ["SigIgn:", "0" * 16], "no signal left ignored"
     assert stdin == "/dev/null"
+
+
+@pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py
+def test_the_command_starts_with_no_signal_ignored_or_blocked_whatever_the_agent_inherited(
+    cgroup: Path, tmp_path: Path, popen_calls: list[bool]
+) -> None:
+    # An agent started by a shell's `&` ignores SIGINT and SIGQUIT, one under nohup SIGHUP;
+    # a thread of it may block one. Read by grep itself: a shell clears its mask as it starts.
+    inherited = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in inherited]
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1,))
+    try:
+        code, out, err = run(
+            spawn(
+                ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"],
+                cwd=tmp_path,
+                env={"PATH": PATH},
+                steps=steps_for(cgroup),
+            )
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGUSR1,))
+        for sig, handler in zip(inherited, before, strict=True):
+            signal.signal(sig, handler)
+    assert code == 0, err
+    assert popen_calls == [], "clone3, not Popen"
+    assert sorted(line.split() for line in out.splitlines()) == [
+        ["SigBlk:", "0" * 16],
+        ["SigIgn:", "0" * 16],
+    ]
 
 
 @pytest.mark.one_thread  # clone3's child runs Python: fixtures/one_thread.py

@@ -400,6 +400,29 @@ def test_stop_works_for_a_supervisor_launched_from_a_thread_that_blocks_sigterm(
     assert (status.ended_because, status.signal) == ("stopped", signal.SIGTERM)
 
 
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_the_command_ignores_no_signal_the_agent_was_started_ignoring(
+    data_dir: Path, tracking: str
+) -> None:
+    # A shell's `&` ignores SIGINT and SIGQUIT, nohup SIGHUP; a supervisor inherits them
+    # (here from the test). Each way of starting the command (clone3 into its cgroup, or
+    # Popen under the subreaper) must start it with none of them ignored.
+    inherited = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in inherited]
+    try:
+        supervised = launch(
+            data_dir,
+            spec_of("grep", "^SigIgn", "/proc/self/status"),
+            isolation_for(data_dir, tracking, supervised=True),
+        )
+    finally:
+        for sig, handler in zip(inherited, before, strict=True):
+            signal.signal(sig, handler)
+    assert wait_status(supervised).exit_code == 0
+    out = b"".join(r.data for r in all_output(supervised) if r.stream == "stdout")
+    assert out.split() == [b"SigIgn:", b"0" * 16]
+
+
 def test_a_timeout_ends_the_command_and_says_so(data_dir: Path) -> None:
     supervised = launch(
         data_dir,

@@ -51,6 +51,23 @@ NOT_HERE = (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG, errno.EOPNOTSU
 STEPS, EXEC = b"steps", b"exec"
 
 
+# Signals whose disposition a process may set (all but SIGKILL and SIGSTOP).
+_RESETTABLE = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+# Those the interpreter ignores on purpose; Popen's child and the clone3 child restore them.
+_INTERPRETER_IGNORES = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+
+
+def unignore_inherited() -> None:
+    """Give every signal this process inherited ignored its default again (a shell's `&`
+    ignores SIGINT and SIGQUIT, nohup SIGHUP): an ignored signal survives fork and exec, so
+    each command started from here would begin ignoring it. For the supervisor, whose
+    commands may start through Popen with no pre-exec step, which restores only what the
+    interpreter ignores."""
+    for sig in _RESETTABLE:
+        if sig not in _INTERPRETER_IGNORES and signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 @dataclass(frozen=True)
 class ChildSteps:
     """What the command's process does before its exec, in this order: be in CGROUP (a v2
@@ -85,8 +102,14 @@ class ChildSteps:
         procs = [os.fsencode(self.cgroup / "cgroup.procs")] if self.cgroup is not None else []
         procs += self.join
         private, rlimits, user, o_wronly = self.private, self.rlimits, self.user, os.O_WRONLY
+        resettable, default = _RESETTABLE, signal.SIG_DFL
 
         def preexec() -> None:
+            # As the clone3 child does: no signal left ignored or blocked (Popen restores
+            # only what the interpreter ignores).
+            for sig in resettable:
+                signal.signal(sig, default)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
             for path in procs:
                 fd = os.open(path, o_wronly)
                 try:
@@ -287,9 +310,12 @@ def _child(
         for fd, number in zip(stdio, (0, 1, 2), strict=True):
             os.dup2(fd, number)
         os.chdir(workdir)
-        # What the interpreter ignores, the command gets as the default (as Popen does).
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        # Every signal as the default, none blocked: an ignored one survives exec, and the
+        # agent may have been started ignoring some (the interpreter ignores SIGPIPE and
+        # SIGXFSZ; a shell's `&` ignores SIGINT and SIGQUIT, nohup SIGHUP).
+        for sig in _RESETTABLE:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setsid()
         if tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)

@@ -76,7 +76,7 @@ from oz0_node.jobs.attempt_files import (
 )
 from oz0_node.jobs.isolation import AttemptRecord, Isolation, Placement
 from oz0_node.jobs.process import GONE_POLL, KILL_GRACE, REAP_TIMEOUT
-from oz0_node.jobs.spawn import Command, spawn
+from oz0_node.jobs.spawn import Command, spawn, unignore_inherited
 from oz0_node.jobs.tracking import PROCESS_GROUP, SCAN_EVERY, SUBREAPER, become_subreaper
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def main(lock: int | None = None) -> None:
     # Whatever the agent's thread that launched it blocked (a fork keeps its signal mask):
     # a stop must get through, and the command must not start with signals blocked.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # Nor ignoring what the agent was started ignoring.
+    unignore_inherited()
     # A SIGTERM from now on is a stop (`Supervised.stop`), not its death.
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
