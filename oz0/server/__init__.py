@@ -21,6 +21,8 @@ Its modules:
   certificate.
 - `join_command.py`: the one shell command line a node joins with, as `token create`, its
   `--json` and the web UI's token page give it (docs/manage-nodes.md, "Join a node").
+- `lingering.py`: an answer given before its request's body came in ends only once the rest
+  of the body is read (a lingering close), so the client reads the answer, not a reset.
 - `logs.py`: where a server's log lines go: the console, and with a log directory its files.
 - `loop_lag.py`: how late the server's one Trio thread wakes a task: what every stream and
   request waits.

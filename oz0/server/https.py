@@ -20,6 +20,10 @@ no longer trusted (its operator removed, or given a new one) can be cut at once
 (`Served.cut`); a connection's requests in flight end with it, or, for a certificate
 replaced by a new one, are answered first.
 
+An answer given before its request's body came in ends once the rest of the body is read
+(`oz0.server.lingering`): closed at once, the connection would be reset under a client
+still sending, which could lose the answer.
+
 `Served.drain` stops it gracefully: the listeners close (a new connection is refused),
 idle connections close, and each connection closes once its request in flight is
 answered (hypercorn's `terminated`, as its own `trio/run.py` shuts down).
@@ -43,6 +47,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from oz0.server.admission import Admission, Slot, peer_address
+from oz0.server.lingering import LingeringClose
 from oz0.server.tls import open_tls_listeners
 
 log = logging.getLogger(__name__)
@@ -259,7 +264,7 @@ async def serve_https(
     config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
     config.accesslog = None
     admission = Admission(f"management {host}:{port}", on_refused=on_refused)
-    wrapper = ASGIWrapper(app)
+    wrapper = ASGIWrapper(LingeringClose(app))
     context = WorkerContext(None)
     served = Served(context)
     lifespan_state: dict[str, Any] = {}
