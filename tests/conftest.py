@@ -135,6 +135,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     one_thread.describe(config)
+    # Before collection: the modules that run jobs as this account decide at import whether
+    # they can (a skip on a fresh machine, where no earlier run had made it).
+    ensure_job_user(DEFAULT_JOB_USER)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -326,10 +329,10 @@ def not_a_subreaper_after() -> Iterator[None]:
     stop_being_subreaper()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def job_user() -> str:
-    """The account `oz0-job`, for the tests that run jobs as a named account
-    (`--job-user`) and for the previous release's agents (tests/test_rolling_upgrade.py),
-    which needed it as root; this release's agents give each attempt a UID of its own."""
-    ensure_job_user(DEFAULT_JOB_USER)
+    """The account `oz0-job` (made before collection: `pytest_configure`), for the tests
+    that run jobs as a named account (`--job-user`) and for the previous release's agents
+    (tests/test_rolling_upgrade.py), which needed it as root; this release's agents give
+    each attempt a UID of its own."""
     return DEFAULT_JOB_USER
