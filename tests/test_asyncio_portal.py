@@ -11,7 +11,9 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -19,6 +21,7 @@ import trio
 from fixtures.syntax_trees import parsed
 from oz0_common.asyncio_portal import (
     CallCancelled,
+    Portal,
     PortalClosed,
     PortalStuck,
     TrioPortal,
@@ -36,6 +39,34 @@ CROSSINGS = {
     "run_coroutine_threadsafe",
     "call_soon_threadsafe",
 }
+
+
+def stubborn_until(
+    release: threading.Event, nap: float = 3600.0
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """A coroutine function whose task swallows every cancellation until RELEASE is set:
+    the bug the portal must report (or name) rather than hang on."""
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(nap)
+
+    return stubborn
+
+
+def start_stubborn(portal: Portal, release: threading.Event) -> None:
+    portal.call_soon(lambda: asyncio.get_running_loop().create_task(stubborn_until(release)()))
+
+
+async def let_go(portal: Portal, thread_name: str, release: threading.Event) -> None:
+    """Release the stubborn task and see the portal's thread end: the test leaves no
+    thread behind."""
+    release.set()
+    thread = next(t for t in threading.enumerate() if t.name == thread_name)
+    portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
+    await trio.to_thread.run_sync(thread.join, BOUND)
+    assert not thread.is_alive()
 
 
 class Boom(Exception):
@@ -141,42 +172,25 @@ async def test_a_task_that_will_not_stop_is_reported_within_the_bound(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     release = threading.Event()
-
-    async def stubborn() -> None:
-        while not release.is_set():
-            with contextlib.suppress(asyncio.CancelledError):  # the bug this reports
-                await asyncio.sleep(3600)
-
     with trio.fail_after(BOUND):
         began = time.monotonic()
         with pytest.raises(PortalStuck, match=r"did not stop within 0\.5 s"):
             async with asyncio_portal("oz0-test-stuck", stop_within=0.5) as portal:
-                portal.call_soon(lambda: asyncio.get_running_loop().create_task(stubborn()))
+                start_stubborn(portal, release)
                 await portal.call(asyncio.sleep, 0.05)
         assert time.monotonic() - began < 3.0
     assert any("oz0-test-stuck: its asyncio thread did not stop" in m for m in caplog.messages)
-    # Let it go, so the test leaves no thread behind.
-    release.set()
-    thread = next(t for t in threading.enumerate() if t.name == "oz0-test-stuck")
-    portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
-    await trio.to_thread.run_sync(thread.join, BOUND)
-    assert not thread.is_alive()
+    await let_go(portal, "oz0-test-stuck", release)
 
 
 async def test_a_cancelled_call_whose_task_will_not_end_is_named_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     release = threading.Event()
-
-    async def stubborn() -> None:
-        while not release.is_set():
-            with contextlib.suppress(asyncio.CancelledError):  # the bug this names
-                await asyncio.sleep(0.05)
-
     async with asyncio_portal("oz0-test-named", stop_within=0.3) as portal:
         began = time.monotonic()
         with trio.move_on_after(0.2):
-            await portal.call(stubborn)
+            await portal.call(stubborn_until(release, nap=0.05))
         assert time.monotonic() - began < 2.0
         assert any(
             "oz0-test-named:" in m and "stubborn" in m and "had not ended 0.3 s" in m
@@ -189,23 +203,13 @@ async def test_a_block_left_with_an_error_keeps_it_even_if_the_thread_is_stuck(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     release = threading.Event()
-
-    async def stubborn() -> None:
-        while not release.is_set():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(3600)
-
     with trio.fail_after(BOUND), pytest.raises(Boom):
         async with asyncio_portal("oz0-test-stuck-error", stop_within=0.2) as portal:
-            portal.call_soon(lambda: asyncio.get_running_loop().create_task(stubborn()))
+            start_stubborn(portal, release)
             await portal.call(asyncio.sleep, 0.05)
             raise Boom("the block's own error")
     assert any("oz0-test-stuck-error: its asyncio thread" in m for m in caplog.messages)
-    release.set()
-    thread = next(t for t in threading.enumerate() if t.name == "oz0-test-stuck-error")
-    portal.call_soon(lambda: [t.cancel() for t in asyncio.all_tasks()])
-    await trio.to_thread.run_sync(thread.join, BOUND)
-    assert not thread.is_alive()
+    await let_go(portal, "oz0-test-stuck-error", release)
 
 
 async def test_a_cancelled_call_returns_once_its_asyncio_side_has_ended() -> None:

@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from fixtures.job_workflow_fakes import (
     SERVER,
     Attempt,
-    Fleet,
+    FakeFleet,
     Result,
     exits,
     grant_of,
@@ -44,7 +44,7 @@ ADVERTISE = SERVER  # the module's one server (`served`, tests/conftest.py)
 
 
 def test_exit_0_succeeds(operator: Credentials) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     job = job_input(command=["sh", "-c", "exit 0"], env={"K": "V"}, timeout=30.0)
 
     async def scenario() -> None:
@@ -80,7 +80,7 @@ def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
         return {**result_of(3), "applied": applied}
 
     # The second node is an older agent: it says nothing of what it applied.
-    fleet = Fleet({"a": applies, "b": exits(0)})
+    fleet = FakeFleet({"a": applies, "b": exits(0)})
     job = job_input(limits=limits, retries=1)
 
     async def scenario() -> None:
@@ -101,7 +101,7 @@ def test_limits_reach_every_attempt_and_what_the_node_applied_is_recorded(
 def test_a_failing_command_is_retried_elsewhere_first_then_fails_with_its_exit_code(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(3), "b": exits(3)})
+    fleet = FakeFleet({"a": exits(3), "b": exits(3)})
     job = job_input(retries=2)
 
     async def scenario() -> None:
@@ -133,7 +133,7 @@ async def refuses(attempt: Attempt) -> Result:
 def test_an_attempt_its_node_refuses_fails_the_job_at_once_neither_retried_nor_moved(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": refuses, "b": exits(0)})
+    fleet = FakeFleet({"a": refuses, "b": exits(0)})
     job = job_input(retries=3)
 
     async def scenario() -> None:
@@ -151,7 +151,7 @@ def test_an_attempt_its_node_refuses_fails_the_job_at_once_neither_retried_nor_m
 def test_all_nodes_a_refused_part_is_not_retried_and_the_job_says_which_node_refused(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0), "b": refuses})
+    fleet = FakeFleet({"a": exits(0), "b": refuses})
     job = job_input(all_nodes=True, retries=2)
 
     async def scenario() -> None:
@@ -173,7 +173,7 @@ def test_a_command_timing_out_fails_the_job(operator: Credentials) -> None:
     async def times_out(attempt: Attempt) -> Result:
         return {**result_of(0), "exit_code": None, "ended_because": "timeout"}
 
-    fleet = Fleet({"a": times_out})
+    fleet = FakeFleet({"a": times_out})
     job = job_input(timeout=5.0)
 
     async def scenario() -> None:
@@ -186,7 +186,7 @@ def test_a_command_timing_out_fails_the_job(operator: Credentials) -> None:
 
 
 def test_a_removed_node_s_attempt_moves_without_using_up_retries(operator: Credentials) -> None:
-    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet = FakeFleet({"a": hangs, "b": exits(0)})
     fleet.finish_waits_for_nodes = True
     job = job_input(retries=0)
 
@@ -210,7 +210,7 @@ def test_a_removed_node_s_attempt_moves_without_using_up_retries(operator: Crede
 
 
 def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Credentials) -> None:
-    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet = FakeFleet({"a": hangs, "b": exits(0)})
     fleet.finish_waits_for_nodes = True
     job = job_input(no_move=True, retries=3)
 
@@ -231,7 +231,7 @@ def test_no_move_makes_a_removed_node_s_attempt_end_the_job_lost(operator: Crede
 
 def test_moves_are_capped(operator: Credentials, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_once, "MAX_MOVES", 2)
-    fleet = Fleet({"a": hangs, "b": hangs, "c": hangs})
+    fleet = FakeFleet({"a": hangs, "b": hangs, "c": hangs})
     fleet.finish_waits_for_nodes = True
     job = job_input(retries=5)
 
@@ -269,7 +269,7 @@ def test_a_job_whose_nodes_keep_going_away_ends_lost_after_20_moves(
 ) -> None:
     # The workflow as the servers run it (the module's own MAX_MOVES, the default
     # sandbox): every attempt's node stops at once, so each attempt is a move.
-    fleet = Fleet({"a": stops, "b": stops})
+    fleet = FakeFleet({"a": stops, "b": stops})
     job = job_input(retries=0)
 
     async def scenario() -> None:

@@ -22,7 +22,7 @@ from fixtures.job_workflow_fakes import (
     SERVER,
     Attempt,
     Behaviour,
-    Fleet,
+    FakeFleet,
     Result,
     exits,
     grant_of,
@@ -64,7 +64,7 @@ def answers_late(release: asyncio.Event, code: int) -> Behaviour:
 def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": stops, "b": exits(0)})
+    fleet = FakeFleet({"a": stops, "b": exits(0)})
     fleet.gone = "node purged"
     job = job_input(retries=0)
 
@@ -87,7 +87,7 @@ def test_a_node_stopping_ends_the_attempt_for_the_store_to_say_why_and_moves_it(
 def test_a_lost_node_s_attempt_is_moved_once_its_lost_after_passes_with_move_or_wait(
     operator: Credentials, on_lost: str
 ) -> None:
-    fleet = Fleet({"a": falls_silent, "b": exits(0)})
+    fleet = FakeFleet({"a": falls_silent, "b": exits(0)})
     fleet.gone = "node lost"
     job = job_input(retries=0, on_lost=on_lost, lost_after=1.0)
 
@@ -108,7 +108,7 @@ def test_a_first_attempt_placed_before_the_workflow_is_handed_out_without_a_step
 ) -> None:
     """The sweeper placed attempt 1 as it claimed the job (JobInput.first): the workflow's
     first task schedules it, no step before; a retry is placed by the step as ever."""
-    fleet = Fleet({"a": [exits(1), exits(0)], "b": exits(0)})
+    fleet = FakeFleet({"a": [exits(1), exits(0)], "b": exits(0)})
     node = fleet.node("a")
     first = Placed(1, node, grant=grant_of(1, node))
     job = job_input(retries=1, first=first)
@@ -141,7 +141,7 @@ def test_a_first_attempt_placed_before_the_workflow_is_handed_out_without_a_step
 def test_an_attempt_no_node_heard_of_is_given_to_its_node_again_not_moved_nor_lost(
     operator: Credentials, all_nodes: bool
 ) -> None:
-    fleet = Fleet({"a": [never_heard, exits(0)], "b": exits(0)})
+    fleet = FakeFleet({"a": [never_heard, exits(0)], "b": exits(0)})
     job = job_input(retries=0, on_lost="fail", lost_after=1.0, all_nodes=all_nodes)
 
     async def scenario() -> None:
@@ -163,7 +163,7 @@ def test_an_attempt_no_node_heard_of_is_given_again_within_seconds_not_after_its
 ) -> None:
     """Its lost-after (120 s) is past the job's bound: the workflow asks Temporal about the
     attempt HEARD_AFTER after handing it out, fails it by ID as unheard and gives it again."""
-    fleet = Fleet({"a": [never_heard, exits(0)], "b": exits(0)})
+    fleet = FakeFleet({"a": [never_heard, exits(0)], "b": exits(0)})
     job = job_input(retries=0, on_lost="fail", lost_after=120.0, all_nodes=all_nodes)
 
     async def scenario() -> None:
@@ -196,7 +196,7 @@ def test_a_heard_attempt_is_not_failed_and_a_short_job_costs_one_timer(
         return result_of(0)
 
     async def scenario() -> None:
-        fleet = Fleet({"a": beats_then_exits})
+        fleet = FakeFleet({"a": beats_then_exits})
         async with workflow_running(operator, fleet, job_input()) as j:
             await asyncio.sleep(wf.HEARD_AFTER + 3)
             release.set()
@@ -204,7 +204,7 @@ def test_a_heard_attempt_is_not_failed_and_a_short_job_costs_one_timer(
             long = await j.handle.fetch_history()
         assert fleet.ran("a") == [1]
         assert kinds(long).count("timer_started_event_attributes") == 1
-        fleet = Fleet({"a": exits(0)})
+        fleet = FakeFleet({"a": exits(0)})
         async with workflow_running(operator, fleet, job_input()) as j:
             assert await j.result() == "succeeded"
             short = await j.handle.fetch_history()
@@ -223,7 +223,7 @@ def kinds(history: Any) -> list[str]:
 
 
 def test_an_attempt_never_heard_of_three_times_is_lost_as_before(operator: Credentials) -> None:
-    fleet = Fleet({"a": never_heard, "b": exits(0)})
+    fleet = FakeFleet({"a": never_heard, "b": exits(0)})
     fleet.gone = "node lost"
     job = job_input(retries=0, on_lost="fail", lost_after=1.0)
 
@@ -238,7 +238,7 @@ def test_an_attempt_never_heard_of_three_times_is_lost_as_before(operator: Crede
 def test_on_lost_fail_ends_the_job_lost_when_its_node_is_lost_and_runs_it_nowhere_else(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": falls_silent, "b": exits(0)})
+    fleet = FakeFleet({"a": falls_silent, "b": exits(0)})
     fleet.gone = "node lost"
     job = job_input(retries=3, on_lost="fail", lost_after=1.0)
 
@@ -260,7 +260,7 @@ def test_on_lost_fail_ends_the_job_lost_when_its_node_is_lost_and_runs_it_nowher
 def test_on_lost_fail_does_not_run_again_what_a_stopping_node_killed(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": stops, "b": exits(0)})
+    fleet = FakeFleet({"a": stops, "b": exits(0)})
     fleet.gone = "node lost"
     job = job_input(on_lost="fail")
 
@@ -277,7 +277,7 @@ def test_on_lost_fail_does_not_run_again_what_a_stopping_node_killed(
 
 
 def test_on_lost_fail_still_moves_an_attempt_off_a_blocked_node(operator: Credentials) -> None:
-    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet = FakeFleet({"a": hangs, "b": exits(0)})
     job = job_input(on_lost="fail", lost_after=60.0)
 
     async def scenario() -> None:
@@ -297,7 +297,7 @@ def test_on_lost_fail_still_moves_an_attempt_off_a_blocked_node(operator: Creden
 def test_each_attempt_is_activity_attempt_n_lost_after_its_job_s_lost_after(
     operator: Credentials, on_lost: str, lost_after: float | None, seconds: int
 ) -> None:
-    fleet = Fleet({"a": [exits(1), exits(0)]})
+    fleet = FakeFleet({"a": [exits(1), exits(0)]})
     job = job_input(retries=1, on_lost=on_lost, lost_after=lost_after)
 
     async def scenario() -> None:
@@ -338,7 +338,7 @@ def test_the_steps_are_local_activities_and_a_history_of_activity_steps_replays(
     steps = ["oz0.jobs.place", "oz0.jobs.end_attempt"] * 2 + ["oz0.jobs.finish"]
 
     async def one_job(local_steps: bool) -> Any:
-        fleet = Fleet({"a": [exits(1), exits(0)]})
+        fleet = FakeFleet({"a": [exits(1), exits(0)]})
         async with workflow_running(
             operator, fleet, job_input(retries=1, local_steps=local_steps)
         ) as j:
@@ -361,7 +361,7 @@ def test_a_late_result_from_a_node_the_job_moved_away_from_is_ignored(
     operator: Credentials,
 ) -> None:
     release = asyncio.Event()
-    fleet = Fleet({"a": answers_late(release, 0), "b": exits(4)})
+    fleet = FakeFleet({"a": answers_late(release, 0), "b": exits(4)})
     job = job_input(retries=0)
 
     async def b_waits_for_the_late_answer(attempt: Attempt) -> Result:

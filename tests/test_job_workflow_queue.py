@@ -26,7 +26,7 @@ from fixtures.job_workflow_fakes import (
     WHY_QUEUED,
     Attempt,
     Behaviour,
-    Fleet,
+    FakeFleet,
     Result,
     exits,
     grant_of,
@@ -69,7 +69,7 @@ def together(barrier: Callable[[], bool], code: int) -> Behaviour:
 def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.queued_for = 1000
     job = job_input(queue_timeout=1.5)
 
@@ -91,7 +91,7 @@ def test_no_node_within_the_queue_timeout_fails_the_job_with_the_reason(
 
 
 def test_a_queued_job_runs_once_a_node_can_take_it(operator: Credentials) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.queued_for = 1
     job = job_input(queue_timeout=30.0)
 
@@ -131,7 +131,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
                         ("QUEUED_PATIENT", 0.5), ("QUEUED_POLL_LONGEST", 1.0),
                         ("QUEUED_SHARE", 1.0)]:  # fmt: skip
         monkeypatch.setattr(_placing, name, value)
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.queued_for = 6
     job = job_input(queue_timeout=30.0)
 
@@ -172,7 +172,7 @@ def test_a_queued_job_backs_off_behind_a_marker_and_its_history_replays(
 
 
 def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> None:
-    fleet = Fleet({"a": hangs, "b": exits(0)})
+    fleet = FakeFleet({"a": hangs, "b": exits(0)})
     fleet.finish_waits_for_nodes = True
     job = job_input(retries=3)
 
@@ -190,7 +190,7 @@ def test_cancelling_a_running_job_cancels_its_attempt(operator: Credentials) -> 
 
 
 def test_cancelling_a_queued_job(operator: Credentials) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.queued_for = 1000
     job = job_input(queue_timeout=600.0)
 
@@ -208,7 +208,7 @@ def test_cancelling_a_queued_job(operator: Credentials) -> None:
 
 
 def test_cancelling_a_job_while_it_is_being_placed(operator: Credentials) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     gate = fleet.place_gate = asyncio.Event()
     job = job_input()
 
@@ -228,7 +228,7 @@ def test_cancelling_a_job_while_it_is_being_placed(operator: Credentials) -> Non
 def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.finish_fails = 2  # retried after 0.5 s, then 1 s
     job = job_input()
 
@@ -254,7 +254,7 @@ def test_a_cancellation_while_the_job_s_end_is_being_recorded_does_not_lose_it(
 def test_a_job_cancelled_in_the_database_ends_at_its_next_placement(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.ended = True
     job = job_input()
 
@@ -273,12 +273,12 @@ def test_a_job_cancelled_in_the_database_ends_at_its_next_placement(
 def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stays(
     operator: Credentials,
 ) -> None:
-    fleet: Fleet
+    fleet: FakeFleet
 
     def all_started() -> bool:
         return {a.node for a in fleet.attempts} == set(fleet.behaviours)
 
-    fleet = Fleet(
+    fleet = FakeFleet(
         {
             "a": together(all_started, 0),
             "b": hangs,
@@ -314,7 +314,7 @@ def test_all_nodes_run_concurrently_a_removed_part_ends_lost_a_retried_part_stay
 def test_all_nodes_a_failed_part_fails_the_job_with_its_exit_code(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0), "b": exits(7)})
+    fleet = FakeFleet({"a": exits(0), "b": exits(7)})
     job = job_input(all_nodes=True, retries=1)
 
     async def scenario() -> None:
@@ -336,7 +336,7 @@ def test_an_all_nodes_job_cancelled_while_its_end_is_recorded_keeps_its_verdict(
     """As for one node: the workflow task that ran the last steps is refused for the cancel
     that came meanwhile and run again with the cancel first; every part had ended, so the
     job ends as its parts decided, the same as the end first recorded."""
-    fleet = Fleet({"a": exits(0), "b": exits(0)})
+    fleet = FakeFleet({"a": exits(0), "b": exits(0)})
     fleet.finish_fails = 2  # retried after 0.5 s, then 1 s
     job = job_input(all_nodes=True)
 
@@ -356,7 +356,7 @@ def test_an_all_nodes_job_cancelled_while_its_end_is_recorded_keeps_its_verdict(
 
 
 def test_cancelling_an_all_nodes_job_cancels_every_part(operator: Credentials) -> None:
-    fleet = Fleet({"a": hangs, "b": hangs})
+    fleet = FakeFleet({"a": hangs, "b": hangs})
     fleet.finish_waits_for_nodes = True
     job = job_input(all_nodes=True)
 
@@ -386,7 +386,7 @@ def test_each_attempt_carries_only_the_secrets_sealed_for_it_and_its_node(
             non_retryable=True,
         )  # fmt: skip
 
-    fleet = Fleet({"a": unreadable, "b": exits(0)})
+    fleet = FakeFleet({"a": unreadable, "b": exits(0)})
     fleet.sealed = "sealed:"
     job = job_input(env={"K": "V"}, no_move=False)
 
@@ -419,7 +419,7 @@ def test_an_attempt_its_node_could_not_record_moves_saying_so(
     async def full(attempt: Attempt) -> Result:
         raise ApplicationError(said, type=wf.RECORD_UNWRITABLE, non_retryable=True)
 
-    fleet = Fleet({"a": full, "b": exits(0)})
+    fleet = FakeFleet({"a": full, "b": exits(0)})
     job = job_input(unrecorded=knows)
 
     async def scenario() -> None:
@@ -435,7 +435,7 @@ def test_an_attempt_its_node_could_not_record_moves_saying_so(
 def test_a_server_that_cannot_hand_the_secrets_over_fails_the_job_saying_why(
     operator: Credentials,
 ) -> None:
-    fleet = Fleet({"a": exits(0)})
+    fleet = FakeFleet({"a": exits(0)})
     fleet.secrets_refused = "this server does not hold the cluster's master key"
     job = job_input()
 

@@ -21,7 +21,7 @@ import trio.testing
 from fixtures.attempt_processes import gone
 from fixtures.node_attempts import (
     JOB,
-    FakeEdge,
+    RecordingEdge,
     hand,
     node_manager,
     printed_pids,
@@ -42,7 +42,7 @@ from oz0_node.jobs.process import KILL_GRACE
 def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     # Both the shell and its child ignore SIGTERM; only SIGKILL ends them.
     script = "trap '' TERM; sleep 60 & echo $! $$; wait; sleep 60"
     began = time.monotonic()
@@ -59,7 +59,7 @@ def test_a_timeout_ends_the_whole_group_sigkill_after_the_grace(
 def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     began = time.monotonic()
     result = run_attempt(spec("sh", "-c", "echo $$; exec sleep 60", timeout=0.5), edge, tmp_path)
     assert time.monotonic() - began < 0.5 + KILL_GRACE
@@ -70,7 +70,7 @@ def test_a_timeout_ends_a_command_that_obeys_sigterm_without_waiting_the_grace(
 def test_whatever_the_command_leaves_in_its_group_ends_with_it(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     result = run_attempt(spec("sh", "-c", "sleep 60 > /dev/null & echo $!"), edge, tmp_path)
     assert result["exit_code"] == 0
     assert all(gone(pid) for pid in printed_pids(edge, pids))
@@ -79,7 +79,7 @@ def test_whatever_the_command_leaves_in_its_group_ends_with_it(
 def test_the_cluster_tells_it_alive_every_second_and_at_once_on_a_new_stream(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -106,7 +106,7 @@ def test_the_cluster_tells_it_alive_every_second_and_at_once_on_a_new_stream(
 def test_cancelled_by_the_cluster_its_processes_end_and_it_reports_cancelled(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -125,7 +125,7 @@ def test_cancelled_by_the_cluster_its_processes_end_and_it_reports_cancelled(
 def test_an_ack_that_says_ended_kills_the_process_and_nothing_is_reported(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge(answers=[{"stored": False, "reason": "ended"}])
+    edge = RecordingEdge(answers=[{"stored": False, "reason": "ended"}])
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -145,7 +145,7 @@ def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(manager_module, "ACK_TIMEOUT", 0.5)
-    edge = FakeEdge(answers=[{"stored": False, "reason": "unavailable"}, LinkDown, None])
+    edge = RecordingEdge(answers=[{"stored": False, "reason": "unavailable"}, LinkDown, None])
     result = run_attempt(spec("sh", "-c", "echo hi"), edge, tmp_path)
     assert result["output_complete"] is True
     assert [m["seq"] for m in edge.messages()] == [0, 0, 0, 0]
@@ -155,7 +155,7 @@ def test_unavailable_and_lost_acks_are_retried_a_second_later_with_the_same_seq(
 
 
 def test_the_cap_keeps_one_mib_then_marks_the_cut_and_drops_the_rest(tmp_path: Path) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     # Three times the cap: the command must not block on a full pipe once it is reached.
     result = run_attempt(
         spec("sh", "-c", f"head -c {3 * OUTPUT_CAP} /dev/zero; echo tail >&2"),

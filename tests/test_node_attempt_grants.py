@@ -23,7 +23,7 @@ from fixtures.node_attempts import (
     CLUSTER_CA,
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     handed,
     run_attempt,
     sign,
@@ -37,8 +37,8 @@ from oz0_node.jobs.grants import CLOCK_SKEW, AttemptRefused, GrantCheck, RunReco
 # --- the grant: only what the cluster signed, for this node, now, once -------------------
 
 
-def refused(raw: dict[str, Any], data_dir: Path) -> tuple[ApplicationError, FakeEdge]:
-    edge = FakeEdge()
+def refused(raw: dict[str, Any], data_dir: Path) -> tuple[ApplicationError, RecordingEdge]:
+    edge = RecordingEdge()
     with pytest.raises(ApplicationError) as raised:
         handed(raw, data_dir, edge)
     assert raised.value.type == "AttemptRefused" and raised.value.non_retryable
@@ -100,7 +100,7 @@ def test_an_attempt_is_run_once_a_replay_of_it_is_refused(tmp_path: Path) -> Non
     (shared / "count").chmod(0o666)
     try:
         raw = spec("sh", "-c", f"echo once >> {shared}/count")
-        assert run_attempt(raw, FakeEdge(), tmp_path)["exit_code"] == 0
+        assert run_attempt(raw, RecordingEdge(), tmp_path)["exit_code"] == 0
         error, _ = refused(raw, tmp_path)
         assert f"has run job {JOB} attempt 1 already" in str(error)
         assert (shared / "count").read_text() == "once\n"

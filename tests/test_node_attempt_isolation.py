@@ -21,7 +21,7 @@ from fixtures.attempt_processes import all_gone, isolation_for, own_uid
 from fixtures.node_attempts import (
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     printed_pids,
     run_attempt,
     sign,
@@ -48,7 +48,7 @@ LEAVE_BEHIND = (
 def test_what_an_attempt_left_setsid_or_double_forked_is_gone_when_it_ends(
     tracking: str, tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     result = run_attempt(
         spec("sh", "-c", LEAVE_BEHIND), edge, tmp_path, isolation=isolation_for(tmp_path, tracking)
     )
@@ -70,7 +70,7 @@ def test_a_job_cannot_read_the_nodes_identity(tmp_path: Path) -> None:
     # Where the job would see it if it could (not in /tmp, its own).
     identity = Path(tempfile.mkdtemp(prefix="oz0-test-identity-", dir="/dev/shm"))
     (identity / "node.key").write_text("THE-NODE-KEY")
-    edge = FakeEdge()
+    edge = RecordingEdge()
     try:
         result = run_attempt(spec("cat", str(identity / "node.key")), edge, tmp_path)
     finally:
@@ -87,7 +87,7 @@ ALLOCATE = "a = [b'x' * (1 << 20) for _ in range(400)]; print('allocated')"
 def test_a_memory_limit_stops_an_allocation_loop_and_the_result_says_how_limits_applied(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     limits = {"memory": 64 << 20, "max_open_files": 64, "address_space": 4 << 30}
     raw = sign({**unsigned("sh", "-c", f'ulimit -n; python3 -c "{ALLOCATE}"'), "limits": limits})
     result = run_attempt(raw, edge, tmp_path)

@@ -35,7 +35,7 @@ from fixtures.node_attempts import (
     CLUSTER_CA,
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     TrioPort,
     asyncio_run,
     grants_for,
@@ -321,7 +321,7 @@ async def test_a_held_attempt_cancelled_ends_its_command_first(
 def test_a_new_agent_ends_a_held_attempt_it_finds_and_reports_nothing_of_it(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    first, second = FakeEdge(), FakeEdge()
+    first, second = RecordingEdge(), RecordingEdge()
     answers: list[dict[str, Any]] = []
 
     async def main() -> None:
@@ -351,7 +351,7 @@ def test_a_new_agent_ends_a_held_attempt_it_finds_and_reports_nothing_of_it(
 
 def test_logging_names_the_attempt(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     caplog.set_level(logging.INFO, logger="oz0_node.jobs")
-    run_attempt(spec("true"), FakeEdge(), tmp_path)
+    run_attempt(spec("true"), RecordingEdge(), tmp_path)
     assert f"job {JOB} attempt 1: handed to its supervisor" in caplog.text
 
 

@@ -33,7 +33,7 @@ from fixtures.node_attempts import (
     ATTEMPT_BOUND,
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     TrioPort,
     asyncio_run,
     grants_for,
@@ -58,7 +58,7 @@ from oz0_node.jobs.process import KILL_GRACE
 def test_output_made_while_no_stream_is_up_is_kept_and_sent_in_order_when_one_is(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge, attached=False) as manager:
@@ -84,7 +84,7 @@ def test_output_made_while_no_stream_is_up_is_kept_and_sent_in_order_when_one_is
 def test_a_new_agent_carries_on_where_the_last_left_off_and_the_command_never_noticed(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    first, second = FakeEdge(), FakeEdge()
+    first, second = RecordingEdge(), RecordingEdge()
     script = "echo $$; sleep 1.5; echo two; sleep 0.5; echo three"
 
     async def main() -> None:
@@ -155,7 +155,7 @@ def test_an_attempt_directory_an_older_agent_left_is_read_relayed_and_reported(
         3, None, EndedBecause.EXIT, 8, False, json.loads(OLD_APPLIED), output_complete=True
     )
     assert not found.alive()
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -172,7 +172,7 @@ def test_an_attempt_directory_an_older_agent_left_is_read_relayed_and_reported(
 def test_a_supervisor_killed_is_reported_and_what_it_left_is_ended(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -194,7 +194,7 @@ def test_a_supervisor_killed_is_reported_and_what_it_left_is_ended(
 def test_an_attempt_the_node_cannot_follow_is_ended_and_reported_and_the_rest_carry_on(
     tmp_path: Path, pids: list[int]
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -233,7 +233,7 @@ def test_an_attempt_launched_while_the_node_ends_all_of_them_is_ended_too(
         return handle
 
     monkeypatch.setattr(supervisor_client, "launch", slow_launch)
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         handed = trio.Event()
@@ -260,7 +260,7 @@ def test_a_node_no_server_heard_from_for_its_lost_after_ends_the_attempt_unrepor
     tmp_path: Path, pids: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(manager_module, "REPORT_GRACE", 0.5)
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -278,7 +278,7 @@ def test_a_node_no_server_heard_from_for_its_lost_after_ends_the_attempt_unrepor
 
 
 def test_at_most_four_run_at_once_and_the_fifth_waits_for_a_slot(tmp_path: Path) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     beats: list[float] = []
 
     async def main() -> None:
@@ -304,7 +304,7 @@ def test_at_most_four_run_at_once_and_the_fifth_waits_for_a_slot(tmp_path: Path)
 def test_an_attempt_given_again_while_it_runs_here_is_not_started_twice(tmp_path: Path) -> None:
     """The cluster gives an attempt again when no heartbeat of it reached Temporal in time;
     one this node runs is recognised (its end goes to the edge as before), nothing else is."""
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:

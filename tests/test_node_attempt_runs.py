@@ -20,7 +20,7 @@ from fixtures.attempt_processes import own_uid
 from fixtures.node_attempts import (
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     handed,
     run_attempt,
     sign,
@@ -37,7 +37,7 @@ from oz0_node.jobs.isolation import STANDARD_PATH, WORKDIR_PREFIX
 
 
 def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     result = run_attempt(spec("sh", "-c", "echo hello; echo world; exit 3"), edge, tmp_path)
     uid = own_uid(result["applied"])
     assert result == {
@@ -63,7 +63,7 @@ def test_the_output_and_exit_code_reach_the_result_and_the_edge(tmp_path: Path) 
 
 
 def test_a_command_killed_by_a_signal_reports_128_plus_it(tmp_path: Path) -> None:
-    result = run_attempt(spec("sh", "-c", "kill -9 $$"), FakeEdge(), tmp_path)
+    result = run_attempt(spec("sh", "-c", "kill -9 $$"), RecordingEdge(), tmp_path)
     assert (result["exit_code"], result["signal"]) == (128 + 9, 9)
     assert result["ended_because"] == "exit"
 
@@ -71,7 +71,7 @@ def test_a_command_killed_by_a_signal_reports_128_plus_it(tmp_path: Path) -> Non
 def test_stdout_and_stderr_stay_apart_and_in_order_one_message_at_a_time(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     script = "printf a; sleep 0.4; printf b >&2; sleep 0.4; printf c; printf d >&2"
     result = run_attempt(spec("sh", "-c", script), edge, tmp_path)
     assert result["exit_code"] == 0 and result["output_complete"] is True
@@ -86,7 +86,7 @@ def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_wi
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENT_SETTING", "from-the-agent")
-    edge = FakeEdge()
+    edge = RecordingEdge()
     script = 'echo "$OZ0_JOB_ID $OZ0_ATTEMPT $OZ0_NODE_ID $K ${AGENT_SETTING-unset}"; env'
     run_attempt(
         spec("sh", "-c", script, attempt=2, env={"K": "v w", "OZ0_JOB_ID": "spoofed"}),
@@ -105,7 +105,7 @@ def test_the_environment_is_a_clean_one_with_the_jobs_names_and_the_oz0_names_wi
 def test_each_attempt_runs_as_its_own_uid_in_a_fresh_directory_of_its_own_removed_after(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     # The command makes files, and a directory it leaves unwritable, in its directory.
     script = (
         "id -u; id -G; pwd; stat -c '%u %g %a' .; ls -A; "
@@ -128,7 +128,7 @@ def test_each_attempt_runs_as_its_own_uid_in_a_fresh_directory_of_its_own_remove
 def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     result = run_attempt(spec("no-such-command-oz0", "x"), edge, tmp_path)
     assert result["exit_code"] == 127 and result["ended_because"] == "exit"
     assert edge.chunks() == [
@@ -138,7 +138,7 @@ def test_a_command_that_cannot_be_started_exits_127_or_126_with_one_line(
     plain = Path(tempfile.mkstemp(prefix="oz0-test-plain-", dir="/dev/shm")[1])
     plain.write_text("echo hi\n")
     plain.chmod(0o644)
-    edge = FakeEdge()
+    edge = RecordingEdge()
     try:
         result = run_attempt(spec(str(plain), attempt=2), edge, tmp_path)
     finally:

@@ -22,7 +22,7 @@ from fixtures.node_attempts import (
     CLUSTER_CA,
     JOB,
     NODE_ID,
-    FakeEdge,
+    RecordingEdge,
     grants_for,
     node_manager,
     sign,
@@ -46,7 +46,7 @@ def sent(raw: dict[str, Any], lost_after: float = 15.0) -> dict[str, Any]:
     return {"type": "attempt", "attempt": raw, "lost_after": lost_after}
 
 
-def answers(edge: FakeEdge, attempt: int = 1) -> list[str]:
+def answers(edge: RecordingEdge, attempt: int = 1) -> list[str]:
     return [
         fields["taken"]
         for kind, fields in edge.notified
@@ -58,7 +58,7 @@ def test_an_attempt_sent_is_answered_started_once_it_runs_and_never_run_twice(
     tmp_path: Path,
 ) -> None:
     """Sent again while it runs: `runs`; after its end was reported: `ran`. It ran once."""
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     async def main() -> None:
         async with node_manager(tmp_path, edge) as manager:
@@ -81,7 +81,7 @@ def test_an_attempt_sent_is_answered_started_once_it_runs_and_never_run_twice(
 
 
 def test_the_fifth_waits_for_a_slot_answered_waiting_then_started(tmp_path: Path) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     started_at: list[float] = []
 
     async def main() -> None:
@@ -106,7 +106,7 @@ def test_the_fifth_waits_for_a_slot_answered_waiting_then_started(tmp_path: Path
 def test_an_attempt_the_cluster_did_not_sign_is_refused_told_and_not_run(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     # Where the attempt could touch it if it ran: root's, in /dev/shm (not the test's own
     # directory, which its UID cannot enter, nor /tmp, its own); a touch shows in its time.
     marks = Path(tempfile.mkdtemp(prefix="oz0-test-intake-", dir="/dev/shm"))
@@ -135,7 +135,7 @@ def test_an_attempt_the_cluster_did_not_sign_is_refused_told_and_not_run(
 def test_a_malformed_or_expired_attempt_fails_saying_why_and_makes_nothing(
     tmp_path: Path,
 ) -> None:
-    edge = FakeEdge()
+    edge = RecordingEdge()
     bad = sign({**unsigned("true", attempt=2), "env": {"A=B": "x"}})
     expired = sign(unsigned("true", attempt=3), not_after=time.time() - 3600)
     not_one: dict[str, Any] = {
@@ -167,7 +167,7 @@ def test_an_attempt_its_node_cannot_record_fails_to_move_and_is_not_refused(
     injected): not run, answered `failed` (the part moves to another node), not `refused`
     (which fails the job) nor told as a refusal. bench.soak found it: a node whose data
     directory filled failed every job placed on it meanwhile."""
-    edge = FakeEdge()
+    edge = RecordingEdge()
 
     def full(self: RunRecord, key: str, not_after: float, now: float) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -194,7 +194,7 @@ def test_an_agent_killed_after_starting_one_finds_it_and_answers_runs_when_sent_
     """The crash point "node killed after the ack, before the command starts": the answer
     goes only once its supervisor runs, and the supervisor outlives the agent; the next
     agent re-attaches it, answers `runs` to the attempt sent again, and reports its end."""
-    first, second = FakeEdge(), FakeEdge()
+    first, second = RecordingEdge(), RecordingEdge()
     raw = spec("sh", "-c", "sleep 1; echo done")
 
     async def main() -> None:
