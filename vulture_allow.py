@@ -1,7 +1,9 @@
 """What vulture (`nox -s lint`, configured in pyproject.toml) would call dead but is kept on
 purpose: each name below is used where vulture does not look. A name added here says why.
 
-vulture reads only the product's Python (oz0, oz0_node, oz0_common, cli). Routes, CLI
+vulture reads the product's Python (oz0, oz0_node, oz0_common, cli) alone, then again with
+the tests, their support (fixtures) and the benchmarks (bench), whose dead names it then
+reports (a product name that only tests use is dead in the first run). Routes, CLI
 commands and workflow signals are registered by their decorators (pyproject's
 `ignore_decorators`), so they are not listed. What is left: names read by templates, JSON
 keys, attributes other libraries read, and hooks for the tests. This file is never run.
@@ -65,3 +67,10 @@ _.created_databases  # oz0/cluster_init.py: a second init creates none (tests/te
 _.worker_finished  # oz0_node/runtime.py (tests/test_runtime_worker_shutdown.py)
 _.stop_being_subreaper  # oz0_node/jobs/tracking.py: the test session's teardown (conftest)
 _.DEFAULT_JOB_USER  # oz0_node/jobs/job_user.py: the docs' --job-user (fixtures/job_user.py)
+
+# --- The tests, the test support and the benchmarks (the second run of `nox -s lint`)
+_.before_the_patch  # tests/test_jobs_before_upgrade.py: a fixture asked for its effect only
+_.shutting_down  # tests/test_suite_scopes.py: read by xdist's scheduler of a worker
+_.send_runtest_some  # tests/test_suite_scopes.py: called by xdist's scheduler
+_.on_heartbeat  # temporalio's ActivityEnvironment calls it (tests/test_node_attempt_link.py)
+_.logfile_read  # pexpect writes what it reads there (tests/test_sessions_e2e.py)

@@ -69,7 +69,6 @@ class Panel:
     mappings: dict[str, tuple[str, str]] = field(default_factory=dict)
     low: float | None = None
     high: float | None = None
-    color_mode: str = "palette-classic"
     show_legend: bool = True
 
 
@@ -163,7 +162,6 @@ def panel(raw: dict[str, Any]) -> Panel:
         mappings=mappings,
         low=defaults.get("min"),
         high=defaults.get("max"),
-        color_mode=str(defaults.get("color", {}).get("mode", "palette-classic")),
         show_legend=bool(raw.get("options", {}).get("legend", {}).get("showLegend", True)),
     )
 

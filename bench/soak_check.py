@@ -3,7 +3,7 @@ and what the soak saw from outside, against the cluster's own records. Pure: it 
 values the soak collected, so that each kind of violation is tested on hand-made ledgers
 and records (tests/test_soak_check.py).
 
-The kinds (VIOLATION_KINDS), each with what it compares:
+The kinds (CHECKS, at the end), each with what it compares:
 - `not_terminal`: a job not ended when the check ran, past its bound (the workload's
   worst case for it: queue timeout, every attempt's length, moves).
 - `ran_twice`: a (job, attempt) with more than one `start` in the ledger.
@@ -55,7 +55,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from bench.soak_model import (
@@ -68,20 +68,6 @@ from bench.soak_model import (
     Violation,
 )
 
-VIOLATION_KINDS = (
-    "not_terminal",
-    "ran_twice",
-    "unlisted_run",
-    "false_success",
-    "output_differs",
-    "file_differs",
-    "session_lost",
-    "audit_missing",
-    "slow_block",
-    "unplanned_exit",
-    "rss_growth",
-    "db_connections",
-)
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 BLOCK_BOUND = 2.0
 RSS_GROWTH = 0.20
@@ -93,21 +79,8 @@ HOST_ENDING = ("temporal_host_kill", "server_kill", "server_term")
 
 
 def check(records: Records) -> list[Violation]:
-    """Every violation, in the order of VIOLATION_KINDS."""
-    return [
-        *not_terminal(records),
-        *ran_twice(records),
-        *unlisted_runs(records),
-        *false_successes(records),
-        *outputs_differ(records),
-        *files_differ(records),
-        *sessions_lost(records),
-        *audit_missing(records),
-        *slow_blocks(records),
-        *unplanned_exits(records),
-        *rss_growth(records),
-        *db_connections(records),
-    ]
+    """Every violation, kind by kind in the order of CHECKS."""
+    return [violation for find in CHECKS.values() for violation in find(records)]
 
 
 def _minute(records: Records, at: float) -> float:
@@ -374,3 +347,20 @@ def db_connections(records: Records) -> Iterable[Violation]:
             f"{most} database connections, bound {records.connection_bound}"
             f" ({len(over)} readings over it)",
         )
+
+
+# Each kind of violation and what finds it, in the order `check` gives them.
+CHECKS: dict[str, Callable[[Records], Iterable[Violation]]] = {
+    "not_terminal": not_terminal,
+    "ran_twice": ran_twice,
+    "unlisted_run": unlisted_runs,
+    "false_success": false_successes,
+    "output_differs": outputs_differ,
+    "file_differs": files_differ,
+    "session_lost": sessions_lost,
+    "audit_missing": audit_missing,
+    "slow_block": slow_blocks,
+    "unplanned_exit": unplanned_exits,
+    "rss_growth": rss_growth,
+    "db_connections": db_connections,
+}

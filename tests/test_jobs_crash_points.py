@@ -37,7 +37,6 @@ A, B = "127.0.0.42", "127.0.0.43"
 ADVERTISE = A
 # Generous bounds for a loaded 2-core machine; deadlines, never measurements.
 JOB_BOUND = 90.0
-STREAM_BOUND = 40.0
 
 
 def two_servers(

@@ -65,10 +65,6 @@ EDGES = [f"{address}:{EDGE_PORT}" for address in ADDRESSES]
 API_SERVER = f"{ADDRESSES[0]}:{MANAGEMENT_PORT}"
 POSTGRES_PORT = 5441
 
-# What issue 9's test asks of two servers and 20 agents, for comparison.
-RECONNECT_GOAL = 15.0
-BLOCK_GOAL = 2.0
-
 # Bounds, so that servers that never recover cannot keep the run going.
 BLOCK_ACCEPT_TIMEOUT = 120.0
 BLOCK_EFFECT_TIMEOUT = 60.0

@@ -129,7 +129,6 @@ MEASURES: tuple[tuple[str, str, str], ...] = (
 # The CPU each command cost, per measure of commands: the control plane's (Salt's master;
 # our servers, their Temporal hosts and PostgreSQL) and the nodes' (minions; agents and
 # what they ran), in CPU-seconds a command (an `--all` job, a `salt '*'` is one).
-COSTED = ("fanout", "one", "burst", "fanout_api", "one_api", "burst_api")
 MEASURES += tuple(
     (f"{name}_{side}_cpu", f"{label}: {who} CPU-s a command", "CPU-s")
     for name, label in (

@@ -192,7 +192,6 @@ class RunPath:
     """What the run's workflow history says, in wall-clock seconds."""
 
     started: float
-    start_run_scheduled: float | None = None
     start_run_started: float | None = None
     start_run_completed: float | None = None
     child_started: float | None = None
@@ -206,7 +205,6 @@ def parse_run_history(events: list[HistoryEvent]) -> RunPath:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
             if name == START_RUN and start_run is None:
                 start_run = event.event_id
-                path.start_run_scheduled = event_time(event)
         elif event.HasField("activity_task_started_event_attributes"):
             if event.activity_task_started_event_attributes.scheduled_event_id == start_run:
                 path.start_run_started = event_time(event)
