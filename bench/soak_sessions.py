@@ -155,13 +155,13 @@ async def read_back(soak: Soak) -> list[SessionRecord]:
             SessionRecord(
                 row["id"], row["node"], seen.minute if seen else 0.0,
                 seen.received if seen else b"", row["exit_code"], bool(row["live"]),
-                None if answer is None else output_of(answer["asciicast"]),
+                None if answer is None else asciicast_output(answer["asciicast"]),
             )
         )  # fmt: skip
     return found
 
 
-def output_of(asciicast: str) -> bytes:
+def asciicast_output(asciicast: str) -> bytes:
     """The output events of an asciicast v2 file, joined."""
     out = bytearray()
     for line in asciicast.splitlines()[1:]:

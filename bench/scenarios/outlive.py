@@ -155,7 +155,7 @@ def command(lines: int) -> list[str]:
 # --- the API -------------------------------------------------------------------------------
 
 
-def api(files: ClusterFiles) -> ApiClient:
+def survivor_api(files: ClusterFiles) -> ApiClient:
     """An operator's client on the server that stays up (a new TLS connection a request)."""
     context = Context.load(files.context_path)
     return ApiClient(dataclasses.replace(context, servers=(API,)))
@@ -165,7 +165,7 @@ def submit(files: ClusterFiles, nodes: list[str], lines: int) -> list[str]:
     """A job on each of NODES printing LINES lines; their IDs, in the order of NODES."""
 
     def one(node: str) -> str:
-        job = api(files).post(
+        job = survivor_api(files).post(
             "/api/v1/jobs", {"tenant": "default", "command": command(lines), "node": node}
         )
         return str(job["id"])
@@ -713,7 +713,7 @@ class Outlive:
             time.sleep(1.0)
 
     def verdicts(self, job_ids: list[str], lines: int) -> list[Verdict]:
-        client = api(self.files)
+        client = survivor_api(self.files)
         return [judge(*stdout_of(client, j), lines) for j in job_ids]
 
     # --- 1-4: the servers ---------------------------------------------------------------
