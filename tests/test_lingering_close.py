@@ -76,12 +76,12 @@ def post(tls: ssl.SSLSocket, length: int, sent: int) -> None:
     )
 
 
-def connected(client_ctx: ssl.SSLContext) -> ssl.SSLSocket:
+def tls_connected(client_ctx: ssl.SSLContext) -> ssl.SSLSocket:
     raw = socket.create_connection((ADDRESS, PORT), timeout=10)
     return client_ctx.wrap_socket(raw, server_hostname=ADDRESS)
 
 
-async def served(test: Callable[[ssl.SSLContext], None]) -> None:
+async def on_a_listener(test: Callable[[ssl.SSLContext], None]) -> None:
     cluster = in_memory_cluster()
     server_ctx = ServerCertificates(cluster, "server-1", sans=(ADDRESS,)).server_context(
         ssl.CERT_OPTIONAL, tickets=1
@@ -96,7 +96,7 @@ async def served(test: Callable[[ssl.SSLContext], None]) -> None:
 
 async def test_an_answer_before_the_body_waits_for_the_rest_and_the_connection_goes_on() -> None:
     def test(client_ctx: ssl.SSLContext) -> None:
-        with connected(client_ctx) as tls:
+        with tls_connected(client_ctx) as tls:
             post(tls, BODY, FIRST)
             answer = read_answer(tls)
             assert answer.startswith(b"HTTP/1.1 413 "), answer
@@ -107,12 +107,12 @@ async def test_an_answer_before_the_body_waits_for_the_rest_and_the_connection_g
             answer = read_answer(tls)
             assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"taken"), answer
 
-    await served(test)
+    await on_a_listener(test)
 
 
 async def test_a_client_that_never_sends_the_rest_is_closed_after_the_bound() -> None:
     def test(client_ctx: ssl.SSLContext) -> None:
-        with connected(client_ctx) as tls:
+        with tls_connected(client_ctx) as tls:
             post(tls, BODY, FIRST)
             answer = read_answer(tls)
             began = time.monotonic()
@@ -120,4 +120,4 @@ async def test_a_client_that_never_sends_the_rest_is_closed_after_the_bound() ->
             assert closed_within(tls, LINGER_TIME + 2), "held open past the bound"
             assert time.monotonic() - began > LINGER_TIME - 0.3, "closed before the bound"
 
-    await served(test)
+    await on_a_listener(test)
