@@ -463,13 +463,19 @@ def test_a_killed_server_does_not_stop_a_schedule_nor_a_cluster_down_its_catchup
         shown = cli("schedule", "show", schedule_id, "--json", env=env).json()
         return int(shown["temporal"]["missed_catchup"])
 
-    assert missed(narrow) == missed(often) == 0
+    assert missed(often) == 0
+    # One server's death is no outage of the cluster, yet its Temporal work moves to the
+    # survivor only once that one sees it gone (9 s on a loaded machine): a run due just
+    # before the kill can be more than `narrow`'s 10 s late (a fresh clone: due 1.7 s
+    # before the kill, handled 10.6 s after it was due). One such run at most.
+    after_one = missed(narrow)
+    assert after_one <= 1, f"{after_one} runs missed for one server's death"
     servers[SECOND].stop(signal.SIGKILL)
     time.sleep(OUTAGE)
     start_server(files, SECOND)
     # Its next time, due during the outage, fires as Temporal comes back: each time more
     # than 10 s old is counted missed, not started.
-    least = (OUTAGE - 10) // 2 - 1
+    least = after_one + (OUTAGE - 10) // 2 - 1
     wait_until(lambda: missed(narrow) >= least, RUN_BOUND, "runs missed past the window", step=0.5)
     assert missed(often) == 0
     shown = cli("schedule", "show", narrow, env=env)
