@@ -57,6 +57,15 @@ _RESETTABLE = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGS
 _INTERPRETER_IGNORES = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
 
 
+def all_signals_default() -> None:
+    """Every signal as its default, none blocked: what a command starts with, in the
+    clone3 child and in Popen's pre-exec step alike (plain system calls, nothing computed
+    after the fork)."""
+    for sig in _RESETTABLE:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
 def unignore_inherited() -> None:
     """Give every signal this process inherited ignored its default again (a shell's `&`
     ignores SIGINT and SIGQUIT, nohup SIGHUP): an ignored signal survives fork and exec, so
@@ -102,14 +111,10 @@ class ChildSteps:
         procs = [os.fsencode(self.cgroup / "cgroup.procs")] if self.cgroup is not None else []
         procs += self.join
         private, rlimits, user, o_wronly = self.private, self.rlimits, self.user, os.O_WRONLY
-        resettable, default = _RESETTABLE, signal.SIG_DFL
 
         def preexec() -> None:
-            # As the clone3 child does: no signal left ignored or blocked (Popen restores
-            # only what the interpreter ignores).
-            for sig in resettable:
-                signal.signal(sig, default)
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            # As the clone3 child does (Popen restores only what the interpreter ignores).
+            all_signals_default()
             for path in procs:
                 fd = os.open(path, o_wronly)
                 try:
@@ -313,9 +318,7 @@ def _child(
         # Every signal as the default, none blocked: an ignored one survives exec, and the
         # agent may have been started ignoring some (the interpreter ignores SIGPIPE and
         # SIGXFSZ; a shell's `&` ignores SIGINT and SIGQUIT, nohup SIGHUP).
-        for sig in _RESETTABLE:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        all_signals_default()
         os.setsid()
         if tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
