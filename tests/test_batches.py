@@ -4,7 +4,10 @@ that breaks its transaction is written again alone so its neighbours still are."
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import NoReturn, TypeVar, cast
@@ -15,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from fixtures.cluster import REPO
 from fixtures.postgres import admin_url
 from oz0.store.batches import GATHER, QUIET, Batches
 from oz0.store.pool import Conn, Database, open_database
@@ -206,3 +210,16 @@ async def test_a_lone_change_on_a_busy_server_waits_only_while_changes_keep_comi
     assert len(db.at) == 1
     waited = db.at[0] - sent
     assert QUIET <= waited < GATHER / 2, f"written {waited * 1000:.1f} ms after it came"
+
+
+def test_a_server_imports_no_test_tools() -> None:
+    """trio.testing imports pytest where it is installed, as here: half a CPU-second for each
+    of the suite's servers. The batcher takes its one function from trio's core instead (the
+    burst tests above show it still waits for the other tasks)."""
+    tools = "{'pytest', 'trio.testing'}"
+    probe = f"import sys, oz0.server.start; print(sorted({tools} & {{*sys.modules}}))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

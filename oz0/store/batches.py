@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import trio
-import trio.testing
+
+# The function trio.testing names, from where trio defines it: trio.testing imports pytest
+# wherever that is installed, half a CPU-second for each server the test suite starts (a
+# third of its start), and nothing else of it is used here (tests/test_batches.py).
+from trio._core import wait_all_tasks_blocked  # type: ignore[attr-defined]
 
 from oz0.store.pool import Conn, Database
 
@@ -81,7 +85,7 @@ async def _while_others_run(receive: trio.MemoryReceiveChannel[Any], longest: fl
         async with trio.open_nursery() as nursery:
 
             async def all_blocked() -> None:
-                await trio.testing.wait_all_tasks_blocked()
+                await wait_all_tasks_blocked()
                 nursery.cancel_scope.cancel()
 
             async def quiet() -> None:
