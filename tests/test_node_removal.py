@@ -1,8 +1,13 @@
-"""Block, unblock, delete and purge against a real server, driven through the protocol."""
+"""Block, unblock, delete and purge against a real server, driven through the protocol.
+
+The tests share one server (each joins nodes of its own and looks only at those), but for
+the one that must see a block end a stream with the reconcile backstop out of the way: it
+starts a server of its own on EDGE_B, with a cluster of its own."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -11,18 +16,24 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from fixtures import edge_client, strangers
 from fixtures.cli_runner import cli_async
-from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster import ClusterFiles, Served, StartServer
+from fixtures.cluster_copies import ClusterTemplate
 from fixtures.edge_client import NodeKeys, next_non_heartbeat, pinned_keys, verified_command
+from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
-# The default cluster's edge (tests/conftest.py's cluster_files).
-EDGE_A = "127.0.0.11:7443"
+# The module's server (tests/conftest.py's `served`), and the one test's own.
+ADVERTISE = "127.0.0.11"
+EDGE_A = f"{ADVERTISE}:7443"
+EDGE_B = "127.0.0.12:7443"
 
 
-async def accepted_node(cli: CliRunner, files: ClusterFiles, env: dict[str, str]) -> NodeKeys:
+async def accepted_node(
+    cli: CliRunner, files: ClusterFiles, env: dict[str, str], edge: str = EDGE_A
+) -> NodeKeys:
     token = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
-    keys = await pinned_keys(files, EDGE_A)
-    joined = await edge_client.join(EDGE_A, keys, token=token.json()["token"])
+    keys = await pinned_keys(files, edge)
+    joined = await edge_client.join(edge, keys, token=token.json()["token"])
     assert joined["state"] == "accepted"
     return keys
 
@@ -43,14 +54,18 @@ async def closed(ws: WebSocketConnection) -> bool:
 
 async def test_a_block_notifies_the_stream_to_end_and_unblock_lets_the_node_back(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
+    cluster_template: ClusterTemplate,
+    pg_url: DatabaseUrl,
+    tmp_path: Path,
     start_server: StartServer,
 ) -> None:
     # The reconcile backstop once a minute: the notification alone must end the stream.
-    start_server(cluster_files, "127.0.0.11", "--reconcile-every", "60")
-    keys = await accepted_node(cli, cluster_files, cluster_env)
-    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
+    address = EDGE_B.rpartition(":")[0]
+    cluster_files = cluster_template.copy(tmp_path, pg_url, advertise=address)
+    cluster_env = cluster_files.cli_env
+    start_server(cluster_files, address, "--reconcile-every", "60")
+    keys = await accepted_node(cli, cluster_files, cluster_env, EDGE_B)
+    async with edge_client.control(EDGE_B, keys) as (ws, welcome):
         assert welcome["type"] == "welcome"
         blocked = await cli_async(
             cli, "node", "block", keys.node_id, "--reason", "lost laptop", env=cluster_env
@@ -67,14 +82,14 @@ async def test_a_block_notifies_the_stream_to_end_and_unblock_lets_the_node_back
         }
         assert await closed(ws)
         assert took < 2, f"ended {took:.2f}s after the block committed"
-    async with edge_client.control(EDGE_A, keys) as (_, first):
+    async with edge_client.control(EDGE_B, keys) as (_, first):
         assert first["type"] == "refused" and first["code"] == "blocked"
     shown = (await cli_async(cli, "node", "show", keys.node_id, "--json", env=cluster_env)).json()
     assert shown["state"] == "blocked" and shown["reason"] == "lost laptop"
 
     unblocked = await cli_async(cli, "node", "unblock", keys.node_id, env=cluster_env)
     assert unblocked.code == 0 and "accepted" in unblocked.out
-    async with edge_client.control(EDGE_A, keys) as (_, first):
+    async with edge_client.control(EDGE_B, keys) as (_, first):
         assert first["type"] == "welcome"
     actions = [(r["action"], r["details"]) for r in await audit_of(cli, keys.node_id, cluster_env)]
     assert actions[0] == ("node.unblock", {"now": "accepted"})
@@ -83,11 +98,9 @@ async def test_a_block_notifies_the_stream_to_end_and_unblock_lets_the_node_back
 
 async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     node = keys.node_id
     cases = [
@@ -120,20 +133,22 @@ async def test_bad_block_unblock_purge_and_delete_requests_change_nothing(
 
     # A node that never comes back stays purging; delete forgets it.
     assert (await cli_async(cli, "node", "purge", node, "--yes", env=cluster_env)).code == 0
+    # (The module's other tests' nodes are listed too: only purging ones, this among them.)
     listed = await cli_async(cli, "node", "list", "--state", "purging", "--json", env=cluster_env)
-    assert [n["id"] for n in listed.json()] == [node]
+    assert node in [n["id"] for n in listed.json()]
+    assert {n["state"] for n in listed.json()} == {"purging"}
     assert (await cli_async(cli, "node", "delete", node, env=cluster_env)).code == 0
-    remaining = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
-    assert node not in [n["id"] for n in remaining] and len(remaining) == 1
+    remaining = [
+        n["id"] for n in (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
+    ]
+    assert node not in remaining and pending.node_id in remaining
 
 
 async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     async with edge_client.control(EDGE_A, keys) as (ws, welcome):
         assert welcome["type"] == "welcome"
@@ -156,11 +171,9 @@ async def test_a_lost_notification_still_ends_the_stream_within_two_seconds(
 
 async def test_delete_forgets_the_node_and_its_key_may_join_again_as_a_new_node(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     old_id = keys.node_id
     async with edge_client.control(EDGE_A, keys) as (ws, welcome):
@@ -183,11 +196,9 @@ async def test_delete_forgets_the_node_and_its_key_may_join_again_as_a_new_node(
 
 async def test_purge_of_a_connected_node_is_signed_and_forgets_it_once_answered(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     async with edge_client.connect(
         EDGE_A, "/control", edge_client.verified_context(keys.ca_pem, keys)
@@ -216,11 +227,9 @@ async def test_purge_of_a_connected_node_is_signed_and_forgets_it_once_answered(
 
 async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     blocked = await cli_async(cli, "node", "block", keys.node_id, "--reason", "x", env=cluster_env)
     assert blocked.code == 0
@@ -261,14 +270,12 @@ async def test_a_purge_waits_for_an_offline_node_and_a_refusal_is_audited(
 
 async def test_a_blocked_node_is_shown_gone_before_it_answers_our_close_frame(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    served: Served,
 ) -> None:
     """A node that does not answer the edge's close frame keeps its socket a while (up to
     CLOSE_TIMEOUT); it is shown disconnected as soon as the edge ends its stream, not after
     (measured without it: 2.3-5.3 s after the close frame; with it: about 0.35 s)."""
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await accepted_node(cli, cluster_files, cluster_env)
     host, port = EDGE_A.split(":")
     ctx = edge_client.verified_context(keys.ca_pem, keys)
