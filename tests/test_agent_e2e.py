@@ -1,4 +1,5 @@
-"""Real agents against real servers."""
+"""Real agents against real servers: the module's one (each test's agents are its own),
+and for the move from one server to another a cluster of two of the test's own."""
 
 from __future__ import annotations
 
@@ -10,21 +11,22 @@ from pathlib import Path
 import pytest
 
 from fixtures.agent import AgentProcess, connected
-from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster import ClusterFiles, Served, StartServer
+from fixtures.cluster_copies import ClusterTemplate
+from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner, create_token
 
-EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
+# The module's server (tests/conftest.py's `served`).
+ADVERTISE = "127.0.0.11"
+EDGE_A = f"{ADVERTISE}:7443"
+# The two servers the move goes between.
+MOVE_A, MOVE_B = "127.0.0.13", "127.0.0.14"
 
 
 def test_an_agent_joins_with_a_token_and_connects(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     token = create_token(cli, cluster_env, "--label", "role=laptops")
     # A label contradicting the token's: the agent prints the edge's one line and exits.
     claiming = AgentProcess.joining(
@@ -72,14 +74,9 @@ def test_an_agent_joins_with_a_token_and_connects(
 
 
 def test_a_pending_agent_picks_its_certificate_up_when_accepted(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], cluster_files.ca_hash).start()
     agents.append(agent)
     pending = agent.wait_status(lambda s: s.get("state") == "pending", timeout=30)
@@ -92,14 +89,9 @@ def test_a_pending_agent_picks_its_certificate_up_when_accepted(
 
 
 def test_a_rejected_agent_exits_with_the_reason(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], cluster_files.ca_hash).start()
     agents.append(agent)
     node_id = agent.wait_status(lambda s: s.get("state") == "pending", timeout=30)["node_id"]
@@ -108,13 +100,8 @@ def test_a_rejected_agent_exits_with_the_reason(
     assert f"node {node_id} was rejected: not ours" in agent.log()
 
 
-def test_a_wrong_ca_hash_is_refused(
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
-) -> None:
-    start_server(cluster_files, "127.0.0.11")
+@pytest.mark.usefixtures("served")
+def test_a_wrong_ca_hash_is_refused(agents: list[AgentProcess], tmp_path: Path) -> None:
     wrong = "sha256:" + "0" * 64
     agent = AgentProcess.joining(tmp_path / "node", [EDGE_A], wrong).start()
     agents.append(agent)
@@ -126,24 +113,27 @@ def test_a_wrong_ca_hash_is_refused(
 @pytest.mark.slow
 def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
+    cluster_template: ClusterTemplate,
+    pg_url: DatabaseUrl,
     start_server: StartServer,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    server_a = start_server(cluster_files, "127.0.0.11")
-    start_server(cluster_files, "127.0.0.12")
+    cluster_files = cluster_template.copy(tmp_path, pg_url, advertise=MOVE_A)
+    cluster_env = cluster_files.cli_env
+    server_a = start_server(cluster_files, MOVE_A)
+    start_server(cluster_files, MOVE_B)
+    edge_a, edge_b = f"{MOVE_A}:7443", f"{MOVE_B}:7443"
     # Told only about A: it learns B from the edge.
     agent = AgentProcess.joining(
-        tmp_path / "node", [EDGE_A], cluster_files.ca_hash, token=create_token(cli, cluster_env)
+        tmp_path / "node", [edge_a], cluster_files.ca_hash, token=create_token(cli, cluster_env)
     ).start()
     agents.append(agent)
     on_a = agent.wait_status(connected, timeout=30)
     # A may not have seen B's first heartbeat when it welcomed the agent; then B comes in
     # an `edges` message (A reads the servers up every 2 s).
-    known = _wait_known_edges(tmp_path / "node", EDGE_B, timeout=15)
-    assert EDGE_B in known
+    known = _wait_known_edges(tmp_path / "node", edge_b, timeout=15)
+    assert edge_b in known
 
     server_a.stop(signal.SIGTERM)
     on_b = agent.wait_status(lambda s: connected(s) and s["server"] != on_a["server"], timeout=30)
@@ -174,5 +164,5 @@ def _context_for_b(files: ClusterFiles) -> Path:
     from oz0.context import Context
 
     context = Context.load(files.context_path)
-    replace(context, servers=("127.0.0.12:8443",)).save()
+    replace(context, servers=(f"{MOVE_B}:8443",)).save()
     return files.context_path
