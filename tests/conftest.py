@@ -191,8 +191,13 @@ def cluster_files(
     """A cluster of its own in the test's databases, as `server init` leaves it (a copy of
     this process's one: fixtures/cluster_copies.py). Its context names the API at the test
     module's `ADVERTISE` address where the module sets one (its own server: the README's
-    table), else at the default cluster's 127.0.0.11."""
-    advertise = getattr(request.module, "ADVERTISE", DEFAULT_ADVERTISE)
+    table), else at the default cluster's 127.0.0.11; in a module whose tests mostly share
+    one server (`served`, on ADVERTISE all along), at its `OWN_CLUSTER_ADVERTISE`, where the
+    few tests that need a server of their own start it."""
+    module = request.module
+    advertise = getattr(
+        module, "OWN_CLUSTER_ADVERTISE", getattr(module, "ADVERTISE", DEFAULT_ADVERTISE)
+    )
     return cluster_template.copy(tmp_path, pg_url, advertise=advertise)
 
 

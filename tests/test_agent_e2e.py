@@ -12,15 +12,14 @@ import pytest
 
 from fixtures.agent import AgentProcess, connected
 from fixtures.cluster import ClusterFiles, Served, StartServer
-from fixtures.cluster_copies import ClusterTemplate
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner, create_token
 
 # The module's server (tests/conftest.py's `served`).
 ADVERTISE = "127.0.0.11"
 EDGE_A = f"{ADVERTISE}:7443"
-# The two servers the move goes between.
-MOVE_A, MOVE_B = "127.0.0.13", "127.0.0.14"
+# The two servers the move goes between, of a cluster of the test's own (`cluster_files`).
+OWN_CLUSTER_ADVERTISE = MOVE_A = "127.0.0.13"
+MOVE_B = "127.0.0.14"
 
 
 def test_an_agent_joins_with_a_token_and_connects(
@@ -113,14 +112,12 @@ def test_a_wrong_ca_hash_is_refused(agents: list[AgentProcess], tmp_path: Path) 
 @pytest.mark.slow
 def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
     cli: CliRunner,
-    cluster_template: ClusterTemplate,
-    pg_url: DatabaseUrl,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
     start_server: StartServer,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    cluster_files = cluster_template.copy(tmp_path, pg_url, advertise=MOVE_A)
-    cluster_env = cluster_files.cli_env
     server_a = start_server(cluster_files, MOVE_A)
     start_server(cluster_files, MOVE_B)
     edge_a, edge_b = f"{MOVE_A}:7443", f"{MOVE_B}:7443"

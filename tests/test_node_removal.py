@@ -7,7 +7,6 @@ starts a server of its own on EDGE_B, with a cluster of its own."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,15 +16,14 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from fixtures import edge_client, strangers
 from fixtures.cli_runner import cli_async
 from fixtures.cluster import ClusterFiles, Served, StartServer
-from fixtures.cluster_copies import ClusterTemplate
 from fixtures.edge_client import NodeKeys, next_non_heartbeat, pinned_keys, verified_command
-from oz0.store.dburl import DatabaseUrl
 from tests.conftest import CliRunner
 
 # The module's server (tests/conftest.py's `served`), and the one test's own.
 ADVERTISE = "127.0.0.11"
 EDGE_A = f"{ADVERTISE}:7443"
-EDGE_B = "127.0.0.12:7443"
+OWN_CLUSTER_ADVERTISE = "127.0.0.12"
+EDGE_B = f"{OWN_CLUSTER_ADVERTISE}:7443"
 
 
 async def accepted_node(
@@ -54,16 +52,12 @@ async def closed(ws: WebSocketConnection) -> bool:
 
 async def test_a_block_notifies_the_stream_to_end_and_unblock_lets_the_node_back(
     cli: CliRunner,
-    cluster_template: ClusterTemplate,
-    pg_url: DatabaseUrl,
-    tmp_path: Path,
+    cluster_files: ClusterFiles,
+    cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
     # The reconcile backstop once a minute: the notification alone must end the stream.
-    address = EDGE_B.rpartition(":")[0]
-    cluster_files = cluster_template.copy(tmp_path, pg_url, advertise=address)
-    cluster_env = cluster_files.cli_env
-    start_server(cluster_files, address, "--reconcile-every", "60")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE, "--reconcile-every", "60")
     keys = await accepted_node(cli, cluster_files, cluster_env, EDGE_B)
     async with edge_client.control(EDGE_B, keys) as (ws, welcome):
         assert welcome["type"] == "welcome"
