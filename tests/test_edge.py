@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from fixtures import edge_client
 from fixtures.cli_runner import cli_async
-from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster import ClusterFiles, Served, StartServer
 from fixtures.edge_client import NodeKeys, pinned_keys
 from fixtures.polling import trio_until
 from fixtures.tls import as_our_client, assert_refused_at_tls
@@ -28,16 +28,18 @@ from oz0.server.edge.metrics import EdgeMetrics
 from oz0.server.edge.wire import Wire
 from tests.conftest import CliRunner
 
-EDGE_A, EDGE_B = "127.0.0.11:7443", "127.0.0.12:7443"
+# Most tests share the module's server (`served`) and look only at what they made; those
+# that count what the whole cluster holds, or add a server to it, start a cluster of their
+# own (`cluster_files`) on OWN_EDGE, and the second server on NEXT_EDGE.
+ADVERTISE = "127.0.0.11"
+OWN_CLUSTER_ADVERTISE = "127.0.0.13"
+EDGE_A, OWN_EDGE, NEXT_EDGE = f"{ADVERTISE}:7443", "127.0.0.13:7443", "127.0.0.14:7443"
 
 
 async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await pinned_keys(cluster_files, EDGE_A)
     answer = await edge_client.join(EDGE_A, keys, labels={"os": "linux"}, hostname="laptop-7")
     assert answer["type"] == "joined" and answer["state"] == "pending"
@@ -48,8 +50,9 @@ async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept
     pending = (
         await cli_async(cli, "node", "list", "--state", "pending", "--json", env=cluster_env)
     ).json()
-    assert [n["id"] for n in pending] == [keys.node_id]
-    assert pending[0]["labels"] == {"os": "linux"} and pending[0]["hostname"] == "laptop-7"
+    assert {n["state"] for n in pending} == {"pending"}
+    (mine,) = [n for n in pending if n["id"] == keys.node_id]
+    assert mine["labels"] == {"os": "linux"} and mine["hostname"] == "laptop-7"
 
     picked: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
@@ -111,13 +114,8 @@ async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept
     ]
 
 
-async def test_a_rejected_node_is_told_and_refused(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-) -> None:
-    start_server(cluster_files, "127.0.0.11")
+async def test_a_rejected_node_is_told_and_refused(cli: CliRunner, served: Served) -> None:
+    cluster_files, cluster_env = served.files, served.files.cli_env
     keys = await pinned_keys(cluster_files, EDGE_A)
     await edge_client.join(EDGE_A, keys)
     rejected = await cli_async(
@@ -174,12 +172,9 @@ class _NamingCA(pki.CertificateAuthority):
 
 
 async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     assert (await cli_async(cli, "tenant", "create", "acme", env=cluster_env)).code == 0
     created = await cli_async(
         cli,
@@ -220,21 +215,19 @@ async def test_a_token_accepts_at_once_in_its_tenant_with_its_labels(
     again = await edge_client.join(EDGE_A, keys, token=token, labels={"os": "linux"})
     assert again["node_id"] == first_id and again["state"] == "accepted"
     tokens = (await cli_async(cli, "token", "list", "--json", env=cluster_env)).json()
-    assert tokens[0]["uses"] == 1
+    assert [t["uses"] for t in tokens if t["id"] == created.json()["id"]] == [1]
     listed = (await cli_async(cli, "node", "list", "--json", env=cluster_env)).json()
-    assert len(listed) == 1
+    assert [n["id"] for n in listed if n["token_id"] == created.json()["id"]] == [first_id]
 
 
 async def test_node_list_by_tenant_returns_exactly_that_tenants_nodes(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    assert (await cli_async(cli, "tenant", "create", "acme", env=cluster_env)).code == 0
-    joined: dict[str, list[str]] = {"default": [], "acme": []}
-    for tenant, count in (("default", 2), ("acme", 1)):
+    cluster_files, cluster_env = served.files, served.files.cli_env
+    # Tenants of its own: the module's other tests join nodes to default and acme.
+    joined: dict[str, list[str]] = {"initech": [], "umbrella": []}
+    for tenant, count in (("initech", 2), ("umbrella", 1)):
+        assert (await cli_async(cli, "tenant", "create", tenant, env=cluster_env)).code == 0
         token = await cli_async(
             cli, "token", "create", "--tenant", tenant, "--max-uses", "0", "--json", env=cluster_env
         )
@@ -267,7 +260,7 @@ def api_get(files: ClusterFiles, path: str) -> Any:
             "--cacert", str(context / "ca.crt"),
             "--cert", str(context / "operator.crt"),
             "--key", str(context / "operator.key"),
-            *as_our_client(f"https://127.0.0.11:8443{path}"),
+            *as_our_client(f"https://{ADVERTISE}:8443{path}"),
         ],
         capture_output=True, text=True, check=True, timeout=15,
     )  # fmt: skip
@@ -281,18 +274,18 @@ async def test_twenty_concurrent_joins_on_a_five_use_token_make_exactly_five_nod
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     created = await cli_async(
         cli, "token", "create", "--tenant", "default", "--max-uses", "5", "--json", env=cluster_env
     )
     token = created.json()["token"]
-    ca_pem, _ = await edge_client.fetch_ca(EDGE_A)
+    ca_pem, _ = await edge_client.fetch_ca(OWN_EDGE)
     answers: list[dict[str, Any]] = []
 
     async def one() -> None:
         keys = NodeKeys.new()
         keys.ca_pem = ca_pem
-        answers.append(await edge_client.join(EDGE_A, keys, token=token))
+        answers.append(await edge_client.join(OWN_EDGE, keys, token=token))
 
     async with trio.open_nursery() as nursery:
         for _ in range(20):
@@ -318,16 +311,16 @@ async def test_one_key_joining_many_times_at_once_is_one_node_using_its_token_on
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     created = await cli_async(
         cli, "token", "create", "--tenant", "default", "--max-uses", "0", "--json", env=cluster_env
     )
-    key = await pinned_keys(cluster_files, EDGE_A)
+    key = await pinned_keys(cluster_files, OWN_EDGE)
     answers: list[dict[str, Any]] = []
 
     async def one() -> None:
         copy = NodeKeys(key.key, key.ca_pem)
-        answers.append(await edge_client.join(EDGE_A, copy, token=created.json()["token"]))
+        answers.append(await edge_client.join(OWN_EDGE, copy, token=created.json()["token"]))
 
     async with trio.open_nursery() as nursery:
         for _ in range(12):
@@ -375,15 +368,15 @@ async def test_revoked_and_unknown_tokens_are_refused_and_audited(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     created = (
         await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
     ).json()
     assert (await cli_async(cli, "token", "revoke", created["id"], env=cluster_env)).code == 0
-    keys = await pinned_keys(cluster_files, EDGE_A)
-    revoked = await edge_client.join(EDGE_A, keys, token=created["token"])
+    keys = await pinned_keys(cluster_files, OWN_EDGE)
+    revoked = await edge_client.join(OWN_EDGE, keys, token=created["token"])
     assert revoked == {"type": "error", "code": "token_refused", "message": "join token revoked"}
-    unknown = await edge_client.join(EDGE_A, keys, token="tok-000000000000.nope")
+    unknown = await edge_client.join(OWN_EDGE, keys, token="tok-000000000000.nope")
     assert unknown == {"type": "error", "code": "token_refused", "message": "join token refused"}
     rows = (
         await cli_async(
@@ -395,12 +388,9 @@ async def test_revoked_and_unknown_tokens_are_refused_and_audited(
 
 
 async def test_control_streams_refuse_unknown_and_foreign_certificates(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     known = await pinned_keys(cluster_files, EDGE_A)
     token = await cli_async(
         cli, "token", "create", "--tenant", "default", "--json", env=cluster_env
@@ -448,7 +438,7 @@ async def test_control_streams_refuse_unknown_and_foreign_certificates(
         )
     )
     ctx = edge_client.verified_context(stranger.ca_pem, stranger)
-    await trio.to_thread.run_sync(assert_refused_at_tls, "127.0.0.11", 7443, ctx, "/control")
+    await trio.to_thread.run_sync(assert_refused_at_tls, ADVERTISE, 7443, ctx, "/control")
 
     # And the edge still serves the nodes it knows, and records how many attempts one
     # says it runs at once (placement's bound); what is not 1 to 256 it ignores.
@@ -478,22 +468,24 @@ async def test_a_connected_node_learns_a_server_that_comes_up(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     created = (
         await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=cluster_env)
     ).json()
-    keys = await pinned_keys(cluster_files, EDGE_A)
-    await edge_client.join(EDGE_A, keys, token=created["token"])
-    async with edge_client.control(EDGE_A, keys) as (ws, welcome):
-        assert welcome["edges"] == [EDGE_A]
-        await trio.to_thread.run_sync(lambda: start_server(cluster_files, "127.0.0.12"))
+    keys = await pinned_keys(cluster_files, OWN_EDGE)
+    await edge_client.join(OWN_EDGE, keys, token=created["token"])
+    async with edge_client.control(OWN_EDGE, keys) as (ws, welcome):
+        assert welcome["edges"] == [OWN_EDGE]
+        await trio.to_thread.run_sync(
+            lambda: start_server(cluster_files, NEXT_EDGE.rpartition(":")[0])
+        )
         with trio.fail_after(20):
             while True:
                 message = await edge_client.receive(ws)
                 await edge_client.send(ws, "heartbeat")
                 if message["type"] == "edges":
                     break
-        assert message["edges"] == [EDGE_A, EDGE_B]
+        assert message["edges"] == [OWN_EDGE, NEXT_EDGE]
 
 
 class StubStream:
