@@ -31,7 +31,7 @@ from cli.client import ApiClient
 from fixtures import rogue_edge
 from fixtures.agent import AgentProcess
 from fixtures.cli_runner import cli_async
-from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster import ClusterFiles, Served, StartServer
 from fixtures.tls import as_our_client
 from oz0.context import Context
 from oz0.server.management import UPLOAD_BODY_SIZE
@@ -46,9 +46,12 @@ from oz0_common.file_push import (
 )
 from tests.conftest import CliRunner, create_token
 
+# The module's server (`served`, tests/conftest.py), which most tests share: each pushes to
+# nodes of its own. The push to every node (`--all`) has a cluster and server of its own.
 SERVER = "127.0.0.22"
-ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
+ADVERTISE = SERVER
 EDGE = f"{SERVER}:7443"
+OWN_CLUSTER_ADVERTISE = "127.0.0.24"
 ROGUE = "127.0.0.23:7443"
 RUNNING = 60
 
@@ -99,14 +102,20 @@ def test_push_to_three_agents_unchanged_and_refused_outside(
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    start_server(cluster_files, SERVER)
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     env = cluster_files.cli_env
     token = create_token(cli, env, "--max-uses", "0")
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     started = [
         start_agent(
-            agents, tmp_path / f"node-{i}", EDGE, cluster_files, token, "--push-dir", str(allowed)
+            agents,
+            tmp_path / f"node-{i}",
+            f"{OWN_CLUSTER_ADVERTISE}:7443",
+            cluster_files,
+            token,
+            "--push-dir",
+            str(allowed),
         )
         for i in range(3)
     ]
@@ -219,12 +228,11 @@ def flip_a_byte(message: dict[str, Any]) -> dict[str, Any]:
 
 async def test_a_byte_changed_in_transit_is_refused_by_the_node(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
+    served: Served,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    start_server(cluster_files, SERVER)
+    cluster_files = served.files
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
     async with behind_rogue(cli, cluster_files, agents, data_dir, rewrite=flip_a_byte) as node:
@@ -240,8 +248,7 @@ async def test_a_byte_changed_in_transit_is_refused_by_the_node(
 
 async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
+    served: Served,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
@@ -249,7 +256,7 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
     file_get) has READS_PER_STREAM read at once by its edge; the others are answered
     `unavailable` at once, not queued. The reads are held by a lock on the table of rows,
     so none ends while they are counted."""
-    start_server(cluster_files, SERVER)
+    cluster_files = served.files
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
     extra = 2 * READS_PER_STREAM
@@ -303,8 +310,8 @@ async def test_a_stream_has_at_most_its_cap_of_file_reads_at_once(
         finally:
             locked.close()  # the lock goes with it, whatever happened
     refused = [a for a in held if a.get("error") == "unavailable"]
-    served = [a for a in held if "data" in a]
-    assert served == [], "no read ended while the rows were locked"
+    read = [a for a in held if "data" in a]
+    assert read == [], "no read ended while the rows were locked"
     assert len(refused) >= asked - READS_PER_STREAM, held
     assert (data_dir / "files" / "big.bin").read_bytes() == content
 
@@ -329,12 +336,12 @@ def curl_post(files: ClusterFiles, path: str, body: str) -> tuple[int, Any]:
 
 
 def test_an_upload_route_takes_whole_rows_up_to_its_own_body_limit(
-    cluster_files: ClusterFiles, start_server: StartServer
+    served: Served,
 ) -> None:
     """The chunks' route takes CHUNKS_PER_UPLOAD rows (1 MiB) in one body, past the API's
     64 KiB; more than UPLOAD_BODY_SIZE is refused 413 there, and any other route keeps
     the 64 KiB."""
-    start_server(cluster_files, SERVER)
+    cluster_files = served.files
     client = ApiClient(Context.load(cluster_files.context_path))
     content = os.urandom(CHUNKS_PER_UPLOAD * CHUNK + 10)
     sha256 = hashlib.sha256(content).hexdigest()
@@ -371,12 +378,11 @@ def as_an_older_edge(message: dict[str, Any]) -> dict[str, Any]:
 
 async def test_pieces_shorter_than_asked_have_their_rest_asked(
     cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
+    served: Served,
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    start_server(cluster_files, SERVER)
+    cluster_files = served.files
     env = cluster_files.cli_env
     data_dir = tmp_path / "node"
     async with behind_rogue(cli, cluster_files, agents, data_dir, rewrite=as_an_older_edge) as node:
