@@ -6,7 +6,7 @@ import signal
 import pytest
 from temporalio.client import Client
 
-from fixtures.cluster import ClusterFiles, StartServer, alive, wait_gone
+from fixtures.cluster import ClusterFiles, Served, StartServer, alive, wait_gone
 from fixtures.polling import wait_until
 from fixtures.temporal import (
     Credentials,
@@ -25,7 +25,13 @@ from fixtures.temporal import (
 from oz0 import pki
 from tests.conftest import CliRunner
 
-A, B = "127.0.0.11:7233", "127.0.0.12:7233"
+# The module's server (`served`), which the tests that only read or add share; those that
+# kill a host or make a cluster of two have a cluster of their own (`cluster_files`) on
+# OWN_CLUSTER_ADVERTISE, and the second server on .14.
+ADVERTISE = "127.0.0.11"
+OWN_CLUSTER_ADVERTISE = "127.0.0.13"
+A = f"{ADVERTISE}:7233"
+OWN_A, OWN_B = f"{OWN_CLUSTER_ADVERTISE}:7233", "127.0.0.14:7233"
 
 
 def count_workflows(address: str, namespace: str, creds: Credentials) -> int:
@@ -48,26 +54,23 @@ def allowed(address: str, namespace: str, creds: Credentials) -> bool:
 def test_two_servers_form_one_temporal_cluster(
     cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    start_server(cluster_files, "127.0.0.12")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    start_server(cluster_files, OWN_B.rpartition(":")[0])
     # A server's certificate: starting workflows and working on them is for servers only.
     creds = server_credentials(cluster_files)
     wait_until(
-        lambda: allowed(A, "default", creds) and allowed(B, "default", creds),
+        lambda: allowed(OWN_A, "default", creds) and allowed(OWN_B, "default", creds),
         15,
         "a server allowed in default on both servers",
     )
-    assert run_async(lambda: roundtrip(A, B, "default", creds)) == "HELLO!"
+    assert run_async(lambda: roundtrip(OWN_A, OWN_B, "default", creds)) == "HELLO!"
 
 
 @pytest.mark.slow
 def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     assert cli("tenant", "create", "acme", env=cluster_env).code == 0
     acme_node, default_node, pending_node = new_node_id(), new_node_id(), new_node_id()
     acme = issue(cluster_files, pki.Role.NODE, acme_node)
@@ -101,9 +104,9 @@ def test_nodes_reach_only_their_tenants_namespace_and_only_while_accepted(
 
 
 def test_a_certificate_from_a_foreign_ca_fails_the_handshake(
-    cluster_files: ClusterFiles, start_server: StartServer
+    served: Served,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files = served.files
     node = new_node_id()
     set_node(cluster_files, node, "default", "accepted")
     foreign = issue(cluster_files, pki.Role.NODE, node, ca=pki.new_ca("test", "cluster"))
@@ -120,10 +123,10 @@ def test_a_killed_host_is_restarted_and_serves_again(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    server = start_server(cluster_files, "127.0.0.11")
+    server = start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     (host,) = server.children()
     operator = operator_credentials(cluster_files)
-    assert count_workflows(A, "default", operator) == 0
+    assert count_workflows(OWN_A, "default", operator) == 0
 
     def temporal_state() -> str:
         return str(
@@ -135,14 +138,14 @@ def test_a_killed_host_is_restarted_and_serves_again(
     wait_until(lambda: temporal_state() == "serving", 60, "Temporal serving again")
     (restarted,) = server.children()
     assert restarted != host
-    assert count_workflows(A, "default", operator) == 0
+    assert count_workflows(OWN_A, "default", operator) == 0
     assert "Temporal host stopped (exit code -9); restarting in 1s" in server.stderr()
 
 
 def test_the_host_dies_with_its_server_even_by_sigkill(
     cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
-    server = start_server(cluster_files, "127.0.0.11")
+    server = start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     (host,) = server.children()
     assert alive(host)
     server.stop(signal.SIGKILL)
@@ -151,28 +154,23 @@ def test_the_host_dies_with_its_server_even_by_sigkill(
 
 
 def test_tenants_are_created_with_their_namespace_and_listed(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    created = cli("tenant", "create", "acme", "--json", env=cluster_env)
+    cluster_files, cluster_env = served.files, served.files.cli_env
+    # A name of its own: the module's other tests make tenants too.
+    created = cli("tenant", "create", "globex", "--json", env=cluster_env)
     assert created.code == 0, created.err
-    assert created.json()["name"] == "acme" and created.json()["namespace"] == "acme"
-    listed = cli("tenant", "list", "--json", env=cluster_env).json()
-    assert [t["name"] for t in listed] == ["acme", "default"]
+    assert created.json()["name"] == "globex" and created.json()["namespace"] == "globex"
+    names = [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()]
+    assert {"globex", "default"} <= set(names) and names == sorted(names)
 
-    assert describe_namespace(A, "acme", operator_credentials(cluster_files)) == "acme"
+    assert describe_namespace(A, "globex", operator_credentials(cluster_files)) == "globex"
 
     rows = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
-    assert (rows[0]["actor"]["name"], rows[0]["target"]) == ("admin", "tenant:acme")
+    assert (rows[0]["actor"]["name"], rows[0]["target"]) == ("admin", "tenant:globex")
 
-    again = cli("tenant", "create", "acme", env=cluster_env)
-    assert (again.code, again.err) == (1, "error: tenant acme already exists\n")
+    again = cli("tenant", "create", "globex", env=cluster_env)
+    assert (again.code, again.err) == (1, "error: tenant globex already exists\n")
     bad = cli("tenant", "create", "Not Valid", env=cluster_env)
     assert bad.code == 1 and bad.err.startswith("error: invalid tenant name 'Not Valid'")
-    assert [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()] == [
-        "acme",
-        "default",
-    ]
+    assert [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()] == names
