@@ -213,9 +213,9 @@ async def test_a_lone_change_on_a_busy_server_waits_only_while_changes_keep_comi
 
 
 def test_a_server_imports_no_test_tools() -> None:
-    """trio.testing imports pytest where it is installed, as here: half a CPU-second for each
-    of the suite's servers. The batcher takes its one function from trio's core instead (the
-    burst tests above show it still waits for the other tasks)."""
+    """trio.testing imports pytest where it is installed, as here: a tenth of a CPU-second
+    more for each of the suite's servers. The batcher takes its one function from trio's
+    core instead (the burst tests above show it still waits for the other tasks)."""
     tools = "{'pytest', 'trio.testing'}"
     probe = f"import sys, oz0.server.start; print(sorted({tools} & {{*sys.modules}}))"
     done = subprocess.run(

@@ -29,8 +29,9 @@ from typing import Any, Generic, TypeVar
 import trio
 
 # The function trio.testing names, from where trio defines it: trio.testing imports pytest
-# wherever that is installed, half a CPU-second for each server the test suite starts (a
-# third of its start), and nothing else of it is used here (tests/test_batches.py).
+# wherever that is installed, 0.1-0.15 CPU-seconds more for each of the ~190 servers the test
+# suite starts (more wall time on a loaded machine), and nothing else of it is used here
+# (tests/test_batches.py).
 from trio._core import wait_all_tasks_blocked  # type: ignore[attr-defined]
 
 from oz0.store.pool import Conn, Database
