@@ -31,9 +31,8 @@ from tests.conftest import CliRunner
 # Most tests share the module's server (`served`) and look only at what they made; those
 # that count what the whole cluster holds, or add a server to it, start a cluster of their
 # own (`cluster_files`) on OWN_EDGE, and the second server on NEXT_EDGE.
-ADVERTISE = "127.0.0.11"
-OWN_CLUSTER_ADVERTISE = "127.0.0.13"
-EDGE_A, OWN_EDGE, NEXT_EDGE = f"{ADVERTISE}:7443", "127.0.0.13:7443", "127.0.0.14:7443"
+ADVERTISE, OWN_CLUSTER_ADVERTISE, NEXT = "127.0.0.11", "127.0.0.13", "127.0.0.14"
+EDGE_A, OWN_EDGE, NEXT_EDGE = (f"{a}:7443" for a in (ADVERTISE, OWN_CLUSTER_ADVERTISE, NEXT))
 
 
 async def test_a_node_without_token_waits_and_picks_its_certificate_up_on_accept(
@@ -476,9 +475,7 @@ async def test_a_connected_node_learns_a_server_that_comes_up(
     await edge_client.join(OWN_EDGE, keys, token=created["token"])
     async with edge_client.control(OWN_EDGE, keys) as (ws, welcome):
         assert welcome["edges"] == [OWN_EDGE]
-        await trio.to_thread.run_sync(
-            lambda: start_server(cluster_files, NEXT_EDGE.rpartition(":")[0])
-        )
+        await trio.to_thread.run_sync(lambda: start_server(cluster_files, NEXT))
         with trio.fail_after(20):
             while True:
                 message = await edge_client.receive(ws)

@@ -52,6 +52,7 @@ SERVER = "127.0.0.22"
 ADVERTISE = SERVER
 EDGE = f"{SERVER}:7443"
 OWN_CLUSTER_ADVERTISE = "127.0.0.24"
+OWN_EDGE = f"{OWN_CLUSTER_ADVERTISE}:7443"
 ROGUE = "127.0.0.23:7443"
 RUNNING = 60
 
@@ -111,7 +112,7 @@ def test_push_to_three_agents_unchanged_and_refused_outside(
         start_agent(
             agents,
             tmp_path / f"node-{i}",
-            f"{OWN_CLUSTER_ADVERTISE}:7443",
+            OWN_EDGE,
             cluster_files,
             token,
             "--push-dir",

@@ -28,10 +28,8 @@ from tests.conftest import CliRunner
 # The module's server (`served`), which the tests that only read or add share; those that
 # kill a host or make a cluster of two have a cluster of their own (`cluster_files`) on
 # OWN_CLUSTER_ADVERTISE, and the second server on .14.
-ADVERTISE = "127.0.0.11"
-OWN_CLUSTER_ADVERTISE = "127.0.0.13"
-A = f"{ADVERTISE}:7233"
-OWN_A, OWN_B = f"{OWN_CLUSTER_ADVERTISE}:7233", "127.0.0.14:7233"
+ADVERTISE, OWN_CLUSTER_ADVERTISE, SECOND = "127.0.0.11", "127.0.0.13", "127.0.0.14"
+A, OWN_A, OWN_B = (f"{a}:7233" for a in (ADVERTISE, OWN_CLUSTER_ADVERTISE, SECOND))
 
 
 def count_workflows(address: str, namespace: str, creds: Credentials) -> int:
@@ -55,7 +53,7 @@ def test_two_servers_form_one_temporal_cluster(
     cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
     start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
-    start_server(cluster_files, OWN_B.rpartition(":")[0])
+    start_server(cluster_files, SECOND)
     # A server's certificate: starting workflows and working on them is for servers only.
     creds = server_credentials(cluster_files)
     wait_until(
