@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fixtures.cluster import ClusterFiles, ServerProcess, StartServer, cli_command
+from fixtures.cluster import ClusterFiles, Served, ServerProcess, StartServer, cli_command
 from fixtures.keys import assert_no_file_holds_key_of, served_public_key
 from fixtures.polling import seconds_until, wait_until
 from fixtures.rogue_edge import load_cluster
@@ -23,6 +23,18 @@ from oz0.audit import Actor
 from oz0.context import Context
 from oz0_common.certs import API_SERVER_NAME
 from tests.conftest import CliRunner
+
+# The tests that look only at what they made share the module's server (`served`; its name
+# besides its address is for the edge's greeting). Those that count the whole cluster's
+# audit log, stop, kill or add a server, need none running or one with options of their
+# own, or renew the admin (which voids the certificate in the context the others use) have
+# a cluster of their own (`cluster_files`) on OWN_CLUSTER_ADVERTISE, a second server on
+# NEXT_SERVER.
+ADVERTISE = "127.0.0.11"
+SERVER_ARGS = ("--san", "edge.example.com")
+OWN_CLUSTER_ADVERTISE, NEXT_SERVER = "127.0.0.12", "127.0.0.13"
+# Where a socket of the test's own holds a server port.
+BUSY = "127.0.0.14"
 
 
 def servers_up(cli: CliRunner, env: dict[str, str]) -> list[str]:
@@ -41,7 +53,7 @@ def context_holding(
     """A context whose operator certificate is made by CA as the test says."""
     key = pki.new_private_key()
     cert = ca.issue(key.public_key(), name=cert_for, **issue)  # type: ignore[arg-type]
-    context = Context(directory, files.name, cert_for, ("127.0.0.11:8443",), files.ca_hash)
+    context = Context(directory, files.name, cert_for, (f"{ADVERTISE}:8443",), files.ca_hash)
     context.write_credentials(
         ca_pem=load_cluster(files).ca_pem,
         cert_pem=pki.cert_to_pem(cert),
@@ -57,11 +69,13 @@ def test_two_servers_show_in_cluster_info_and_a_stopped_one_leaves(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    second = start_server(cluster_files, "127.0.0.12")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    second = start_server(cluster_files, NEXT_SERVER)
     info = cli("cluster", "info", "--json", env=cluster_env).json()
     assert info["name"] == "test" and info["ca_hash"] == cluster_files.ca_hash
-    assert sorted(s["advertise"] for s in info["servers"]) == ["127.0.0.11", "127.0.0.12"]
+    assert sorted(s["advertise"] for s in info["servers"]) == sorted(
+        (OWN_CLUSTER_ADVERTISE, NEXT_SERVER)
+    )
     for server in info["servers"]:
         assert server["id"].startswith("server-")
         assert set(server) == {"id", "advertise", "started_at", "last_heartbeat", "temporal"}
@@ -76,7 +90,11 @@ def test_two_servers_show_in_cluster_info_and_a_stopped_one_leaves(
     ]
     assert took < 5.0, f"SIGTERM shutdown took {took:.2f}s: " + "\n".join(said)
     assert second.wait(0) == 0
-    wait_until(lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], 5, "only 127.0.0.11 up")
+    wait_until(
+        lambda: servers_up(cli, cluster_env) == [OWN_CLUSTER_ADVERTISE],
+        5,
+        f"only {OWN_CLUSTER_ADVERTISE} up",
+    )
 
 
 @pytest.mark.slow
@@ -86,12 +104,14 @@ def test_a_killed_server_drops_out_when_its_heartbeat_ages(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    victim = start_server(cluster_files, "127.0.0.13")
-    assert servers_up(cli, cluster_env) == ["127.0.0.11", "127.0.0.13"]
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    victim = start_server(cluster_files, NEXT_SERVER)
+    assert servers_up(cli, cluster_env) == sorted((OWN_CLUSTER_ADVERTISE, NEXT_SERVER))
     victim.stop(signal.SIGKILL)
     waited = seconds_until(
-        lambda: servers_up(cli, cluster_env) == ["127.0.0.11"], 15, "only 127.0.0.11 up"
+        lambda: servers_up(cli, cluster_env) == [OWN_CLUSTER_ADVERTISE],
+        15,
+        f"only {OWN_CLUSTER_ADVERTISE} up",
     )
     assert waited < 10
 
@@ -99,7 +119,7 @@ def test_a_killed_server_drops_out_when_its_heartbeat_ages(
 def test_sigint_also_stops_the_server(
     cluster_files: ClusterFiles, start_server: StartServer
 ) -> None:
-    server = start_server(cluster_files, "127.0.0.11")
+    server = start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     # The docs promise 5 s; twice that here, as a loaded machine took 4.5 s (no hang).
     assert server.stop(signal.SIGINT) < 10.0
     assert server.wait(0) == 0
@@ -110,7 +130,7 @@ def test_wrong_master_key_ends_start_and_writes_nothing(
 ) -> None:
     wrong = tmp_path / "wrong.key"
     pki.write_master_key(wrong)
-    server = ServerProcess.for_cluster(cluster_files, "127.0.0.11", workdir=tmp_path / "w")
+    server = ServerProcess.for_cluster(cluster_files, OWN_CLUSTER_ADVERTISE, workdir=tmp_path / "w")
     server.args[server.args.index(str(cluster_files.master_key))] = str(wrong)
     with pytest.raises(RuntimeError, match="exited while starting"):
         server.start(timeout=30)
@@ -143,7 +163,7 @@ def test_bad_master_key_files_are_refused_at_start(
     key.chmod(0o600)
     prepare(key)
     result = cli(
-        "server", "start", "--master-key-file", str(key), "--advertise", "127.0.0.11",
+        "server", "start", "--master-key-file", str(key), "--advertise", OWN_CLUSTER_ADVERTISE,
         env=cluster_env,
     )  # fmt: skip
     assert result.code == 1
@@ -166,18 +186,18 @@ def test_reconcile_every_out_of_range_is_one_line(
     for value in ("0", "61"):
         result = cli(
             "server", "start", "--master-key-file", str(cluster_files.master_key),
-            "--advertise", "127.0.0.11", "--reconcile-every", value, env=cluster_env,
+            "--advertise", OWN_CLUSTER_ADVERTISE, "--reconcile-every", value, env=cluster_env,
         )  # fmt: skip
         assert result.code == 1
         assert result.err == f"error: --reconcile-every must be 0.1 to 60 seconds, not {value}\n"
 
 
-def test_the_server_key_never_touches_disk(
-    cluster_files: ClusterFiles, start_server: StartServer, tmp_path: Path
-) -> None:
-    server = start_server(cluster_files, "127.0.0.11")
-    public = served_public_key("127.0.0.11", cluster_files.context_dir / "ca.crt")
-    searched = [tmp_path, Path(server.env["TMPDIR"])]
+def test_the_server_key_never_touches_disk(served: Served) -> None:
+    server = served.server
+    public = served_public_key(ADVERTISE, served.files.context_dir / "ca.crt")
+    # The module's directory: the cluster's files (its context, master key) and the
+    # server's own (its working directory, HOME and TMPDIR): fixtures/cluster.py's serving.
+    searched = [server.cwd.parent, Path(server.env["TMPDIR"])]
     assert_no_file_holds_key_of(public, searched)
     # Nor does the server write anything into its own temp dir.
     assert list(Path(server.env["TMPDIR"]).iterdir()) == []
@@ -190,7 +210,7 @@ def test_renew_replaces_the_credentials_and_voids_the_old_certificate(
     start_server: StartServer,
     tmp_path: Path,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     old = tmp_path / "old-context"
     shutil.copytree(cluster_files.context_dir, old)
     old_cert = (old / "operator.crt").read_bytes()
@@ -228,14 +248,14 @@ def test_operator_issue_works_without_a_running_server_and_adds_operators(
     alice_dir = tmp_path / "alice"
     result = cli(
         "server", "operator", "issue", "alice", "--master-key-file", str(cluster_files.master_key),
-        "--operator-dir", str(alice_dir), "--advertise", "127.0.0.11", "--json",
+        "--operator-dir", str(alice_dir), "--advertise", OWN_CLUSTER_ADVERTISE, "--json",
         env=cluster_env,
     )  # fmt: skip
     assert result.code == 0, result.err
-    assert Context.load(alice_dir).servers == ("127.0.0.11:8443",)
+    assert Context.load(alice_dir).servers == (f"{OWN_CLUSTER_ADVERTISE}:8443",)
     assert Context.load(alice_dir).operator == "alice"
 
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     alice_env = {**cluster_env, "OZ0_CONTEXT": str(alice_dir / "context.json")}
     assert cli("cluster", "info", env=alice_env).code == 0
     issued = cli("audit", "list", "--target", "operator:alice", "--json", env=alice_env).json()
@@ -251,7 +271,7 @@ def test_operator_issue_keeps_the_addresses_of_an_existing_context(
         context.directory,
         context.cluster,
         "admin",
-        ("10.9.9.9:8443", "127.0.0.11:8443"),
+        ("10.9.9.9:8443", f"{OWN_CLUSTER_ADVERTISE}:8443"),
         context.ca_hash,
     )
     edited.save()
@@ -262,7 +282,10 @@ def test_operator_issue_keeps_the_addresses_of_an_existing_context(
         env=cluster_env,
     )  # fmt: skip
     assert result.code == 0, result.err
-    assert Context.load(context.directory).servers == ("10.9.9.9:8443", "127.0.0.11:8443")
+    assert Context.load(context.directory).servers == (
+        "10.9.9.9:8443",
+        f"{OWN_CLUSTER_ADVERTISE}:8443",
+    )
     assert context.cert_path.read_bytes() != old_cert
 
 
@@ -273,20 +296,17 @@ def test_operator_issue_with_a_wrong_master_key_writes_nothing(
     pki.write_master_key(wrong)
     result = cli(
         "server", "operator", "issue", "bob", "--master-key-file", str(wrong),
-        "--operator-dir", str(tmp_path / "bob"), "--advertise", "127.0.0.11", env=cluster_env,
+        "--operator-dir", str(tmp_path / "bob"), "--advertise", OWN_CLUSTER_ADVERTISE,
+        env=cluster_env,
     )  # fmt: skip
     assert (result.code, result.err) == (1, "error: master key does not match cluster test\n")
     assert not (tmp_path / "bob").exists()
 
 
 def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    tmp_path: Path,
+    cli: CliRunner, served: Served, tmp_path: Path
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files, cluster_env = served.files, served.files.cli_env
     ca = load_cluster(cluster_files).cluster_ca
 
     def info_with(context: Context) -> str:
@@ -325,28 +345,32 @@ def test_foreign_expired_unknown_and_non_operator_certificates_are_refused(
     raw_ctx = ssl.create_default_context(cafile=str(expired.ca_path))
     raw_ctx.check_hostname = False
     raw_ctx.load_cert_chain(str(expired.cert_path), str(expired.key_path))
-    assert_refused_at_tls("127.0.0.11", 8443, raw_ctx, "/api/v1/cluster", API_SERVER_NAME)
+    assert_refused_at_tls(ADVERTISE, 8443, raw_ctx, "/api/v1/cluster", API_SERVER_NAME)
 
 
 def test_a_certificate_close_to_expiry_warns_but_works(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
+    cli: CliRunner, served: Served, tmp_path: Path
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    cluster_files = served.files
     ca = load_cluster(cluster_files).cluster_ca
     key = pki.new_private_key()
+    # An operator of its own: a certificate issued to admin would be admin's only valid one,
+    # voiding the one in the context the module's other tests use.
+    operator = "close-to-expiry"
     with psycopg.connect(cluster_files.main_db) as conn:
         cert = operators.issue_certificate(
-            conn, ca, "admin", key.public_key(), actor=Actor("server", "test"),
+            conn, ca, operator, key.public_key(), actor=Actor("server", "test"),
             action="operator.issue", now=pki.utcnow() - dt.timedelta(days=80),
         )  # fmt: skip
-    context = Context.load(cluster_files.context_path)
+    # In a copy of the cluster's context directory, with that operator's credentials.
+    copy = tmp_path / "context"
+    shutil.copytree(cluster_files.context_dir, copy)
+    copied = Context.load(copy)
+    context = Context(copy, copied.cluster, operator, copied.servers, copied.ca_hash)
     context.write_credentials(
         ca_pem=pki.cert_to_pem(ca.cert), cert_pem=pki.cert_to_pem(cert), key_pem=pki.key_to_pem(key)
     )
-    result = cli("cluster", "info", env=cluster_env)
+    result = cli("cluster", "info", env={**cluster_files.cli_env, "OZ0_CONTEXT": str(context.path)})
     assert result.code == 0
     assert "warning: operator certificate expires in 9 days" in result.err
 
@@ -357,7 +381,7 @@ def test_audit_list_filters_and_limits(
     cluster_env: dict[str, str],
     start_server: StartServer,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     everything = cli("audit", "list", "--json", env=cluster_env).json()
     assert [r["action"] for r in everything] == [
         "cluster.ui_ca.create", "ui_account.create", "operator.issue", "tenant.create",
@@ -385,7 +409,9 @@ def test_cli_parse_errors_are_one_line(cli: CliRunner) -> None:
 def test_no_server_answering_is_one_line(cli: CliRunner, cluster_env: dict[str, str]) -> None:
     result = cli("cluster", "info", env=cluster_env)
     assert result.code == 1
-    assert result.err.startswith("error: no server of the context answered: 127.0.0.11:8443")
+    assert result.err.startswith(
+        f"error: no server of the context answered: {OWN_CLUSTER_ADVERTISE}:8443"
+    )
 
 
 def test_server_command_runs_as_a_module() -> None:
@@ -395,21 +421,20 @@ def test_server_command_runs_as_a_module() -> None:
     assert out.stdout.strip() == "0.1.0"
 
 
-async def test_edge_greets_over_tls_from_the_cluster_ca(
-    cluster_files: ClusterFiles, start_server: StartServer
-) -> None:
+async def test_edge_greets_over_tls_from_the_cluster_ca(served: Served) -> None:
     import json
 
     import trio
     from trio_websocket import open_websocket
 
-    start_server(cluster_files, "127.0.0.11", "--san", "edge.example.com")
+    # The module's server has a name besides its address (SERVER_ARGS' --san).
+    cluster_files = served.files
     ctx = ssl.create_default_context(cafile=str(cluster_files.context_dir / "ca.crt"))
     ctx.check_hostname = True
     challenges = []
     with trio.fail_after(10):
         for _ in range(2):
-            async with open_websocket("127.0.0.11", 7443, "/join", use_ssl=ctx) as ws:
+            async with open_websocket(ADVERTISE, 7443, "/join", use_ssl=ctx) as ws:
                 hello = json.loads(await ws.get_message())
             assert hello["type"] == "hello"
             assert hello["cluster"] == "test"
@@ -423,14 +448,14 @@ async def test_edge_greets_over_tls_from_the_cluster_ca(
 def test_an_address_already_in_use_is_one_line(
     cli: CliRunner, cluster_files: ClusterFiles, cluster_env: dict[str, str], port: int
 ) -> None:
-    with socket.create_server(("127.0.0.14", port)):
+    with socket.create_server((BUSY, port)):
         result = cli(
             "server", "start", "--master-key-file", str(cluster_files.master_key),
-            "--advertise", "127.0.0.14", "--listen", "127.0.0.14", env=cluster_env,
+            "--advertise", BUSY, "--listen", BUSY, env=cluster_env,
         )  # fmt: skip
     assert result.code == 1
     assert result.err.splitlines() == [
-        f"error: cannot listen on 127.0.0.14:{port}: Address already in use"
+        f"error: cannot listen on {BUSY}:{port}: Address already in use"
     ], result.err
     # Said before the server started anything (oz0/server/ports_free.py): its Temporal host
     # never joined Temporal's membership, as it does within its first seconds.
@@ -449,10 +474,10 @@ def test_a_change_whose_answer_was_lost_is_not_sent_to_another_server(
     start_server: StartServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    start_server(cluster_files, "127.0.0.11")
-    start_server(cluster_files, "127.0.0.12")
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    start_server(cluster_files, NEXT_SERVER)
     context = json.loads(cluster_files.context_path.read_text())
-    context["servers"] = ["127.0.0.11:8443", "127.0.0.12:8443"]
+    context["servers"] = [f"{OWN_CLUSTER_ADVERTISE}:8443", f"{NEXT_SERVER}:8443"]
     cluster_files.context_path.write_text(json.dumps(context))
     real_getresponse = http.client.HTTPSConnection.getresponse
     lost: list[str] = []
@@ -469,9 +494,9 @@ def test_a_change_whose_answer_was_lost_is_not_sent_to_another_server(
     made = cli("token", "create", "--tenant", "default", "--json", env=cluster_env)
     assert made.code == 1 and made.err.count("\n") == 1, made
     assert "may have been carried out" in made.err
-    assert lost == ["127.0.0.11"]
+    assert lost == [OWN_CLUSTER_ADVERTISE]
     # The first server did make it; nobody made a second one. A read moves on, though.
     lost.clear()
     listed = cli("token", "list", "--json", env=cluster_env)
-    assert listed.code == 0 and lost == ["127.0.0.11"], listed
+    assert listed.code == 0 and lost == [OWN_CLUSTER_ADVERTISE], listed
     assert len(listed.json()) == 1
