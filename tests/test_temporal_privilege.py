@@ -1,10 +1,16 @@
-"""Least privilege on Temporal (127.0.0.71, default ports; node renewal on 127.0.0.73),
-with a real server, real TLS, the real `temporal` CLI and real SDK workers: only an
-operator's current certificate is taken (and only to read: tests/test_temporal_operators.py
-has what an operator may do); a node may do what an activity worker on its own
-queue needs and nothing else, and only with its current certificate (a renewed-away one is
-refused); tenant names cannot take Temporal's own namespaces or namespaces we did not
-create."""
+"""Least privilege on Temporal (ADVERTISE, default ports; the renewals on
+OWN_CLUSTER_ADVERTISE), with a real server, real TLS, the real `temporal` CLI and real SDK
+workers: only an operator's current certificate is taken (and only to read:
+tests/test_temporal_operators.py has what an operator may do); a node may do what an
+activity worker on its own queue needs and nothing else, and only with its current
+certificate (a renewed-away one is refused); tenant names cannot take Temporal's own
+namespaces or namespaces we did not create.
+
+The tests of nodes' and tenants' privileges share the module's server (`served`): each adds
+nodes, queues and tenants of its own and looks only at those. The renewals have a cluster
+and server of their own (`cluster_files`): an operator's renewal voids the certificate of
+the context the others use, and a node's needs short node certificates from the server's
+start."""
 
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ from trio_websocket import WebSocketConnection
 
 from fixtures import edge_client
 from fixtures.cli_runner import cli_async
-from fixtures.cluster import ClusterFiles, ServerProcess, StartServer, initialise
+from fixtures.cluster import ClusterFiles, Served, ServerProcess, StartServer
 from fixtures.edge_client import NodeKeys
 from fixtures.polling import trio_until, wait_until
 from fixtures.temporal import (
@@ -63,7 +69,6 @@ from fixtures.temporal import (
     set_node,
 )
 from oz0 import nodes, pki
-from oz0.store.dburl import DatabaseUrl
 from oz0.store.events import EventHub
 from oz0.store.pool import Database, open_database
 from oz0.temporal import node_access, operator_access
@@ -73,9 +78,11 @@ from oz0.temporal.operator_access import OperatorAccessSync
 from tests.conftest import CliRunner
 
 T = TypeVar("T")
-SERVER = "127.0.0.71"
-ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
-FRONTEND = f"{SERVER}:7233"
+ADVERTISE = "127.0.0.71"
+FRONTEND = f"{ADVERTISE}:7233"
+# Where the renewal tests' own clusters (tests/conftest.py's cluster_files) start a server.
+OWN_CLUSTER_ADVERTISE = "127.0.0.73"
+RENEWAL_EDGE, RENEWAL_FRONTEND = (f"{OWN_CLUSTER_ADVERTISE}:{port}" for port in (7443, 7233))
 # The product's promise for a renewed-away operator certificate.
 RENEWAL_BOUND = 2.0
 UNAUTHORIZED = "Error: unable to describe namespace default: Request unauthorized.\n"
@@ -83,15 +90,17 @@ UNAUTHORIZED = "Error: unable to describe namespace default: Request unauthorize
 UNTAKEN = 5.0
 
 
-def temporal_cli(*args: str, credentials: Path, ca: Path) -> subprocess.CompletedProcess[str]:
-    """The real `temporal` CLI against our frontend, with CREDENTIALS/operator.{crt,key}."""
+def temporal_cli(
+    *args: str, credentials: Path, ca: Path, frontend: str = FRONTEND
+) -> subprocess.CompletedProcess[str]:
+    """The real `temporal` CLI against FRONTEND, with CREDENTIALS/operator.{crt,key}."""
     temporal = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
     return subprocess.run(
         [
             temporal,
             *args,
             "--address",
-            FRONTEND,
+            frontend,
             "--tls-cert-path",
             str(credentials / "operator.crt"),
             "--tls-key-path",
@@ -118,7 +127,7 @@ def test_after_operator_renew_only_the_new_certificate_reaches_temporal(
     start_server: StartServer,
     tmp_path: Path,
 ) -> None:
-    server = start_server(cluster_files, SERVER)
+    server = start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
     ctx = cluster_files.context_dir
     old, stray = tmp_path / "old", tmp_path / "stray"
     old.mkdir()
@@ -139,6 +148,7 @@ def test_after_operator_renew_only_the_new_certificate_reaches_temporal(
             "default",
             credentials=credentials,
             ca=ctx / "ca.crt",
+            frontend=RENEWAL_FRONTEND,
         )
 
     before = namespaces(old)
@@ -284,12 +294,10 @@ def allowed_in_default(creds: Credentials) -> bool:
 
 
 @pytest.mark.slow
-def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(
-    cluster_files: ClusterFiles, start_server: StartServer
-) -> None:
-    server = start_server(cluster_files, SERVER)
-    (a_id, a), (b_id, _) = accepted_nodes(cluster_files, 2)
-    starter = Starter(server_credentials(cluster_files))
+def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(served: Served) -> None:
+    server = served.server
+    (a_id, a), (b_id, _) = accepted_nodes(served.files, 2)
+    starter = Starter(server_credentials(served.files))
 
     # A's activity worker on its own queue (its node ID) runs an activity end to end, and
     # nothing its SDK calls on the way (connect, describe, poll, heartbeat, report the
@@ -345,12 +353,9 @@ def test_a_node_is_an_activity_worker_on_its_own_queue_and_nothing_more(
 
 
 @pytest.mark.slow
-def test_a_node_may_answer_only_the_tasks_it_was_given(
-    cluster_files: ClusterFiles, start_server: StartServer
-) -> None:
-    start_server(cluster_files, SERVER)
-    (a_id, a), (_, b) = accepted_nodes(cluster_files, 2)
-    starter = Starter(server_credentials(cluster_files))
+def test_a_node_may_answer_only_the_tasks_it_was_given(served: Served) -> None:
+    (a_id, a), (_, b) = accepted_nodes(served.files, 2)
+    starter = Starter(server_credentials(served.files))
 
     async def scenario() -> tuple[bool, str | None]:
         starter_client = await connect(FRONTEND, "default", starter.credentials)
@@ -388,17 +393,9 @@ def test_a_node_may_answer_only_the_tasks_it_was_given(
 
 # --- a node's renewed-away certificate ------------------------------------------------------
 
-RENEWAL_SERVER = "127.0.0.73"
-RENEWAL_EDGE = f"{RENEWAL_SERVER}:7443"
-RENEWAL_FRONTEND = f"{RENEWAL_SERVER}:7233"
 # Short node certificates (OZ0_NODE_CERT_VALIDITY): the edge renews from half (12 s), and the
 # old certificate is still valid for as long again, so a refusal is the renewal's doing.
 SHORT_VALIDITY = 24
-
-
-@pytest.fixture
-def renewal_files(tmp_path: Path, pg_url: DatabaseUrl) -> ClusterFiles:
-    return initialise(tmp_path, pg_url, advertise=RENEWAL_SERVER)
 
 
 async def next_news(ws: WebSocketConnection) -> dict[str, Any]:
@@ -419,13 +416,13 @@ async def keep_alive(*streams: WebSocketConnection) -> None:
 @pytest.mark.slow
 async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
     cli: CliRunner,
-    renewal_files: ClusterFiles,
+    cluster_files: ClusterFiles,
     start_server: StartServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(pki.NODE_VALIDITY_ENV, str(SHORT_VALIDITY))
-    server = start_server(renewal_files, RENEWAL_SERVER)
-    env = renewal_files.cli_env
+    server = start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    env = cluster_files.cli_env
     created = await cli_async(cli, "token", "create", "--tenant", "default", "--json", env=env)
     assert created.code == 0, created.err
     keys = NodeKeys.new()
@@ -524,13 +521,9 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
 
 @pytest.mark.slow
 def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    tmp_path: Path,
+    cli: CliRunner, served: Served, tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     ctx = cluster_files.context_dir
     # Only a server may create a namespace on Temporal (an operator may only read there).
     server = tmp_path / "server"
@@ -542,6 +535,13 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
     def tenants() -> list[str]:
         return [t["name"] for t in cli("tenant", "list", "--json", env=cluster_env).json()]
 
+    def creations_audited() -> list[str]:
+        rows = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env)
+        return [row["target"] for row in rows.json()]
+
+    # The cluster is the module's: the refusals must leave its tenants and their audit as
+    # they were before this test.
+    tenants_before, audited_before = tenants(), creations_audited()
     for name in ("temporal-system", "temporal-visibility"):
         reserved = cli("tenant", "create", name, env=cluster_env)
         assert (reserved.code, reserved.out, reserved.err) == (
@@ -569,9 +569,8 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
         "error: Temporal already has a namespace foreign that orchestrator-zero did not"
         " create; choose another tenant name\n",
     )
-    assert tenants() == ["default"]
-    audited = cli("audit", "list", "--action", "tenant.create", "--json", env=cluster_env).json()
-    assert [row["target"] for row in audited] == ["tenant:default"]
+    assert tenants() == tenants_before
+    assert creations_audited() == audited_before
 
     # A namespace we registered is ours again: a create retried after its tenant row was
     # never written goes through.
@@ -581,7 +580,7 @@ def test_tenant_names_of_temporals_own_or_foreign_namespaces_are_refused(
         conn.execute("DELETE FROM tenants WHERE name = 'acme'")
     again = cli("tenant", "create", "acme", env=cluster_env)
     assert again.code == 0, again.err
-    assert tenants() == ["acme", "default"]
+    assert tenants() == sorted([*tenants_before, "acme"])
 
 
 # --- pushing operators' grants to the host (real PostgreSQL, no Temporal) ------------------
