@@ -5,6 +5,12 @@ What an operator sees through `orchestrator-zero job ...`: output and exit code,
 node running an attempt is blocked, purged, or killed: the process is gone and the job goes
 on on another node; and where a job's secret goes (its process) and does not (the
 databases, Temporal's history, the logs).
+
+The tests share the module's server (`served`, on SERVER) and look only at what they made:
+their own nodes (by ID, or by a label of the test's own where a job may run on any of its
+nodes, or on every one with `--all`), jobs and audit rows. The one that kills and drains
+servers makes a cluster of two of its own (`cluster_files`) on both of the file's
+addresses, SERVER and SECOND, while the module's server steps aside.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from fixtures.agent import AgentProcess, join_agents
 from fixtures.attempt_grants import signed
 from fixtures.attempt_processes import all_gone
-from fixtures.cluster import ClusterFiles, StartServer, alive
+from fixtures.cluster import ClusterFiles, Served, StartServer, alive
 from fixtures.job_calls import output_of, started_pid, started_pids, wait_job
 from fixtures.polling import wait_until
 from fixtures.temporal import Credentials, connect, run_async, server_credentials
@@ -56,7 +62,10 @@ from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from tests.conftest import CliRunner
 
 SERVER, SECOND = "127.0.0.191", "127.0.0.192"
-ADVERTISE = SERVER  # what cluster_files (tests/conftest.py) advertises
+# The module's server (`served`, tests/conftest.py) is on SERVER. The one test with a
+# cluster of its own (`cluster_files`), of two servers, takes SERVER and SECOND while the
+# module's server steps aside (module_server_aside): it advertises SERVER too.
+ADVERTISE = OWN_CLUSTER_ADVERTISE = SERVER
 EDGE = f"{SERVER}:7443"
 # Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
 MOVE_BOUND = 10.0
@@ -65,17 +74,24 @@ GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
 
 
 @pytest.fixture
-def one_server(cluster_files: ClusterFiles, start_server: StartServer) -> Iterator[ClusterFiles]:
-    start_server(cluster_files, SERVER)
-    yield cluster_files
+def module_server_aside(served: Served) -> Iterator[None]:
+    """Both of the file's addresses free for a test's own cluster of two: the module's
+    server stops (as an operator stops one: SIGTERM), and starts again once the test's
+    servers have ended (so the test requests this before `start_server`, which ends them
+    after it)."""
+    served.server.stop(signal.SIGTERM)
+    yield
+    served.server.start()
 
 
 @pytest.mark.slow
 def test_output_exit_code_selector_all_queueing_and_cancel(
-    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+    cli: CliRunner, served: Served, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
-    files, env = one_server, one_server.cli_env
-    web, db = join_agents(cli, files, tmp_path, agents, [{"role": "web"}, {"role": "db"}], [EDGE])
+    files, env = served.files, served.files.cli_env
+    # `--all` below reaches this test's two nodes only: the label of its own.
+    labels = [{"role": "web", "test": "output"}, {"role": "db", "test": "output"}]
+    web, db = join_agents(cli, files, tmp_path, agents, labels, [EDGE])
 
     ran = cli(
         "job", "run", "--selector", "role=web", "--env", "GREETING=hello", "--",
@@ -100,8 +116,10 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     logs = cli("job", "logs", job_id, env=env)
     assert logs.code == 0 and logs.out == ran.out, logs.err
     assert f"attempt 1 on {web}" in logs.err and "oops" in logs.err
+    # (The module's other tests' failed jobs are listed too: only failed ones, this among them.)
     listed = cli("job", "list", "--state", "failed", "--json", env=env).json()
-    assert [j["id"] for j in listed] == [job_id]
+    assert job_id in [j["id"] for j in listed]
+    assert {j["state"] for j in listed} == {"failed"}
 
     # Isolated: as a UID of its own, away from the node's key (here below /tmp, which is its
     # own: not even there), and nothing it left runs on.
@@ -125,7 +143,10 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     # This machine: cgroup v2 at /sys/fs/cgroup/unified, writable by the agent (root).
     assert jobs["tracking"].startswith("cgroup v2 /sys/fs/cgroup/"), jobs
 
-    everywhere = cli("job", "run", "--all", "--", "sh", "-c", "echo $OZ0_NODE_ID", env=env)
+    everywhere = cli(
+        "job", "run", "--all", "--selector", "test=output", "--", "sh", "-c", "echo $OZ0_NODE_ID",
+        env=env,
+    )  # fmt: skip
     assert everywhere.code == 0, everywhere.err
     assert sorted(everywhere.out.split()) == sorted([web, db])
 
@@ -180,18 +201,18 @@ def test_output_exit_code_selector_all_queueing_and_cancel(
     ended = wait_job(files, job_id, lambda j: j["ended_at"] is not None, 10)
     assert ended["state"] == "cancelled"
     assert ended["attempts"][0]["ended_because"] == "cancelled"
-    audit = cli("audit", "list", "--json", env=env).json()
+    audit = cli("audit", "list", "--target", f"job:{job_id}", "--json", env=env).json()
     assert {"job.run", "job.cancel"} <= {e["action"] for e in audit}
 
 
 @pytest.mark.slow
 def test_a_node_started_with_max_jobs_6_runs_6_attempts_at_once(
-    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+    cli: CliRunner, served: Served, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
     """`oz0-node start --max-jobs 6`: six jobs for the node run together (each one's run
     overlaps every other's), not four then two: the agent takes six, and the cluster,
     told so on the node's stream, places six there."""
-    files, env = one_server, one_server.cli_env
+    files, env = served.files, served.files.cli_env
     [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE], max_jobs=6)
     assert agents[0].status()["jobs"]["max_jobs"] == 6
     length = 6.0
@@ -227,10 +248,11 @@ def moved(files: ClusterFiles, job_id: str, timeout: float) -> float:
 
 @pytest.mark.slow
 def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
-    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+    cli: CliRunner, served: Served, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
-    files, env = one_server, one_server.cli_env
-    ids = join_agents(cli, files, tmp_path, agents, [{}, {}, {}], [EDGE])
+    files, env = served.files, served.files.cli_env
+    # The jobs go to one of this test's three nodes (the label of its own), and move among them.
+    ids = join_agents(cli, files, tmp_path, agents, [{"test": "moves"}] * 3, [EDGE])
     by_id = dict(zip(ids, agents, strict=True))
     # It leaves a setsid'd process behind: it must end with the attempt, however it ends.
     command = [
@@ -238,7 +260,10 @@ def test_a_blocked_purged_or_killed_nodes_attempt_moves_to_another_node(
     ]  # fmt: skip
     took = {}
     for action in ("block", "purge", "kill"):
-        run = cli("job", "run", "--detach", "--json", "--", *command, env=env)
+        run = cli(
+            "job", "run", "--selector", "test=moves", "--detach", "--json", "--", *command,
+            env=env,
+        )  # fmt: skip
         assert run.code == 0, run.err
         job_id = run.json()["id"]
         pid, left = started_pids(files, job_id, 1)
@@ -341,7 +366,7 @@ async def pending_started(files: ClusterFiles, job_id: str) -> bool:
 
 @pytest.mark.slow
 def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
-    cli: CliRunner, one_server: ClusterFiles, tmp_path: Path, agents: list[AgentProcess]
+    cli: CliRunner, served: Served, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
     """A task Temporal counts started that no node took (a poll's answer lost on the way)
     has no heartbeat: not a node lost, the same attempt given to its node again, within
@@ -349,13 +374,14 @@ def test_an_attempt_temporal_lost_on_the_way_to_its_node_is_given_to_it_again(
     lost-after (here 120 s, past the test's bound). A poll of the node's own takes the task
     and drops it, while the node's one worker slot is held (--max-jobs 1: one job runs, the
     next waits for it in the slot)."""
-    files, env = one_server, one_server.cli_env
-    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE], max_jobs=1)
+    files, env = served.files, served.files.cli_env
+    # Its jobs (`--all` among them) reach this test's node only: the label of its own.
+    [node] = join_agents(cli, files, tmp_path, agents, [{"test": "lost"}], [EDGE], max_jobs=1)
     agent = agents[-1]
     as_an_older_agent(files, node)  # its attempts are activities on its own queue
 
     def detached(*args: str) -> str:
-        run = cli("job", "run", "--detach", "--json", *args, env=env)
+        run = cli("job", "run", "--selector", "test=lost", "--detach", "--json", *args, env=env)
         assert run.code == 0, run.err
         return str(run.json()["id"])
 
@@ -427,6 +453,7 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
 @pytest.mark.slow
 def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     cli: CliRunner,
+    module_server_aside: None,
     cluster_files: ClusterFiles,
     start_server: StartServer,
     tmp_path: Path,
@@ -437,7 +464,9 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     process runs on through all of it, and the job succeeds with one attempt and all of its
     output, once, in order. Meanwhile node 2's agent is frozen (SIGSTOP) under a job that
     may not outlive its node (`--on-lost fail`): the job ends lost after its lost-after,
-    and the agent, thawed, is told so and ends its copy."""
+    and the agent, thawed, is told so and ends its copy.
+
+    A cluster of its own: it kills and drains its servers, on both of the file's addresses."""
     files, env = cluster_files, cluster_files.cli_env
     servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
     # The CLI may reach either server; the agents learn both edges from their first.
@@ -554,25 +583,30 @@ def attempts_sent(files: ClusterFiles, job_id: str, having: str) -> list[dict[st
 
 @pytest.mark.slow
 def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    start_server: StartServer,
-    tmp_path: Path,
-    agents: list[AgentProcess],
+    cli: CliRunner, served: Served, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
-    files, env = cluster_files, cluster_files.cli_env
-    server = start_server(files, SERVER)
-    [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE])
+    files, env = served.files, served.files.cli_env
+    [node] = join_agents(cli, files, tmp_path, agents, [{"test": "secret"}], [EDGE])
     secret = "s3cret-" + secrets.token_hex(16)
     forms = (secret.encode(), secret.encode().hex().encode(), base64.b64encode(secret.encode()))
 
-    missing = cli("job", "run", "--secret-env", "OZ0_TEST_UNSET_SECRET", "--", "true", env=env)
+    # The cluster's jobs and job.run rows so far (the module's other tests'): none is added.
+    jobs_before = [j["id"] for j in cli("job", "list", "--json", env=env).json()]
+    runs_before = {
+        e["id"] for e in cli("audit", "list", "--action", "job.run", "--json", env=env).json()
+    }
+    missing = cli(
+        "job", "run", "--selector", "test=secret", "--secret-env", "OZ0_TEST_UNSET_SECRET",
+        "--", "true", env=env,
+    )  # fmt: skip
     assert missing.code != 0 and "OZ0_TEST_UNSET_SECRET is not set" in missing.err
     assert len(missing.err.strip().splitlines()) == 1, missing.err
-    assert cli("job", "list", "--json", env=env).json() == [], "a job was sent without its secret"
+    jobs_after = [j["id"] for j in cli("job", "list", "--json", env=env).json()]
+    assert jobs_after == jobs_before, "a job was sent without its secret"
 
     run = cli(
-        "job", "run", "--secret-env", "DB_PASSWORD", "--detach", "--json", "--",
+        "job", "run", "--selector", "test=secret", "--secret-env", "DB_PASSWORD", "--detach",
+        "--json", "--",
         "sh", "-c", 'printf %s "$DB_PASSWORD" | sha256sum; sleep 3',
         env={**env, "DB_PASSWORD": secret},
     )  # fmt: skip
@@ -608,10 +642,11 @@ def test_a_secret_reaches_the_process_only_and_is_deleted_when_the_job_ends(
     dumped = everything_in_the_database(files).encode()
     assert not [form for form in forms if form in dumped], "secret in the database"
     assert f"public.job_secrets ({job_id}," not in dumped.decode(), "kept after the job's end"
-    audit = cli("audit", "list", "--json", env=env).json()
-    [ran] = [e for e in audit if e["action"] == "job.run"]
+    audit = cli("audit", "list", "--action", "job.run", "--json", env=env).json()
+    [ran] = [e for e in audit if e["id"] not in runs_before]
+    assert ran["target"] == f"job:{job_id}"
     assert ran["details"]["secret_env"] == ["DB_PASSWORD"]
-    logs = (server.stderr() + agents[0].log() + json.dumps(agents[0].status())).encode()
+    logs = (served.server.stderr() + agents[0].log() + json.dumps(agents[0].status())).encode()
     assert not [form for form in forms if form in logs], "secret in a log"
     assert node in agents[0].log()
 
@@ -682,12 +717,12 @@ def cluster_ca(files: ClusterFiles) -> pki.CertificateAuthority:
 @pytest.mark.slow
 def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audited_and_not_run(
     cli: CliRunner,
-    one_server: ClusterFiles,
+    served: Served,
     tmp_path: Path,
     agents: list[AgentProcess],
     request: pytest.FixtureRequest,
 ) -> None:
-    files, env = one_server, one_server.cli_env
+    files, env = served.files, served.files.cli_env
     [node] = join_agents(cli, files, tmp_path, agents, [{}], [EDGE])
     ca = cluster_ca(files)
     # The markers where a job may touch them: not the test's own directory (private), nor
@@ -729,7 +764,14 @@ def test_an_attempt_put_on_a_nodes_queue_without_a_valid_grant_is_refused_audite
     assert not touched(unsigned_marker) and not touched(tampered_marker)
     assert not touched(replayed_marker), "the replay ran"
 
-    rows = cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
+    # The refusals of this test's node, or of its attempts (the module's other tests' are
+    # listed too).
+    targets = {f"job:{raw['job_id']}" for raw in (unsigned, tampered, granted)}
+    rows = [
+        r
+        for r in cli("audit", "list", "--action", "attempt.refused", "--json", env=env).json()
+        if r["target"] in targets or r["actor"] == {"kind": "node", "name": node}
+    ]
     refused = {(r["target"], r["details"]["attempt"]): r for r in rows}
     for raw, why in (
         (unsigned, "carries no grant"),
