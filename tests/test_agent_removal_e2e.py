@@ -1,7 +1,9 @@
 """Block, unblock and purge with real agents (`python -m oz0_node.main`) and real servers.
 
-The servers listen on 127.0.0.16 and 127.0.0.17 (default ports), the rogue edge on
-127.0.0.18:7443; the admin context names 127.0.0.16's API.
+The tests share the module's server (`served`, on ADVERTISE, default ports) and look only
+at their own node's rows, but the one that purges through another server: a cluster of
+two of its own (`cluster_files`), on OWN_CLUSTER_ADVERTISE and NEXT. The rogue edge listens
+on NEXT's 7443 (another test's, one at a time).
 """
 
 from __future__ import annotations
@@ -23,17 +25,15 @@ import trio
 from fixtures import edge_client, rogue_edge
 from fixtures.agent import AgentProcess, connected
 from fixtures.cli_runner import cli_async
-from fixtures.cluster import ClusterFiles, StartServer
+from fixtures.cluster import ClusterFiles, Served, StartServer
 from fixtures.edge_client import pinned_keys
 from fixtures.snapshots import snapshot
 from oz0 import pki, purge_command
 from oz0.context import Context, server_address
 from tests.conftest import CliRunner, create_token
 
-SERVER_A, SERVER_B = "127.0.0.16", "127.0.0.17"
-ADVERTISE = SERVER_A  # what cluster_files (tests/conftest.py) advertises
-EDGE_A = f"{SERVER_A}:7443"
-ROGUE = "127.0.0.18:7443"
+ADVERTISE, OWN_CLUSTER_ADVERTISE, NEXT = "127.0.0.16", "127.0.0.17", "127.0.0.18"
+EDGE_A, OWN_EDGE, ROGUE = (f"{a}:7443" for a in (ADVERTISE, OWN_CLUSTER_ADVERTISE, NEXT))
 # How long the agent waits at most between attempts (docs/node-protocol.md, "Block").
 MAX_BACKOFF = 5.0
 # The identity files a node never rewrites; node.json changes with the node's state.
@@ -48,10 +48,12 @@ def joined_agent(
     agents: list[AgentProcess],
     *,
     launcher: Path | None = None,
+    edge: str = EDGE_A,
 ) -> tuple[AgentProcess, dict[str, Any]]:
-    """An agent joined with a token through server A's edge, connected; and its status."""
+    """An agent joined with a token through EDGE (by default the module's server's),
+    connected; and its status."""
     agent = AgentProcess.joining(
-        data_dir, [EDGE_A], files.ca_hash, token=create_token(cli, env), launcher=launcher
+        data_dir, [edge], files.ca_hash, token=create_token(cli, env), launcher=launcher
     ).start()
     agents.append(agent)
     return agent, agent.wait_status(connected, timeout=30)
@@ -127,14 +129,9 @@ def context_at(files: ClusterFiles, api: str, root: Path) -> Path:
 
 
 def test_a_blocked_agent_keeps_its_files_and_is_back_within_10_s_of_the_unblock(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
@@ -187,14 +184,9 @@ def test_a_blocked_agent_keeps_its_files_and_is_back_within_10_s_of_the_unblock(
 
 
 def test_a_purge_of_an_offline_agent_is_carried_out_when_it_comes_back(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
@@ -203,8 +195,9 @@ def test_a_purge_of_an_offline_agent_is_carried_out_when_it_comes_back(
 
     purging = cli("node", "purge", node_id, "--yes", env=cluster_env)
     assert purging.code == 0, purging.err
+    # (The module's other tests' nodes are listed too: this one once, purging.)
     listed = cli("node", "list", "--json", env=cluster_env).json()
-    assert [(n["id"], n["state"]) for n in listed] == [(node_id, "purging")]
+    assert [(n["id"], n["state"]) for n in listed if n["id"] == node_id] == [(node_id, "purging")]
     assert data_dir.is_dir(), "nothing happens to an offline node's files yet"
 
     again = AgentProcess.resuming(data_dir, "--launcher", str(launcher)).start()
@@ -235,12 +228,13 @@ def test_a_connected_agent_purged_through_another_server_removes_itself(
     agents: list[AgentProcess],
     tmp_path: Path,
 ) -> None:
-    start_server(cluster_files, SERVER_A)
-    start_server(cluster_files, SERVER_B)
+    """A cluster of its own: it counts the cluster's servers, two."""
+    start_server(cluster_files, OWN_CLUSTER_ADVERTISE)
+    start_server(cluster_files, NEXT)
     data_dir = tmp_path / "node"
     launcher = make_launcher(tmp_path)
     agent, status = joined_agent(
-        cli, cluster_files, cluster_env, data_dir, agents, launcher=launcher
+        cli, cluster_files, cluster_env, data_dir, agents, launcher=launcher, edge=OWN_EDGE
     )
     node_id, streaming_to = status["node_id"], status["server"]
     servers = cli("cluster", "info", "--json", env=cluster_env).json()["servers"]
@@ -270,14 +264,9 @@ def test_a_connected_agent_purged_through_another_server_removes_itself(
 
 
 def test_a_purge_removes_symbolic_links_in_the_data_dir_and_never_what_they_point_to(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
@@ -302,16 +291,11 @@ def test_a_purge_removes_symbolic_links_in_the_data_dir_and_never_what_they_poin
 
 
 def test_a_data_dir_that_names_another_node_is_never_deleted(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
     """Say node.json was restored from another machine's backup while the agent was down:
     the directory names another node, while the agent still presents its own certificate."""
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
@@ -336,15 +320,10 @@ def test_a_data_dir_that_names_another_node_is_never_deleted(
 
 
 def test_a_data_dir_whose_identity_changes_under_the_running_agent_is_never_deleted(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
     """The same, with node.json replaced while the agent runs."""
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     agent, status = joined_agent(cli, cluster_files, cluster_env, data_dir, agents)
     node_id = status["node_id"]
@@ -403,18 +382,13 @@ def assert_refused_and_kept(
 
 
 async def test_forged_purge_commands_from_a_rogue_edge_are_refused_and_not_audited(
-    cli: CliRunner,
-    cluster_files: ClusterFiles,
-    cluster_env: dict[str, str],
-    start_server: StartServer,
-    agents: list[AgentProcess],
-    tmp_path: Path,
+    cli: CliRunner, served: Served, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
     """The agent reaches the cluster only through a rogue edge that holds a real server
     certificate of the cluster but not the CA's key; every forged command it slips into
     the live stream is refused by the agent; the real server, which sent none of them,
     records none of the refusals."""
-    start_server(cluster_files, SERVER_A)
+    cluster_files, cluster_env = served.files, served.files.cli_env
     data_dir = tmp_path / "node"
     rogue_ca = pki.new_ca("elsewhere", "cluster")
     async with rogue_edge.running(
