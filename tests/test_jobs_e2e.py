@@ -1,4 +1,4 @@
-"""Jobs with real servers, real Temporal and real agents (127.0.0.191 and .192).
+"""Jobs with real servers, real Temporal and real agents (127.0.0.190-.192).
 
 What an operator sees through `orchestrator-zero job ...`: output and exit code, selectors,
 `--all`, queueing with the reason, limits, cancellation; what the cluster does when the
@@ -9,8 +9,8 @@ databases, Temporal's history, the logs).
 The tests share the module's server (`served`, on SERVER) and look only at what they made:
 their own nodes (by ID, or by a label of the test's own where a job may run on any of its
 nodes, or on every one with `--all`), jobs and audit rows. The one that kills and drains
-servers makes a cluster of two of its own (`cluster_files`) on both of the file's
-addresses, SERVER and SECOND, while the module's server steps aside.
+servers makes a cluster of two of its own (`cluster_files`) on OWN_CLUSTER_ADVERTISE and
+SECOND, beside the module's server.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,27 +60,16 @@ from oz0_node.jobs import attempt_files
 from oz0_node.jobs.attempt_uids import DEFAULT_RANGE
 from tests.conftest import CliRunner
 
-SERVER, SECOND = "127.0.0.191", "127.0.0.192"
-# The module's server (`served`, tests/conftest.py) is on SERVER. The one test with a
-# cluster of its own (`cluster_files`), of two servers, takes SERVER and SECOND while the
-# module's server steps aside (module_server_aside): it advertises SERVER too.
-ADVERTISE = OWN_CLUSTER_ADVERTISE = SERVER
-EDGE = f"{SERVER}:7443"
+# The module's server (`served`, tests/conftest.py) is on SERVER; the one test with a
+# cluster of its own (`cluster_files`), of two servers, has them on OWN_CLUSTER_ADVERTISE
+# and SECOND.
+ADVERTISE = SERVER = "127.0.0.191"
+OWN_CLUSTER_ADVERTISE, SECOND = "127.0.0.192", "127.0.0.190"
+EDGE, OWN_EDGE = (f"{address}:7443" for address in (SERVER, OWN_CLUSTER_ADVERTISE))
 # Generous bounds for a loaded 2-core machine; the benchmark reports the real figures.
 MOVE_BOUND = 10.0
 SILENCE_BOUND = 40.0  # heartbeat timeout (10 s) + the node's stream and a new placement
 GONE_BOUND = 8.0  # SIGTERM, then SIGKILL after the 3 s grace
-
-
-@pytest.fixture
-def module_server_aside(served: Served) -> Iterator[None]:
-    """Both of the file's addresses free for a test's own cluster of two: the module's
-    server stops (as an operator stops one: SIGTERM), and starts again once the test's
-    servers have ended (so the test requests this before `start_server`, which ends them
-    after it)."""
-    served.server.stop(signal.SIGTERM)
-    yield
-    served.server.start()
 
 
 @pytest.mark.slow
@@ -453,7 +441,6 @@ async def attempt_inputs(files: ClusterFiles, address: str, job_id: str) -> list
 @pytest.mark.slow
 def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     cli: CliRunner,
-    module_server_aside: None,
     cluster_files: ClusterFiles,
     start_server: StartServer,
     tmp_path: Path,
@@ -466,14 +453,14 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     may not outlive its node (`--on-lost fail`): the job ends lost after its lost-after,
     and the agent, thawed, is told so and ends its copy.
 
-    A cluster of its own: it kills and drains its servers, on both of the file's addresses."""
+    A cluster of its own: it kills and drains its servers."""
     files, env = cluster_files, cluster_files.cli_env
-    servers = {SERVER: start_server(files, SERVER), SECOND: start_server(files, SECOND)}
+    servers = {address: start_server(files, address) for address in (OWN_CLUSTER_ADVERTISE, SECOND)}
     # The CLI may reach either server; the agents learn both edges from their first.
     context = json.loads(files.context_path.read_text())
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
-    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}], [EDGE])
+    one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}], [OWN_EDGE])
     first, second = agents[-2:]
     lines = 30
     run = cli(
@@ -496,12 +483,12 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     frozen_at = time.monotonic()
 
     # 1. SIGKILL of the server node 1 streams to: it moves to the other; the command runs on.
-    servers[SERVER].stop(signal.SIGKILL)
+    servers[OWN_CLUSTER_ADVERTISE].stop(signal.SIGKILL)
     killed_at = time.monotonic()
     first.wait_status(lambda st: st.get("connected") is True, timeout=30)
     print(f"server SIGKILLed: node back on a stream {time.monotonic() - killed_at:.2f} s later")
     assert alive(pid), "the server's death ended the command"
-    servers[SERVER] = start_server(files, SERVER)
+    servers[OWN_CLUSTER_ADVERTISE] = start_server(files, OWN_CLUSTER_ADVERTISE)
 
     # 2. SIGTERM of the other: it drains, the node moves back; the command runs on.
     servers[SECOND].stop(signal.SIGTERM)
