@@ -31,6 +31,7 @@ from fixtures.temporal import run_async, server_credentials
 from fixtures.web_events import curl, signed_in
 from oz0.jobs.spec import JobError, JobSpec
 from oz0.jobs.spec_text import describe_batch, parse_batch, parse_batch_wait, parse_max_failures
+from oz0.jobs.worker_loop import BUILD_ID
 from oz0.jobs.workflow import JobWorkflow, share_of
 from oz0.web import job_pages
 from tests.conftest import CliRunner
@@ -211,13 +212,20 @@ def most_at_once(runs: list[Span]) -> int:
 
 def replays(files: ClusterFiles, job_id: str) -> None:
     """The job's history, fetched from the server's Temporal, replays in a fresh worker of
-    this release: the lanes and their timers decided the same steps (deterministic)."""
+    this release: the lanes and their timers decided the same steps (deterministic). Each
+    step names the server's release as the build that decided it."""
 
     async def replay() -> None:
         client = await Client.connect(
             f"{SERVER}:7233", namespace="default", tls=server_credentials(files).tls()
         )
         history = await client.get_workflow_handle(job_id).fetch_history()
+        builds = {
+            e.workflow_task_completed_event_attributes.worker_version.build_id
+            for e in history.events
+            if e.HasField("workflow_task_completed_event_attributes")
+        }
+        assert builds == {BUILD_ID}, builds
         replayed = await Replayer(workflows=[JobWorkflow]).replay_workflow(history)
         assert replayed.replay_failure is None, replayed.replay_failure
 

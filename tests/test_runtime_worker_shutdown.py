@@ -4,6 +4,9 @@ ran it), its worker's shutdown runs to completion. A worker cancelled instead ne
 what temporalio's core holds for it, about half a MiB each; an agent makes a runtime for
 every control stream and every retry on one, and the one-hour soak (issue 44) saw agents
 grow past its 20 % bound through their reconnects.
+
+And the worker says which release of the agent it is (its build ID), rather than have
+temporalio hash the code of every module the agent has loaded to make one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import temporalio.worker._worker
 import trio
 
 from fixtures.cluster import Served
@@ -88,3 +92,14 @@ async def test_every_runtime_finishes_its_workers_shutdown_however_it_ends(
     print(f"{MEASURED} runtimes after {WARM_UP}: RSS grew {grew:.1f} MiB")
     assert unfinished == [], f"workers whose shutdown did not finish: {unfinished}"
     assert grew < MAX_GROWTH_MIB
+
+
+async def test_a_runtimes_worker_starts_without_hashing_the_loaded_modules(
+    settings: RuntimeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def hashing(*, memoize: bool = True) -> str:
+        raise AssertionError("the worker made its own build ID")
+
+    monkeypatch.setattr(temporalio.worker._worker, "load_default_build_id", hashing)
+    runtime = await run_once(settings, cancel=False)
+    assert runtime.worker_finished is True
