@@ -104,7 +104,15 @@ def test_a_pid_is_the_recorded_process_only_with_its_start_time() -> None:
         try:
             stat = procfs.read_stat(other.pid)
             assert stat is not None
-            assert procfs.same_process(other.pid, stat.start_time) == stat
+            # The same process, read again (its state may have changed meanwhile: a sleep
+            # just started is seen running, then sleeping).
+            again = procfs.same_process(other.pid, stat.start_time)
+            assert again is not None
+            assert (again.pid, again.ppid, again.start_time) == (
+                other.pid,
+                os.getpid(),
+                stat.start_time,
+            )
             assert procfs.same_process(other.pid, stat.start_time + 1) is None
         finally:
             other.kill()
