@@ -90,14 +90,12 @@ def tests(session: nox.Session) -> None:
         "python", "-m", "compileall", "-q", "-j", "0",
         "oz0", "oz0_common", "oz0_node", "cli", "fixtures", "bench",
     )  # fmt: skip
-    # Files run side by side on four workers (tests/conftest.py keeps those sharing
-    # addresses); with arguments (`-- -k NAME`), in this process as given. Four on two
-    # cores: much of a test's time is spent waiting (servers starting, agents joining,
-    # timeouts running out), which the other workers fill (the suite took 15 min with two,
-    # 11 with three). Once more files shared their servers, three left the two cores idle
-    # 10-25 % of a whole run, four 1-4 % (/proc/stat every 5 s): 970-1,010 s with three,
-    # 909-954 s with four, same commit, this machine.
-    session.run("pytest", *(session.posargs or ["-n", "4"]))
+    # Files run side by side on three workers (tests/conftest.py keeps those sharing
+    # addresses); with arguments (`-- -k NAME`), in this process as given. Three on two
+    # cores: most of a test's time is spent waiting (servers starting, agents joining,
+    # timeouts running out), and a third worker fills those waits (the suite took 15 min
+    # with two, 11 with three).
+    session.run("pytest", *(session.posargs or ["-n", "3"]))
 
 
 @nox.session

@@ -50,7 +50,7 @@ def create_token(cli: CliRunner, env: dict[str, str], *extra: str, tenant: str =
 
 
 # Each test file keeps to loopback addresses of its own (README), so `nox -s tests` runs
-# files side by side on four workers (`-n 4`). Files naming one same 127.0.0.x address (the
+# files side by side on three workers (`-n 3`). Files naming one same 127.0.0.x address (the
 # default cluster's 127.0.0.11 among them) are one scope, run one test at a time; the
 # rest, a scope each. 127.0.0.1 (the suite's PostgreSQL) joins nothing.
 _ADDRESS = re.compile(r"\b127\.0\.0\.(\d{1,3})\b")
@@ -80,7 +80,7 @@ def address_scopes(texts: dict[str, str]) -> dict[str, str]:
 
 
 # What each test file took (setup, call and teardown of its tests, in seconds) in the last
-# whole run that stored it (`pytest -n 4 --store-durations`). The scheduler hands out the
+# whole run that stored it (`pytest -n 3 --store-durations`). The scheduler hands out the
 # longest scope first: ordered by their number of tests (xdist's way), the long files of
 # one or two end-to-end tests came last, and one worker waited for the other's.
 DURATIONS = Path(__file__).with_name("durations.json")
