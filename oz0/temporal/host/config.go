@@ -55,7 +55,9 @@ type PostgresConfig struct {
 	SSLMode            string `json:"sslmode,omitempty"`  // disable|require|verify-ca|verify-full (default disable)
 	// SSLRootCertPEM is an optional CA for verify-ca/verify-full, passed inline (never a file).
 	SSLRootCertPEM string `json:"sslRootCertPEM,omitempty"`
-	// Per Temporal service (5 per server) connection pools.
+	// MaxConns bounds the one pool to Database that all of the server's Temporal services
+	// share (sharedpool.go); VisibilityMaxConns bounds each service's own pool to
+	// VisibilityDatabase (5 services per server).
 	MaxConns           int `json:"maxConns,omitempty"`           // default 10
 	VisibilityMaxConns int `json:"visibilityMaxConns,omitempty"` // default 4
 	// AdminDatabase is used to CREATE DATABASE in setup-schema (default "postgres").

@@ -99,8 +99,10 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 		dc[dynamicconfig.MakeKey(k)] = v
 	}
 
+	mainStore := newSharedMainStore(logger)
 	srv, err := temporal.NewServer(
 		temporal.WithConfig(cfg.temporalConfig()),
+		temporal.WithPersistenceFactoryProvider(mainStore.provider),
 		temporal.ForServices(allServices),
 		temporal.WithLogger(logger),
 		temporal.WithTLSConfigFactory(tlsp),
@@ -150,6 +152,7 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 		os.Exit(3)
 	})
 	err = srv.Stop()
+	mainStore.close()
 	watchdog.Stop()
 	if err != nil {
 		emit(map[string]any{"event": "stopped", "reason": reason, "error": err.Error()})
