@@ -1,13 +1,16 @@
 """What the web UI's browser tests share: Debian's chromium through Playwright (one
-browser per test file; each test opens its own context), signing in, screenshots."""
+browser per pytest process; each test opens its own context, closed at the end of its
+file at the latest), signing in, screenshots."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,73 @@ __all__ = [
 ]  # fmt: skip
 
 
+@dataclass
+class _Chromium:
+    """This pytest process's chromium (a launch costs ~2 CPU-s, its first pages more) and
+    the Playwright driving it, shared by every test file that uses `browser`."""
+
+    driver: playwright.Playwright
+    # Playwright's sync API runs its own asyncio loop, and marks it as this thread's running
+    # loop after each call. Left so, `asyncio.run` (and so the Temporal SDK's tests) and
+    # another `sync_playwright()` (tests/test_ui_certificate.py) refuse to start in any test
+    # file that runs later in this process: `browser` marks it only while a file runs.
+    loop: asyncio.AbstractEventLoop
+    launched: playwright.Browser
+
+    def relaunched(self) -> playwright.Browser:
+        """The browser, launched again if it is gone (a crash stays in its own file)."""
+        if not self.launched.is_connected():
+            self.launched = self.driver.chromium.launch(executable_path=str(CHROMIUM))
+        return self.launched
+
+
+_CHROMIUM = pytest.StashKey[_Chromium]()
+
+
+def _started(config: pytest.Config) -> _Chromium:
+    """This process's chromium, started by the first file that asks; stopped at the end
+    of the run (the config's cleanup)."""
+    if _CHROMIUM not in config.stash:
+        driver = playwright.sync_playwright().start()
+        try:
+            launched = driver.chromium.launch(executable_path=str(CHROMIUM))
+        except BaseException:
+            driver.stop()
+            raise
+        config.stash[_CHROMIUM] = _Chromium(driver, asyncio.get_running_loop(), launched)
+        asyncio._set_running_loop(None)
+
+        def stop() -> None:
+            chromium = config.stash[_CHROMIUM]
+            asyncio._set_running_loop(chromium.loop)
+            try:
+                chromium.launched.close()
+            finally:
+                chromium.driver.stop()  # ends the loop, which unmarks it
+
+        config.add_cleanup(stop)
+    return config.stash[_CHROMIUM]
+
+
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM))
+def browser(request: pytest.FixtureRequest) -> Iterator[playwright.Browser]:
+    """This process's one chromium (a fixture per file, not per session: a session fixture
+    imported by each test file would be one per file). At the end of the file, the
+    contexts its tests opened are closed, so that their pages do not outlive it."""
+    running = asyncio._get_running_loop()
+    assert running is None, f"an asyncio loop runs around a browser test file: {running}"
+    chromium = _started(request.config)
+    asyncio._set_running_loop(chromium.loop)
+    try:
+        launched = chromium.relaunched()
+        before = list(launched.contexts)
         yield launched
-        launched.close()
+        if launched.is_connected():
+            for context in launched.contexts:
+                if context not in before:
+                    context.close()
+    finally:
+        asyncio._set_running_loop(None)
 
 
 def shots(tmp_path: Path) -> Path:
