@@ -3,7 +3,8 @@ file's contexts are closed at its end, and a file between two browser files can 
 asyncio. Checked in a pytest of its own (a subprocess: what is checked happens between
 files, at their setup and teardown) over three files, in order: one that leaves a context
 open, one that runs `asyncio.run`, one that finds the first one's browser with no context.
-No server, no address."""
+And the browser opens no omnibox pages (web_support's NO_OMNIBOX_PAGES). No server, no
+address."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from playwright.sync_api import Browser
+
+from tests.web_support import NO_OMNIBOX_PAGES, browser
+
+__all__ = ["browser"]  # the fixture, used by name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +76,17 @@ def test_files_share_one_browser_and_leave_no_context_to_the_next(tmp_path: Path
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "3 passed" in ran.stdout, ran.stdout
+
+
+def test_a_window_opens_no_omnibox_pages(browser: Browser) -> None:
+    page = browser.new_context().new_page()
+    page.goto("chrome://version")
+    given = page.locator("#command_line").inner_text().split()
+    # One: web_support's took the place of Playwright's own. Two: Playwright passes others
+    # than web_support's PLAYWRIGHT_DISABLES names, and the features it turns off are off
+    # no longer; name them there.
+    disabled = [a.split("=", 1)[1].split(",") for a in given if a.startswith("--disable-features=")]
+    assert len(disabled) == 1, disabled
+    assert set(NO_OMNIBOX_PAGES) <= set(disabled[0]), disabled
+    targets = browser.new_browser_cdp_session().send("Target.getTargets")["targetInfos"]
+    assert not [t["url"] for t in targets if "omnibox" in t["url"]], targets

@@ -25,6 +25,24 @@ from oz0.context import Context
 
 CHROMIUM = Path("/usr/bin/chromium")
 
+# Each context a test opens is a window of chromium's, and each window loads its address
+# bar's popup: two pages of chromium's own (chrome://omnibox-popup.top-chrome/ and its AI
+# mode one) in renderers of their own, which no test sees or uses. They took a third of
+# chromium's CPU in the web tests' files (167 CPU-s of it, 110 without them, the files run
+# in one process); without them the popup is chromium's native one.
+NO_OMNIBOX_PAGES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup")
+# Chromium reads the last --disable-features it is given, not all of them: ours takes the
+# place of Playwright's own, so it names Playwright's too (as Playwright 1.65 gives them).
+# Playwright's is left out only if it is exactly this one; test_web_browser_shared checks
+# that the browser is given one --disable-features.
+PLAYWRIGHT_DISABLES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding",
+    "ThirdPartyStoragePartitioning", "AvoidCorsURLLoaderRestartOnRedirect",
+    "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying", "AimEnabled",
+    "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion",
+)  # fmt: skip
+
 __all__ = [
     "CHROMIUM", "browser", "checked_shot", "click_to_load", "curl", "person", "shots",
     "sign_in", "signed_in", "signed_in_watched",
@@ -33,8 +51,9 @@ __all__ = [
 
 @dataclass
 class _Chromium:
-    """This pytest process's chromium (a launch costs ~2 CPU-s, its first pages more) and
-    the Playwright driving it, shared by every test file that uses `browser`."""
+    """This pytest process's chromium and the Playwright driving it (each launch starts a
+    Playwright driver, chromium and its GPU, network and zygote processes), shared by
+    every test file that uses `browser`."""
 
     driver: playwright.Playwright
     # Playwright's sync API runs its own asyncio loop, and marks it as this thread's running
@@ -47,8 +66,17 @@ class _Chromium:
     def relaunched(self) -> playwright.Browser:
         """The browser, launched again if it is gone (a crash stays in its own file)."""
         if not self.launched.is_connected():
-            self.launched = self.driver.chromium.launch(executable_path=str(CHROMIUM))
+            self.launched = _launch(self.driver)
         return self.launched
+
+
+def _launch(driver: playwright.Playwright) -> playwright.Browser:
+    """Debian's chromium, without the omnibox's pages (`NO_OMNIBOX_PAGES`)."""
+    return driver.chromium.launch(
+        executable_path=str(CHROMIUM),
+        ignore_default_args=["--disable-features=" + ",".join(PLAYWRIGHT_DISABLES)],
+        args=["--disable-features=" + ",".join((*PLAYWRIGHT_DISABLES, *NO_OMNIBOX_PAGES))],
+    )
 
 
 _CHROMIUM = pytest.StashKey[_Chromium]()
@@ -60,7 +88,7 @@ def _started(config: pytest.Config) -> _Chromium:
     if _CHROMIUM not in config.stash:
         driver = playwright.sync_playwright().start()
         try:
-            launched = driver.chromium.launch(executable_path=str(CHROMIUM))
+            launched = _launch(driver)
         except BaseException:
             driver.stop()
             raise
