@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/lib/pq v1.12.3
 	go.temporal.io/api v1.63.5
+	go.temporal.io/sdk v1.44.0
 	go.temporal.io/server v1.32.1
 	google.golang.org/grpc v1.83.2
 )
@@ -171,7 +172,6 @@ require (
 	go.opentelemetry.io/otel/trace v1.44.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.10.0 // indirect
 	go.temporal.io/auto-scaled-workers v0.2.0-1.32.0.158.0 // indirect
-	go.temporal.io/sdk v1.44.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	go.uber.org/dig v1.19.0 // indirect
 	go.uber.org/fx v1.24.0 // indirect

@@ -74,6 +74,7 @@ func surviveBrokenPipes() {
 func serve(cfg *HostConfig, in *bufio.Reader) int {
 	t0 := time.Now()
 	logger := newLogger(cfg.LogLevel)
+	nameBuildForWorkers()
 
 	tlsp, err := newMemTLS(cfg.TLS)
 	if err != nil {
