@@ -155,11 +155,15 @@ def test_the_bootstrap_unpacks_a_changed_layer_again_and_refuses_what_others_can
     assert run_help().returncode == 0
 
 
-def _owned_by_nobody() -> dict[str, str]:
-    """What user nobody has in the machine's temp directories: a file's SHA-256 or `dir`."""
+def _owned_by_nobody(others: Path) -> dict[str, str]:
+    """What user nobody has in the machine's temp directories, but for OTHERS (the pytest
+    run's directories, where other tests' jobs run as nobody meanwhile; in one CI run a
+    push of test_files_e2e's changed a file there between this test's two looks): a file's
+    SHA-256 or `dir`."""
     found = {}
     for top in ("/tmp", "/var/tmp", "/dev/shm"):
         for root, dirs, files in os.walk(top, onerror=lambda e: None):
+            dirs[:] = [d for d in dirs if Path(root, d) != others]
             for name in dirs + files:
                 path = Path(root, name)
                 with contextlib.suppress(OSError):
@@ -216,6 +220,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
     agent_file: Path,
     bare_machine: Path,
     tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OZ0_AGENT_FILE", str(agent_file))
@@ -243,7 +248,8 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
     os.chown(work, 0, 0)
     (work / "oz0-node").write_text("#!/bin/sh\necho impostor\n")
     (work / "oz0-node").chmod(0o755)
-    tmp_before = _owned_by_nobody()
+    others = tmp_path_factory.getbasetemp().parent  # every xdist worker's, this one's too
+    tmp_before = _owned_by_nobody(others)
     before = {"home": snapshot(home), "work": snapshot(work), "tmp": tmp_before}
     log = tmp_path / "pasted.log"
     # Pasted: the shell reads the line from its input, as from a terminal (`sh -c LINE`
@@ -273,7 +279,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         (unpacked,) = (data / "python").iterdir()
         assert (unpacked / "site-packages" / "temporalio").is_dir()
         # The agent file is in a directory of nobody's own that the line made in /tmp.
-        now = _owned_by_nobody()
+        now = _owned_by_nobody(others)
         (made,) = [Path(p) for p in set(now) - set(tmp_before) if Path(p).parent == Path("/tmp")]
         assert made.stat().st_mode & 0o777 == 0o700
         assert (made / "oz0-node").read_bytes() == agent_file.read_bytes()
@@ -284,7 +290,7 @@ def test_the_printed_join_command_pasted_on_a_bare_machine_joins_and_a_purge_lea
         if pasted.poll() is None:
             pasted.kill()
     assert _nobody_processes(home) == []
-    after = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody()}
+    after = {"home": snapshot(home), "work": snapshot(work), "tmp": _owned_by_nobody(others)}
     assert after == before, log.read_text()
     assert not data.exists() and (work / "oz0-node").read_text().endswith("impostor\n")
 
