@@ -28,7 +28,7 @@ from fixtures.cluster import (
     ServerProcess,
     StartServer,
     end_all,
-    serving,
+    serving_cluster,
 )
 from fixtures.cluster_copies import ClusterTemplate
 from fixtures.cluster_copies import cluster_template as cluster_template_of
@@ -232,16 +232,32 @@ def conn(request: pytest.FixtureRequest) -> Iterator[psycopg.Connection[Any]]:
         yield c
 
 
+@pytest.fixture(scope="session")
+def served_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTemplate]:
+    """The `server init` the modules' shared servers (`served`) are copied from: another
+    than `cluster_template`'s, so that a module's `served` and its tests' own clusters have
+    CAs of their own, as before."""
+    with cluster_template_of(tmp_path_factory.mktemp("served-template")) as template:
+        yield template
+
+
 @pytest.fixture(scope="module")
 def served(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    served_template: ClusterTemplate,
 ) -> Iterator[Served]:
     """One cluster and one server for the whole module (a server start costs seconds), at
-    the module's `ADVERTISE` address, started with its `SERVER_ARGS` if it has any."""
+    the module's `ADVERTISE` address, started with its `SERVER_ARGS` if it has any. The
+    cluster is a copy of this process's `served_template` (fixtures/cluster_copies.py: a
+    `server init` of its own took about 1 CPU-s, most of it PostgreSQL's, a copy 0.2-0.5)."""
     module = request.module
     root = tmp_path_factory.mktemp(module.__name__.rpartition(".")[2])
-    with serving(root, module.ADVERTISE, getattr(module, "SERVER_ARGS", ())) as one:
-        yield one
+    with fresh_database_url() as url:
+        files = served_template.copy(root, url, advertise=module.ADVERTISE)
+        extra = getattr(module, "SERVER_ARGS", ())
+        with serving_cluster(files, root, module.ADVERTISE, extra) as one:
+            yield one
 
 
 @pytest.fixture
