@@ -157,9 +157,8 @@ def test_the_bootstrap_unpacks_a_changed_layer_again_and_refuses_what_others_can
 
 def _owned_by_nobody(others: Path) -> dict[str, str]:
     """What user nobody has in the machine's temp directories, but for OTHERS (the pytest
-    run's directories, where other tests' jobs run as nobody meanwhile; in one CI run a
-    push of test_files_e2e's changed a file there between this test's two looks): a file's
-    SHA-256 or `dir`."""
+    run's directories, where other tests' jobs run as nobody meanwhile and change their
+    files between this test's looks): a file's SHA-256 or `dir`."""
     found = {}
     for top in ("/tmp", "/var/tmp", "/dev/shm"):
         for root, dirs, files in os.walk(top, onerror=lambda e: None):

@@ -487,9 +487,8 @@ async def test_after_a_node_renewal_temporal_takes_only_the_new_certificate(
             assert pki.utcnow() < old_cert.not_valid_after_utc
             assert await on_temporal(new) == "allowed"
             # The refusal above may be of a call in flight when the renewal landed, which the
-            # host cuts without a log line (authz.go, interceptor; in one CI run it was, and
-            # the reason never reached the log); one made now meets the host's authorizer,
-            # which logs why.
+            # host cuts without a log line (authz.go, interceptor); one made now meets the
+            # host's authorizer, which logs why.
             assert await on_temporal(old) == "denied"
             # The old certificate's poll in flight was cut, not left to run its minute
             # (Temporal answers a cut poll empty, or the host as denied).
