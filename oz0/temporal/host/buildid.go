@@ -19,12 +19,11 @@ import (
 // The ID still changes with the build: Temporal's version and a digest of what Go records
 // in the binary about its build (the Go version, every module's version and checksum, the
 // build's settings).
-func nameBuildForWorkers() string {
+func nameBuildForWorkers() {
 	id := "oz0-temporal-host-" + headers.ServerVersion
 	if info, ok := debug.ReadBuildInfo(); ok {
 		sum := sha256.Sum256([]byte(info.String()))
 		id += "-" + hex.EncodeToString(sum[:8])
 	}
 	sdkworker.SetBinaryChecksum(id)
-	return id
 }
