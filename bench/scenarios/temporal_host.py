@@ -5,7 +5,8 @@
 The runner (bench/runner.py) starts a fresh test cluster and N real servers on 127.0.0.31,
 .32, ..., one after the other; for each: time from `server start` to "is up" (which waits
 for Temporal to serve, the runner's `server_start_s`), the host's own start-to-serving
-time, and after an idle period the RSS of the host and of the server process.
+time and the CPU it had spent by then (its start's cost), and after an idle period the RSS
+of the host and of the server process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import re
 import time
 
-from bench.measure import rss_mib
+from bench.measure import cpu_seconds, rss_mib
 from bench.runner import Bench, Scenario
 
 
@@ -22,11 +23,15 @@ def measure(bench: Bench) -> None:
     results = []
     for address, server in bench.servers.items():
         match = re.search(r"Temporal serving on \S+ after (\d+) ms", server.stderr())
+        (host,) = server.children()
         results.append(
             {
                 "server": address,
                 "start_to_up_s": bench.out["server_start_s"][address],
                 "host_start_to_serving_ms": int(match[1]) if match else None,
+                # Read once every server is up: a start's cost, plus the seconds of idle
+                # since (about 3 % of a core).
+                "host_cpu_at_up_s": round(cpu_seconds(host), 2),
             }
         )
     time.sleep(bench.args.idle)
