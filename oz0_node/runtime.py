@@ -343,8 +343,11 @@ class NodeRuntime:
                 await worker.run()
                 # Ended without failing (the reporter may still wait on it): done.
                 reporter.cancel()
-        except* Exception as failed:
-            error = failed.exceptions[0]  # the worker's own error, not a group
+        except ExceptionGroup as failed:
+            # The worker's own error, not the group: what run() reports. Not `except*`: the
+            # 3.11.2 of Debian 12 wraps an exception raised in one in a new, nameless
+            # group, and the node's log said only "ExceptionGroup:  (1 sub-exception)".
+            error = failed.exceptions[0]
             raise error from error.__cause__
 
 

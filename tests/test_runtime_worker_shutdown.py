@@ -19,11 +19,12 @@ import temporalio.worker._worker
 import trio
 
 from fixtures.cluster import Served
-from fixtures.temporal import issue, new_node_id, set_node
+from fixtures.polling import wait_until
+from fixtures.temporal import access, issue, new_node_id, set_node
 from oz0 import pki
 from oz0_common.files import write_private
 from oz0_node.identity import IdentityDir
-from oz0_node.runtime import NodeRuntime, RuntimeSettings
+from oz0_node.runtime import NodeRuntime, RuntimeFailed, RuntimeSettings
 
 ADDRESS = "127.0.0.220"
 ADVERTISE = ADDRESS  # the module's one server (`served`, tests/conftest.py)
@@ -42,24 +43,35 @@ def rss_mib() -> float:
     raise AssertionError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
-def settings(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeSettings]:
-    """An accepted node's identity, as its join leaves it, in the served cluster."""
+def identity_of(
+    served: Served, tmp_path_factory: pytest.TempPathFactory, *, accepted: bool
+) -> RuntimeSettings:
+    """A node's identity, as its join leaves it; in the served cluster's table if ACCEPTED,
+    and then once Temporal takes its calls (the row reaches the host within a second or so,
+    and a worker that polls before is refused, and fails)."""
     node_id = new_node_id()
     creds = issue(served.files, pki.Role.NODE, node_id)
-    set_node(served.files, node_id, "default", "accepted", creds)
+    if accepted:
+        set_node(served.files, node_id, "default", "accepted", creds)
+        wait_until(lambda: access(TEMPORAL, "default", creds) == "allowed", 15, "node allowed")
     identity = IdentityDir(tmp_path_factory.mktemp("node") / "data")
     identity.create()
     write_private(identity.key_path, creds.key_pem)
     identity.save_ca(creds.ca_pem)
     identity.save_certificate(pki.cert_from_pem(creds.cert_pem))
-    yield RuntimeSettings(
+    return RuntimeSettings(
         node_id=node_id,
         namespace="default",
         temporal=TEMPORAL,
         identity=identity,
         cluster=served.files.name,
     )
+
+
+@pytest.fixture(scope="module")
+def settings(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeSettings]:
+    """An accepted node's identity, which Temporal takes calls from."""
+    yield identity_of(served, tmp_path_factory, accepted=True)
 
 
 async def run_once(settings: RuntimeSettings, *, cancel: bool) -> NodeRuntime:
@@ -103,3 +115,16 @@ async def test_a_runtimes_worker_starts_without_hashing_the_loaded_modules(
     monkeypatch.setattr(temporalio.worker._worker, "load_default_build_id", hashing)
     runtime = await run_once(settings, cancel=False)
     assert runtime.worker_finished is True
+
+
+async def test_a_runtime_whose_worker_fails_says_why(
+    served: Served, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A node the cluster does not know: Temporal refuses its worker's polls, the worker
+    fails, and the runtime's error names the worker's error (never a bare group)."""
+    stranger = identity_of(served, tmp_path_factory, accepted=False)
+    with trio.fail_after(RUNNING_WITHIN), pytest.raises(RuntimeFailed) as failed:
+        await NodeRuntime(stranger).run(lambda: None)
+    print(failed.value)
+    assert "ExceptionGroup" not in str(failed.value)
+    assert "Request unauthorized" in str(failed.value) or "PermissionDenied" in str(failed.value)
