@@ -224,6 +224,7 @@ async def _converse(
     term = os.environ.get("TERM") or None
     await _send(ws, "open", command=command, term=term, **size.fields(), **mode.fields())
     started = False
+    window = _Window(size) if mode.tty else None
     while True:
         try:
             raw = await ws.get_message()
@@ -235,10 +236,10 @@ async def _converse(
             await _write_out(2 if message.get("stream") == sm.STDERR else 1, sm.data_of(message))
         elif kind == "started" and not started:
             started = True
-            if mode.tty:
-                nursery.start_soon(_follow_resizes, ws)
+            if window is not None:
+                nursery.start_soon(_follow_resizes, ws, window)
             if mode.stdin:
-                nursery.start_soon(_send_input, ws, mode.tty)
+                nursery.start_soon(_send_input, ws, window)
         elif kind == "exit":
             return sm.exit_code_of(message)
         elif kind == "elsewhere" and not started:
@@ -269,22 +270,51 @@ async def _write_out(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-async def _send_input(ws: trio_websocket.WebSocketConnection, tty: bool) -> None:
+class _Window:
+    """The window size the session was last told, told again whenever it changed: on
+    SIGWINCH, and before any input (SIGWINCH comes on its own time, late on a loaded
+    machine, and keys typed after a resize must not reach the command before it: a
+    `stty size` would answer the old size)."""
+
+    def __init__(self, told: sm.WindowSize) -> None:
+        self.told = told
+        # One teller at a time: a resize and the input after it go out in that order.
+        self._lock = trio.Lock()
+
+    async def tell(self, ws: trio_websocket.WebSocketConnection) -> None:
+        async with self._lock:
+            await self._tell_locked(ws)
+
+    async def send_input(self, ws: trio_websocket.WebSocketConnection, data: str) -> None:
+        async with self._lock:
+            await self._tell_locked(ws)
+            await _send(ws, "input", data=data)
+
+    async def _tell_locked(self, ws: trio_websocket.WebSocketConnection) -> None:
+        size = window_size()
+        if size != self.told:
+            await _send(ws, "resize", **size.fields())
+            self.told = size
+
+
+async def _send_input(ws: trio_websocket.WebSocketConnection, window: _Window | None) -> None:
     """Stdin to the session as it comes (a worker thread blocks on it: stdin's flags are
-    the terminal's, left as they are); at its end, the PTY's end-of-file character, or
-    without a PTY the end itself."""
+    the terminal's, left as they are); at its end, with a terminal (WINDOW) the PTY's
+    end-of-file character, without one the end itself."""
     while True:
         data = await trio.to_thread.run_sync(os.read, 0, READ_SIZE, abandon_on_cancel=True)
-        if not data:
-            if tty:
-                await _send(ws, "input", data=sm.encode_data(EOF_CHARACTER))
-            else:
-                await _send(ws, "input", data="", eof=True)
+        if window is not None:
+            await window.send_input(ws, sm.encode_data(data or EOF_CHARACTER))
+            if not data:
+                return
+        elif not data:
+            await _send(ws, "input", data="", eof=True)
             return
-        await _send(ws, "input", data=sm.encode_data(data))
+        else:
+            await _send(ws, "input", data=sm.encode_data(data))
 
 
-async def _follow_resizes(ws: trio_websocket.WebSocketConnection) -> None:
+async def _follow_resizes(ws: trio_websocket.WebSocketConnection, window: _Window) -> None:
     with trio.open_signal_receiver(signal.SIGWINCH) as signals:
         async for _ in signals:
-            await _send(ws, "resize", **window_size().fields())
+            await window.tell(ws)

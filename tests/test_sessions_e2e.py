@@ -167,6 +167,32 @@ def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exi
     assert row["output_bytes"] == len(seen.getvalue().encode())
 
 
+def test_keys_typed_after_a_resize_reach_the_node_after_it(served: Served, node: str) -> None:
+    """The CLI's SIGWINCH held back (blocked in it: a loaded machine delays it), the keys
+    typed after a resize still reach the node after the resize."""
+    env = {**os.environ, **served.files.cli_env, "PYTHONPATH": str(REPO), "TERM": "xterm"}
+    shell = pexpect.spawn(
+        sys.executable,
+        ["-m", "cli.main", "node", "shell", node],
+        env=env,
+        dimensions=(31, 97),
+        timeout=30,
+        encoding="utf-8",
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH}),
+    )
+    try:
+        shell.expect(r"[$#] ")
+        shell.setwinsize(44, 120)
+        shell.sendline("stty size")
+        shell.expect(r"(\d+ \d+)\s")
+        assert shell.match.group(1) == "44 120"
+        shell.sendline("exit 0")
+        shell.expect(pexpect.EOF)
+    finally:
+        shell.close()
+    assert shell.exitstatus == 0
+
+
 def test_exec_without_t_gives_stdout_stderr_apart_and_the_exit_code(
     served: Served, node: str
 ) -> None:
