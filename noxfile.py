@@ -31,9 +31,10 @@ def suite_python() -> str | None:
     """The interpreter the tests' venv is made from: the distribution's Python 3.11 or
     newer where there is one that makes venvs, else (None) the one running nox.
 
-    The suite is CPU-bound on two cores, and nearly all of its CPU is Python: the hundreds
-    of servers, agents and CLIs it starts. Distributions build their Python with PGO and
-    LTO; pyenv's default build (which `python3` finds first on this machine) has neither.
+    The suite is CPU-bound on two cores, and over half of its CPU is Python (perf, a whole
+    run): the hundreds of servers, agents and CLIs it starts. Debian and Ubuntu build their
+    Python with PGO and LTO; pyenv's default build (which `python3` finds first on this
+    machine) has neither.
     Measured here, the same server start: 2.21-2.30 CPU-s on pyenv's 3.11.7, 1.70-1.78 on
     Debian's 3.11.2."""
     if not SYSTEM_PYTHON.is_file():
