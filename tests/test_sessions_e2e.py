@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,19 +97,28 @@ def audit_rows(env: dict[str, str], action: str) -> list[dict[str, Any]]:
     return entries
 
 
-def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exit_code(
-    served: Served, node: str
-) -> None:
+def node_shell(
+    served: Served, node: str, preexec_fn: Callable[[], object] | None = None
+) -> pexpect.spawn:
+    """`node shell NODE` in the real CLI on a PTY of 31 x 97 (PREEXEC_FN runs in the CLI's
+    process before it starts)."""
     env = {**os.environ, **served.files.cli_env, "PYTHONPATH": str(REPO), "TERM": "xterm"}
-    seen = io.StringIO()
-    shell = pexpect.spawn(
+    return pexpect.spawn(
         sys.executable,
         ["-m", "cli.main", "node", "shell", node],
         env=env,
         dimensions=(31, 97),
         timeout=30,
         encoding="utf-8",
+        preexec_fn=preexec_fn,
     )
+
+
+def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exit_code(
+    served: Served, node: str
+) -> None:
+    seen = io.StringIO()
+    shell = node_shell(served, node)
     shell.logfile_read = seen
     try:
         # The prompt: the session is up and this terminal raw (typed keys echo remotely only).
@@ -170,14 +179,9 @@ def test_a_shell_on_a_real_terminal_sizes_resizes_interrupts_and_returns_its_exi
 def test_keys_typed_after_a_resize_reach_the_node_after_it(served: Served, node: str) -> None:
     """The CLI's SIGWINCH held back (blocked in it: a loaded machine delays it), the keys
     typed after a resize still reach the node after the resize."""
-    env = {**os.environ, **served.files.cli_env, "PYTHONPATH": str(REPO), "TERM": "xterm"}
-    shell = pexpect.spawn(
-        sys.executable,
-        ["-m", "cli.main", "node", "shell", node],
-        env=env,
-        dimensions=(31, 97),
-        timeout=30,
-        encoding="utf-8",
+    shell = node_shell(
+        served,
+        node,
         preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH}),
     )
     try:
