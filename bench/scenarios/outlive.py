@@ -91,6 +91,7 @@ from bench.runner import Scenario, create_token, log, wait_until_servers
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
+from fixtures.forked_servers import ServerHandle
 from fixtures.temporal import server_credentials
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.membership import UP_WINDOW
@@ -391,7 +392,7 @@ async def through_fault(
     watched: list[Watched],
     strike: Callable[[], float],
     bound: float,
-    ending: subprocess.Popen[str] | None = None,
+    ending: ServerHandle | None = None,
     struck: str | None = None,
 ) -> Recovery:
     """Each attempt's heartbeats (one round before STRIKE, which causes the fault and says
@@ -424,7 +425,7 @@ async def watch(
     client: Client | None,
     strike: Callable[[], float],
     bound: float,
-    ending: subprocess.Popen[str] | None,
+    ending: ServerHandle | None,
     struck: str | None,
 ) -> None:
     """through_fault's polling, into FOUND."""
