@@ -28,7 +28,7 @@ _.h11_max_incomplete_size  # hypercorn's Config
 _.ssl_handshake_timeout  # hypercorn's Config
 _.accesslog  # hypercorn's Config
 _.request_class  # Quart: the Request class of every request (oz0/server/management.py)
-_.tempdir  # tempfile's cache of $TMPDIR, reset in a forked server (fixtures/forked_servers.py)
+_.tempdir  # tempfile's cache of $TMPDIR, reset in a forked process (fixtures/zygotes.py)
 _.merge_slashes  # werkzeug's url Map (oz0/server/management.py)
 _.strict_slashes  # werkzeug's url Map
 _.num_tickets  # ssl.SSLContext: session tickets a TLS 1.3 server sends (oz0/server/tls.py)

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from cli.main import run
-from fixtures import forked_servers, one_thread
+from fixtures import one_thread, zygotes
 from fixtures.agent import AgentProcess, stop_all
 
 # Re-exported: test modules import them from here.
@@ -138,8 +138,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before collection: the modules that run jobs as this account decide at import whether
     # they can (a skip on a fresh machine, where no earlier run had made it).
     ensure_job_user(DEFAULT_JOB_USER)
-    # Servers forked from one process that imported the server once (fixtures/forked_servers.py).
-    forked_servers.enable()
+    # Servers and agents forked from processes that imported them once (fixtures/zygotes.py).
+    zygotes.enable()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -91,8 +91,8 @@ from bench.runner import Scenario, create_token, log, wait_until_servers
 from cli.client import ApiClient
 from fixtures.agent import AgentProcess
 from fixtures.cluster import ClusterFiles, ServerProcess
-from fixtures.forked_servers import ServerHandle
 from fixtures.temporal import server_credentials
+from fixtures.zygotes import ProcessHandle
 from oz0.context import MANAGEMENT_PORT, Context
 from oz0.membership import UP_WINDOW
 from oz0.nodes import HEARTBEAT
@@ -392,7 +392,7 @@ async def through_fault(
     watched: list[Watched],
     strike: Callable[[], float],
     bound: float,
-    ending: ServerHandle | None = None,
+    ending: ProcessHandle | None = None,
     struck: str | None = None,
 ) -> Recovery:
     """Each attempt's heartbeats (one round before STRIKE, which causes the fault and says
@@ -425,7 +425,7 @@ async def watch(
     client: Client | None,
     strike: Callable[[], float],
     bound: float,
-    ending: ServerHandle | None,
+    ending: ProcessHandle | None,
     struck: str | None,
 ) -> None:
     """through_fault's polling, into FOUND."""

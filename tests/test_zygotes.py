@@ -1,4 +1,4 @@
-"""fixtures/forked_servers.py: a process forked from the zygote runs `cli.main` as
+"""fixtures/zygotes.py: a process forked from a zygote runs `cli.main` (`oz0_node.main`) as
 `python -m cli.main` would, with the caller's arguments, environment and working directory,
 its stdout a pipe and its exit status told; what it cannot run the same is exec'd."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from fixtures.cluster import REPO, cli_command
-from fixtures.forked_servers import ForkedProcess, Zygote
+from fixtures.zygotes import AGENT, SERVER, ForkedProcess, Zygote
 
 
 @pytest.fixture(scope="module")
 def zygote() -> Iterator[Zygote]:
-    started = Zygote()
+    started = Zygote(SERVER)
     try:
         yield started
     finally:
@@ -94,3 +94,26 @@ def test_a_signalled_forked_process_reports_the_signal(zygote: Zygote, tmp_path:
     assert process.wait(30) == -9
     assert process.stdout is not None
     process.stdout.close()
+
+
+def test_an_agent_zygote_forks_agents_into_one_log_and_only_agents(tmp_path: Path) -> None:
+    agents = Zygote(AGENT)
+    try:
+        agent = [sys.executable, "-m", "oz0_node.main"]
+        assert agents.can_fork([*agent, "start"], _env())
+        assert not agents.can_fork(cli_command("server", "start"), _env())
+        assert not agents.can_fork(["ip", "netns", "exec", "n", *agent, "start"], _env())
+        log_path = tmp_path / "agent.log"
+        with log_path.open("a") as log:
+            shown = agents.spawn([*agent, "--version"], _env(), tmp_path, log, stdout=log)
+            failed = agents.spawn(
+                [*agent, "status", "--data-dir", str(tmp_path / "none")], _env(), tmp_path, log,
+                stdout=log,
+            )  # fmt: skip
+        assert shown.stdout is None
+        assert (shown.wait(30), failed.wait(30)) == (0, 1)
+        log_text = log_path.read_text()
+        assert "0.1.0\n" in log_text
+        assert f"error: {tmp_path / 'none'} holds no node identity" in log_text
+    finally:
+        agents.close()
