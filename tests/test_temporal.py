@@ -1,11 +1,23 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import (
+    DescribeTaskQueueRequest,
+    PollWorkflowTaskQueueRequest,
+    ShutdownWorkerRequest,
+)
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from fixtures.cluster import ClusterFiles, Served, StartServer, alive, wait_gone
 from fixtures.polling import wait_until
@@ -24,6 +36,7 @@ from fixtures.temporal import (
     set_node,
 )
 from oz0 import pki
+from oz0.jobs.workflow import JOBS_QUEUE
 from tests.conftest import CliRunner
 
 # The module's server (`served`), which the tests that only read or add share; those that
@@ -161,6 +174,53 @@ def test_the_host_does_not_read_its_own_executable_to_name_its_build(served: Ser
     counters = dict(line.split(": ") for line in Path(f"/proc/{host}/io").read_text().splitlines())
     read = int(counters["rchar"])  # what read() gave the process, from any file or socket
     assert read < executable.stat().st_size / 4, (read, executable)
+
+
+def test_a_worker_s_poll_after_its_shutdown_does_not_keep_its_sticky_queue(
+    served: Served,
+) -> None:
+    # A draining server's job worker calls ShutdownWorker (at the start of its shutdown,
+    # while its polls may still be on the way). Matching unloads the worker's sticky queue,
+    # but a poll that reaches it afterwards loaded it again and counted as a poller for 10 s:
+    # each next workflow task of that worker's workflows went there and waited out the
+    # sticky timeout (10 s) instead of going to another server's worker at once
+    # (test_graceful_stop). The host turns on Temporal's frontend.enableCancelWorkerPollsOnShutdown
+    # (serve.go): polls of a worker that shut down are refused, so none keeps its queue.
+    creds = server_credentials(served.files)
+    key = str(uuid.uuid4())
+    sticky = TaskQueue(name=f"late-sticky-{key}", kind=TaskQueueKind.TASK_QUEUE_KIND_STICKY,
+                       normal_name=JOBS_QUEUE)  # fmt: skip
+
+    async def work() -> tuple[float, list[str]]:
+        service = (await connect(A, "default", creds)).workflow_service
+        await service.shutdown_worker(
+            ShutdownWorkerRequest(
+                namespace="default", sticky_task_queue=sticky.name, identity="late worker",
+                reason="test", worker_instance_key=key, task_queue=JOBS_QUEUE,
+                task_queue_types=[TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW],
+            )
+        )  # fmt: skip
+        began = time.monotonic()
+        with contextlib.suppress(RPCError):  # the deadline, when it waits as a live poll
+            await service.poll_workflow_task_queue(
+                PollWorkflowTaskQueueRequest(
+                    namespace="default", task_queue=sticky, identity="late worker",
+                    worker_instance_key=key,
+                ),
+                timeout=timedelta(seconds=3),
+            )  # fmt: skip
+        polled_for = time.monotonic() - began
+        described = await service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace="default", task_queue=sticky,
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )  # fmt: skip
+        return polled_for, [poller.identity for poller in described.pollers]
+
+    polled_for, pollers = run_async(work)
+    assert pollers == []
+    assert polled_for < 2.5, polled_for
 
 
 def test_tenants_are_created_with_their_namespace_and_listed(
