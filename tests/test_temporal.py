@@ -181,11 +181,11 @@ def test_a_worker_s_poll_after_its_shutdown_does_not_keep_its_sticky_queue(
 ) -> None:
     # A draining server's job worker calls ShutdownWorker (at the start of its shutdown,
     # while its polls may still be on the way). Matching unloads the worker's sticky queue,
-    # but a poll that reaches it afterwards loaded it again and counted as a poller for 10 s:
+    # but a poll that reached it afterwards loaded it again and counted as a poller for 10 s:
     # each next workflow task of that worker's workflows went there and waited out the
     # sticky timeout (10 s) instead of going to another server's worker at once
-    # (test_graceful_stop). The host turns on Temporal's frontend.enableCancelWorkerPollsOnShutdown
-    # (serve.go): polls of a worker that shut down are refused, so none keeps its queue.
+    # (test_graceful_stop). The host answers such a poll itself, with no task
+    # (stickygone.go), and unloads the queue again a second later.
     creds = server_credentials(served.files)
     key = str(uuid.uuid4())
     sticky = TaskQueue(name=f"late-sticky-{key}", kind=TaskQueueKind.TASK_QUEUE_KIND_STICKY,

@@ -95,7 +95,7 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 	}()
 	go readCommands(in, table, tlsp, stopCh)
 
-	dc := hostDynamicConfig()
+	dc := dynamicconfig.StaticClient{}
 	for k, v := range cfg.DynamicConfig {
 		dc[dynamicconfig.MakeKey(k)] = v
 	}
@@ -109,7 +109,7 @@ func serve(cfg *HostConfig, in *bufio.Reader) int {
 		temporal.WithTLSConfigFactory(tlsp),
 		temporal.WithClaimMapper(claimMapperFactory),
 		temporal.WithAuthorizer(newAuthorizer(table, logger)),
-		temporal.WithChainedFrontendGrpcInterceptors(table.interceptor),
+		temporal.WithChainedFrontendGrpcInterceptors(table.interceptor, newStickyGone().interceptor),
 		temporal.WithDynamicConfigClient(dc),
 	)
 	if err != nil {
@@ -256,20 +256,5 @@ func handleCommand(line []byte, table *authz, tlsp *memTLS, stopCh chan<- string
 		stopCh <- "stop"
 	default:
 		ack(cmd.ID, map[string]any{"error": fmt.Sprintf("unknown op %q", cmd.Op)})
-	}
-}
-
-// hostDynamicConfig is the dynamic config every host runs with (the config's DynamicConfig
-// overrides it).
-func hostDynamicConfig() dynamicconfig.StaticClient {
-	return dynamicconfig.StaticClient{
-		// A worker calls ShutdownWorker as its shutdown begins, while its polls may still be
-		// on their way; matching unloads its sticky queue, and a poll that arrives after that
-		// loaded the queue again and counted as a live poller for 10 s, so the next workflow
-		// tasks of its workflows went there and waited out the sticky schedule-to-start
-		// timeout instead of going to another server's worker (a draining server's job
-		// worker: tests/test_graceful_stop.py). With this, matching cancels the worker's
-		// polls and refuses those it sends in the next 30 s (tests/test_temporal.py).
-		dynamicconfig.EnableCancelWorkerPollsOnShutdown.Key(): true,
 	}
 }
