@@ -19,9 +19,9 @@ from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.store.events import EventHub
 from oz0.store.outage import MAX_RETRY, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.host_keeper import HostKeeper
+from oz0.temporal.host_keeper import HostKeeper, HostUnavailable
 from oz0.temporal.node_access import NodeAccessSync
-from oz0.temporal.role import StateRecorder
+from oz0.temporal.role import StateRecorder, host_states
 
 
 class FlakyDatabase:
@@ -210,4 +210,43 @@ async def test_after_an_outage_the_edge_list_does_not_shrink_while_heartbeats_ca
         await trio.sleep(2 * UP_WINDOW.total_seconds() + 2 * DIRECTORY_EVERY)
         # Once heartbeats had time to come back, a server really gone does leave.
         assert directory.edges == [a, b]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_block_a_restarting_host_missed_is_pushed_as_it_serves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The host's table was read as it (re)started; a block committed before it served could
+    # not be pushed (HostUnavailable), and waited for the sync's next round, up to
+    # RECONCILE_EVERY after the host served.
+    fake = FlakyDatabase(lambda: ({"node-a": {"state": "blocked"}}, 7))
+    pushed: list[float] = []
+
+    class Keeper:
+        serving = False
+
+        async def command(self, op: str, **_: Any) -> dict[str, Any]:
+            if not self.serving:
+                raise HostUnavailable("Temporal is restarting; try again shortly")
+            pushed.append(trio.current_time())
+            return {}
+
+    class Recorder:
+        async def record(self, state: str) -> None:
+            await trio.lowlevel.checkpoint()
+
+    keeper = Keeper()
+    sync = NodeAccessSync(as_db(fake), EventHub("unused"), cast(HostKeeper, keeper))
+    on_state = host_states(cast(StateRecorder, Recorder()), [sync])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync.run)
+        sync._pending_ids.add("node-a")
+        sync._wake.set()
+        await trio.sleep(0.3)
+        assert pushed == [] and "node-a" in sync._pending_ids
+        keeper.serving = True
+        served = trio.current_time()
+        await on_state("serving")
+        await trio.sleep(0.01)
+        assert pushed and pushed[0] - served < 0.01
         nursery.cancel_scope.cancel()

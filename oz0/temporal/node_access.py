@@ -93,6 +93,11 @@ class NodeAccessSync:
         self._replace_now = True
         self._wake.set()
 
+    def host_serving(self) -> None:
+        """The host serves (again): push now what its table, read as it started, missed
+        (a block committed meanwhile), not at the next round."""
+        self._wake.set()
+
     async def full_table(self) -> dict[str, dict[str, str]]:
         """The whole table, as a (re)starting host gets it: waits for the database if it
         is away (a host restarted during an outage serves once it can be told who may)."""

@@ -58,6 +58,10 @@ class OperatorAccessSync:
     def _notified_gap(self) -> None:
         self._wake.set()
 
+    def host_serving(self) -> None:
+        """The host serves (again): push now what its grants, read as it started, missed."""
+        self._wake.set()
+
     async def full_table(self) -> OperatorTable:
         """The whole table, as a (re)starting host gets it: waits for the database if it is
         away, as the node table does."""
