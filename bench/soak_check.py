@@ -36,7 +36,8 @@ The kinds (CHECKS, at the end), each with what it compares:
   (bench/soak_probe.py). The request's own time is reported beside it, not judged; so is
   a block of a node not connected then, or whose stream was on a server a fault had
   stopped or paused (no server can end it before the node is on another); and so is the
-  Temporal of a server a fault stopped, paused or whose host it killed meanwhile.
+  Temporal of a server a fault stopped, paused or whose host it killed meanwhile, or that
+  the probe could not reach before it refused (its host still restarting after a kill).
 - `unplanned_exit`: a server that exited when no fault asked it to, or a server's Temporal
   host (a child of the server, which starts another) that exited with no
   `temporal_host_kill` of that server nor a stop of the server itself (planned or not)

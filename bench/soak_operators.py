@@ -123,6 +123,11 @@ async def probe_block(
     # A server whose Temporal a fault stopped, paused or killed meanwhile: not judged;
     # nor any when the probe itself could not run (the soak's trouble, said).
     disturbed = soak.temporal_disturbed(sent)
+    # And a Temporal the probe could not reach before it refused: its host was down
+    # (restarting after a kill that came before the block), so what it took is the host's
+    # start, not the block's (a restarted host is given the blocks it missed as it serves:
+    # oz0/temporal/role.py's host_states).
+    disturbed |= temporal.unreachable
     if temporal.failed is not None:
         log(f"the Temporal probe of {node}'s block could not run: {temporal.failed}")
         soak.probe_failures.append(temporal.failed[:200])

@@ -42,7 +42,8 @@ class TemporalProbe:
     addresses: tuple[str, ...]
     # Wall clock of each server's first refusal (absent: none yet, or never).
     refused: dict[str, float] = field(default_factory=dict)
-    # Servers the probe could not reach at some point before their refusal (a fault).
+    # Servers the probe could not reach at some point before their refusal (a fault): no
+    # connection, or UNAVAILABLE; a call past its deadline is a slow server, not this.
     unreachable: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     # Why the probe could not run (the soak's trouble, not the cluster's), if so.
@@ -85,7 +86,8 @@ class TemporalProbe:
                 if e.status in REFUSED:
                     self.refused[address] = time.time()
                     return
-                self.unreachable.add(address)  # down, or too slow to answer: a fault's
+                if e.status == RPCStatusCode.UNAVAILABLE:
+                    self.unreachable.add(address)  # down: a fault's
             except RuntimeError:
                 # A lazy client's connection made at its first call: a server that is down
                 # (its host killed, or the server) is refused as "Failed client connect".
