@@ -4,6 +4,7 @@ its stdout a pipe and its exit status told; what it cannot run the same is exec'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -26,8 +27,10 @@ def zygote() -> Iterator[Zygote]:
 
 
 def _env(**changes: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("OZ0_DB", None)
+    # None of this process's OZ0_* (an earlier test of the worker may have left
+    # OZ0_CONTEXT, which the CLI reads before --context).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OZ0_")}
+    env["PYTHONPATH"] = str(REPO)
     env.update(changes)
     return env
 
@@ -87,13 +90,16 @@ def test_a_signalled_forked_process_reports_the_signal(zygote: Zygote, tmp_path:
         process = zygote.spawn(
             cli_command("node", "list", "--context", str(fifo)), _env(), tmp_path, stderr
         )
-    with pytest.raises(subprocess.TimeoutExpired):
-        process.wait(0.5)
-    assert process.poll() is None
-    process.kill()
-    assert process.wait(30) == -9
     assert process.stdout is not None
-    process.stdout.close()
+    # Its pipe closed and the process ended however the test ends (else it waits on the
+    # FIFO for ever, and a later test's GC warns of the pipe).
+    with process.stdout, contextlib.ExitStack() as ending:
+        ending.callback(process.kill)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(0.5)
+        assert process.poll() is None, (tmp_path / "stderr").read_text()
+        process.kill()
+        assert process.wait(30) == -9
 
 
 def test_an_agent_zygote_forks_agents_into_one_log_and_only_agents(tmp_path: Path) -> None:
