@@ -47,7 +47,7 @@ def token(cli: CliRunner, files: ClusterFiles, *extra: str) -> dict[str, Any]:
     return value
 
 
-def start(
+def joining(
     files: ClusterFiles, where: Path, secret: str | None, labels: dict[str, str]
 ) -> AgentProcess:
     return AgentProcess.joining(where, [EDGE], files.ca_hash, token=secret, labels=labels).start()
@@ -83,7 +83,7 @@ def test_a_locked_token_refuses_a_node_that_claims_labels_and_takes_one_that_doe
     locked = token(cli, served.files, "--lock-labels")
     assert locked["lock_labels"] is True and locked["labels"] == {"team": "data"}
 
-    claiming = start(served.files, tmp_path / "claiming", locked["token"],
+    claiming = joining(served.files, tmp_path / "claiming", locked["token"],
                      {"role": "db-prod", "team": "data"})  # fmt: skip
     agents.append(claiming)
     line = refused_line(claiming)
@@ -97,14 +97,14 @@ def test_a_locked_token_refuses_a_node_that_claims_labels_and_takes_one_that_doe
     ]
     # The token's own label claimed again adds nothing: let in, as a node claiming none.
     for name, claimed in (("same", {"team": "data"}), ("none", {})):
-        agent = start(served.files, tmp_path / name, locked["token"], claimed)
+        agent = joining(served.files, tmp_path / name, locked["token"], claimed)
         agents.append(agent)
         assert joined_labels(root, agent) == {"team": "data"}, name
     assert uses(root, locked["id"]) == 2
     # An unlocked token still lets a node add a label of its own.
     unlocked = token(cli, served.files)
     assert unlocked["lock_labels"] is False
-    free = start(served.files, tmp_path / "free", unlocked["token"], {"role": "db-prod"})
+    free = joining(served.files, tmp_path / "free", unlocked["token"], {"role": "db-prod"})
     agents.append(free)
     assert joined_labels(root, free) == {"team": "data", "role": "db-prod"}
     listed = cli("token", "list", env=served.files.cli_env)
@@ -122,25 +122,25 @@ def test_the_cluster_setting_locks_every_tokens_labels_until_it_is_turned_off(
     try:
         info = cli("cluster", "info", env=files.cli_env)
         assert "node labels: their join token's only (locked)" in info.out
-        claiming = start(files, tmp_path / "claiming", unlocked["token"], {"role": "db-prod"})
+        claiming = joining(files, tmp_path / "claiming", unlocked["token"], {"role": "db-prod"})
         agents.append(claiming)
         assert refused_line(claiming).endswith(
             "refused the request: label role=db-prod refused: this cluster gives a node its"
             " token's labels only (team=data); start the agent without --label"
         )
         assert [d["reason"] for d in refusals(root, unlocked["id"])] == ["labels_locked"]
-        plain = start(files, tmp_path / "plain", unlocked["token"], {})
+        plain = joining(files, tmp_path / "plain", unlocked["token"], {})
         agents.append(plain)
         assert joined_labels(root, plain) == {"team": "data"}
         # A node without a token still brings its own: an operator sees them, pending.
-        pending = start(files, tmp_path / "pending", None, {"role": "db-prod"})
+        pending = joining(files, tmp_path / "pending", None, {"role": "db-prod"})
         agents.append(pending)
         node_id = pending.wait_status(lambda s: s.get("state") == "pending", JOIN_BOUND)["node_id"]
         assert root.ok("GET", f"/api/v1/nodes/{node_id}")["labels"] == {"role": "db-prod"}
     finally:
         off = cli("cluster", "set", "--no-lock-node-labels", "--json", env=files.cli_env)
         assert off.code == 0 and off.json()["lock_node_labels"] is False, off.err
-    again = start(files, tmp_path / "again", unlocked["token"], {"role": "db-prod"})
+    again = joining(files, tmp_path / "again", unlocked["token"], {"role": "db-prod"})
     agents.append(again)
     assert joined_labels(root, again) == {"team": "data", "role": "db-prod"}
     changes = root.ok("GET", "/api/v1/audit?action=cluster.set")["entries"]
