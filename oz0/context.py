@@ -156,12 +156,15 @@ class Context:
 
 
 def select(explicit: Path | None = None) -> Context:
-    """OZ0_CONTEXT, else --context, else the only context in the config directory."""
+    """--context, else OZ0_CONTEXT, else the only context in the config directory. The flag
+    comes first: it is typed for this one command, while the variable is exported for a
+    whole shell (as the docs show), and a command must not reach another cluster than the
+    one its own line names."""
+    if explicit is not None:
+        return Context.load(explicit.expanduser())
     from_env = os.environ.get(ENV_VAR)
     if from_env:
         return Context.load(Path(from_env).expanduser())
-    if explicit is not None:
-        return Context.load(explicit.expanduser())
     home = config_home()
     found = sorted(home.glob(f"*/{CONTEXT_FILE}")) if home.is_dir() else []
     if len(found) == 1:

@@ -67,14 +67,15 @@ def test_flag_chooses_among_several(config_home: Path) -> None:
     assert select(config_home / "b" / "context.json").cluster == "b"
 
 
-def test_environment_comes_first(
+def test_the_flag_comes_before_the_environment(
     config_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_context(config_home / "a", "a")
+    make_context(config_home / "b", "b")
     elsewhere = make_context(tmp_path / "elsewhere", "e")
     monkeypatch.setenv("OZ0_CONTEXT", str(elsewhere.path))
-    assert select().cluster == "e"
-    assert select(config_home / "a" / "context.json").cluster == "e"
+    assert select().cluster == "e", "the variable before the contexts of the config directory"
+    assert select(config_home / "a" / "context.json").cluster == "a", "--context before both"
 
 
 def test_missing_context_file_is_a_clear_error(
