@@ -21,6 +21,7 @@ from fixtures.agent import AgentProcess, stop_all
 # Re-exported: test modules import them from here.
 from fixtures.cli_runner import CliResult as CliResult
 from fixtures.cli_runner import CliRunner as CliRunner
+from fixtures.cli_runner import SharedEnviron
 from fixtures.cluster import (
     DEFAULT_ADVERTISE,
     ClusterFiles,
@@ -263,17 +264,17 @@ def served(
 
 
 @pytest.fixture
-def cli(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> CliRunner:
+def cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> CliRunner:
     """Run `orchestrator-zero ARGS` in this process with ENV set; capture its output."""
+    environ = SharedEnviron()
 
     def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
-        with monkeypatch.context() as m:
-            m.delenv("OZ0_CONTEXT", raising=False)
-            m.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-            for key, value in (env or {}).items():
-                m.setenv(key, value)
+        wanted: dict[str, str | None] = {
+            "OZ0_CONTEXT": None,
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            **(env or {}),
+        }
+        with environ.applied(wanted):
             capsys.readouterr()
             code = run(list(args))
             out, err = capsys.readouterr()
