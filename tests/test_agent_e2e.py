@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -129,8 +128,7 @@ def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
     on_a = agent.wait_status(connected, timeout=30)
     # A may not have seen B's first heartbeat when it welcomed the agent; then B comes in
     # an `edges` message (A reads the servers up every 2 s).
-    known = _wait_known_edges(tmp_path / "node", edge_b, timeout=15)
-    assert edge_b in known
+    assert edge_b in agent.wait_knows(edge_b)
 
     server_a.stop(signal.SIGTERM)
     on_b = agent.wait_status(lambda s: connected(s) and s["server"] != on_a["server"], timeout=30)
@@ -141,17 +139,6 @@ def test_an_agent_learns_server_b_and_moves_there_when_a_stops(
         env={**cluster_env, "OZ0_CONTEXT": str(_context_for_b(cluster_files))},
     ).json()
     assert [s["id"] for s in info["servers"]] == [on_b["server"]]
-
-
-def _wait_known_edges(data_dir: Path, edge: str, timeout: float) -> list[str]:
-    """The edges in DATA_DIR's node.json once EDGE is among them (or at TIMEOUT)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        edges = json.loads((data_dir / "identity" / "node.json").read_text())["edges"]
-        assert isinstance(edges, list)
-        if edge in edges or time.monotonic() > deadline:
-            return edges
-        time.sleep(0.2)
 
 
 def _context_for_b(files: ClusterFiles) -> Path:

@@ -175,10 +175,7 @@ def test_a_node_streaming_to_a_stopping_server_moves_to_the_other_at_once(
     ).start()
     agents.append(agent)
     on_a = agent.wait_status(connected, timeout=30)
-    node_json = tmp_path / "node" / "identity" / "node.json"
-    wait_until(
-        lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known", step=0.05
-    )
+    agent.wait_knows(EDGE_B)
 
     began = time.monotonic()
     server_a.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
@@ -248,10 +245,7 @@ def test_a_stopping_servers_job_workflows_go_on_at_once_on_the_other(
     wait_until(lambda: all(output_of(files, j) for j in job_ids), 30, "every command started",
                step=0.1)  # fmt: skip
     start_server(files, SERVER_B)
-    node_json = tmp_path / "node" / "identity" / "node.json"
-    wait_until(
-        lambda: EDGE_B in json.loads(node_json.read_text())["edges"], 15, "B known", step=0.05
-    )
+    agent.wait_knows(EDGE_B)
     server_a.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     assert server_a.wait(SHUTDOWN_GRACE + CLEANUP_BOUND) == 0
     assert "job worker(s) stopped" in server_a.stderr()

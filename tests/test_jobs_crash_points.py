@@ -58,6 +58,7 @@ def two_servers(
     agents.append(agent)
     node = agent.wait_status(lambda s: s.get("runtime") == "running", timeout=60)["node_id"]
     assert agent.status()["server"] is not None
+    agent.wait_knows(f"{A}:7443", f"{B}:7443")
     use_only(files, B)
     wait_until(lambda: takes_stream(files, node), 20, "the node says it takes the stream", step=0.1)
     return servers, str(node), agent

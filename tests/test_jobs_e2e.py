@@ -462,6 +462,8 @@ def test_a_command_outlives_its_servers_death_drain_and_its_agents_restart(
     files.context_path.write_text(json.dumps(context))
     one, two = join_agents(cli, files, tmp_path, agents, [{"n": "1"}, {"n": "2"}], [OWN_EDGE])
     first, second = agents[-2:]
+    for agent in (first, second):
+        agent.wait_knows(OWN_EDGE, f"{SECOND}:7443")
     lines = 30
     # A node silent for its job's lost-after is lost, and its attempt moves: right, but not
     # what this test is about. On this 2-core machine under the whole suite, an agent's

@@ -439,6 +439,7 @@ def test_a_killed_server_does_not_stop_a_schedule_nor_a_cluster_down_its_catchup
     context["servers"] = [f"{address}:8443" for address in servers]
     files.context_path.write_text(json.dumps(context))
     join_agents(cli, files, tmp_path, agents, [{}], edges=[f"{FIRST}:7443"])
+    agents[-1].wait_knows(f"{SECOND}:7443")
     set_ = cli("tenant", "set", "default", "--min-schedule-interval", "1s", env=env)
     assert set_.code == 0, set_.err
     # A window wider than the outage below: what it missed is started, none counted missed.
