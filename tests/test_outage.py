@@ -19,9 +19,9 @@ from oz0.server.edge.tracking import SeenTracker, StreamReconciler
 from oz0.store.events import EventHub
 from oz0.store.outage import MAX_RETRY, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.host_keeper import HostKeeper, HostUnavailable
+from oz0.temporal.host_keeper import HostKeeper, HostSettings, HostUnavailable
 from oz0.temporal.node_access import NodeAccessSync
-from oz0.temporal.role import StateRecorder, host_states
+from oz0.temporal.role import StateRecorder
 
 
 class FlakyDatabase:
@@ -157,8 +157,13 @@ async def test_node_access_sync_outlives_an_outage(
 ) -> None:
     fake = FlakyDatabase(lambda: ({}, 0))
     hub = EventHub("unused")
-    # Never asked: the database is away, and then has no change to push.
-    sync = NodeAccessSync(as_db(fake), hub, cast(HostKeeper, object()))
+    keeper = idle_keeper()
+
+    async def never(op: str, **_: Any) -> dict[str, Any]:
+        raise AssertionError(f"asked {op}: the database is away, then has no change to push")
+
+    keeper.command = never  # type: ignore[method-assign]
+    sync = NodeAccessSync(as_db(fake), hub, keeper)
     fake.down = True
     async with trio.open_nursery() as nursery:
         await nursery.start(sync.run)
@@ -222,31 +227,33 @@ async def test_a_block_a_restarting_host_missed_is_pushed_as_it_serves(
     fake = FlakyDatabase(lambda: ({"node-a": {"state": "blocked"}}, 7))
     pushed: list[float] = []
 
-    class Keeper:
-        serving = False
+    keeper = idle_keeper()
 
-        async def command(self, op: str, **_: Any) -> dict[str, Any]:
-            if not self.serving:
-                raise HostUnavailable("Temporal is restarting; try again shortly")
-            pushed.append(trio.current_time())
-            return {}
+    async def command(op: str, **_: Any) -> dict[str, Any]:
+        if keeper.state != "serving":
+            raise HostUnavailable("Temporal is restarting; try again shortly")
+        pushed.append(trio.current_time())
+        return {}
 
-    class Recorder:
-        async def record(self, state: str) -> None:
-            await trio.lowlevel.checkpoint()
-
-    keeper = Keeper()
-    sync = NodeAccessSync(as_db(fake), EventHub("unused"), cast(HostKeeper, keeper))
-    on_state = host_states(cast(StateRecorder, Recorder()), [sync])
+    keeper.command = command  # type: ignore[method-assign]
+    sync = NodeAccessSync(as_db(fake), EventHub("unused"), keeper)
     async with trio.open_nursery() as nursery:
         await nursery.start(sync.run)
         sync._pending_ids.add("node-a")
         sync._wake.set()
         await trio.sleep(0.3)
         assert pushed == [] and "node-a" in sync._pending_ids
-        keeper.serving = True
         served = trio.current_time()
-        await on_state("serving")
+        await keeper._set_state("serving")
         await trio.sleep(0.01)
         assert pushed and pushed[0] - served < 0.01
         nursery.cancel_scope.cancel()
+
+
+def idle_keeper() -> HostKeeper:
+    """A keeper whose host is never started: the test sets its states."""
+
+    async def record(state: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+    return HostKeeper(cast(HostSettings, None), tls=dict, on_state=record)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import trio
@@ -28,7 +28,7 @@ from oz0.store.events import NODES, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable
+from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable, wake_as_served
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,6 @@ class NodeAccessSync:
         self._replace_now = True
         self._wake.set()
 
-    def host_serving(self) -> None:
-        """The host serves (again): push now what its table, read as it started, missed
-        (a block committed meanwhile), not at the next round."""
-        self._wake.set()
-
     async def full_table(self) -> dict[str, dict[str, str]]:
         """The whole table, as a (re)starting host gets it: waits for the database if it
         is away (a host restarted during an outage serves once it can be told who may)."""
@@ -112,6 +107,14 @@ class NodeAccessSync:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wake_as_served, self.keeper, self._wake_up)
+            await self._sync(task_status)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+
+    async def _sync(self, task_status: trio.TaskStatus[None]) -> NoReturn:
         task_status.started()
         last_replace = trio.current_time()
         wait = RECONCILE_EVERY

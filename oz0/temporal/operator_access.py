@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -25,7 +25,7 @@ from oz0.store.events import OPERATORS, EventHub
 from oz0.store.listen import Notification
 from oz0.store.outage import DATABASE_ERRORS, Outage, until_it_works
 from oz0.store.pool import Database
-from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable
+from oz0.temporal.host_keeper import HostFailed, HostKeeper, HostUnavailable, wake_as_served
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,6 @@ class OperatorAccessSync:
     def _notified_gap(self) -> None:
         self._wake.set()
 
-    def host_serving(self) -> None:
-        """The host serves (again): push now what its grants, read as it started, missed."""
-        self._wake.set()
-
     async def full_table(self) -> OperatorTable:
         """The whole table, as a (re)starting host gets it: waits for the database if it is
         away, as the node table does."""
@@ -73,6 +69,14 @@ class OperatorAccessSync:
         return table
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wake_as_served, self.keeper, self._wake_up)
+            await self._sync(task_status)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+
+    async def _sync(self, task_status: trio.TaskStatus[None]) -> NoReturn:
         task_status.started()
         while True:
             with trio.move_on_after(RECONCILE_EVERY):

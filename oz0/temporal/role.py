@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,7 +24,6 @@ from oz0.temporal.host_keeper import (
     HostSettings,
     HostTables,
     HostUnavailable,
-    StateListener,
 )
 from oz0.temporal.node_access import NodeAccessSync
 from oz0.temporal.operator_access import OperatorAccessSync
@@ -132,25 +131,6 @@ def tenant_retentions(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return {str(name): int(seconds) for name, seconds in rows}
 
 
-class ToldOfServing(Protocol):
-    def host_serving(self) -> None: ...
-
-
-def host_states(recorder: StateRecorder, syncs: Sequence[ToldOfServing]) -> StateListener:
-    """What the host keeper calls at each state of the host: each is recorded for `cluster
-    info`; as the host serves (again), SYNCS push at once what the tables it was given at its
-    start missed, so a block committed while a host restarted takes effect on it as it
-    serves, not at the syncs' next round (RECONCILE_EVERY; bench.soak saw 3.2 s)."""
-
-    async def on_state(state: str) -> None:
-        if state == "serving":
-            for sync in syncs:
-                sync.host_serving()
-        await recorder.record(state)
-
-    return on_state
-
-
 async def run(
     db: Database,
     hub: EventHub,
@@ -161,12 +141,9 @@ async def run(
     task_status: trio.TaskStatus[Temporal] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     recorder = StateRecorder(db, server_id)
-    # The syncs need the keeper, and the keeper tells them it serves: filled just below.
-    told: list[ToldOfServing] = []
-    keeper = HostKeeper(settings, tls=certs.temporal_tls, on_state=host_states(recorder, told))
+    keeper = HostKeeper(settings, tls=certs.temporal_tls, on_state=recorder.record)
     sync = NodeAccessSync(db, hub, keeper)
     operator_sync = OperatorAccessSync(db, hub, keeper)
-    told += [sync, operator_sync]
 
     async def push_renewed_certificates() -> None:
         tls = certs.temporal_tls()
