@@ -97,22 +97,27 @@ async def through(
     path = f"/api/v1/nodes/{seen.node}/session"
     answer: Elsewhere | None = None
     error: str | None = None
-    async with trio.open_nursery() as nursery:
-        # Errors kept and raised after the nursery: not wrapped in an exception group.
-        try:
-            ws = await trio_websocket.wrap_client_stream(nursery, stream, host, path)
-        except trio_websocket.HandshakeError as e:
-            raise OSError(f"refused the session's websocket ({e})") from None
-        try:
-            answer = await messages(ws, seen, command)
-        except Broken as e:
-            error = str(e)
-        except (trio_websocket.ConnectionClosed, sm.BadSessionMessage) as e:
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            with trio.move_on_after(1):
-                await ws.aclose()
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            # Errors kept and raised after the nursery: not wrapped in an exception group.
+            try:
+                ws = await trio_websocket.wrap_client_stream(nursery, stream, host, path)
+            except trio_websocket.HandshakeError as e:
+                raise OSError(f"refused the session's websocket ({e})") from None
+            try:
+                answer = await messages(ws, seen, command)
+            except Broken as e:
+                error = str(e)
+            except (trio_websocket.ConnectionClosed, sm.BadSessionMessage) as e:
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                with trio.move_on_after(1):
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        # trio-websocket's client leaves the socket open when the server closes first
+        # and the wait for its TCP close is cancelled.
+        await trio.aclose_forcefully(stream)
     if error is not None:
         raise Broken(error)
     return answer

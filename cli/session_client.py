@@ -174,6 +174,10 @@ async def _one_server(
         return await _through(stream, host, path, command, mode)
     except BaseExceptionGroup as group:
         raise _one_error(group) from None
+    finally:
+        # trio-websocket's client leaves the socket open when the server closes first
+        # and the wait for its TCP close is cancelled.
+        await trio.aclose_forcefully(stream)
 
 
 def _one_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
