@@ -3,9 +3,16 @@ CLI's `node exec`/`node shell` and the soak's sessions go the same way."""
 
 from __future__ import annotations
 
+import datetime as dt
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 
 from cli.session_client import MAX_HOPS, Elsewhere, SessionError, each_server
+from oz0.nodes import Node
+from oz0.server.api.common import ManagementState
+from oz0.server.api.sessions import Refused, _elsewhere
 
 
 class Servers:
@@ -49,3 +56,23 @@ async def test_none_answering_is_one_error_naming_each() -> None:
     assert str(raised.value) == (
         "no server of the context answered: a:8443: Connection refused; b:8443: Connection refused"
     )
+
+
+async def test_a_node_whose_row_still_names_this_server_is_not_connected() -> None:
+    # The stream ended here (a block) and its end is written just after: the server that
+    # does not hold it says so, not that the node's server is down.
+    node = Node(
+        id="node-1", state="accepted", tenant="default", labels={}, hostname="h",
+        token_id=None, reason=None, server="server-here", last_seen=dt.datetime.now(dt.UTC),
+        joined_at=dt.datetime.now(dt.UTC), connected=True, has_certificate=True,
+    )  # fmt: skip
+
+    async def transaction(read: object) -> list[object]:
+        return [SimpleNamespace(id="server-here", advertise="127.0.0.1")]  # this one is up
+
+    state = cast(
+        ManagementState,
+        SimpleNamespace(server_id="server-here", db=SimpleNamespace(transaction=transaction)),
+    )
+    with pytest.raises(Refused, match=r"^node node-1 is not connected$"):
+        await _elsewhere(state, node)

@@ -268,7 +268,9 @@ def sm_grant(
 
 async def _elsewhere(state: ManagementState, node: nodes.Node) -> None:
     """The node's stream is not held here: name the server that holds it, if one does."""
-    if not node.connected or node.server is None:
+    # A row naming this server is news this server has outrun: the stream ended here (a
+    # block, a drop) and its end is written just after, so the node is not connected.
+    if not node.connected or node.server is None or node.server == state.server_id:
         raise Refused(f"node {node.id} is not connected")
     servers = await state.db.transaction(membership.servers_up)
     for server in servers:
