@@ -108,11 +108,9 @@ class NodeAccessSync:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(wake_as_served, self.keeper, self._wake_up)
+            # A lambda: the loop replaces `_wake` after each wake.
+            nursery.start_soon(wake_as_served, self.keeper, lambda: self._wake.set())
             await self._sync(task_status)
-
-    def _wake_up(self) -> None:
-        self._wake.set()
 
     async def _sync(self, task_status: trio.TaskStatus[None]) -> NoReturn:
         task_status.started()
